@@ -1,0 +1,130 @@
+"""The engine's face to the chat layer: the only calls Slack and the terminal make.
+
+Implemented by ``bot.engine.service.Engine``. Everything here is plain data (pydantic views), so a
+chat adapter never touches SQL sessions or provider clients. Every call that changes something
+takes the acting user (for permissions and the audit log) and, where a person may repeat it
+(retyped commands, double clicks), an idempotency key.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from bot.planner.request import EstimateRequest
+from bot.planner.result import Estimate
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message is safe to show to a person."""
+
+
+class PermissionDenied(EngineError):
+    """The acting user may not do this."""
+
+
+class JobView(BaseModel):
+    job_id: str
+    owner: str
+    state: str  # pending_approval | approved | launching | running | recovering | succeeded | failed | cancelled | stopped
+    stop_reason: str | None = None  # plateau | budget | user | idle | ...
+    model: str
+    method: str
+    provider: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    interruptible: bool = False
+    price_per_hour: float | None = None  # locked at launch
+    estimated_cost: float | None = None
+    max_cost: float | None = None
+    spend: float = 0.0
+    step: int = 0
+    max_steps: int | None = None
+    loss: float | None = None
+    eta_seconds: float | None = None
+    preemptions: int = 0
+    output_uri: str | None = None
+    channel: str | None = None
+    thread_ts: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    message: str | None = None
+    losses: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss) for charts
+
+
+class SpendLine(BaseModel):
+    key: str  # user, provider or job id
+    amount: float
+    budget: float | None = None
+
+
+class SpendReport(BaseModel):
+    period: Literal["today", "week", "month"]
+    start: datetime
+    end: datetime
+    total: float
+    by_user: list[SpendLine]
+    by_provider: list[SpendLine]
+    by_job: list[SpendLine]
+
+
+class VolumeView(BaseModel):
+    provider: str
+    volume_id: str
+    name: str
+    size_gb: float
+    price_per_gb_month: float
+    cost_per_month: float
+    cost_so_far: float
+    idle_since: datetime | None = None
+    owner: str | None = None
+
+
+class BudgetView(BaseModel):
+    scope: Literal["user", "team"]
+    name: str
+    daily: float | None = None
+    monthly: float | None = None
+    spent_today: float = 0.0
+    spent_month: float = 0.0
+
+
+class EngineAPI(Protocol):
+    def estimate(self, request: EstimateRequest) -> Estimate: ...
+
+    def create_job(
+        self,
+        request: EstimateRequest,
+        *,
+        user: str,
+        choice: str = "cheapest",  # "cheapest" | "safest" | "fastest" | an offer key from the estimate
+        max_cost: float | None = None,
+        channel: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> JobView: ...
+
+    def approve(self, job_id: str, *, approver: str) -> JobView: ...
+
+    def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView: ...
+
+    def get_job(self, job_id: str) -> JobView: ...
+
+    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]: ...
+
+    def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None: ...
+
+    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport: ...
+
+    def volumes(self) -> list[VolumeView]: ...
+
+    def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None: ...
+
+    def keep_volume(self, provider: str, volume_id: str, *, user: str) -> None: ...
+
+    def budgets(self) -> list[BudgetView]: ...
+
+    def set_budget(
+        self, scope: Literal["user", "team"], name: str, *, daily: float | None, monthly: float | None, user: str
+    ) -> BudgetView: ...

@@ -1,0 +1,68 @@
+"""The neutral event stream out of the engine, for the chat layer (Slack, terminal) to render.
+
+The engine knows nothing of Block Kit or rich; it publishes EngineEvents to subscribers. A
+subscriber that raises is logged and skipped: chat trouble never stops the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+
+class EngineEventKind(StrEnum):
+    job_created = "job_created"
+    approval_needed = "approval_needed"
+    job_started = "job_started"
+    progress = "progress"
+    checkpoint = "checkpoint"
+    preempted = "preempted"
+    recovered = "recovered"
+    plateau = "plateau"
+    finished = "finished"
+    failed = "failed"
+    stopped = "stopped"
+    budget_alert = "budget_alert"
+    idle_volume = "idle_volume"
+    daily_summary = "daily_summary"
+
+
+class EngineEvent(BaseModel):
+    kind: EngineEventKind
+    job_id: str | None = None
+    user: str | None = None  # owner of the job / budget / volume
+    channel: str | None = None  # where the job was requested (chat-specific id, opaque here)
+    thread_ts: str | None = None
+    message: str = ""  # a human sentence, already free of secrets
+    data: dict[str, Any] = Field(default_factory=dict)  # numbers for rendering (loss, spend, eta...)
+    at: float = Field(default_factory=time.time)
+
+
+Subscriber = Callable[[EngineEvent], None]
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, fn: Subscriber) -> None:
+        with self._lock:
+            self._subscribers.append(fn)
+
+    def publish(self, event: EngineEvent) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001 - a broken renderer must not stop the engine
+                log.exception("event subscriber failed on %s", event.kind)

@@ -1,0 +1,51 @@
+"""The offer model shared by the planner (ranking) and the providers (search results).
+
+An Offer is one way to rent GPUs: a provider, a GPU model and count, and a price. Offers come from
+the dated offline catalog snapshot (source="snapshot") or from a provider's live API
+(source="live"); the planner ranks both the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Canonical GPU names used everywhere in tunebot (CLI, catalog, providers, planner).
+GPU_NAMES: tuple[str, ...] = (
+    "rtx-3090",
+    "rtx-4090",
+    "rtx-a6000",
+    "rtx-6000-ada",
+    "l40s",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-80gb",
+    "h200",
+)
+
+
+class Offer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    provider: str  # "vast" | "runpod" | "lambda" | "tensordock" | "local"
+    offer_id: str  # provider's id: Vast ask id, RunPod gpuTypeId, Lambda type@region, ...
+    gpu: str  # canonical name from GPU_NAMES (or "cpu" for the local provider)
+    gpu_count: int = Field(ge=1)
+    gpu_memory_gb: float = Field(gt=0)  # per GPU
+    price_per_hour: float = Field(ge=0)  # whole offer (all GPUs), compute only, USD
+    interruptible: bool = False
+    reliability: float | None = None  # 0..1 where the provider reports it
+    location: str | None = None
+    storage_per_gb_month: float = 0.0
+    egress_per_gb: float = 0.0
+    inet_down_mbps: float | None = None
+    # Expected preemptions per hour for this offer class (interruptible capacity); 0 for on-demand.
+    preemptions_per_hour: float = 0.0
+    source: str = "snapshot"  # "snapshot" | "live"
+    as_of: datetime | None = None  # when the price was observed
+    raw: dict | None = Field(default=None, repr=False, exclude=True)
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}:{self.offer_id}:{'spot' if self.interruptible else 'od'}"

@@ -1,0 +1,30 @@
+"""What a person asks the planner: the estimate options of the CLI and of `/tune estimate`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EstimateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str  # hub id, built-in name, config.json path or model folder
+    method: Literal["full", "lora", "qlora"] = "lora"
+    lora_r: int = Field(16, ge=1, le=4096)
+    lora_targets: list[str] | Literal["all-linear"] = "all-linear"
+    batch_size: int = Field(1, ge=1, le=4096)  # micro-batch per GPU
+    seq_len: int = Field(2048, ge=8, le=1_048_576)
+    grad_accum: int = Field(1, ge=1, le=65536)
+    gradient_checkpointing: bool = True
+    attn: Literal["eager", "sdpa", "flash"] = "sdpa"
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
+    gpus: int = Field(1, ge=1, le=1024)
+    gpu: str | None = None  # canonical GPU name for speed/time (default: best fitting)
+    dataset: str | None = None
+    tokens: int | None = Field(None, ge=1, le=10**13)
+    epochs: float = Field(1.0, gt=0, le=1000)
+    interruptible: bool | None = None  # None = rank both
+    packing: bool = True
+    max_cost: float | None = Field(None, gt=0)

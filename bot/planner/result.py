@@ -1,0 +1,84 @@
+"""What the planner answers: the Estimate, whose JSON form is a stable contract (`tunebot estimate --json`).
+
+Stable keys: model.parameters, memory.per_gpu_gb, memory.breakdown_gb{...},
+speed.tokens_per_second, speed.step_seconds, time.hours,
+offers[] {provider, gpu, gpu_count, interruptible, price_per_hour, hours, total_cost, fits, reason}.
+New keys may be added; these are never renamed or removed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class ModelInfo(BaseModel):
+    name: str
+    architecture: str
+    parameters: int  # total
+    active_parameters: int  # per token (differs for mixture-of-experts)
+    trainable_parameters: int
+    layers: int
+    hidden_size: int
+    vocab_size: int
+    source: str  # "config file" | "hub" | "built-in table" | "hub cache"
+
+
+class MemoryEstimate(BaseModel):
+    per_gpu_gb: float  # peak reserved memory per GPU (GB = 1e9 bytes)
+    breakdown_gb: dict[str, float]  # weights, adapters, gradients, optimizer, activations, logits, cuda_context, allocator
+    gpus: int
+    sharding: str  # "none" | "fsdp"
+
+
+class SpeedEstimate(BaseModel):
+    gpu: str
+    gpus: int
+    tokens_per_second: float  # all GPUs together
+    step_seconds: float  # one optimizer step
+    mfu: float
+    flops_per_token: float
+
+
+class TimeEstimate(BaseModel):
+    tokens: int  # tokens per epoch
+    epochs: float
+    steps: int  # optimizer steps in total
+    hours: float  # compute hours on --gpu (without preemption overhead)
+    token_source: str  # "--tokens" | "tokenizer" | "chars/4 approximation" | "default"
+
+
+class RankedOffer(BaseModel):
+    provider: str
+    offer_id: str
+    gpu: str
+    gpu_count: int
+    gpu_memory_gb: float
+    interruptible: bool
+    price_per_hour: float
+    hours: float  # expected wall hours including preemption overhead
+    total_cost: float  # expected total: compute + storage + egress + preemption overhead
+    compute_cost: float = 0.0
+    storage_cost: float = 0.0
+    egress_cost: float = 0.0
+    preemption_cost: float = 0.0
+    checkpoint_minutes: float | None = None  # Young/Daly interval for interruptible offers
+    fits: bool
+    reason: str  # why it was rejected, or why it is recommended
+    labels: list[str] = Field(default_factory=list)  # "cheapest" | "fastest" | "safest"
+    reliability: float | None = None
+    source: str = "snapshot"
+
+
+class Estimate(BaseModel):
+    model: ModelInfo
+    method: str
+    memory: MemoryEstimate
+    speed: SpeedEstimate
+    time: TimeEstimate
+    offers: list[RankedOffer]
+    assumptions: list[str]
+    suggestions: list[str] = Field(default_factory=list)  # when nothing fits: what would
+    prices_as_of: datetime | None = None
+    prices_source: str = "snapshot"

@@ -1,0 +1,91 @@
+"""Configuration from the environment (and an optional .env file), in one place.
+
+Every knob has a default that runs the embedded setup: SQLite in the user's data folder, the local
+provider, the terminal chat. Secrets are SecretStr so that they never print by accident.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from platformdirs import user_data_dir
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path(user_data_dir("tunebot", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir, alias="TUNEBOT_DATA_DIR")
+    database_url: str | None = Field(None, alias="DATABASE_URL")
+
+    # Providers: keys and base URLs (the URLs point tests at fake servers on 127.0.0.1).
+    vast_api_key: SecretStr | None = Field(None, alias="VAST_API_KEY")
+    vast_api_url: str = Field("https://console.vast.ai", alias="VAST_API_URL")
+    runpod_api_key: SecretStr | None = Field(None, alias="RUNPOD_API_KEY")
+    runpod_api_url: str = Field("https://api.runpod.io", alias="RUNPOD_API_URL")
+    lambda_api_key: SecretStr | None = Field(None, alias="LAMBDA_API_KEY")
+    lambda_api_url: str = Field("https://cloud.lambda.ai/api/v1", alias="LAMBDA_API_URL")
+    lambda_ssh_key_name: str | None = Field(None, alias="LAMBDA_SSH_KEY_NAME")
+    tensordock_api_key: SecretStr | None = Field(None, alias="TENSORDOCK_API_KEY")
+    tensordock_api_url: str = Field("https://dashboard.tensordock.com/api/v2", alias="TENSORDOCK_API_URL")
+    provider_timeout_s: float = Field(20.0, alias="TUNEBOT_PROVIDER_TIMEOUT")
+    catalog_ttl_s: float = Field(300.0, alias="TUNEBOT_CATALOG_TTL")
+    price_tolerance: float = Field(0.10, alias="TUNEBOT_PRICE_TOLERANCE")  # launch stops above +10%
+    min_reliability: float = Field(0.95, alias="TUNEBOT_MIN_RELIABILITY")
+    runner_image: str = Field("ghcr.io/tunebot/runner:latest", alias="TUNEBOT_RUNNER_IMAGE")
+
+    # Secrets passed to runners as environment variables, never in specs or messages.
+    hf_token: SecretStr | None = Field(None, alias="HF_TOKEN")
+    wandb_api_key: SecretStr | None = Field(None, alias="WANDB_API_KEY")
+
+    # Engine.
+    approval_above_usd: float = Field(50.0, alias="TUNEBOT_APPROVAL_ABOVE")
+    heartbeat_timeout_s: float = Field(600.0, alias="TUNEBOT_HEARTBEAT_TIMEOUT")
+    idle_stop_minutes: float = Field(30.0, alias="TUNEBOT_IDLE_STOP_MINUTES")
+    retry_budget: int = Field(5, alias="TUNEBOT_RETRY_BUDGET")
+    reconcile_every_s: float = Field(60.0, alias="TUNEBOT_RECONCILE_EVERY")
+    volume_idle_days: float = Field(3.0, alias="TUNEBOT_VOLUME_IDLE_DAYS")
+    checkpoint_base_uri: str | None = Field(None, alias="TUNEBOT_CHECKPOINT_URI")
+    public_url: str | None = Field(None, alias="TUNEBOT_PUBLIC_URL")  # for runner push events
+
+    # Slack.
+    slack_bot_token: SecretStr | None = Field(None, alias="SLACK_BOT_TOKEN")
+    slack_app_token: SecretStr | None = Field(None, alias="SLACK_APP_TOKEN")
+    slack_signing_secret: SecretStr | None = Field(None, alias="SLACK_SIGNING_SECRET")
+    slack_api_url: str | None = Field(None, alias="SLACK_API_URL")
+    summary_channel: str | None = Field(None, alias="TUNEBOT_SUMMARY_CHANNEL")
+    summary_time: str = Field("09:00", alias="TUNEBOT_SUMMARY_TIME")
+    summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ")
+    admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
+
+    def secrets(self) -> list[str]:
+        """Every secret value, for scrubbing logs and messages."""
+        values = [
+            self.vast_api_key,
+            self.runpod_api_key,
+            self.lambda_api_key,
+            self.tensordock_api_key,
+            self.hf_token,
+            self.wandb_api_key,
+            self.slack_bot_token,
+            self.slack_app_token,
+            self.slack_signing_secret,
+        ]
+        return [v.get_secret_value() for v in values if v is not None]
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.data_dir / 'tunebot.db'}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install tunebot with the runner and dev extras into .venv. On a machine without a GPU the CPU
+# build of torch goes in first, so that no multi-GB CUDA build is pulled by a plain requirement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    .venv/bin/pip install -q "torch>=2.3"
+  else
+    .venv/bin/pip install -q torch==2.13.0 || .venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+.venv/bin/pip install -q -e ".[runner,dev]"
