@@ -13,4 +13,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/pip install -q torch==2.13.0 || .venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-.venv/bin/pip install -q -e ".[runner,dev]"
+# Pin the torch that is now installed, so that resolving the extras never swaps it for another build.
+.venv/bin/python -c "import torch; print('torch==' + torch.__version__)" > .venv/torch-constraint.txt
+.venv/bin/pip install -q -c .venv/torch-constraint.txt -e ".[runner,dev]"

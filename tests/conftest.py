@@ -1,0 +1,59 @@
+"""Suite-wide guards: nothing leaves 127.0.0.1, nothing is downloaded, nothing touches the user's data."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+for _key in ("VAST_API_KEY", "RUNPOD_API_KEY", "LAMBDA_API_KEY", "TENSORDOCK_API_KEY", "HF_TOKEN",
+             "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET", "DATABASE_URL"):
+    os.environ.pop(_key, None)
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check_address(address: object) -> None:
+    if isinstance(address, tuple) and address:
+        host = str(address[0])
+        try:
+            ip = ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            if host != "localhost":
+                raise OSError(f"tests may only connect to loopback, not {host!r}") from None
+            return
+        if not ip.is_loopback:
+            raise OSError(f"tests may only connect to loopback, not {host}")
+
+
+def _guarded_connect(self: socket.socket, address: object) -> None:
+    _check_address(address)
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: object) -> int:
+    _check_address(address)
+    return _real_connect_ex(self, address)
+
+
+socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets its own tunebot data folder (SQLite file, caches), never the user's."""
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path_factory.mktemp("tunebot-data")))
+    from bot.settings import get_settings
+
+    get_settings.cache_clear()
