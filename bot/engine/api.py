@@ -28,7 +28,8 @@ class PermissionDenied(EngineError):
 class JobView(BaseModel):
     job_id: str
     owner: str
-    state: str  # pending_approval | approved | launching | running | recovering | succeeded | failed | cancelled | stopped
+    # pending_approval, approved, launching, running, recovering, succeeded, failed, cancelled, stopped
+    state: str
     stop_reason: str | None = None  # plateau | budget | user | idle | ...
     model: str
     method: str
@@ -126,5 +127,11 @@ class EngineAPI(Protocol):
     def budgets(self) -> list[BudgetView]: ...
 
     def set_budget(
-        self, scope: Literal["user", "team"], name: str, *, daily: float | None, monthly: float | None, user: str
+        self,
+        scope: Literal["user", "team"],
+        name: str,
+        *,
+        daily: float | None,
+        monthly: float | None,
+        user: str,
     ) -> BudgetView: ...

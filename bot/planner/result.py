@@ -27,7 +27,8 @@ class ModelInfo(BaseModel):
 
 class MemoryEstimate(BaseModel):
     per_gpu_gb: float  # peak reserved memory per GPU (GB = 1e9 bytes)
-    breakdown_gb: dict[str, float]  # weights, adapters, gradients, optimizer, activations, logits, cuda_context, allocator
+    # weights, adapters, gradients, optimizer, activations, logits, cuda_context, allocator
+    breakdown_gb: dict[str, float]
     gpus: int
     sharding: str  # "none" | "fsdp"
 
