@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     summary_time: str = Field("09:00", alias="TUNEBOT_SUMMARY_TIME")
     summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ")
     admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
+    # Who may launch in a channel: "C1=U1|U2;C2=U3" (channels not listed: everyone). Admins always may.
+    channel_allow: str = Field("", alias="TUNEBOT_CHANNEL_ALLOW")
 
     def secrets(self) -> list[str]:
         """Every secret value, for scrubbing logs and messages."""
