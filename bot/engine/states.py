@@ -1,0 +1,91 @@
+"""The job state machine: which transitions exist, and the one function that performs them.
+
+A transition is a conditional ``UPDATE jobs SET state = :to WHERE id = :id AND state IN (:from)``
+plus an audit row, in one transaction. The condition is the concurrency guard: of fifty threads (or
+bot replicas) approving or launching the same job, exactly one sees a row change; the others get
+False and do nothing. Nothing that costs money happens before its claiming transition has committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session
+
+from store.models import AuditLog, Job
+
+PENDING_APPROVAL = "pending_approval"
+APPROVED = "approved"
+LAUNCHING = "launching"
+RUNNING = "running"
+RECOVERING = "recovering"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+STOPPED = "stopped"
+
+ACTIVE = frozenset({APPROVED, LAUNCHING, RUNNING, RECOVERING})
+FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, STOPPED})
+ALL_STATES = frozenset({PENDING_APPROVAL}) | ACTIVE | FINAL
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    PENDING_APPROVAL: frozenset({APPROVED, CANCELLED}),
+    APPROVED: frozenset({LAUNCHING, CANCELLED}),
+    # launching -> recovering: the launch failed transiently (capacity, price); retried on a tick.
+    LAUNCHING: frozenset({RUNNING, RECOVERING, FAILED, STOPPED, CANCELLED}),
+    RUNNING: frozenset({RECOVERING, SUCCEEDED, FAILED, STOPPED}),
+    RECOVERING: frozenset({LAUNCHING, RUNNING, FAILED, STOPPED, SUCCEEDED}),
+}
+
+
+class IllegalTransition(ValueError):
+    """A transition that the state machine does not allow (a programming error)."""
+
+
+def allowed(src: str, dst: str) -> bool:
+    return dst in TRANSITIONS.get(src, frozenset())
+
+
+def audit(session: Session, *, actor: str, action: str, job_id: str | None, at: float | None = None,
+          **details: Any) -> None:
+    """Add an audit record to the current transaction."""
+    session.add(AuditLog(at=time.time() if at is None else at, actor=actor, action=action, job_id=job_id,
+                         details=details))
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    src: str | Iterable[str],
+    dst: str,
+    *,
+    actor: str,
+    now: float,
+    reason: str | None = None,
+    commit: bool = True,
+    **fields: Any,
+) -> bool:
+    """Move the job from one of ``src`` to ``dst`` if it is still there; True when this call did it.
+
+    Extra keyword arguments are columns set in the same UPDATE (e.g. ``approved_by``, ``claim_id``).
+    """
+    sources = [src] if isinstance(src, str) else list(src)
+    for s in sources:
+        if not allowed(s, dst):
+            raise IllegalTransition(f"{s} -> {dst} is not a job transition")
+    values = {"state": dst, "updated_at": now, **fields}
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values)  # type: ignore[attr-defined]
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        if commit:
+            session.rollback()
+        return False
+    audit(session, actor=actor, action=f"transition:{'|'.join(sources)}->{dst}", job_id=job_id, at=now,
+          reason=reason, **{k: v for k, v in fields.items() if k not in {"token_hash"}})
+    if commit:
+        session.commit()
+    return True

@@ -1,0 +1,123 @@
+"""Database engine and sessions from DATABASE_URL, with Alembic migrations applied on start.
+
+SQLite (the embedded default, a file in the data folder) runs in WAL mode with a busy timeout so
+that the bot, the scheduler thread and a CLI command can share it. PostgreSQL is used through
+psycopg 3. Migrations run under a PostgreSQL advisory lock, so several bot replicas starting at once
+upgrade the schema exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK_KEY = 0x7475_6E65  # "tune": advisory lock id for schema upgrades
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def normalize_url(url: str) -> str:
+    """Accept postgres:// and postgresql:// and route both to psycopg 3."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def default_url() -> str:
+    from bot.settings import get_settings
+
+    return get_settings().resolved_database_url()
+
+
+def is_sqlite(url_or_engine: str | Engine) -> bool:
+    url = url_or_engine.url if isinstance(url_or_engine, Engine) else make_url(normalize_url(url_or_engine))
+    return url.get_backend_name() == "sqlite"
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """A new engine; SQLite files get WAL, a busy timeout and foreign-thread access."""
+    url = normalize_url(url or default_url())
+    if is_sqlite(url):
+        db_path = make_url(url).database
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """A shared engine per URL for this process (migrated on first use)."""
+    url = normalize_url(url or default_url())
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            migrate(url)
+            engine = _engines[url] = make_engine(url)
+        return engine
+
+
+def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    """A programmatic Alembic config: no alembic.ini needed in the working directory."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def migrate(url: str | None = None) -> None:
+    """Bring the schema to the newest revision (idempotent, safe to call from several processes)."""
+    from alembic import command
+
+    url = normalize_url(url or default_url())
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            if not is_sqlite(url):
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+                conn.commit()
+            try:
+                cfg = alembic_config(url)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                conn.commit()
+            finally:
+                if not is_sqlite(url):
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+                    conn.commit()
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error."""
+    session = Session(engine, expire_on_commit=False)
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

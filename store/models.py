@@ -1,0 +1,216 @@
+"""The database tables: jobs, instances, volumes, spend ledger, runner events, budgets, audit, leases.
+
+Money is state: every instance that may bill has a row here before (or, after a crash, soon after)
+it exists at a provider, and spend is always computed from the price locked in these rows, never from
+today's catalog. Times are UTC epoch seconds (floats): comparisons and arithmetic stay exact and
+portable between SQLite and PostgreSQL, and a fake clock in tests is a plain number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+# The states of DESIGN.md contract 4 (see bot/engine/states.py for the allowed transitions).
+ACTIVE_STATES = ("approved", "launching", "running", "recovering")
+FINAL_STATES = ("succeeded", "failed", "cancelled", "stopped")
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+
+    id: str = Field(primary_key=True, max_length=64)
+    owner: str = Field(index=True)
+    team: str | None = Field(default=None, index=True)
+    channel: str | None = None
+    thread_ts: str | None = None
+    state: str = Field(index=True)
+    stop_reason: str | None = None  # plateau | budget | user | idle | ...
+    stop_requested_at: float | None = None  # a graceful stop was sent; the exit ends the job
+    message: str | None = None  # last human-readable reason (failures, refusals)
+
+    request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # EstimateRequest JSON
+    choice: str = "cheapest"
+    offer: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # chosen RankedOffer JSON
+    offers: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # fallbacks
+    spec_overrides: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    provider: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    interruptible: bool = False
+    price_per_hour: float | None = None  # locked: the accepted price, then the current instance's price
+    estimated_cost: float | None = None
+    estimated_hours: float | None = None
+    max_cost: float | None = None
+    checkpoint_minutes: float | None = None
+
+    idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
+    token_hash: str | None = None  # sha256 of the runner's bearer token; the token itself is never stored
+    approved_by: str | None = None
+    claim_id: str | None = None  # who holds the launch claim (state launching)
+    claimed_at: float | None = None
+    retry_count: int = 0
+    preemptions: int = 0
+    checkpoint_uri: str | None = None
+    output_uri: str | None = None
+
+    outcome: str | None = None  # the runner's terminal event: finished | plateau | failed
+    last_event_seq: int = -1
+    last_event_at: float | None = None
+    last_step: int = 0
+    max_steps: int | None = None
+    last_loss: float | None = None
+    eta_seconds: float | None = None
+    spend: float = 0.0  # cached roll-up of the instances' locked-price spend (see bot/engine/spend.py)
+
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class Instance(SQLModel, table=True):
+    __tablename__ = "instances"
+    __table_args__ = (UniqueConstraint("provider", "provider_instance_id", name="uq_instance_provider_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str = Field(index=True)
+    provider_instance_id: str
+    job_id: str | None = Field(default=None, index=True)
+    label: str | None = None
+    offer_id: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    price_per_hour: float  # locked at launch: spend = billed seconds x this
+    launched_at: float
+    ended_at: float | None = Field(default=None, index=True)  # confirmed gone at the provider
+    status: str = "provisioning"
+    raw_status: str | None = None
+    exit_code: int | None = None
+    last_seen_at: float | None = None
+    end_reason: str | None = None  # finished | preempted | stopped | stray | duplicate | lost | ...
+    adopted: bool = False
+
+
+class VolumeRecord(SQLModel, table=True):
+    __tablename__ = "volumes"
+    __table_args__ = (UniqueConstraint("provider", "volume_id", name="uq_volume_provider_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str
+    volume_id: str
+    name: str = ""
+    size_gb: float = 0.0
+    price_per_gb_month: float = 0.0
+    owner: str | None = None
+    first_seen_at: float
+    last_used_at: float | None = None
+    idle_since: float | None = None
+    reminded_at: float | None = None
+    keep_until: float | None = None
+    deleted_at: float | None = None
+    deleted_by: str | None = None
+
+
+class SpendEntry(SQLModel, table=True):
+    """One line of the ledger: an instance (or volume) over one UTC day at its locked price."""
+
+    __tablename__ = "spend_ledger"
+    __table_args__ = (UniqueConstraint("source", "period_start", name="uq_spend_source_period"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    source: str  # "instance:<row id>" | "volume:<provider>:<id>"
+    kind: str  # compute | storage
+    job_id: str | None = Field(default=None, index=True)
+    owner: str | None = Field(default=None, index=True)
+    team: str | None = None
+    provider: str | None = None
+    period_start: float = Field(index=True)  # UTC midnight of the day
+    seconds: float = 0.0
+    rate_per_hour: float = 0.0
+    amount: float = 0.0
+    updated_at: float = 0.0
+
+
+class RunnerEventRecord(SQLModel, table=True):
+    __tablename__ = "runner_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_runner_event_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    seq: int
+    kind: str
+    step: int = 0
+    loss: float | None = None
+    at: float
+    payload: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class Budget(SQLModel, table=True):
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("scope", "name", name="uq_budget_scope_name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str  # user | team
+    name: str
+    daily: float | None = None
+    monthly: float | None = None
+    updated_by: str | None = None
+    updated_at: float = 0.0
+
+
+class BudgetAlert(SQLModel, table=True):
+    """An alert level sent for one budget period; the unique key makes each level fire once."""
+
+    __tablename__ = "budget_alerts"
+    __table_args__ = (UniqueConstraint("scope", "name", "period", "level", name="uq_budget_alert"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str
+    name: str
+    period: str  # "day:2026-12-02" | "month:2026-12"
+    level: int  # 80 | 90 | 100
+    spent: float
+    limit: float
+    at: float
+
+
+class AuditLog(SQLModel, table=True):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_job_at", "job_id", "at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: float
+    actor: str  # a user id, or "engine", "reconciler", "scheduler"
+    action: str  # e.g. "transition:approved->launching", "terminate", "adopt"
+    job_id: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class SchedulerLease(SQLModel, table=True):
+    """The scheduler leader's lease (used where no advisory lock is available)."""
+
+    __tablename__ = "scheduler_lease"
+
+    name: str = Field(primary_key=True)
+    holder: str
+    expires_at: float
+    renewed_at: float
+
+
+class TaskRun(SQLModel, table=True):
+    """One run of a periodic task for one period: the unique key makes a period run once."""
+
+    __tablename__ = "task_runs"
+    __table_args__ = (UniqueConstraint("task", "period_key", name="uq_task_period"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    task: str
+    period_key: str
+    holder: str
+    started_at: float
+    finished_at: float | None = None
+    ok: bool | None = None
+    message: str | None = None
