@@ -1,0 +1,105 @@
+"""From a JobSpec's dataset to tokenized train and eval examples, with counts for the run summary."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runner.data.errors import DatasetError
+from runner.data.example import IGNORE_INDEX, Example
+from runner.data.formats import read_records
+from runner.data.tokenize import encode_record
+from runner.spec import JobSpec
+
+
+@dataclass
+class DataStats:
+    """What happened to the records; truncated and dropped go into the RunSummary."""
+
+    records: int = 0  # non-blank lines read
+    truncated: int = 0  # longer than seq_len, cut to seq_len
+    dropped: int = 0  # longer than seq_len with overlong="drop", or nothing left to train on
+    tokens: int = 0  # tokens in the kept examples (train + eval)
+    examples: int = 0  # kept examples (train + eval)
+    train_examples: int = 0
+    eval_examples: int = 0
+    trainable_tokens: int = 0  # tokens that carry loss
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class PreparedData:
+    train: list[Example]
+    eval: list[Example] = field(default_factory=list)
+    stats: DataStats = field(default_factory=DataStats)
+
+
+def prepare(spec: JobSpec, tokenizer: Any) -> PreparedData:
+    """Read, check, tokenize, fit to seq_len and split the dataset of ``spec``.
+
+    The eval split is a seeded shuffle of the kept examples, so a resumed run sees the same split.
+    """
+    uri = spec.dataset.uri
+    stats = DataStats()
+    examples: list[Example] = []
+    for line, record in read_records(uri, spec.dataset.format):
+        stats.records += 1
+        try:
+            ids, labels = encode_record(record, tokenizer)
+        except DatasetError as exc:
+            if exc.uri is None:
+                raise DatasetError(str(exc), uri=uri, line=line) from None
+            raise
+        example = fit_example(ids, labels, line, seq_len=spec.seq_len, overlong=spec.dataset.overlong,
+                              stats=stats)
+        if example is not None:
+            examples.append(example)
+    if stats.records == 0:
+        raise DatasetError("dataset is empty: no records to train on", uri=uri)
+    if not examples:
+        raise DatasetError(
+            f"no usable records: all {stats.records} were dropped (longer than seq_len={spec.seq_len} "
+            f"with overlong={spec.dataset.overlong!r}, or without tokens to train on)", uri=uri,
+        )
+    train, evaluation = split(examples, spec.dataset.eval_fraction, seed=spec.seed)
+    stats.examples = len(examples)
+    stats.tokens = sum(len(e) for e in examples)
+    stats.trainable_tokens = sum(e.trainable_tokens for e in examples)
+    stats.train_examples, stats.eval_examples = len(train), len(evaluation)
+    return PreparedData(train=train, eval=evaluation, stats=stats)
+
+
+def fit_example(ids: list[int], labels: list[int], line: int, *, seq_len: int, overlong: str,
+                stats: DataStats) -> Example | None:
+    """Apply the overlong policy; also drop records left with nothing to learn (counted as dropped)."""
+    if len(ids) > seq_len:
+        if overlong == "drop":
+            stats.dropped += 1
+            return None
+        ids, labels = ids[:seq_len], labels[:seq_len]
+        stats.truncated += 1
+    # The first token is never predicted by a causal LM; ignoring it keeps packed rows from learning
+    # "previous example's last token -> this example's first token".
+    labels = [IGNORE_INDEX, *labels[1:]]
+    example = Example(input_ids=ids, labels=labels, source_line=line)
+    if example.trainable_tokens == 0:
+        stats.dropped += 1
+        return None
+    return example
+
+
+def split(examples: list[Example], eval_fraction: float, *, seed: int) -> tuple[list[Example], list[Example]]:
+    """Deterministic train/eval split; at least one example stays in train."""
+    if eval_fraction <= 0 or len(examples) < 2:
+        return list(examples), []
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(len(examples) - 1, max(1, math.ceil(len(examples) * eval_fraction)))
+    eval_ids = set(order[:n_eval])
+    train = [e for i, e in enumerate(examples) if i not in eval_ids]
+    evaluation = [e for i, e in enumerate(examples) if i in eval_ids]
+    return train, evaluation
