@@ -174,3 +174,32 @@ class RunSummary(BaseModel):
     records_truncated: int = 0
     records_dropped: int = 0
     message: str | None = None
+
+
+# The progress object: the runner writes it beside its checkpoints so that a bot without a public URL
+# (Slack Socket Mode) can pull what it would otherwise be pushed. Shape:
+#   {"job_id": str, "updated": unix seconds, "last_seq": int, "events": [RunnerEvent as dict, ... last 200]}
+PROGRESS_FILE = "progress.json"
+
+
+def progress_uri(checkpoint_uri: str) -> str:
+    """Where the progress object of a job lives: ``<checkpoint uri>/progress.json``."""
+    return f"{checkpoint_uri.rstrip('/')}/{PROGRESS_FILE}"
+
+
+def parse_progress(data: bytes | str) -> list[RunnerEvent]:
+    """The events of a progress object, oldest first (events of unknown kinds or versions are skipped)."""
+    import json
+
+    obj = json.loads(data)
+    if not isinstance(obj, dict) or not isinstance(obj.get("events"), list):
+        raise ValueError("not a tunebot progress object (expected an object with an 'events' list)")
+    events: list[RunnerEvent] = []
+    for raw in obj["events"]:
+        try:
+            event = RunnerEvent.model_validate(raw)
+        except ValueError:
+            continue  # a newer runner may report kinds this bot does not know; keep the rest readable
+        if event.version <= SPEC_VERSION:
+            events.append(event)
+    return sorted(events, key=lambda e: e.seq)

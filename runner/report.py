@@ -1,0 +1,242 @@
+"""Reporting a run to the bot: push RunnerEvents to the callback URL and keep a progress object beside
+the checkpoints.
+
+Training never waits on the bot. ``emit`` only numbers the event and hands it to two background
+threads: a sender that POSTs it (bearer token, short timeout, a few retries with backoff, then the
+event is dropped; while the receiver is down each event gets a single try) and a writer that rewrites
+``<checkpoint uri>/progress.json`` (throttled for ``progress`` events, at once for the others). The
+progress object is what a bot without a public URL pulls, so it is the durable record: on a resume
+the writer first reads the old object back and keeps its events. The token never appears in logs,
+exceptions or reprs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import fsspec
+import httpx
+from fsspec.implementations.local import LocalFileSystem
+
+from runner.spec import EventKind, JobSpec, RunnerEvent, parse_progress, progress_uri
+
+log = logging.getLogger(__name__)
+
+KEEP_EVENTS = 200
+
+
+class Reporter:
+    """Numbers, sends and records the events of one job; ``seq`` continues from ``start_seq``."""
+
+    def __init__(self, spec: JobSpec, *, start_seq: int = 0, timeout: float = 3.0, retries: int = 3,
+                 backoff: float = 0.25, max_queue: int = 1000, progress_every_seconds: float = 5.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.job_id = spec.job_id
+        self.progress_uri = progress_uri(spec.checkpoint.uri)
+        self.delivered = 0  # events the receiver accepted
+        self.dropped = 0  # events given up on (receiver down, refused, or queue full)
+        self._seq = start_seq
+        self._start_seq = start_seq
+        self._url = spec.report.callback_url
+        self._retries = max(1, retries)
+        self._backoff = backoff
+        self._progress_every = progress_every_seconds
+        self._lock = threading.Lock()
+        self._events: deque[RunnerEvent] = deque(maxlen=KEEP_EVENTS)
+        self._dirty = self._urgent = False
+        self._last_write = 0.0
+        self._wake = threading.Condition(self._lock)
+        self._closing = threading.Event()
+        self._deadline = float("inf")
+        self._outbox: queue.Queue[RunnerEvent] = queue.Queue(maxsize=max_queue)
+        self._receiver_down = False
+        self._client: httpx.Client | None = None
+        if self._url:
+            headers = {"Authorization": f"Bearer {spec.report.token}"} if spec.report.token else {}
+            self._client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        self._threads = [threading.Thread(target=self._write_loop, name="tunebot-progress", daemon=True)]
+        if self._client is not None:
+            self._threads.append(threading.Thread(target=self._send_loop, name="tunebot-report", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def __repr__(self) -> str:
+        return f"Reporter(job_id={self.job_id!r}, seq={self.seq}, callback={'set' if self._url else 'none'})"
+
+    @property
+    def seq(self) -> int:
+        """The seq the next event gets; save it in checkpoints and pass it back as ``start_seq``."""
+        with self._lock:
+            return self._seq
+
+    def emit(self, kind: EventKind, **fields: Any) -> RunnerEvent:
+        """Number and queue an event; returns at once whatever the state of the receiver."""
+        with self._lock:
+            event = RunnerEvent(job_id=self.job_id, seq=self._seq, kind=EventKind(kind), **fields)
+            self._seq += 1
+            self._events.append(event)
+            self._dirty = True
+            self._urgent = self._urgent or event.kind is not EventKind.progress
+            self._wake.notify_all()
+        if self._client is not None and not self._closing.is_set():
+            try:
+                self._outbox.put_nowait(event)
+            except queue.Full:
+                self.dropped += 1
+                log.warning("report queue full: event %d not sent (the progress object has it)", event.seq)
+        return event
+
+    def events(self) -> list[RunnerEvent]:
+        """The events the progress object holds (the last 200)."""
+        with self._lock:
+            return list(self._events)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send and write what can be within ``timeout`` seconds, then stop the threads."""
+        self._deadline = time.monotonic() + timeout
+        self._closing.set()
+        with self._lock:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- sender ----------------------------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            try:
+                event = self._outbox.get(timeout=0.05)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if self._closing.is_set() and time.monotonic() >= self._deadline:
+                self._drop_rest()
+                return
+            self._deliver(event)
+
+    def _deliver(self, event: RunnerEvent) -> None:
+        assert self._client is not None and self._url is not None
+        attempts = 1 if self._receiver_down else self._retries
+        body = event.model_dump(mode="json")
+        problem = ""
+        for attempt in range(attempts):
+            if attempt:
+                pause = self._backoff * 2 ** (attempt - 1)
+                if self._closing.is_set() and time.monotonic() + pause >= self._deadline:
+                    break
+                self._pause(pause)
+            try:
+                response = self._client.post(self._url, json=body)
+            except httpx.HTTPError as exc:
+                problem = type(exc).__name__
+                continue
+            if response.is_success:
+                self.delivered += 1
+                self._receiver_down = False
+                return
+            problem = f"HTTP {response.status_code}"
+            if response.status_code < 500 and response.status_code not in (408, 429):
+                break  # refused (bad token, unknown job): retrying will not help
+        self.dropped += 1
+        self._receiver_down = True
+        log.warning("event %d (%s) not delivered to the callback: %s", event.seq, event.kind.value, problem)
+
+    def _pause(self, seconds: float) -> None:
+        if self._closing.is_set():
+            time.sleep(max(0.0, min(seconds, self._deadline - time.monotonic())))
+        else:
+            self._closing.wait(seconds)  # a close() cuts the pause short
+
+    def _drop_rest(self) -> None:
+        while True:
+            try:
+                self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            self.dropped += 1
+
+    # ---- progress object -------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        self._load_previous()
+        while True:
+            with self._lock:
+                while True:
+                    closing = self._closing.is_set()
+                    wait = self._last_write + self._progress_every - time.monotonic()
+                    if self._dirty and (self._urgent or closing or wait <= 0):
+                        break
+                    if closing:
+                        return
+                    self._wake.wait(timeout=wait if self._dirty else None)
+                snapshot = list(self._events)
+                last_seq = self._seq - 1
+                self._dirty = self._urgent = False
+            self._write(snapshot, last_seq)
+            self._last_write = time.monotonic()
+
+    def _load_previous(self) -> None:
+        """On a resume, keep the events already in the progress object (those before ``start_seq``)."""
+        if self._start_seq == 0:
+            return
+        try:
+            with fsspec.open(self.progress_uri, "rb") as handle:
+                previous = [e for e in parse_progress(handle.read()) if e.seq < self._start_seq]
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # noqa: BLE001 - an unreadable old object must not stop the run
+            log.warning("could not read the previous progress object: %s", type(exc).__name__)
+            return
+        with self._lock:
+            merged = previous + list(self._events)
+            self._events = deque(merged[-KEEP_EVENTS:], maxlen=KEEP_EVENTS)
+
+    def _write(self, events: list[RunnerEvent], last_seq: int) -> None:
+        payload = {"job_id": self.job_id, "updated": time.time(), "last_seq": last_seq,
+                   "events": [e.model_dump(mode="json") for e in events]}
+        data = json.dumps(payload).encode()
+        try:
+            write_atomically(self.progress_uri, data)
+        except Exception as exc:  # noqa: BLE001 - reporting never stops training
+            log.warning("could not write the progress object: %s: %s", type(exc).__name__, exc)
+
+
+def write_atomically(uri: str, data: bytes) -> None:
+    """Replace the object at ``uri``: temp file + rename on local disks, one PUT on object stores."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(parent or ".", exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=parent or ".", prefix=".progress-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return
+    if parent:
+        try:
+            fs.makedirs(parent, exist_ok=True)
+        except Exception:  # noqa: BLE001 - object stores have no real folders
+            pass
+    fs.pipe_file(path, data)  # a single PUT replaces an object atomically on S3-like stores
