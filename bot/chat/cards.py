@@ -1,0 +1,423 @@
+"""Replies built from the engine's view models: estimates, job cards, spend, volumes, budgets, help.
+
+Every function here is pure (view model in, neutral Reply out), so Slack, the console and the
+tests render exactly the same content.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bot.chat.grammar import COMMAND_USAGE, KEYS_HELP, usage_for
+from bot.chat.replies import (
+    Button,
+    Buttons,
+    Confirm,
+    Context,
+    Divider,
+    Fields,
+    Header,
+    Reply,
+    Table,
+    Text,
+)
+from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
+from bot.planner.result import Estimate, RankedOffer
+
+ACTIVE_STATES = {"pending_approval", "approved", "launching", "running", "recovering"}
+MAX_OFFER_ROWS = 15
+STATE_EMOJI = {
+    "pending_approval": ":hourglass:",
+    "approved": ":hourglass:",
+    "launching": ":rocket:",
+    "running": ":zap:",
+    "recovering": ":warning:",
+    "succeeded": ":white_check_mark:",
+    "failed": ":x:",
+    "cancelled": ":octagonal_sign:",
+    "stopped": ":octagonal_sign:",
+}
+
+
+def money(amount: float | None) -> str:
+    if amount is None:
+        return "-"
+    if amount != 0 and abs(amount) < 0.01:
+        return f"${amount:.4f}"
+    return f"${amount:,.2f}"
+
+
+def hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    if h < 1:
+        return f"{h * 60:.0f} min" if h * 60 >= 1 else f"{h * 3600:.0f} s"
+    return f"{h:.1f} h"
+
+
+def duration(seconds: float | None) -> str:
+    return "-" if seconds is None else hours(seconds / 3600)
+
+
+def count(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def _offer_row(i: int, o: RankedOffer) -> list[str]:
+    kind = "spot" if o.interruptible else "on-demand"
+    return [
+        str(i),
+        o.provider,
+        f"{o.gpu} x{o.gpu_count}",
+        kind,
+        money(o.price_per_hour),
+        hours(o.hours),
+        money(o.total_cost),
+        ", ".join(o.labels) if o.fits else f"no: {o.reason}",
+    ]
+
+
+def labelled(estimate: Estimate, label: str) -> RankedOffer | None:
+    fitting = [o for o in estimate.offers if o.fits]
+    for offer in fitting:
+        if label in offer.labels:
+            return offer
+    return fitting[0] if fitting else None
+
+
+def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bool = False) -> Reply:
+    """Header, memory breakdown, ranked offers, assumptions, and the launch buttons."""
+    m, mem, t = estimate.model, estimate.memory, estimate.time
+    reply = Reply(fallback=_estimate_fallback(estimate))
+    reply.add(Header(f"{m.name} · {estimate.method} · {count(m.parameters)} params"))
+    reply.add(
+        Fields(
+            [
+                ("Memory per GPU", f"{mem.per_gpu_gb:.1f} GB on {mem.gpus} GPU(s), sharding {mem.sharding}"),
+                ("Compute time", f"{hours(t.hours)} on {estimate.speed.gpu} x{estimate.speed.gpus}"),
+                ("Tokens", f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({t.token_source})"),
+                (
+                    "Throughput",
+                    f"{count(estimate.speed.tokens_per_second)} tokens/s, MFU {estimate.speed.mfu:.0%}",
+                ),
+                ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
+            ]
+        )
+    )
+    breakdown = " · ".join(f"{k} {v:.1f} GB" for k, v in mem.breakdown_gb.items())
+    reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
+    fitting = [o for o in estimate.offers if o.fits]
+    shown = (fitting + [o for o in estimate.offers if not o.fits])[:MAX_OFFER_ROWS]
+    if shown:
+        reply.add(
+            Table(
+                ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"],
+                [_offer_row(i + 1, o) for i, o in enumerate(shown)],
+                title=f"Offers ranked by expected total cost ({len(fitting)} fit)",
+            )
+        )
+        if len(estimate.offers) > len(shown):
+            reply.add(Context([f"{len(estimate.offers) - len(shown)} more offers not shown"]))
+    else:
+        reply.add(Text(":warning: No offers to show."))
+    if not fitting and estimate.suggestions:
+        reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {s}" for s in estimate.suggestions[:8])))
+    notes = list(estimate.assumptions[:9])
+    when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
+    notes.append(f"prices: {estimate.prices_source} as of {when}")
+    reply.add(Context(notes))
+    if estimate_id and fitting:
+        reply.add(Buttons(launch_buttons(estimate, estimate_id)))
+        if launching:
+            reply.add(Context(["Pick an offer to launch, or Cancel."]))
+    return reply
+
+
+def _estimate_fallback(estimate: Estimate) -> str:
+    best = labelled(estimate, "cheapest")
+    tail = (
+        f"cheapest {best.provider} {best.gpu} x{best.gpu_count} {money(best.total_cost)}"
+        if best
+        else "nothing fits"
+    )
+    return (
+        f"{estimate.model.name} {estimate.method}: {estimate.memory.per_gpu_gb:.1f} GB per GPU, "
+        f"{hours(estimate.time.hours)}; {tail}"
+    )
+
+
+def launch_buttons(estimate: Estimate, estimate_id: str) -> list[Button]:
+    buttons: list[Button] = []
+    for label, style in (("cheapest", "primary"), ("safest", None)):
+        offer = labelled(estimate, label)
+        if offer is None:
+            continue
+        kind = "spot" if offer.interruptible else "on-demand"
+        buttons.append(
+            Button(
+                f"Launch {label} ({money(offer.total_cost)})",
+                f"launch_{label}",
+                estimate_id,
+                style=style,  # type: ignore[arg-type]
+                confirm=Confirm(
+                    f"Launch on the {label} offer?",
+                    f"{offer.provider} {offer.gpu} x{offer.gpu_count} ({kind}) at "
+                    f"{money(offer.price_per_hour)}/h, about {hours(offer.hours)} "
+                    f"and {money(offer.total_cost)} in total.",
+                    ok="Launch",
+                ),
+            )
+        )
+    buttons.append(Button("Cancel", "cancel_estimate", estimate_id))
+    return buttons
+
+
+def job_fields(job: JobView) -> list[tuple[str, str]]:
+    where = (
+        f"{job.provider or '-'} {job.gpu or ''} x{job.gpu_count or 1}" if job.provider else "not placed yet"
+    )
+    if job.provider:
+        where += " (spot)" if job.interruptible else " (on-demand)"
+    progress = f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step)
+    if job.max_steps:
+        progress += f" ({job.step / max(job.max_steps, 1):.0%})"
+    spend = money(job.spend) + (f" of max {money(job.max_cost)}" if job.max_cost else "")
+    if job.estimated_cost is not None:
+        spend += f" (estimate {money(job.estimated_cost)})"
+    fields = [
+        ("Model", f"{job.model} · {job.method}"),
+        ("Where", where),
+        ("Price", f"{money(job.price_per_hour)}/h" if job.price_per_hour is not None else "-"),
+        ("Step", progress),
+        ("Loss", f"{job.loss:.4f}" if job.loss is not None else "-"),
+        ("ETA", duration(job.eta_seconds) if job.state in ACTIVE_STATES else "-"),
+        ("Spend", spend),
+        ("Preemptions", str(job.preemptions)),
+    ]
+    if job.output_uri:
+        fields.append(("Output", f"`{job.output_uri}`"))
+    return fields
+
+
+def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
+    """The status card: edited in place in the job's thread, shown by `status JOB`."""
+    state = job.state + (f" ({job.stop_reason})" if job.stop_reason else "")
+    reply = Reply(fallback=f"Job {job.job_id}: {state}, step {job.step}, spend {money(job.spend)}")
+    reply.add(Header(f"Job {job.job_id}: {state}"))
+    reply.add(Text(f"{STATE_EMOJI.get(job.state, '')} *{job.state}* · owner <@{job.owner}>".strip()))
+    reply.add(Fields(job_fields(job)))
+    if job.message:
+        reply.add(Context([job.message]))
+    updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    reply.add(Context([f"updated {updated}"]))
+    if with_buttons and job.state in ACTIVE_STATES:
+        reply.add(
+            Buttons(
+                [
+                    Button(
+                        "Stop job",
+                        "stop_job",
+                        job.job_id,
+                        style="danger",
+                        confirm=Confirm(
+                            "Stop this job?", f"Job {job.job_id} stops after a checkpoint.", ok="Stop"
+                        ),
+                    )
+                ]
+            )
+        )
+    return reply
+
+
+def jobs_reply(jobs: list[JobView], *, title: str) -> Reply:
+    if not jobs:
+        return Reply(parts=[Text(f"{title}: none.")], fallback=f"{title}: none.")
+    rows = [
+        [
+            j.job_id,
+            j.state,
+            j.owner,
+            f"{j.model} {j.method}",
+            j.gpu or "-",
+            f"{j.step}/{j.max_steps}" if j.max_steps else str(j.step),
+            f"{j.loss:.3f}" if j.loss is not None else "-",
+            money(j.spend),
+        ]
+        for j in jobs[:40]
+    ]
+    reply = Reply(fallback=f"{title}: {len(jobs)} job(s)")
+    reply.add(Header(title), Table(["job", "state", "owner", "model", "gpu", "step", "loss", "spend"], rows))
+    if len(jobs) > 40:
+        reply.add(Context([f"{len(jobs) - 40} older jobs not shown"]))
+    return reply
+
+
+def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
+    rows = []
+    for line in lines[:25]:
+        budget = money(line.budget) if line.budget is not None else "-"
+        used = f"{line.amount / line.budget:.0%}" if line.budget else "-"
+        rows.append([line.key, money(line.amount), budget, used])
+    return rows
+
+
+def spend_reply(report: SpendReport, *, user: str | None = None, title: str | None = None) -> Reply:
+    scope = f" for <@{user}>" if user else ""
+    heading = title or f"Spend {report.period}{scope}: {money(report.total)}"
+    reply = Reply(fallback=f"{heading} (since {report.start:%Y-%m-%d})")
+    reply.add(Header(heading.replace(f"<@{user}>", user or "")))
+    reply.add(Context([f"{report.start:%Y-%m-%d %H:%M} to {report.end:%Y-%m-%d %H:%M} UTC"]))
+    for name, lines in (
+        ("By user", report.by_user),
+        ("By provider", report.by_provider),
+        ("By job", report.by_job),
+    ):
+        if lines:
+            reply.add(Table([name.split()[-1], "spend", "budget", "used"], _spend_rows(lines), title=name))
+    if not (report.by_user or report.by_provider or report.by_job):
+        reply.add(Text("Nothing spent in this period."))
+    return reply
+
+
+def volumes_reply(volumes: list[VolumeView]) -> Reply:
+    if not volumes:
+        return Reply(parts=[Text("No volumes.")], fallback="No volumes.")
+    total = sum(v.cost_per_month for v in volumes)
+    reply = Reply(fallback=f"{len(volumes)} volume(s), {money(total)}/month")
+    reply.add(Header(f"Volumes: {money(total)}/month"))
+    rows = [
+        [
+            v.provider,
+            v.name,
+            f"{v.size_gb:g} GB",
+            money(v.cost_per_month),
+            money(v.cost_so_far),
+            v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
+            v.owner or "-",
+        ]
+        for v in volumes[:40]
+    ]
+    reply.add(Table(["provider", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
+    return reply
+
+
+def volume_reminder(volume: VolumeView, *, message: str = "") -> Reply:
+    """An idle volume with the money at stake, and Delete / Keep buttons."""
+    idle = f"idle since {volume.idle_since:%Y-%m-%d}" if volume.idle_since else "idle"
+    owner = f" (<@{volume.owner}>)" if volume.owner else ""
+    text = (
+        f":floppy_disk: Volume *{volume.name}* on {volume.provider}{owner} is {idle}: "
+        f"{volume.size_gb:g} GB costs "
+        f"*{money(volume.cost_per_month)}/month* ({money(volume.cost_so_far)} so far)."
+    )
+    reply = Reply(fallback=f"Idle volume {volume.name}: {money(volume.cost_per_month)}/month", public=True)
+    reply.add(Text(text))
+    if message:
+        reply.add(Context([message]))
+    ref = f"{volume.provider}:{volume.volume_id}"
+    reply.add(
+        Buttons(
+            [
+                Button(
+                    "Delete",
+                    "volume_delete",
+                    ref,
+                    style="danger",
+                    confirm=Confirm(
+                        "Delete this volume?",
+                        f"{volume.name} ({volume.size_gb:g} GB) and its data are deleted for good.",
+                        ok="Delete",
+                    ),
+                ),
+                Button("Keep", "volume_keep", ref),
+            ]
+        )
+    )
+    return reply
+
+
+def budgets_reply(budgets: list[BudgetView]) -> Reply:
+    if not budgets:
+        return Reply(
+            parts=[Text("No budgets set. An admin sets one with `budget set user|team NAME daily=X`.")],
+            fallback="No budgets set.",
+        )
+    rows = [
+        [b.scope, b.name, money(b.daily), money(b.spent_today), money(b.monthly), money(b.spent_month)]
+        for b in budgets[:40]
+    ]
+    reply = Reply(fallback=f"{len(budgets)} budget(s)")
+    reply.add(Header("Budgets"), Table(["scope", "name", "daily", "today", "monthly", "month"], rows))
+    return reply
+
+
+def help_reply(topic: str | None = None) -> Reply:
+    if topic:
+        return Reply(parts=[Text(f"```{usage_for(topic)}```")], fallback=usage_for(topic))
+    lines = "\n".join("/tune " + u for u in COMMAND_USAGE.values())
+    reply = Reply(fallback="tunebot commands: " + ", ".join(COMMAND_USAGE))
+    reply.add(Header("tunebot: estimate, launch and babysit cheap fine-tunes"))
+    reply.add(Text(f"```{lines}```"))
+    reply.add(Context([KEYS_HELP]))
+    return reply
+
+
+def approval_request(job: JobView, *, approvers: list[str], threshold: float) -> Reply:
+    who = " ".join(f"<@{a}>" for a in approvers) or "an admin"
+    text = (
+        f":bell: {who}: <@{job.owner}> asks to launch job *{job.job_id}* ({job.model} {job.method}), "
+        f"estimated *{money(job.estimated_cost)}*, above the {money(threshold)} approval amount."
+    )
+    reply = Reply(fallback=f"Approval needed for job {job.job_id} ({money(job.estimated_cost)})", public=True)
+    reply.add(Text(text))
+    reply.add(
+        Buttons(
+            [
+                Button(
+                    "Approve",
+                    "approve_job",
+                    job.job_id,
+                    style="primary",
+                    confirm=Confirm(
+                        "Approve this job?",
+                        f"Job {job.job_id} may spend up to {money(job.max_cost or job.estimated_cost)}.",
+                        ok="Approve",
+                    ),
+                ),
+                Button("Reject", "reject_job", job.job_id, style="danger"),
+            ]
+        )
+    )
+    return reply
+
+
+def home_reply(user: str, jobs: list[JobView], month: SpendReport, budgets: list[BudgetView]) -> Reply:
+    """App Home: the user's jobs and month-to-date spend against their budget."""
+    mine = next((line for line in month.by_user if line.key == user), None)
+    spent = mine.amount if mine else 0.0
+    budget = next((b for b in budgets if b.scope == "user" and b.name == user), None)
+    reply = Reply(fallback="tunebot home")
+    reply.add(Header("tunebot"))
+    fields = [("Your spend this month", money(spent)), ("Team spend this month", money(month.total))]
+    if budget and budget.monthly:
+        fields.append(("Your monthly budget", f"{money(budget.monthly)} ({spent / budget.monthly:.0%} used)"))
+    reply.add(Fields(fields), Divider())
+    active = [j for j in jobs if j.state in ACTIVE_STATES]
+    reply.add(Text(f"*Your jobs* ({len(active)} active, {len(jobs)} total)"))
+    for job in jobs[:15]:
+        reply.add(
+            Text(
+                f"{STATE_EMOJI.get(job.state, '')} *{job.job_id}* {job.state} · {job.model} {job.method} · "
+                f"step {job.step}"
+                + (f"/{job.max_steps}" if job.max_steps else "")
+                + (f" · loss {job.loss:.3f}" if job.loss is not None else "")
+                + f" · {money(job.spend)}"
+            )
+        )
+    if not jobs:
+        reply.add(Text("No jobs yet. Try `/tune estimate Llama-3.1-8B method=qlora`."))
+    reply.add(Context([f"updated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · `/tune help` for commands"]))
+    return reply

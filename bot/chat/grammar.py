@@ -1,0 +1,451 @@
+"""The one command grammar of Slack's `/tune` and the terminal console: text in, a typed Command out.
+
+Pure: no I/O, no engine. Every mistake raises ``ParseError`` whose message says exactly what was wrong
+and carries the usage of the command, so both adapters can show a friendly correction.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import ValidationError
+
+from bot.planner.request import EstimateRequest
+
+COMMAND_USAGE: dict[str, str] = {
+    "estimate": "estimate MODEL [key=value ...]",
+    "launch": "launch MODEL [key=value ...]",
+    "status": "status [JOB]",
+    "jobs": "jobs [mine|all]",
+    "stop": "stop JOB",
+    "approve": "approve JOB",
+    "spend": "spend [today|week|month] [@user]",
+    "volumes": "volumes",
+    "gpus": "gpus [GPU]",
+    "budget": "budget [show | set user|team NAME daily=X monthly=Y]",
+    "help": "help [COMMAND]",
+}
+
+KEYS_HELP = (
+    "keys: method=full|lora|qlora r=16 targets=all-linear|q_proj,v_proj seq=2048 batch=1 accum=1 "
+    "epochs=1 dataset=PATH tokens=20M gpus=1 gpu=a100-80gb attn=eager|sdpa|flash "
+    "optimizer=adamw|adamw_8bit|paged_adamw_8bit checkpointing=yes|no interruptible=yes|no|spot|on-demand "
+    "packing=yes|no max_cost=$25"
+)
+
+USAGE = "\n".join(["/tune " + u for u in COMMAND_USAGE.values()] + [KEYS_HELP])
+
+# key in the grammar -> field of EstimateRequest
+KEY_FIELDS: dict[str, str] = {
+    "method": "method",
+    "r": "lora_r",
+    "targets": "lora_targets",
+    "seq": "seq_len",
+    "batch": "batch_size",
+    "accum": "grad_accum",
+    "epochs": "epochs",
+    "dataset": "dataset",
+    "tokens": "tokens",
+    "gpus": "gpus",
+    "gpu": "gpu",
+    "attn": "attn",
+    "optimizer": "optimizer",
+    "checkpointing": "gradient_checkpointing",
+    "interruptible": "interruptible",
+    "packing": "packing",
+    "max_cost": "max_cost",
+}
+FIELD_KEYS = {v: k for k, v in KEY_FIELDS.items()}
+# Friendly aliases people type anyway.
+KEY_ALIASES = {
+    "lora_r": "r",
+    "rank": "r",
+    "seq_len": "seq",
+    "batch_size": "batch",
+    "grad_accum": "accum",
+    "lora_targets": "targets",
+    "spot": "interruptible",
+    "budget": "max_cost",
+    "maxcost": "max_cost",
+    "gradient_checkpointing": "checkpointing",
+    "epoch": "epochs",
+}
+
+_SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_TRUE = {"yes", "y", "true", "on", "1"}
+_FALSE = {"no", "n", "false", "off", "0"}
+_MENTION = re.compile(r"^<@([A-Z0-9]+)(?:\|[^>]*)?>$")
+_SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+class ParseError(Exception):
+    """The text is not a valid command; ``str(error)`` says why, ``usage`` how to write it."""
+
+    def __init__(self, message: str, usage: str = USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+
+@dataclass(frozen=True)
+class Command:
+    """Base of every parsed command; ``name`` is the grammar's word for it."""
+
+    name: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class EstimateCmd(Command):
+    name: ClassVar[str] = "estimate"
+    request: EstimateRequest
+
+
+@dataclass(frozen=True)
+class LaunchCmd(Command):
+    name: ClassVar[str] = "launch"
+    request: EstimateRequest
+
+
+@dataclass(frozen=True)
+class StatusCmd(Command):
+    name: ClassVar[str] = "status"
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JobsCmd(Command):
+    name: ClassVar[str] = "jobs"
+    scope: Literal["mine", "all"] = "mine"
+
+
+@dataclass(frozen=True)
+class StopCmd(Command):
+    name: ClassVar[str] = "stop"
+    job_id: str
+
+
+@dataclass(frozen=True)
+class ApproveCmd(Command):
+    name: ClassVar[str] = "approve"
+    job_id: str
+
+
+@dataclass(frozen=True)
+class SpendCmd(Command):
+    name: ClassVar[str] = "spend"
+    period: Literal["today", "week", "month"] = "month"
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class VolumesCmd(Command):
+    name: ClassVar[str] = "volumes"
+
+
+@dataclass(frozen=True)
+class GpusCmd(Command):
+    name: ClassVar[str] = "gpus"
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class BudgetShowCmd(Command):
+    name: ClassVar[str] = "budget"
+
+
+@dataclass(frozen=True)
+class BudgetSetCmd(Command):
+    name: ClassVar[str] = "budget"
+    scope: Literal["user", "team"]
+    target: str
+    daily: float | None = None
+    monthly: float | None = None
+
+
+@dataclass(frozen=True)
+class HelpCmd(Command):
+    name: ClassVar[str] = "help"
+    topic: str | None = None
+
+
+def usage_for(name: str) -> str:
+    line = "/tune " + COMMAND_USAGE[name]
+    return line + ("\n" + KEYS_HELP if name in ("estimate", "launch") else "")
+
+
+def parse_tokens(text: str) -> int:
+    """`20M`, `1.5B`, `2_000_000`, `3e6` -> an integer count of tokens."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    mult = 1
+    if raw and raw[-1] in _SUFFIX:
+        mult = _SUFFIX[raw[-1]]
+        raw = raw[:-1]
+    try:
+        value = float(raw) * mult
+    except ValueError:
+        raise ValueError(f"`{text}` is not a token count (try 20M or 1.5B)") from None
+    if not value == value or value in (float("inf"), float("-inf")) or value < 1:  # NaN, inf, < 1
+        raise ValueError(f"`{text}` is not a positive token count")
+    return int(round(value))
+
+
+def parse_money(text: str) -> float:
+    raw = text.strip().replace("$", "").replace(",", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"`{text}` is not an amount of dollars (try 25 or $25)") from None
+    if not value == value or value in (float("inf"), float("-inf")) or value < 0:
+        raise ValueError(f"`{text}` is not a positive amount of dollars")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"`{text}` is not yes or no")
+
+
+def parse_interruptible(text: str) -> bool | None:
+    low = text.strip().lower()
+    if low in ("spot", "interruptible"):
+        return True
+    if low in ("on-demand", "ondemand", "od"):
+        return False
+    if low in ("any", "both", "either"):
+        return None
+    try:
+        return parse_bool(low)
+    except ValueError:
+        raise ValueError(f"`{text}` is not one of yes, no, spot, on-demand, any") from None
+
+
+def _int(text: str) -> int:
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"`{text}` is not a whole number") from None
+    if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+        raise ValueError(f"`{text}` is not a whole number")
+    return int(value)
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"`{text}` is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"`{text}` is not a number")
+    return value
+
+
+def _targets(text: str) -> list[str] | str:
+    if text.strip().lower() in ("all-linear", "all", "all_linear"):
+        return "all-linear"
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or not all(re.fullmatch(r"[A-Za-z0-9_.]+", n) for n in names):
+        raise ValueError(f"`{text}` is not all-linear or a comma-separated list of module names")
+    return names
+
+
+_CONVERTERS: dict[str, Any] = {
+    "method": lambda v: v.lower(),
+    "r": _int,
+    "targets": _targets,
+    "seq": _int,
+    "batch": _int,
+    "accum": _int,
+    "epochs": _float,
+    "dataset": str,
+    "tokens": parse_tokens,
+    "gpus": _int,
+    "gpu": lambda v: v.lower(),
+    "attn": lambda v: v.lower(),
+    "optimizer": lambda v: v.lower(),
+    "checkpointing": parse_bool,
+    "interruptible": parse_interruptible,
+    "packing": parse_bool,
+    "max_cost": parse_money,
+}
+
+
+def _split(text: str) -> list[str]:
+    cleaned = html.unescape(text.translate(_SMART_QUOTES)).replace("\u00a0", " ")
+    try:
+        return shlex.split(cleaned)
+    except ValueError as exc:  # unbalanced quotes
+        raise ParseError(f"could not read the command: {exc}") from None
+
+
+def _key_values(name: str, tokens: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for tok in tokens:
+        if "=" not in tok:
+            raise ParseError(f"`{tok}` is not a key=value option", usage_for(name))
+        key, _, raw = tok.partition("=")
+        key = key.strip().lower().lstrip("-").replace("-", "_")
+        key = KEY_ALIASES.get(key, key)
+        if key not in KEY_FIELDS:
+            known = ", ".join(KEY_FIELDS)
+            raise ParseError(f"unknown option `{key}` (known: {known})", usage_for(name))
+        if raw.strip() == "":
+            raise ParseError(f"option `{key}` needs a value", usage_for(name))
+        if KEY_FIELDS[key] in values:
+            raise ParseError(f"option `{key}` is given twice", usage_for(name))
+        try:
+            values[KEY_FIELDS[key]] = _CONVERTERS[key](raw)
+        except ValueError as exc:
+            raise ParseError(f"{key}: {exc}", usage_for(name)) from None
+    return values
+
+
+def _friendly_validation(name: str, exc: ValidationError) -> ParseError:
+    first = exc.errors()[0]
+    loc = first.get("loc") or ("?",)
+    field_name = str(loc[0])
+    key = FIELD_KEYS.get(field_name, field_name)
+    msg = str(first.get("msg", "invalid value"))
+    ctx = first.get("ctx") or {}
+    if "expected" in ctx:
+        msg = f"must be one of {ctx['expected']}"
+    return ParseError(f"{key}: {msg}", usage_for(name))
+
+
+def _request(name: str, args: list[str]) -> EstimateRequest:
+    if not args or "=" in args[0]:
+        raise ParseError(f"`{name}` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for(name))
+    model, rest = args[0], args[1:]
+    if len(model) > 300:
+        raise ParseError("the model name is too long", usage_for(name))
+    values = _key_values(name, rest)
+    try:
+        return EstimateRequest(model=model, **values)
+    except ValidationError as exc:
+        raise _friendly_validation(name, exc) from None
+
+
+def _job_arg(name: str, args: list[str], *, required: bool) -> str | None:
+    if not args:
+        if required:
+            raise ParseError(f"`{name}` needs a JOB id (see `jobs`)", usage_for(name))
+        return None
+    if len(args) > 1:
+        raise ParseError(f"`{name}` takes one JOB id, got {len(args)} words", usage_for(name))
+    if not JOB_ID.match(args[0]):
+        raise ParseError(f"`{args[0][:80]}` is not a job id", usage_for(name))
+    return args[0]
+
+
+def _user_ref(text: str) -> str | None:
+    match = _MENTION.match(text)
+    if match:
+        return match.group(1)
+    if text.startswith("@") and len(text) > 1 and re.fullmatch(r"@[\w.\-]{1,80}", text):
+        return text[1:]
+    return None
+
+
+def _spend(args: list[str]) -> SpendCmd:
+    period: str | None = None
+    user: str | None = None
+    for arg in args:
+        if arg.lower() in ("today", "week", "month"):
+            if period:
+                raise ParseError("give the period once: today, week or month", usage_for("spend"))
+            period = arg.lower()
+            continue
+        ref = _user_ref(arg)
+        if ref is None:
+            raise ParseError(
+                f"`{arg[:80]}` is neither a period (today|week|month) nor @user", usage_for("spend")
+            )
+        if user:
+            raise ParseError("give at most one @user", usage_for("spend"))
+        user = ref
+    return SpendCmd(period=(period or "month"), user=user)  # type: ignore[arg-type]
+
+
+def _budget(args: list[str]) -> Command:
+    if not args or args == ["show"]:
+        return BudgetShowCmd()
+    if args[0].lower() != "set":
+        raise ParseError(f"`budget {args[0][:80]}`: expected `show` or `set`", usage_for("budget"))
+    if len(args) < 3:
+        raise ParseError("`budget set` needs user|team and a NAME", usage_for("budget"))
+    scope = args[1].lower()
+    if scope not in ("user", "team"):
+        raise ParseError(f"`{args[1][:80]}`: the scope is user or team", usage_for("budget"))
+    target = _user_ref(args[2]) or args[2]
+    if "=" in target:
+        raise ParseError("`budget set` needs a NAME before the amounts", usage_for("budget"))
+    amounts: dict[str, float] = {}
+    for tok in args[3:]:
+        key, sep, raw = tok.partition("=")
+        key = key.lower()
+        if not sep or key not in ("daily", "monthly"):
+            raise ParseError(f"`{tok[:80]}`: expected daily=X or monthly=Y", usage_for("budget"))
+        try:
+            amounts[key] = parse_money(raw)
+        except ValueError as exc:
+            raise ParseError(f"{key}: {exc}", usage_for("budget")) from None
+    if not amounts:
+        raise ParseError("give daily=X and/or monthly=Y", usage_for("budget"))
+    return BudgetSetCmd(
+        scope=scope,
+        target=target,
+        daily=amounts.get("daily"),
+        monthly=amounts.get("monthly"),  # type: ignore[arg-type]
+    )
+
+
+def parse(text: str) -> Command:
+    """Parse one command line (with or without the `/tune` prefix)."""
+    if not isinstance(text, str):
+        raise ParseError("the command must be text")
+    if len(text) > 4000:
+        raise ParseError("the command is too long (4000 characters at most)")
+    words = _split(text)
+    if words and words[0].lower() in ("/tune", "tune", "tunebot"):
+        words = words[1:]
+    if not words:
+        return HelpCmd()
+    name, args = words[0].lower(), words[1:]
+    if name in ("estimate", "est"):
+        return EstimateCmd(request=_request("estimate", args))
+    if name == "launch":
+        return LaunchCmd(request=_request("launch", args))
+    if name == "status":
+        return StatusCmd(job_id=_job_arg("status", args, required=False))
+    if name == "jobs":
+        if len(args) > 1 or (args and args[0].lower() not in ("mine", "all")):
+            raise ParseError("`jobs` takes `mine` or `all`", usage_for("jobs"))
+        return JobsCmd(scope=(args[0].lower() if args else "mine"))  # type: ignore[arg-type]
+    if name in ("stop", "cancel"):
+        return StopCmd(job_id=_job_arg("stop", args, required=True) or "")
+    if name == "approve":
+        return ApproveCmd(job_id=_job_arg("approve", args, required=True) or "")
+    if name == "spend":
+        return _spend(args)
+    if name == "volumes":
+        if args:
+            raise ParseError("`volumes` takes no arguments", usage_for("volumes"))
+        return VolumesCmd()
+    if name == "gpus":
+        if len(args) > 1:
+            raise ParseError("`gpus` takes at most one GPU name", usage_for("gpus"))
+        return GpusCmd(gpu=(args[0].lower() if args else None))
+    if name == "budget":
+        return _budget(args)
+    if name in ("help", "?", "-h", "--help"):
+        topic = args[0].lower() if args else None
+        return HelpCmd(topic=topic if topic in COMMAND_USAGE else None)
+    raise ParseError(f"unknown command `{name[:80]}`")

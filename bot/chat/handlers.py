@@ -1,0 +1,375 @@
+"""Command -> EngineAPI -> Reply: the chat layer's logic, shared by Slack and the terminal.
+
+Synchronous (the engine is synchronous): Slack listeners run these in a worker thread after their
+acknowledgement. No exception leaves this module: our errors (parse, planning, engine, permission)
+become friendly replies with their message; anything else a generic reply plus ``logger.exception``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bot.chat import cards
+from bot.chat.grammar import (
+    ApproveCmd,
+    BudgetSetCmd,
+    BudgetShowCmd,
+    Command,
+    EstimateCmd,
+    GpusCmd,
+    HelpCmd,
+    JobsCmd,
+    LaunchCmd,
+    ParseError,
+    SpendCmd,
+    StatusCmd,
+    StopCmd,
+    VolumesCmd,
+    parse,
+)
+from bot.chat.permissions import Permissions
+from bot.chat.replies import Reply, Table, Text, error_reply, text_reply
+from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
+from bot.planner.errors import PlanningError
+from bot.planner.request import EstimateRequest
+from bot.planner.result import Estimate
+
+log = logging.getLogger(__name__)
+
+GENERIC_ERROR = "Something went wrong on our side; it has been logged. Please try again in a minute."
+CHOICES = ("cheapest", "safest", "fastest")
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who typed or clicked, and where."""
+
+    user: str
+    channel: str | None = None
+
+
+@dataclass
+class StoredEstimate:
+    request: EstimateRequest
+    estimate: Estimate
+    user: str
+    channel: str | None
+    created: float = field(default_factory=time.time)
+    job_id: str | None = None
+    cancelled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EstimateStore:
+    """Recent estimates by a short id, so buttons carry an id instead of the whole request."""
+
+    def __init__(self, *, max_items: int = 2000, ttl_s: float = 86400.0) -> None:
+        self._items: OrderedDict[str, StoredEstimate] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+
+    def put(self, stored: StoredEstimate) -> str:
+        key = "e" + uuid.uuid4().hex[:12]
+        with self._lock:
+            self._items[key] = stored
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return key
+
+    def get(self, key: str) -> StoredEstimate | None:
+        with self._lock:
+            item = self._items.get(key)
+        if item is None or time.time() - item.created > self.ttl_s:
+            return None
+        return item
+
+
+def _friendly_errors() -> tuple[type[BaseException], ...]:
+    return (ParseError, PlanningError, EngineError)
+
+
+class ChatHandlers:
+    def __init__(
+        self,
+        engine: EngineAPI,
+        permissions: Permissions | None = None,
+        *,
+        store: EstimateStore | None = None,
+        secrets: list[str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.permissions = permissions or Permissions()
+        self.store = store or EstimateStore()
+        self.secrets = [s for s in (secrets or []) if s and len(s) >= 4]
+
+    # ---- entry points (never raise) -------------------------------------------------------------
+
+    def handle_text(self, text: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self.handle(parse(text), actor))
+
+    def handle(self, command: Command, actor: Actor) -> Reply:
+        return self._safely(lambda: self._dispatch(command, actor))
+
+    def launch(self, estimate_id: str, choice: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._launch(estimate_id, choice, actor))
+
+    def cancel_estimate(self, estimate_id: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._cancel(estimate_id, actor))
+
+    def approve(self, job_id: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._approve(job_id, actor))
+
+    def reject(self, job_id: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._reject(job_id, actor))
+
+    def stop(self, job_id: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._stop(job_id, actor))
+
+    def volume_action(self, ref: str, action: str, actor: Actor) -> Reply:
+        return self._safely(lambda: self._volume(ref, action, actor))
+
+    def home(self, user: str) -> Reply:
+        return self._safely(lambda: self._home(user))
+
+    @staticmethod
+    def quick_ack(command: Command) -> str | None:
+        """The immediate acknowledgement for slow commands (None: the command is fast)."""
+        if isinstance(command, EstimateCmd | LaunchCmd):
+            r = command.request
+            return f":hourglass: Estimating {r.model} {r.method}…"
+        if isinstance(command, HelpCmd):
+            return None
+        return ":hourglass: Working on it…"
+
+    # ---- plumbing -------------------------------------------------------------------------------
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _safely(self, fn: Callable[[], Reply]) -> Reply:
+        try:
+            return fn()
+        except ParseError as exc:
+            return error_reply(self.scrub(exc.message), exc.usage)
+        except PermissionDenied as exc:
+            return error_reply(f"Not allowed: {self.scrub(str(exc))}")
+        except (PlanningError, EngineError) as exc:
+            return error_reply(self.scrub(str(exc)) or "the request was refused")
+        except KeyError as exc:  # engines raise KeyError for unknown ids
+            return error_reply(f"not found: {self.scrub(str(exc).strip(chr(39)))[:200]}")
+        except Exception:  # noqa: BLE001 - a person never sees a traceback
+            log.exception("chat command failed")
+            return error_reply(GENERIC_ERROR)
+
+    def _dispatch(self, command: Command, actor: Actor) -> Reply:
+        if isinstance(command, EstimateCmd):
+            return self._estimate(command.request, actor, launching=False)
+        if isinstance(command, LaunchCmd):
+            decision = self.permissions.can_launch(actor.user, actor.channel)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            return self._estimate(command.request, actor, launching=True)
+        if isinstance(command, StatusCmd):
+            if command.job_id:
+                return cards.job_card(self.engine.get_job(command.job_id))
+            jobs = self.engine.list_jobs(user=actor.user, active_only=True)
+            return cards.jobs_reply(jobs, title="Your active jobs")
+        if isinstance(command, JobsCmd):
+            user = None if command.scope == "all" else actor.user
+            jobs = self.engine.list_jobs(user=user)
+            return cards.jobs_reply(jobs, title="All jobs" if user is None else "Your jobs")
+        if isinstance(command, StopCmd):
+            return self._stop(command.job_id, actor)
+        if isinstance(command, ApproveCmd):
+            return self._approve(command.job_id, actor)
+        if isinstance(command, SpendCmd):
+            return cards.spend_reply(self.engine.spend(command.period, user=command.user), user=command.user)
+        if isinstance(command, VolumesCmd):
+            return cards.volumes_reply(self.engine.volumes())
+        if isinstance(command, GpusCmd):
+            return self._gpus(command.gpu)
+        if isinstance(command, BudgetShowCmd):
+            return cards.budgets_reply(self.engine.budgets())
+        if isinstance(command, BudgetSetCmd):
+            decision = self.permissions.can_set_budget(actor.user)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            view = self.engine.set_budget(
+                command.scope, command.target, daily=command.daily, monthly=command.monthly, user=actor.user
+            )
+            return text_reply(
+                f":white_check_mark: Budget for {view.scope} *{view.name}*: daily {cards.money(view.daily)}, "
+                f"monthly {cards.money(view.monthly)}.",
+                kind="success",
+            )
+        if isinstance(command, HelpCmd):
+            return cards.help_reply(command.topic)
+        raise ParseError(f"unsupported command {command.name}")
+
+    def _estimate(self, request: EstimateRequest, actor: Actor, *, launching: bool) -> Reply:
+        estimate = self.engine.estimate(request)
+        estimate_id = self.store.put(StoredEstimate(request, estimate, actor.user, actor.channel))
+        return cards.estimate_reply(estimate, estimate_id=estimate_id, launching=launching)
+
+    def _launch(self, estimate_id: str, choice: str, actor: Actor) -> Reply:
+        if choice not in CHOICES:
+            raise EngineError(f"unknown launch choice {choice[:40]!r}")
+        stored = self.store.get(estimate_id)
+        if stored is None:
+            return error_reply("This estimate has expired; run the estimate again.")
+        decision = self.permissions.can_launch(actor.user, actor.channel or stored.channel)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        with stored.lock:  # a double click waits here, then sees the job of the first click
+            if stored.cancelled:
+                return text_reply("This estimate was cancelled; run it again to launch.")
+            if stored.job_id:
+                job = self.engine.get_job(stored.job_id)
+                return text_reply(
+                    f"Already launched as job *{job.job_id}* ({job.state}); nothing new was started."
+                )
+            job = self.engine.create_job(
+                stored.request,
+                user=actor.user,
+                choice=choice,
+                max_cost=stored.request.max_cost,
+                channel=actor.channel or stored.channel,
+                idempotency_key=f"estimate:{estimate_id}",
+            )
+            stored.job_id = job.job_id
+        return self._launched(job, choice)
+
+    def _launched(self, job: JobView, choice: str) -> Reply:
+        if job.state == "pending_approval":
+            return text_reply(
+                f":hourglass: Job *{job.job_id}* is estimated at {cards.money(job.estimated_cost)}, "
+                f"above the {cards.money(self.permissions.approval_above)} approval amount: "
+                "an admin has been asked to approve it.",
+                kind="warning",
+            )
+        where = f" on {job.provider} {job.gpu or ''} x{job.gpu_count or 1}" if job.provider else ""
+        price = f" at {cards.money(job.price_per_hour)}/h" if job.price_per_hour is not None else ""
+        return text_reply(
+            f":rocket: Launching job *{job.job_id}* ({choice}){where}{price}. Progress goes to its thread.",
+            kind="success",
+        )
+
+    def _cancel(self, estimate_id: str, actor: Actor) -> Reply:
+        stored = self.store.get(estimate_id)
+        if stored is not None:
+            with stored.lock:
+                if stored.job_id:
+                    return text_reply(
+                        f"Already launched as job *{stored.job_id}*; use `stop {stored.job_id}`."
+                    )
+                stored.cancelled = True
+        return text_reply("Cancelled; nothing was launched.")
+
+    def _approve(self, job_id: str, actor: Actor) -> Reply:
+        job = self.engine.get_job(job_id)
+        decision = self.permissions.can_approve(actor.user, job.owner)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        if job.state != "pending_approval":
+            return text_reply(f"Job *{job.job_id}* is {job.state}; there is nothing to approve.")
+        job = self.engine.approve(job_id, approver=actor.user)
+        return text_reply(
+            f":white_check_mark: <@{actor.user}> approved job *{job.job_id}*; it is {job.state}.",
+            public=True,
+            kind="success",
+        )
+
+    def _reject(self, job_id: str, actor: Actor) -> Reply:
+        job = self.engine.get_job(job_id)
+        decision = self.permissions.can_approve(actor.user, job.owner)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        if job.state != "pending_approval":
+            return text_reply(f"Job *{job.job_id}* is {job.state}; there is nothing to reject.")
+        job = self.engine.stop(job_id, user=actor.user, reason="rejected")
+        return text_reply(f"<@{actor.user}> rejected job *{job.job_id}*; it is {job.state}.", public=True)
+
+    def _stop(self, job_id: str, actor: Actor) -> Reply:
+        job = self.engine.get_job(job_id)
+        decision = self.permissions.can_stop(actor.user, job.owner)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        if job.state not in cards.ACTIVE_STATES:
+            return text_reply(f"Job *{job.job_id}* is already {job.state}.")
+        job = self.engine.stop(job_id, user=actor.user, reason="user")
+        return text_reply(
+            f":octagonal_sign: Stopping job *{job.job_id}* ({job.state}); spend so far "
+            f"{cards.money(job.spend)}."
+        )
+
+    def _volume(self, ref: str, action: str, actor: Actor) -> Reply:
+        provider, sep, volume_id = ref.partition(":")
+        if not sep or not volume_id:
+            raise EngineError("that volume reference is not valid")
+        volume = next(
+            (v for v in self.engine.volumes() if v.provider == provider and v.volume_id == volume_id), None
+        )
+        owner = (volume.owner if volume else None) or actor.user
+        decision = self.permissions.can_stop(actor.user, owner)
+        if not decision:
+            raise PermissionDenied("only the volume's owner or an admin may do that")
+        name = volume.name if volume else volume_id
+        if action == "delete":
+            self.engine.delete_volume(provider, volume_id, user=actor.user)
+            return text_reply(
+                f":wastebasket: <@{actor.user}> deleted volume *{name}* on {provider}.", public=True
+            )
+        if action == "keep":
+            self.engine.keep_volume(provider, volume_id, user=actor.user)
+            return text_reply(
+                f"<@{actor.user}> keeps volume *{name}*; no more reminders for it this week.", public=True
+            )
+        raise EngineError(f"unknown volume action {action[:40]!r}")
+
+    def _gpus(self, gpu: str | None) -> Reply:
+        offers_fn = getattr(self.engine, "offers", None)
+        if offers_fn is None:
+            from bot.planner.offer import GPU_NAMES
+
+            return Reply(
+                parts=[Text("Known GPUs: " + ", ".join(f"`{g}`" for g in GPU_NAMES))],
+                fallback="Known GPUs: " + ", ".join(GPU_NAMES),
+            )
+        offers = sorted(offers_fn(gpu), key=lambda o: o.price_per_hour)[:30]
+        if not offers:
+            return text_reply(f"No offers{' for ' + gpu if gpu else ''} right now.")
+        rows = [
+            [
+                o.provider,
+                o.gpu,
+                str(o.gpu_count),
+                f"{o.gpu_memory_gb:g} GB",
+                "spot" if o.interruptible else "on-demand",
+                f"{cards.money(o.price_per_hour)}/h",
+                o.source,
+            ]
+            for o in offers
+        ]
+        reply = Reply(fallback=f"{len(offers)} offers")
+        reply.add(
+            Table(
+                ["provider", "gpu", "n", "memory", "type", "price", "source"],
+                rows,
+                title=f"Cheapest offers{' for ' + gpu if gpu else ''}",
+            )
+        )
+        return reply
+
+    def _home(self, user: str) -> Reply:
+        jobs = self.engine.list_jobs(user=user)
+        month = self.engine.spend("month")
+        return cards.home_reply(user, jobs, month, self.engine.budgets())

@@ -1,0 +1,92 @@
+"""Render a neutral Reply (and engine events) in the terminal with rich."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table as RichTable
+
+from bot.chat.replies import (
+    Buttons,
+    Context,
+    Divider,
+    Fields,
+    Header,
+    Image,
+    Reply,
+    Table,
+    Text,
+)
+
+_BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
+_CODE = re.compile(r"`([^`\n]+)`")
+_EMOJI = {
+    ":warning:": "!",
+    ":white_check_mark:": "✓",
+    ":x:": "✗",
+    ":rocket:": "🚀",
+    ":hourglass:": "…",
+    ":moneybag:": "$",
+    ":floppy_disk:": "💾",
+    ":zap:": "⚡",
+    ":chart_with_downwards_trend:": "📉",
+    ":octagonal_sign:": "■",
+    ":wastebasket:": "🗑",
+    ":bell:": "🔔",
+}
+
+
+def markup(text: str) -> str:
+    """Our tiny Slack-style markup (*bold*, `code`, ```blocks```) as rich markup, everything else escaped."""
+    text = text.replace("```", "")
+    for code, plain in _EMOJI.items():
+        text = text.replace(code, plain)
+    text = escape(text)
+    text = _CODE.sub(lambda m: f"[cyan]{m.group(1)}[/cyan]", text)
+    return _BOLD.sub(lambda m: f"[bold]{m.group(1)}[/bold]", text)
+
+
+def render(reply: Reply, console: Console) -> None:
+    """Print a reply; buttons become the console's answers (`cheapest`, `safest`, `no`)."""
+    style = {"error": "red", "warning": "yellow", "success": "green"}.get(reply.kind, "")
+    for part in reply.parts:
+        if isinstance(part, Header):
+            console.print(f"[bold {style or 'magenta'}]{escape(part.text)}[/]")
+        elif isinstance(part, Text):
+            console.print(markup(part.text), style=style or None, highlight=False)
+        elif isinstance(part, Fields):
+            grid = RichTable.grid(padding=(0, 2))
+            grid.add_column(style="bold")
+            grid.add_column()
+            for label, value in part.items:
+                grid.add_row(escape(label), markup(value))
+            console.print(grid)
+        elif isinstance(part, Table):
+            table = RichTable(title=escape(part.title) if part.title else None, title_justify="left")
+            for col in part.columns:
+                table.add_column(escape(col))
+            for row in part.rows:
+                table.add_row(*[markup(str(c)) for c in row])
+            console.print(table)
+        elif isinstance(part, Context):
+            for item in part.items:
+                console.print(markup(item), style="dim", highlight=False)
+        elif isinstance(part, Buttons):
+            choices = " | ".join(f"[bold]{escape(b.label)}[/bold]" for b in part.buttons)
+            console.print(f"[dim]options:[/dim] {choices}")
+        elif isinstance(part, Image):
+            where = str(part.path or part.url or "")
+            console.print(f"[dim]{escape(part.title or part.alt)}:[/dim] {escape(where)}")
+        elif isinstance(part, Divider):
+            console.rule(style="dim")
+
+
+def render_panel(reply: Reply, console: Console, *, title: str | None = None) -> None:
+    """A reply inside a frame (for event cards in the console)."""
+    inner = Console(width=max(40, console.width - 4), record=True, force_terminal=False, color_system=None)
+    with inner.capture() as cap:
+        render(reply, inner)
+    console.print(Panel(escape(cap.get().rstrip()), title=escape(title) if title else None, expand=False))

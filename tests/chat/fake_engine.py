@@ -1,0 +1,231 @@
+"""An in-memory FakeEngine implementing EngineAPI, for the chat layer's tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from bot.engine.api import BudgetView, EngineError, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.events import EngineEvent, EngineEventKind, EventBus
+from bot.planner.errors import UnknownModelError
+from bot.planner.request import EstimateRequest
+from bot.planner.result import (
+    Estimate,
+    MemoryEstimate,
+    ModelInfo,
+    RankedOffer,
+    SpeedEstimate,
+    TimeEstimate,
+)
+
+
+def make_estimate(model: str = "Llama-3.1-8B", method: str = "qlora", n_offers: int = 6) -> Estimate:
+    offers = []
+    for i in range(n_offers):
+        spot = i % 2 == 0
+        labels = []
+        if i == 0:
+            labels.append("cheapest")
+        if i == 1:
+            labels += ["safest", "fastest"]
+        offers.append(
+            RankedOffer(
+                provider=["vast", "runpod", "lambda", "tensordock"][i % 4],
+                offer_id=f"offer-{i}",
+                gpu="rtx-4090" if i % 3 else "a100-80gb",
+                gpu_count=1 + i % 2,
+                gpu_memory_gb=24.0,
+                interruptible=spot,
+                price_per_hour=0.3 + i * 0.11,
+                hours=3.0 + i * 0.1,
+                total_cost=1.0 + i * 0.5,
+                fits=i < n_offers - 1,
+                reason="fits" if i < n_offers - 1 else "needs 40 GB, has 24 GB " + "x" * 300,
+                labels=labels,
+            )
+        )
+    return Estimate(
+        model=ModelInfo(
+            name=model,
+            architecture="llama",
+            parameters=8_030_000_000,
+            active_parameters=8_030_000_000,
+            trainable_parameters=42_000_000,
+            layers=32,
+            hidden_size=4096,
+            vocab_size=128256,
+            source="built-in table",
+        ),
+        method=method,
+        memory=MemoryEstimate(
+            per_gpu_gb=17.2,
+            gpus=1,
+            sharding="none",
+            breakdown_gb={
+                "weights": 5.7,
+                "adapters": 0.1,
+                "optimizer": 0.5,
+                "activations": 6.0,
+                "cuda_context": 0.5,
+            },
+        ),
+        speed=SpeedEstimate(
+            gpu="rtx-4090",
+            gpus=1,
+            tokens_per_second=3100.0,
+            step_seconds=0.66,
+            mfu=0.38,
+            flops_per_token=4.8e10,
+        ),
+        time=TimeEstimate(tokens=20_000_000, epochs=1, steps=9766, hours=1.8, token_source="--tokens"),
+        offers=offers,
+        assumptions=[f"assumption {i}: " + "long words " * 40 for i in range(14)],
+        prices_as_of=datetime(2026, 11, 30, tzinfo=UTC),
+    )
+
+
+class FakeEngine:
+    """EngineAPI in memory: idempotent create_job, approval above $50, events on a bus."""
+
+    def __init__(
+        self, *, estimate_delay: float = 0.0, n_offers: int = 6, approval_above: float = 50.0
+    ) -> None:
+        self.bus = EventBus()
+        self.estimate_delay = estimate_delay
+        self.n_offers = n_offers
+        self.approval_above = approval_above
+        self.jobs: dict[str, JobView] = {}
+        self.keys: dict[str, str] = {}
+        self.create_calls: list[dict] = []
+        self.threads: dict[str, tuple[str, str]] = {}
+        self.volume_list: list[VolumeView] = [
+            VolumeView(
+                provider="runpod",
+                volume_id="vol-1",
+                name="llama-ckpts",
+                size_gb=200,
+                price_per_gb_month=0.07,
+                cost_per_month=14.0,
+                cost_so_far=3.2,
+                idle_since=datetime(2026, 11, 20, tzinfo=UTC),
+                owner="U_ALICE",
+            )
+        ]
+        self.deleted: list[str] = []
+        self.budget_list: list[BudgetView] = []
+        self._lock = threading.Lock()
+
+    # EngineAPI
+    def estimate(self, request: EstimateRequest) -> Estimate:
+        if self.estimate_delay:
+            time.sleep(self.estimate_delay)
+        if request.model == "no-such-model":
+            raise UnknownModelError("unknown model `no-such-model`; did you mean Llama-3.1-8B?")
+        if request.model == "explode":
+            raise RuntimeError("internal failure with xoxb-SECRET-IN-EXCEPTION")
+        return make_estimate(request.model, request.method, self.n_offers)
+
+    def create_job(
+        self, request, *, user, choice="cheapest", max_cost=None, channel=None, idempotency_key=None
+    ):
+        with self._lock:
+            self.create_calls.append({"user": user, "choice": choice, "key": idempotency_key})
+            if idempotency_key and idempotency_key in self.keys:
+                return self.jobs[self.keys[idempotency_key]]
+            estimate = make_estimate(request.model, request.method, self.n_offers)
+            offer = estimate.offers[0] if choice == "cheapest" else estimate.offers[1]
+            cost = offer.total_cost * (100 if request.model == "expensive" else 1)
+            now = datetime.now(UTC)
+            job = JobView(
+                job_id=f"j{len(self.jobs) + 1}",
+                owner=user,
+                state="pending_approval" if cost > self.approval_above else "launching",
+                model=request.model,
+                method=request.method,
+                provider=offer.provider,
+                gpu=offer.gpu,
+                gpu_count=offer.gpu_count,
+                interruptible=offer.interruptible,
+                price_per_hour=offer.price_per_hour,
+                estimated_cost=cost,
+                max_cost=max_cost,
+                channel=channel,
+                created_at=now,
+                updated_at=now,
+            )
+            self.jobs[job.job_id] = job
+            if idempotency_key:
+                self.keys[idempotency_key] = job.job_id
+        self.bus.publish(
+            EngineEvent(kind=EngineEventKind.job_created, job_id=job.job_id, user=user, channel=channel)
+        )
+        if job.state == "pending_approval":
+            self.bus.publish(
+                EngineEvent(
+                    kind=EngineEventKind.approval_needed,
+                    job_id=job.job_id,
+                    user=user,
+                    channel=channel,
+                    message="needs approval",
+                )
+            )
+        return job
+
+    def approve(self, job_id: str, *, approver: str) -> JobView:
+        job = self.get_job(job_id)
+        self.jobs[job_id] = job = job.model_copy(update={"state": "approved"})
+        return job
+
+    def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView:
+        job = self.get_job(job_id)
+        state = "cancelled" if job.state == "pending_approval" else "stopped"
+        self.jobs[job_id] = job = job.model_copy(update={"state": state, "stop_reason": reason})
+        return job
+
+    def get_job(self, job_id: str) -> JobView:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise EngineError(f"no job {job_id}") from None
+
+    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
+        return [j for j in self.jobs.values() if user is None or j.owner == user]
+
+    def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None:
+        self.threads[job_id] = (channel, thread_ts)
+        self.jobs[job_id] = self.jobs[job_id].model_copy(update={"channel": channel, "thread_ts": thread_ts})
+
+    def update_job(self, job_id: str, **changes) -> JobView:
+        self.jobs[job_id] = self.jobs[job_id].model_copy(update=changes)
+        return self.jobs[job_id]
+
+    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport:
+        now = datetime.now(UTC)
+        return SpendReport(
+            period=period,
+            start=now - timedelta(days=1),
+            end=now,
+            total=12.5,
+            by_user=[SpendLine(key="U_ALICE", amount=10.0, budget=20.0), SpendLine(key="U_BOB", amount=2.5)],
+            by_provider=[SpendLine(key="vast", amount=12.5)],
+            by_job=[SpendLine(key="j1", amount=12.5)],
+        )
+
+    def volumes(self) -> list[VolumeView]:
+        return list(self.volume_list)
+
+    def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
+        self.deleted.append(volume_id)
+
+    def keep_volume(self, provider: str, volume_id: str, *, user: str) -> None:
+        pass
+
+    def budgets(self) -> list[BudgetView]:
+        return list(self.budget_list)
+
+    def set_budget(self, scope, name, *, daily, monthly, user) -> BudgetView:
+        view = BudgetView(scope=scope, name=name, daily=daily, monthly=monthly)
+        self.budget_list.append(view)
+        return view
