@@ -49,11 +49,15 @@ def allowed(src: str, dst: str) -> bool:
     return dst in TRANSITIONS.get(src, frozenset())
 
 
-def audit(session: Session, *, actor: str, action: str, job_id: str | None, at: float | None = None,
-          **details: Any) -> None:
+def audit(
+    session: Session, *, actor: str, action: str, job_id: str | None, at: float | None = None, **details: Any
+) -> None:
     """Add an audit record to the current transaction."""
-    session.add(AuditLog(at=time.time() if at is None else at, actor=actor, action=action, job_id=job_id,
-                         details=details))
+    session.add(
+        AuditLog(
+            at=time.time() if at is None else at, actor=actor, action=action, job_id=job_id, details=details
+        )
+    )
 
 
 def transition(
@@ -77,15 +81,20 @@ def transition(
         if not allowed(s, dst):
             raise IllegalTransition(f"{s} -> {dst} is not a job transition")
     values = {"state": dst, "updated_at": now, **fields}
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values)  # type: ignore[attr-defined]
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    result = session.execute(update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values))
+    if result.rowcount != 1:
         if commit:
             session.rollback()
         return False
-    audit(session, actor=actor, action=f"transition:{'|'.join(sources)}->{dst}", job_id=job_id, at=now,
-          reason=reason, **{k: v for k, v in fields.items() if k not in {"token_hash"}})
+    audit(
+        session,
+        actor=actor,
+        action=f"transition:{'|'.join(sources)}->{dst}",
+        job_id=job_id,
+        at=now,
+        reason=reason,
+        **{k: v for k, v in fields.items() if k not in {"token_hash"}},
+    )
     if commit:
         session.commit()
     return True

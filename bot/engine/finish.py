@@ -1,0 +1,163 @@
+"""Ending an instance or a job: terminate, confirm gone, then record state and final spend.
+
+An instance is forgotten (``ended_at`` set) only once its provider confirms it is gone; until then
+it keeps billing in our books too, and the reaper tries again on every tick. The finish sequence
+records the output first, then terminates, then commits the final state with the final spend, so a
+crash anywhere in it is finished by the next engine from what the database and provider say.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, update
+
+from bot.engine import states as S
+from bot.engine.crash import crashpoint
+from bot.engine.events import EngineEventKind
+from bot.engine.spend import job_spend, roll_up
+from store.models import Instance as InstanceRow
+from store.models import Job
+
+if TYPE_CHECKING:
+    from bot.engine.service import Engine
+
+log = logging.getLogger(__name__)
+
+
+def terminate_instance(eng: Engine, row: InstanceRow, *, reason: str, actor: str = "engine") -> bool:
+    """Terminate at the provider and, once confirmed gone, close the row; True when closed."""
+    from bot.providers.lifecycle import ensure_terminated
+
+    if row.ended_at is not None:
+        return True
+    provider = eng.providers.get(row.provider)
+    if provider is None:
+        log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
+        return False
+    try:
+        gone = ensure_terminated(provider, row.provider_instance_id, deadline_s=eng.terminate_deadline_s)
+    except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
+        log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
+        gone = False
+    if not gone:
+        return False
+    close_instance(eng, row, reason=reason, actor=actor)
+    return True
+
+
+def close_instance(
+    eng: Engine, row: InstanceRow, *, reason: str, actor: str = "engine", at: float | None = None
+) -> None:
+    now = eng.now() if at is None else at
+    with eng.session() as s:
+        res = s.execute(
+            update(InstanceRow)
+            .where(InstanceRow.id == row.id, InstanceRow.ended_at.is_(None))
+            .values(ended_at=now, status="terminated", end_reason=reason)
+        )
+        if res.rowcount == 1:
+            S.audit(
+                s,
+                actor=actor,
+                action="instance-gone",
+                job_id=row.job_id,
+                at=now,
+                provider=row.provider,
+                instance_id=row.provider_instance_id,
+                reason=reason,
+            )
+            row.ended_at = now
+        s.commit()
+
+
+def open_instances(eng: Engine, job_id: str) -> list[InstanceRow]:
+    with eng.session() as s:
+        return list(
+            s.execute(
+                select(InstanceRow)
+                .where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None))
+                .order_by(InstanceRow.id)
+            ).scalars()
+        )
+
+
+def finish(
+    eng: Engine,
+    job_id: str,
+    final: str,
+    *,
+    reason: str | None,
+    actor: str = "engine",
+    message: str | None = None,
+) -> bool:
+    """Finish the job: record output, terminate and confirm, final state + spend. True when final."""
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state in S.FINAL:
+            return False
+        if job.output_uri is None and final in (S.SUCCEEDED, S.STOPPED):
+            from bot.engine.launch import storage_root
+
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(
+                    output_uri=(job.spec_overrides or {}).get("output_uri")
+                    or f"{storage_root(eng, job_id)}/output"
+                )
+            )
+            s.commit()
+    crashpoint("finish.before_terminate")
+    all_gone = True
+    for row in open_instances(eng, job_id):
+        all_gone &= terminate_instance(eng, row, reason=final if final != S.STOPPED else f"stopped:{reason}")
+    crashpoint("finish.after_terminate")
+    if not all_gone:
+        return False  # not confirmed gone: the job stays active and the next tick tries again
+    now = eng.now()
+    with eng.session() as s:
+        spend = job_spend(s, job_id, now)
+        job = s.get(Job, job_id)
+        assert job is not None
+        src = job.state
+        if src not in S.TRANSITIONS or not S.allowed(src, final):
+            return False
+        fields = {"finished_at": now, "spend": spend, "claim_id": None}
+        if final == S.STOPPED:
+            fields["stop_reason"] = reason
+        if message:
+            fields["message"] = message
+        if not S.transition(
+            s, job_id, src, final, actor=actor, now=now, reason=reason, commit=False, **fields
+        ):
+            s.rollback()
+            return False
+        roll_up(s, now, since=now - 3 * 86400)
+        s.commit()
+        owner_job = job
+    crashpoint("finish.after_commit")
+    kind = {S.SUCCEEDED: EngineEventKind.finished, S.FAILED: EngineEventKind.failed}.get(final)
+    if final == S.STOPPED:
+        kind = EngineEventKind.plateau if reason == "plateau" else EngineEventKind.stopped
+    assert kind is not None
+    text = {
+        EngineEventKind.finished: f"Job {job_id} finished. Output: {owner_job.output_uri}. "
+        f"Spend ${spend:.2f}.",
+        EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau. Output: {owner_job.output_uri}. "
+        f"Spend ${spend:.2f}.",
+        EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend ${spend:.2f}.",
+        EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend ${spend:.2f}.",
+    }[kind]
+    eng.publish(
+        kind,
+        job_id,
+        text,
+        job=owner_job,
+        spend=round(spend, 6),
+        reason=reason,
+        output_uri=owner_job.output_uri,
+        state=final,
+    )
+    return True

@@ -1,0 +1,444 @@
+"""Launch: claim the job, re-check the live price, create the instance (label-first), record it.
+
+Order matters for money. The claim (approved|recovering -> launching) commits before any provider
+call, so concurrent clicks or replicas launch once. The provider call is idempotent by the job's
+label, so a launch retried after a crash adopts the instance it had already created instead of
+buying a second one. The instance row and the launching -> running transition commit together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select, update
+
+from bot.engine import states as S
+from bot.engine.crash import crashpoint
+from bot.engine.events import EngineEventKind
+from bot.planner.offer import Offer
+from bot.planner.request import EstimateRequest
+from bot.planner.result import RankedOffer
+from bot.providers.base import (
+    CapacityError,
+    Instance,
+    LaunchRequest,
+    PriceChangedError,
+    ProviderError,
+    job_label,
+)
+from runner.spec import JobSpec
+from store.models import Instance as InstanceRow
+from store.models import Job
+
+if TYPE_CHECKING:
+    from bot.engine.service import Engine
+
+log = logging.getLogger(__name__)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def storage_root(eng: Engine, job_id: str) -> str:
+    base = eng.settings.checkpoint_base_uri
+    if base:
+        return f"{base.rstrip('/')}/{job_id}"
+    return str(Path(eng.settings.data_dir) / "jobs" / job_id)
+
+
+def offer_from_ranked(ranked: dict[str, Any]) -> Offer:
+    r = RankedOffer.model_validate(ranked)
+    return Offer(
+        provider=r.provider,
+        offer_id=r.offer_id,
+        gpu=r.gpu,
+        gpu_count=r.gpu_count,
+        gpu_memory_gb=r.gpu_memory_gb,
+        price_per_hour=r.price_per_hour,
+        interruptible=r.interruptible,
+        reliability=r.reliability,
+        source=r.source,
+    )
+
+
+def offer_key(ranked: dict[str, Any]) -> str:
+    return f"{ranked['provider']}:{ranked['offer_id']}:{'spot' if ranked.get('interruptible') else 'od'}"
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
+    """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes)."""
+    req = EstimateRequest.model_validate(job.request)
+    root = storage_root(eng, job.id)
+    gpus = 0 if offer.get("gpu") == "cpu" else int(offer.get("gpu_count") or 1)
+    spec: dict[str, Any] = {
+        "job_id": job.id,
+        "base_model": req.model,
+        "dataset": {"uri": req.dataset or ""},
+        "method": req.method,
+        "lora": {
+            "r": min(req.lora_r, 1024),
+            "alpha": min(2 * req.lora_r, 2048),
+            "target_modules": req.lora_targets,
+        },
+        "seq_len": req.seq_len,
+        "micro_batch_size": req.batch_size,
+        "grad_accum": req.grad_accum,
+        "epochs": req.epochs,
+        "optimizer": req.optimizer,
+        "packing": req.packing,
+        "gradient_checkpointing": req.gradient_checkpointing,
+        "attn": req.attn,
+        "gpus": gpus,
+        "checkpoint": {
+            "uri": job.checkpoint_uri or f"{root}/checkpoints",
+            "every_minutes": job.checkpoint_minutes or 20.0,
+            "keep": 2,
+        },
+        "report": {
+            "callback_url": (
+                f"{eng.settings.public_url.rstrip('/')}/runner/events" if eng.settings.public_url else None
+            ),
+            "token": token,
+            "every_seconds": 30.0,
+        },
+        "wandb": {"run_id": job.id, "mode": "offline" if eng.settings.wandb_api_key else "disabled"},
+        "seed": 42,
+        "output_uri": f"{root}/output",
+    }
+    spec = _deep_merge(spec, job.spec_overrides or {})
+    spec["job_id"] = job.id
+    spec["report"]["token"] = token
+    return JobSpec.model_validate(spec)
+
+
+def runner_env(eng: Engine, spec: JobSpec) -> dict[str, str]:
+    env = {"TUNEBOT_JOB_SPEC": spec.model_dump_json()}
+    if eng.settings.hf_token:
+        env["HF_TOKEN"] = eng.settings.hf_token.get_secret_value()
+    if eng.settings.wandb_api_key:
+        env["WANDB_API_KEY"] = eng.settings.wandb_api_key.get_secret_value()
+    return env
+
+
+def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, Any]]:
+    """The chosen offer first, then the estimate's other fitting offers; a just-preempted offer last."""
+    seen: set[str] = set()
+    ordered: list[dict[str, Any]] = []
+    for o in [job.offer, *(job.offers or [])]:
+        k = offer_key(o)
+        if k not in seen:
+            seen.add(k)
+            ordered.append(o)
+    if avoid:
+        ordered.sort(key=lambda o: f"{o['provider']}:{o['offer_id']}" == avoid)
+    return ordered
+
+
+def claim(eng: Engine, job_id: str, *, actor: str) -> str | None:
+    """approved|recovering -> launching; returns the claim id, or None when someone else has it."""
+    now = eng.now()
+    claim_id = uuid.uuid4().hex
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state not in (S.APPROVED, S.RECOVERING):
+            return None
+        retry = job.retry_count + (1 if job.state == S.RECOVERING else 0)
+        if job.state == S.RECOVERING and job.retry_count >= eng.settings.retry_budget:
+            if S.transition(
+                s,
+                job_id,
+                S.RECOVERING,
+                S.FAILED,
+                actor=actor,
+                now=now,
+                reason="retry budget",
+                message=f"gave up after {job.retry_count} relaunches (retry budget)",
+                finished_at=now,
+            ):
+                eng.publish(
+                    EngineEventKind.failed,
+                    job_id,
+                    f"Job {job_id} failed: gave up after {job.retry_count} relaunches (retry budget).",
+                )
+            return None
+        ok = S.transition(
+            s,
+            job_id,
+            [S.APPROVED, S.RECOVERING],
+            S.LAUNCHING,
+            actor=actor,
+            now=now,
+            claim_id=claim_id,
+            claimed_at=now,
+            retry_count=retry,
+        )
+    return claim_id if ok else None
+
+
+def reclaim_stale(eng: Engine, job_id: str, *, actor: str, force: bool) -> str | None:
+    """Take over a launching claim whose holder died (older than the claim timeout, or ``force``)."""
+    now = eng.now()
+    claim_id = uuid.uuid4().hex
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state != S.LAUNCHING:
+            return None
+        if not force and job.claimed_at and now - job.claimed_at < eng.launch_claim_timeout_s:
+            return None
+        if force and job.claim_id and job.claim_id in eng.own_claims:
+            return None
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.state == S.LAUNCHING, Job.claim_id == job.claim_id)
+            .values(claim_id=claim_id, claimed_at=now, updated_at=now)
+        )
+        if res.rowcount != 1:
+            s.rollback()
+            return None
+        S.audit(s, actor=actor, action="reclaim-launch", job_id=job_id, at=now, previous=job.claim_id)
+        s.commit()
+    return claim_id
+
+
+def record_instance(
+    eng: Engine,
+    s: Any,
+    job: Job,
+    inst: Instance,
+    price: float,
+    offer: dict[str, Any] | None,
+    *,
+    adopted: bool = False,
+) -> InstanceRow:
+    """Get-or-create the row of a provider instance (idempotent: a relaunch may adopt the same one)."""
+    now = eng.now()
+    row = (
+        s.execute(
+            select(InstanceRow).where(
+                InstanceRow.provider == inst.provider, InstanceRow.provider_instance_id == inst.instance_id
+            )
+        )
+        .scalars()
+        .first()
+    )
+    if row is None:
+        row = InstanceRow(
+            provider=inst.provider,
+            provider_instance_id=inst.instance_id,
+            job_id=job.id,
+            label=inst.label or job_label(job.id),
+            offer_id=(offer or {}).get("offer_id"),
+            gpu=inst.gpu or (offer or {}).get("gpu"),
+            gpu_count=inst.gpu_count or (offer or {}).get("gpu_count"),
+            price_per_hour=price,
+            launched_at=now,
+            status=str(inst.status),
+            raw_status=inst.raw_status,
+            last_seen_at=now,
+            adopted=adopted,
+        )
+        s.add(row)
+        s.flush()
+        S.audit(
+            s,
+            actor="engine",
+            action="adopt" if adopted else "instance-created",
+            job_id=job.id,
+            at=now,
+            provider=inst.provider,
+            instance_id=inst.instance_id,
+            price_per_hour=price,
+        )
+    return row
+
+
+def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine") -> bool:
+    """Launch the claimed job on the best offer that has capacity; True when an instance runs."""
+    from bot.providers.lifecycle import check_price, ensure_launched
+
+    eng.own_claims.add(claim_id)
+    crashpoint("launch.after_claim")
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state != S.LAUNCHING or job.claim_id != claim_id:
+            return False
+        # An instance adopted while the claim was open (reconciler, crashed launcher): just run it.
+        open_rows = (
+            s.execute(select(InstanceRow).where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None)))
+            .scalars()
+            .all()
+        )
+        if open_rows:
+            return _commit_running(eng, job_id, claim_id, open_rows[-1], None, None)
+        last_preempted = (
+            s.execute(
+                select(InstanceRow)
+                .where(InstanceRow.job_id == job_id, InstanceRow.end_reason == "preempted")
+                .order_by(InstanceRow.id.desc())
+            )
+            .scalars()
+            .first()
+        )
+        offers = candidate_offers(
+            job, avoid=(f"{last_preempted.provider}:{last_preempted.offer_id}" if last_preempted else None)
+        )
+    reasons: list[str] = []
+    price_refused = False
+    for ranked in offers:
+        provider = eng.providers.get(ranked["provider"])
+        if provider is None:
+            reasons.append(f"{ranked['provider']}: not configured")
+            continue
+        accepted = float(ranked["price_per_hour"])
+        try:
+            live = check_price(provider, offer_from_ranked(ranked), accepted, eng.settings.price_tolerance)
+        except PriceChangedError as exc:
+            price_refused = True
+            reasons.append(f"{ranked['provider']} {ranked['gpu']}: {exc}")
+            continue
+        except ProviderError as exc:
+            reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+            continue
+        token = secrets.token_urlsafe(32)
+        try:
+            spec = build_spec(eng, job, ranked, token)
+            req = LaunchRequest(
+                job_id=job_id,
+                offer=live,
+                image=eng.settings.runner_image,
+                env=runner_env(eng, spec),
+                bid_per_hour=live.price_per_hour if live.interruptible else None,
+            )
+            inst = ensure_launched(provider, req)
+        except CapacityError as exc:
+            reasons.append(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})")
+            continue
+        except ProviderError as exc:
+            reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+            continue
+        crashpoint("launch.after_provider_create")
+        price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour
+        with eng.session() as s:
+            j = s.get(Job, job_id)
+            assert j is not None
+            row = record_instance(eng, s, j, inst, price, ranked)
+            s.execute(update(Job).where(Job.id == job_id).values(token_hash=token_hash(token)))
+            s.commit()
+        return _commit_running(eng, job_id, claim_id, row, ranked, price)
+    # Nothing launched: a price rise stops the job with its reason; capacity waits for the next tick.
+    message = "; ".join(reasons) or "no offer to launch on"
+    now = eng.now()
+    with eng.session() as s:
+        if price_refused and all("no capacity" not in r for r in reasons):
+            if S.transition(
+                s,
+                job_id,
+                S.LAUNCHING,
+                S.STOPPED,
+                actor=actor,
+                now=now,
+                reason="price",
+                stop_reason="price",
+                message=f"launch stopped: {message}",
+                finished_at=now,
+            ):
+                eng.publish(
+                    EngineEventKind.stopped,
+                    job_id,
+                    f"Job {job_id} not launched: the live price rose above the accepted estimate. {message}",
+                    reason="price",
+                )
+            return False
+        S.transition(
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.RECOVERING,
+            actor=actor,
+            now=now,
+            reason="launch failed",
+            message=f"launch failed: {message}",
+        )
+    log.warning("launch of %s failed: %s", job_id, message)
+    return False
+
+
+def _commit_running(
+    eng: Engine,
+    job_id: str,
+    claim_id: str,
+    row: InstanceRow,
+    ranked: dict[str, Any] | None,
+    price: float | None,
+) -> bool:
+    now = eng.now()
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        fields: dict[str, Any] = {"claim_id": None, "message": None}
+        if ranked is not None:
+            fields.update(
+                provider=ranked["provider"],
+                gpu=ranked["gpu"],
+                gpu_count=ranked["gpu_count"],
+                interruptible=bool(ranked.get("interruptible")),
+                price_per_hour=price,
+            )
+        if job.started_at is None:
+            fields["started_at"] = now
+        recovered = job.retry_count > 0 or job.preemptions > 0
+        ok = False
+        if job.state == S.LAUNCHING and job.claim_id == claim_id:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == S.LAUNCHING, Job.claim_id == claim_id)
+                .values(state=S.RUNNING, updated_at=now, **fields)
+            )
+            ok = res.rowcount == 1
+        if ok:
+            S.audit(
+                s,
+                actor="engine",
+                action="transition:launching->running",
+                job_id=job_id,
+                at=now,
+                instance=row.provider_instance_id,
+                provider=row.provider,
+            )
+        s.commit()
+    if not ok:
+        return False  # the job was stopped meanwhile: the monitor/reaper terminates the instance
+    crashpoint("launch.after_commit")
+    kind = EngineEventKind.recovered if recovered else EngineEventKind.job_started
+    what = "resumed from its last checkpoint on" if recovered else "started on"
+    eng.publish(
+        kind,
+        job_id,
+        f"Job {job_id} {what} {row.provider} {row.gpu or ''} at ${row.price_per_hour:.2f}/h.",
+        provider=row.provider,
+        gpu=row.gpu,
+        price_per_hour=row.price_per_hour,
+        instance_id=row.provider_instance_id,
+    )
+    return True
+
+
+def spec_json_safe(spec: JobSpec) -> str:
+    """The spec as JSON with the token removed (for logs and audit)."""
+    data = json.loads(spec.model_dump_json())
+    data["report"]["token"] = "***"
+    return json.dumps(data)

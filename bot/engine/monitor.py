@@ -1,0 +1,225 @@
+"""Follow a running job: runner events by push and by pull, the instance's status, heartbeats, caps.
+
+Push: the runner POSTs each RunnerEvent with the job's bearer token (checked in constant time
+against the stored hash). Pull: the runner also writes every event to ``progress.json`` beside its
+checkpoints, which the bot reads with fsspec (a bot in Socket Mode has no public URL). Both paths go
+through ``ingest``, which keeps an event once per (job, seq).
+
+Preemption is read from the provider's status (preempted, stopped, exited with 75, gone) and, as a
+fallback, from missing heartbeats: a running instance with no event for ``heartbeat_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from bot.engine import states as S
+from bot.engine.events import EngineEventKind
+from bot.engine.launch import token_hash
+from bot.providers.base import InstanceStatus, NotFoundError, ProviderError
+from runner.spec import EXIT_OK, EXIT_PREEMPTED, EventKind, RunnerEvent
+from store.models import Instance as InstanceRow
+from store.models import Job, RunnerEventRecord
+
+if TYPE_CHECKING:
+    from bot.engine.service import Engine
+
+log = logging.getLogger(__name__)
+
+TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value}
+
+
+def token_ok(job: Job, token: str | None) -> bool:
+    if not token or not job.token_hash:
+        return False
+    return hmac.compare_digest(token_hash(token), job.token_hash)
+
+
+def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
+    """Store new events (dedupe by seq), update the job's progress and publish; returns how many were new."""
+    events = sorted((e for e in events if e.job_id == job_id), key=lambda e: e.seq)
+    if not events:
+        return 0
+    now = eng.now()
+    new: list[RunnerEvent] = []
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return 0
+        seqs = [e.seq for e in events]
+        known = set(
+            s.execute(
+                select(RunnerEventRecord.seq).where(
+                    RunnerEventRecord.job_id == job_id, RunnerEventRecord.seq.in_(seqs)
+                )
+            ).scalars()
+        )
+        for e in events:
+            if e.seq in known:
+                continue
+            known.add(e.seq)
+            s.add(
+                RunnerEventRecord(
+                    job_id=job_id,
+                    seq=e.seq,
+                    kind=e.kind.value,
+                    step=e.step,
+                    loss=e.loss,
+                    at=now,
+                    payload=json.loads(e.model_dump_json()),
+                )
+            )
+            new.append(e)
+        if not new:
+            return 0
+        last = new[-1]
+        fields: dict[str, Any] = {"last_event_at": now, "updated_at": now}
+        if last.seq > job.last_event_seq:
+            fields["last_event_seq"] = last.seq
+        for e in new:
+            if e.seq >= job.last_event_seq:
+                fields["last_step"] = max(e.step, fields.get("last_step", 0))
+                if e.max_steps:
+                    fields["max_steps"] = e.max_steps
+                if e.loss is not None:
+                    fields["last_loss"] = e.loss
+                if e.eta_seconds is not None:
+                    fields["eta_seconds"] = e.eta_seconds
+            if e.output_uri:
+                fields["output_uri"] = e.output_uri
+            if e.kind.value in TERMINAL:
+                fields["outcome"] = e.kind.value
+        s.execute(update(Job).where(Job.id == job_id).values(**fields))
+        try:
+            s.commit()
+        except IntegrityError:  # a concurrent push/pull stored the same seq: the other one publishes
+            s.rollback()
+            return 0
+        owner_job = job
+    for e in new:
+        kind = {
+            EventKind.progress: EngineEventKind.progress,
+            EventKind.checkpoint: EngineEventKind.checkpoint,
+            EventKind.plateau: EngineEventKind.plateau,
+        }.get(e.kind)
+        if kind is None:
+            continue
+        loss = f", loss {e.loss:.4f}" if e.loss is not None else ""
+        total = f"/{e.max_steps}" if e.max_steps else ""
+        eng.publish(
+            kind,
+            job_id,
+            f"Job {job_id}: step {e.step}{total}{loss}",
+            job=owner_job,
+            step=e.step,
+            max_steps=e.max_steps,
+            loss=e.loss,
+            eta_seconds=e.eta_seconds,
+            tokens_per_second=e.tokens_per_second,
+            checkpoint_uri=e.checkpoint_uri,
+        )
+    return len(new)
+
+
+def read_progress(uri: str) -> list[RunnerEvent]:
+    """Read the runner's progress object (missing = no events yet)."""
+    import fsspec
+
+    try:
+        with fsspec.open(uri, "rb") as fh:
+            raw = fh.read()
+    except (FileNotFoundError, OSError):
+        return []
+    try:
+        from runner.spec import parse_progress
+    except ImportError:
+        parse_progress = _parse_progress
+    try:
+        return list(parse_progress(raw))
+    except Exception:  # noqa: BLE001 - a half-written object is read again on the next tick
+        return []
+
+
+def _parse_progress(raw: bytes) -> list[RunnerEvent]:
+    text = raw.decode("utf-8", "replace").strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        return [RunnerEvent.model_validate(x) for x in json.loads(text)]
+    if text.startswith("{") and "\n" not in text:
+        data = json.loads(text)
+        items = data.get("events", [data]) if isinstance(data, dict) else data
+        return [RunnerEvent.model_validate(x) for x in items]
+    return [RunnerEvent.model_validate_json(line) for line in text.splitlines() if line.strip()]
+
+
+def progress_uri_for(checkpoint_uri: str) -> str:
+    try:
+        from runner.spec import progress_uri
+
+        return str(progress_uri(checkpoint_uri))
+    except ImportError:
+        return f"{checkpoint_uri.rstrip('/')}/progress.json"
+
+
+def pull(eng: Engine, job: Job) -> int:
+    uri = job.checkpoint_uri
+    if not uri:
+        return 0
+    return ingest(eng, job.id, read_progress(progress_uri_for(uri)))
+
+
+def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
+    """Ask the provider; returns (verdict, exit code) with verdict running|provisioning|preempted|exited|gone.
+
+    Provider trouble (down, rate limited) returns "unknown": nothing is decided on a failed call.
+    """
+    provider = eng.providers.get(row.provider)
+    if provider is None:
+        return "unknown", None
+    now = eng.now()
+    try:
+        inst = provider.status(row.provider_instance_id)
+    except NotFoundError:
+        return "gone", None
+    except ProviderError as exc:
+        log.warning("status of %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
+        return "unknown", None
+    with eng.session() as s:
+        s.execute(
+            update(InstanceRow)
+            .where(InstanceRow.id == row.id)
+            .values(
+                status=str(inst.status),
+                raw_status=inst.raw_status,
+                exit_code=inst.exit_code,
+                last_seen_at=now,
+            )
+        )
+        s.commit()
+    st = inst.status
+    if st == InstanceStatus.terminated:
+        return "gone", inst.exit_code
+    if st == InstanceStatus.preempted:
+        return "preempted", inst.exit_code
+    if st == InstanceStatus.exited:
+        if inst.exit_code == EXIT_PREEMPTED:
+            return "preempted", inst.exit_code
+        return "exited", inst.exit_code
+    if st == InstanceStatus.stopped:
+        return "preempted", inst.exit_code  # a stop we did not ask for (Vast outbid pauses the instance)
+    if st == InstanceStatus.provisioning:
+        return "provisioning", None
+    if st == InstanceStatus.running:
+        return "running", None
+    return "unknown", None
+
+
+__all__ = ["EXIT_OK", "ingest", "observe", "pull", "read_progress", "token_ok", "S"]

@@ -1,0 +1,105 @@
+"""The daily spend summary: a few aggregate queries, fast on tens of thousands of jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from bot.engine import states as S
+from bot.engine.events import EngineEvent, EngineEventKind
+from bot.engine.spend import DAY, day_start, period_bounds
+from store.models import Job, SpendEntry, VolumeRecord
+
+if TYPE_CHECKING:
+    from bot.engine.service import Engine
+
+
+def daily_summary(eng: Engine) -> EngineEvent:
+    """Yesterday's spend (UTC day), month to date, by user and provider; jobs by state; idle volumes."""
+    now = eng.now()
+    eng.roll_up_spend()
+    today = day_start(now)
+    yesterday = today - DAY
+    month_start, _ = period_bounds("month", now)
+    with eng.session() as s:
+
+        def total(start: float, end: float) -> float:
+            return float(
+                s.execute(
+                    select(func.coalesce(func.sum(SpendEntry.amount), 0.0)).where(
+                        SpendEntry.period_start >= start, SpendEntry.period_start < end
+                    )
+                ).scalar_one()
+            )
+
+        spent_yesterday = total(yesterday, today)
+        spent_today = total(today, today + DAY)
+        spent_month = total(month_start, today + DAY)
+        by_user = s.execute(
+            select(SpendEntry.owner, func.sum(SpendEntry.amount))
+            .where(SpendEntry.period_start >= yesterday, SpendEntry.period_start < today)
+            .group_by(SpendEntry.owner)
+            .order_by(func.sum(SpendEntry.amount).desc())
+            .limit(10)
+        ).all()
+        by_provider = s.execute(
+            select(SpendEntry.provider, func.sum(SpendEntry.amount))
+            .where(SpendEntry.period_start >= yesterday, SpendEntry.period_start < today)
+            .group_by(SpendEntry.provider)
+            .order_by(func.sum(SpendEntry.amount).desc())
+        ).all()
+        finished = dict(
+            s.execute(
+                select(Job.state, func.count())
+                .where(Job.finished_at >= yesterday, Job.finished_at < today)
+                .group_by(Job.state)
+            ).all()
+        )
+        active = int(
+            s.execute(
+                select(func.count()).select_from(Job).where(Job.state.in_(sorted(S.ACTIVE)))
+            ).scalar_one()
+        )
+        pending = int(
+            s.execute(
+                select(func.count()).select_from(Job).where(Job.state == S.PENDING_APPROVAL)
+            ).scalar_one()
+        )
+        idle_cutoff = now - eng.settings.volume_idle_days * DAY
+        idle_vols, idle_cost = s.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(VolumeRecord.size_gb * VolumeRecord.price_per_gb_month), 0.0),
+            ).where(VolumeRecord.deleted_at.is_(None), VolumeRecord.idle_since < idle_cutoff)
+        ).one()
+    day = datetime.fromtimestamp(yesterday, UTC).strftime("%Y-%m-%d")
+    done = ", ".join(f"{n} {state}" for state, n in sorted(finished.items())) or "none"
+    top = ", ".join(f"{u or '-'} ${float(a):.2f}" for u, a in by_user) or "nobody"
+    message = (
+        f"Spend on {day}: ${spent_yesterday:.2f} (today so far ${spent_today:.2f}, month to date "
+        f"${spent_month:.2f}). Top: {top}. Jobs finished: {done}. Active: {active}, awaiting approval: "
+        f"{pending}. Idle volumes: {idle_vols} (${float(idle_cost):.2f}/month)."
+    )
+    ev = EngineEvent(
+        kind=EngineEventKind.daily_summary,
+        message=message,
+        channel=eng.settings.summary_channel,
+        data={
+            "day": day,
+            "spent": round(spent_yesterday, 4),
+            "spent_today": round(spent_today, 4),
+            "spent_month": round(spent_month, 4),
+            "by_user": [(u, round(float(a), 4)) for u, a in by_user],
+            "by_provider": [(p, round(float(a), 4)) for p, a in by_provider],
+            "finished": finished,
+            "active": active,
+            "pending_approval": pending,
+            "idle_volumes": int(idle_vols),
+            "idle_volume_cost_per_month": round(float(idle_cost), 4),
+        },
+        at=now,
+    )
+    eng.bus.publish(ev)
+    return ev

@@ -1,0 +1,46 @@
+"""Database rows to the plain view models of api.py (what the chat layer renders)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bot.engine.api import JobView
+from store.models import Job
+
+
+def ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def job_view(
+    job: Job, *, spend: float | None = None, losses: list[tuple[int, float]] | None = None
+) -> JobView:
+    req = job.request or {}
+    return JobView(
+        job_id=job.id,
+        owner=job.owner,
+        state=job.state,
+        stop_reason=job.stop_reason,
+        model=str(req.get("model", "")),
+        method=str(req.get("method", "lora")),
+        provider=job.provider,
+        gpu=job.gpu,
+        gpu_count=job.gpu_count,
+        interruptible=job.interruptible,
+        price_per_hour=job.price_per_hour,
+        estimated_cost=job.estimated_cost,
+        max_cost=job.max_cost,
+        spend=round(job.spend if spend is None else spend, 6),
+        step=job.last_step,
+        max_steps=job.max_steps,
+        loss=job.last_loss,
+        eta_seconds=job.eta_seconds,
+        preemptions=job.preemptions,
+        output_uri=job.output_uri,
+        channel=job.channel,
+        thread_ts=job.thread_ts,
+        created_at=ts(job.created_at),
+        updated_at=ts(job.updated_at),
+        message=job.message,
+        losses=losses or [],
+    )
