@@ -1,0 +1,229 @@
+"""The one HTTP request helper every cloud client uses.
+
+Every call has a timeout. Idempotent calls are retried on connection errors, timeouts, 429 and 5xx
+with exponential backoff and full jitter (a 429's Retry-After is honoured; without one we back off
+anyway). Create calls are never retried here: a create that timed out may have created something,
+and only the caller can look for it by label first (see ``lifecycle.ensure_launched``).
+
+Low-level httpx errors are translated once, here, into the typed errors of ``base``; every message
+and log line goes through ``redact`` so an API key never leaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from bot.providers.base import (
+    AuthError,
+    InvalidRequestError,
+    NotFoundError,
+    ProviderDownError,
+    ProviderError,
+    RateLimitedError,
+    redact,
+)
+
+log = logging.getLogger("tunebot.providers.http")
+
+# A provider-specific translator sees every non-2xx response (and 2xx ones via ``check``) first.
+ErrorMapper = Callable[[httpx.Response], ProviderError | None]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5  # total tries for an idempotent call
+    base_s: float = 0.5
+    max_s: float = 20.0
+    max_retry_after_s: float = 60.0  # a longer Retry-After is raised to the caller instead of slept
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent or garbled."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+class HttpClient:
+    """A bearer-authenticated JSON client for one provider, with bounded retries."""
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        base_url: str,
+        api_key: str | None,
+        timeout_s: float = 20.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        error_mapper: ErrorMapper | None = None,
+        extra_secrets: tuple[str, ...] = (),
+    ) -> None:
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._error_mapper = error_mapper
+        self._secrets = (api_key, *extra_secrets)
+        headers = {"Accept": "application/json", "User-Agent": "tunebot"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+    def backoff_s(self, attempt: int, retry_after: float | None = None) -> float:
+        """Full jitter: uniform(0, min(max, base * 2**attempt)); never less than a given Retry-After."""
+        jitter = self._rng.uniform(0.0, min(self.retry.max_s, self.retry.base_s * (2**attempt)))
+        if retry_after is not None:
+            return max(retry_after, jitter)
+        return jitter
+
+    def _error(
+        self, cls: type[ProviderError], message: str, *, retry_after: float | None = None
+    ) -> ProviderError:
+        return cls(
+            self.redact(f"{self.provider}: {message}"), provider=self.provider, retry_after=retry_after
+        )
+
+    def error_from_response(self, response: httpx.Response) -> ProviderError:
+        """The typed error for a failed response: the provider's mapper first, then the status code."""
+        if self._error_mapper is not None:
+            mapped = self._error_mapper(response)
+            if mapped is not None:
+                mapped.args = (self.redact(str(mapped)),)
+                mapped.provider = mapped.provider or self.provider
+                return mapped
+        code = response.status_code
+        detail = _short(response.text)
+        where = f"{response.request.method} {response.request.url.path}"
+        if code in (401, 403):
+            return self._error(AuthError, f"the API key was rejected (HTTP {code})")
+        if code in (404, 410):
+            return self._error(NotFoundError, f"{where}: not found (HTTP {code})")
+        if code == 429:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            return self._error(
+                RateLimitedError, f"rate limited (HTTP 429): {detail}", retry_after=retry_after
+            )
+        if code >= 500:
+            return self._error(ProviderDownError, f"{where}: server error HTTP {code}: {detail}")
+        return self._error(InvalidRequestError, f"{where}: rejected (HTTP {code}): {detail}")
+
+    # -- the one request path ------------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> httpx.Response:
+        """Send one request (retrying idempotent ones) and return a 2xx response or raise a typed error.
+
+        ``ok_statuses`` lists extra codes the caller wants to inspect itself (e.g. 404 = already gone).
+        """
+        attempts = self.retry.attempts if idempotent else 1
+        last: ProviderError | None = None
+        for attempt in range(attempts):
+            retry_after: float | None = None
+            try:
+                response = self._client.request(method, path, json=json, params=params)
+            except httpx.TimeoutException as exc:
+                last = self._error(ProviderDownError, f"{method} {path}: timed out ({type(exc).__name__})")
+                cause: BaseException = exc
+            except httpx.TransportError as exc:  # connect errors, resets, protocol errors
+                last = self._error(
+                    ProviderDownError, f"{method} {path}: connection failed ({type(exc).__name__})"
+                )
+                cause = exc
+            except httpx.HTTPError as exc:  # anything else httpx raises (e.g. bad URL): not retryable
+                raise self._error(InvalidRequestError, f"{method} {path}: {type(exc).__name__}") from exc
+            else:
+                if response.is_success or response.status_code in ok_statuses:
+                    return response
+                error = self.error_from_response(response)
+                retryable = response.status_code == 429 or response.status_code >= 500
+                if not (retryable and isinstance(error, RateLimitedError | ProviderDownError)):
+                    raise error
+                last = error
+                retry_after = error.retry_after
+                cause = httpx.HTTPStatusError(
+                    f"HTTP {response.status_code}", request=response.request, response=response
+                )
+                if retry_after is not None and retry_after > self.retry.max_retry_after_s:
+                    raise error from cause
+            if attempt + 1 >= attempts:
+                raise last from cause
+            delay = self.backoff_s(attempt, retry_after)
+            log.info(
+                "%s",
+                self.redact(f"{self.provider}: {last}; retry {attempt + 1}/{attempts - 1} in {delay:.2f}s"),
+            )
+            self._sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def json(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> Any:
+        """Like ``request`` but decoded; a non-JSON 2xx body is a provider fault, not a crash."""
+        response = self.request(
+            method, path, idempotent=idempotent, json=json, params=params, ok_statuses=ok_statuses
+        )
+        return self.decode(response)
+
+    def decode(self, response: httpx.Response) -> Any:
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise self._error(
+                ProviderDownError,
+                f"HTTP {response.status_code}: the body is not JSON: {_short(response.text, 120)}",
+            ) from exc

@@ -1,0 +1,367 @@
+"""LocalProvider: runs ``tunebot-runner`` as a process on this machine, with a cloud's lifecycle.
+
+The embedded default for the demo and the tests. Each instance is a process in its own session
+(so it outlives a crashed bot, like a real cloud instance would), wrapped by a tiny ``sh`` script
+that forwards SIGTERM to the runner and records its exit code in a file. Instances are persisted in
+a JSON state file under the work dir, so a new LocalProvider in a new bot process lists, inspects
+and terminates what an earlier one started.
+
+Per instance, under ``<workdir>/instances/<instance_id>/``: ``runner.log`` (stdout+stderr) and
+``exit_code`` (written when the runner exits; 75 = preempted by SIGTERM, reported as ``exited``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bot.planner.offer import Offer
+from bot.providers.base import (
+    Capabilities,
+    Instance,
+    InstanceStatus,
+    InvalidRequestError,
+    LaunchRequest,
+    NotFoundError,
+    OfferQuery,
+    Volume,
+)
+from bot.providers.common import finish_search
+
+DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-c", "from runner.cli import main; main()")
+# The bot's own secrets never reach a runner process (the runner gets what LaunchRequest.env carries).
+BOT_ONLY_ENV = frozenset(
+    {
+        "VAST_API_KEY",
+        "RUNPOD_API_KEY",
+        "LAMBDA_API_KEY",
+        "TENSORDOCK_API_KEY",
+        "SLACK_BOT_TOKEN",
+        "SLACK_APP_TOKEN",
+        "SLACK_SIGNING_SECRET",
+        "DATABASE_URL",
+    }
+)
+KILLED_EXIT_CODE = 137  # recorded when the grace period ran out and we had to SIGKILL
+
+# Runs "$@" in the background, forwards one SIGTERM to it, waits for its real exit status and
+# writes it atomically to $TUNEBOT_EXIT_FILE. (A plain `trap '' TERM` would be inherited by the child.)
+_WRAPPER = r"""
+child=""
+trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi' TERM
+"$@" &
+child=$!
+wait "$child"; rc=$?
+while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+echo "$rc" > "$TUNEBOT_EXIT_FILE.tmp" && mv "$TUNEBOT_EXIT_FILE.tmp" "$TUNEBOT_EXIT_FILE"
+"""
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of a pid (guards against pid reuse); None where /proc is missing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+class LocalProvider:
+    """A provider whose "instances" are runner processes on this machine."""
+
+    name = "local"
+    capabilities = Capabilities(
+        interruptible=False, volumes=False, kind="process", stop=False, burn_rate=True
+    )
+
+    def __init__(
+        self,
+        *,
+        workdir: str | Path | None = None,
+        runner_command: Sequence[str] | None = None,
+        price_per_hour: float = 0.10,
+        gpu_memory_gb: float = 16.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if workdir is None:
+            from bot.settings import get_settings
+
+            workdir = get_settings().data_dir / "local-provider"
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.runner_command = list(runner_command or DEFAULT_RUNNER_COMMAND)
+        self.price_per_hour = price_per_hour
+        self.gpu_memory_gb = gpu_memory_gb
+        self.extra_env = dict(extra_env or {})
+        self._state_path = self.workdir / "instances.json"
+        self._lock_path = self.workdir / "instances.lock"
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
+
+    # -- state file (shared by every LocalProvider on this workdir, across processes) ---------------
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[dict[str, dict[str, Any]]]:
+        with open(self._lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                try:
+                    state = json.loads(self._state_path.read_text())
+                except (OSError, ValueError):
+                    state = {}
+                before = json.dumps(state, sort_keys=True)
+                yield state
+                if json.dumps(state, sort_keys=True) != before:
+                    tmp = self._state_path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+                    os.replace(tmp, self._state_path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def instance_dir(self, instance_id: str) -> Path:
+        return self.workdir / "instances" / instance_id
+
+    def log_path(self, instance_id: str) -> Path:
+        """The runner's combined stdout/stderr."""
+        return self.instance_dir(instance_id) / "runner.log"
+
+    def exit_code_path(self, instance_id: str) -> Path:
+        return self.instance_dir(instance_id) / "exit_code"
+
+    # -- offers ------------------------------------------------------------------------------------
+    def offer(self) -> Offer:
+        return Offer(
+            provider=self.name,
+            offer_id="local-cpu",
+            gpu="cpu",
+            gpu_count=1,
+            gpu_memory_gb=self.gpu_memory_gb,
+            price_per_hour=self.price_per_hour,
+            reliability=None,
+            location="this machine",
+            source="live",
+            as_of=datetime.now(UTC),
+        )
+
+    def search_offers(self, query: OfferQuery) -> list[Offer]:
+        if query.gpu not in (None, "cpu"):
+            return []
+        return finish_search([self.offer()], query)
+
+    def quote(self, offer: Offer) -> Offer:
+        return self.offer()
+
+    # -- process liveness --------------------------------------------------------------------------
+    def _alive(self, rec: dict[str, Any]) -> bool:
+        pid = int(rec["pid"])
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        state = _proc_state(pid)
+        if state is None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return rec.get("start_ticks") is None  # no /proc: trust kill(0)
+        if state in ("Z", "X"):
+            return False
+        return rec.get("start_ticks") in (None, _proc_start_ticks(pid))
+
+    def _read_exit(self, instance_id: str) -> int | None:
+        try:
+            return int(self.exit_code_path(instance_id).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _instance(self, rec: dict[str, Any]) -> Instance:
+        iid = rec["instance_id"]
+        exit_code = rec.get("exit_code")
+        if rec.get("terminated"):
+            status, raw = InstanceStatus.terminated, "terminated"
+        elif self._alive(rec):
+            status, raw = InstanceStatus.running, "running"
+        else:
+            exit_code = self._read_exit(iid) if exit_code is None else exit_code
+            status, raw = InstanceStatus.exited, f"exited({exit_code})"
+        return Instance(
+            provider=self.name,
+            instance_id=iid,
+            label=rec.get("label"),
+            status=status,
+            raw_status=raw,
+            price_per_hour=rec.get("price_per_hour"),
+            gpu="cpu",
+            gpu_count=1,
+            ip="127.0.0.1",
+            started_at=datetime.fromtimestamp(rec["started_at"], UTC),
+            exit_code=exit_code,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> Instance:
+        with self._state() as state:
+            for rec in state.values():
+                if rec.get("label") == request.label and not rec.get("terminated"):
+                    return self._instance(rec)
+            instance_id = f"local-{uuid.uuid4().hex[:10]}"
+            folder = self.instance_dir(instance_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            command = list(request.command or self.runner_command)
+            base_env = {k: v for k, v in os.environ.items() if k not in BOT_ONLY_ENV}
+            env = {
+                **base_env,
+                **self.extra_env,
+                **request.env,
+                "TUNEBOT_EXIT_FILE": str(self.exit_code_path(instance_id)),
+                "TUNEBOT_INSTANCE_ID": instance_id,
+                "TUNEBOT_JOB_ID": request.job_id,
+            }
+            with open(self.log_path(instance_id), "ab") as log:
+                try:
+                    proc = subprocess.Popen(
+                        ["/bin/sh", "-c", _WRAPPER, "tunebot-local", *command],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                        close_fds=True,
+                    )
+                except OSError as exc:
+                    raise InvalidRequestError(
+                        f"local: cannot start the runner: {exc.strerror}", provider=self.name
+                    ) from exc
+            self._children[proc.pid] = proc
+            rec = {
+                "instance_id": instance_id,
+                "label": request.label,
+                "job_id": request.job_id,
+                "pid": proc.pid,
+                "start_ticks": _proc_start_ticks(proc.pid),
+                "started_at": time.time(),
+                "price_per_hour": request.offer.price_per_hour
+                if request.offer.provider == self.name
+                else self.price_per_hour,
+                "command": command[:1],
+                "log": str(self.log_path(instance_id)),
+                "exit_file": str(self.exit_code_path(instance_id)),
+                "terminated": False,
+                "exit_code": None,
+            }
+            state[instance_id] = rec
+            return self._instance(rec)
+
+    def _record(self, instance_id: str) -> dict[str, Any]:
+        with self._state() as state:
+            rec = state.get(instance_id)
+        if rec is None:
+            raise NotFoundError(f"local: instance {instance_id} not found", provider=self.name)
+        return rec
+
+    def status(self, instance_id: str) -> Instance:
+        return self._instance(self._record(instance_id))
+
+    def list_instances(self) -> list[Instance]:
+        with self._state() as state:
+            records = [r for r in state.values() if not r.get("terminated")]
+        return [self._instance(r) for r in records]
+
+    def _signal(self, rec: dict[str, Any], sig: int, *, group: bool) -> None:
+        if not self._alive(rec):
+            return
+        pid = int(rec["pid"])
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(pid, sig)  # the wrapper leads its own session: pgid == pid
+            else:
+                os.kill(pid, sig)
+
+    def _wait_dead(self, rec: dict[str, Any], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._alive(rec):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _stop(self, rec: dict[str, Any], grace_s: float) -> int | None:
+        """SIGTERM (forwarded to the runner), SIGKILL after grace; the exit code, 137 if killed."""
+        self._signal(rec, signal.SIGTERM, group=False)
+        if not self._wait_dead(rec, grace_s):
+            self._signal(rec, signal.SIGKILL, group=True)
+            self._wait_dead(rec, 5.0)
+            if self._read_exit(rec["instance_id"]) is None:
+                path = self.exit_code_path(rec["instance_id"])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"{KILLED_EXIT_CODE}\n")
+        # The runner may leave children behind in its session; nothing of ours keeps billing.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(rec["pid"]), signal.SIGKILL)
+        self._reap(int(rec["pid"]))
+        return self._read_exit(rec["instance_id"])
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1.0)
+
+    def preempt(self, instance_id: str, grace_s: float = 5.0) -> Instance:
+        """Like a spot reclaim: SIGTERM, SIGKILL after ``grace_s``. The instance stays (``exited``)."""
+        rec = self._record(instance_id)
+        if rec.get("terminated"):
+            raise NotFoundError(f"local: instance {instance_id} is terminated", provider=self.name)
+        self._stop(rec, grace_s)
+        return self.status(instance_id)
+
+    def terminate(self, instance_id: str, grace_s: float = 2.0) -> None:
+        """Stop the process (SIGTERM, then SIGKILL) and mark it terminated; missing is done."""
+        with self._state() as state:
+            rec = state.get(instance_id)
+        if rec is None or rec.get("terminated"):
+            return
+        exit_code = self._stop(rec, grace_s)
+        with self._state() as state:
+            if instance_id in state:
+                state[instance_id]["terminated"] = True
+                state[instance_id]["exit_code"] = exit_code
+                state[instance_id]["terminated_at"] = time.time()
+
+    def find_by_label(self, label: str) -> list[Instance]:
+        return [i for i in self.list_instances() if i.label == label]
+
+    def list_volumes(self) -> list[Volume]:
+        return []
+
+    def delete_volume(self, volume_id: str) -> None:
+        return None
+
+    def burn_rate(self) -> float | None:
+        return round(
+            sum(i.price_per_hour or 0.0 for i in self.list_instances() if i.status == InstanceStatus.running),
+            6,
+        )
