@@ -24,7 +24,7 @@ from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.launch import token_hash
 from bot.providers.base import InstanceStatus, NotFoundError, ProviderError
-from runner.spec import EXIT_OK, EXIT_PREEMPTED, EventKind, RunnerEvent
+from runner.spec import EXIT_OK, EXIT_PREEMPTED, EventKind, RunnerEvent, parse_progress, progress_uri
 from store.models import Instance as InstanceRow
 from store.models import Job, RunnerEventRecord
 
@@ -129,7 +129,7 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
 
 
 def read_progress(uri: str) -> list[RunnerEvent]:
-    """Read the runner's progress object (missing = no events yet)."""
+    """Read the runner's progress object (missing or half-written = nothing new this time)."""
     import fsspec
 
     try:
@@ -138,42 +138,16 @@ def read_progress(uri: str) -> list[RunnerEvent]:
     except (FileNotFoundError, OSError):
         return []
     try:
-        from runner.spec import parse_progress
-    except ImportError:
-        parse_progress = _parse_progress
-    try:
-        return list(parse_progress(raw))
-    except Exception:  # noqa: BLE001 - a half-written object is read again on the next tick
+        return parse_progress(raw)
+    except ValueError:
         return []
-
-
-def _parse_progress(raw: bytes) -> list[RunnerEvent]:
-    text = raw.decode("utf-8", "replace").strip()
-    if not text:
-        return []
-    if text.startswith("["):
-        return [RunnerEvent.model_validate(x) for x in json.loads(text)]
-    if text.startswith("{") and "\n" not in text:
-        data = json.loads(text)
-        items = data.get("events", [data]) if isinstance(data, dict) else data
-        return [RunnerEvent.model_validate(x) for x in items]
-    return [RunnerEvent.model_validate_json(line) for line in text.splitlines() if line.strip()]
-
-
-def progress_uri_for(checkpoint_uri: str) -> str:
-    try:
-        from runner.spec import progress_uri
-
-        return str(progress_uri(checkpoint_uri))
-    except ImportError:
-        return f"{checkpoint_uri.rstrip('/')}/progress.json"
 
 
 def pull(eng: Engine, job: Job) -> int:
     uri = job.checkpoint_uri
     if not uri:
         return 0
-    return ingest(eng, job.id, read_progress(progress_uri_for(uri)))
+    return ingest(eng, job.id, read_progress(progress_uri(uri)))
 
 
 def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:

@@ -1,0 +1,152 @@
+"""Following a job: runner events by push (token, dedupe) and pull (progress.json), preemption, heartbeats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from bot.providers.base import InstanceStatus
+from runner.spec import JobSpec
+from store.models import Instance, RunnerEventRecord
+
+from .conftest import Recorder, estimate_for, request
+
+
+def _token(fake) -> str:  # noqa: ANN001
+    return JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
+
+
+def _ev(job_id: str, seq: int, kind: str = "progress", **kw) -> dict:  # noqa: ANN003
+    return {"job_id": job_id, "seq": seq, "kind": kind, "step": kw.pop("step", seq), **kw}
+
+
+def test_push_needs_the_job_token_and_dedupes_by_seq(engine, fake):
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    token = _token(fake)
+    assert not engine.record_runner_event(job.job_id, "wrong", _ev(job.job_id, 1, loss=2.0))
+    assert not engine.record_runner_event(job.job_id, None, _ev(job.job_id, 1, loss=2.0))
+    assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, 1, loss=2.0, max_steps=10))
+    assert engine.record_runner_event(job.job_id, token, json.dumps(_ev(job.job_id, 1, loss=2.0)))  # repeat
+    assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, 2, loss=1.5))
+    assert not engine.record_runner_event(job.job_id, token, _ev("other-job", 3))
+    with engine.session() as s:
+        n = s.execute(select(func.count()).select_from(RunnerEventRecord)).scalar_one()
+    assert n == 2
+    view = engine.get_job(job.job_id)
+    assert view.step == 2 and view.loss == 1.5 and view.max_steps == 10
+    assert view.losses == [(1, 2.0), (2, 1.5)]
+    assert rec.kinds().count("progress") == 2
+
+
+def test_pull_reads_progress_json(engine, fake):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    ckpt = Path(JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).checkpoint.uri)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    from runner.spec import progress_uri
+
+    events = [_ev(job.job_id, i, loss=3.0 - i / 10) for i in range(5)]
+    Path(progress_uri(str(ckpt))).write_text(json.dumps({"events": events}))
+    engine.tick()
+    assert engine.get_job(job.job_id).step == 4
+
+
+def test_finished_event_finishes_the_job_and_terminates(engine, fake, clock):
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    token = _token(fake)
+    clock.advance(1800)
+    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 1, "finished", output_uri="/out/adapter"))
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "succeeded" and view.output_uri == "/out/adapter"
+    assert fake.live() == []
+    assert view.spend == pytest.approx(0.5, abs=1e-6)
+    assert "finished" in rec.kinds()
+
+
+def test_plateau_stops_with_output(engine, fake):
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    engine.record_runner_event(job.job_id, _token(fake), _ev(job.job_id, 1, "plateau"))
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "stopped" and view.stop_reason == "plateau" and view.output_uri
+    assert "plateau" in rec.kinds()
+
+
+@pytest.mark.parametrize(
+    "status,code",
+    [
+        (InstanceStatus.preempted, None),
+        (InstanceStatus.exited, 75),
+        (InstanceStatus.stopped, None),
+        (InstanceStatus.terminated, None),
+    ],
+)
+def test_preemption_from_provider_status_relaunches(engine, fake, status, code):
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    first = fake.launch_requests[-1]
+    iid = next(iter(fake.instances))
+    fake.set_status(iid, status, code)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "running" and view.preemptions == 1
+    assert fake.creates == 2 and len(fake.live()) == 1
+    second = fake.launch_requests[-1]
+    s1 = JobSpec.model_validate_json(first.env["TUNEBOT_JOB_SPEC"])
+    s2 = JobSpec.model_validate_json(second.env["TUNEBOT_JOB_SPEC"])
+    assert s1.checkpoint.uri == s2.checkpoint.uri  # resumes from the same checkpoints
+    assert s1.report.token != s2.report.token
+    assert "preempted" in rec.kinds() and "recovered" in rec.kinds()
+
+
+def test_missing_heartbeat_counts_as_preemption(engine, fake, clock):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    engine.record_runner_event(job.job_id, _token(fake), _ev(job.job_id, 1))
+    clock.advance(599)
+    engine.tick()
+    assert engine.get_job(job.job_id).preemptions == 0
+    clock.advance(2)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.preemptions == 1 and view.state == "running" and fake.creates == 2
+    assert len(fake.live()) == 1
+
+
+def test_runner_crash_fails_the_job(engine, fake):
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    fake.set_status(next(iter(fake.instances)), InstanceStatus.exited, 1)
+    engine.tick()
+    assert engine.get_job(job.job_id).state == "failed"
+    assert fake.live() == [] and "failed" in rec.kinds()
+
+
+def test_retry_budget_exhausted_fails(engine, fake, settings):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    for _ in range(settings.retry_budget + 1):
+        for iid in list(fake.instances):
+            fake.set_status(iid, InstanceStatus.preempted)
+        engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "failed" and "retry budget" in (view.message or "")
+    assert fake.creates == settings.retry_budget + 1
+    assert fake.live() == []
+
+
+def test_idle_instance_is_stopped(make_engine, fake, clock, settings):
+    settings.heartbeat_timeout_s = 10_000  # make idleness, not the heartbeat, the trigger
+    eng = make_engine()
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(fake))
+    clock.advance(settings.idle_stop_minutes * 60 + 1)
+    eng.tick()
+    view = eng.get_job(job.job_id)
+    assert view.state == "stopped" and view.stop_reason == "idle"
+    assert fake.live() == []
+    with eng.session() as s:
+        assert s.execute(select(Instance.ended_at)).scalar_one() is not None

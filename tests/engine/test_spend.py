@@ -1,0 +1,108 @@
+"""Money: spend from locked prices, the per-job cap, budgets with alerts at 80/90/100%, the ledger."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from bot.engine.spend import DAY
+from store.models import Instance, SpendEntry
+
+from .conftest import Recorder, estimate_for, request
+from .fakes import FakeProvider
+
+
+def test_cap_stops_job_before_cap_plus_one_reconcile_period(make_engine, clock, settings):
+    pricey = FakeProvider("pricey", price=36.0)  # $0.01 per second
+    eng = make_engine(providers={"pricey": pricey})
+    rec = Recorder(eng.bus)
+    cap = 5.0
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(pricey, hours=0.1), max_cost=cap)
+    period = settings.reconcile_every_s
+    for _ in range(100):
+        clock.advance(period)
+        eng.tick()
+        if eng.get_job(job.job_id).state == "stopped":
+            break
+    view = eng.get_job(job.job_id)
+    assert view.state == "stopped" and view.stop_reason == "budget"
+    one_period = 36.0 * period / 3600
+    assert view.spend <= cap + one_period
+    assert view.spend > cap - 2 * one_period  # it did not stop absurdly early either
+    assert pricey.live() == []
+    assert "stopped" in rec.kinds()
+
+
+def test_job_spend_is_sum_of_instances_at_locked_prices(engine, fake, clock):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    clock.advance(1000)
+    from bot.providers.base import InstanceStatus
+
+    fake.set_status(next(iter(fake.instances)), InstanceStatus.preempted)
+    fake.price = 1.08  # the catalog moves (within tolerance); the running instance keeps its locked price
+    fake.live_price = None
+    engine.tick()  # preempted -> relaunched: the new instance locks the new price
+    clock.advance(500)
+    engine.stop(job.job_id, user="alice")
+    with engine.session() as s:
+        rows = s.execute(select(Instance).where(Instance.job_id == job.job_id)).scalars().all()
+    assert [r.price_per_hour for r in rows] == [1.0, 1.08]
+    expected = sum((r.ended_at - r.launched_at) * r.price_per_hour / 3600 for r in rows)
+    assert expected == pytest.approx(1000 / 3600 + 500 * 1.08 / 3600)
+    view = engine.get_job(job.job_id)
+    assert round(view.spend, 2) == round(expected, 2)
+    report = engine.spend("today", user="alice")
+    assert report.total == pytest.approx(expected, abs=1e-6)
+    assert report.by_job[0].key == job.job_id
+
+
+def test_ledger_splits_across_days(engine, fake, clock):
+    clock.t = clock.t + DAY - 1800  # 23:30 UTC
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    clock.advance(3600)  # 00:30 next day
+    engine.stop(job.job_id, user="alice")
+    engine.roll_up_spend()
+    with engine.session() as s:
+        lines = s.execute(select(SpendEntry).order_by(SpendEntry.period_start)).scalars().all()
+    assert [round(x.seconds) for x in lines] == [1800, 1800]
+    assert engine.spend("today").total == pytest.approx(0.5, abs=1e-6)
+
+
+def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
+    p = FakeProvider("p", price=3600.0)  # $1 per second
+    eng = make_engine(providers={"p": p})
+    eng.set_budget("user", "alice", daily=100.0, monthly=None, user="admin")
+    eng.set_budget("team", "ml", daily=None, monthly=1000.0, user="admin")
+    rec = Recorder(eng.bus)
+    eng.create_job(request(), user="alice", team="ml", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
+    seen = []
+    for step in (50, 31, 5, 4, 11, 30, 30):  # cumulative: 50, 81, 86, 90, 101, 131, 161 seconds = dollars
+        clock.advance(step)
+        eng.tick()
+        seen.append(
+            [
+                (e.data["name"], e.data["level"])
+                for e in rec.events
+                if e.kind == "budget_alert" and e not in seen
+            ]
+        )
+    alerts = [
+        (e.data["scope"], e.data["period"], e.data["level"]) for e in rec.events if e.kind == "budget_alert"
+    ]
+    assert alerts == [("user", "daily", 80), ("user", "daily", 90), ("user", "daily", 100)]
+    b = {(v.scope, v.name): v for v in eng.budgets()}
+    assert b[("user", "alice")].spent_today == pytest.approx(161.0, abs=1e-6)
+    assert b[("team", "ml")].spent_month == pytest.approx(161.0, abs=1e-6)
+
+
+def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, clock):
+    p = FakeProvider("p", price=3600.0)
+    eng = make_engine(providers={"p": p})
+    eng.set_budget("user", "bob", daily=10.0, monthly=None, user="admin")
+    rec = Recorder(eng.bus)
+    eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
+    clock.advance(20)
+    eng.tick()
+    eng.tick()
+    levels = sorted(e.data["level"] for e in rec.events if e.kind == "budget_alert")
+    assert levels == [80, 90, 100]
