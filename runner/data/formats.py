@@ -76,6 +76,11 @@ def parse_record(text: str, fmt: DatasetFormat, *, uri: str = "<record>", line: 
         return DatasetError(message, uri=uri, line=line)
 
     try:
+        fmt = DatasetFormat(fmt)
+    except ValueError:
+        raise fail(f"unknown dataset format {fmt!r}") from None
+
+    try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise fail(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
