@@ -28,3 +28,15 @@ class EstimateRequest(BaseModel):
     interruptible: bool | None = None  # None = rank both
     packing: bool = True
     max_cost: float | None = Field(None, gt=0)
+    # Techniques and precisions beyond the defaults (the defaults are the plain Hugging Face path:
+    # Trainer + PEFT, bf16 weights, no compile). Published rows that used them set them explicitly.
+    precision: Literal["bf16", "mixed", "fp32"] = "bf16"  # bf16: pure bf16; mixed: fp32 master + autocast
+    adapter_dtype: Literal["fp32", "bf16"] = "fp32"  # PEFT keeps adapters in fp32; torchtune in bf16
+    double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
+    stack: Literal["hf", "torchtune", "unsloth"] = "hf"  # training code: sets the calibrated utilization
+    compile: bool = False  # torch.compile / fused kernels (torchtune, Unsloth)
+    chunked_ce: bool = False  # chunked cross-entropy (logits never fully upcast to fp32)
+    optimizer_in_backward: bool = False  # optimizer step fused into backward: no full gradient buffer
+    activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
+    qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
+    lora_dropout: float = Field(0.0, ge=0, lt=1)  # >0 keeps a dropout copy of each adapted input

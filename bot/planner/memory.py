@@ -1,0 +1,217 @@
+"""Peak reserved memory per GPU, with a breakdown by component and the phase where the peak happens.
+
+Physics (docs/estimation.md): weights by dtype (NF4 only for the Linear layers inside the blocks),
+LoRA adapters (exact count, fp32 by default), gradients and optimizer states of the trainable
+parameters, activations saved for backward (counted tensor by tensor for a Llama-style block, so
+GQA, MoE, frozen-vs-trainable Linear inputs and the attention kernel all show), logits and loss,
+CUDA context, and the caching allocator's slack on transient tensors. FSDP shards weights,
+gradients and optimizer states across GPUs; activations and logits stay per GPU.
+
+Three moments compete for the peak: the start of backward (all saved activations + logits alive),
+the end of backward (all gradients alive + one layer's working set) and the optimizer step
+(gradients + optimizer temporaries). The breakdown is that of the winning moment.
+
+Calibration constants (few, each a physical quantity):
+- LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss. Hugging Face path: 15,
+  between current transformers (bf16 logits 2 + fp32 upcast 4 + log-softmax 4 + its gradient 4 = 14)
+  and 2024 versions that also kept a shifted fp32 copy (18); compiled loss keeps the upcast
+  fused (10); a compiled chunked cross-entropy keeps only the bf16 logits and recomputes the rest
+  chunk by chunk (2).
+- CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
+- FRAGMENTATION: reserved/allocated on transient tensors: 1.03 packed or fixed length, 1.10 with
+  variable-length (unpacked) batches (the PEFT benchmark's p99 reserved is within 10% of the
+  allocated peak at the longest batch).
+Optimizers are assumed fused (torch AdamW fused=True, bitsandbytes): no full-size step temporaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bot.planner.architectures import Architecture
+from bot.planner.request import EstimateRequest
+
+GB = 1e9
+NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
+NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
+LOGIT_BYTES = {"plain": 15.0, "compiled": 10.0, "chunked": 2.0}
+CUDA_CONTEXT_GB = 1.2
+FRAGMENTATION = {"packed": 1.03, "variable": 1.10}
+
+
+@dataclass
+class MemoryResult:
+    per_gpu_bytes: float
+    breakdown: dict[str, float]  # bytes per component at the peak moment (sums to per_gpu_bytes)
+    offloaded: dict[str, float] = field(default_factory=dict)  # bytes kept off the GPU (paged, CPU)
+    peak_phase: str = ""
+    trainable: int = 0
+    sharding: str = "none"
+    checkpoint_bytes: float = 0.0  # what a resumable checkpoint holds (trainable weights + optimizer)
+    download_bytes: float = 0.0  # the base model in 16-bit, fetched on every (re)start
+
+    @property
+    def per_gpu_gb(self) -> float:
+        return self.per_gpu_bytes / GB
+
+    def breakdown_gb(self) -> dict[str, float]:
+        return {k: round(v / GB, 3) for k, v in self.breakdown.items()}
+
+
+def trainable_parameters(arch: Architecture, req: EstimateRequest) -> int:
+    if req.method == "full":
+        return arch.parameters
+    return arch.lora_parameters(req.lora_r, req.lora_targets)
+
+
+def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) -> float:
+    """Bytes saved for backward per token in one block (no checkpointing)."""
+    elem = 4.0 if req.precision == "fp32" else 2.0
+    h, q_dim, ffn = arch.hidden, arch.q_dim, arch.ffn_per_token
+    full = req.method == "full"
+    adapted: set[str] = set()
+    dropout_in = 0
+    if not full:
+        for lin in arch.lora_targets(req.lora_targets):
+            adapted.update(lin.roles)
+            if req.lora_dropout > 0:
+                dropout_in += lin.d_in * (lin.active if lin.count > 1 else 1)
+    # q, k, v kept for the attention backward; HF sdpa/eager and torchtune repeat k, v to all heads.
+    kv = arch.kv_dim if req.attn == "flash" else q_dim
+    elems = q_dim + 2 * kv + q_dim  # q, k, v and the attention output
+    if arch.gated_mlp:
+        elems += (2 if req.compile else 3) * ffn  # gate, up (and silu(gate) unless fused)
+    else:
+        elems += ffn  # activation input
+    if full or adapted & {"q", "k", "v"}:
+        elems += h  # normed input of q/k/v (their weights need it)
+    if full or "o" in adapted:
+        elems += q_dim  # contiguous copy of the attention output feeding o_proj
+    if full or adapted & {"gate", "up"}:
+        elems += h
+    if full or "down" in adapted:
+        elems += ffn
+    if arch.experts:
+        elems += 2 * arch.experts_per_token * h  # token dispatch and combine copies
+    elems += dropout_in
+    norms = 4 if arch.model_type.startswith("gemma2") or arch.model_type.startswith("gemma3") else 2
+    # RMSNorm upcasts to fp32 and saves that copy unless a compiled kernel fuses it.
+    norm_bytes = norms * h * (elem if req.compile else max(elem, 4.0))
+    per_layer = elems * elem + norm_bytes
+    if req.attn == "eager":
+        per_layer += arch.heads * req.seq_len * 6.0  # scores bf16 + fp32 softmax output, per token
+    return per_layer
+
+
+def _logit_bytes(req: EstimateRequest) -> float:
+    kind = "chunked" if req.chunked_ce else "compiled" if req.compile else "plain"
+    factor = 2.0 if req.precision == "fp32" else 1.0
+    return LOGIT_BYTES[kind] * factor
+
+
+def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None = None) -> MemoryResult:
+    """Peak reserved memory per GPU for `req` on `gpus` GPUs (default req.gpus)."""
+    n_gpus = gpus or req.gpus
+    shard = float(n_gpus) if n_gpus > 1 else 1.0
+    n = arch.parameters
+    quantizable = arch.block_linear_params
+    trainable = trainable_parameters(arch, req)
+    full = req.method == "full"
+    tokens = req.batch_size * req.seq_len
+
+    # Weights (frozen base or the trained model).
+    if req.method == "qlora":
+        q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
+        other_bytes = 4.0 if req.qlora_upcast else 2.0
+        weights = quantizable * q_bytes + (n - quantizable) * other_bytes
+    elif req.precision == "fp32":
+        weights = 4.0 * n
+    elif full and req.precision == "mixed":
+        weights = 6.0 * n  # fp32 master + the bf16 copies autocast caches for the step
+    else:
+        weights = 2.0 * n
+    weights /= shard
+
+    # Trainable state: adapters, gradients, optimizer.
+    if full:
+        adapters = 0.0
+        param_bytes = 2.0 if req.precision == "bf16" else 4.0
+    else:
+        param_bytes = 4.0 if (req.adapter_dtype == "fp32" or req.precision == "fp32") else 2.0
+        adapters = trainable * param_bytes / shard
+    if req.optimizer_in_backward:
+        largest = max(
+            arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
+        )
+        grads = min(trainable, largest) * param_bytes
+    else:
+        grads = trainable * param_bytes / shard
+    state_bytes = 2.0 if req.optimizer in ("adamw_8bit", "paged_adamw_8bit") else 2.0 * param_bytes
+    optimizer = trainable * state_bytes / shard
+    offloaded: dict[str, float] = {}
+    if req.optimizer == "paged_adamw_8bit":
+        offloaded["optimizer (paged, may spill to CPU)"] = optimizer
+        optimizer = 0.0
+    step_temp = 0.0  # fused optimizers update in place (torchtune and PEFT rows show no step spike)
+    if req.stack == "torchtune" and req.optimizer == "adamw_8bit":
+        # torchao's 8-bit AdamW updates one parameter at a time with its two states dequantized to
+        # fp32: the largest tensor (usually the embedding) sets the spike.
+        largest = max(
+            arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
+        )
+        step_temp = min(trainable, largest) * 8.0
+
+    # Activations and logits, per GPU.
+    per_layer = _activation_bytes_per_token_layer(arch, req) * tokens
+    resid = (4.0 if req.precision != "bf16" else 2.0) * arch.hidden * tokens
+    if req.gradient_checkpointing:
+        inputs = arch.layers * resid
+        if req.activation_offload:
+            offloaded["checkpointed activations (CPU)"] = inputs
+            inputs = 0.0
+        stored = inputs + per_layer  # layer inputs + one layer recomputed during its backward
+    else:
+        stored = arch.layers * per_layer
+    if req.method == "qlora":
+        biggest = max(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
+        stored += 2 * 2.0 * biggest  # dequantized bf16 weight of the Linear being computed (and next)
+    logits = tokens * arch.vocab * _logit_bytes(req)
+    if n_gpus > 1:
+        # FSDP all-gathers the current block, prefetches the next and frees the previous one only
+        # when the communication stream is done with it: three unsharded blocks in flight.
+        block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
+        gathered = 3 * block * (2.0 if req.precision != "fp32" else 4.0)
+        if req.method == "qlora":
+            gathered *= NF4_BYTES / 2.0
+        weights += gathered
+
+    persistent_grads = grads if req.grad_accum > 1 else 0.0
+    phases = {
+        "start of backward": {"gradients": persistent_grads, "activations": stored, "logits": logits},
+        "end of backward": {"gradients": grads, "activations": per_layer, "logits": 0.0},
+        "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
+    }
+    phase, parts = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+    transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
+    frag = FRAGMENTATION["packed" if req.packing else "variable"]
+    breakdown = {
+        "weights": weights,
+        "adapters": adapters,
+        "gradients": parts["gradients"],
+        "optimizer": optimizer + parts.get("step", 0.0),
+        "activations": parts["activations"],
+        "logits": parts["logits"],
+        "cuda_context": CUDA_CONTEXT_GB * GB,
+        "allocator": transient * (frag - 1.0),
+    }
+    ckpt = trainable * (4.0 if full and req.precision != "bf16" else param_bytes) + trainable * state_bytes
+    return MemoryResult(
+        per_gpu_bytes=sum(breakdown.values()),
+        breakdown=breakdown,
+        offloaded=offloaded,
+        peak_phase=phase,
+        trainable=trainable,
+        sharding="fsdp" if n_gpus > 1 else "none",
+        checkpoint_bytes=ckpt,
+        download_bytes=2.0 * n,
+    )

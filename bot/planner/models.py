@@ -1,0 +1,167 @@
+"""Resolve what a person typed (hub id, short alias, config.json, model folder) to an Architecture.
+
+Order: a local config.json or folder; the built-in table (data/models.json: real config values of
+popular models, case-insensitive ids and short aliases); the Hugging Face hub (config.json fetched
+with httpx, HF_TOKEN as bearer, cached under the tunebot data folder; base URL from TUNEBOT_HF_URL so
+tests point it at a local fake server; TUNEBOT_HF_OFFLINE=1 or HF_HUB_OFFLINE=1 disables it).
+When the network fails, the table's nearest entry is not guessed: the error lists close names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from bot.planner.architectures import Architecture, from_config
+from bot.planner.errors import PlanningError, UnknownModelError
+
+DATA = Path(__file__).parent / "data" / "models.json"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_SUFFIXES = ("-instruct", "-chat-hf", "-hf", "-chat", "-it", "-base")
+
+
+@lru_cache(maxsize=1)
+def _table() -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Lookup key -> entry, and the display names (hub ids) for suggestions."""
+    raw = json.loads(DATA.read_text())
+    index: dict[str, dict[str, Any]] = {}
+    names: list[str] = []
+    for entry in raw["models"]:
+        names.append(entry["id"])
+        keys = [entry["id"], entry["id"].split("/")[-1], *entry["aliases"]]
+        for key in keys:
+            for variant in (key.lower(), _strip(key.lower())):
+                index.setdefault(variant, entry)
+                index.setdefault(variant.split("/")[-1], entry)
+    return index, names
+
+
+def _strip(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def known_models() -> list[str]:
+    return list(_table()[1])
+
+
+def table_lookup(name: str) -> tuple[str, dict[str, Any]] | None:
+    index, _ = _table()
+    key = name.strip().lower()
+    for variant in (key, _strip(key), key.split("/")[-1], _strip(key.split("/")[-1])):
+        if variant in index:
+            entry = index[variant]
+            return entry["id"], entry["config"]
+    return None
+
+
+def closest(name: str, n: int = 5) -> list[str]:
+    index, names = _table()
+    key = name.strip().lower()
+    pool = {k: v["id"] for k, v in index.items()}
+    hits = difflib.get_close_matches(key, list(pool), n=12, cutoff=0.4)
+    hits += difflib.get_close_matches(key.split("/")[-1], list(pool), n=12, cutoff=0.4)
+    out: list[str] = []
+    for hit in hits:
+        if pool[hit] not in out:
+            out.append(pool[hit])
+    return out[:n]
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanningError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanningError(f"{path} is not a config.json object")
+    return data
+
+
+def _cache_dir() -> Path:
+    from bot.settings import get_settings
+
+    return get_settings().data_dir / "hub-configs"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("TUNEBOT_HF_OFFLINE", "") in ("1", "true") or (
+        os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true") and not os.environ.get("TUNEBOT_HF_URL")
+    )
+
+
+def fetch_hub_config(hub_id: str, *, timeout: float = 5.0) -> tuple[dict[str, Any], str] | None:
+    """config.json of a hub repo: from the disk cache, else fetched; None when unavailable."""
+    cache = _cache_dir() / (hub_id.replace("/", "--") + ".json")
+    if cache.is_file():
+        try:
+            return json.loads(cache.read_text()), "hub cache"
+        except (OSError, json.JSONDecodeError):
+            pass
+    if _hub_offline():
+        return None
+    import httpx
+
+    base = os.environ.get("TUNEBOT_HF_URL", "https://huggingface.co").rstrip("/")
+    headers = {}
+    token = os.environ.get("HF_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        resp = httpx.get(
+            f"{base}/{hub_id}/resolve/main/config.json",
+            headers=headers,
+            timeout=timeout,
+            follow_redirects=True,
+        )
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        cfg = resp.json()
+    except ValueError:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(cfg))
+    except OSError:
+        pass
+    return cfg, "hub"
+
+
+def resolve(name: str) -> tuple[Architecture, str]:
+    """(architecture, source) for a model name; UnknownModelError with close names otherwise."""
+    text = (name or "").strip()
+    if not text:
+        raise UnknownModelError("no model given", known_models()[:5])
+    path = Path(text).expanduser()
+    if path.suffix == ".json" or path.is_dir() or path.exists():
+        cfg_path = path / "config.json" if path.is_dir() else path
+        if not cfg_path.is_file():
+            raise PlanningError(f"{cfg_path} does not exist (give a config.json or a model folder)")
+        return from_config(_read_config_file(cfg_path), text), "config file"
+    hit = table_lookup(text)
+    if hit is not None:
+        return from_config(hit[1], hit[0]), "built-in table"
+    if HUB_ID.match(text):
+        fetched = fetch_hub_config(text)
+        if fetched is not None:
+            return from_config(fetched[0], text), fetched[1]
+    suggestions = closest(text)
+    hint = f" Closest known: {', '.join(suggestions)}." if suggestions else ""
+    raise UnknownModelError(
+        f"unknown model {text!r}: not in the built-in table, not a config.json or model folder"
+        + (", and its config.json could not be fetched from the hub" if HUB_ID.match(text) else "")
+        + f".{hint}",
+        suggestions,
+    )

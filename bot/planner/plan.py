@@ -1,0 +1,211 @@
+"""`estimate()`: the whole planner for one request - model, memory, speed, time, ranked offers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from bot.planner.architectures import Architecture
+from bot.planner.errors import BadRequestError
+from bot.planner.gpus import GPUS
+from bot.planner.gpus import gpu as lookup_gpu
+from bot.planner.memory import GB, MemoryResult, estimate_memory
+from bot.planner.models import resolve
+from bot.planner.offer import Offer
+from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
+from bot.planner.request import EstimateRequest
+from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
+from bot.planner.speed import estimate_speed, optimizer_steps
+from bot.planner.tokens import count_tokens
+
+DEFAULT_TOKENS = 10_000_000
+
+
+def _check(req: EstimateRequest) -> None:
+    if req.dataset and req.tokens:
+        raise BadRequestError("give either a dataset or --tokens, not both")
+    if req.gpu:
+        lookup_gpu(req.gpu)
+    if req.method != "full" and req.lora_r > 1024:
+        raise BadRequestError(f"LoRA rank {req.lora_r} is absurd; ranks of 4-256 are usual")
+
+
+def _tokens(req: EstimateRequest) -> tuple[int, str]:
+    if req.tokens:
+        return req.tokens, "--tokens"
+    if req.dataset:
+        tokens, _, source = count_tokens(req.dataset, req.model)
+        return tokens, source
+    return DEFAULT_TOKENS, "default"
+
+
+def _fits_anywhere(mem_gb: float, gpus: list[str]) -> str | None:
+    best = [g for g in gpus if mem_gb * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
+    return min(best, key=lambda g: GPUS[g].memory_gb) if best else None
+
+
+def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -> list[str]:
+    """What would fit when nothing does: more GPUs, QLoRA, checkpointing, shorter sequences, a bigger GPU."""
+    sold = sorted({o.gpu for o in offers if o.gpu in GPUS} or set(GPUS), key=lambda g: GPUS[g].memory_gb)
+    out: list[str] = []
+
+    def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
+        m = estimate_memory(arch, r, gpus).per_gpu_gb
+        return _fits_anywhere(m, sold), m
+
+    if req.gpu:
+        where, m = fits(req)
+        if where and where != req.gpu:
+            out.append(f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)")
+    for n in (2, 4, 8):
+        if n > req.gpus:
+            where, m = fits(req.model_copy(update={"gpus": n}), n)
+            if where:
+                out.append(f"more GPUs: --gpus {n} (FSDP) on {where}, {m:.1f} GB per GPU")
+                break
+    if req.method != "qlora":
+        where, m = fits(req.model_copy(update={"method": "qlora"}))
+        if where:
+            out.append(f"QLoRA: --method qlora needs {m:.1f} GB on one {where}")
+    if not req.gradient_checkpointing:
+        where, m = fits(req.model_copy(update={"gradient_checkpointing": True}))
+        if where:
+            out.append(f"activation checkpointing: --gradient-checkpointing needs {m:.1f} GB ({where})")
+    if req.batch_size > 1:
+        r = req.model_copy(update={"batch_size": 1, "grad_accum": req.grad_accum * req.batch_size})
+        where, m = fits(r)
+        if where:
+            out.append(f"--batch-size 1 --grad-accum {r.grad_accum} needs {m:.1f} GB ({where})")
+    seq = req.seq_len // 2
+    while seq >= 256:
+        where, m = fits(req.model_copy(update={"seq_len": seq}))
+        if where:
+            out.append(f"shorter sequences: --seq-len {seq} needs {m:.1f} GB ({where})")
+            break
+        seq //= 2
+    if not out:
+        out.append("nothing in the catalog fits even with QLoRA on 8 GPUs; pick a smaller model")
+    return out
+
+
+def estimate(
+    request: EstimateRequest,
+    *,
+    offers: list[Offer] | None = None,
+    prices_source: str = "snapshot",
+    prices_as_of: datetime | None = None,
+) -> Estimate:
+    """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input."""
+    req = request
+    _check(req)
+    arch, source = resolve(req.model)
+    if offers is None:
+        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+
+        offers = snapshot_offers()
+        prices_as_of = prices_as_of or snapshot_as_of()
+    mem = estimate_memory(arch, req)
+    tokens, token_source = _tokens(req)
+
+    memo: dict[int, MemoryResult] = {req.gpus: mem}
+
+    def memory_gb(n: int) -> float:
+        if n not in memo:
+            memo[n] = estimate_memory(arch, req, n)
+        return memo[n].per_gpu_gb
+
+    speed_memo: dict[tuple[str, int], float] = {}
+
+    def hours(g: str, n: int) -> float:
+        key = (g, n)
+        if key not in speed_memo:
+            s = estimate_speed(arch, req, GPUS[g], n)
+            steps = optimizer_steps(tokens, req.epochs, req, n)
+            speed_memo[key] = steps * s.step_seconds / 3600.0
+        return speed_memo[key]
+
+    full = req.method == "full"
+    output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
+    job = JobShape(
+        memory_gb=memory_gb,
+        hours=hours,
+        checkpoint_gb=mem.checkpoint_bytes / GB,
+        download_gb=mem.download_bytes / GB,
+        output_gb=output_gb,
+    )
+    ranked, n_fit, _ = rank_offers(
+        offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
+    )
+
+    fitting = [o for o in ranked if o.fits]
+    if req.gpu:
+        headline = req.gpu
+    elif fitting:
+        headline = fitting[0].gpu
+    else:
+        headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS)) or "h200"
+    speed = estimate_speed(arch, req, GPUS[headline])
+    steps = optimizer_steps(tokens, req.epochs, req)
+    time_hours = steps * speed.step_seconds / 3600.0
+
+    assumptions = [
+        f"model: {arch.name} from the {source}; {arch.parameters:,} parameters"
+        + (f" ({arch.active_parameters:,} active per token, {arch.experts} experts)" if arch.experts else ""),
+        f"peak reserved memory per GPU at the {mem.peak_phase}; CUDA context included; "
+        f"offers must fit with {SAFETY_MARGIN:.0%} to spare",
+        f"speed on {GPUS[headline].label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token at "
+        f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
+        + (", compiled" if req.compile else "")
+        + ")",
+        f"tokens: {tokens:,} per epoch ({token_source}); steps = ceil(tokens x epochs / (batch x seq x "
+        "grad_accum x GPUs)): packing assumed, every sequence full",
+        "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
+        "interval; storage covers the model download and two checkpoints; egress the result download",
+    ]
+    if mem.offloaded:
+        assumptions.append(
+            "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
+        )
+    if token_source == "default":
+        assumptions.append(f"no dataset or --tokens given: assumed {DEFAULT_TOKENS:,} tokens")
+    sugg = [] if n_fit else suggestions(arch, req, offers)
+
+    return Estimate(
+        model=ModelInfo(
+            name=arch.name,
+            architecture=arch.model_type,
+            parameters=arch.parameters,
+            active_parameters=arch.active_parameters,
+            trainable_parameters=mem.trainable,
+            layers=arch.layers,
+            hidden_size=arch.hidden,
+            vocab_size=arch.vocab,
+            source=source,
+        ),
+        method=req.method,
+        memory=MemoryEstimate(
+            per_gpu_gb=round(mem.per_gpu_gb, 3),
+            breakdown_gb=mem.breakdown_gb(),
+            gpus=req.gpus,
+            sharding=mem.sharding,
+        ),
+        speed=SpeedEstimate(
+            gpu=headline,
+            gpus=req.gpus,
+            tokens_per_second=round(speed.tokens_per_second, 2),
+            step_seconds=round(speed.step_seconds, 4),
+            mfu=round(speed.mfu, 4),
+            flops_per_token=speed.flops_per_token,
+        ),
+        time=TimeEstimate(
+            tokens=tokens,
+            epochs=req.epochs,
+            steps=steps,
+            hours=round(time_hours, 4),
+            token_source=token_source,
+        ),
+        offers=ranked,
+        assumptions=assumptions,
+        suggestions=sugg,
+        prices_as_of=prices_as_of,
+        prices_source=prices_source,
+    )

@@ -1,0 +1,241 @@
+"""The published measurements of docs/estimation.md as planner inputs and expected outputs.
+
+Conventions: "torch" rows were read from torch.cuda (peak reserved or active), which excludes the CUDA
+context; "device" rows are what the whole GPU needs. GiB rows are converted to GB (1e9 bytes).
+Inputs a source did not state are filled with documented, physically plain choices (noted per row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3 / 1e9
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    request: dict[str, Any]
+    gpu: str
+    memory_gb: float | None = None
+    tokens_per_second: float | None = None
+    convention: str = "torch"  # "torch" (no CUDA context) | "device" | "footprint" (weights + context)
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# torchtune README: batch 2, packed to 2048, torch.compile, activation checkpointing, chunked CE
+# (the Llama 3 recipes' default loss), adapters in bf16; LoRA r=8 on q, v, output and MLP; full
+# fine-tune with PagedAdamW8bit and optimizer-in-backward.
+_TT = dict(
+    stack="torchtune",
+    batch_size=2,
+    seq_len=2048,
+    compile=True,
+    gradient_checkpointing=True,
+    chunked_ce=True,
+    adapter_dtype="bf16",
+    qlora_upcast=False,
+    attn="sdpa",
+)
+_TT_LORA = dict(_TT, lora_r=8, lora_targets=["q", "v", "o", "gate", "up", "down"])
+_TT_FULL = dict(_TT, method="full", optimizer="paged_adamw_8bit", optimizer_in_backward=True)
+# torchtune Llama-3.2-3B on one A100 80GB, batch 2 x 4096, full fine-tune with bf16 AdamW; each row
+# adds one technique to the previous one.
+_T3 = dict(
+    stack="torchtune",
+    model="meta-llama/Llama-3.2-3B",
+    method="full",
+    batch_size=2,
+    seq_len=4096,
+    gradient_checkpointing=False,
+    attn="sdpa",
+    packing=True,
+)
+_T3_PACK = dict(_T3)
+_T3_COMPILE = dict(_T3_PACK, compile=True)
+_T3_CHUNK = dict(_T3_COMPILE, chunked_ce=True)
+_T3_CKPT = dict(_T3_CHUNK, gradient_checkpointing=True)
+_T3_OIB = dict(_T3_CKPT, optimizer_in_backward=True)
+_T3_OFF = dict(_T3_OIB, activation_offload=True)
+_T3_8BIT = dict(_T3_OFF, optimizer="adamw_8bit")
+_T3_LORA = dict(
+    _T3_OFF,
+    method="lora",
+    optimizer="adamw",
+    optimizer_in_backward=False,
+    lora_r=8,
+    lora_targets=["q", "v", "o", "gate", "up", "down"],
+    adapter_dtype="bf16",
+)
+# torchtune tutorials, Llama-2-7B, batch 2, unpacked Alpaca (padded to the batch's longest sample;
+# the longest Alpaca samples are about 768 tokens with the prompt template), checkpointing on.
+_T2 = dict(
+    stack="torchtune",
+    model="meta-llama/Llama-2-7b-hf",
+    batch_size=2,
+    seq_len=768,
+    packing=False,
+    gradient_checkpointing=True,
+    adapter_dtype="bf16",
+    qlora_upcast=False,
+)
+# PEFT MetaMathQA benchmark: L40S, Llama-3.2-3B pure bf16, batch 4, max length 768, variable lengths.
+_PEFT = dict(
+    model="meta-llama/Llama-3.2-3B",
+    batch_size=4,
+    seq_len=768,
+    packing=False,
+    gradient_checkpointing=False,
+    attn="sdpa",
+)
+# PEFT docs: A100 80GB, fp32 weights; batch and length not stated: batch 1 x 512.
+_PD = dict(
+    precision="fp32",
+    batch_size=1,
+    seq_len=512,
+    gradient_checkpointing=False,
+    lora_r=8,
+    lora_targets=["q", "v"],
+)
+
+ROWS: list[Row] = [
+    Row(
+        "torchtune 8B full 4090",
+        dict(_TT_FULL, model="meta-llama/Llama-3.1-8B"),
+        "rtx-4090",
+        18.9 * GIB,
+        1650,
+    ),
+    Row(
+        "torchtune 8B lora 4090",
+        dict(_TT_LORA, model="meta-llama/Llama-3.1-8B", method="lora"),
+        "rtx-4090",
+        16.2 * GIB,
+        3083,
+    ),
+    Row(
+        "torchtune 8B qlora 4090",
+        dict(_TT_LORA, model="meta-llama/Llama-3.1-8B", method="qlora"),
+        "rtx-4090",
+        7.4 * GIB,
+        2413,
+    ),
+    Row(
+        "torchtune 70B lora 8xA100",
+        dict(_TT_LORA, model="meta-llama/Llama-3.1-70B", method="lora", gpus=8),
+        "a100-80gb",
+        27.6 * GIB,
+        3497,
+    ),
+    Row(
+        "torchtune 405B qlora 8xA100",
+        dict(_TT_LORA, model="meta-llama/Llama-3.1-405B", method="qlora", gpus=8, activation_offload=True),
+        "a100-80gb",
+        44.8,
+        653,
+        note="activation offload: the checkpointed inputs alone (16.9 GB/GPU) plus the NF4 shard exceed the "
+        "published 44.8 GB, so the recipe must have offloaded them",
+    ),
+    Row(
+        "torchtune 3B baseline (unpacked)",
+        dict(_T3, packing=False, seq_len=768),
+        "a100-80gb",
+        25.5 * GIB,
+        note="unpacked Alpaca padded to the batch's longest sample (~768 tokens); speed not compared: "
+        "it depends on the dataset's length distribution",
+    ),
+    Row("torchtune 3B +packing", _T3_PACK, "a100-80gb", 60.0 * GIB, 7075),
+    Row("torchtune 3B +compile", _T3_COMPILE, "a100-80gb", 51.0 * GIB, 8998),
+    Row("torchtune 3B +chunked CE", _T3_CHUNK, "a100-80gb", 42.9 * GIB, 9174),
+    Row("torchtune 3B +checkpointing", _T3_CKPT, "a100-80gb", 24.9 * GIB, 7210),
+    Row("torchtune 3B +optimizer in backward", _T3_OIB, "a100-80gb", 23.1 * GIB, 7309),
+    Row("torchtune 3B +activation offload", _T3_OFF, "a100-80gb", 21.8 * GIB, 7301),
+    Row("torchtune 3B +8-bit AdamW", _T3_8BIT, "a100-80gb", 17.6 * GIB, 6960),
+    Row("torchtune 3B lora", _T3_LORA, "a100-80gb", 8.5 * GIB, 8210),
+    Row(
+        "torchtune 3B qlora", dict(_T3_LORA, method="qlora", qlora_upcast=False), "a100-80gb", 4.6 * GIB, 8035
+    ),
+    Row("torchtune 2-7B lora qv r8", dict(_T2, lora_r=8, lora_targets=["q", "v"]), "a100-80gb", 15.57),
+    Row("torchtune 2-7B lora all r8", dict(_T2, lora_r=8), "a100-80gb", 15.87),
+    Row("torchtune 2-7B lora qv r64", dict(_T2, lora_r=64, lora_targets=["q", "v"]), "a100-80gb", 15.86),
+    Row("torchtune 2-7B lora all r64", dict(_T2, lora_r=64), "a100-80gb", 17.04),
+    Row(
+        "torchtune 2-7B qlora",
+        dict(_T2, method="qlora", lora_r=8, lora_targets=["q", "v"]),
+        "a100-80gb",
+        9.29,
+    ),
+    Row("peft metamath full l40s", dict(_PEFT, method="full"), "l40s", 37.3, 2315),
+    Row(
+        "peft metamath lora l40s",
+        dict(_PEFT, method="lora", lora_r=32, lora_targets=["q", "v"]),
+        "l40s",
+        20.1,
+        7194,
+    ),
+    Row("peft docs T0_3B full", dict(_PD, model="bigscience/T0_3B", method="full"), "a100-80gb", 47.1),
+    Row("peft docs T0_3B lora", dict(_PD, model="bigscience/T0_3B", method="lora"), "a100-80gb", 14.4),
+    Row(
+        "peft docs bloomz-7b1 lora",
+        dict(_PD, model="bigscience/bloomz-7b1", method="lora"),
+        "a100-80gb",
+        32.0,
+    ),
+    Row(
+        "peft docs llama-2-70b qlora fsdp 2 gpus",
+        dict(
+            model="meta-llama/Llama-2-70b-hf",
+            method="qlora",
+            gpus=2,
+            batch_size=2,
+            seq_len=2048,
+            gradient_checkpointing=True,
+            attn="flash",
+            lora_r=8,
+            lora_targets="all-linear",
+        ),
+        "a100-80gb",
+        35.6,
+    ),
+    # QLoRA paper: fine-tuning footprints (batch 1, r=64 on all linear layers, length 512).
+    Row(
+        "qlora paper 65B",
+        dict(model="huggyllama/llama-65b", method="qlora", lora_r=64, batch_size=1, seq_len=512),
+        "a100-80gb",
+        41.0,
+        convention="footprint",
+    ),
+    Row(
+        "qlora paper 33B",
+        dict(model="huggyllama/llama-30b", method="qlora", lora_r=64, batch_size=1, seq_len=512),
+        "a100-80gb",
+        21.0,
+        convention="footprint",
+    ),
+    Row(
+        "qlora paper 13B",
+        dict(model="huggyllama/llama-13b", method="qlora", lora_r=64, batch_size=1, seq_len=512),
+        "a100-80gb",
+        10.0,
+        convention="footprint",
+    ),
+    Row(
+        "qlora paper 7B",
+        dict(model="huggyllama/llama-7b", method="qlora", lora_r=64, batch_size=1, seq_len=512),
+        "a100-80gb",
+        5.0,
+        convention="footprint",
+    ),
+]
+
+# Unsloth "minimum VRAM" (QLoRA GB, 16-bit LoRA GB): Unsloth's fused stack, batch 1, short sequences.
+UNSLOTH_MIN = {
+    "meta-llama/Llama-3.2-3B": (3.5, 8.0),
+    "mistralai/Mistral-7B-v0.1": (5.0, 19.0),
+    "meta-llama/Llama-3.1-8B": (6.0, 22.0),
+    "microsoft/Phi-3-medium-4k-instruct": (8.5, 33.0),
+    "Qwen/Qwen2.5-32B": (26.0, 76.0),
+    "meta-llama/Llama-3.1-70B": (41.0, 164.0),
+}
