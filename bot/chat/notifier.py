@@ -1,0 +1,314 @@
+"""Engine events -> Slack: the job thread, its status card, milestones, charts, DMs, summaries, reminders.
+
+The EventBus calls ``enqueue`` from engine threads; one worker thread drains the queue with a sync
+WebClient (RateLimitErrorRetryHandler honours Retry-After), so a slow or failing Slack never slows
+the engine. The job's thread root *is* its status card: posted once with chat.postMessage (its ts is
+kept with ``EngineAPI.set_thread``) and edited in place with chat.update, at most every
+``update_every_s`` for progress (milestones update it at once). Milestones are thread replies; the
+loss chart is uploaded with files_upload_v2 at milestones (rate-limited) and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bot.chat import cards
+from bot.chat.blockkit import to_message
+from bot.chat.replies import Reply, Text
+from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView
+from bot.engine.events import EngineEvent, EngineEventKind
+
+log = logging.getLogger(__name__)
+
+K = EngineEventKind
+MILESTONES = {
+    K.job_started,
+    K.checkpoint,
+    K.preempted,
+    K.recovered,
+    K.plateau,
+    K.finished,
+    K.failed,
+    K.stopped,
+}
+FINAL = {K.plateau, K.finished, K.failed, K.stopped}
+CHART_AT = {K.checkpoint, K.preempted, K.recovered} | FINAL
+
+
+def milestone_text(event: EngineEvent, job: JobView | None) -> str:
+    """One sentence per milestone, with the numbers a person wants (step, loss, cost, reason)."""
+    d = event.data
+    step = d.get("step", job.step if job else 0)
+    loss = d.get("loss", job.loss if job else None)
+    loss_s = f"{loss:.4f}" if isinstance(loss, int | float) else "-"
+    spend = d.get("spend", job.spend if job else None)
+    msg = event.message.strip()
+    if event.kind == K.job_started:
+        where = f" on {job.provider} {job.gpu} x{job.gpu_count or 1}" if job and job.provider else ""
+        price = f" at {cards.money(job.price_per_hour)}/h" if job and job.price_per_hour is not None else ""
+        return f":rocket: Started{where}{price}." + (f" {msg}" if msg else "")
+    if event.kind == K.checkpoint:
+        return f":floppy_disk: Checkpoint saved at step {step} (loss {loss_s})."
+    if event.kind == K.preempted:
+        return (
+            f":warning: Preempted at step {step}"
+            + (f": {msg}" if msg else "")
+            + ". Relaunching and resuming from the last checkpoint."
+        )
+    if event.kind == K.recovered:
+        return f":white_check_mark: Recovered: resumed from step {step}." + (f" {msg}" if msg else "")
+    if event.kind == K.plateau:
+        return (
+            f":chart_with_downwards_trend: Loss plateaued at {loss_s} (step {step}); stopped early. "
+            f"Cost {cards.money(spend)}." + (f" {msg}" if msg else "")
+        )
+    if event.kind == K.finished:
+        out = d.get("output_uri") or (job.output_uri if job else None)
+        return (
+            f":white_check_mark: Finished at step {step}, final loss {loss_s}, cost *{cards.money(spend)}*."
+            + (f" Adapter: `{out}`" if out else "")
+        )
+    if event.kind == K.failed:
+        reason = msg or (job.message if job else "") or "unknown reason"
+        return f":x: Failed: {reason} (spend {cards.money(spend)})."
+    if event.kind == K.stopped:
+        reason = d.get("reason") or (job.stop_reason if job else None) or "user"
+        return f":octagonal_sign: Stopped ({reason}) at step {step}; spend {cards.money(spend)}." + (
+            f" {msg}" if msg else ""
+        )
+    return msg or event.kind.value
+
+
+def volume_from_event(event: EngineEvent, engine: EngineAPI) -> VolumeView | None:
+    d = event.data
+    try:
+        return VolumeView.model_validate(d)
+    except Exception:  # noqa: BLE001 - fall back to the engine's list
+        pass
+    vid = d.get("volume_id")
+    return next((v for v in engine.volumes() if v.volume_id == vid), None) if vid else None
+
+
+def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
+    data = event.data.get("report") if isinstance(event.data.get("report"), dict) else event.data
+    try:
+        report = SpendReport.model_validate(data)
+    except Exception:  # noqa: BLE001 - the engine may send only a sentence
+        report = engine.spend("today")
+    reply = cards.spend_reply(report, title=f"Daily spend summary: {cards.money(report.total)}")
+    reply.public = True
+    budgets = engine.budgets()
+    if budgets:
+        over = [
+            b
+            for b in budgets
+            if (b.daily and b.spent_today >= b.daily) or (b.monthly and b.spent_month >= b.monthly)
+        ]
+        rows = cards.budgets_reply(budgets).parts[1:]
+        reply.add(*rows)
+        if over:
+            reply.add(Text(":warning: Over budget: " + ", ".join(f"{b.scope} *{b.name}*" for b in over)))
+    if event.message:
+        reply.add(Text(event.message))
+    return reply
+
+
+class SlackNotifier:
+    def __init__(
+        self,
+        engine: EngineAPI,
+        client: Any,  # slack_sdk.WebClient
+        *,
+        summary_channel: str | None = None,
+        admins: list[str] | None = None,
+        approval_above: float = 50.0,
+        update_every_s: float = 3.0,
+        chart_every_s: float = 300.0,
+        chart_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.client = client
+        self.summary_channel = summary_channel
+        self.admins = admins or []
+        self.approval_above = approval_above
+        self.update_every_s = update_every_s
+        self.chart_every_s = chart_every_s
+        self.chart_dir = chart_dir or Path(tempfile.mkdtemp(prefix="tunebot-charts-"))
+        self.clock = clock
+        self._queue: queue.Queue[EngineEvent | None] = queue.Queue()
+        self._last_update: dict[str, float] = {}
+        self._pending: set[str] = set()
+        self._last_chart: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+
+    # ---- wiring ------------------------------------------------------------------------------------
+    def attach(self, bus: Any) -> SlackNotifier:
+        bus.subscribe(self.enqueue)
+        return self
+
+    def enqueue(self, event: EngineEvent) -> None:
+        self._queue.put(event)
+
+    def start(self) -> SlackNotifier:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="slack-notifier", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued event has been sent (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._queue.mutex:
+                if self._queue.unfinished_tasks == 0:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def _run(self) -> None:
+        while True:
+            try:
+                event = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                self._flush_pending()
+                continue
+            try:
+                if event is None:
+                    self._flush_pending(force=True)
+                    return
+                self.process(event)
+                if self._queue.empty():
+                    self._flush_pending()
+            except Exception:  # noqa: BLE001 - chat trouble never stops the notifier
+                log.exception("could not send %s to Slack", getattr(event, "kind", "?"))
+            finally:
+                self._queue.task_done()
+
+    # ---- rendering ---------------------------------------------------------------------------------
+    def process(self, event: EngineEvent) -> None:
+        kind = event.kind
+        if kind == K.job_created:
+            self._ensure_thread(event)
+        elif kind == K.approval_needed:
+            self._approval(event)
+        elif kind == K.progress:
+            if event.job_id:
+                self._pending.add(event.job_id)
+                self._flush_pending()
+        elif kind in MILESTONES:
+            self._milestone(event)
+        elif kind == K.budget_alert:
+            self._dm(event.user, Reply(parts=[Text(f":moneybag: {event.message}")], fallback=event.message))
+        elif kind == K.idle_volume:
+            self._idle_volume(event)
+        elif kind == K.daily_summary:
+            if self.summary_channel:
+                self._post(self.summary_channel, summary_reply(event, self.engine))
+
+    def _post(self, channel: str, reply: Reply, thread_ts: str | None = None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"channel": channel, "unfurl_links": False, **to_message(reply)}
+        if thread_ts:
+            kwargs["thread_ts"] = thread_ts
+        return self.client.chat_postMessage(**kwargs).data  # type: ignore[no-any-return]
+
+    def _dm(self, user: str | None, reply: Reply) -> None:
+        if not user:
+            return
+        opened = self.client.conversations_open(users=user)
+        self._post(opened["channel"]["id"], reply)
+
+    def _ensure_thread(self, event: EngineEvent) -> JobView | None:
+        if not event.job_id:
+            return None
+        job = self.engine.get_job(event.job_id)
+        if job.thread_ts and job.channel:
+            return job
+        channel = job.channel or event.channel
+        if not channel:
+            return None  # a console job: nowhere to post
+        posted = self._post(channel, cards.job_card(job))
+        self.engine.set_thread(job.job_id, channel=posted.get("channel") or channel, thread_ts=posted["ts"])
+        self._last_update[job.job_id] = self.clock()
+        return self.engine.get_job(job.job_id)
+
+    def _update_card(self, job: JobView) -> None:
+        if not (job.channel and job.thread_ts):
+            return
+        self.client.chat_update(channel=job.channel, ts=job.thread_ts, **to_message(cards.job_card(job)))
+        self._last_update[job.job_id] = self.clock()
+        self._pending.discard(job.job_id)
+
+    def _flush_pending(self, *, force: bool = False) -> None:
+        now = self.clock()
+        for job_id in list(self._pending):
+            if force or now - self._last_update.get(job_id, 0.0) >= self.update_every_s:
+                try:
+                    self._update_card(self.engine.get_job(job_id))
+                except Exception:  # noqa: BLE001
+                    log.exception("could not update the status card of %s", job_id)
+                    self._pending.discard(job_id)
+
+    def _milestone(self, event: EngineEvent) -> None:
+        job = self._ensure_thread(event)
+        if job is None or not job.thread_ts or not job.channel:
+            return
+        text = milestone_text(event, job)
+        self._post(job.channel, Reply(parts=[Text(text)], fallback=text), thread_ts=job.thread_ts)
+        self._update_card(job)
+        if event.kind in CHART_AT:
+            self._chart(job, final=event.kind in FINAL)
+
+    def _chart(self, job: JobView, *, final: bool) -> None:
+        if len(job.losses) < 2:
+            return
+        now = self.clock()
+        if not final and now - self._last_chart.get(job.job_id, -1e9) < self.chart_every_s:
+            return
+        self._last_chart[job.job_id] = now
+        from bot.chat.charts import loss_chart
+
+        path = loss_chart(job.losses, self.chart_dir / f"{job.job_id}-loss.png", title=f"{job.job_id} loss")
+        self.client.files_upload_v2(
+            file=str(path),
+            filename=path.name,
+            channel=job.channel,
+            thread_ts=job.thread_ts,
+            title=f"Loss of {job.job_id} at step {job.step}",
+            alt_txt=f"Training loss curve of job {job.job_id}",
+        )
+
+    def _approval(self, event: EngineEvent) -> None:
+        job = self._ensure_thread(event) or (self.engine.get_job(event.job_id) if event.job_id else None)
+        if job is None:
+            return
+        reply = cards.approval_request(job, approvers=self.admins, threshold=self.approval_above)
+        if job.channel:
+            self._post(job.channel, reply, thread_ts=job.thread_ts)
+        for admin in self.admins:
+            if admin != job.owner:
+                self._dm(admin, reply)
+
+    def _idle_volume(self, event: EngineEvent) -> None:
+        volume = volume_from_event(event, self.engine)
+        if volume is None:
+            return
+        reply = cards.volume_reminder(volume, message=event.message)
+        owner = volume.owner or event.user
+        if self.summary_channel:
+            self._post(self.summary_channel, reply)
+        elif owner:
+            self._dm(owner, reply)

@@ -1,0 +1,31 @@
+"""Delete / Keep on an idle-volume reminder."""
+
+from __future__ import annotations
+
+from logging import Logger
+from typing import Any
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.respond.async_respond import AsyncRespond
+
+from bot.chat.handlers import GENERIC_ERROR
+from bot.chat.replies import error_reply
+from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+
+
+async def volume_callback(
+    ack: AsyncAck,
+    body: dict[str, Any],
+    action: dict[str, Any],
+    respond: AsyncRespond,
+    context: Any,
+    logger: Logger,
+) -> None:
+    await ack()
+    verb = action["action_id"].removeprefix("volume_")
+    try:
+        reply = await in_thread(chat_of(context).volume_action, action.get("value", ""), verb, actor_of(body))
+        await send(respond, reply, replace_original=reply.public)
+    except Exception:  # noqa: BLE001
+        logger.exception("volume action failed")
+        await send(respond, error_reply(GENERIC_ERROR))

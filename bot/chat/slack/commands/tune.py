@@ -1,0 +1,38 @@
+"""`/tune ...`: ack at once (errors and help in the ack itself), then the slow answer via respond()."""
+
+from __future__ import annotations
+
+from logging import Logger
+from typing import Any
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.respond.async_respond import AsyncRespond
+
+from bot.chat.blockkit import to_message
+from bot.chat.grammar import ParseError, parse
+from bot.chat.handlers import GENERIC_ERROR
+from bot.chat.replies import error_reply
+from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+
+
+async def tune_callback(
+    ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond, context: Any, logger: Logger
+) -> None:
+    chat = chat_of(context)
+    actor = actor_of(command)
+    try:
+        parsed = parse(command.get("text") or "")
+    except ParseError as exc:
+        await ack(**to_message(error_reply(exc.message, exc.usage)))
+        return
+    quick = chat.quick_ack(parsed)
+    if quick is None:  # fast, engine-free commands answer in the ack
+        await ack(**to_message(chat.handle(parsed, actor)))
+        return
+    await ack(text=quick, response_type="ephemeral")
+    try:
+        reply = await in_thread(chat.handle, parsed, actor)
+        await send(respond, reply, replace_original=True)
+    except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details
+        logger.exception("/tune failed after the ack")
+        await send(respond, error_reply(GENERIC_ERROR), replace_original=True)

@@ -1,0 +1,24 @@
+"""App Home: the user's jobs and month-to-date spend, published on every open."""
+
+from __future__ import annotations
+
+from logging import Logger
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.chat.blockkit import to_home_view
+from bot.chat.slack.common import chat_of, in_thread
+
+
+async def app_home_opened_callback(
+    event: dict[str, Any], client: AsyncWebClient, context: Any, logger: Logger
+) -> None:
+    if event.get("tab", "home") != "home":
+        return
+    user = event.get("user", "")
+    try:
+        reply = await in_thread(chat_of(context).home, user)
+        await client.views_publish(user_id=user, view=to_home_view(reply))
+    except Exception:  # noqa: BLE001
+        logger.exception("could not publish the App Home of %s", user)
