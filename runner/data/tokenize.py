@@ -51,11 +51,24 @@ def encode_conversation(messages: list[dict[str, str]], tokenizer: Any) -> Encod
         ]
     else:
         ids, labels = _generation_mask(tokenizer, messages)
+    # Append EOS unless the template already closes the last turn with it (Llama-3 style templates do).
     eos = _eos(tokenizer)
-    if eos and (not ids or ids[-1] != eos[0]):
+    if eos and eos[0] not in ids[_last_turn_start(labels, messages):]:
         ids = ids + eos
         labels = labels + (eos if messages[-1]["role"] == "assistant" else [IGNORE_INDEX])
     return ids, labels
+
+
+def _last_turn_start(labels: list[int], messages: list[dict[str, str]]) -> int:
+    """Index where the final assistant turn's trained tokens begin (the last token if it is not assistant)."""
+    end = len(labels) - 1
+    if messages[-1]["role"] != "assistant":
+        return max(end, 0)
+    while end >= 0 and labels[end] == IGNORE_INDEX:
+        end -= 1
+    while end > 0 and labels[end - 1] != IGNORE_INDEX:
+        end -= 1
+    return max(end, 0)
 
 
 def _assistant_spans(

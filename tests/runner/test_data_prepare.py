@@ -215,3 +215,28 @@ def test_reads_fsspec_uris_and_gzip(data_tokenizer, tmp_path):
     with gzip.open(gz, "wt") as f:
         f.write(json.dumps({"text": "Hello world."}) + "\n")
     assert len(prepare(make_spec(f"file://{gz}", "text"), data_tokenizer).train) == 1
+
+
+def test_messages_with_bos_and_eos_in_the_template(write_jsonl, data_tokenizer, monkeypatch):
+    # Llama-3 / runner.tiny style: BOS from the template, EOS closing every turn (users' too).
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    monkeypatch.setattr(data_tokenizer, "chat_template", template)
+    conversation = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "world"}]
+    (example,) = prepare(
+        make_spec(write_jsonl([{"messages": conversation}]), "messages"), data_tokenizer
+    ).train
+    assert trained_text(data_tokenizer, example) == "world</s>\n"  # the template's EOS, not a second one
+    assert ignored_text(data_tokenizer, example) == "<s><|user|>\nHello</s>\n<|assistant|>\n"
+    assert example.input_ids.count(data_tokenizer.bos_token_id) == 1
+
+
+def test_messages_need_a_chat_template(write_jsonl, data_tokenizer, monkeypatch):
+    monkeypatch.setattr(data_tokenizer, "chat_template", None)
+    path = write_jsonl(
+        [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]
+    )
+    with pytest.raises(DatasetError, match=r"data.jsonl:1: the tokenizer has no chat template"):
+        prepare(make_spec(path, "messages"), data_tokenizer)
