@@ -71,3 +71,35 @@ def write_jsonl(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+# --- training runner fixtures (runner/train, checkpoint, cli) ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def runner_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One make_tiny folder (model, tokenizer, data.jsonl, job.json) shared by the runner tests."""
+    from runner.tiny import make_tiny
+
+    out = tmp_path_factory.mktemp("runner-tiny")
+    make_tiny(out, seed=0)
+    return out
+
+
+@pytest.fixture
+def runner_job(runner_tiny_dir: Path, tmp_path: Path) -> Callable[..., Any]:
+    """Factory: the tiny job with checkpoints and output in this test's tmp_path, plus overrides."""
+    from runner.spec import JobSpec
+
+    def build(**overrides: Any) -> JobSpec:
+        base = json.loads((runner_tiny_dir / "job.json").read_text())
+        base["checkpoint"]["uri"] = str(tmp_path / "checkpoints")
+        base["output_uri"] = str(tmp_path / "output")
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            else:
+                base[key] = value
+        return JobSpec.model_validate(base)
+
+    return build

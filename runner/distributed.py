@@ -1,0 +1,171 @@
+"""More than one process: the launcher (spawn N workers, forward SIGTERM) and each worker's view of the group.
+
+`tunebot-runner` with `gpus > 1` starts one worker per GPU with the torch.distributed environment
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), the same contract as `torchrun` and
+`accelerate launch`, but from our own small launcher so that SIGTERM reaches every worker (launchers do
+not all forward it) and the exit code of the run is the one of rank 0. Workers use NCCL on CUDA and gloo
+on CPU. LoRA trains with DDP (the adapter is small, every rank keeps a full copy); full and QLoRA train
+with FSDP (FULL_SHARD, transformer-block wrap, use_orig_params=False; QLoRA's 4-bit storage dtype equals
+the compute dtype, see runner/model.py).
+
+Tests (and a CPU-only demo) ask for N CPU processes with `gpus: 0` plus the environment variable
+TUNEBOT_CPU_PROCESSES=N: the launcher then starts N gloo workers on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
+WORKER_ENV = "TUNEBOT_WORKER"
+
+
+def processes_for(gpus: int) -> int:
+    """How many worker processes a spec asks for (1 means: train in this process)."""
+    if gpus > 1:
+        return gpus
+    if gpus == 0 and os.environ.get(CPU_PROCESSES_ENV):
+        return max(1, int(os.environ[CPU_PROCESSES_ENV]))
+    return 1
+
+
+def is_worker() -> bool:
+    return os.environ.get(WORKER_ENV) == "1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(spec_json: str, processes: int, *, sigterm_seen: bool = False) -> int:
+    """Run `processes` workers of this runner on this machine; return rank 0's exit code.
+
+    Only rank 0 writes to stdout (the summary line stays the last line); other ranks' stdout is dropped
+    and their stderr kept. SIGTERM and SIGINT are forwarded to every worker.
+    """
+    port = _free_port()
+    workers: list[subprocess.Popen[bytes]] = []
+    for rank in range(processes):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(processes),
+                   LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TUNEBOT_JOB_SPEC=spec_json, **{WORKER_ENV: "1"})
+        stdout = None if rank == 0 else subprocess.DEVNULL
+        workers.append(subprocess.Popen([sys.executable, "-m", "runner.cli"], env=env, stdout=stdout))
+
+    def forward(signum: int, _frame: Any) -> None:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if sigterm_seen:  # arrived while this process was still starting
+        forward(signal.SIGTERM, None)
+    try:
+        codes = [worker.wait() for worker in workers]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if codes[0] != 0:
+        return codes[0]
+    return next((code for code in codes if code != 0), 0)
+
+
+@dataclass
+class Group:
+    """This process's place in the run: rank, world size and device."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def all_max(self, values: list[float]) -> list[float]:
+        """Element-wise max over ranks (flags such as 'SIGTERM seen' or 'checkpoint due')."""
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return tensor.tolist()
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's object on rank 0 (others get an empty list)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world if self.main else []
+        torch.distributed.gather_object(obj, out if self.main else None, dst=0)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def close(self) -> None:
+        if self.distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def setup(gpus: int) -> Group:
+    """Join the process group when launched as a worker; pick the device (CUDA only when gpus >= 1)."""
+    use_cuda = gpus >= 1 and torch.cuda.is_available()
+    if gpus >= 1 and not use_cuda:
+        print("note: no CUDA device found; training on the CPU", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1")) if is_worker() else 1
+    rank = int(os.environ.get("RANK", "0")) if is_worker() else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if is_worker() else 0
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank,
+                                             world_size=world)
+    return Group(rank=rank, world=world, local_rank=local_rank, device=device)
+
+
+def wrap(model: Any, group: Group, method: str) -> Any:
+    """DDP for LoRA (and on CPU), FSDP for full and QLoRA on CUDA; the model itself with one process."""
+    if not group.distributed:
+        return model
+    if method == "lora" or group.device.type != "cuda":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [group.device.index] if group.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    layer_classes = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                use_orig_params=False, device_id=group.device, limit_all_gathers=True)

@@ -1,0 +1,119 @@
+"""Loading the base model and tokenizer, and making it trainable by method (full, LoRA, QLoRA).
+
+Dtypes: on CUDA the base weights are bfloat16 (full fine-tuning trains bf16 weights; LoRA adapters train on
+a bf16 base; QLoRA computes in bf16 over NF4 weights). On CPU everything is float32, because bf16 matmuls
+on CPU are slow and numerically coarser, and CPU runs exist for tests and demos only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner.spec import JobSpec, Method
+
+
+def resolve_base_model(base_model: str) -> Path:
+    """A local folder for the base model: a local path as is, an fsspec URI downloaded, a hub id fetched."""
+    if "://" in base_model and not base_model.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(base_model)
+        local = Path(tempfile.mkdtemp(prefix="tunebot-base-"))
+        fs.get(root.rstrip("/") + "/", str(local), recursive=True)
+        return local
+    path = Path(base_model.removeprefix("file://")).expanduser()
+    if path.exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(base_model, token=os.environ.get("HF_TOKEN") or None))
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if tokenizer.pad_token is None:  # Llama tokenizers ship without one; padding is masked out anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def attn_implementation(spec: JobSpec, device: torch.device) -> str:
+    if spec.attn == "flash":
+        if device.type == "cuda":
+            return "flash_attention_2"
+        print("note: flash attention needs CUDA; using sdpa on this device", flush=True)
+        return "sdpa"
+    return spec.attn
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bool = False) -> Any:
+    """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = compute_dtype(device)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation(spec, device)}
+    if spec.method is Method.qlora:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+            # FSDP shards the 4-bit weights as flat tensors of the model dtype (docs/runner.md).
+            bnb_4bit_quant_storage=dtype if fsdp else torch.uint8,
+        )
+        if not fsdp:
+            kwargs["device_map"] = {"": device}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    if spec.method is not Method.qlora:
+        model.to(device)
+    model.config.use_cache = False  # the KV cache is for generation and costs memory in training
+
+    if spec.method is Method.full:
+        if spec.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if spec.method is Method.qlora:
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=spec.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = LoraConfig(
+        r=spec.lora.r,
+        lora_alpha=spec.lora.alpha,
+        lora_dropout=spec.lora.dropout,
+        target_modules=spec.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def trainable_parameters(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts, printed at start so the user sees what is trained."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def save_final(model: Any, tokenizer: Any, out_dir: Path) -> None:
+    """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))

@@ -1,0 +1,426 @@
+"""The training loop: validate, set up, (resume,) train, checkpoint, report, save the output. Top to bottom.
+
+A plain PyTorch loop (torchtune recipe / nanoGPT style) rather than the HF Trainer, so that every piece of
+state a resume needs is in plain sight: weights, optimizer, scheduler, RNG, data position (epoch and
+micro-batch index: batches are a pure function of (seed, epoch)), plateau detector, reporter seq.
+
+The loss is the mean over all label tokens of one optimizer step (all micro-batches, all ranks), not a
+mean of per-micro-batch means, so packing and padding do not change what is optimised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from runner import checkpoint as ckpt
+from runner.distributed import Group, setup, wrap
+from runner.spec import (
+    EXIT_BAD_SPEC,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EventKind,
+    JobSpec,
+    RunSummary,
+)
+
+MAX_GRAD_NORM = 1.0  # gradient clipping, as in most fine-tuning recipes
+
+
+class InvalidJob(Exception):
+    """The spec or dataset cannot be trained (exit 2, status "invalid")."""
+
+
+class Preemption:
+    """SIGTERM sets a flag; the loop finishes the current optimizer step, saves and exits 75."""
+
+    def __init__(self, already: Callable[[], bool] | None = None) -> None:
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        if already is not None and already():  # a SIGTERM that came while Python was importing torch
+            self._handle(signal.SIGTERM, None)
+
+    def _handle(self, _signum: int, _frame: Any) -> None:
+        if not self.requested:
+            print("SIGTERM: finishing the current step, then saving a checkpoint", flush=True)
+        self.requested = True
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tuple[RunSummary, int]:
+    """Train `spec` to the end (or plateau, or SIGTERM); return the summary and the exit code."""
+    started = time.time()
+    preemption = Preemption(sigterm_seen)
+    trainer = Trainer(spec, preemption)
+    try:
+        trainer.setup()
+        status = trainer.train()
+        return trainer.summary(status, started), {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
+    except InvalidJob as exc:
+        summary = RunSummary(status="invalid", message=str(exc), wall_seconds=time.time() - started)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return summary, EXIT_BAD_SPEC
+    except Exception as exc:  # the summary line and a `failed` event say why; the traceback goes to stderr
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {exc}"
+        trainer.emit(EventKind.failed, message=message[:2000])
+        summary = trainer.summary("failed", started)
+        summary.message = message[:2000]
+        return summary, EXIT_FAILED
+    finally:
+        trainer.close()
+        preemption.restore()
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, preemption: Preemption) -> None:
+        self.spec = spec
+        self.preemption = preemption
+        self.group: Group | None = None
+        self.reporter: Any = None
+        self.state = ckpt.TrainState()
+        self.resumed_from: str | None = None
+        self.output_uri: str | None = None
+        self.stats: Any = None
+        self.max_steps: int | None = None
+        self.wandb: Any = None
+
+    # ---- setup: validate first (data), then model, optimizer, scheduler, resume --------------------------
+
+    def setup(self) -> None:
+        spec = self.spec
+        from runner.data import DatasetError, make_batches, prepare
+        from runner.model import load_model, load_tokenizer, resolve_base_model, trainable_parameters
+
+        self.group = group = setup(spec.gpus)
+        torch.manual_seed(spec.seed)
+        looks_local = spec.base_model.startswith(("/", ".", "~", "file://"))
+        if looks_local and not Path(spec.base_model.removeprefix("file://")).expanduser().exists():
+            raise InvalidJob(f"base_model {spec.base_model!r} does not exist")
+        self.model_dir = resolve_base_model(spec.base_model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        try:
+            data = prepare(spec, self.tokenizer)
+        except DatasetError as exc:
+            raise InvalidJob(str(exc)) from None
+        self.data, self.stats = data, data.stats
+
+        from runner.model import compute_dtype
+
+        self.dtype = compute_dtype(group.device)
+        attn = "flash" if spec.attn == "flash" and group.device.type == "cuda" else (
+            "sdpa" if spec.attn == "flash" else spec.attn)
+
+        def batches(examples: Any, epoch: int) -> Any:
+            return make_batches(examples, seq_len=spec.seq_len, micro_batch_size=spec.micro_batch_size,
+                                packing=spec.packing, attn=attn, seed=spec.seed, epoch=epoch,
+                                pad_id=self.tokenizer.pad_token_id or 0, mask_dtype=self.dtype)
+
+        self.batches_for = batches
+        first = batches(data.train, 0)
+        per_rank = len(first) // group.world
+        self.steps_per_epoch = per_rank // spec.grad_accum
+        if self.steps_per_epoch == 0:
+            raise InvalidJob(
+                f"the dataset makes {len(first)} micro-batches, fewer than grad_accum x processes "
+                f"({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower grad_accum")
+        self.max_steps = spec.max_steps or max(1, math.ceil(spec.epochs * self.steps_per_epoch))
+        if group.main:
+            tokens_per_step = spec.tokens_per_step * group.world
+            print(f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
+                  f"{self.stats.dropped}); train examples {len(data.train)}, eval {len(data.eval)}")
+            print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
+                  f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
+            print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
+                  f"device {group.device}, dtype {self.dtype}, method {spec.method.value}", flush=True)
+
+        self.model = load_model(spec, self.model_dir, group.device, fsdp=False)
+        trainable, total = trainable_parameters(self.model)
+        if group.main:
+            print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
+                  flush=True)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._optimizer()
+        from transformers import get_scheduler
+
+        self.scheduler = get_scheduler(spec.lr_scheduler, self.optimizer,
+                                       num_warmup_steps=math.ceil(spec.warmup_ratio * self.max_steps),
+                                       num_training_steps=self.max_steps)
+        self.store = ckpt.CheckpointStore(spec.checkpoint.uri)
+        self._resume()
+        self.ddp_model = wrap(self.model, group, spec.method.value)
+
+        from runner.plateau import PlateauDetector
+        from runner.report import Reporter
+
+        self.plateau = PlateauDetector(spec.plateau)
+        if self.state.plateau:
+            self.plateau.load_state_dict(self.state.plateau)
+        if group.main:
+            self.reporter = Reporter(spec, start_seq=self.state.reporter_seq)
+            from runner.wandb_log import WandbLog
+
+            self.wandb = WandbLog()
+            self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
+                                                       spec.model_dump(mode="json"))
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        spec = self.spec
+        assert self.group is not None
+        if spec.optimizer != "adamw":
+            if self.group.device.type == "cuda":
+                import bitsandbytes as bnb
+
+                paged = spec.optimizer == "paged_adamw_8bit"
+                cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
+                return cls(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+            if self.group.main:
+                print(f"note: {spec.optimizer} needs CUDA; using torch AdamW on the CPU", flush=True)
+        return torch.optim.AdamW(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+
+    def _resume(self) -> None:
+        assert self.group is not None
+        step = self.store.newest_complete()
+        if step is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="tunebot-resume-") as tmp:
+            local = self.store.download(step, Path(tmp))
+            self.state = ckpt.read_local(local, model=self.model, optimizer=self.optimizer,
+                                         scheduler=self.scheduler, rank=self.group.rank)
+        self.resumed_from = self.store.uri_of(step)
+        if self.state.world_size != self.group.world:
+            # The data position is per rank; a different world size sees the epoch in other shares.
+            self.state.micro_batch = self.state.micro_batch * self.state.world_size // self.group.world
+        if self.group.main:
+            print(f"resumed from {self.resumed_from} at step {self.state.step}", flush=True)
+
+    # ---- the loop -------------------------------------------------------------------------------------
+
+    def train(self) -> str:
+        spec, group, state = self.spec, self.group, self.state
+        assert group is not None and self.max_steps is not None
+        resumed = f"resumed from {self.resumed_from}" if self.resumed_from else None
+        self.emit(EventKind.started, message=resumed)
+        last_save = last_report = time.monotonic()
+        window_tokens, window_start = 0, time.monotonic()
+        session_start, session_train_seconds = time.monotonic(), state.train_seconds
+        status = "finished"
+        while state.step < self.max_steps:
+            epoch_batches = self.batches_for(self.data.train, state.epoch)
+            mine = epoch_batches[group.rank::group.world] if group.distributed else epoch_batches
+            n_micro = (len(mine) // spec.grad_accum) * spec.grad_accum
+            while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
+                micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
+                loss, tokens = self._step(micro)
+                state.micro_batch += spec.grad_accum
+                state.step += 1
+                state.tokens_seen += tokens
+                state.last_loss = loss
+                window_tokens += tokens
+                state.train_seconds = session_train_seconds + time.monotonic() - session_start
+
+                lr = self.scheduler.get_last_lr()[0]
+                epoch_f = state.epoch + state.micro_batch / max(1, n_micro)
+                if self.wandb is not None:
+                    self.wandb.log({"train/loss": loss, "train/lr": lr, "train/epoch": epoch_f,
+                                    "train/tokens": state.tokens_seen}, step=state.step)
+                now = time.monotonic()
+                if group.main and (now - last_report >= spec.report.every_seconds
+                                   or state.step == self.max_steps):
+                    rate = window_tokens / max(now - window_start, 1e-9)
+                    eta = (self.max_steps - state.step) * (state.train_seconds / max(state.step, 1))
+                    print(f"step {state.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | "
+                          f"{rate:,.0f} tok/s | epoch {epoch_f:.2f} | eta {eta:.0f}s", flush=True)
+                    self.emit(EventKind.progress, loss=loss, learning_rate=lr, tokens_per_second=rate,
+                              eta_seconds=eta, epoch=epoch_f)
+                    last_report, window_tokens, window_start = now, 0, now
+
+                plateau_stop = self._plateau_says_stop(state.step, loss)
+                due = now - last_save >= spec.checkpoint.every_minutes * 60
+                preempted, due, plateau_stop = (
+                    bool(v) for v in group.all_max([float(self.preemption.requested), float(due),
+                                                    float(plateau_stop)]))
+                if preempted:
+                    uri = self.save()
+                    self.emit(EventKind.preempted, checkpoint_uri=uri, message="SIGTERM: saved and exiting")
+                    return "preempted"
+                if plateau_stop:
+                    uri = self.save()
+                    status = "plateau"
+                    break
+                if due and state.step < self.max_steps:
+                    uri = self.save()
+                    self.emit(EventKind.checkpoint, checkpoint_uri=uri)
+                    last_save = time.monotonic()
+            if status == "plateau":
+                break
+            if state.step < self.max_steps:
+                state.epoch += 1
+                state.micro_batch = 0
+        self.output_uri = self.save_output(status)
+        kind = EventKind.plateau if status == "plateau" else EventKind.finished
+        self.emit(kind, output_uri=self.output_uri,
+                  message="stopped: the loss stopped improving" if status == "plateau" else None)
+        return status
+
+    def _step(self, micro: list[Any]) -> tuple[float, int]:
+        """One optimizer step over `grad_accum` micro-batches; returns (mean loss per label token, tokens)."""
+        assert self.group is not None
+        group, model = self.group, self.ddp_model
+        model.train()
+        label_tokens, tokens = group.all_sum([float(sum(b.num_label_tokens for b in micro)),
+                                              float(sum(b.num_tokens for b in micro))])
+        label_tokens = max(label_tokens, 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for index, batch in enumerate(micro):
+            inputs = {k: v.to(group.device) for k, v in batch.items()}
+            labels = inputs.pop("labels")
+            sync_now = index == len(micro) - 1
+            context = model.no_sync() if group.distributed and not sync_now and hasattr(model, "no_sync") \
+                else contextlib.nullcontext()
+            with context:
+                logits = model(**inputs, use_cache=False).logits
+                summed = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                         labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+                # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
+                (summed * group.world / label_tokens).backward()
+            loss_sum += summed.detach().double().cpu()
+        torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        (total,) = group.all_sum([float(loss_sum)])
+        return total / label_tokens, int(tokens)
+
+    def _plateau_says_stop(self, step: int, train_loss: float) -> bool:
+        if not self.spec.plateau.enabled:
+            return False
+        loss = train_loss
+        if self.data.eval:
+            if step % self.spec.plateau.every_steps != 0:
+                return False
+            loss = self.evaluate()
+        return bool(self.plateau.update(step, loss))
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss per label token over the eval split (every rank computes it; the split is small)."""
+        assert self.group is not None
+        self.ddp_model.eval()
+        total, count = 0.0, 0
+        for batch in self.batches_for(self.data.eval, 0):
+            inputs = {k: v.to(self.group.device) for k, v in batch.items()}
+            labels = inputs.pop("labels")
+            logits = self.model(**inputs, use_cache=False).logits
+            total += float(F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                           labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"))
+            count += batch.num_label_tokens
+        self.ddp_model.train()
+        return total / max(count, 1)
+
+    # ---- saving -----------------------------------------------------------------------------------------
+
+    def save(self) -> str:
+        """Write a checkpoint (rank 0 writes, every rank takes part) and prune old ones; return its URI."""
+        assert self.group is not None
+        group = self.group
+        self.state.plateau = self.plateau.state_dict()
+        self.state.world_size = group.world
+        if self.reporter is not None:
+            self.state.reporter_seq = self.reporter.seq
+        rngs = group.gather_objects(ckpt.rng_state())
+        uri = self.store.uri_of(self.state.step)
+        if group.main:
+            with tempfile.TemporaryDirectory(prefix="tunebot-ckpt-") as tmp:
+                local = Path(tmp) / f"checkpoint-{self.state.step}"
+                ckpt.write_local(local, model=self.model, optimizer=self.optimizer,
+                                 scheduler=self.scheduler, state=self.state, rng_states=rngs,
+                                 spec_json=self.spec.model_dump_json(indent=2))
+                uri = self.store.upload(local, self.state.step)
+            self.store.prune(self.spec.checkpoint.keep)
+            print(f"checkpoint saved: {uri}", flush=True)
+        group.barrier()
+        return uri
+
+    def save_output(self, status: str) -> str:
+        """Final adapter (or model) + tokenizer + training_summary.json + job.json, uploaded to output_uri."""
+        assert self.group is not None
+        uri = self.spec.output_uri.rstrip("/")
+        if self.group.main:
+            import fsspec
+
+            from runner.model import save_final
+
+            with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
+                local = Path(tmp)
+                save_final(self.model, self.tokenizer, local)
+                summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,
+                           "tokens": self.state.tokens_seen, "final_loss": self.state.last_loss,
+                           "train_seconds": self.state.train_seconds, "resumed_from": self.resumed_from,
+                           "data": self.stats.as_dict() if self.stats is not None else None,
+                           "method": self.spec.method.value, "job_id": self.spec.job_id}
+                (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+                (local / "job.json").write_text(self.spec.model_dump_json(indent=2), encoding="utf-8")
+                fs, root = fsspec.core.url_to_fs(uri)
+                fs.makedirs(root, exist_ok=True)
+                for path in sorted(local.rglob("*")):
+                    if path.is_file():
+                        target = f"{root}/{path.relative_to(local).as_posix()}"
+                        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                        fs.put_file(str(path), target)
+            print(f"output saved: {uri}", flush=True)
+        self.group.barrier()
+        return uri
+
+    # ---- reporting and the summary ---------------------------------------------------------------------
+
+    def emit(self, kind: EventKind, **fields: Any) -> None:
+        if self.reporter is None:
+            return
+        fields.setdefault("step", self.state.step)
+        fields.setdefault("max_steps", self.max_steps)
+        fields.setdefault("tokens_seen", self.state.tokens_seen)
+        if self.state.last_loss is not None:
+            fields.setdefault("loss", self.state.last_loss)
+        try:
+            self.reporter.emit(kind, **fields)
+        except Exception as exc:  # reporting must never stop training
+            print(f"note: could not report {kind.value} ({type(exc).__name__}: {exc})", flush=True)
+
+    def summary(self, status: str, started: float) -> RunSummary:
+        return RunSummary(
+            status=status,  # type: ignore[arg-type]
+            steps=self.state.step,
+            max_steps=self.max_steps,
+            tokens=self.state.tokens_seen,
+            final_loss=self.state.last_loss,
+            wall_seconds=round(time.time() - started, 3),
+            resumed_from=self.resumed_from,
+            output_uri=self.output_uri,
+            records_truncated=self.stats.truncated if self.stats is not None else 0,
+            records_dropped=self.stats.dropped if self.stats is not None else 0,
+        )
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.reporter is not None:
+            self.reporter.close()
+        if self.group is not None:
+            self.group.close()
+

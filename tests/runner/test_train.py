@@ -1,0 +1,38 @@
+"""The training loop on the tiny model: each method lowers the loss; the output and summary are complete."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.spec import EXIT_OK, parse_progress
+from runner.train import run
+
+
+def _losses(checkpoint_uri: str) -> list[float]:
+    events = parse_progress((Path(checkpoint_uri) / "progress.json").read_bytes())
+    return [e.loss for e in events if e.kind.value == "progress" and e.loss is not None]
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora", "full"])
+def test_each_method_lowers_the_training_loss(method: str, runner_job: Callable[..., Any]) -> None:
+    learning_rate = 3e-3 if method == "full" else 1e-2
+    spec = runner_job(method=method, max_steps=24, learning_rate=learning_rate, report={"every_seconds": 0.01})
+    summary, code = run(spec)
+    assert code == EXIT_OK and summary.status == "finished", summary
+    assert summary.steps == 24 and summary.tokens > 0
+    losses = _losses(spec.checkpoint.uri)
+    assert len(losses) >= 20
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < first - 1.0, (method, losses)
+
+    output = Path(spec.output_uri)
+    weights = "model.safetensors" if method == "full" else "adapter_model.safetensors"
+    assert (output / weights).exists() and (output / "tokenizer.json").exists()
+    saved = json.loads((output / "training_summary.json").read_text())
+    assert saved["steps"] == 24 and saved["status"] == "finished"
+    assert json.loads((output / "job.json").read_text())["method"] == method
