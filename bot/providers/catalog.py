@@ -95,9 +95,9 @@ def _resolve_providers(
 ) -> tuple[dict[str, Provider], list[str]]:
     """The live clients to ask, and the cloud names this answer covers."""
     if isinstance(providers, Mapping):
+        # Ready clients; every cloud missing from the mapping is answered from the snapshot.
         chosen = {name: p for name, p in providers.items() if name != "local"}
-        names = [n for n in CLOUDS if n in chosen] + [n for n in chosen if n not in CLOUDS]
-        return chosen, names
+        return chosen, list(CLOUDS) + [n for n in chosen if n not in CLOUDS]
     names = list(CLOUDS) if providers is None else [n for n in providers if n != "local"]
     from bot.providers.registry import build_providers
 

@@ -3,7 +3,7 @@
 - ``ensure_launched`` never retries a create blindly: it first looks for an instance with the
   job's label and adopts it (a running / provisioning one; a dead one - exited, preempted,
   stopped - is terminated first, so read its exit code before relaunching); after an error
-    that may have created something (timeout, 5xx, connection reset) it lists by label again and
+  that may have created something (timeout, 5xx, connection reset) it lists by label again and
   adopts what it finds, and it terminates extras so a job never has two instances.
 - ``ensure_terminated`` keeps terminating through outages until the provider confirms the instance
   is gone or the deadline passes (then the caller keeps it on its books and the reconciler retries).

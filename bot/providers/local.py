@@ -1,8 +1,8 @@
 """LocalProvider: runs ``tunebot-runner`` as a process on this machine, with a cloud's lifecycle.
 
 The embedded default for the demo and the tests. Each instance is a process in its own session
-(so it outlives a crashed bot, like a real cloud instance would), wrapped by a tiny ``sh`` script
-that forwards SIGTERM to the runner and records its exit code in a file. Instances are persisted in
+(so it outlives a crashed bot, like a real cloud instance would), started by a tiny ``sh`` wrapper
+that records the runner's pid and, when it ends, its exit code in files. Instances are persisted in
 a JSON state file under the work dir, so a new LocalProvider in a new bot process lists, inspects
 and terminates what an earlier one started.
 
@@ -55,15 +55,14 @@ BOT_ONLY_ENV = frozenset(
 )
 KILLED_EXIT_CODE = 137  # recorded when the grace period ran out and we had to SIGKILL
 
-# Runs "$@" in the background, forwards one SIGTERM to it, waits for its real exit status and
-# writes it atomically to $TUNEBOT_EXIT_FILE. (A plain `trap '' TERM` would be inherited by the child.)
+# Runs "$@" in the background, records its pid, waits for it and writes its exit status atomically
+# to $TUNEBOT_EXIT_FILE. Signals go straight to the runner's pid (a trap that forwards them can lose
+# one that lands between fork and exec), so the wrapper itself needs no trap.
 _WRAPPER = r"""
-child=""
-trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi' TERM
 "$@" &
 child=$!
+echo "$child" > "$TUNEBOT_PID_FILE"
 wait "$child"; rc=$?
-while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
 echo "$rc" > "$TUNEBOT_EXIT_FILE.tmp" && mv "$TUNEBOT_EXIT_FILE.tmp" "$TUNEBOT_EXIT_FILE"
 """
 
@@ -148,6 +147,9 @@ class LocalProvider:
 
     def exit_code_path(self, instance_id: str) -> Path:
         return self.instance_dir(instance_id) / "exit_code"
+
+    def pid_path(self, instance_id: str) -> Path:
+        return self.instance_dir(instance_id) / "runner.pid"
 
     # -- offers ------------------------------------------------------------------------------------
     def offer(self) -> Offer:
@@ -237,6 +239,7 @@ class LocalProvider:
                 **self.extra_env,
                 **request.env,
                 "TUNEBOT_EXIT_FILE": str(self.exit_code_path(instance_id)),
+                "TUNEBOT_PID_FILE": str(self.pid_path(instance_id)),
                 "TUNEBOT_INSTANCE_ID": instance_id,
                 "TUNEBOT_JOB_ID": request.job_id,
             }
@@ -290,29 +293,48 @@ class LocalProvider:
             records = [r for r in state.values() if not r.get("terminated")]
         return [self._instance(r) for r in records]
 
-    def _signal(self, rec: dict[str, Any], sig: int, *, group: bool) -> None:
+    def _runner_pid(self, rec: dict[str, Any], wait_s: float = 1.0) -> int | None:
+        """The runner's pid (the wrapper's child), if it is still in the wrapper's session."""
+        path = self.pid_path(rec["instance_id"])
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                pid = int(path.read_text().strip())
+            except (OSError, ValueError):
+                pid = None
+            if pid is not None:
+                try:
+                    return pid if os.getpgid(pid) == int(rec["pid"]) else None
+                except ProcessLookupError:
+                    return None
+            if time.monotonic() >= deadline or not self._alive(rec):
+                return None
+            time.sleep(0.002)
+
+    def _signal(self, rec: dict[str, Any], sig: int) -> None:
+        """SIGTERM goes to the runner itself; anything else to the whole session (pgid == wrapper pid)."""
         if not self._alive(rec):
             return
-        pid = int(rec["pid"])
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(pid, sig)  # the wrapper leads its own session: pgid == pid
+            runner = self._runner_pid(rec) if sig == signal.SIGTERM else None
+            if runner is not None:
+                os.kill(runner, sig)
             else:
-                os.kill(pid, sig)
+                os.killpg(int(rec["pid"]), sig)
 
     def _wait_dead(self, rec: dict[str, Any], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while self._alive(rec):
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.02)
+            time.sleep(0.005)
         return True
 
     def _stop(self, rec: dict[str, Any], grace_s: float) -> int | None:
-        """SIGTERM (forwarded to the runner), SIGKILL after grace; the exit code, 137 if killed."""
-        self._signal(rec, signal.SIGTERM, group=False)
+        """SIGTERM to the runner, SIGKILL to its session after grace; the exit code, 137 if killed."""
+        self._signal(rec, signal.SIGTERM)
         if not self._wait_dead(rec, grace_s):
-            self._signal(rec, signal.SIGKILL, group=True)
+            self._signal(rec, signal.SIGKILL)
             self._wait_dead(rec, 5.0)
             if self._read_exit(rec["instance_id"]) is None:
                 path = self.exit_code_path(rec["instance_id"])

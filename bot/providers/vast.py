@@ -263,7 +263,9 @@ class VastProvider(CloudProvider):
             label=request.label,
             status=InstanceStatus.provisioning,
             raw_status=None,
-            price_per_hour=float(bid) if bid is not None else offer.price_per_hour,
+            price_per_hour=float(bid)
+            if bid is not None
+            else float((offer.raw or {}).get("dph_total") or offer.price_per_hour),
             gpu=offer.gpu,
             gpu_count=offer.gpu_count,
             started_at=datetime.now(UTC),

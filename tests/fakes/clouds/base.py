@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -31,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 FAULT_KINDS = ("429", "429_retry_after", "500", "502", "503", "timeout", "reset", "create_fails", "capacity")
+CANNED = "response"  # inject_response(): a canned answer (the cloud's own error shapes)
 CREATE_ONLY = frozenset({"create_fails", "capacity"})
 
 
@@ -71,6 +73,7 @@ class Fault:
     ops: frozenset[str] | None = None
     retry_after: float | None = None
     after: str = "500"  # what a create_fails returns after creating: "500" | "timeout" | "reset"
+    response: Response | None = None  # for CANNED
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -79,6 +82,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         return
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes: without this, Nagle + delayed ACK add 40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -146,6 +154,7 @@ class FakeCloud:
         self.instances: dict[str, dict[str, Any]] = {}
         self.volumes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, str]] = []  # (method, path, op)
+        self.bodies: list[tuple[str, Any]] = []  # (op, decoded JSON body)
         self.faults: list[Fault] = []
         self.max_live_per_label: dict[str, int] = defaultdict(int)
         self.created_total = 0
@@ -214,12 +223,41 @@ class FakeCloud:
         with self.lock:
             self.faults.append(Fault(kind, times, frozenset(ops) if ops else None, retry_after, after))
 
+    def inject_response(
+        self,
+        status: int,
+        body: Any,
+        *,
+        ops: set[str] | frozenset[str] | None = None,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Answer the next matching request(s) with this response (e.g. a cloud's own error body)."""
+        with self.lock:
+            self.faults.append(
+                Fault(
+                    CANNED,
+                    times,
+                    frozenset(ops) if ops else None,
+                    response=Response(status, body, dict(headers or {})),
+                )
+            )
+
     def chaos(self, rate: float, *, seed: int = 0, kinds: tuple[str, ...] = FAULT_KINDS) -> None:
         """From now on a random fault on ``rate`` of the requests (seeded)."""
         with self.lock:
             self._chaos_rate = rate
             self._chaos_kinds = kinds
             self._chaos_rng = random.Random(seed)
+
+    def count(self, op: str) -> int:
+        """How many requests of this operation the fake has seen."""
+        with self.lock:
+            return sum(1 for _, _, o in self.requests if o == op)
+
+    def last_body(self, op: str) -> Any:
+        with self.lock:
+            return next((b for o, b in reversed(self.bodies) if o == op), None)
 
     def clear_faults(self) -> None:
         with self.lock:
@@ -262,6 +300,8 @@ class FakeCloud:
             return Response(504, "gateway timeout")
         if kind == "reset":
             return None
+        if kind == CANNED and fault.response is not None:
+            return Response(fault.response.status, fault.response.body, dict(fault.response.headers))
         raise AssertionError(kind)
 
     # -- dispatch --------------------------------------------------------------------------------------
@@ -278,6 +318,7 @@ class FakeCloud:
         op = self.op_of(req)
         with self.lock:
             self.requests.append((req.method, req.path, op))
+            self.bodies.append((op, req.body))
         if not self.authorized(req):
             return self.unauthorized(req)
         fault = self._next_fault(op)

@@ -1,0 +1,98 @@
+"""Pytest fixtures and helpers for the fake clouds; import them into any area's conftest.py::
+
+    from fakes.clouds.fixtures import fake_clouds, fake_vast, client_for, use_fake_env  # noqa: F401
+
+``client_for(fake)`` builds the real tunebot client pointed at a fake, with tiny timeouts and
+backoffs and a no-op sleep (tests never sleep for real backoff). ``use_fake_env(monkeypatch, fake)``
+sets ``<CLOUD>_API_KEY`` / ``<CLOUD>_API_URL`` so code that reads settings talks to the fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bot.providers.http import RetryPolicy
+
+from .base import FakeCloud
+from .lambda_cloud import FakeLambda
+from .runpod import FakeRunPod
+from .tensordock import FakeTensorDock
+from .vast import FakeVast
+
+FAST_RETRY = RetryPolicy(attempts=5, base_s=0.001, max_s=0.005, max_retry_after_s=1.0)
+ENV_NAMES = {"vast": "VAST", "runpod": "RUNPOD", "lambda": "LAMBDA", "tensordock": "TENSORDOCK"}
+
+
+def _no_sleep(seconds: float) -> None:
+    return None
+
+
+def client_for(fake: FakeCloud, *, timeout_s: float = 2.0, api_key: str | None = None, **kwargs: Any) -> Any:
+    """The real provider client for this fake (fast retries, no real sleeping)."""
+    from bot.providers.registry import PROVIDER_CLASSES
+
+    options: dict[str, Any] = {
+        "timeout_s": timeout_s,
+        "retry": FAST_RETRY,
+        "sleep": _no_sleep,
+        "poll_interval_s": 0.0,
+        "terminate_timeout_s": 5.0,
+    }
+    options.update(kwargs)
+    return PROVIDER_CLASSES[fake.provider](api_key=api_key or fake.api_key, base_url=fake.url, **options)
+
+
+def use_fake_env(monkeypatch: pytest.MonkeyPatch, fake: FakeCloud) -> None:
+    prefix = ENV_NAMES[fake.provider]
+    monkeypatch.setenv(f"{prefix}_API_KEY", fake.api_key)
+    monkeypatch.setenv(f"{prefix}_API_URL", fake.url)
+    from bot.settings import get_settings
+
+    get_settings.cache_clear()
+
+
+def _serve(cls: type[FakeCloud]) -> Iterator[FakeCloud]:
+    fake = cls().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def fake_vast() -> Iterator[FakeCloud]:
+    yield from _serve(FakeVast)
+
+
+@pytest.fixture
+def fake_runpod() -> Iterator[FakeCloud]:
+    yield from _serve(FakeRunPod)
+
+
+@pytest.fixture
+def fake_lambda() -> Iterator[FakeCloud]:
+    yield from _serve(FakeLambda)
+
+
+@pytest.fixture
+def fake_tensordock() -> Iterator[FakeCloud]:
+    yield from _serve(FakeTensorDock)
+
+
+@pytest.fixture
+def fake_clouds() -> Iterator[dict[str, FakeCloud]]:
+    """All four fakes, started: {"vast": ..., "runpod": ..., "lambda": ..., "tensordock": ...}."""
+    fakes = {
+        "vast": FakeVast().start(),
+        "runpod": FakeRunPod().start(),
+        "lambda": FakeLambda().start(),
+        "tensordock": FakeTensorDock().start(),
+    }
+    try:
+        yield fakes
+    finally:
+        for fake in fakes.values():
+            fake.stop()
