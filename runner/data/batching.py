@@ -105,10 +105,12 @@ def make_batches(examples: Sequence[Example], *, seq_len: int, micro_batch_size:
     """Plan and return the micro-batches of one epoch (see the module docstring for their contents).
 
     ``pad_id`` only fills padding (masked and ignored by the loss); ``mask_dtype`` should be the model's
-    compute dtype when packing with eager/sdpa attention.
+    compute dtype when packing with eager/sdpa attention, or ``torch.bool`` with sdpa (smallest).
     """
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn must be one of {ATTN_IMPLEMENTATIONS}, not {attn!r}")
+    if mask_dtype == torch.bool and attn == "eager":
+        raise ValueError("eager attention adds the mask to the scores: use a float mask_dtype, not bool")
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError("seq_len and micro_batch_size must be positive")
     lengths = [min(len(e), seq_len) for e in examples]

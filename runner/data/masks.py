@@ -4,7 +4,8 @@ transformers (5.x) passes a 4D mask of shape [batch, 1, query, key] straight to 
 (masking_utils._preprocess_mask_arguments returns it as is). Eager attention adds it to the scores and
 SDPA accepts it as ``attn_mask``, so the mask is additive floats: 0 where attention is allowed and the
 dtype's most negative value where it is not. It must be in the model's compute dtype for SDPA; use
-``cast_mask`` when the model is not float32.
+``cast_mask`` when the model is not float32. With SDPA a boolean mask (True = may attend) also works and
+is smaller: pass ``mask_dtype=torch.bool`` (never with eager, which adds the mask to the scores).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def block_causal_mask(segments: torch.Tensor, *, dtype: torch.dtype = torch.floa
     same = segments[:, :, None] == segments[:, None, :]
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = (same & causal)[:, None, :, :]
+    if dtype == torch.bool:  # SDPA only (True = may attend): a quarter of the float32 mask's memory
+        return allowed
     mask = torch.zeros(allowed.shape, dtype=dtype)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 

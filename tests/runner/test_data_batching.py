@@ -100,8 +100,11 @@ def _logits_alone(model, ex: Example) -> torch.Tensor:
         return model(input_ids=ids).logits[0]
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa", "flash"])
-def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn):
+@pytest.mark.parametrize(
+    ("attn", "mask_dtype"),
+    [("eager", torch.float32), ("sdpa", torch.float32), ("sdpa", torch.bool), ("flash", torch.float32)],
+)
+def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn, mask_dtype):
     """Logits and per-token loss of each packed example equal those of the example run alone."""
     # "flash" batches carry only position_ids; on CPU, transformers' sdpa path detects packed sequences from
     # restarting position_ids the same way flash-attention's varlen path does.
@@ -110,7 +113,14 @@ def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn):
     b = example(7, start=120, prompt=2)
     c = example(9, start=200, prompt=1)
     (batch,) = make_batches(
-        [a, b, c], seq_len=32, micro_batch_size=1, packing=True, attn=attn, seed=3, epoch=0
+        [a, b, c],
+        seq_len=32,
+        micro_batch_size=1,
+        packing=True,
+        attn=attn,
+        seed=3,
+        epoch=0,
+        mask_dtype=mask_dtype,
     )
     assert batch["input_ids"].shape[0] == 1  # all three share one row
     with torch.no_grad():
@@ -163,3 +173,30 @@ def test_cast_mask_keeps_blocked_positions_blocked():
     assert half.dtype == torch.bfloat16
     assert torch.equal(half < 0, mask < 0)
     assert torch.isfinite(half).all()
+
+
+def test_bool_masks_are_for_sdpa_only():
+    with pytest.raises(ValueError, match="eager attention adds the mask"):
+        make_batches(
+            [example(5)],
+            seq_len=8,
+            micro_batch_size=1,
+            packing=True,
+            attn="eager",
+            seed=0,
+            epoch=0,
+            mask_dtype=torch.bool,
+        )
+
+
+def test_strided_slices_split_an_epoch_between_ranks():
+    batches = make_batches(
+        skewed(40), seq_len=48, micro_batch_size=2, packing=True, attn="sdpa", seed=1, epoch=0
+    )
+    ranks = [batches[rank::2] for rank in range(2)]
+    assert sorted(len(r) for r in ranks) in (
+        [len(batches) // 2] * 2,
+        [len(batches) // 2, len(batches) // 2 + 1],
+    )
+    assert as_lists(ranks[1]) == as_lists(batches)[1::2]
+    assert tokens_in(ranks[0]) + tokens_in(ranks[1]) == tokens_in(batches)
