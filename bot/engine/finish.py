@@ -97,17 +97,26 @@ def finish(
         job = s.get(Job, job_id)
         if job is None or job.state in S.FINAL:
             return False
+        # Record the decision (and the output) before touching the instance, so that an engine
+        # restarted after a crash in this sequence finishes the same way instead of "recovering".
+        fields: dict[str, object] = {}
         if job.output_uri is None and final in (S.SUCCEEDED, S.STOPPED):
             from bot.engine.launch import storage_root
 
-            s.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(
-                    output_uri=(job.spec_overrides or {}).get("output_uri")
-                    or f"{storage_root(eng, job_id)}/output"
-                )
+            fields["output_uri"] = (job.spec_overrides or {}).get("output_uri") or (
+                f"{storage_root(eng, job_id)}/output"
             )
+        outcome = {S.SUCCEEDED: "finished", S.FAILED: "failed"}.get(final)
+        if final == S.STOPPED and reason == "plateau":
+            outcome = "plateau"
+        if outcome and job.outcome is None:
+            fields["outcome"] = outcome
+        if final == S.STOPPED and outcome is None and job.stop_requested_at is None:
+            fields.update(stop_requested_at=eng.now(), stop_reason=reason)
+        if message and not job.message:
+            fields["message"] = message
+        if fields:
+            s.execute(update(Job).where(Job.id == job_id).values(**fields))
             s.commit()
     crashpoint("finish.before_terminate")
     all_gone = True

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# 75: the runner saved and exited on SIGTERM; 143/137: killed by SIGTERM/SIGKILL from outside (a reclaim
+# that came before the runner's handler was installed, or after its grace) - both worth a relaunch.
+PREEMPTED_EXIT_CODES = frozenset({EXIT_PREEMPTED, 128 + 15, 128 + 9})
 TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value}
 
 
@@ -184,7 +187,7 @@ def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
     if st == InstanceStatus.preempted:
         return "preempted", inst.exit_code
     if st == InstanceStatus.exited:
-        if inst.exit_code == EXIT_PREEMPTED:
+        if inst.exit_code in PREEMPTED_EXIT_CODES:
             return "preempted", inst.exit_code
         return "exited", inst.exit_code
     if st == InstanceStatus.stopped:

@@ -633,7 +633,9 @@ class Engine:
                 finish_mod.finish(self, job_id, final, reason=reason)
                 return
         now = self.now()
-        if verdict == "exited" and code == 0:
+        if verdict in ("exited", "preempted", "gone") and job.stop_requested_at is not None:
+            finish_mod.finish(self, job_id, S.STOPPED, reason=job.stop_reason)  # the stop we asked for
+        elif verdict == "exited" and code == 0:
             finish_mod.finish(self, job_id, S.SUCCEEDED, reason="finished")
         elif verdict == "exited":
             finish_mod.finish(

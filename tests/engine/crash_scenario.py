@@ -1,0 +1,44 @@
+"""Run by test_crash.py in a subprocess: drive one job until TUNEBOT_CRASH_AT kills this process.
+
+Usage: crash_scenario.py MODE DB_URL WORKDIR DATA_DIR COMMAND_JSON   (MODE: launch | recover | finish)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (for engine.fakes)
+
+from bot.engine.service import Engine  # noqa: E402
+from bot.planner.request import EstimateRequest  # noqa: E402
+from bot.providers.local import LocalProvider  # noqa: E402
+from bot.settings import Settings  # noqa: E402
+from engine.fakes import make_estimate  # noqa: E402
+
+
+def main() -> int:
+    mode, db_url, workdir, data_dir, command = sys.argv[1:6]
+    settings = Settings(TUNEBOT_DATA_DIR=data_dir)
+    local = LocalProvider(workdir=workdir, runner_command=json.loads(command))
+    eng = Engine(settings, db_url=db_url, providers={"local": local})
+    eng.terminate_deadline_s = 10.0
+    req = EstimateRequest(model="tiny", dataset="/data/train.jsonl")
+    job = eng.create_job(
+        req, user="alice", estimate=make_estimate([local.offer()]), idempotency_key="crash-job"
+    )
+    print(job.job_id, flush=True)
+    if mode == "recover":
+        time.sleep(1.0)  # let the runner stand-in install its SIGTERM handler
+        local.preempt(local.list_instances()[0].instance_id, 5.0)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        eng.tick()
+        time.sleep(0.1)
+    return 3  # the crash point was never reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

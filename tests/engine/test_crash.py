@@ -1,0 +1,133 @@
+"""SIGKILL at every crash point of the launch, recovery and finish sequences, then restart.
+
+For each point a subprocess engine is killed there; a new engine on the same database and the same
+local-provider work dir restarts (resume_all + reconcile + ticks). Afterwards: no instance is
+orphaned (alive at the provider without an open row of an active job), none was ever created twice
+for one launch, and the job ends in the right state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.engine.crash import CRASH_POINTS
+from bot.providers.base import job_label
+from bot.providers.local import LocalProvider
+from bot.settings import Settings
+
+HERE = Path(__file__).parent
+# Acts like the runner under SIGTERM: exits 75 (preempted) at once.
+SLEEPER = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\ntime.sleep(120)",
+]
+QUICK = [sys.executable, "-c", "import time; time.sleep(1.0)"]  # finishes with exit code 0
+
+MODES = {
+    "launch.after_claim": "launch",
+    "launch.after_provider_create": "launch",
+    "launch.after_commit": "launch",
+    "recover.after_mark": "recover",
+    "recover.after_terminate": "recover",
+    "finish.before_terminate": "finish",
+    "finish.after_terminate": "finish",
+    "finish.after_commit": "finish",
+}
+
+
+def test_every_crash_point_is_covered():
+    assert set(MODES) == set(CRASH_POINTS)
+
+
+def _records(workdir: Path) -> list[dict]:
+    try:
+        return list(json.loads((workdir / "instances.json").read_text()).values())
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_and_restart(point: str, tmp_path: Path) -> None:
+    from bot.engine.service import Engine
+
+    mode = MODES[point]
+    command = QUICK if mode == "finish" else SLEEPER
+    db_url = f"sqlite:///{tmp_path / 'crash.db'}"
+    workdir = tmp_path / "local"
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "TUNEBOT_CRASH_AT": point}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "crash_scenario.py"),
+            mode,
+            db_url,
+            str(workdir),
+            str(data_dir),
+            json.dumps(command),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == -signal.SIGKILL, (
+        f"not killed at {point}: rc={proc.returncode}\n{proc.stderr[-3000:]}"
+    )
+    local = LocalProvider(workdir=workdir, runner_command=command)
+    eng = Engine(Settings(TUNEBOT_DATA_DIR=str(data_dir)), db_url=db_url, providers={"local": local})
+    eng.terminate_deadline_s = 10.0
+    try:
+        (job,) = eng.list_jobs()  # the crash may come before the scenario could print the id
+        job_id = job.job_id
+        label = job_label(job_id)
+        eng.resume_all()
+        want = {"launch": "running", "recover": "running", "finish": "succeeded"}[mode]
+        deadline = time.time() + 30
+        while time.time() < deadline and eng.get_job(job_id).state != want:
+            eng.reconcile()
+            eng.tick()
+            time.sleep(0.1)
+        view = eng.get_job(job_id)
+        assert view.state == want, f"{point}: {view.state} ({view.message})"
+        live = [i for i in local.list_instances() if i.status.value != "terminated"]
+        ours = [i for i in live if i.label == label]
+        created = [r for r in _records(workdir) if r.get("label") == label]
+        if mode == "finish":
+            assert live == [], f"{point}: orphaned {live}"
+            assert len(created) == 1
+        else:
+            assert len(ours) == 1 and len(live) == 1, f"{point}: live instances {live}"
+            # Exactly one create per launch: one for "launch", the original plus one relaunch for "recover".
+            assert len(created) == (1 if mode == "launch" else 2), f"{point}: created {created}"
+            with eng.session() as s:
+                from sqlalchemy import select
+
+                from store.models import Instance
+
+                open_rows = s.execute(select(Instance).where(Instance.ended_at.is_(None))).scalars().all()
+            assert [r.provider_instance_id for r in open_rows] == [ours[0].instance_id]
+            assert view.preemptions == (1 if mode == "recover" else 0)
+            # A user stop then leaves nothing running.
+            eng.stop(job_id, user="alice")
+            for _ in range(50):
+                if eng.get_job(job_id).state == "stopped":
+                    break
+                eng.tick()
+                time.sleep(0.1)
+            assert eng.get_job(job_id).state == "stopped"
+            assert local.list_instances() == []
+    finally:
+        for inst in local.list_instances():
+            local.terminate(inst.instance_id)
+        eng.close()
