@@ -173,7 +173,7 @@ class FakeCloud:
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
+            kwargs={"poll_interval": 0.01},
             name=f"fake-{self.provider}",
             daemon=True,
         )
