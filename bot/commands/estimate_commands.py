@@ -1,9 +1,293 @@
-"""Commands registered on the `tunebot` app (filled in by the owning concern)."""
+"""`tunebot estimate` (what a fine-tune needs and costs) and `tunebot gpus` (the price catalog).
+
+Heavy imports (the planner, rich, the providers) happen inside the commands so that importing the
+CLI stays light. Bad input prints one clear line and exits with code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from bot.planner.offer import Offer
+    from bot.planner.result import Estimate
+
+
+class Method(StrEnum):
+    full = "full"
+    lora = "lora"
+    qlora = "qlora"
+
+
+class Attn(StrEnum):
+    eager = "eager"
+    sdpa = "sdpa"
+    flash = "flash"
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _validation_message(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors():
+            field = ".".join(str(p) for p in err.get("loc", ())) or "input"
+            parts.append(f"--{field.replace('_', '-')}: {err.get('msg', 'invalid')}")
+        return "; ".join(parts)
+    return str(exc)
+
+
+def estimate_command(
+    model: str = typer.Argument(..., help="Hub id, short name (llama-3.1-8b), config.json or model folder."),
+    method: Method = typer.Option(Method.lora, "--method", help="full, lora or qlora."),
+    lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank."),
+    lora_targets: str = typer.Option("all-linear", "--lora-targets", help="all-linear or a list: q,v,o,..."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Micro-batch per GPU."),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length (packed rows)."),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="Gradient accumulation steps."),
+    gradient_checkpointing: bool = typer.Option(
+        True, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing."
+    ),
+    attn: Attn = typer.Option(Attn.sdpa, "--attn", help="Attention kernel: eager, sdpa or flash."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, adamw_8bit or paged_adamw_8bit."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs per offer (FSDP shards across them)."),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="Only this GPU (rtx-4090, a100-80gb, h100-80gb, ...)."
+    ),
+    dataset: Path | None = typer.Option(None, "--dataset", help="jsonl dataset to count tokens from."),
+    tokens: int | None = typer.Option(None, "--tokens", help="Tokens per epoch (instead of --dataset)."),
+    epochs: float = typer.Option(1.0, "--epochs", help="Epochs."),
+    interruptible: bool | None = typer.Option(
+        None,
+        "--interruptible/--on-demand",
+        help="Only interruptible or only on-demand offers (default: both).",
+    ),
+    max_cost: float | None = typer.Option(None, "--max-cost", help="Reject offers above this total (USD)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stable JSON contract."),
+) -> None:
+    """Estimate memory, time and total cost of a fine-tune, and rank GPU offers."""
+    if dataset is not None and tokens is not None:
+        _fail("give either --dataset or --tokens, not both")
+    if dataset is not None and not dataset.is_file():
+        _fail(f"dataset file {dataset} does not exist")
+    from pydantic import ValidationError
+
+    from bot.planner import EstimateRequest, PlanningError, estimate
+
+    targets: list[str] | str = lora_targets.strip()
+    if targets != "all-linear":
+        targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
+        if not targets:
+            _fail("--lora-targets: give all-linear or a comma-separated list such as q,v")
+    try:
+        request = EstimateRequest(
+            model=model,
+            method=method.value,
+            lora_r=lora_r,
+            lora_targets=targets,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            grad_accum=grad_accum,
+            gradient_checkpointing=gradient_checkpointing,
+            attn=attn.value,
+            optimizer=optimizer.strip().lower(),
+            gpus=gpus,
+            gpu=gpu,
+            dataset=str(dataset) if dataset else None,
+            tokens=tokens,
+            epochs=epochs,
+            interruptible=interruptible,
+            max_cost=max_cost,
+        )
+    except ValidationError as exc:
+        _fail(_validation_message(exc))
+    try:
+        result = estimate(request)
+    except PlanningError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    _print_estimate(result)
+
+
+def _print_estimate(est: Estimate) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    m = est.model
+    console.print(
+        f"[bold]{m.name}[/bold] ({m.architecture}): {m.parameters:,} parameters"
+        + (f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else "")
+        + f"; {est.method}: {m.trainable_parameters:,} trainable"
+    )
+    mem = Table(title=f"Peak memory per GPU: {est.memory.per_gpu_gb:.1f} GB", title_justify="left")
+    mem.add_column("component")
+    mem.add_column("GB", justify="right")
+    for key, value in est.memory.breakdown_gb.items():
+        if value:
+            mem.add_row(key, f"{value:.2f}")
+    mem.add_row("[bold]total[/bold]", f"[bold]{est.memory.per_gpu_gb:.2f}[/bold]")
+    console.print(mem)
+    s, t = est.speed, est.time
+    console.print(
+        f"Speed on {s.gpu} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s, "
+        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
+        f"x {t.epochs:g} epochs = {t.hours:.2f} h"
+    )
+    _print_offers(console, est)
+    if est.suggestions:
+        console.print("[bold]Nothing fits. What would:[/bold]")
+        for line in est.suggestions:
+            console.print(f"  - {line}")
+    console.print("[dim]Assumptions:[/dim]")
+    for line in est.assumptions:
+        console.print(f"[dim]  - {line}[/dim]")
+    if est.prices_as_of:
+        console.print(f"[dim]  - prices: {est.prices_source} as of {est.prices_as_of:%Y-%m-%d}[/dim]")
+
+
+def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
+    from rich.table import Table
+
+    fits = [o for o in est.offers if o.fits]
+    if fits:
+        table = Table(title="Offers that fit, by expected total cost", title_justify="left")
+        for col in ("provider", "gpu", "class", "$/h", "hours", "total $", "ckpt min", "labels"):
+            table.add_column(
+                col, justify="right" if col in ("$/h", "hours", "total $", "ckpt min") else "left"
+            )
+        shown = fits[:limit] + [o for o in fits[limit:] if o.labels]
+        for o in shown:
+            table.add_row(
+                o.provider,
+                f"{o.gpu} x{o.gpu_count}",
+                "interruptible" if o.interruptible else "on-demand",
+                f"{o.price_per_hour:.2f}",
+                f"{o.hours:.2f}",
+                f"{o.total_cost:.2f}",
+                f"{o.checkpoint_minutes:.0f}" if o.checkpoint_minutes else "-",
+                ", ".join(o.labels),
+            )
+        console.print(table)
+    rejected = [o for o in est.offers if not o.fits]
+    if rejected:
+        table = Table(title="Rejected offers", title_justify="left")
+        table.add_column("provider")
+        table.add_column("gpu")
+        table.add_column("class")
+        table.add_column("why")
+        for o in rejected[:limit]:
+            table.add_row(
+                o.provider,
+                f"{o.gpu} x{o.gpu_count}",
+                "interruptible" if o.interruptible else "on-demand",
+                o.reason,
+            )
+        if len(rejected) > limit:
+            table.caption = f"... and {len(rejected) - limit} more (see --json)"
+        console.print(table)
+
+
+def gpus_command(
+    live: bool = typer.Option(False, "--live", help="Ask the providers' APIs (keys from the environment)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU."),
+    as_json: bool = typer.Option(False, "--json", help="Print the offers as JSON."),
+) -> None:
+    """The GPU price catalog: every provider's offers, on-demand and interruptible."""
+    from bot.planner.errors import PlanningError
+    from bot.planner.gpus import gpu as lookup_gpu
+
+    name = None
+    if gpu:
+        try:
+            name = lookup_gpu(gpu).name
+        except PlanningError as exc:
+            _fail(str(exc))
+    notes: list[str] = []
+    if live:
+        try:
+            from bot.providers.catalog import live_catalog
+        except ImportError:
+            _fail("live prices are not available in this installation (bot.providers.catalog missing)")
+        cat = live_catalog(gpu=name)
+        offers, notes, source, as_of = list(cat.offers), list(cat.notes), cat.source, cat.as_of
+    else:
+        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+
+        offers, source, as_of = snapshot_offers(), "snapshot", snapshot_as_of()
+    if name:
+        offers = [o for o in offers if o.gpu == name]
+    offers.sort(key=lambda o: (o.gpu, o.gpu_count, o.price_per_hour))
+    if as_json:
+        import json
+
+        typer.echo(json.dumps([o.model_dump(mode="json") for o in offers], indent=2))
+        return
+    _print_catalog(offers, notes, source, as_of)
+
+
+def _print_catalog(offers: list[Offer], notes: list[str], source: str, as_of: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bot.planner.gpus import GPUS
+
+    when = f" as of {as_of:%Y-%m-%d %H:%M}" if hasattr(as_of, "strftime") else ""
+    table = Table(title=f"GPU offers ({source}{when})", title_justify="left")
+    for col in (
+        "provider",
+        "gpu",
+        "n",
+        "memory GB",
+        "class",
+        "$/h",
+        "$/GPU-h",
+        "storage $/GB-mo",
+        "egress $/GB",
+        "reliability",
+        "preempt/h",
+    ):
+        table.add_column(col, justify="left" if col in ("provider", "gpu", "class") else "right")
+    for o in offers:
+        label = GPUS[o.gpu].label if o.gpu in GPUS else o.gpu
+        table.add_row(
+            o.provider,
+            label,
+            str(o.gpu_count),
+            f"{o.gpu_memory_gb:.0f}",
+            "interruptible" if o.interruptible else "on-demand",
+            f"{o.price_per_hour:.2f}",
+            f"{o.price_per_hour / o.gpu_count:.2f}",
+            f"{o.storage_per_gb_month:.2f}",
+            f"{o.egress_per_gb:.2f}",
+            f"{o.reliability:.3f}" if o.reliability is not None else "-",
+            f"{o.preemptions_per_hour:.2f}" if o.interruptible else "-",
+        )
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 130)
+    console.print(table)
+    for note in notes:
+        console.print(f"[dim]note: {note}[/dim]")
+    if not offers:
+        console.print("no offers")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `estimate` and `gpus` to the app."""
+    app.command("estimate")(estimate_command)
+    app.command("gpus")(gpus_command)

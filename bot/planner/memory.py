@@ -185,7 +185,12 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
             gathered *= NF4_BYTES / 2.0
         weights += gathered
 
-    persistent_grads = grads if req.grad_accum > 1 else 0.0
+    # With accumulation the gradients live through the next forward; without, backward starts by
+    # producing the lm_head's gradient while the logits are still alive.
+    first_grad = (
+        arch.vocab * arch.hidden * param_bytes / shard if full and not req.optimizer_in_backward else 0.0
+    )
+    persistent_grads = grads if req.grad_accum > 1 else min(grads, first_grad)
     phases = {
         "start of backward": {"gradients": persistent_grads, "activations": stored, "logits": logits},
         "end of backward": {"gradients": grads, "activations": per_layer, "logits": 0.0},

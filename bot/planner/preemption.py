@@ -2,38 +2,50 @@
 
 With preemptions arriving as a Poisson process of mean time between failures M, a checkpoint that
 costs C and a restart that costs R, checkpointing every tau hours of work gives the expected wall
-time for W hours of work (Daly's first-order-exact model):
+time for W hours of work (Daly's model, exact for exponential failures):
 
     E[T] = M * exp(R/M) * (exp((tau + C)/M) - 1) * W / tau
 
-and the tau minimizing it is close to Young/Daly's sqrt(2*C*M).
+and the tau minimizing it is close to Young/Daly's sqrt(2*C*M). The functions take an array module
+(`xp`: numpy for many offers, ScalarMath for one) so one formula serves both paths.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import numpy as np
+
+class ScalarMath:
+    """The few numpy functions the cost formulas use, for plain floats (no numpy import needed)."""
+
+    sqrt = staticmethod(math.sqrt)
+    exp = staticmethod(math.exp)
+    expm1 = staticmethod(math.expm1)
+    isfinite = staticmethod(math.isfinite)
+    minimum = staticmethod(min)
+    maximum = staticmethod(max)
+
+    @staticmethod
+    def where(cond: bool, a: float, b: float) -> float:
+        return a if cond else b
 
 
 def young_daly_interval_hours(checkpoint_hours: float, mtbf_hours: float) -> float:
     """The checkpoint interval that minimizes expected waste: sqrt(2 * C * MTBF)."""
-    if checkpoint_hours <= 0 or mtbf_hours <= 0:
+    if not (checkpoint_hours > 0 and mtbf_hours > 0):
         raise ValueError("checkpoint cost and MTBF must be positive")
     return math.sqrt(2.0 * checkpoint_hours * mtbf_hours)
 
 
-def expected_wall_hours(work_hours, interval_hours, checkpoint_hours, restart_hours, mtbf_hours):
-    """Expected wall time to finish `work_hours` (scalars or numpy arrays; inf MTBF = never preempted)."""
-    w = np.asarray(work_hours, dtype=float)
-    tau = np.minimum(np.asarray(interval_hours, dtype=float), np.maximum(w, 1e-9))
-    c = np.asarray(checkpoint_hours, dtype=float)
-    r = np.asarray(restart_hours, dtype=float)
-    m = np.asarray(mtbf_hours, dtype=float)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        finite = np.isfinite(m) & (m > 0)
-        m_safe = np.where(finite, m, 1.0)
-        preempted = m_safe * np.exp(r / m_safe) * np.expm1((tau + c) / m_safe) * w / tau
-        plain = w * (1.0 + c / tau)
-        out = np.where(finite, preempted, plain)
-    return out
+def expected_wall_hours(
+    work: Any, interval: Any, checkpoint: Any, restart: Any, mtbf: Any, xp: Any = ScalarMath
+):
+    """Expected wall hours to finish `work` hours of computation (mtbf = inf: never preempted)."""
+    tau = xp.maximum(xp.minimum(interval, work), 1e-9)
+    finite = xp.isfinite(mtbf)
+    m = xp.where(finite, mtbf, 1.0)
+    exponent = xp.minimum((tau + checkpoint) / m, 700.0)
+    preempted = m * xp.exp(xp.minimum(restart / m, 700.0)) * xp.expm1(exponent) * work / tau
+    plain = work * (1.0 + checkpoint / tau)
+    return xp.where(finite, preempted, plain)

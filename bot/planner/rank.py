@@ -5,21 +5,21 @@ memory; the compute hours at the speed of its GPU type and count; storage for th
 two checkpoints while the job runs; egress of the result; and for interruptible offers the expected
 preemption overhead with the Young/Daly checkpoint interval (checkpoint cost from the checkpoint size
 and DISK_GBS, restart from boot + model download at the host's downlink + checkpoint load).
-Numbers depend only on (GPU type, count), so they are computed once per pair and the per-offer work is
-vectorized with numpy: ranking 10,000 offers takes a few milliseconds. RankedOffer objects are built
-only for the offers returned.
+Memory and hours depend only on (GPU type, count), so they are computed once per pair. The per-offer
+formulas run once over numpy arrays for large lists (10,000 offers in a few milliseconds) and on
+plain floats for small ones (no numpy import on the CLI path). RankedOffer objects are built only for
+the offers returned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
-from bot.planner.preemption import expected_wall_hours
+from bot.planner.preemption import ScalarMath, expected_wall_hours
 from bot.planner.result import RankedOffer
 
 SAFETY_MARGIN = 0.05  # peak memory must fit with 5% to spare
@@ -27,20 +27,75 @@ DISK_GBS = 0.5  # checkpoint write/read speed, GB/s (network volumes and NVMe ov
 CHECKPOINT_FIXED_S = 20.0  # serialization and sync overhead per checkpoint
 BOOT_HOURS = 4.0 / 60  # instance boot + image pull
 DEFAULT_DOWN_MBPS = 500.0
+DEFAULT_RELIABILITY = 0.95
 HOURS_PER_MONTH = 730.0
-ON_DEMAND_MTBF_CAP_H = 2.0  # on-demand hosts also fail: checkpoint at least every 1-2 hours
+ON_DEMAND_MAX_INTERVAL_H = 2.0  # on-demand hosts fail too: checkpoint at least every 2 hours
 MIN_INTERVAL_H = 5.0 / 60
+VECTOR_MIN = 256  # from this many offers on, use numpy
 
 
 @dataclass(frozen=True)
 class JobShape:
-    """What the ranking needs to know about the job, per (GPU type, GPU count)."""
+    """What the ranking needs to know about the job."""
 
     memory_gb: Callable[[int], float]  # per-GPU peak for a GPU count
     hours: Callable[[str, int], float]  # compute hours on (gpu, count), no preemption
     checkpoint_gb: float
     download_gb: float
     output_gb: float
+
+    @property
+    def checkpoint_hours(self) -> float:
+        return (self.checkpoint_gb / DISK_GBS + CHECKPOINT_FIXED_S) / 3600.0
+
+    def restart_hours(self, down_mbps: Any) -> Any:
+        return (
+            BOOT_HOURS
+            + self.download_gb * 8000.0 / down_mbps / 3600.0
+            + self.checkpoint_gb / DISK_GBS / 3600.0
+        )
+
+
+def offer_costs(
+    xp: Any, job: JobShape, work, price, spot, rate, storage, egress, down, rel
+) -> dict[str, Any]:
+    """The cost formulas for one offer (floats, xp=ScalarMath) or many (numpy arrays, xp=numpy)."""
+    ckpt_h = job.checkpoint_hours
+    restart_h = job.restart_hours(down)
+    preemptible = spot * (rate > 0)
+    mtbf = xp.where(preemptible, 1.0 / xp.maximum(rate, 1e-12), float("inf"))
+    od_mtbf = 24.0 / xp.maximum(1.0 - rel, 1e-6)  # a host failure per (1 - reliability) days
+    interval = xp.sqrt(2.0 * ckpt_h * xp.where(preemptible, mtbf, od_mtbf))
+    interval = xp.maximum(
+        xp.where(preemptible, interval, xp.minimum(interval, ON_DEMAND_MAX_INTERVAL_H)), MIN_INTERVAL_H
+    )
+    wall = expected_wall_hours(work, interval, ckpt_h, restart_h, mtbf, xp) + restart_h
+    plain = work * (1.0 + ckpt_h / xp.maximum(xp.minimum(interval, work), 1e-9)) + restart_h
+    compute = plain * price
+    preempt = xp.maximum(wall - plain, 0.0) * price
+    storage_cost = (job.download_gb + 2.0 * job.checkpoint_gb) * storage * wall / HOURS_PER_MONTH
+    egress_cost = job.output_gb * egress
+    return {
+        "interval": interval,
+        "wall": wall,
+        "compute": compute,
+        "preempt": preempt,
+        "storage": storage_cost,
+        "egress": egress_cost,
+        "total": compute + preempt + storage_cost + egress_cost,
+    }
+
+
+def _columns(offers: Sequence[Offer]) -> dict[str, list]:
+    return {
+        "price": [o.price_per_hour for o in offers],
+        "spot": [o.interruptible for o in offers],
+        "rate": [o.preemptions_per_hour for o in offers],
+        "storage": [o.storage_per_gb_month for o in offers],
+        "egress": [o.egress_per_gb for o in offers],
+        "down": [o.inet_down_mbps or DEFAULT_DOWN_MBPS for o in offers],
+        "rel": [o.reliability if o.reliability is not None else DEFAULT_RELIABILITY for o in offers],
+    }
 
 
 def rank_offers(
@@ -54,127 +109,115 @@ def rank_offers(
     keep_fits: int = 50,
     keep_rejected: int = 50,
 ) -> tuple[list[RankedOffer], int, int]:
-    """(returned offers: fitting ones ranked by total cost, then rejected ones), n_fit, n_rejected."""
+    """(fitting offers ranked by expected total cost, then rejected ones with reasons), n_fit, n_rejected."""
     n = len(offers)
     if n == 0:
         return [], 0, 0
-    gpu_names = [o.gpu for o in offers]
-    counts = np.fromiter((o.gpu_count for o in offers), dtype=np.int64, count=n)
-    price = np.fromiter((o.price_per_hour for o in offers), dtype=float, count=n)
-    spot = np.fromiter((o.interruptible for o in offers), dtype=bool, count=n)
-    rate = np.fromiter((o.preemptions_per_hour for o in offers), dtype=float, count=n)
-    storage = np.fromiter((o.storage_per_gb_month for o in offers), dtype=float, count=n)
-    egress = np.fromiter((o.egress_per_gb for o in offers), dtype=float, count=n)
-    down = np.fromiter((o.inet_down_mbps or DEFAULT_DOWN_MBPS for o in offers), dtype=float, count=n)
-    rel = np.fromiter(
-        (o.reliability if o.reliability is not None else 0.95 for o in offers), dtype=float, count=n
-    )
-
-    # Per (gpu, count) figures, computed once per pair.
-    pair_index: dict[tuple[str, int], int] = {}
-    pair_of = np.empty(n, dtype=np.int64)
-    for i, (g, c) in enumerate(zip(gpu_names, counts.tolist(), strict=True)):
-        pair_of[i] = pair_index.setdefault((g, c), len(pair_index))
-    cap = np.empty(len(pair_index))
-    need = np.empty(len(pair_index))
-    work = np.empty(len(pair_index))
+    # Per (gpu, count): memory need, card memory, compute hours.
+    pairs: dict[tuple[str, int], tuple[float, float, float | None]] = {}
     mem_cache: dict[int, float] = {}
-    for (g, c), j in pair_index.items():
-        if c not in mem_cache:
-            mem_cache[c] = job.memory_gb(c)
-        need[j] = mem_cache[c]
-        known = GPUS.get(g)
-        cap[j] = known.memory_gb if known else next(o.gpu_memory_gb for o in offers if o.gpu == g)
-        work[j] = job.hours(g, c) if known else np.nan
-    cap_o, need_o, work_o = cap[pair_of], need[pair_of], work[pair_of]
-
-    # Checkpointing and preemption.
-    ckpt_h = (job.checkpoint_gb / DISK_GBS + CHECKPOINT_FIXED_S) / 3600.0
-    restart_h = BOOT_HOURS + job.download_gb * 8000.0 / down / 3600.0 + job.checkpoint_gb / DISK_GBS / 3600.0
-    with np.errstate(divide="ignore"):
-        od_mtbf = np.where(rel < 1.0, 24.0 / np.maximum(1.0 - rel, 1e-6), np.inf)
-        mtbf = np.where(spot & (rate > 0), 1.0 / np.where(rate > 0, rate, 1.0), np.inf)
-    interval_mtbf = np.where(np.isfinite(mtbf), mtbf, np.minimum(od_mtbf, ON_DEMAND_MTBF_CAP_H * 10))
-    interval = np.sqrt(2.0 * ckpt_h * interval_mtbf)
-    interval = np.where(np.isfinite(mtbf), interval, np.minimum(interval, ON_DEMAND_MTBF_CAP_H))
-    interval = np.maximum(interval, MIN_INTERVAL_H)
-    safe_work = np.nan_to_num(work_o, nan=0.0)
-    wall = expected_wall_hours(safe_work, interval, ckpt_h, restart_h, mtbf) + restart_h
-    plain_wall = safe_work * (1.0 + ckpt_h / interval) + restart_h
-    compute_cost = plain_wall * price
-    preempt_cost = np.maximum(wall - plain_wall, 0.0) * price
-    disk_gb = job.download_gb + 2.0 * job.checkpoint_gb
-    storage_cost = disk_gb * storage * wall / HOURS_PER_MONTH
-    egress_cost = job.output_gb * egress
-    total = compute_cost + preempt_cost + storage_cost + egress_cost
-
-    fits = (need_o * (1.0 + SAFETY_MARGIN) <= cap_o) & np.isfinite(work_o)
-    eligible = np.ones(n, dtype=bool)
-    reasons: dict[int, str] = {}
-    wrong_count = counts != gpus
-    wrong_gpu = np.array([g != gpu for g in gpu_names]) if gpu else np.zeros(n, dtype=bool)
-    wrong_class = (spot != interruptible) if interruptible is not None else np.zeros(n, dtype=bool)
-    over_budget = total > max_cost if max_cost is not None else np.zeros(n, dtype=bool)
-    ok = fits & ~wrong_count & ~wrong_gpu & ~wrong_class & ~over_budget
-    eligible = ok
-
-    fit_idx = np.flatnonzero(eligible)
-    fit_idx = fit_idx[np.argsort(total[fit_idx], kind="stable")]
-    labels: dict[int, list[str]] = {}
-    if fit_idx.size:
-        labels.setdefault(int(fit_idx[0]), []).append("cheapest")
-        fastest = fit_idx[np.lexsort((total[fit_idx], wall[fit_idx]))[0]]
-        labels.setdefault(int(fastest), []).append("fastest")
-        # Safest: on-demand first, then the most reliable host, then the cheapest.
-        safest = fit_idx[np.lexsort((total[fit_idx], -rel[fit_idx], spot[fit_idx]))[0]]
-        labels.setdefault(int(safest), []).append("safest")
-    keep = list(fit_idx[:keep_fits]) + [i for i in labels if i not in set(fit_idx[:keep_fits].tolist())]
-
-    rej_idx = np.flatnonzero(~eligible)
-    rej_idx = rej_idx[
-        np.argsort(
-            need_o[rej_idx] / cap_o[rej_idx] + wrong_count[rej_idx] + wrong_gpu[rej_idx], kind="stable"
-        )
-    ]
-    seen: set[tuple] = set()
-    rejected: list[int] = []
-    for i in rej_idx.tolist():
-        o = offers[i]
-        key = (o.provider, o.gpu, o.gpu_count, o.interruptible)
-        if key in seen:
+    for o in offers:
+        key = (o.gpu, o.gpu_count)
+        if key in pairs:
             continue
-        seen.add(key)
-        if not np.isfinite(work_o[i]):
-            reasons[i] = f"unknown GPU type {o.gpu!r}: no speed figures"
-        elif wrong_gpu[i]:
-            reasons[i] = f"not the requested GPU ({gpu})"
-        elif wrong_count[i]:
-            reasons[i] = f"{o.gpu_count} GPUs; the request is for {gpus} (use --gpus {o.gpu_count})"
-        elif not fits[i]:
-            reasons[i] = (
-                f"needs {need_o[i]:.1f} GB per GPU (+{SAFETY_MARGIN:.0%} margin); "
-                f"{o.gpu} has {cap_o[i]:.1f} GB"
-            )
-        elif wrong_class[i]:
-            reasons[i] = "interruptible" if spot[i] else "on-demand"
-            reasons[i] += " (excluded by --interruptible/--on-demand)"
+        if o.gpu_count not in mem_cache:
+            mem_cache[o.gpu_count] = job.memory_gb(o.gpu_count)
+        known = GPUS.get(o.gpu)
+        cap = known.memory_gb if known else o.gpu_memory_gb
+        pairs[key] = (mem_cache[o.gpu_count], cap, job.hours(o.gpu, o.gpu_count) if known else None)
+    per = [pairs[(o.gpu, o.gpu_count)] for o in offers]
+    work = [p[2] if p[2] is not None else 0.0 for p in per]
+    cols = _columns(offers)
+    if n >= VECTOR_MIN:
+        import numpy as np
+
+        arr = {k: np.asarray(v, dtype=bool if k == "spot" else float) for k, v in cols.items()}
+        res = offer_costs(np, job, np.asarray(work), **arr)
+        res = {k: np.broadcast_to(v, (n,)).tolist() for k, v in res.items()}
+    else:
+        rows = [offer_costs(ScalarMath, job, work[i], **{k: v[i] for k, v in cols.items()}) for i in range(n)]
+        res = {k: [r[k] for r in rows] for k in rows[0]}
+    total, wall = res["total"], res["wall"]
+
+    # Eligibility, with the first reason that applies.
+    category: list[int] = []  # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown gpu
+    for i, o in enumerate(offers):
+        need, cap, hours = per[i]
+        if hours is None:
+            category.append(6)
+        elif gpu and o.gpu != gpu:
+            category.append(5)
+        elif o.gpu_count != gpus:
+            category.append(4)
+        elif need * (1.0 + SAFETY_MARGIN) > cap:
+            category.append(1)
+        elif interruptible is not None and o.interruptible != interruptible:
+            category.append(3)
+        elif max_cost is not None and total[i] > max_cost:
+            category.append(2)
         else:
-            reasons[i] = f"expected ${total[i]:.2f} is above the cost limit ${max_cost:.2f}"
-        rejected.append(i)
+            category.append(0)
+    fit_idx = sorted((i for i in range(n) if category[i] == 0), key=total.__getitem__)
+    labels: dict[int, list[str]] = {}
+    if fit_idx:
+        labels.setdefault(fit_idx[0], []).append("cheapest")
+        labels.setdefault(min(fit_idx, key=lambda i: (wall[i], total[i])), []).append("fastest")
+        # Safest: on-demand first, then the most reliable host, then the cheapest.
+        safest = min(fit_idx, key=lambda i: (cols["spot"][i], -cols["rel"][i], total[i]))
+        labels.setdefault(safest, []).append("safest")
+    keep = fit_idx[:keep_fits]
+    keep += [i for i in labels if i not in set(keep)]
+
+    rejected: list[int] = []
+    seen: set[tuple] = set()
+    buckets: dict[int, list[int]] = {}
+    for i, cat in enumerate(category):
+        if cat:
+            buckets.setdefault(cat, []).append(i)
+    if 1 in buckets:  # memory rejections: the nearest misses first
+        buckets[1].sort(key=lambda i: per[i][0] / per[i][1])
+    for cat in sorted(buckets):
+        for i in buckets[cat]:
+            o = offers[i]
+            key = (o.provider, o.gpu, o.gpu_count, o.interruptible)
+            if key not in seen:
+                seen.add(key)
+                rejected.append(i)
+                if len(rejected) >= keep_rejected:
+                    break
         if len(rejected) >= keep_rejected:
             break
+
+    def reason(i: int) -> str:
+        o, (need, cap, _) = offers[i], per[i]
+        cat = category[i]
+        if cat == 0:
+            lab = labels.get(i, [])
+            text = ("recommended: " + ", ".join(lab)) if lab else "fits"
+            text += f" ({need:.1f} of {cap:.1f} GB per GPU)"
+            if o.interruptible:
+                minutes = res["interval"][i] * 60
+                text += (
+                    f"; checkpoint every {minutes:.0f} min against {o.preemptions_per_hour:.2f} preemptions/h"
+                )
+            return text
+        if cat == 1:
+            return f"needs {need:.1f} GB per GPU (+{SAFETY_MARGIN:.0%} margin); {o.gpu} has {cap:.1f} GB"
+        if cat == 2:
+            return f"expected ${total[i]:.2f} is above the cost limit ${max_cost:.2f}"
+        if cat == 3:
+            return (
+                "interruptible" if o.interruptible else "on-demand"
+            ) + " (excluded by --interruptible/--on-demand)"
+        if cat == 4:
+            return f"{o.gpu_count} GPUs; the request is for {gpus} (use --gpus {o.gpu_count})"
+        if cat == 5:
+            return f"not the requested GPU ({gpu})"
+        return f"unknown GPU type {o.gpu!r}: no speed figures"
 
     out: list[RankedOffer] = []
     for i in keep + rejected:
         o = offers[i]
-        is_fit = bool(eligible[i])
-        if is_fit:
-            lab = labels.get(i, [])
-            reason = ("recommended: " + ", ".join(lab)) if lab else "fits"
-            if spot[i]:
-                reason += f"; checkpoint every {interval[i] * 60:.0f} min against {rate[i]:.2f} preemptions/h"
-        else:
-            reason = reasons[i]
         out.append(
             RankedOffer(
                 provider=o.provider,
@@ -184,18 +227,18 @@ def rank_offers(
                 gpu_memory_gb=o.gpu_memory_gb,
                 interruptible=o.interruptible,
                 price_per_hour=o.price_per_hour,
-                hours=round(float(wall[i]), 4),
-                total_cost=round(float(total[i]), 4),
-                compute_cost=round(float(compute_cost[i]), 4),
-                storage_cost=round(float(storage_cost[i]), 4),
-                egress_cost=round(float(egress_cost[i]), 4),
-                preemption_cost=round(float(preempt_cost[i]), 4),
-                checkpoint_minutes=round(float(interval[i] * 60), 1),
-                fits=is_fit,
-                reason=reason,
-                labels=labels.get(i, []) if is_fit else [],
+                hours=round(wall[i], 4),
+                total_cost=round(total[i], 4),
+                compute_cost=round(res["compute"][i], 4),
+                storage_cost=round(res["storage"][i], 4),
+                egress_cost=round(res["egress"][i], 4),
+                preemption_cost=round(res["preempt"][i], 4),
+                checkpoint_minutes=round(res["interval"][i] * 60, 1),
+                fits=category[i] == 0,
+                reason=reason(i),
+                labels=labels.get(i, []) if category[i] == 0 else [],
                 reliability=o.reliability,
                 source=o.source,
             )
         )
-    return out, int(fit_idx.size), int(n - fit_idx.size)
+    return out, len(fit_idx), n - len(fit_idx)

@@ -59,7 +59,7 @@ def flops_per_token(arch: Architecture, req: EstimateRequest) -> float:
         passes += 2.0
     attn_fwd = (2.0 if req.attn != "eager" else 4.0) * req.seq_len * arch.q_dim * arch.layers
     attn = attn_fwd * (4.0 if req.gradient_checkpointing else 3.0)
-    adapters = 0.0 if req.method == "full" else 6.0 * trainable_parameters(arch, req)
+    adapters = 0.0 if req.method == "full" else 6.0 * trainable_parameters(arch, req)  # A and B matmuls
     return passes * n + attn + adapters
 
 

@@ -1,0 +1,142 @@
+"""Every published measurement of docs/estimation.md is a test: memory within 15%, tokens/s within 30%.
+
+Rows the physics cannot reach with any single reading of the source are strict xfails with the
+reason, so a future change that makes them pass (or breaks the reasoning) is noticed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.planner.gpus import gpu
+from bot.planner.memory import CUDA_CONTEXT_GB, estimate_memory
+from bot.planner.models import resolve
+from bot.planner.request import EstimateRequest
+from bot.planner.speed import estimate_speed
+
+from .published import ROWS, UNSLOTH_MIN, Row
+
+XFAIL = {
+    "torchtune 2-7B qlora": "9.29 GB is 3 GB above every training-state term (NF4 weights 3.9 GB, batch 2 of "
+    "~768 tokens); the 2024 recipe's peak was set by something else (its checkpoint-save upcast)",
+}
+
+
+def _memory(row: Row) -> float:
+    req = EstimateRequest(**row.request)
+    arch, _ = resolve(req.model)
+    m = estimate_memory(arch, req)
+    if row.convention == "footprint":
+        return (m.breakdown["weights"] + m.breakdown["cuda_context"]) / 1e9
+    if row.convention == "torch":
+        return m.per_gpu_gb - m.breakdown["cuda_context"] / 1e9
+    return m.per_gpu_gb
+
+
+def _params(rows: list[Row], with_speed: bool = False) -> list:
+    out = []
+    for row in rows:
+        if with_speed and row.tokens_per_second is None:
+            continue
+        marks = (
+            [pytest.mark.xfail(strict=True, reason=XFAIL[row.id])]
+            if row.id in XFAIL and not with_speed
+            else []
+        )
+        out.append(pytest.param(row, id=row.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_peak_memory_within_15_percent(row: Row) -> None:
+    predicted = _memory(row)
+    assert predicted == pytest.approx(row.memory_gb, rel=0.15), (
+        f"{predicted:.2f} GB vs {row.memory_gb:.2f} GB"
+    )
+
+
+@pytest.mark.parametrize("row", _params(ROWS, with_speed=True))
+def test_tokens_per_second_within_30_percent(row: Row) -> None:
+    req = EstimateRequest(**row.request)
+    arch, _ = resolve(req.model)
+    tps = estimate_speed(arch, req, gpu(row.gpu)).tokens_per_second
+    assert tps == pytest.approx(row.tokens_per_second, rel=0.30), f"{tps:.0f} vs {row.tokens_per_second}"
+
+
+# Unsloth's "minimum VRAM" guidance, read as Unsloth's stack (fused kernels, chunked loss, offloaded
+# checkpoints, 8-bit AdamW) at its default max_seq_length 2048 and batch 1, as torch reports it.
+UNSLOTH_XFAIL = {
+    ("mistralai/Mistral-7B-v0.1", "lora"): "19 GB is 1.3x the 14.5 GB of bf16 weights while the same table's "
+    "QLoRA figures leave almost no room above the weights: no single setting matches both",
+    ("meta-llama/Llama-3.1-8B", "qlora"): "6 GB is barely above the 5.7 GB of NF4 + bf16 embedding weights",
+    ("meta-llama/Llama-3.1-8B", "lora"): "22 GB is 1.37x the bf16 weights, inconsistent with the QLoRA row",
+    ("Qwen/Qwen2.5-32B", "qlora"): "26 GB is 1.35x the 19.2 GB NF4 footprint while 32B 16-bit LoRA is 1.16x",
+}
+
+
+def _unsloth_params() -> list:
+    out = []
+    for model, (q, lora) in UNSLOTH_MIN.items():
+        for method, gb in (("qlora", q), ("lora", lora)):
+            reason = UNSLOTH_XFAIL.get((model, method))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            out.append(pytest.param(model, method, gb, id=f"unsloth {model} {method}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("model", "method", "gb"), _unsloth_params())
+def test_unsloth_minimum_vram(model: str, method: str, gb: float) -> None:
+    req = EstimateRequest(
+        model=model,
+        method=method,
+        stack="unsloth",
+        batch_size=1,
+        seq_len=2048,
+        compile=True,
+        chunked_ce=True,
+        qlora_upcast=False,
+        adapter_dtype="bf16",
+        activation_offload=True,
+        optimizer="adamw_8bit",
+    )
+    arch, _ = resolve(model)
+    m = estimate_memory(arch, req)
+    assert m.per_gpu_gb - CUDA_CONTEXT_GB == pytest.approx(gb, rel=0.15)
+
+
+def _max_context(capacity_gb: float) -> int:
+    arch, _ = resolve("meta-llama/Llama-3.1-8B")
+    lo, hi = 256, 262_144
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        req = EstimateRequest(model="x", method="qlora", lora_r=32, batch_size=1, seq_len=mid, attn="flash")
+        if estimate_memory(arch, req).per_gpu_gb <= capacity_gb:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@pytest.mark.parametrize(("card", "published"), [("rtx-4090", 5_789), ("a100-80gb", 28_454)])
+def test_unsloth_max_context_with_plain_hugging_face(card: str, published: int) -> None:
+    """Llama-3.1-8B QLoRA r=32, batch 1, HF + FlashAttention-2: the longest sequence that fits."""
+    assert _max_context(gpu(card).memory_gb) == pytest.approx(published, rel=0.15)
+
+
+def test_cuda_context_matches_hf_measurement() -> None:
+    assert CUDA_CONTEXT_GB == pytest.approx(1.343, rel=0.15)
+
+
+def test_peft_docs_bloomz_full_fine_tune_does_not_fit_an_a100() -> None:
+    req = EstimateRequest(
+        model="bigscience/bloomz-7b1", method="full", precision="fp32", batch_size=1, seq_len=512
+    )
+    arch, _ = resolve(req.model)
+    assert estimate_memory(arch, req).per_gpu_gb > gpu("a100-80gb").memory_gb
+
+
+def test_llama3_8b_qlora_weights_split_as_documented() -> None:
+    """docs: Llama-3-8B QLoRA keeps about 2.1 GB in bf16 and 3.6 GB in NF4."""
+    arch, _ = resolve("meta-llama/Meta-Llama-3-8B")
+    assert (arch.parameters - arch.block_linear_params) * 2 / 1e9 == pytest.approx(2.1, rel=0.03)
+    assert arch.block_linear_params * 0.516 / 1e9 == pytest.approx(3.6, rel=0.03)

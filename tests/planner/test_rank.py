@@ -1,0 +1,139 @@
+"""Ranking offers: labels, rejection reasons, preemption cost, Young/Daly, suggestions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bot.planner import EstimateRequest, Offer, estimate, young_daly_interval_hours
+from bot.planner.preemption import expected_wall_hours
+from bot.planner.rank import VECTOR_MIN, JobShape, rank_offers
+
+
+def offer(
+    provider: str,
+    gpu: str,
+    price: float,
+    *,
+    n: int = 1,
+    spot: bool = False,
+    rate: float = 0.0,
+    reliability: float = 0.99,
+    memory: float = 80.0,
+) -> Offer:
+    return Offer(
+        provider=provider,
+        offer_id=f"{provider}-{gpu}-{n}-{spot}",
+        gpu=gpu,
+        gpu_count=n,
+        gpu_memory_gb=memory,
+        price_per_hour=price,
+        interruptible=spot,
+        reliability=reliability,
+        preemptions_per_hour=rate if spot else 0.0,
+        inet_down_mbps=1000,
+    )
+
+
+REQ = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", tokens=20_000_000)
+
+
+def test_labels_cheapest_fastest_safest() -> None:
+    offers = [
+        offer("vast", "rtx-4090", 0.20, spot=True, rate=0.1, reliability=0.95),
+        offer("runpod", "rtx-4090", 0.59, reliability=0.99),
+        offer("lambda", "h100-80gb", 2.99, reliability=0.999),
+        offer("tensordock", "a100-80gb", 1.20, reliability=0.97),
+    ]
+    est = estimate(REQ, offers=offers)
+    by = {o.provider: o for o in est.offers}
+    assert by["vast"].labels == ["cheapest"]
+    assert by["lambda"].labels == ["fastest", "safest"]
+    assert [o.total_cost for o in est.offers] == sorted(o.total_cost for o in est.offers)
+    assert all(o.fits and o.total_cost > 0 and o.hours > 0 for o in est.offers)
+    assert by["vast"].preemption_cost > 0 and by["runpod"].preemption_cost == 0
+    assert by["vast"].checkpoint_minutes and by["runpod"].checkpoint_minutes
+    on_demand = estimate(REQ.model_copy(update={"interruptible": False}), offers=offers)
+    vast = next(o for o in on_demand.offers if o.provider == "vast")
+    assert not vast.fits and "excluded by --interruptible/--on-demand" in vast.reason
+    assert next(o for o in on_demand.offers if o.fits).labels[0] == "cheapest"
+
+
+def test_every_rejected_offer_says_why() -> None:
+    offers = [
+        offer("vast", "rtx-3090", 0.2, memory=24),
+        offer("vast", "h100-80gb", 1.9, n=2),
+        offer("runpod", "a100-80gb", 1.4),
+        offer("vast", "a100-80gb", 0.6, spot=True, rate=0.1),
+        offer("weird", "tpu-v9", 0.1),
+    ]
+    req = REQ.model_copy(update={"method": "full", "precision": "mixed", "interruptible": False})
+    est = estimate(req, offers=offers)
+    reasons = {o.provider + ":" + o.gpu: o.reason for o in est.offers if not o.fits}
+    assert "needs" in reasons["vast:rtx-3090"] and "rtx-3090 has 25.8 GB" in reasons["vast:rtx-3090"]
+    assert "use --gpus 2" in reasons["vast:h100-80gb"]
+    assert "needs" in reasons["vast:a100-80gb"]  # memory is the first reason, before the capacity class
+    assert "unknown GPU" in reasons["weird:tpu-v9"]
+    assert "needs" in reasons["runpod:a100-80gb"]  # mixed precision: 18 B per parameter
+    assert est.suggestions  # nothing fits: say what would
+    assert any("--gpus" in s for s in est.suggestions) and any("qlora" in s for s in est.suggestions)
+
+
+def test_requested_gpu_and_cost_limit_filter_offers() -> None:
+    offers = [offer("vast", "rtx-4090", 0.3, memory=24), offer("runpod", "h100-80gb", 2.7)]
+    est = estimate(REQ.model_copy(update={"gpu": "h100-80gb"}), offers=offers)
+    assert [o.gpu for o in est.offers if o.fits] == ["h100-80gb"]
+    assert est.speed.gpu == "h100-80gb"
+    cheap = estimate(REQ.model_copy(update={"max_cost": 0.01}), offers=offers)
+    assert not any(o.fits for o in cheap.offers)
+    assert all("cost limit" in o.reason for o in cheap.offers)
+
+
+def test_nothing_fits_suggests_shorter_sequences_or_a_bigger_gpu() -> None:
+    req = EstimateRequest(
+        model="meta-llama/Llama-3.1-8B",
+        method="lora",
+        seq_len=32768,
+        batch_size=4,
+        gpu="rtx-4090",
+        tokens=1000,
+    )
+    est = estimate(req)
+    assert not any(o.fits for o in est.offers)
+    text = " ".join(est.suggestions)
+    assert "--seq-len" in text or "bigger GPU" in text
+
+
+def test_young_daly_interval() -> None:
+    assert young_daly_interval_hours(0.01, 8.0) == pytest.approx(math.sqrt(2 * 0.01 * 8.0))
+    with pytest.raises(ValueError):
+        young_daly_interval_hours(0.0, 8.0)
+
+
+def test_expected_wall_grows_with_preemption_rate_and_young_daly_is_near_optimal() -> None:
+    work, c, r = 10.0, 0.02, 0.1
+    walls = [expected_wall_hours(work, young_daly_interval_hours(c, m), c, r, m) for m in (50.0, 10.0, 2.0)]
+    assert walls == sorted(walls) and walls[0] > work
+    m = 5.0
+    yd = expected_wall_hours(work, young_daly_interval_hours(c, m), c, r, m)
+    best = min(expected_wall_hours(work, t / 100, c, r, m) for t in range(1, 500))
+    assert yd <= best * 1.01
+    assert expected_wall_hours(work, 1.0, c, r, float("inf")) == pytest.approx(work * (1 + c))
+
+
+def test_vector_and_scalar_paths_agree() -> None:
+    base = [offer("vast", "rtx-4090", 0.2 + i / 1000, spot=i % 2 == 0, rate=0.1, memory=24) for i in range(3)]
+    base += [offer("lambda", "a100-80gb", 1.5 + i / 1000) for i in range(3)]
+    job = JobShape(
+        memory_gb=lambda n: 20.0 / n,
+        hours=lambda g, n: 3.0 / n,
+        checkpoint_gb=1.0,
+        download_gb=16.0,
+        output_gb=0.2,
+    )
+    small, _, _ = rank_offers(base, job, gpus=1)
+    big_list = base * (VECTOR_MIN // len(base) + 1)
+    big, _, _ = rank_offers(big_list, job, gpus=1, keep_fits=len(big_list))
+    costs = {(o.offer_id, o.total_cost, o.hours, o.checkpoint_minutes) for o in small}
+    assert costs == {(o.offer_id, o.total_cost, o.hours, o.checkpoint_minutes) for o in big}
