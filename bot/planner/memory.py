@@ -196,9 +196,14 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
         "end of backward": {"gradients": grads, "activations": per_layer, "logits": 0.0},
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
     }
-    phase, parts = max(phases.items(), key=lambda kv: sum(kv[1].values()))
-    transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
     frag = FRAGMENTATION["packed" if req.packing else "variable"]
+
+    def reserved(parts: dict[str, float]) -> float:
+        transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
+        return parts["gradients"] + transient * frag
+
+    phase, parts = max(phases.items(), key=lambda kv: reserved(kv[1]))
+    transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
     breakdown = {
         "weights": weights,
         "adapters": adapters,

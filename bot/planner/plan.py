@@ -97,6 +97,8 @@ def estimate(
     """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input."""
     req = request
     _check(req)
+    if req.gpu:
+        req = req.model_copy(update={"gpu": lookup_gpu(req.gpu).name})  # aliases -> canonical names
     arch, source = resolve(req.model)
     if offers is None:
         from bot.planner.catalog import snapshot_as_of, snapshot_offers

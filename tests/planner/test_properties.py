@@ -96,7 +96,9 @@ def test_weights_qlora_below_lora_below_full(req: EstimateRequest) -> None:
         for m in ("qlora", "lora", "full")
     }
     assert w["qlora"] < w["lora"] <= w["full"]
-    assert mem(req, method="qlora") < mem(req, method="lora") < mem(req, method="full")
+    assert mem(req, method="qlora") < mem(req, method="lora")
+    if req.optimizer != "paged_adamw_8bit":  # paged states live off the GPU and hide full's optimizer
+        assert mem(req, method="lora") < mem(req, method="full")
 
 
 @FAST
