@@ -47,6 +47,12 @@ def money(amount: float | None) -> str:
     return f"${amount:,.2f}"
 
 
+def gigabytes(gb: float) -> str:
+    if gb >= 0.1 or gb == 0:
+        return f"{gb:.1f} GB"
+    return f"{gb * 1000:.1f} MB" if gb >= 0.0001 else f"{gb * 1e6:.0f} KB"
+
+
 def hours(h: float | None) -> str:
     if h is None:
         return "-"
@@ -107,7 +113,7 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
             ]
         )
     )
-    breakdown = " · ".join(f"{k} {v:.1f} GB" for k, v in mem.breakdown_gb.items())
+    breakdown = " · ".join(f"{k} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
     reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
     fitting = [o for o in estimate.offers if o.fits]
     shown = (fitting + [o for o in estimate.offers if not o.fits])[:MAX_OFFER_ROWS]

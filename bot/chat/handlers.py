@@ -7,6 +7,7 @@ become friendly replies with their message; anything else a generic reply plus `
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.chat import cards
 from bot.chat.grammar import (
@@ -103,8 +105,11 @@ class ChatHandlers:
         *,
         store: EstimateStore | None = None,
         secrets: list[str] | None = None,
+        job_options: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        # Extra keyword arguments for Engine.create_job beyond EngineAPI (the demo's spec_overrides).
+        self.job_options = dict(job_options or {})
         self.permissions = permissions or Permissions()
         self.store = store or EstimateStore()
         self.secrets = [s for s in (secrets or []) if s and len(s) >= 4]
@@ -244,9 +249,19 @@ class ChatHandlers:
                 max_cost=stored.request.max_cost,
                 channel=actor.channel or stored.channel,
                 idempotency_key=f"estimate:{estimate_id}",
+                **self.job_options,
+                **self._estimate_kwarg(stored.estimate),
             )
             stored.job_id = job.job_id
         return self._launched(job, choice)
+
+    def _estimate_kwarg(self, estimate: Estimate) -> dict[str, Any]:
+        """Launch from the estimate the person saw, where the engine accepts it (EngineAPI does not say)."""
+        try:
+            params = inspect.signature(self.engine.create_job).parameters
+        except (TypeError, ValueError):
+            return {}
+        return {"estimate": estimate} if "estimate" in params else {}
 
     def _launched(self, job: JobView, choice: str) -> Reply:
         if job.state == "pending_approval":

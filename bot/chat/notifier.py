@@ -21,7 +21,7 @@ from typing import Any
 
 from bot.chat import cards
 from bot.chat.blockkit import to_message
-from bot.chat.replies import Reply, Text
+from bot.chat.replies import Context, Fields, Header, Reply, Table, Text
 from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView
 from bot.engine.events import EngineEvent, EngineEventKind
 
@@ -51,23 +51,23 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
     spend = d.get("spend", job.spend if job else None)
     msg = event.message.strip()
     if event.kind == K.job_started:
+        if msg:
+            return f":rocket: {msg}"
         where = f" on {job.provider} {job.gpu} x{job.gpu_count or 1}" if job and job.provider else ""
         price = f" at {cards.money(job.price_per_hour)}/h" if job and job.price_per_hour is not None else ""
-        return f":rocket: Started{where}{price}." + (f" {msg}" if msg else "")
+        return f":rocket: Started{where}{price}."
     if event.kind == K.checkpoint:
         return f":floppy_disk: Checkpoint saved at step {step} (loss {loss_s})."
     if event.kind == K.preempted:
-        return (
-            f":warning: Preempted at step {step}"
-            + (f": {msg}" if msg else "")
-            + ". Relaunching and resuming from the last checkpoint."
+        return f":warning: Preempted at step {step}: " + (
+            msg or "the instance was reclaimed; relaunching and resuming from the last checkpoint."
         )
     if event.kind == K.recovered:
-        return f":white_check_mark: Recovered: resumed from step {step}." + (f" {msg}" if msg else "")
+        return ":white_check_mark: Recovered: " + (msg or f"resumed from step {step}.")
     if event.kind == K.plateau:
         return (
             f":chart_with_downwards_trend: Loss plateaued at {loss_s} (step {step}); stopped early. "
-            f"Cost {cards.money(spend)}." + (f" {msg}" if msg else "")
+            f"Cost *{cards.money(spend)}*."
         )
     if event.kind == K.finished:
         out = d.get("output_uri") or (job.output_uri if job else None)
@@ -77,11 +77,11 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         )
     if event.kind == K.failed:
         reason = msg or (job.message if job else "") or "unknown reason"
-        return f":x: Failed: {reason} (spend {cards.money(spend)})."
+        return f":x: Failed: {reason}" + ("" if "Spend" in reason else f" (spend {cards.money(spend)}).")
     if event.kind == K.stopped:
         reason = d.get("reason") or (job.stop_reason if job else None) or "user"
-        return f":octagonal_sign: Stopped ({reason}) at step {step}; spend {cards.money(spend)}." + (
-            f" {msg}" if msg else ""
+        return ":octagonal_sign: " + (
+            msg or f"Stopped ({reason}) at step {step}; spend {cards.money(spend)}."
         )
     return msg or event.kind.value
 
@@ -96,13 +96,48 @@ def volume_from_event(event: EngineEvent, engine: EngineAPI) -> VolumeView | Non
     return next((v for v in engine.volumes() if v.volume_id == vid), None) if vid else None
 
 
+def _pairs(value: Any) -> list[tuple[str, float]]:
+    out = []
+    for item in value or []:
+        if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], int | float):
+            out.append((str(item[0] or "-"), float(item[1])))
+    return out
+
+
 def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
-    data = event.data.get("report") if isinstance(event.data.get("report"), dict) else event.data
-    try:
-        report = SpendReport.model_validate(data)
-    except Exception:  # noqa: BLE001 - the engine may send only a sentence
-        report = engine.spend("today")
-    reply = cards.spend_reply(report, title=f"Daily spend summary: {cards.money(report.total)}")
+    """The daily summary: yesterday, today, month to date, by user and provider, against budgets."""
+    d = event.data
+    if "total" in d or isinstance(d.get("report"), dict):  # a SpendReport
+        report = SpendReport.model_validate(d.get("report") or d)
+        reply = cards.spend_reply(report, title=f"Daily spend summary: {cards.money(report.total)}")
+    else:
+        day = d.get("day", "yesterday")
+        reply = Reply(fallback=event.message or "Daily spend summary")
+        reply.add(Header(f"Daily spend summary for {day}: {cards.money(d.get('spent', 0.0))}"))
+        fields = [
+            ("Today so far", cards.money(d.get("spent_today"))),
+            ("Month to date", cards.money(d.get("spent_month"))),
+            ("Active jobs", str(d.get("active", "-"))),
+            ("Awaiting approval", str(d.get("pending_approval", "-"))),
+        ]
+        if d.get("idle_volumes"):
+            fields.append(
+                (
+                    "Idle volumes",
+                    f"{d['idle_volumes']} ({cards.money(d.get('idle_volume_cost_per_month'))}/month)",
+                )
+            )
+        reply.add(Fields(fields))
+        for title, pairs in (
+            ("By user", _pairs(d.get("by_user"))),
+            ("By provider", _pairs(d.get("by_provider"))),
+        ):
+            if pairs:
+                reply.add(
+                    Table([title.split()[-1], "spend"], [[k, cards.money(v)] for k, v in pairs], title=title)
+                )
+        if event.message:
+            reply.add(Context([event.message]))
     reply.public = True
     budgets = engine.budgets()
     if budgets:
@@ -111,12 +146,9 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
             for b in budgets
             if (b.daily and b.spent_today >= b.daily) or (b.monthly and b.spent_month >= b.monthly)
         ]
-        rows = cards.budgets_reply(budgets).parts[1:]
-        reply.add(*rows)
+        reply.add(*cards.budgets_reply(budgets).parts[1:])
         if over:
             reply.add(Text(":warning: Over budget: " + ", ".join(f"{b.scope} *{b.name}*" for b in over)))
-    if event.message:
-        reply.add(Text(event.message))
     return reply
 
 
@@ -212,7 +244,11 @@ class SlackNotifier:
         elif kind in MILESTONES:
             self._milestone(event)
         elif kind == K.budget_alert:
-            self._dm(event.user, Reply(parts=[Text(f":moneybag: {event.message}")], fallback=event.message))
+            alert = Reply(parts=[Text(f":moneybag: {event.message}")], fallback=event.message)
+            if event.user:
+                self._dm(event.user, alert)
+            elif self.summary_channel:  # a team budget: tell the channel
+                self._post(self.summary_channel, alert)
         elif kind == K.idle_volume:
             self._idle_volume(event)
         elif kind == K.daily_summary:

@@ -22,6 +22,7 @@ from bot.chat.replies import (
 )
 
 _BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
+_MENTION = re.compile(r"<@([A-Za-z0-9_.-]+)(?:\|[^>]*)?>")
 _CODE = re.compile(r"`([^`\n]+)`")
 _EMOJI = {
     ":warning:": "!",
@@ -41,7 +42,7 @@ _EMOJI = {
 
 def markup(text: str) -> str:
     """Our tiny Slack-style markup (*bold*, `code`, ```blocks```) as rich markup, everything else escaped."""
-    text = text.replace("```", "")
+    text = _MENTION.sub(r"@\1", text.replace("```", ""))
     for code, plain in _EMOJI.items():
         text = text.replace(code, plain)
     text = escape(text)

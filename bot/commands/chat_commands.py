@@ -1,9 +1,176 @@
-"""Commands registered on the `tunebot` app (filled in by the owning concern)."""
+"""`tunebot serve`, `tunebot console` and `tunebot demo`: the chat surfaces on the command line.
+
+Heavy imports (SQLAlchemy, slack-bolt, uvicorn, torch for the demo) happen inside the commands.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
+
+SLACK_HELP = """\
+Slack is not configured, so there is nothing to serve yet. To connect Slack (docs/slack-setup.md):
+  1. https://api.slack.com/apps -> Create New App -> From an app manifest -> paste manifest.yml.
+  2. Install it to your workspace; copy the Bot User OAuth Token (xoxb-...).
+  3. Socket Mode (no public URL): Basic Information -> App-Level Tokens -> generate one with
+     connections:write (xapp-...), then
+       export SLACK_BOT_TOKEN=xoxb-... SLACK_APP_TOKEN=xapp-...;  tunebot serve
+  4. Or HTTP mode: copy the Signing Secret, set the request URLs of manifest.yml to
+     https://YOUR-HOST/slack/events, then
+       export SLACK_BOT_TOKEN=xoxb-... SLACK_SIGNING_SECRET=...;  tunebot serve --http --port 3000
+Meanwhile the same commands work in this terminal: tunebot console"""
+
+
+def _runtime(user: str | None = None):  # type: ignore[no-untyped-def]
+    from bot.chat.handlers import ChatHandlers
+    from bot.chat.permissions import Permissions
+    from bot.engine.service import Engine
+    from bot.settings import get_settings
+
+    settings = get_settings()
+    engine = Engine(settings)
+    extra = (user,) if user else ()
+    chat = ChatHandlers(
+        engine, Permissions.from_settings(settings, extra_admins=extra), secrets=settings.secrets()
+    )
+    return settings, engine, chat
+
+
+def _run_console(user: str) -> int:
+    from rich.console import Console
+
+    from bot.chat.console import PROMPT, ConsoleNotifier, ConsoleSession, Ticker
+
+    console = Console()
+    settings, engine, chat = _runtime(user)
+    ConsoleNotifier(engine, console, progress_every_s=5.0).attach(engine.bus)
+    engine.resume_all()
+    interactive = sys.stdin.isatty()
+    session = ConsoleSession(chat, console, user=user, echo=not interactive)
+
+    def lines():  # type: ignore[no-untyped-def]
+        if not interactive:
+            yield from sys.stdin
+            return
+        console.print("tunebot console: type `help`, `exit` to leave.")
+        while True:
+            try:
+                yield console.input(f"[bold cyan]{PROMPT}[/bold cyan]")
+            except (EOFError, KeyboardInterrupt):
+                return
+
+    with Ticker(engine.tick, every_s=2.0):
+        code = session.run(lines())
+    engine.close()
+    return code
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    @app.command("console")
+    def console_cmd(
+        user: str = typer.Option(
+            "console", help="Who you are in the console (owner of your jobs, an admin)."
+        ),
+    ) -> None:
+        """Chat with tunebot in the terminal: the /tune commands, read from stdin (scriptable)."""
+        raise typer.Exit(_run_console(user))
+
+    @app.command("serve")
+    def serve_cmd(
+        http: bool = typer.Option(
+            False, "--http", help="HTTP mode (SLACK_SIGNING_SECRET) instead of Socket Mode."
+        ),
+        port: int = typer.Option(
+            3000, min=1, max=65535, help="Port of /slack/events, /runner/events, /healthz."
+        ),
+        host: str = typer.Option("0.0.0.0", help="Interface to listen on."),
+    ) -> None:
+        """Run the Slack bot (Socket Mode with SLACK_APP_TOKEN, or --http) and the runner event endpoint."""
+        from bot.settings import get_settings
+
+        settings = get_settings()
+        socket_mode = not http and settings.slack_app_token is not None
+        ready = settings.slack_bot_token is not None and (
+            socket_mode or (http and settings.slack_signing_secret is not None)
+        )
+        if not ready:
+            typer.echo(SLACK_HELP, err=True)
+            if sys.stdin.isatty() and typer.confirm("Start the console now?", default=True):
+                raise typer.Exit(_run_console("console"))
+            raise typer.Exit(2)
+        raise typer.Exit(_serve(host, port, socket_mode=socket_mode))
+
+    @app.command("demo")
+    def demo_cmd(
+        workdir: Path | None = typer.Option(
+            None, "--dir", help="Folder for the demo's files (default: a temp dir)."
+        ),
+    ) -> None:
+        """Play the whole product on this CPU in about a minute: estimate, launch, preempt, finish, spend."""
+        from bot.demo import run_demo
+
+        raise typer.Exit(run_demo(workdir=workdir))
+
+
+def _serve(host: str, port: int, *, socket_mode: bool) -> int:
+    import asyncio
+    import logging
+
+    import uvicorn
+
+    from bot.chat.notifier import SlackNotifier
+    from bot.chat.slack import build_app, make_async_client, make_sync_client
+    from bot.web import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings, engine, chat = _runtime()
+    admins = sorted(chat.permissions.admins)
+    notifier = SlackNotifier(
+        engine,
+        make_sync_client(settings),
+        summary_channel=settings.summary_channel,
+        admins=admins,
+        approval_above=settings.approval_above_usd,
+    )
+    notifier.attach(engine.bus).start()
+    secret = settings.slack_signing_secret.get_secret_value() if settings.slack_signing_secret else None
+    bolt = build_app(chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode)
+    web = create_app(bolt_app=None if socket_mode else bolt, record_runner_event=engine.record_runner_event)
+    scheduler = _start_scheduler(engine, settings)
+    server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="info", access_log=False))
+
+    async def main() -> None:
+        if socket_mode:
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            handler = AsyncSocketModeHandler(bolt, settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
+            await handler.connect_async()
+        await server.serve()
+
+    try:
+        engine.resume_all()
+        asyncio.run(main())
+    finally:
+        scheduler()
+        notifier.stop()
+        engine.close()
+    return 0
+
+
+def _start_scheduler(engine, settings):  # type: ignore[no-untyped-def]
+    """The scheduler's loop when bot.scheduler exists; else a ticker. Returns a stop function."""
+    try:
+        from bot import scheduler as sched  # type: ignore[attr-defined]
+
+        start = getattr(sched, "start_scheduler", None)
+        if callable(start):
+            handle = start(engine, settings)
+            return getattr(handle, "shutdown", lambda: None)
+    except ImportError:
+        pass
+    from bot.chat.console import Ticker
+
+    ticker = Ticker(engine.tick, every_s=min(settings.reconcile_every_s, 10.0)).__enter__()
+    return lambda: ticker.__exit__(None, None, None)

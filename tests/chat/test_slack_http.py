@@ -210,7 +210,23 @@ def test_alerts_summary_reminders_and_approval(slack_stack: SlackStack) -> None:
     bus.publish(
         EngineEvent(kind=EngineEventKind.budget_alert, user="U_BOB", message="You used 90% of $20 today")
     )
-    bus.publish(EngineEvent(kind=EngineEventKind.daily_summary, message="3 jobs ran"))
+    summary_data = {
+        "day": "2026-12-01",
+        "spent": 12.5,
+        "spent_today": 1.0,
+        "spent_month": 30.0,
+        "active": 1,
+        "pending_approval": 0,
+        "by_user": [["U_ALICE", 10.0], ["U_BOB", 2.5]],
+        "by_provider": [["vast", 12.5]],
+        "idle_volumes": 1,
+        "idle_volume_cost_per_month": 14.0,
+    }
+    bus.publish(
+        EngineEvent(
+            kind=EngineEventKind.daily_summary, message="Spend on 2026-12-01: $12.50", data=summary_data
+        )
+    )
     vol = stack.engine.volume_list[0]
     bus.publish(
         EngineEvent(kind=EngineEventKind.idle_volume, user=vol.owner, data=vol.model_dump(mode="json"))
@@ -221,7 +237,9 @@ def test_alerts_summary_reminders_and_approval(slack_stack: SlackStack) -> None:
     posts = {c.body["channel"]: c.body for c in stack.slack.of("chat.postMessage")}
     assert "90% of $20" in posts["DU_BOB"]["text"]
     summary = [c.body for c in stack.slack.of("chat.postMessage") if c.body["channel"] == "C_SUMMARY"]
-    assert any("Daily spend summary: $12.50" in m["text"] for m in summary)
+    daily = next(m for m in summary if "Spend on 2026-12-01" in m["text"])
+    assert "Daily spend summary for 2026-12-01: $12.50" in str(daily["blocks"])
+    assert "U_ALICE" in str(daily["blocks"]) and "$30.00" in str(daily["blocks"])
     reminder = next(m for m in summary if "llama-ckpts" in m["text"])
     blocks = str(reminder["blocks"])
     assert "$14.00/month" in blocks and "volume_delete" in blocks and "volume_keep" in blocks

@@ -1,0 +1,207 @@
+"""The terminal chat: the same commands against the same engine, replies and engine events via rich.
+
+Reads commands line by line from any iterable (stdin), so it is scriptable: after `launch ...` the
+next line answers the confirmation (`cheapest`, `safest`, `yes` = cheapest, anything else = no).
+`exit`, `quit` or end of input ends the session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from bot.chat import cards
+from bot.chat.grammar import ApproveCmd, LaunchCmd, ParseError, parse
+from bot.chat.handlers import Actor, ChatHandlers
+from bot.chat.notifier import MILESTONES, K, milestone_text, summary_reply, volume_from_event
+from bot.chat.replies import Buttons, Reply, error_reply
+from bot.chat.terminal import markup, render
+from bot.engine.api import EngineAPI
+from bot.engine.events import EngineEvent
+
+log = logging.getLogger(__name__)
+CONSOLE_USER = "console"
+PROMPT = "tunebot> "
+
+
+class ConsoleNotifier:
+    """Engine events printed as they happen: progress lines, milestones, alerts, summaries, reminders."""
+
+    def __init__(
+        self,
+        engine: EngineAPI,
+        console: Console,
+        *,
+        progress_every_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.console = console
+        self.progress_every_s = progress_every_s
+        self.clock = clock
+        self._last_progress: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.seen: list[EngineEvent] = []
+
+    def attach(self, bus: Any) -> ConsoleNotifier:
+        bus.subscribe(self.on_event)
+        return self
+
+    def on_event(self, event: EngineEvent) -> None:
+        with self._lock:
+            self.seen.append(event)
+            self._print(event)
+
+    def _job(self, event: EngineEvent) -> Any:
+        if not event.job_id:
+            return None
+        try:
+            return self.engine.get_job(event.job_id)
+        except Exception:  # noqa: BLE001 - printing never fails the engine
+            return None
+
+    def _print(self, event: EngineEvent) -> None:
+        kind = event.kind
+        tag = f"[dim]\\[{event.job_id}][/dim] " if event.job_id else ""
+        if kind == K.progress:
+            now = self.clock()
+            if now - self._last_progress.get(event.job_id or "", -1e9) < self.progress_every_s:
+                return
+            self._last_progress[event.job_id or ""] = now
+            d = event.data
+            total = f"/{d['max_steps']}" if d.get("max_steps") else ""
+            loss = f"  loss [bold]{d['loss']:.4f}[/bold]" if isinstance(d.get("loss"), int | float) else ""
+            eta = (
+                f"  eta {cards.duration(d['eta_seconds'])}"
+                if isinstance(d.get("eta_seconds"), int | float)
+                else ""
+            )
+            self.console.print(f"{tag}step {d.get('step', '?')}{total}{loss}{eta}", highlight=False)
+        elif kind in MILESTONES:
+            self.console.print(tag + markup(milestone_text(event, self._job(event))), highlight=False)
+        elif kind == K.job_created:
+            self.console.print(tag + markup(event.message or "job created"), style="dim", highlight=False)
+        elif kind == K.approval_needed:
+            self.console.print(
+                tag + markup(f":bell: {event.message} (an admin answers `approve JOB`)"),
+                style="yellow",
+                highlight=False,
+            )
+        elif kind == K.budget_alert:
+            self.console.print(markup(f":moneybag: {event.message}"), style="yellow", highlight=False)
+        elif kind == K.idle_volume:
+            volume = volume_from_event(event, self.engine)
+            if volume is not None:
+                render(cards.volume_reminder(volume), self.console)
+            else:
+                self.console.print(markup(f":floppy_disk: {event.message}"), highlight=False)
+        elif kind == K.daily_summary:
+            render(summary_reply(event, self.engine), self.console)
+
+
+def _answers(buttons: list[Any]) -> dict[str, str]:
+    """Console answers for the launch buttons: `cheapest`, `safest`, ... and `yes` for the first."""
+    out: dict[str, str] = {}
+    for b in buttons:
+        if b.action.startswith("launch_"):
+            choice = b.action.removeprefix("launch_")
+            out[choice] = choice
+            out.setdefault("yes", choice)
+            out.setdefault("y", choice)
+    return out
+
+
+class ConsoleSession:
+    def __init__(
+        self,
+        chat: ChatHandlers,
+        console: Console,
+        *,
+        user: str = CONSOLE_USER,
+        echo: bool = True,
+    ) -> None:
+        self.chat = chat
+        self.console = console
+        self.actor = Actor(user, None)
+        self.echo = echo
+        self.last_job_id: str | None = None
+
+    def say(self, reply: Reply) -> None:
+        render(reply, self.console)
+
+    def run(self, lines: Iterable[str]) -> int:
+        """Execute every command; returns 0 (errors are replies, not exit codes)."""
+        stream = iter(lines)
+        for raw in stream:
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.lower() in ("exit", "quit", "/exit", "/quit"):
+                break
+            self.execute(line, stream)
+        return 0
+
+    def execute(self, line: str, stream: Iterator[str] | None = None) -> Reply:
+        if self.echo:
+            self.console.print(f"[bold cyan]{PROMPT}[/bold cyan]{markup(line)}", highlight=False)
+        try:
+            command = parse(line)
+        except ParseError as exc:
+            reply = error_reply(exc.message, exc.usage)
+            self.say(reply)
+            return reply
+        if isinstance(command, ApproveCmd):
+            reply = self.chat.approve(command.job_id, self.actor)
+        else:
+            reply = self.chat.handle(command, self.actor)
+        self.say(reply)
+        if isinstance(command, LaunchCmd) and reply.buttons:
+            return self._confirm(reply, stream)
+        return reply
+
+    def _confirm(self, reply: Reply, stream: Iterator[str] | None) -> Reply:
+        answers = _answers(reply.buttons)
+        estimate_id = next(b.value for p in reply.parts if isinstance(p, Buttons) for b in p.buttons)
+        question = f"Launch? [{'/'.join(k for k in answers if k not in ('yes', 'y'))}/no] "
+        self.console.print(f"[bold]{escape(question)}[/bold]", end="")
+        answer = ""
+        if stream is not None:
+            answer = next(stream, "").strip().lower()
+        self.console.print(answer, highlight=False)
+        if answer not in answers:
+            result = self.chat.cancel_estimate(estimate_id, self.actor)
+        else:
+            result = self.chat.launch(estimate_id, answers[answer], self.actor)
+        self.say(result)
+        return result
+
+
+class Ticker:
+    """Calls ``engine.tick()`` every few seconds in a thread (the console has no scheduler of its own)."""
+
+    def __init__(self, tick: Callable[[], Any], every_s: float = 2.0) -> None:
+        self.tick = tick
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-ticker", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - keep ticking; the next pass may succeed
+                log.exception("engine tick failed")
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)

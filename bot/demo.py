@@ -1,0 +1,255 @@
+"""`tunebot demo`: the whole product on this machine in about a minute, as a scripted console session.
+
+It makes a tiny model and dataset, starts the engine on SQLite with the local provider (the runner
+as a process on this CPU), then types into the console: an estimate, a launch, progress with the
+loss, a simulated spot preemption and its recovery from the last checkpoint, the finish with the
+adapter path and the cost, the daily spend summary and an idle-volume reminder. It saves the loss
+chart as a PNG and exits 0 when the job succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bot.chat.charts import loss_chart
+from bot.chat.console import ConsoleNotifier, ConsoleSession
+from bot.chat.handlers import ChatHandlers
+from bot.chat.permissions import Permissions
+from bot.chat.terminal import markup
+from bot.engine.events import EngineEventKind
+
+log = logging.getLogger(__name__)
+
+USER = "you"
+FINAL_STATES = {"succeeded", "failed", "cancelled", "stopped"}
+# The tiny job: short, checkpoints every few seconds, reports every second (runner.tiny's settings).
+DEMO_SPEC = {
+    "max_steps": 30,
+    "learning_rate": 1e-2,
+    "warmup_ratio": 0.05,
+    "lr_scheduler": "cosine",
+    "seed": 0,
+    "lora": {"alpha": 16, "dropout": 0.05},
+    "checkpoint": {"every_minutes": 0.2, "keep": 2},
+    "report": {"every_seconds": 1.0},
+    "plateau": {"enabled": False},
+}
+PREEMPT_AT_STEP = 8  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
+CPU_STEP_SECONDS = 0.5  # for the estimate's time on the local CPU offer, until the planner knows CPUs
+
+
+def _local_offers_fit(estimate: Any) -> Any:
+    """The planner has no speed figures for a CPU; the tiny model fits anywhere, so say so."""
+    if any(o.fits for o in estimate.offers):
+        return estimate
+    offers = []
+    hours = max(estimate.time.steps, 1) * CPU_STEP_SECONDS / 3600
+    for o in estimate.offers:
+        if o.provider == "local":
+            cost = round(hours * o.price_per_hour, 6)
+            o = o.model_copy(
+                update={
+                    "fits": True,
+                    "hours": hours,
+                    "total_cost": cost,
+                    "compute_cost": cost,
+                    "labels": ["cheapest", "fastest", "safest"],
+                    "reason": "runs on this machine's CPU",
+                }
+            )
+        offers.append(o)
+    note = f"local CPU: about {CPU_STEP_SECONDS:g} s per step for the tiny model (measured on 2 cores)"
+    return estimate.model_copy(update={"offers": offers, "assumptions": [*estimate.assumptions, note]})
+
+
+class Demo:
+    def __init__(
+        self, console: Console, workdir: Path, *, tick_s: float = 1.0, timeout_s: float = 150.0
+    ) -> None:
+        self.console = console
+        self.workdir = workdir
+        self.tick_s = tick_s
+        self.deadline = time.monotonic() + timeout_s
+        self.engine: Any = None
+        self.local: Any = None
+        self.notifier: ConsoleNotifier | None = None
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def step(self, text: str) -> None:
+        self.console.rule(f"[bold]{text}[/bold]", align="left")
+
+    def setup(self) -> tuple[Path, Path]:
+        from runner.tiny import make_tiny
+
+        self.step("1. A tiny model and dataset, made here (no download)")
+        started = time.monotonic()
+        job_json = make_tiny(self.workdir / "tiny", seed=0)
+        model, data = job_json.parent / "model", job_json.parent / "data.jsonl"
+        self.console.print(
+            f"model   {model}\ndataset {data}  ({time.monotonic() - started:.1f} s)", highlight=False
+        )
+
+        from bot.engine.service import Engine
+        from bot.providers.local import LocalProvider
+        from bot.settings import Settings
+
+        settings = Settings(TUNEBOT_DATA_DIR=str(self.workdir / "data"), TUNEBOT_HEARTBEAT_TIMEOUT=120)
+        self.local = LocalProvider(workdir=self.workdir / "local")
+        self.engine = Engine(
+            settings,
+            db_url=f"sqlite:///{self.workdir / 'tunebot.db'}",
+            providers={"local": self.local},
+        )
+        plain_estimate = self.engine.estimate
+        self.engine.estimate = lambda request: _local_offers_fit(plain_estimate(request))
+        self.notifier = ConsoleNotifier(self.engine, self.console).attach(self.engine.bus)
+        self.console.print("engine  SQLite + the local provider (the runner runs as a process on this CPU)")
+        return model, data
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def tick_until(self, done: Callable[[], bool], what: str, timeout_s: float = 90.0) -> bool:
+        until = min(self.deadline, time.monotonic() + timeout_s)
+        while time.monotonic() < until:
+            self.engine.tick()
+            if done():
+                return True
+            time.sleep(self.tick_s)
+        self.console.print(f"[red]gave up waiting for {what}[/red]")
+        return False
+
+    def seen(self, kind: EngineEventKind, job_id: str) -> int:
+        assert self.notifier is not None
+        return sum(1 for e in self.notifier.seen if e.kind == kind and e.job_id == job_id)
+
+    def preempt(self, job_id: str) -> bool:
+        instances = [
+            i for i in self.local.list_instances() if i.job_id == job_id and i.status.value == "running"
+        ]
+        if not instances:
+            self.console.print("[yellow]the job ended before the preemption; skipping it[/yellow]")
+            return False
+        self.console.print(
+            markup(
+                f":warning: Simulating a spot preemption: SIGTERM to instance `{instances[0].instance_id}`"
+            ),
+            highlight=False,
+        )
+        self.local.preempt(instances[0].instance_id, 20.0)
+        return True
+
+    def idle_volume(self) -> None:
+        from store.models import VolumeRecord
+
+        now = self.engine.now()
+        with self.engine.session() as s:
+            s.add(
+                VolumeRecord(
+                    provider="local",
+                    volume_id="demo-vol-1",
+                    name="llama-8b-checkpoints",
+                    size_gb=200.0,
+                    price_per_gb_month=0.07,
+                    first_seen_at=now - 12 * 86400,
+                    idle_since=now - 5 * 86400,
+                    owner=USER,
+                )
+            )
+            s.commit()
+        self.engine.volume_reminders()
+
+    # ---- the script ------------------------------------------------------------------------------
+    def run(self) -> int:
+        model, data = self.setup()
+        chat = ChatHandlers(
+            self.engine,
+            Permissions(admins=frozenset({USER}), approval_above=self.engine.settings.approval_above_usd),
+            job_options={"spec_overrides": DEMO_SPEC},
+        )
+        session = ConsoleSession(chat, self.console, user=USER)
+        options = f"dataset={data} seq=256 batch=4 accum=1 r=8 checkpointing=no max_cost=1"
+
+        self.step("2. Estimate: memory, time and cost on every offer")
+        session.run([f"estimate {model} {options}"])
+
+        self.step("3. Launch on the cheapest offer")
+        session.run([f"launch {model} {options}", "cheapest"])
+        jobs = self.engine.list_jobs(user=USER)
+        if not jobs:
+            self.console.print("[red]nothing was launched[/red]")
+            return 1
+        job_id = jobs[0].job_id
+
+        self.step("4. Training: progress with the loss, pulled from the runner")
+        self.tick_until(
+            lambda: (
+                self.seen(EngineEventKind.checkpoint, job_id) >= 1
+                or self.engine.get_job(job_id).state in FINAL_STATES
+            ),
+            "the first checkpoint",
+        )
+
+        self.step("5. A spot preemption, and the recovery from the last checkpoint")
+        if self.preempt(job_id):
+            self.tick_until(
+                lambda: (
+                    self.seen(EngineEventKind.recovered, job_id) >= 1
+                    or self.engine.get_job(job_id).state in FINAL_STATES
+                ),
+                "the recovery",
+            )
+
+        self.step("6. The finish: adapter and cost")
+        self.tick_until(
+            lambda: self.engine.get_job(job_id).state in FINAL_STATES, "the finish", timeout_s=120
+        )
+        job = self.engine.get_job(job_id)
+        session.run([f"status {job_id}", "spend today"])
+
+        self.step("7. The daily spend summary and an idle-volume reminder")
+        self.engine.daily_summary()
+        self.idle_volume()
+        session.run(["volumes"])
+
+        chart = loss_chart(job.losses, self.workdir / f"loss-{job_id}.png", title=f"job {job_id} loss")
+        self.step("Done")
+        first = job.losses[0][1] if job.losses else float("nan")
+        last = job.losses[-1][1] if job.losses else float("nan")
+        self.console.print(
+            f"job {job_id}: {job.state}, {job.step} steps, loss {first:.3f} -> {last:.3f}, "
+            f"{job.preemptions} preemption(s), cost ${job.spend:.4f}\n"
+            f"adapter    {job.output_uri}\nloss chart {chart}",
+            highlight=False,
+        )
+        return 0 if job.state == "succeeded" else 1
+
+    def close(self) -> None:
+        if self.engine is not None:
+            try:
+                for inst in self.local.list_instances():
+                    self.local.terminate(inst.instance_id)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not clean up the demo's runner processes")
+            self.engine.close()
+
+
+def run_demo(*, workdir: Path | None = None, console: Console | None = None) -> int:
+    """Play the demo; returns the process exit code. Its files (chart, adapter) stay in ``workdir``."""
+    console = console or Console(width=None if sys.stdout.isatty() else 110)
+    workdir = Path(tempfile.mkdtemp(prefix="tunebot-demo-")) if workdir is None else Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    demo = Demo(console, workdir)
+    try:
+        code = demo.run()
+    finally:
+        demo.close()
+    console.print(f"demo finished in {time.monotonic() - started:.0f} s; files in {workdir}", highlight=False)
+    return code
