@@ -128,6 +128,11 @@ class CloudProvider:
             i for i in self.list_instances() if i.label == label and i.status != InstanceStatus.terminated
         ]
 
+    @staticmethod
+    def _live(instances: Iterable[Instance]) -> list[Instance]:
+        """Terminated instances linger in some listings for a while; they are gone, not ours to track."""
+        return [i for i in instances if i.status != InstanceStatus.terminated]
+
     def _ours(self, label: str | None) -> bool:
         return bool(label) and str(label).startswith(LABEL_PREFIX)
 

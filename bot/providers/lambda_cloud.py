@@ -231,7 +231,7 @@ class LambdaProvider(CloudProvider):
         return (self.http.json("GET", "/instances", idempotent=True) or {}).get("data") or []
 
     def list_instances(self) -> list[Instance]:
-        return [self._instance(i) for i in self._list_raw() if self._ours(i.get("name"))]
+        return self._live(self._instance(i) for i in self._list_raw() if self._ours(i.get("name")))
 
     def _terminate_call(self, instance_id: str) -> None:
         self.http.request(

@@ -108,19 +108,10 @@ def ensure_launched(
             )
             continue
         try:
-            instance = provider.launch(request)
+            return provider.launch(request)
         except (ProviderDownError, RateLimitedError) as exc:
             # A timeout / 5xx / reset may have created it anyway: the next round lists by label first.
             last = exc
-            continue
-        try:
-            found = instances_with_label(provider, request.label)
-        except ProviderError:
-            return instance  # the launch itself succeeded; the reconciler double-checks later
-        others = [i for i in found if i.instance_id != instance.instance_id]
-        for extra in others:
-            ensure_terminated(provider, extra.instance_id, deadline_s=60.0, sleep=sleep)
-        return instance
     assert last is not None
     raise last
 
@@ -141,13 +132,8 @@ def ensure_terminated(
     attempt = 0
     while True:
         try:
-            provider.terminate(instance_id)
-            try:
-                inst = provider.status(instance_id)
-            except NotFoundError:
-                return True
-            if inst.status == InstanceStatus.terminated:
-                return True
+            provider.terminate(instance_id)  # returns only once the provider confirms it is gone
+            return True
         except NotFoundError:
             return True
         except (ProviderDownError, RateLimitedError) as exc:

@@ -121,7 +121,8 @@ class LocalProvider:
 
     # -- state file (shared by every LocalProvider on this workdir, across processes) ---------------
     @contextlib.contextmanager
-    def _state(self) -> Iterator[dict[str, dict[str, Any]]]:
+    def _state(self, *, write: bool = False) -> Iterator[dict[str, dict[str, Any]]]:
+        """The state file under an exclusive lock; saved atomically afterwards when ``write``."""
         with open(self._lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -129,9 +130,8 @@ class LocalProvider:
                     state = json.loads(self._state_path.read_text())
                 except (OSError, ValueError):
                     state = {}
-                before = json.dumps(state, sort_keys=True)
                 yield state
-                if json.dumps(state, sort_keys=True) != before:
+                if write:
                     tmp = self._state_path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
                     os.replace(tmp, self._state_path)
@@ -225,7 +225,7 @@ class LocalProvider:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Instance:
-        with self._state() as state:
+        with self._state(write=True) as state:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):
                     return self._instance(rec)
@@ -367,7 +367,7 @@ class LocalProvider:
         if rec is None or rec.get("terminated"):
             return
         exit_code = self._stop(rec, grace_s)
-        with self._state() as state:
+        with self._state(write=True) as state:
             if instance_id in state:
                 state[instance_id]["terminated"] = True
                 state[instance_id]["exit_code"] = exit_code

@@ -281,7 +281,7 @@ class RunPodProvider(CloudProvider):
     def list_instances(self) -> list[Instance]:
         data = self.gql(PODS_QUERY, idempotent=True)
         pods = (data.get("myself") or {}).get("pods") or []
-        return [self._instance(p) for p in pods if self._ours(p.get("name"))]
+        return self._live(self._instance(p) for p in pods if self._ours(p.get("name")))
 
     def _terminate_call(self, instance_id: str) -> None:
         # "pod not found to terminate" arrives as a GraphQL error -> NotFoundError -> already gone.

@@ -255,7 +255,7 @@ class TensorDockProvider(CloudProvider):
     def list_instances(self) -> list[Instance]:
         data = _unwrap(self.http.json("GET", "/instances", idempotent=True))
         items = data.get("instances") or [] if isinstance(data, dict) else list(data or [])
-        return [self._instance(i) for i in items if self._ours(i.get("name"))]
+        return self._live(self._instance(i) for i in items if self._ours(i.get("name")))
 
     def _terminate_call(self, instance_id: str) -> None:
         self.http.request("DELETE", f"/instances/{instance_id}", idempotent=True)

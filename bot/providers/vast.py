@@ -306,7 +306,7 @@ class VastProvider(CloudProvider):
         return items
 
     def list_instances(self) -> list[Instance]:
-        return [self._instance(i) for i in self._list_raw() if self._ours(i.get("label"))]
+        return self._live(self._instance(i) for i in self._list_raw() if self._ours(i.get("label")))
 
     def _terminate_call(self, instance_id: str) -> None:
         self.http.request("DELETE", f"/api/v0/instances/{instance_id}/", idempotent=True)

@@ -25,7 +25,7 @@ import random
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -158,7 +158,9 @@ class FakeCloud:
         self.faults: list[Fault] = []
         self.max_live_per_label: dict[str, int] = defaultdict(int)
         self.created_total = 0
+        self.faults_fired: Counter[str] = Counter()  # fault kind -> how many times it hit
         self._chaos_rate = 0.0
+        self._chaos_create_rate = 0.0
         self._chaos_kinds: tuple[str, ...] = FAULT_KINDS
         self._chaos_rng = random.Random(seed)
         self._ids = itertools.count(1000)
@@ -243,10 +245,19 @@ class FakeCloud:
                 )
             )
 
-    def chaos(self, rate: float, *, seed: int = 0, kinds: tuple[str, ...] = FAULT_KINDS) -> None:
-        """From now on a random fault on ``rate`` of the requests (seeded)."""
+    def chaos(
+        self,
+        rate: float,
+        *,
+        seed: int = 0,
+        kinds: tuple[str, ...] = FAULT_KINDS,
+        create_fault_rate: float = 0.0,
+    ) -> None:
+        """From now on a random fault on ``rate`` of the requests (seeded); creates additionally fail
+        after creating (3 in 4) or with "no capacity" (1 in 4) on ``create_fault_rate`` of them."""
         with self.lock:
             self._chaos_rate = rate
+            self._chaos_create_rate = create_fault_rate
             self._chaos_kinds = kinds
             self._chaos_rng = random.Random(seed)
 
@@ -263,6 +274,7 @@ class FakeCloud:
         with self.lock:
             self.faults.clear()
             self._chaos_rate = 0.0
+            self._chaos_create_rate = 0.0
 
     def _next_fault(self, op: str) -> Fault | None:
         with self.lock:
@@ -273,6 +285,10 @@ class FakeCloud:
                 if fault.times <= 0:
                     self.faults.remove(fault)
                 return fault
+            rng = self._chaos_rng
+            if op == "create" and self._chaos_create_rate and rng.random() < self._chaos_create_rate:
+                kind = rng.choice(("create_fails", "create_fails", "create_fails", "capacity"))
+                return Fault(kind, after=rng.choice(("500", "timeout", "reset")))
             if self._chaos_rate and self._chaos_rng.random() < self._chaos_rate:
                 kinds = [k for k in self._chaos_kinds if k not in CREATE_ONLY or op == "create"]
                 kind = self._chaos_rng.choice(kinds)
@@ -322,6 +338,11 @@ class FakeCloud:
         if not self.authorized(req):
             return self.unauthorized(req)
         fault = self._next_fault(op)
+        if fault is not None:
+            with self.lock:
+                self.faults_fired[
+                    fault.kind if fault.kind != "create_fails" else f"create_fails_{fault.after}"
+                ] += 1
         if fault is not None and fault.kind not in CREATE_ONLY:
             return self._fault_response(fault)
         if fault is not None and fault.kind == "capacity":
