@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import re
 
+from bot.planner.gpus import GPUS
 from bot.planner.offer import GPU_NAMES
 
-# Memory per GPU (GB) for each canonical name, used when a provider does not report it.
-GPU_MEMORY_GB: dict[str, float] = {
-    "rtx-3090": 24,
-    "rtx-4090": 24,
-    "rtx-a6000": 48,
-    "rtx-6000-ada": 48,
-    "l40s": 48,
-    "a100-40gb": 40,
-    "a100-80gb": 80,
-    "h100-80gb": 80,
-    "h200": 141,
-}
+# Memory per GPU in decimal GB, the planner's figures (nvidia-smi MiB -> GB: a "24 GB" 4090 is 25.76 GB),
+# so live offers and the planner's snapshot agree on what fits.
+GPU_MEMORY_GB: dict[str, float] = {name: gpu.memory_gb for name, gpu in GPUS.items()}
 
 _NOISE = re.compile(r"nvidia|geforce|tesla|quadro|[^a-z0-9]")
 _MEM = re.compile(r"(\d+)\s*gb", re.IGNORECASE)
@@ -68,7 +60,9 @@ def normalize_gpu(name: str | None, memory_gb: float | None = None) -> str | Non
 
 
 def gpu_memory(canonical: str, reported_gb: float | None = None) -> float:
-    """Reported memory per GPU where sane, else the canonical card's memory."""
+    """Memory per GPU: the card's known figure (same as the planner's), else what the provider reported."""
+    if canonical in GPU_MEMORY_GB:
+        return GPU_MEMORY_GB[canonical]
     if reported_gb and reported_gb > 0:
         return float(reported_gb)
-    return GPU_MEMORY_GB.get(canonical, 1.0)
+    return 1.0

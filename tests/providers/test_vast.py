@@ -48,7 +48,12 @@ def test_offer_normalization_units_names_and_nulls() -> None:
         "storage_cost": 0.1,
     }
     od = offer_from_vast(item, interruptible=False)
-    assert od and od.gpu == "rtx-4090" and od.gpu_memory_gb == 24 and od.gpu_count == 2
+    assert (
+        od
+        and od.gpu == "rtx-4090"
+        and od.gpu_memory_gb == pytest.approx(25.76, abs=0.01)
+        and od.gpu_count == 2
+    )
     assert od.price_per_hour == 0.7 and od.reliability is None and od.storage_per_gb_month == 0.1
     spot = offer_from_vast(item, interruptible=True)
     assert spot and spot.price_per_hour == 0.3 and spot.interruptible and spot.preemptions_per_hour > 0

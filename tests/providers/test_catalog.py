@@ -1,0 +1,108 @@
+"""live_catalog: live offers over the dated snapshot, clear notes when a cloud answers from the snapshot."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from fakes.clouds.fixtures import client_for, use_fake_env
+
+from bot.planner import catalog as planner_catalog
+from bot.providers import catalog
+from bot.providers.catalog import live_catalog
+from bot.settings import get_settings
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    catalog.clear_cache()
+    yield
+    catalog.clear_cache()
+
+
+def _age_phrase() -> str:
+    snap = planner_catalog.snapshot_date()
+    return f"{snap.isoformat()} snapshot ({(NOW.date() - snap).days} days old)"
+
+
+def test_keys_set_and_clouds_up_gives_live_offers_only(fake_clouds) -> None:
+    clients = {name: client_for(fake) for name, fake in fake_clouds.items()}
+    cat = live_catalog(get_settings(), providers=clients, now=NOW)
+    assert cat.source == "live" and cat.notes == [] and cat.as_of == NOW
+    assert {o.provider for o in cat.offers} == {"vast", "runpod", "lambda", "tensordock"}
+    assert all(o.source == "live" for o in cat.offers)
+    prices = [o.price_per_hour for o in cat.offers]
+    assert prices == sorted(prices)
+
+
+def test_a_cloud_without_a_key_falls_back_to_its_snapshot_with_a_dated_note(fake_vast) -> None:
+    cat = live_catalog(get_settings(), providers={"vast": client_for(fake_vast)}, now=NOW)
+    assert cat.source == "mixed" and cat.live_providers == ["vast"]
+    assert {o.provider for o in cat.offers if o.source == "live"} == {"vast"}
+    snap = {o.provider for o in cat.offers if o.source == "snapshot"}
+    assert snap == {"runpod", "lambda", "tensordock"}
+    notes = "\n".join(cat.notes)
+    for name, env in (
+        ("runpod", "RUNPOD_API_KEY"),
+        ("lambda", "LAMBDA_API_KEY"),
+        ("tensordock", "TENSORDOCK_API_KEY"),
+    ):
+        assert f"{name}: no {env} — prices from the {_age_phrase()}" in notes
+    assert "vast" not in notes
+
+
+def test_no_keys_at_all_is_the_snapshot_with_a_note_per_cloud() -> None:
+    cat = live_catalog(now=NOW)
+    assert cat.source == "snapshot" and len(cat.notes) == 4 and cat.offers
+    assert all(o.source == "snapshot" for o in cat.offers)
+    assert cat.as_of is not None and cat.as_of.date() == planner_catalog.snapshot_date()
+    assert any(n.startswith("lambda: no LAMBDA_API_KEY") for n in cat.notes)
+
+
+def test_keys_from_the_environment_reach_the_fake(monkeypatch, fake_lambda) -> None:
+    use_fake_env(monkeypatch, fake_lambda)
+    cat = live_catalog(providers=["lambda"], now=NOW)
+    assert cat.source == "live" and cat.offers and all(o.provider == "lambda" for o in cat.offers)
+    assert fake_lambda.count("search") == 1
+
+
+def test_a_cloud_that_is_down_falls_back_to_its_snapshot(fake_runpod) -> None:
+    client = client_for(fake_runpod)
+    fake_runpod.stop()  # nothing listens there any more
+    cat = live_catalog(get_settings(), providers={"runpod": client}, now=NOW)
+    note = next(n for n in cat.notes if n.startswith("runpod:"))
+    assert "live prices unavailable (ProviderDownError" in note and _age_phrase() in note
+    assert any(o.provider == "runpod" and o.source == "snapshot" for o in cat.offers)
+    assert fake_runpod.api_key not in note
+
+
+def test_live_answers_are_cached_for_the_ttl(fake_tensordock) -> None:
+    clients = {"tensordock": client_for(fake_tensordock)}
+    live_catalog(get_settings(), providers=clients, now=NOW)
+    live_catalog(get_settings(), providers=clients, now=NOW)
+    assert fake_tensordock.count("search") == 1
+    catalog.clear_cache()
+    live_catalog(get_settings(), providers=clients, now=NOW)
+    assert fake_tensordock.count("search") == 2
+
+
+def test_zero_ttl_always_asks_again(monkeypatch, fake_tensordock) -> None:
+    monkeypatch.setenv("TUNEBOT_CATALOG_TTL", "0")
+    get_settings.cache_clear()
+    clients = {"tensordock": client_for(fake_tensordock)}
+    live_catalog(get_settings(), providers=clients, now=NOW)
+    live_catalog(get_settings(), providers=clients, now=NOW)
+    assert fake_tensordock.count("search") == 2
+
+
+def test_filters_apply_to_live_and_snapshot_offers(fake_vast) -> None:
+    cat = live_catalog(
+        get_settings(),
+        gpu="rtx-4090",
+        interruptible=False,
+        providers={"vast": client_for(fake_vast)},
+        now=NOW,
+    )
+    assert cat.offers and all(o.gpu == "rtx-4090" and not o.interruptible for o in cat.offers)
