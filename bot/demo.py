@@ -190,10 +190,10 @@ class Demo:
         self.step("4. Training: progress with the loss, pulled from the runner")
         self.tick_until(
             lambda: (
-                self.seen(EngineEventKind.checkpoint, job_id) >= 1
+                self.engine.get_job(job_id).step >= PREEMPT_AT_STEP
                 or self.engine.get_job(job_id).state in FINAL_STATES
             ),
-            "the first checkpoint",
+            f"step {PREEMPT_AT_STEP}",
         )
 
         self.step("5. A spot preemption, and the recovery from the last checkpoint")

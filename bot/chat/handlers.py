@@ -11,6 +11,7 @@ import inspect
 import logging
 import threading
 import time
+import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -172,7 +173,8 @@ class ChatHandlers:
         except KeyError as exc:  # engines raise KeyError for unknown ids
             return error_reply(f"not found: {self.scrub(str(exc).strip(chr(39)))[:200]}")
         except Exception:  # noqa: BLE001 - a person never sees a traceback
-            log.exception("chat command failed")
+            # The traceback goes to the log, scrubbed: exception texts may quote keys or tokens.
+            log.error("chat command failed\n%s", self.scrub(traceback.format_exc()))
             return error_reply(GENERIC_ERROR)
 
     def _dispatch(self, command: Command, actor: Actor) -> Reply:

@@ -20,6 +20,8 @@ from bot.planner.result import (
     TimeEstimate,
 )
 
+LEAKY_SECRET = "xoxb-SECRET-IN-EXCEPTION"
+
 
 def make_estimate(model: str = "Llama-3.1-8B", method: str = "qlora", n_offers: int = 6) -> Estimate:
     offers = []
@@ -123,8 +125,10 @@ class FakeEngine:
             time.sleep(self.estimate_delay)
         if request.model == "no-such-model":
             raise UnknownModelError("unknown model `no-such-model`; did you mean Llama-3.1-8B?")
+        if request.model == "leaky":  # an engine bug: a key inside a refusal
+            raise EngineError(f"provider refused key {LEAKY_SECRET}")
         if request.model == "explode":
-            raise RuntimeError("internal failure with xoxb-SECRET-IN-EXCEPTION")
+            raise RuntimeError(f"internal failure with {LEAKY_SECRET}")
         return make_estimate(request.model, request.method, self.n_offers)
 
     def create_job(

@@ -137,7 +137,11 @@ def test_errors_are_friendly_and_secret_free(engine: FakeEngine, caplog) -> None
         boom = flat(h.handle_text("estimate explode", ALICE))
     assert GENERIC_ERROR in boom
     assert "Traceback" not in boom and "SECRET" not in boom and "RuntimeError" not in boom
-    assert any("chat command failed" in r.message for r in caplog.records)
+    logged = [r.getMessage() for r in caplog.records if "chat command failed" in r.getMessage()]
+    assert logged and "RuntimeError" in logged[0]  # the traceback is logged ...
+    assert "SECRET" not in caplog.text  # ... scrubbed
+    leaky = flat(h.handle_text("estimate leaky", ALICE))
+    assert "provider refused key ***" in leaky and "SECRET" not in leaky
     bad = flat(h.handle_text("estimate m seq=1", ALICE))
     assert "seq:" in bad and "/tune estimate MODEL" in bad
 

@@ -1,0 +1,118 @@
+"""The terminal console: scripted sessions, launch confirmation lines, event printing, CLI entry points."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from bot.chat.console import ConsoleNotifier, ConsoleSession
+from bot.chat.handlers import ChatHandlers
+from bot.chat.permissions import Permissions
+from bot.engine.events import EngineEvent, EngineEventKind
+
+from .fake_engine import FakeEngine
+
+
+def session(engine: FakeEngine) -> tuple[ConsoleSession, io.StringIO]:
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, force_terminal=False, color_system=None)
+    ConsoleNotifier(engine, console).attach(engine.bus)
+    return ConsoleSession(ChatHandlers(engine, Permissions()), console, user="me"), buf
+
+
+def test_script_with_launch_confirmation_and_exit(engine: FakeEngine) -> None:
+    s, buf = session(engine)
+    code = s.run(
+        [
+            "# a comment",
+            "",
+            "estimate Llama-3.1-8B",
+            "launch Llama-3.1-8B",
+            "safest",
+            "jobs",
+            "exit",
+            "estimate never-run",
+        ]
+    )
+    out = buf.getvalue()
+    assert code == 0
+    assert "tunebot> estimate Llama-3.1-8B" in out and "Offers ranked" in out
+    assert "Launch? [cheapest/safest/no] safest" in out
+    assert engine.create_calls[0]["choice"] == "safest"
+    assert "Launching job *j1*" not in out and "Launching job j1 (safest)" in out
+    assert "never-run" not in out
+
+
+def test_declined_launch_and_errors(engine: FakeEngine) -> None:
+    s, buf = session(engine)
+    s.run(["launch Llama-3.1-8B", "no", "estimate", "stop j404"])
+    out = buf.getvalue()
+    assert "Cancelled; nothing was launched." in out and not engine.jobs
+    assert "`estimate` needs a MODEL" not in out and "estimate needs a MODEL" in out
+    assert "/tune estimate MODEL" in out
+    assert "no job j404" in out
+    assert "Traceback" not in out
+
+
+def test_launch_at_end_of_input_is_not_launched(engine: FakeEngine) -> None:
+    s, buf = session(engine)
+    s.run(["launch Llama-3.1-8B"])
+    assert not engine.jobs
+
+
+def test_events_are_printed(engine: FakeEngine) -> None:
+    s, buf = session(engine)
+    s.run(["launch m", "yes"])
+    engine.update_job("j1", state="succeeded", spend=0.25, output_uri="/out/j1")
+    engine.bus.publish(
+        EngineEvent(
+            kind=EngineEventKind.progress,
+            job_id="j1",
+            data={"step": 5, "max_steps": 10, "loss": 1.25, "eta_seconds": 30},
+        )
+    )
+    engine.bus.publish(
+        EngineEvent(kind=EngineEventKind.finished, job_id="j1", data={"step": 10, "loss": 1.0})
+    )
+    engine.bus.publish(EngineEvent(kind=EngineEventKind.budget_alert, user="me", message="80% of $5 today"))
+    out = buf.getvalue()
+    assert "[j1] step 5/10  loss 1.2500  eta 30 s" in out
+    assert "Finished at step 10, final loss 1.0000, cost $0.25. Adapter: /out/j1" in out
+    assert "80% of $5 today" in out
+
+
+def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "120"}
+    for key in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
+        env.pop(key, None)
+    return subprocess.run(
+        [sys.executable, "-c", "from bot.cli import main; main()", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_console_reads_stdin(tmp_path: Path) -> None:
+    proc = run_cli(["console"], tmp_path, "help\nbudget set user bob daily=5\nbudget\nspend week\nexit\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tunebot> help" in proc.stdout and "/tune estimate MODEL" in proc.stdout
+    assert "Budget for user bob: daily $5.00" in proc.stdout
+    assert "Spend week" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_cli_serve_without_slack_explains_and_exits_2(tmp_path: Path) -> None:
+    proc = run_cli(["serve"], tmp_path)
+    assert proc.returncode == 2
+    assert "Slack is not configured" in proc.stderr and "tunebot console" in proc.stderr
+    assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr
+    bad = run_cli(["serve", "--port", "0"], tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

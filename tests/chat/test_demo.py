@@ -1,0 +1,74 @@
+"""`tunebot demo` end to end: the scripted console session on the local provider, under 3 minutes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAKE_SECRETS = {
+    "VAST_API_KEY": "vast-DEMO-KEY-0a1b2c",
+    "RUNPOD_API_KEY": "runpod-DEMO-KEY-3d4e5f",
+    "LAMBDA_API_KEY": "lambda-DEMO-KEY-6a7b8c",
+    "TENSORDOCK_API_KEY": "tensordock-DEMO-KEY-9d0e1f",
+    "SLACK_BOT_TOKEN": "xoxb-DEMO-BOT-TOKEN-2a3b",
+    "SLACK_APP_TOKEN": "xapp-DEMO-APP-TOKEN-4c5d",
+    "SLACK_SIGNING_SECRET": "DEMO-SIGNING-SECRET-6e7f",
+    "HF_TOKEN": "hf_DEMO_TOKEN_8a9b",
+}
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, **FAKE_SECRETS, "TUNEBOT_DATA_DIR": str(tmp_path / "home"), "COLUMNS": "120"}
+    # The demo must not reach the clouds even with keys set: point them at a closed loopback port.
+    for name in ("VAST", "RUNPOD", "LAMBDA", "TENSORDOCK"):
+        env[f"{name}_API_URL"] = "http://127.0.0.1:9/"
+    workdir = tmp_path / "demo"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", "from bot.cli import main; main()", "demo", "--dir", str(workdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    elapsed = time.monotonic() - started
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert elapsed < 180, elapsed
+    for needle in (
+        "tunebot> estimate",
+        "Offers ranked by expected total cost",
+        "Launch? [cheapest/safest/no] cheapest",
+        "loss",
+        "Simulating a spot preemption",
+        "Preempted at step",
+        "Recovered:",
+        "Finished at step 30",
+        "Adapter:",
+        "cost $",
+        "Daily spend summary",
+        "llama-8b-checkpoints",
+        "$14.00/month",
+        "Delete | Keep",
+    ):
+        assert needle in out, needle
+    assert "Traceback" not in out
+    chart = workdir.glob("loss-*.png")
+    png = next(chart)
+    assert png.read_bytes().startswith(b"\x89PNG") and str(png) in out.replace("\n", "")
+    adapters = list(workdir.glob("data/jobs/*/output/adapter_model.safetensors"))
+    assert adapters
+    # Job tokens: the runner keeps its spec (with the report token) next to the checkpoints.
+    tokens = {
+        json.loads(p.read_text())["report"]["token"]
+        for p in workdir.glob("data/jobs/*/checkpoints/*/job.json")
+    } - {None, "***"}
+    for secret in [*FAKE_SECRETS.values(), *tokens]:
+        assert secret not in out, f"secret {secret[:6]}... leaked"
