@@ -1,0 +1,93 @@
+"""Volumes are tracked, idle ones reminded about with their cost, deleted only on a person's word."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from bot.engine.api import EngineError
+from bot.providers.base import Volume
+
+from .conftest import Recorder
+from .fakes import FakeProvider
+
+DAY = 86400.0
+
+
+def test_idle_volume_reminder_with_costs_and_no_auto_delete(make_engine, clock, settings):
+    p = FakeProvider("vol", volumes=True)
+    p.volumes["v1"] = Volume(
+        provider="vol",
+        volume_id="v1",
+        name="ckpts",
+        size_gb=100,
+        price_per_gb_month=0.1,
+        idle_since=datetime.fromtimestamp(clock.t, UTC),
+    )
+    p.volumes["v2"] = Volume(
+        provider="vol", volume_id="v2", name="busy", size_gb=50, price_per_gb_month=0.1, attached=True
+    )
+    eng = make_engine(providers={"vol": p})
+    rec = Recorder(eng.bus)
+    views = {v.volume_id: v for v in eng.volumes()}
+    assert views["v1"].cost_per_month == pytest.approx(10.0)
+    assert eng.volume_reminders() == []  # not idle long enough yet
+    clock.advance(settings.volume_idle_days * DAY + 1)
+    (ev,) = eng.volume_reminders()
+    assert ev.kind == "idle_volume" and ev.data["volume_id"] == "v1"
+    assert ev.data["cost_per_month"] == pytest.approx(10.0)
+    assert ev.data["cost_so_far"] == pytest.approx(
+        10.0 * (settings.volume_idle_days * DAY + 1) / (30 * DAY), rel=1e-3
+    )
+    assert "$" in ev.message and "idle_volume" in rec.kinds()
+    assert eng.volume_reminders() == []  # once a day, not on every pass
+    clock.advance(DAY)
+    assert len(eng.volume_reminders()) == 1
+    assert p.deleted_volumes == []  # never deleted without a person
+    eng.keep_volume("vol", "v1", user="alice")
+    clock.advance(2 * DAY)
+    assert eng.volume_reminders() == []  # kept: silenced
+    eng.delete_volume("vol", "v1", user="alice")
+    assert p.deleted_volumes == ["v1"]
+    assert [v.volume_id for v in eng.volumes()] == ["v2"]
+    # Storage is in the ledger.
+    report = eng.spend("month")
+    assert any(line.key == "vol" and line.amount > 0 for line in report.by_provider)
+
+
+def test_delete_unknown_provider_is_refused(engine):
+    with pytest.raises(EngineError):
+        engine.delete_volume("nowhere", "v1", user="alice")
+
+
+def test_daily_summary_reports_yesterday(make_engine, clock):
+    p = FakeProvider("p", price=2.0)
+    eng = make_engine(providers={"p": p})
+    from .conftest import estimate_for, request
+
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
+    clock.advance(3600)
+    eng.stop(job.job_id, user="alice")
+    eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=100))  # awaiting approval
+    clock.advance(DAY)
+    rec = Recorder(eng.bus)
+    ev = eng.daily_summary()
+    assert ev.kind == "daily_summary" and rec.events == [ev]
+    assert ev.data["spent"] == pytest.approx(2.0, abs=1e-4)
+    assert ev.data["by_user"][0][0] == "alice"
+    assert ev.data["finished"] == {"stopped": 1} and ev.data["pending_approval"] == 1
+    assert "$2.00" in ev.message
+
+
+def test_estimate_ranks_the_local_cpu_offer(tmp_path, settings):
+    from bot.engine.service import Engine
+    from bot.planner.request import EstimateRequest
+    from bot.providers.local import LocalProvider
+
+    local = LocalProvider(workdir=tmp_path / "local")
+    eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local})
+    est = eng.estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", seq_len=256, tokens=10_000))
+    fitting = [o for o in est.offers if o.fits]
+    assert fitting and fitting[0].provider == "local" and fitting[0].gpu == "cpu"
+    eng.close()
