@@ -1,0 +1,115 @@
+"""The store: migrations applied on start (no alembic.ini needed), both backends, constraints hold."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
+
+from store.db import make_engine, migrate, normalize_url, session_scope
+from store.models import BudgetAlert, Job, RunnerEventRecord
+
+TABLES = {
+    "jobs",
+    "instances",
+    "volumes",
+    "spend_ledger",
+    "runner_events",
+    "budgets",
+    "budget_alerts",
+    "audit_log",
+    "scheduler_lease",
+    "task_runs",
+    "alembic_version",
+}
+
+
+def _job(job_id: str, key: str | None = None) -> Job:
+    return Job(
+        id=job_id,
+        owner="alice",
+        state="approved",
+        request={"model": "m"},
+        offer={"provider": "p"},
+        idempotency_key=key,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+
+def test_migrate_creates_every_table_from_any_directory(empty_url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no alembic.ini here
+    migrate(empty_url)
+    migrate(empty_url)  # idempotent
+    eng = make_engine(empty_url)
+    assert TABLES <= set(inspect(eng).get_table_names())
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+    eng.dispose()
+
+
+def test_idempotency_key_and_event_seq_are_unique(empty_url):
+    migrate(empty_url)
+    eng = make_engine(empty_url)
+    with session_scope(eng) as s:
+        s.add(_job("a", "k1"))
+        s.add(_job("b", None))
+        s.add(_job("c", None))  # NULL keys do not collide
+    with pytest.raises(IntegrityError), session_scope(eng) as s:
+        s.add(_job("d", "k1"))
+    with session_scope(eng) as s:
+        s.add(RunnerEventRecord(job_id="a", seq=1, kind="progress", at=0.0))
+        s.add(RunnerEventRecord(job_id="b", seq=1, kind="progress", at=0.0))
+    with pytest.raises(IntegrityError), session_scope(eng) as s:
+        s.add(RunnerEventRecord(job_id="a", seq=1, kind="progress", at=0.0))
+    with pytest.raises(IntegrityError), session_scope(eng) as s:
+        for _ in range(2):
+            s.add(BudgetAlert(scope="user", name="a", period="day:x", level=80, spent=1, limit=1, at=0))
+    with Session(eng) as s:
+        job = s.get(Job, "a")
+        assert job.request == {"model": "m"} and job.state == "approved"
+    eng.dispose()
+
+
+def test_sqlite_uses_wal_and_a_busy_timeout(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    migrate(url)
+    eng = make_engine(url)
+    with eng.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
+    eng.dispose()
+
+
+def test_default_url_is_sqlite_in_the_data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "d"))
+    from bot.settings import get_settings
+    from store.db import default_url
+
+    get_settings.cache_clear()
+    assert default_url() == f"sqlite:///{tmp_path / 'd' / 'tunebot.db'}"
+    assert normalize_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+
+
+def test_concurrent_migrations_on_postgres_upgrade_once(pg_empty_url):
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrate(pg_empty_url)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    eng = make_engine(pg_empty_url)
+    assert TABLES <= set(inspect(eng).get_table_names())
+    eng.dispose()
