@@ -7,6 +7,7 @@ Lambda "A100 (40 GB SXM4)", TensorDock "geforcertx4090-pcie-24gb". Cards we do n
 
 from __future__ import annotations
 
+import functools
 import re
 
 from bot.planner.gpus import GPUS
@@ -24,6 +25,7 @@ def _compact(name: str) -> str:
     return _NOISE.sub("", name.lower())
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_gpu(name: str | None, memory_gb: float | None = None) -> str | None:
     """The canonical GPU name for a provider's name (and memory where it disambiguates), or None."""
     if not name:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from bot.planner.offer import Offer
 from bot.providers.base import (
@@ -64,6 +64,7 @@ STATUS_MAP: dict[str | None, InstanceStatus] = {
 }
 
 LIST_PAGE = 25
+_OFFER_LIST = TypeAdapter(list[Offer])
 MAX_PAGES = 1000
 
 
@@ -76,43 +77,97 @@ def vast_status(item: dict[str, Any]) -> tuple[InstanceStatus, str]:
     return map_status(raw, STATUS_MAP), str(raw)
 
 
-def offer_from_vast(
-    item: dict[str, Any], *, interruptible: bool, now: datetime | None = None
-) -> Offer | None:
-    """One Vast ask as an Offer, or None when the GPU is unknown or a needed value is missing."""
-    name = item.get("gpu_name")
+def _fields(item: dict[str, Any], interruptible: bool, now: datetime | None) -> dict[str, Any] | None:
+    """The Offer fields of one Vast ask, or None when the GPU is unknown or a needed value is missing."""
     ram_mb = item.get("gpu_ram")
     mem = round(ram_mb / 1024) if isinstance(ram_mb, int | float) and ram_mb > 0 else None
-    gpu = normalize_gpu(name, mem)
+    gpu = normalize_gpu(item.get("gpu_name"), mem)
     if gpu is None:
         return None
     if interruptible:
         price = item.get("min_bid")
     else:
-        price = item.get("dph_base") if item.get("dph_base") is not None else item.get("dph_total")
-    if price is None or item.get("id") is None:
+        price = item.get("dph_base")
+        if price is None:
+            price = item.get("dph_total")
+    ask_id = item.get("id")
+    if price is None or ask_id is None:
+        return None
+    return {
+        "provider": "vast",
+        "offer_id": str(ask_id),
+        "gpu": gpu,
+        "gpu_count": item.get("num_gpus") or 1,
+        "gpu_memory_gb": gpu_memory(gpu, mem),
+        "price_per_hour": price,
+        "interruptible": interruptible,
+        "reliability": item.get("reliability2"),
+        "location": item.get("geolocation"),
+        "storage_per_gb_month": item.get("storage_cost") or 0.0,
+        "egress_per_gb": item.get("inet_up_cost") or 0.0,
+        "inet_down_mbps": item.get("inet_down"),
+        "preemptions_per_hour": VAST_BID_PREEMPTIONS_PER_HOUR if interruptible else 0.0,
+        "source": "live",
+        "as_of": now,
+        # Only what launch needs (validating the whole ask dict would triple the cost of a search).
+        "raw": {"dph_total": item.get("dph_total"), "machine_id": item.get("machine_id")},
+    }
+
+
+def offer_from_vast(
+    item: dict[str, Any], *, interruptible: bool, now: datetime | None = None
+) -> Offer | None:
+    """One Vast ask as an Offer, or None when the GPU is unknown or a value is missing or invalid."""
+    fields = _fields(item, interruptible, now)
+    if fields is None:
         return None
     try:
-        return Offer(
-            provider="vast",
-            offer_id=str(item["id"]),
-            gpu=gpu,
-            gpu_count=int(item.get("num_gpus") or 1),
-            gpu_memory_gb=gpu_memory(gpu, mem),
-            price_per_hour=float(price),
-            interruptible=interruptible,
-            reliability=item.get("reliability2"),
-            location=item.get("geolocation"),
-            storage_per_gb_month=float(item.get("storage_cost") or 0.0),
-            egress_per_gb=float(item.get("inet_up_cost") or 0.0),
-            inet_down_mbps=item.get("inet_down"),
-            preemptions_per_hour=VAST_BID_PREEMPTIONS_PER_HOUR if interruptible else 0.0,
-            source="live",
-            as_of=now,
-            raw=item,
-        )
+        return Offer(**fields)
     except (ValidationError, TypeError, ValueError):
         return None
+
+
+def offers_from_vast(
+    items: list[dict[str, Any]],
+    *,
+    interruptible: bool,
+    query: OfferQuery | None = None,
+    now: datetime | None = None,
+) -> list[Offer]:
+    """Normalize a whole search answer: filter the raw fields first, then validate the survivors at once."""
+    rows = [f for f in (_fields(i, interruptible, now) for i in items) if f is not None]
+    if query is not None:
+        rows = [r for r in rows if _raw_matches(r, query)]
+        rows.sort(key=lambda r: r["price_per_hour"])
+        rows = rows[: query.limit]
+    try:
+        return _OFFER_LIST.validate_python(rows)
+    except ValidationError:  # one bad row: keep the others
+        return [o for o in (offer_from_vast_fields(r) for r in rows) if o is not None]
+
+
+def offer_from_vast_fields(fields: dict[str, Any]) -> Offer | None:
+    try:
+        return Offer(**fields)
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+def _raw_matches(r: dict[str, Any], q: OfferQuery) -> bool:
+    """The query's filters on raw fields (the same rules as common.offer_matches)."""
+    if q.gpu is not None and r["gpu"] != q.gpu:
+        return False
+    if r["gpu_count"] != q.gpu_count:
+        return False
+    if q.min_gpu_memory_gb is not None and r["gpu_memory_gb"] < q.min_gpu_memory_gb:
+        return False
+    rel = r["reliability"]
+    if rel is not None and rel < q.min_reliability:
+        return False
+    inet = r["inet_down_mbps"]
+    if q.min_inet_down_mbps is not None and inet is not None and inet < q.min_inet_down_mbps:
+        return False
+    return q.max_price_per_hour is None or r["price_per_hour"] <= q.max_price_per_hour
 
 
 def search_body(query: OfferQuery, order_type: str) -> dict[str, Any]:
@@ -169,18 +224,19 @@ class VastProvider(CloudProvider):
         return None
 
     # -- offers ------------------------------------------------------------------------------------
-    def _search(self, body: dict[str, Any], *, interruptible: bool) -> list[Offer]:
+    def _search(
+        self, body: dict[str, Any], *, interruptible: bool, query: OfferQuery | None = None
+    ) -> list[Offer]:
         data = self.http.json("POST", "/api/v0/bundles/", json=body, idempotent=True)
-        now = datetime.now(UTC)
         items = (data or {}).get("offers") or []
-        return [o for o in (offer_from_vast(i, interruptible=interruptible, now=now) for i in items) if o]
+        return offers_from_vast(items, interruptible=interruptible, query=query, now=datetime.now(UTC))
 
     def search_offers(self, query: OfferQuery) -> list[Offer]:
         offers: list[Offer] = []
         if query.interruptible in (None, False):
-            offers += self._search(search_body(query, "on-demand"), interruptible=False)
+            offers += self._search(search_body(query, "on-demand"), interruptible=False, query=query)
         if query.interruptible in (None, True):
-            offers += self._search(search_body(query, "bid"), interruptible=True)
+            offers += self._search(search_body(query, "bid"), interruptible=True, query=query)
         return finish_search(offers, query)
 
     def quote(self, offer: Offer) -> Offer:
