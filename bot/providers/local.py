@@ -53,6 +53,7 @@ BOT_ONLY_ENV = frozenset(
         "DATABASE_URL",
     }
 )
+FORGET_TERMINATED_AFTER_S = 7 * 24 * 3600.0  # terminated records kept a week (status answers "terminated")
 KILLED_EXIT_CODE = 137  # recorded when the grace period ran out and we had to SIGKILL
 
 # Runs "$@" in the background, records its pid, waits for it and writes its exit status atomically
@@ -229,6 +230,11 @@ class LocalProvider:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):
                     return self._instance(rec)
+            cutoff = time.time() - FORGET_TERMINATED_AFTER_S
+            for iid in [
+                i for i, r in state.items() if r.get("terminated") and r.get("terminated_at", 0) < cutoff
+            ]:
+                del state[iid]  # long gone; their logs stay in instances/<id>/
             instance_id = f"local-{uuid.uuid4().hex[:10]}"
             folder = self.instance_dir(instance_id)
             folder.mkdir(parents=True, exist_ok=True)
