@@ -172,7 +172,8 @@ class Trainer:
         if self.state.plateau:
             self.plateau.load_state_dict(self.state.plateau)
         if group.main:
-            self.reporter = Reporter(spec, start_seq=self.state.reporter_seq)
+            start_seq = max(self.state.reporter_seq, _next_seq_in_progress(spec))
+            self.reporter = Reporter(spec, start_seq=start_seq)
             from runner.wandb_log import WandbLog
 
             self.wandb = WandbLog()
@@ -342,7 +343,9 @@ class Trainer:
         self.state.plateau = self.plateau.state_dict()
         self.state.world_size = group.world
         if self.reporter is not None:
-            self.state.reporter_seq = self.reporter.seq
+            # +1: the event that announces this checkpoint (checkpoint, preempted, plateau) comes right after
+            # it, so a run resumed from it must not reuse that event's seq.
+            self.state.reporter_seq = self.reporter.seq + 1
         rngs = group.gather_objects(ckpt.rng_state())
         uri = self.store.uri_of(self.state.step)
         if group.main:
@@ -424,3 +427,16 @@ class Trainer:
         if self.group is not None:
             self.group.close()
 
+
+
+def _next_seq_in_progress(spec: JobSpec) -> int:
+    """After the newest checkpoint's seq, the progress object may know later events (a SIGKILL after them)."""
+    import fsspec
+
+    from runner.spec import progress_uri
+
+    try:
+        with fsspec.open(progress_uri(spec.checkpoint.uri), "rb") as handle:
+            return int(json.loads(handle.read()).get("last_seq", -1)) + 1
+    except Exception:  # no progress object yet, or unreadable: the checkpoint's seq is all we know
+        return 0

@@ -103,3 +103,102 @@ def runner_job(runner_tiny_dir: Path, tmp_path: Path) -> Callable[..., Any]:
         return JobSpec.model_validate(base)
 
     return build
+
+
+class RunnerProcess:
+    """`python -m runner.cli --spec ...` in a subprocess; can SIGTERM it once a given step is printed."""
+
+    def __init__(self, spec_path: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner.cli", "--spec", str(spec_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.stderr = ""
+
+    def finish(self, *, sigterm_at_step: int | None = None, delay: float = 0.0,
+               timeout: float = 240) -> tuple[int, dict[str, Any]]:
+        """Read stdout to the end (SIGTERM after `step N/` with N >= sigterm_at_step); return (rc, summary)."""
+        import signal
+        import threading
+        import time
+
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        err_chunks: list[str] = []
+        reader = threading.Thread(target=lambda: err_chunks.append(self.proc.stderr.read()), daemon=True)
+        reader.start()
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        sent = False
+        try:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if sigterm_at_step is not None and not sent and line.startswith("step "):
+                    step = int(line.split()[1].split("/")[0])
+                    if step >= sigterm_at_step:
+                        time.sleep(delay)
+                        self.proc.send_signal(signal.SIGTERM)
+                        sent = True
+            rc = self.proc.wait()
+        finally:
+            timer.cancel()
+        reader.join(10)
+        self.stderr = "".join(err_chunks)
+        assert self.lines, f"no output (rc {rc}); stderr:\n{self.stderr[-3000:]}"
+        try:
+            summary = json.loads(self.lines[-1])
+        except json.JSONDecodeError:
+            raise AssertionError(f"last line is not the summary: {self.lines[-5:]}\n{self.stderr[-3000:]}") from None
+        return rc, summary
+
+
+@pytest.fixture
+def runner_process() -> Callable[..., RunnerProcess]:
+    return RunnerProcess
+
+
+@pytest.fixture
+def write_spec(tmp_path: Path) -> Callable[..., Path]:
+    """Write a JobSpec to tmp_path/<name> and return the path."""
+
+    def write(spec: Any, name: str = "job.json") -> Path:
+        path = tmp_path / name
+        path.write_text(spec.model_dump_json(indent=2))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def event_receiver() -> Any:
+    """A local HTTP receiver (ThreadingHTTPServer on 127.0.0.1) recording RunnerEvent bodies and auth headers."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str | None, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with lock:
+                received.append((self.headers.get("Authorization"), json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/runner/events"  # type: ignore[attr-defined]
+    server.received = received  # type: ignore[attr-defined]
+    yield server
+    server.shutdown()
+    server.server_close()
