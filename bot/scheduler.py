@@ -76,13 +76,20 @@ def default_tasks(engine: Engine, *, tick_every_s: float | None = None) -> dict[
         live_catalog(s, providers=engine.providers)
 
     return {
-        "tick": Task(engine.tick, every_s=tick_every_s or min(period, 30.0)),
+        "tick": Task(engine.tick, every_s=tick_every_s or min(period, 10.0)),
         "reconcile": Task(engine.reconcile, every_s=period),
         "spend_rollup": Task(engine.roll_up_spend, every_s=300.0),
         "volume_reminders": Task(engine.volume_reminders, every_s=3600.0),
         "catalog_refresh": Task(refresh_catalog, every_s=max(s.catalog_ttl_s, 60.0)),
         "daily_summary": Task(engine.daily_summary, at=s.summary_time, timezone=s.summary_timezone),
     }
+
+
+def start_scheduler(engine: Engine, settings: Any = None, *, tick_every_s: float | None = 10.0) -> Scheduler:
+    """Start the bot's scheduler (the default tasks); call ``.shutdown()`` on the result to stop it."""
+    sched = Scheduler(engine, tasks=default_tasks(engine, tick_every_s=tick_every_s))
+    sched.start()
+    return sched
 
 
 def run_task(holder: str, name: str) -> None:
@@ -283,6 +290,9 @@ class Scheduler:
             _registry[self.holder] = self
         self._thread = threading.Thread(target=self._loop, name="tunebot-scheduler", daemon=True)
         self._thread.start()
+
+    def shutdown(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,9 +1,293 @@
-"""Commands registered on the `tunebot` app (filled in by the owning concern)."""
+"""`tunebot launch | jobs | approve | stop | spend | reconcile | volumes`: the job engine on the command line.
+
+Each command builds an ``Engine`` on the configured database (SQLite in the data folder by default)
+and providers (the local one always). Heavy imports happen inside the commands. Bad input gets a
+clear message and exit code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from typing import Any, NoReturn
+
 import typer
+
+FINAL_STATES = ("succeeded", "failed", "cancelled", "stopped")
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _engine():  # type: ignore[no-untyped-def]
+    from bot.engine.service import Engine
+
+    try:
+        return Engine()
+    except Exception as exc:  # noqa: BLE001 - a bad DATABASE_URL or unreachable database
+        _fail(f"cannot open the job database: {type(exc).__name__}: {exc}")
+
+
+def _user(user: str | None) -> str:
+    return user or os.environ.get("USER") or "cli"
+
+
+def _print_job(view: Any) -> None:
+    loss = f"{view.loss:.4f}" if view.loss is not None else "-"
+    steps = f"{view.step}/{view.max_steps}" if view.max_steps else str(view.step)
+    where = f"{view.provider or '-'} {view.gpu or ''}".strip()
+    price = f"${view.price_per_hour:.2f}/h" if view.price_per_hour is not None else "-"
+    reason = f" ({view.stop_reason})" if view.stop_reason else ""
+    typer.echo(
+        f"{view.job_id}  {view.state}{reason}  {view.owner}  {view.model} [{view.method}]  {where} {price}  "
+        f"step {steps}  loss {loss}  spend ${view.spend:.4f} of cap ${view.max_cost or 0:.2f}  "
+        f"preemptions {view.preemptions}"
+    )
+    if view.message:
+        typer.echo(f"    {view.message}")
+    if view.output_uri and view.state in FINAL_STATES:
+        typer.echo(f"    output: {view.output_uri}")
+
+
+def launch_command(
+    model: str = typer.Argument(..., help="Hub id, built-in name or model folder."),
+    dataset: str = typer.Option(..., "--dataset", help="Training data (jsonl path or fsspec URI)."),
+    method: str = typer.Option("lora", "--method", help="full, lora or qlora."),
+    lora_r: int = typer.Option(16, "--lora-r"),
+    batch_size: int = typer.Option(1, "--batch-size"),
+    seq_len: int = typer.Option(2048, "--seq-len"),
+    grad_accum: int = typer.Option(1, "--grad-accum"),
+    epochs: float = typer.Option(1.0, "--epochs"),
+    gpus: int = typer.Option(1, "--gpus"),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
+    choice: str = typer.Option("cheapest", "--choice", help="cheapest, safest, fastest or an offer key."),
+    max_cost: float | None = typer.Option(
+        None, "--max-cost", help="Spend cap in USD (default: 2x the estimate)."
+    ),
+    user: str | None = typer.Option(None, "--user", help="Who asks (default: $USER)."),
+    team: str | None = typer.Option(None, "--team"),
+    key: str | None = typer.Option(
+        None, "--idempotency-key", help="Repeating a launch with a key is a no-op."
+    ),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
+) -> None:
+    """Launch a fine-tune on the chosen offer (price locked now; approval above the configured amount)."""
+    from pydantic import ValidationError
+
+    from bot.engine.api import EngineError
+    from bot.planner.errors import PlanningError
+    from bot.planner.request import EstimateRequest
+
+    try:
+        req = EstimateRequest(
+            model=model,
+            dataset=dataset,
+            method=method,
+            lora_r=lora_r,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            grad_accum=grad_accum,
+            epochs=epochs,
+            gpus=gpus,
+        )
+    except ValidationError as exc:
+        _fail(
+            "; ".join(f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        )
+    if max_cost is not None and max_cost <= 0:
+        _fail("--max-cost must be positive")
+    engine = _engine()
+    try:
+        overrides = {"max_steps": max_steps} if max_steps else None
+        view = engine.create_job(
+            req,
+            user=_user(user),
+            choice=choice,
+            max_cost=max_cost,
+            idempotency_key=key,
+            team=team,
+            spec_overrides=overrides,
+        )
+    except (EngineError, PlanningError) as exc:
+        engine.close()
+        _fail(str(exc))
+    _print_job(view)
+    if view.state == "pending_approval":
+        typer.echo(f"    needs approval by someone else: tunebot approve {view.job_id} --user <them>")
+    try:
+        while wait and view.state not in FINAL_STATES + ("pending_approval",):
+            time.sleep(2.0)
+            engine.tick()
+            new = engine.get_job(view.job_id)
+            if (new.step, new.state) != (view.step, view.state):
+                _print_job(new)
+            view = new
+    except KeyboardInterrupt:
+        typer.echo("stopped following; the job keeps running (tunebot jobs to check).")
+    finally:
+        engine.close()
+
+
+def jobs_command(
+    job_id: str | None = typer.Argument(None, help="Show one job."),
+    user: str | None = typer.Option(None, "--user", help="Only this user's jobs."),
+    active: bool = typer.Option(False, "--active", help="Only jobs not finished."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List jobs (newest first) or show one."""
+    from bot.engine.api import EngineError
+
+    engine = _engine()
+    try:
+        views = [engine.get_job(job_id)] if job_id else engine.list_jobs(user=user, active_only=active)
+    except EngineError as exc:
+        _fail(str(exc))
+    finally:
+        engine.close()
+    if as_json:
+        typer.echo(json.dumps([v.model_dump(mode="json", exclude={"losses"}) for v in views], indent=1))
+        return
+    if not views:
+        typer.echo("no jobs")
+    for v in views:
+        _print_job(v)
+
+
+def approve_command(
+    job_id: str = typer.Argument(...), user: str | None = typer.Option(None, "--user")
+) -> None:
+    """Approve a job that needs it (not your own)."""
+    from bot.engine.api import EngineError
+
+    engine = _engine()
+    try:
+        _print_job(engine.approve(job_id, approver=_user(user)))
+    except EngineError as exc:
+        _fail(str(exc))
+    finally:
+        engine.close()
+
+
+def stop_command(job_id: str = typer.Argument(...), user: str | None = typer.Option(None, "--user")) -> None:
+    """Stop a job gracefully (it checkpoints first); a job not launched yet is cancelled."""
+    from bot.engine.api import EngineError
+
+    engine = _engine()
+    try:
+        _print_job(engine.stop(job_id, user=_user(user)))
+    except EngineError as exc:
+        _fail(str(exc))
+    finally:
+        engine.close()
+
+
+def spend_command(
+    period: str = typer.Argument("today", help="today, week or month."),
+    user: str | None = typer.Option(None, "--user"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Spend by user, provider and job, from the prices locked at launch."""
+    if period not in ("today", "week", "month"):
+        _fail(f"unknown period {period!r}: use today, week or month")
+    engine = _engine()
+    try:
+        report = engine.spend(period, user=user)  # type: ignore[arg-type]
+    finally:
+        engine.close()
+    if as_json:
+        typer.echo(report.model_dump_json(indent=1))
+        return
+    typer.echo(f"spend {period} (since {report.start:%Y-%m-%d %H:%M} UTC): ${report.total:.2f}")
+    for title, lines in (
+        ("by user", report.by_user),
+        ("by provider", report.by_provider),
+        ("by job", report.by_job),
+    ):
+        if lines:
+            typer.echo(f"  {title}:")
+            for line in lines[:20]:
+                budget = f" of ${line.budget:.2f}" if line.budget else ""
+                typer.echo(f"    {line.key:<24} ${line.amount:.4f}{budget}")
+
+
+def reconcile_command(
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Also resume every active job."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare every provider's labelled instances with the database and fix both sides."""
+    engine = _engine()
+    try:
+        report = engine.reconcile()
+        if resume:
+            engine.resume_all()
+    finally:
+        engine.close()
+    data = {k: v for k, v in vars(report).items()}
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    typer.echo(
+        f"seen {report.seen} instances; adopted {len(report.adopted)}, terminated {len(report.terminated)} "
+        f"strays/duplicates, {len(report.finished_terminated)} of finished jobs, lost {len(report.lost)}"
+        + (
+            f"; skipped (unreachable): {', '.join(report.skipped_providers)}"
+            if report.skipped_providers
+            else ""
+        )
+    )
+
+
+def volumes_command(
+    delete: str | None = typer.Option(None, "--delete", help="Delete this volume id (asks to confirm)."),
+    keep: str | None = typer.Option(None, "--keep", help="Keep this volume id: no reminders for 30 days."),
+    provider: str | None = typer.Option(
+        None, "--provider", help="The volume's provider (with --delete/--keep)."
+    ),
+    yes: bool = typer.Option(False, "--yes", help="Confirm the deletion without asking."),
+    user: str | None = typer.Option(None, "--user"),
+) -> None:
+    """Volumes with size, price, cost so far and idle time; delete only with your confirmation."""
+    from bot.engine.api import EngineError
+
+    if (delete or keep) and not provider:
+        _fail("--provider is needed with --delete or --keep")
+    engine = _engine()
+    try:
+        if delete:
+            if not yes and not typer.confirm(f"Delete volume {delete} on {provider}? Its data is lost."):
+                typer.echo("not deleted")
+                return
+            engine.delete_volume(provider, delete, user=_user(user))  # type: ignore[arg-type]
+            typer.echo(f"deleted {delete} on {provider}")
+            return
+        if keep:
+            engine.keep_volume(provider, keep, user=_user(user))  # type: ignore[arg-type]
+            typer.echo(f"keeping {keep} on {provider}: no reminders for 30 days")
+            return
+        views = engine.volumes()
+    except EngineError as exc:
+        _fail(str(exc))
+    finally:
+        engine.close()
+    if not views:
+        typer.echo("no volumes")
+    for v in views:
+        idle = f"idle since {v.idle_since:%Y-%m-%d}" if v.idle_since else "in use"
+        typer.echo(
+            f"{v.provider}:{v.volume_id}  {v.name}  {v.size_gb:g} GB  ${v.cost_per_month:.2f}/month  "
+            f"${v.cost_so_far:.2f} so far  {idle}"
+        )
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+    app.command("launch")(launch_command)
+    app.command("jobs")(jobs_command)
+    app.command("approve")(approve_command)
+    app.command("stop")(stop_command)
+    app.command("spend")(spend_command)
+    app.command("reconcile")(reconcile_command)
+    app.command("volumes")(volumes_command)

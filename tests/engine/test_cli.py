@@ -1,0 +1,56 @@
+"""`tunebot launch | jobs | spend | reconcile | volumes`: clear messages, exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from bot.cli import app
+
+from .conftest import estimate_for, request
+from .fakes import FakeProvider
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "cli"))
+    from bot.settings import get_settings
+
+    get_settings.cache_clear()
+    return tmp_path / "cli"
+
+
+def test_bad_input_is_exit_2_without_traceback(cli_env):
+    runner = CliRunner()
+    for args in (
+        ["spend", "decade"],
+        ["volumes", "--delete", "v1"],
+        ["launch", "m", "--dataset", "d", "--seq-len", "1"],
+        ["jobs", "nope"],
+        ["launch", "m", "--dataset", "d", "--max-cost", "-1"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output and "error:" in result.output
+
+
+def test_jobs_spend_reconcile_volumes_show_engine_state(cli_env):
+    from bot.engine.service import Engine
+    from bot.settings import get_settings
+
+    fake = FakeProvider("fake")
+    eng = Engine(get_settings(), providers={"fake": fake})
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(fake))
+    eng.stop(job.job_id, user="alice")
+    eng.close()
+    runner = CliRunner()
+    out = runner.invoke(app, ["jobs"])
+    assert out.exit_code == 0 and job.job_id in out.output and "stopped" in out.output
+    out = runner.invoke(app, ["jobs", job.job_id, "--json"])
+    assert out.exit_code == 0 and '"state": "stopped"' in out.output
+    out = runner.invoke(app, ["spend", "month"])
+    assert out.exit_code == 0 and "alice" in out.output
+    out = runner.invoke(app, ["reconcile", "--no-resume"])
+    assert out.exit_code == 0 and "adopted 0" in out.output
+    out = runner.invoke(app, ["volumes"])
+    assert out.exit_code == 0 and "no volumes" in out.output
