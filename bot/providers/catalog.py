@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from bot.settings import Settings
 
 CLOUDS: tuple[str, ...] = ("vast", "runpod", "lambda", "tensordock")
+GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)  # the offer sizes the snapshot carries; live answers match them
 KEY_ENV = {
     "vast": "VAST_API_KEY",
     "runpod": "RUNPOD_API_KEY",
@@ -126,24 +128,37 @@ def live_catalog(
     clients, names = _resolve_providers(settings, providers)
     snap_offers, snap_date, snap_problem = _snapshot()
     phrase = _snapshot_phrase(snap_date, now.date())
-    query = OfferQuery(gpu=gpu, interruptible=interruptible, min_reliability=settings.min_reliability)
+    queries = [
+        OfferQuery(
+            gpu=gpu, gpu_count=n, interruptible=interruptible, min_reliability=settings.min_reliability
+        )
+        for n in GPU_COUNTS
+    ]
+
+    def ask(client: Provider) -> list[Offer] | ProviderError:
+        try:
+            return [o for q in queries for o in _cached_search(client, q, settings.catalog_ttl_s)]
+        except ProviderError as exc:
+            return exc
+
+    # One thread per cloud: a slow API delays only its own answer, not the others'.
+    with ThreadPoolExecutor(max_workers=max(1, len(clients)), thread_name_prefix="catalog") as pool:
+        answers = dict(zip(clients, pool.map(ask, clients.values()), strict=True))
 
     offers: list[Offer] = []
     notes: list[str] = []
     live: list[str] = []
     from_snapshot: list[str] = []
     for name in names:
-        client = clients.get(name)
-        reason: str | None = None
-        if client is None:
+        answer = answers.get(name)
+        if isinstance(answer, list):
+            offers.extend(answer)
+            live.append(name)
+            continue
+        if answer is None:
             reason = f"no {KEY_ENV.get(name, name.upper() + '_API_KEY')}"
         else:
-            try:
-                offers.extend(_cached_search(client, query, settings.catalog_ttl_s))
-                live.append(name)
-                continue
-            except ProviderError as exc:
-                reason = f"live prices unavailable ({type(exc).__name__}: {exc})"
+            reason = f"live prices unavailable ({type(answer).__name__}: {answer})"
         mine = [o for o in snap_offers if o.provider == name and _matches(o, gpu, interruptible)]
         offers.extend(mine)
         from_snapshot.append(name)
@@ -178,6 +193,7 @@ def _cached_search(client: Provider, query: OfferQuery, ttl_s: float) -> list[Of
         client.name,
         getattr(client, "base_url", None),
         query.gpu,
+        query.gpu_count,
         query.interruptible,
         query.min_reliability,
         id(client) if not getattr(client, "base_url", None) else 0,

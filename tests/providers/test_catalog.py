@@ -35,6 +35,7 @@ def test_keys_set_and_clouds_up_gives_live_offers_only(fake_clouds) -> None:
     assert all(o.source == "live" for o in cat.offers)
     prices = [o.price_per_hour for o in cat.offers]
     assert prices == sorted(prices)
+    assert {o.gpu_count for o in cat.offers} >= {1, 2, 8}  # multi-GPU offers, like the snapshot's
 
 
 def test_a_cloud_without_a_key_falls_back_to_its_snapshot_with_a_dated_note(fake_vast) -> None:
@@ -65,7 +66,7 @@ def test_keys_from_the_environment_reach_the_fake(monkeypatch, fake_lambda) -> N
     use_fake_env(monkeypatch, fake_lambda)
     cat = live_catalog(providers=["lambda"], now=NOW)
     assert cat.source == "live" and cat.offers and all(o.provider == "lambda" for o in cat.offers)
-    assert fake_lambda.count("search") == 1
+    assert fake_lambda.count("search") == len(catalog.GPU_COUNTS)
 
 
 def test_a_cloud_that_is_down_falls_back_to_its_snapshot(fake_runpod) -> None:
@@ -82,10 +83,11 @@ def test_live_answers_are_cached_for_the_ttl(fake_tensordock) -> None:
     clients = {"tensordock": client_for(fake_tensordock)}
     live_catalog(get_settings(), providers=clients, now=NOW)
     live_catalog(get_settings(), providers=clients, now=NOW)
-    assert fake_tensordock.count("search") == 1
+    per_refresh = len(catalog.GPU_COUNTS)
+    assert fake_tensordock.count("search") == per_refresh
     catalog.clear_cache()
     live_catalog(get_settings(), providers=clients, now=NOW)
-    assert fake_tensordock.count("search") == 2
+    assert fake_tensordock.count("search") == 2 * per_refresh
 
 
 def test_zero_ttl_always_asks_again(monkeypatch, fake_tensordock) -> None:
@@ -94,7 +96,7 @@ def test_zero_ttl_always_asks_again(monkeypatch, fake_tensordock) -> None:
     clients = {"tensordock": client_for(fake_tensordock)}
     live_catalog(get_settings(), providers=clients, now=NOW)
     live_catalog(get_settings(), providers=clients, now=NOW)
-    assert fake_tensordock.count("search") == 2
+    assert fake_tensordock.count("search") == 2 * len(catalog.GPU_COUNTS)
 
 
 def test_filters_apply_to_live_and_snapshot_offers(fake_vast) -> None:
@@ -106,3 +108,15 @@ def test_filters_apply_to_live_and_snapshot_offers(fake_vast) -> None:
         now=NOW,
     )
     assert cat.offers and all(o.gpu == "rtx-4090" and not o.interruptible for o in cat.offers)
+
+
+def test_tunebot_gpus_live_shows_live_offers_with_keys_and_notes_without(monkeypatch, fake_vast) -> None:
+    from typer.testing import CliRunner
+
+    from bot.cli import app
+
+    use_fake_env(monkeypatch, fake_vast)
+    result = CliRunner().invoke(app, ["gpus", "--live", "--gpu", "rtx-4090"])
+    assert result.exit_code == 0, result.output
+    assert "mixed" in result.output and "vast: no VAST_API_KEY" not in result.output
+    assert "runpod: no RUNPOD_API_KEY" in result.output and fake_vast.count("search") > 0
