@@ -108,7 +108,8 @@ def runner_job(runner_tiny_dir: Path, tmp_path: Path) -> Callable[..., Any]:
 class RunnerProcess:
     """`python -m runner.cli --spec ...` in a subprocess; can SIGTERM it once a given step is printed."""
 
-    def __init__(self, spec_path: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, spec_path: Path, *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         import os
         import subprocess
         import sys
@@ -123,7 +124,7 @@ class RunnerProcess:
 
     def finish(self, *, sigterm_at_step: int | None = None, delay: float = 0.0,
                timeout: float = 240) -> tuple[int, dict[str, Any]]:
-        """Read stdout to the end (SIGTERM after `step N/` with N >= sigterm_at_step); return (rc, summary)."""
+        """Read stdout to the end (SIGTERM once `step N/` with N >= sigterm_at_step shows); (rc, summary)."""
         import signal
         import threading
         import time
@@ -153,7 +154,8 @@ class RunnerProcess:
         try:
             summary = json.loads(self.lines[-1])
         except json.JSONDecodeError:
-            raise AssertionError(f"last line is not the summary: {self.lines[-5:]}\n{self.stderr[-3000:]}") from None
+            tail = f"{self.lines[-5:]}\n{self.stderr[-3000:]}"
+            raise AssertionError(f"last line is not the summary: {tail}") from None
         return rc, summary
 
 
@@ -176,7 +178,7 @@ def write_spec(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture
 def event_receiver() -> Any:
-    """A local HTTP receiver (ThreadingHTTPServer on 127.0.0.1) recording RunnerEvent bodies and auth headers."""
+    """A local HTTP receiver (ThreadingHTTPServer on 127.0.0.1) recording event bodies and auth headers."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -202,3 +204,43 @@ def event_receiver() -> Any:
     yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`moto_server` on a free loopback port with a bucket "tunebot"; s3fs finds it via AWS_ENDPOINT_URL."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path as _Path
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = _Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+                       "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "eu-west-1"}.items():
+        monkeypatch.setenv(key, value)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.2)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(
+        Bucket="tunebot", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    yield endpoint
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(10)

@@ -49,7 +49,7 @@ def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
     assert rc == EXIT_OK and final["status"] == "finished", final
 
     assert resumed_from[0] is None and all(resumed_from[1:])
-    assert final["resumed_from"].endswith("/checkpoint-%d" % summary["steps"])
+    assert final["resumed_from"].endswith(f"/checkpoint-{summary['steps']}")
     assert final["steps"] == baseline.steps == 14
     assert final["tokens"] == baseline.tokens
     assert abs(final["final_loss"] - baseline.final_loss) < 1e-3, (final["final_loss"], baseline.final_loss)
@@ -68,28 +68,42 @@ def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_complete_one(
-        small_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]) -> None:
-    spec = small_job(max_steps=8, checkpoint={"every_minutes": 0.001, "keep": 1})
-    spec_path = write_spec(spec)
-    killed = runner_process(spec_path, env={"TUNEBOT_TEST_KILL_DURING_SAVE": "3"})
-    rc = None
+def test_sigkill_mid_upload_to_s3_then_a_fresh_directory_resumes_from_the_previous_complete_checkpoint(
+        small_job: Callable[..., Any], runner_tiny_dir: Path, write_spec: Callable[..., Path],
+        runner_process: Callable[..., Any], moto_s3: str, tmp_path: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.put(str(runner_tiny_dir / "model"), "tunebot/base/", recursive=True)
+    fs.put_file(small_job().dataset.uri, "tunebot/data/small.jsonl")
+    spec = small_job(max_steps=6, base_model="s3://tunebot/base/model",
+                     dataset={"uri": "s3://tunebot/data/small.jsonl"},
+                     checkpoint={"uri": "s3://tunebot/jobs/j1", "every_minutes": 0.001, "keep": 2},
+                     output_uri="s3://tunebot/out/j1")
+    first_dir, fresh_dir = tmp_path / "host-1", tmp_path / "host-2"
+    first_dir.mkdir(), fresh_dir.mkdir()
+    write_spec(spec, "host-1/job.json"), write_spec(spec, "host-2/job.json")
+
+    killed = runner_process(first_dir / "job.json", cwd=first_dir, env={"TUNEBOT_TEST_KILL_DURING_SAVE": "2"})
     try:
         killed.finish()
     except AssertionError:
         pass  # SIGKILL leaves no summary line
-    rc = killed.proc.returncode
-    assert rc == -9
+    assert killed.proc.returncode == -9, killed.stderr[-2000:]
 
     store = CheckpointStore(spec.checkpoint.uri)
     complete = store.complete_steps()
-    root = Path(spec.checkpoint.uri)
-    partial = [p for p in root.glob("checkpoint-*") if not (p / MARKER).exists()]
-    assert len(complete) == 1 and len(partial) == 1  # keep=1, and the killed write has no marker
-    assert int(partial[0].name.split("-")[1]) > complete[0]
+    fs.invalidate_cache()
+    partial = [p for p in fs.ls("tunebot/jobs/j1") if "checkpoint-" in p and not fs.exists(f"{p}/{MARKER}")]
+    assert len(complete) == 1 and len(partial) == 1  # the killed upload has files but no marker
 
-    rc, summary = runner_process(spec_path).finish()
+    rc, summary = runner_process(fresh_dir / "job.json", cwd=fresh_dir).finish()
     assert rc == EXIT_OK, summary
-    assert summary["resumed_from"] == f"{spec.checkpoint.uri}/checkpoint-{complete[0]}"
-    assert summary["steps"] == 8
-    assert not [p for p in root.glob("checkpoint-*") if not (p / MARKER).exists()]  # leftovers pruned
+    assert summary["resumed_from"] == f"s3://tunebot/jobs/j1/checkpoint-{complete[0]}"
+    assert summary["steps"] == 6 and summary["output_uri"] == "s3://tunebot/out/j1"
+    fs.invalidate_cache()
+    assert fs.exists("tunebot/out/j1/adapter_model.safetensors")
+    assert fs.exists("tunebot/out/j1/training_summary.json")
+    assert fs.exists("tunebot/jobs/j1/progress.json")
+    assert len(store.complete_steps()) == 2  # pruned to keep=2, the killed leftover removed
+    assert not [p for p in fs.ls("tunebot/jobs/j1") if "checkpoint-" in p and not fs.exists(f"{p}/{MARKER}")]

@@ -27,7 +27,8 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(
                                          "model/model.safetensors", "model/tokenizer.json"}
     differing = {name for name in first if first[name] != second[name]}
     assert differing == {"job.json"}  # only because it names its own folder
-    normalised = (again / "job.json").read_text().replace(str(again.resolve()), str(runner_tiny_dir.resolve()))
+    job_text = (again / "job.json").read_text()
+    normalised = job_text.replace(str(again.resolve()), str(runner_tiny_dir.resolve()))
     assert normalised == (runner_tiny_dir / "job.json").read_text()
 
     other = tmp_path / "other"
