@@ -145,28 +145,38 @@ def ensure_terminated(
         attempt += 1
 
 
-def check_price(provider: Provider, offer: Offer, accepted_price_per_hour: float, tolerance: float) -> Offer:
-    """The live offer, if its price is within ``accepted * (1 + tolerance)``; else PriceChangedError.
+def live_quote(provider: Provider, offer: Offer) -> Offer:
+    """The live version of an offer: the same ask if it is still sold, else the cheapest equivalent.
 
-    Raises CapacityError when the offer is no longer sold.
+    A snapshot offer (``source="snapshot"``, ids like ``rtx-4090x1``) has no live twin by id; it is
+    quoted as the cheapest live offer of the same GPU, count and class. Marketplace asks vanish all
+    the time, so a live offer that is gone is quoted the same way. CapacityError when none is sold.
     """
     quote = getattr(provider, "quote", None)
-    if callable(quote):
-        live = quote(offer)
-    else:
-        query = OfferQuery(
-            gpu=offer.gpu,
-            gpu_count=offer.gpu_count,
-            min_reliability=0.0,
-            interruptible=offer.interruptible,
-            limit=10_000,
-        )
-        matches = [o for o in provider.search_offers(query) if o.offer_id == offer.offer_id]
-        if not matches:
-            raise CapacityError(
-                f"{provider.name}: offer {offer.offer_id} is no longer available", provider=provider.name
-            )
-        live = matches[0]
+    if offer.source == "live" and callable(quote):
+        try:
+            return quote(offer)
+        except CapacityError:
+            pass  # that very ask is gone: an equivalent one will do
+    query = OfferQuery(gpu=offer.gpu, gpu_count=offer.gpu_count, interruptible=offer.interruptible, limit=50)
+    matches = provider.search_offers(query)
+    same = [o for o in matches if o.offer_id == offer.offer_id]
+    if same or matches:
+        return (same or matches)[0]
+    kind = "interruptible" if offer.interruptible else "on-demand"
+    raise CapacityError(
+        f"{provider.name}: no {offer.gpu} x{offer.gpu_count} ({kind}) is available now",
+        provider=provider.name,
+    )
+
+
+def check_price(provider: Provider, offer: Offer, accepted_price_per_hour: float, tolerance: float) -> Offer:
+    """The live offer to launch, if its price is within ``accepted * (1 + tolerance)``.
+
+    Raises PriceChangedError (both prices in the message) when the live price rose more than that,
+    CapacityError when nothing equivalent is sold any more.
+    """
+    live = live_quote(provider, offer)
     limit = accepted_price_per_hour * (1.0 + tolerance)
     if live.price_per_hour > limit + 1e-9:
         rise = (

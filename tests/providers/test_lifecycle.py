@@ -152,9 +152,28 @@ def test_check_price_stops_a_launch_when_the_price_rose_too_much(cloud) -> None:
     assert "launch stopped" in message
 
 
-def test_check_price_of_a_vanished_offer_is_a_capacity_error(cloud) -> None:
+def test_check_price_of_a_vanished_offer_quotes_an_equivalent_one(cloud) -> None:
     provider, fake = cloud
     offer = provider.search_offers(OfferQuery())[0]
-    gone = offer.model_copy(update={"offer_id": "999999" if fake.provider == "vast" else "nope@nowhere"})
+    gone = offer.model_copy(update={"offer_id": "999999" if fake.provider == "vast" else "nope@nowhere:x"})
+    live = check_price(provider, gone, accepted_price_per_hour=offer.price_per_hour, tolerance=0.1)
+    assert live.gpu == offer.gpu and live.gpu_count == 1 and live.price_per_hour <= offer.price_per_hour * 1.1
+    unsold = gone.model_copy(update={"gpu_count": 16})  # nobody sells 16-GPU machines
     with pytest.raises(CapacityError):
-        check_price(provider, gone, accepted_price_per_hour=offer.price_per_hour, tolerance=0.1)
+        check_price(provider, unsold, accepted_price_per_hour=offer.price_per_hour, tolerance=0.1)
+
+
+def test_check_price_of_a_snapshot_offer_uses_the_cheapest_live_equivalent(cloud) -> None:
+    from bot.planner.catalog import snapshot_offers
+
+    provider, fake = cloud
+    live_offers = provider.search_offers(OfferQuery(interruptible=False))
+    gpu = live_offers[0].gpu
+    snap = next(
+        (o for o in snapshot_offers() if o.gpu == gpu and o.gpu_count == 1 and not o.interruptible), None
+    )
+    if snap is None:
+        pytest.skip(f"the snapshot has no 1x {gpu} on-demand offer")
+    snap = snap.model_copy(update={"provider": fake.provider})
+    live = check_price(provider, snap, accepted_price_per_hour=live_offers[0].price_per_hour, tolerance=0.0)
+    assert live.source == "live" and live.offer_id == live_offers[0].offer_id
