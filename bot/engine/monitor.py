@@ -57,44 +57,48 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
         if job is None:
             return 0
         seqs = [e.seq for e in events]
-        known = set(
-            s.execute(
-                select(RunnerEventRecord.seq).where(
+        known = {
+            r.seq: r
+            for r in s.execute(
+                select(RunnerEventRecord).where(
                     RunnerEventRecord.job_id == job_id, RunnerEventRecord.seq.in_(seqs)
                 )
             ).scalars()
-        )
+        }
         for e in events:
-            if e.seq in known:
-                continue
-            known.add(e.seq)
-            s.add(
-                RunnerEventRecord(
-                    job_id=job_id,
-                    seq=e.seq,
-                    kind=e.kind.value,
-                    step=e.step,
-                    loss=e.loss,
-                    at=now,
-                    payload=json.loads(e.model_dump_json()),
-                )
+            old = known.get(e.seq)
+            if old is not None:
+                # The same event again (a retried push, a re-read progress object): nothing new. A
+                # *newer* event under a seq we know is a resumed run renumbering from its checkpoint:
+                # it replaces the old one, so a "finished" after a resume is never lost.
+                if float(old.payload.get("timestamp") or 0.0) >= e.timestamp - 1e-6:
+                    continue
+                s.delete(old)
+                s.flush()
+            row = RunnerEventRecord(
+                job_id=job_id,
+                seq=e.seq,
+                kind=e.kind.value,
+                step=e.step,
+                loss=e.loss,
+                at=now,
+                payload=json.loads(e.model_dump_json()),
             )
+            s.add(row)
+            known[e.seq] = row
             new.append(e)
         if not new:
             return 0
-        last = new[-1]
         fields: dict[str, Any] = {"last_event_at": now, "updated_at": now}
-        if last.seq > job.last_event_seq:
-            fields["last_event_seq"] = last.seq
-        for e in new:
-            if e.seq >= job.last_event_seq:
-                fields["last_step"] = max(e.step, fields.get("last_step", 0))
-                if e.max_steps:
-                    fields["max_steps"] = e.max_steps
-                if e.loss is not None:
-                    fields["last_loss"] = e.loss
-                if e.eta_seconds is not None:
-                    fields["eta_seconds"] = e.eta_seconds
+        fields["last_event_seq"] = max(job.last_event_seq, new[-1].seq)
+        for e in new:  # in seq order: the newest information wins
+            fields["last_step"] = e.step
+            if e.max_steps:
+                fields["max_steps"] = e.max_steps
+            if e.loss is not None:
+                fields["last_loss"] = e.loss
+            if e.eta_seconds is not None:
+                fields["eta_seconds"] = e.eta_seconds
             if e.output_uri:
                 fields["output_uri"] = e.output_uri
             if e.kind.value in TERMINAL:

@@ -20,6 +20,7 @@ def _token(fake) -> str:  # noqa: ANN001
 
 
 def _ev(job_id: str, seq: int, kind: str = "progress", **kw) -> dict:  # noqa: ANN003
+    kw.setdefault("timestamp", 1000.0 + seq)  # a retried event carries its original timestamp
     return {"job_id": job_id, "seq": seq, "kind": kind, "step": kw.pop("step", seq), **kw}
 
 
@@ -150,3 +151,21 @@ def test_idle_instance_is_stopped(make_engine, fake, clock, settings):
     assert fake.live() == []
     with eng.session() as s:
         assert s.execute(select(Instance.ended_at)).scalar_one() is not None
+
+
+def test_resumed_run_renumbering_from_its_checkpoint_is_not_lost(engine, fake):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    token = _token(fake)
+    for seq in range(1, 6):
+        assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, seq, timestamp=100.0 + seq))
+    # After a resume the runner numbers again from its checkpoint's seq (3), with newer timestamps.
+    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 3, "started", step=3, timestamp=200.0))
+    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 4, "finished", step=4, timestamp=201.0))
+    # A retried push of an old event changes nothing.
+    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 4, "progress", step=4, timestamp=104.0))
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "succeeded"
+    with engine.session() as s:
+        kinds = s.execute(select(RunnerEventRecord.kind).order_by(RunnerEventRecord.seq)).scalars().all()
+    assert kinds == ["progress", "progress", "started", "finished", "progress"]
