@@ -7,6 +7,7 @@ Skipped silently when the spec disables it or wandb cannot be imported; `mode: o
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 from runner.spec import JobSpec
@@ -25,7 +26,7 @@ class WandbLog:
             import wandb
         except Exception:  # wandb is optional; a broken install must not stop training
             return run_id
-        self.run_id = run_id or spec.wandb.run_id or wandb.util.generate_id()
+        self.run_id = run_id or spec.wandb.run_id or f"{spec.job_id[:40]}-{uuid.uuid4().hex[:8]}"
         try:
             self.run = wandb.init(project=spec.wandb.project or "tunebot", id=self.run_id, resume="allow",
                                   mode=spec.wandb.mode, name=spec.job_id, config=config,
