@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from bot.planner.gpus import GPUS
@@ -86,15 +87,34 @@ def offer_costs(
     }
 
 
+_FIELDS = (
+    "price_per_hour",
+    "interruptible",
+    "preemptions_per_hour",
+    "storage_per_gb_month",
+    "egress_per_gb",
+    "inet_down_mbps",
+    "reliability",
+    "gpu",
+    "gpu_count",
+)
+
+
 def _columns(offers: Sequence[Offer]) -> dict[str, list]:
+    """Offer attributes as columns, read with one C-level attrgetter pass."""
+    price, spot, rate, storage, egress, down, rel, gpu, count = zip(
+        *map(attrgetter(*_FIELDS), offers), strict=True
+    )
     return {
-        "price": [o.price_per_hour for o in offers],
-        "spot": [o.interruptible for o in offers],
-        "rate": [o.preemptions_per_hour for o in offers],
-        "storage": [o.storage_per_gb_month for o in offers],
-        "egress": [o.egress_per_gb for o in offers],
-        "down": [o.inet_down_mbps or DEFAULT_DOWN_MBPS for o in offers],
-        "rel": [o.reliability if o.reliability is not None else DEFAULT_RELIABILITY for o in offers],
+        "price": list(price),
+        "spot": list(spot),
+        "rate": list(rate),
+        "storage": list(storage),
+        "egress": list(egress),
+        "down": [d or DEFAULT_DOWN_MBPS for d in down],
+        "rel": [DEFAULT_RELIABILITY if r is None else r for r in rel],
+        "gpu": list(gpu),
+        "count": list(count),
     }
 
 
@@ -114,20 +134,22 @@ def rank_offers(
     if n == 0:
         return [], 0, 0
     # Per (gpu, count): memory need, card memory, compute hours.
+    cols = _columns(offers)
+    gpu_col, count_col = cols.pop("gpu"), cols.pop("count")
+    keys = list(zip(gpu_col, count_col, strict=True))
     pairs: dict[tuple[str, int], tuple[float, float, float | None]] = {}
     mem_cache: dict[int, float] = {}
-    for o in offers:
-        key = (o.gpu, o.gpu_count)
+    for i, key in enumerate(keys):
         if key in pairs:
             continue
-        if o.gpu_count not in mem_cache:
-            mem_cache[o.gpu_count] = job.memory_gb(o.gpu_count)
-        known = GPUS.get(o.gpu)
-        cap = known.memory_gb if known else o.gpu_memory_gb
-        pairs[key] = (mem_cache[o.gpu_count], cap, job.hours(o.gpu, o.gpu_count) if known else None)
-    per = [pairs[(o.gpu, o.gpu_count)] for o in offers]
+        g, c = key
+        if c not in mem_cache:
+            mem_cache[c] = job.memory_gb(c)
+        known = GPUS.get(g)
+        cap = known.memory_gb if known else offers[i].gpu_memory_gb
+        pairs[key] = (mem_cache[c], cap, job.hours(g, c) if known else None)
+    per = [pairs[k] for k in keys]
     work = [p[2] if p[2] is not None else 0.0 for p in per]
-    cols = _columns(offers)
     if n >= VECTOR_MIN:
         import numpy as np
 
@@ -140,23 +162,27 @@ def rank_offers(
     total, wall = res["total"], res["wall"]
 
     # Eligibility, with the first reason that applies.
-    category: list[int] = []  # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown gpu
-    for i, o in enumerate(offers):
-        need, cap, hours = per[i]
+    # Category per (gpu, count) first (cheap), then per offer only for class and budget.
+    pair_cat: dict[tuple[str, int], int] = {}
+    for (g, c), (need, cap, hours) in pairs.items():
         if hours is None:
-            category.append(6)
-        elif gpu and o.gpu != gpu:
-            category.append(5)
-        elif o.gpu_count != gpus:
-            category.append(4)
+            pair_cat[(g, c)] = 6
+        elif gpu and g != gpu:
+            pair_cat[(g, c)] = 5
+        elif c != gpus:
+            pair_cat[(g, c)] = 4
         elif need * (1.0 + SAFETY_MARGIN) > cap:
-            category.append(1)
-        elif interruptible is not None and o.interruptible != interruptible:
-            category.append(3)
-        elif max_cost is not None and total[i] > max_cost:
-            category.append(2)
+            pair_cat[(g, c)] = 1
         else:
-            category.append(0)
+            pair_cat[(g, c)] = 0
+    category = [pair_cat[k] for k in keys]  # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown
+    spot_col = cols["spot"]
+    for i, cat in enumerate(category):
+        if cat == 0:
+            if interruptible is not None and spot_col[i] != interruptible:
+                category[i] = 3
+            elif max_cost is not None and total[i] > max_cost:
+                category[i] = 2
     fit_idx = sorted((i for i in range(n) if category[i] == 0), key=total.__getitem__)
     labels: dict[int, list[str]] = {}
     if fit_idx:
