@@ -66,7 +66,8 @@ def build_app(
         client=client,
         signing_secret=signing_secret or "",
         request_verification_enabled=not socket_mode,
-        process_before_response=False,
+        # Listeners ack and hand their slow part to a task (common.after_ack): the response leaves at once.
+        process_before_response=True,
     )
 
     @app.middleware

@@ -1,16 +1,24 @@
-"""Small helpers the listeners share: who acted, and how a Reply goes back to Slack."""
+"""Small helpers the listeners share: who acted, and how the slow part runs after the ack.
+
+The app runs with ``process_before_response=True``: a listener's HTTP response goes out as soon as the
+listener returns (no 10 ms ack polling), so each listener acks, hands its slow part to ``after_ack``
+(an asyncio task that runs the synchronous chat handler in a thread and replies via respond() or the
+Web API) and returns at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from logging import Logger
 from typing import Any, TypeVar
 
 from bot.chat.blockkit import to_message
-from bot.chat.handlers import Actor, ChatHandlers
-from bot.chat.replies import Reply
+from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
+from bot.chat.replies import Reply, error_reply
 
 T = TypeVar("T")
+_background: set[asyncio.Task[Any]] = set()  # strong references until the tasks finish
 
 
 def chat_of(context: Any) -> ChatHandlers:
@@ -25,7 +33,7 @@ def actor_of(body: dict[str, Any]) -> Actor:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Engine calls are synchronous: keep them off the event loop so acks stay fast."""
+    """Engine calls are synchronous: keep them off the event loop in a worker thread."""
     return await asyncio.to_thread(fn, *args)
 
 
@@ -35,3 +43,40 @@ async def send(respond: Any, reply: Reply, *, replace_original: bool = False) ->
         response_type="in_channel" if reply.public else "ephemeral",
         replace_original=replace_original,
     )
+
+
+def spawn(coro: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def drain_background(timeout: float = 10.0) -> None:
+    """Wait for the work started after acks (shutdown, tests)."""
+    if _background:
+        await asyncio.wait(list(_background), timeout=timeout)
+
+
+def after_ack(
+    fn: Callable[..., Reply],
+    *args: Any,
+    respond: Any,
+    logger: Logger,
+    what: str,
+    replace: Callable[[Reply], bool] | bool = False,
+) -> None:
+    """Run ``fn(*args)`` in a thread after the ack and send its reply; failures get a friendly line."""
+
+    async def run() -> None:
+        try:
+            reply = await in_thread(fn, *args)
+            again = replace(reply) if callable(replace) else replace
+            await send(respond, reply, replace_original=again)
+        except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details
+            logger.exception("%s failed after the ack", what)
+            try:
+                await send(respond, error_reply(GENERIC_ERROR))
+            except Exception:  # noqa: BLE001
+                logger.exception("could not tell the person that %s failed", what)
+
+    spawn(run())

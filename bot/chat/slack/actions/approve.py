@@ -8,9 +8,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.chat.handlers import GENERIC_ERROR
-from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def approve_callback(
@@ -22,12 +20,17 @@ async def approve_callback(
     logger: Logger,
 ) -> None:
     await ack()
-    try:
-        reply = await in_thread(chat_of(context).approve, action.get("value", ""), actor_of(body))
-        await send(respond, reply, replace_original=reply.kind == "success")
-    except Exception:  # noqa: BLE001
-        logger.exception("approve failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    # The request card is replaced by the outcome; a refusal goes to the clicker only.
+    after_ack(
+        chat.approve,
+        action.get("value", ""),
+        actor_of(body),
+        respond=respond,
+        logger=logger,
+        what="approve",
+        replace=lambda reply: reply.kind == "success",
+    )
 
 
 async def reject_callback(
@@ -39,9 +42,13 @@ async def reject_callback(
     logger: Logger,
 ) -> None:
     await ack()
-    try:
-        reply = await in_thread(chat_of(context).reject, action.get("value", ""), actor_of(body))
-        await send(respond, reply, replace_original=reply.public)
-    except Exception:  # noqa: BLE001
-        logger.exception("reject failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    after_ack(
+        chat.reject,
+        action.get("value", ""),
+        actor_of(body),
+        respond=respond,
+        logger=logger,
+        what="reject",
+        replace=lambda reply: reply.public,
+    )

@@ -8,9 +8,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.chat.handlers import GENERIC_ERROR
-from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def cancel_callback(
@@ -22,9 +20,13 @@ async def cancel_callback(
     logger: Logger,
 ) -> None:
     await ack()
-    try:
-        reply = await in_thread(chat_of(context).cancel_estimate, action.get("value", ""), actor_of(body))
-        await send(respond, reply, replace_original=True)
-    except Exception:  # noqa: BLE001
-        logger.exception("cancel failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    after_ack(
+        chat.cancel_estimate,
+        action.get("value", ""),
+        actor_of(body),
+        respond=respond,
+        logger=logger,
+        what="cancel",
+        replace=True,
+    )

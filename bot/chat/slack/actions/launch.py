@@ -8,9 +8,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.chat.handlers import GENERIC_ERROR
-from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def launch_callback(
@@ -23,9 +21,14 @@ async def launch_callback(
 ) -> None:
     await ack()
     choice = action["action_id"].removeprefix("launch_")
-    try:
-        reply = await in_thread(chat_of(context).launch, action.get("value", ""), choice, actor_of(body))
-        await send(respond, reply, replace_original=True)
-    except Exception:  # noqa: BLE001
-        logger.exception("launch failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    after_ack(
+        chat.launch,
+        action.get("value", ""),
+        choice,
+        actor_of(body),
+        respond=respond,
+        logger=logger,
+        what="launch",
+        replace=True,
+    )

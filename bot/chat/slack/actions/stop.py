@@ -8,9 +8,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.chat.handlers import GENERIC_ERROR
-from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def stop_callback(
@@ -22,9 +20,6 @@ async def stop_callback(
     logger: Logger,
 ) -> None:
     await ack()
-    try:
-        reply = await in_thread(chat_of(context).stop, action.get("value", ""), actor_of(body))
-        await send(respond, reply)  # the card itself is updated by the notifier on the stopped event
-    except Exception:  # noqa: BLE001
-        logger.exception("stop failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    # The card itself is updated by the notifier on the stopped event; the clicker gets a line.
+    after_ack(chat.stop, action.get("value", ""), actor_of(body), respond=respond, logger=logger, what="stop")

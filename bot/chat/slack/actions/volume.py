@@ -8,9 +8,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.chat.handlers import GENERIC_ERROR
-from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def volume_callback(
@@ -23,9 +21,14 @@ async def volume_callback(
 ) -> None:
     await ack()
     verb = action["action_id"].removeprefix("volume_")
-    try:
-        reply = await in_thread(chat_of(context).volume_action, action.get("value", ""), verb, actor_of(body))
-        await send(respond, reply, replace_original=reply.public)
-    except Exception:  # noqa: BLE001
-        logger.exception("volume action failed")
-        await send(respond, error_reply(GENERIC_ERROR))
+    chat = chat_of(context)
+    after_ack(
+        chat.volume_action,
+        action.get("value", ""),
+        verb,
+        actor_of(body),
+        respond=respond,
+        logger=logger,
+        what="volume action",
+        replace=lambda reply: reply.public,
+    )

@@ -10,9 +10,8 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.chat.blockkit import to_message
 from bot.chat.grammar import ParseError, parse
-from bot.chat.handlers import GENERIC_ERROR
 from bot.chat.replies import error_reply
-from bot.chat.slack.common import actor_of, chat_of, in_thread, send
+from bot.chat.slack.common import actor_of, after_ack, chat_of
 
 
 async def tune_callback(
@@ -30,9 +29,4 @@ async def tune_callback(
         await ack(**to_message(chat.handle(parsed, actor)))
         return
     await ack(text=quick, response_type="ephemeral")
-    try:
-        reply = await in_thread(chat.handle, parsed, actor)
-        await send(respond, reply, replace_original=True)
-    except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details
-        logger.exception("/tune failed after the ack")
-        await send(respond, error_reply(GENERIC_ERROR), replace_original=True)
+    after_ack(chat.handle, parsed, actor, respond=respond, logger=logger, what="/tune", replace=True)

@@ -8,7 +8,7 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.blockkit import to_home_view
-from bot.chat.slack.common import chat_of, in_thread
+from bot.chat.slack.common import chat_of, in_thread, spawn
 
 
 async def app_home_opened_callback(
@@ -17,8 +17,13 @@ async def app_home_opened_callback(
     if event.get("tab", "home") != "home":
         return
     user = event.get("user", "")
-    try:
-        reply = await in_thread(chat_of(context).home, user)
-        await client.views_publish(user_id=user, view=to_home_view(reply))
-    except Exception:  # noqa: BLE001
-        logger.exception("could not publish the App Home of %s", user)
+    chat = chat_of(context)
+
+    async def publish() -> None:
+        try:
+            reply = await in_thread(chat.home, user)
+            await client.views_publish(user_id=user, view=to_home_view(reply))
+        except Exception:  # noqa: BLE001
+            logger.exception("could not publish the App Home of %s", user)
+
+    spawn(publish())  # the event is acknowledged now; Slack retries deliveries slower than 3 s
