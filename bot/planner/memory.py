@@ -103,10 +103,13 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
     return per_layer
 
 
-def _logit_bytes(req: EstimateRequest) -> float:
+def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
     kind = "chunked" if req.chunked_ce else "compiled" if req.compile else "plain"
     factor = 2.0 if req.precision == "fp32" else 1.0
-    return LOGIT_BYTES[kind] * factor
+    extra = 0.0
+    if kind == "plain" and arch.config.get("final_logit_softcapping"):
+        extra = 4.0  # Gemma 2's tanh soft-capping: two more bf16 copies (scaled logits, saved tanh output)
+    return LOGIT_BYTES[kind] * factor + extra
 
 
 def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None = None) -> MemoryResult:
@@ -175,7 +178,7 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
     if req.method == "qlora":
         biggest = max(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
         stored += 2 * 2.0 * biggest  # dequantized bf16 weight of the Linear being computed (and next)
-    logits = tokens * arch.vocab * _logit_bytes(req)
+    logits = tokens * arch.vocab * _logit_bytes(arch, req)
     if n_gpus > 1:
         # FSDP all-gathers the current block, prefetches the next and frees the previous one only
         # when the communication stream is done with it: three unsharded blocks in flight.
