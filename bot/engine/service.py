@@ -147,7 +147,10 @@ class Engine:
             min_reliability=self.settings.min_reliability,
         )
         offers = []
+        clouds = [n for n in self.providers if n != "local"]
         for name, provider in self.providers.items():
+            if name == "local" and clouds and request.gpu != "cpu":
+                continue  # with real GPUs configured, this machine's CPU is never the "cheapest" answer
             try:
                 offers.extend(provider.search_offers(query))
             except ProviderError as exc:

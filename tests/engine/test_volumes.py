@@ -91,3 +91,16 @@ def test_estimate_ranks_the_local_cpu_offer(tmp_path, settings):
     fitting = [o for o in est.offers if o.fits]
     assert fitting and fitting[0].provider == "local" and fitting[0].gpu == "cpu"
     eng.close()
+
+
+def test_estimate_leaves_the_local_cpu_out_when_clouds_are_configured(tmp_path, settings):
+    from bot.engine.service import Engine
+    from bot.planner.request import EstimateRequest
+    from bot.providers.local import LocalProvider
+
+    local = LocalProvider(workdir=tmp_path / "local")
+    cloud = FakeProvider("fake", price=0.5)
+    eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local, "fake": cloud})
+    est = eng.estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", seq_len=256, tokens=10_000))
+    assert {o.provider for o in est.offers} == {"fake"}
+    eng.close()
