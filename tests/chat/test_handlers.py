@@ -13,7 +13,7 @@ from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Buttons, Reply
 
-from .fake_engine import FakeEngine
+from .fake_engine import LEAKY_SECRET, FakeEngine
 
 ALICE = Actor("U_ALICE", "C1")
 BOB = Actor("U_BOB", "C1")
@@ -139,7 +139,7 @@ def test_errors_are_friendly_and_secret_free(engine: FakeEngine, caplog) -> None
     assert "Traceback" not in boom and "SECRET" not in boom and "RuntimeError" not in boom
     logged = [r.getMessage() for r in caplog.records if "chat command failed" in r.getMessage()]
     assert logged and "RuntimeError" in logged[0]  # the traceback is logged ...
-    assert "SECRET" not in caplog.text  # ... scrubbed
+    assert LEAKY_SECRET not in caplog.text  # ... scrubbed
     leaky = flat(h.handle_text("estimate leaky", ALICE))
     assert "provider refused key ***" in leaky and "SECRET" not in leaky
     bad = flat(h.handle_text("estimate m seq=1", ALICE))
