@@ -87,6 +87,32 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
     return out
 
 
+def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) -> str:
+    kept = arch.parameters - arch.block_linear_params
+    if req.method == "qlora":
+        fmt = "NF4 + double quantization (0.516 B/param)" if req.double_quant else "NF4 (0.5625 B/param)"
+        dtype = "fp32 (prepare_model_for_kbit_training)" if req.qlora_upcast else "bf16"
+        text = (
+            f"QLoRA: {arch.block_linear_params:,} Linear parameters in the blocks as {fmt}; embeddings, "
+            f"lm_head and norms ({kept:,}) in {dtype}"
+        )
+    elif req.method == "lora":
+        text = f"LoRA: frozen base in {'fp32' if req.precision == 'fp32' else 'bf16'}"
+    else:
+        text = {
+            "bf16": "full fine-tune in pure bf16 (weights 2 + grads 2 + AdamW states 4 B/param)",
+            "mixed": "full fine-tune in mixed precision (fp32 master weights + bf16 copies, fp32 grads, "
+            "fp32 AdamW: ~18 B/param)",
+            "fp32": "full fine-tune in fp32 (16 B/param)",
+        }[req.precision]
+    if req.method != "full":
+        targets = req.lora_targets if isinstance(req.lora_targets, str) else ",".join(req.lora_targets)
+        text += f"; adapters r={req.lora_r} on {targets}: {mem.trainable:,} trainable ({req.adapter_dtype})"
+    text += f"; optimizer {req.optimizer}"
+    text += "; activation checkpointing" if req.gradient_checkpointing else "; no activation checkpointing"
+    return text + f"; attention {req.attn}"
+
+
 def estimate(
     request: EstimateRequest,
     *,
@@ -163,6 +189,12 @@ def estimate(
         "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
         "interval; storage covers the model download and two checkpoints; egress the result download",
     ]
+    assumptions.append(_method_note(arch, req, mem))
+    if req.gpus > 1:
+        assumptions.append(
+            f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
+            "activations and logits per GPU, three unsharded blocks in flight"
+        )
     if mem.offloaded:
         assumptions.append(
             "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
