@@ -22,8 +22,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
 WORKER_ENV = "TUNEBOT_WORKER"
 
@@ -87,7 +85,7 @@ class Group:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: Any = None  # torch.device; torch is imported lazily so that the launcher stays light
 
     @property
     def main(self) -> bool:
@@ -101,6 +99,8 @@ class Group:
         """Element-wise max over ranks (flags such as 'SIGTERM seen' or 'checkpoint due')."""
         if not self.distributed:
             return values
+        import torch
+
         tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return tensor.tolist()
@@ -108,6 +108,8 @@ class Group:
     def all_sum(self, values: list[float]) -> list[float]:
         if not self.distributed:
             return values
+        import torch
+
         tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
         return tensor.tolist()
@@ -116,25 +118,33 @@ class Group:
         """Every rank's object on rank 0 (others get an empty list)."""
         if not self.distributed:
             return [obj]
+        import torch
+
         out: list[Any] = [None] * self.world if self.main else []
         torch.distributed.gather_object(obj, out if self.main else None, dst=0)
         return out
 
     def barrier(self) -> None:
         if self.distributed:
+            import torch
+
             torch.distributed.barrier()
 
     @property
-    def _comm_device(self) -> torch.device:
-        return self.device if self.device.type == "cuda" else torch.device("cpu")
+    def _comm_device(self) -> Any:
+        return self.device if self.device.type == "cuda" else "cpu"
 
     def close(self) -> None:
+        import torch
+
         if self.distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
 def setup(gpus: int) -> Group:
     """Join the process group when launched as a worker; pick the device (CUDA only when gpus >= 1)."""
+    import torch
+
     use_cuda = gpus >= 1 and torch.cuda.is_available()
     if gpus >= 1 and not use_cuda:
         print("note: no CUDA device found; training on the CPU", flush=True)

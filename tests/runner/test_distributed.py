@@ -1,0 +1,41 @@
+"""Two gloo worker processes on the CPU (gpus 0 + TUNEBOT_CPU_PROCESSES=2): DDP lowers the loss, SIGTERM to the
+launcher reaches every worker, and the ranks agree on one checkpoint that rank 0 writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.checkpoint import CheckpointStore
+from runner.distributed import processes_for
+from runner.spec import EXIT_PREEMPTED
+
+
+def test_processes_requested(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNEBOT_CPU_PROCESSES", raising=False)
+    assert [processes_for(g) for g in (0, 1, 4)] == [1, 1, 4]
+    monkeypatch.setenv("TUNEBOT_CPU_PROCESSES", "2")
+    assert processes_for(0) == 2 and processes_for(1) == 1
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
+        runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]) -> None:
+    spec = runner_job(max_steps=30, seq_len=128, grad_accum=1, report={"every_seconds": 0.01},
+                      checkpoint={"every_minutes": 60})
+    proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
+    rc, summary = proc.finish(sigterm_at_step=8)
+    assert rc == EXIT_PREEMPTED and summary["status"] == "preempted", proc.stderr[-3000:]
+    assert "processes 2" in "\n".join(proc.lines)  # the derived numbers count both workers
+
+    losses = [float(line.split("loss ")[1].split()[0]) for line in proc.lines if line.startswith("step ")]
+    assert len(losses) >= 8
+    assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.8, losses
+    steps = CheckpointStore(spec.checkpoint.uri).complete_steps()
+    assert steps == [summary["steps"]]  # one checkpoint, at the step both ranks stopped on
+    ckpt = Path(spec.checkpoint.uri) / f"checkpoint-{steps[0]}"
+    assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
+    assert sum(1 for line in proc.lines if line.startswith("{")) == 1  # only rank 0 prints the summary
