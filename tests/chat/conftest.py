@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+from fakes.slack_api import FakeSlack, UvicornThread
 from slack_sdk.signature import SignatureVerifier
 
 from bot.chat.handlers import ChatHandlers
@@ -24,7 +25,6 @@ from bot.chat.permissions import Permissions
 from bot.chat.slack import build_app, make_async_client, make_sync_client
 from bot.settings import Settings
 from bot.web import create_app
-from tests.fakes.slack_api import FakeSlack, UvicornThread
 
 from .fake_engine import FakeEngine
 

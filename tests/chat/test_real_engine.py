@@ -1,0 +1,150 @@
+"""Slack end to end on the real Engine (SQLite, real planner) with an in-memory cloud provider.
+
+/tune estimate -> Launch cheapest (clicked twice, once as a retry) -> one job, its thread card with the ts
+kept in the database -> runner events pushed to /runner/events with the job's token -> a throttled card,
+milestones, the loss chart and the finish with its cost in the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine.fakes import FakeProvider
+from fakes.slack_api import FakeSlack, UvicornThread
+
+from bot.chat.blockkit import violations
+from bot.chat.handlers import ChatHandlers
+from bot.chat.notifier import SlackNotifier
+from bot.chat.permissions import Permissions
+from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.settings import Settings
+from bot.web import create_app
+
+from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
+from .test_slack_http import estimate_id_from
+
+
+@pytest.fixture
+def real_stack(tmp_path: Path) -> Iterator[tuple[SlackStack, object, FakeProvider]]:
+    import httpx
+
+    from bot.engine.service import Engine
+
+    with FakeSlack() as slack:
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+            SLACK_BOT_TOKEN=BOT_TOKEN,
+            SLACK_API_URL=slack.api_url,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            TUNEBOT_ADMINS="U_ADMIN",
+        )
+        cloud = FakeProvider("vast", price=0.40)
+        engine = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": cloud})
+        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets())
+        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
+        notifier = (
+            SlackNotifier(
+                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
+            )
+            .attach(engine.bus)
+            .start()
+        )
+        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
+        with UvicornThread(web) as server, httpx.Client(timeout=20) as http:
+            yield SlackStack(slack, engine, chat, notifier, server.url, http), engine, cloud  # type: ignore[arg-type]
+        notifier.stop()
+        engine.close()
+
+
+def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path) -> None:
+    stack, engine, cloud = real_stack
+    data = tmp_path / "train.jsonl"
+    record = {"instruction": "Say hi.", "input": "", "output": "Hi there! " * 20}
+    data.write_text("\n".join(json.dumps(record) for _ in range(200)) + "\n")
+    cmd = f"estimate Llama-3.1-8B method=qlora epochs=2 dataset={data}"
+    started = time.monotonic()
+    ack = stack.command(cmd)
+    assert ack.status_code == 200 and time.monotonic() - started < 3
+    estimate = stack.responses(1)[0]
+    assert not violations(estimate) and "vast" in str(estimate["blocks"])
+    eid = estimate_id_from(estimate)
+    click = stack.action_payload("launch_cheapest", eid)
+    stack.click(click)
+    stack.click(click, headers={"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"})
+    stack.click(stack.action_payload("launch_cheapest", eid))  # a double click
+    replies = [r["text"] for r in stack.responses(4)[1:]]
+    assert sum("Launching job" in t for t in replies) == 1, replies
+    assert sum("Already launched" in t for t in replies) == 2, replies
+    (job,) = engine.list_jobs()
+    assert cloud.creates == 1 and job.state == "running"
+
+    stack.notifier.drain()
+    job = engine.get_job(job.job_id)
+    assert job.channel == "C1" and job.thread_ts  # the thread's ts is kept in the database
+    card = stack.slack.of("chat.postMessage")[0].body
+    assert card["channel"] == "C1" and f"Job {job.job_id}" in card["text"]
+
+    spec = json.loads(cloud.launch_requests[0].env["TUNEBOT_JOB_SPEC"])
+    token = spec["report"]["token"]
+    url = stack.url + "/runner/events"
+    assert (
+        stack.http.post(
+            url,
+            json={"job_id": job.job_id, "seq": 0, "kind": "started"},
+            headers={"Authorization": "Bearer wrong"},
+        ).status_code
+        == 401
+    )
+    events = [{"job_id": job.job_id, "seq": 0, "kind": "started", "max_steps": 20}]
+    events += [
+        {
+            "job_id": job.job_id,
+            "seq": i,
+            "kind": "progress",
+            "step": i,
+            "max_steps": 20,
+            "loss": 3.0 - i * 0.1,
+            "eta_seconds": 20 - i,
+        }
+        for i in range(1, 20)
+    ]
+    events += [
+        {
+            "job_id": job.job_id,
+            "seq": 20,
+            "kind": "checkpoint",
+            "step": 19,
+            "max_steps": 20,
+            "loss": 1.1,
+            "checkpoint_uri": "/ckpt/19",
+        },
+        {
+            "job_id": job.job_id,
+            "seq": 21,
+            "kind": "finished",
+            "step": 20,
+            "max_steps": 20,
+            "loss": 1.0,
+            "output_uri": "/out/adapter",
+        },
+    ]
+    for ev in events:
+        assert stack.http.post(url, json=ev, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    engine.tick()
+    assert stack.notifier.drain(20)
+    job = engine.get_job(job.job_id)
+    assert job.state == "succeeded"
+    thread = [c.body for c in stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == job.thread_ts]
+    text = " | ".join(m["text"] for m in thread)
+    assert "Checkpoint saved at step 19" in text and "Finished at step 20" in text and "/out/adapter" in text
+    assert "cost *$" in text
+    updates = stack.slack.of("chat.update")
+    assert 1 <= len(updates) <= 8  # 21 progress events, throttled, plus milestone edits
+    assert "succeeded" in updates[-1].body["text"]
+    assert stack.slack.of("files.completeUploadExternal")
+    for message in stack.slack.messages():
+        assert violations(message) == []
