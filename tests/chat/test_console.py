@@ -116,3 +116,91 @@ def test_cli_serve_without_slack_explains_and_exits_2(tmp_path: Path) -> None:
     assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr
     bad = run_cli(["serve", "--port", "0"], tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_cli_serve_http_answers_signed_commands(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import time
+    from urllib.parse import urlencode
+
+    import httpx
+    from fakes.slack_api import FakeSlack
+
+    from .conftest import sign
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with FakeSlack() as slack:
+        env = {
+            **os.environ,
+            "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
+            "SLACK_BOT_TOKEN": "xoxb-serve-test",
+            "SLACK_SIGNING_SECRET": "FAKE-SIGNING-SECRET-93ab11",
+            "SLACK_API_URL": slack.api_url,
+        }
+        env.pop("SLACK_APP_TOKEN", None)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from bot.cli import main; main()",
+                "serve",
+                "--http",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.time() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/healthz", timeout=1).json()["slack"] is True:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.time() < deadline and proc.poll() is None, "serve did not start"
+                time.sleep(0.3)
+            body = urlencode(
+                {
+                    "command": "/tune",
+                    "text": "estimate Llama-3.1-8B method=qlora",
+                    "user_id": "U1",
+                    "channel_id": "C1",
+                    "team_id": "T1",
+                    "response_url": slack.response_url(),
+                }
+            )
+            resp = httpx.post(
+                url + "/slack/events",
+                content=body,
+                timeout=10,
+                headers={"Content-Type": "application/x-www-form-urlencoded", **sign(body)},
+            )
+            assert resp.status_code == 200 and "Estimating Llama-3.1-8B qlora" in resp.text
+            full = slack.wait_for("response", 1, timeout=30)[0].body
+            assert "Llama-3.1-8B" in full["text"] and full["blocks"][0]["type"] == "header"
+            bad = httpx.post(
+                url + "/slack/events",
+                content=body,
+                timeout=10,
+                headers={"Content-Type": "application/x-www-form-urlencoded", **sign(body, secret="wrong")},
+            )
+            assert bad.status_code == 401
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        assert "Traceback" not in out, out[-3000:]
+        assert "xoxb-serve-test" not in out and "FAKE-SIGNING-SECRET" not in out
