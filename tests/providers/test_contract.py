@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import statistics
 from dataclasses import fields
 
@@ -115,7 +116,8 @@ def test_launching_twice_with_the_same_job_label_gives_one_instance(harness: Har
         assert harness.fake.max_live_per_label[request.label] == 1
 
 
-def test_errors_are_typed(harness: Harness) -> None:
+def test_errors_are_typed(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     p = harness.provider
     with pytest.raises(NotFoundError):
         p.status("99999999")
@@ -134,8 +136,11 @@ def test_errors_are_typed(harness: Harness) -> None:
     harness.fake.inject("503")
     assert p.search_offers(OfferQuery())  # idempotent calls ride out 429 bursts and 5xx
     harness.fake.inject("500", times=50)
-    with pytest.raises(ProviderError):
+    with pytest.raises(ProviderError) as down:
         p.list_instances()
+    assert harness.fake.api_key not in str(down.value)
+    assert caplog.records, "retries are logged"
+    assert all(harness.fake.api_key not in r.getMessage() for r in caplog.records)
 
 
 def test_volumes_list_and_delete_where_supported(harness: Harness) -> None:
