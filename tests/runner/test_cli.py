@@ -67,8 +67,8 @@ def test_a_malformed_dataset_line_is_invalid_and_named(runner_job: Callable[...,
 def test_the_console_script_exits_2_without_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "job.json"
     bad.write_text(json.dumps({"job_id": "x"}))
-    out = subprocess.run([sys.executable, "-m", "runner.cli", "--spec", str(bad)], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "--spec", str(bad)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == EXIT_BAD_SPEC
     assert json.loads(out.stdout.strip().splitlines()[-1])["status"] == "invalid"
     assert "Traceback" not in out.stderr and "base_model" in out.stderr

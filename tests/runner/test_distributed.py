@@ -1,5 +1,5 @@
-"""Two gloo worker processes on the CPU (gpus 0 + TUNEBOT_CPU_PROCESSES=2): DDP lowers the loss, SIGTERM to the
-launcher reaches every worker, and the ranks agree on one checkpoint that rank 0 writes."""
+"""Two gloo worker processes on the CPU (gpus 0 + TUNEBOT_CPU_PROCESSES=2): DDP lowers the loss, SIGTERM to
+the launcher reaches every worker, and the ranks agree on one checkpoint that rank 0 writes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_processes_requested(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
-        runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]) -> None:
+        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
+        runner_process: Callable[..., Any]) -> None:
     spec = runner_job(max_steps=30, seq_len=128, grad_accum=1, report={"every_seconds": 0.01},
                       checkpoint={"every_minutes": 60})
     proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
