@@ -37,7 +37,7 @@ from bot.chat.grammar import (
     parse,
 )
 from bot.chat.permissions import Permissions
-from bot.chat.replies import Reply, Table, Text, error_reply, text_reply
+from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
@@ -353,17 +353,22 @@ class ChatHandlers:
         raise EngineError(f"unknown volume action {action[:40]!r}")
 
     def _gpus(self, gpu: str | None) -> Reply:
-        offers_fn = getattr(self.engine, "offers", None)
-        if offers_fn is None:
-            from bot.planner.offer import GPU_NAMES
+        """Cheapest offers per GPU: live from the engine where it offers that, else the dated snapshot."""
+        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+        from bot.planner.gpus import gpu as lookup_gpu
 
-            return Reply(
-                parts=[Text("Known GPUs: " + ", ".join(f"`{g}`" for g in GPU_NAMES))],
-                fallback="Known GPUs: " + ", ".join(GPU_NAMES),
-            )
-        offers = sorted(offers_fn(gpu), key=lambda o: o.price_per_hour)[:30]
+        name = lookup_gpu(gpu).name if gpu else None  # PlanningError for unknown names: a friendly reply
+        offers_fn = getattr(self.engine, "offers", None)
+        if callable(offers_fn):
+            offers, source = list(offers_fn(name)), "live"
+        else:
+            offers, source = snapshot_offers(), f"snapshot as of {snapshot_as_of():%Y-%m-%d}"
+        if name:
+            offers = [o for o in offers if o.gpu == name]
+        offers.sort(key=lambda o: (o.price_per_hour / o.gpu_count, o.gpu))
         if not offers:
-            return text_reply(f"No offers{' for ' + gpu if gpu else ''} right now.")
+            return text_reply(f"No offers{' for ' + name if name else ''} right now.")
+        shown = offers[:25]
         rows = [
             [
                 o.provider,
@@ -372,18 +377,18 @@ class ChatHandlers:
                 f"{o.gpu_memory_gb:g} GB",
                 "spot" if o.interruptible else "on-demand",
                 f"{cards.money(o.price_per_hour)}/h",
-                o.source,
+                f"{cards.money(o.price_per_hour / o.gpu_count)}",
             ]
-            for o in offers
+            for o in shown
         ]
-        reply = Reply(fallback=f"{len(offers)} offers")
-        reply.add(
-            Table(
-                ["provider", "gpu", "n", "memory", "type", "price", "source"],
-                rows,
-                title=f"Cheapest offers{' for ' + gpu if gpu else ''}",
-            )
+        title = f"Cheapest offers{' for ' + name if name else ''} ({source})"
+        reply = Reply(
+            fallback=f"{len(offers)} offers{' for ' + name if name else ''}; cheapest "
+            f"{shown[0].provider} {shown[0].gpu} {cards.money(shown[0].price_per_hour)}/h"
         )
+        reply.add(Table(["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"], rows, title=title))
+        if len(offers) > len(shown):
+            reply.add(Context([f"{len(offers) - len(shown)} more offers; `gpus GPU` narrows the list"]))
         return reply
 
     def _home(self, user: str) -> Reply:

@@ -126,7 +126,11 @@ def test_spend_volumes_jobs_status_help(engine: FakeEngine) -> None:
     assert "none" in flat(h.handle_text("jobs", ALICE))
     assert "no job j9" in flat(h.handle_text("status j9", ALICE))
     assert "/tune estimate MODEL" in flat(h.handle_text("help", ALICE))
-    assert "rtx-4090" in flat(h.handle_text("gpus", ALICE))
+    assert "rtx-4090" in flat(h.handle_text("gpus", ALICE)) and "snapshot as of" in flat(
+        h.handle_text("gpus", ALICE)
+    )
+    assert "h100-80gb" in flat(h.handle_text("gpus H100", ALICE))
+    assert ":warning:" in flat(h.handle_text("gpus banana", ALICE))
 
 
 def test_errors_are_friendly_and_secret_free(engine: FakeEngine, caplog) -> None:
