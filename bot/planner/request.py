@@ -38,5 +38,6 @@ class EstimateRequest(BaseModel):
     chunked_ce: bool = False  # chunked cross-entropy (logits never fully upcast to fp32)
     optimizer_in_backward: bool = False  # optimizer step fused into backward: no full gradient buffer
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
+    autocast: bool = True  # forward under torch.autocast (Trainer bf16=True): fp32 adapters see bf16 copies
     qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
     lora_dropout: float = Field(0.0, ge=0, lt=1)  # >0 keeps a dropout copy of each adapted input
