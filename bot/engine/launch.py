@@ -316,6 +316,27 @@ def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine"
         token = secrets.token_urlsafe(32)
         try:
             spec = build_spec(eng, job, ranked, token)
+        except ValueError as exc:  # a bad spec never gets better by retrying: fail with the reason
+            now = eng.now()
+            problem = str(exc).replace(token, "***")[:500]
+            with eng.session() as s:
+                if S.transition(
+                    s,
+                    job_id,
+                    S.LAUNCHING,
+                    S.FAILED,
+                    actor=actor,
+                    now=now,
+                    reason="invalid spec",
+                    message=f"invalid job spec: {problem}",
+                    finished_at=now,
+                    claim_id=None,
+                ):
+                    eng.publish(
+                        EngineEventKind.failed, job_id, f"Job {job_id} failed: invalid job spec: {problem}"
+                    )
+            return False
+        try:
             req = LaunchRequest(
                 job_id=job_id,
                 offer=live,

@@ -158,9 +158,9 @@ def pull(eng: Engine, job: Job) -> int:
 
 
 def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
-    """Ask the provider; returns (verdict, exit code) with verdict running|provisioning|preempted|exited|gone.
+    """Ask the provider: (verdict, exit code), verdict running|provisioning|unknown|preempted|exited|gone.
 
-    Provider trouble (down, rate limited) returns "unknown": nothing is decided on a failed call.
+    Provider trouble (down, rate limited) returns "error": nothing is decided on a failed call.
     """
     provider = eng.providers.get(row.provider)
     if provider is None:
@@ -172,7 +172,7 @@ def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
         return "gone", None
     except ProviderError as exc:
         log.warning("status of %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
-        return "unknown", None
+        return "error", None
     with eng.session() as s:
         s.execute(
             update(InstanceRow)

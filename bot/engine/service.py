@@ -654,7 +654,9 @@ class Engine:
             elif mark_preempted(self, job_id, row, why=f"instance {verdict}", gone=verdict == "gone"):
                 relaunch(self, job_id)
         elif job.stop_requested_at is not None:
-            if now - job.stop_requested_at > self.stop_grace_s:
+            # Past the grace period, or launched after the stop was asked for (nothing to save): end it.
+            launched_after = row is not None and row.launched_at >= job.stop_requested_at
+            if launched_after or now - job.stop_requested_at > self.stop_grace_s:
                 finish_mod.finish(self, job_id, S.STOPPED, reason=job.stop_reason)
         elif verdict == "running" and row is not None:
             last_activity = job.last_event_at or job.started_at or row.launched_at
@@ -668,7 +670,12 @@ class Engine:
                     relaunch(self, job_id)
                 return
             self._check_cap(job, rows)
-        elif verdict == "provisioning":
+        elif verdict in ("provisioning", "unknown") and row is not None:
+            # Never came up (image pull, a host that is "offline"/"unknown" for good): relaunch elsewhere.
+            if now - max(job.last_event_at or 0.0, row.launched_at) > 2 * self.settings.heartbeat_timeout_s:
+                if mark_preempted(self, job_id, row, why=f"instance stuck in {verdict}", gone=False):
+                    relaunch(self, job_id)
+                return
             self._check_cap(job, rows)
 
     def _check_cap(self, job: Job, rows: list[InstanceRow]) -> None:

@@ -169,3 +169,37 @@ def test_resumed_run_renumbering_from_its_checkpoint_is_not_lost(engine, fake):
     with engine.session() as s:
         kinds = s.execute(select(RunnerEventRecord.kind).order_by(RunnerEventRecord.seq)).scalars().all()
     assert kinds == ["progress", "progress", "started", "finished", "progress"]
+
+
+def test_instance_stuck_provisioning_is_replaced(engine, fake, clock, settings):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    fake.set_status(next(iter(fake.instances)), InstanceStatus.provisioning)
+    clock.advance(settings.heartbeat_timeout_s + 1)
+    engine.tick()
+    assert engine.get_job(job.job_id).preemptions == 0  # image pulls take a while: patience first
+    clock.advance(settings.heartbeat_timeout_s)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.preemptions == 1 and view.state == "running" and fake.creates == 2 and len(fake.live()) == 1
+
+
+def test_provider_outage_decides_nothing(engine, fake, clock):
+    from bot.providers.base import ProviderDownError
+
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+
+    def down(_iid):  # type: ignore[no-untyped-def]
+        raise ProviderDownError("502", provider="fake")
+
+    fake.status = down  # type: ignore[method-assign]
+    clock.advance(60)
+    engine.tick()
+    assert engine.get_job(job.job_id).state == "running" and fake.creates == 1
+
+
+def test_invalid_spec_fails_with_reason(engine, fake):
+    job = engine.create_job(
+        request(), user="alice", estimate=estimate_for(fake), spec_overrides={"seq_len": 1}
+    )
+    assert job.state == "failed" and "invalid job spec" in (job.message or "")
+    assert fake.creates == 0
