@@ -224,6 +224,52 @@ def to_home_view(reply: Reply) -> dict[str, Any]:
     return {"type": "home", "blocks": to_blocks(reply, max_blocks=MAX_BLOCKS_VIEW)}
 
 
+MAX_MODAL_TITLE = 24
+BUDGET_MODAL = "budget_modal"
+
+
+def _input(block_id: str, label: str, placeholder: str, *, optional: bool) -> dict[str, Any]:
+    return {
+        "type": "input",
+        "block_id": block_id,
+        "optional": optional,
+        "label": _plain(label, 2000),
+        "element": {
+            "type": "plain_text_input",
+            "action_id": "value",
+            "placeholder": _plain(placeholder, 150),
+        },
+    }
+
+
+def budget_modal() -> dict[str, Any]:
+    """The "Set a budget" modal opened from App Home (admins): scope, name, daily and monthly dollars."""
+    options = [{"text": _plain(v, 75), "value": v} for v in ("user", "team")]
+    return {
+        "type": "modal",
+        "callback_id": BUDGET_MODAL,
+        "title": _plain("Set a budget", MAX_MODAL_TITLE),
+        "submit": _plain("Save", MAX_MODAL_TITLE),
+        "close": _plain("Cancel", MAX_MODAL_TITLE),
+        "blocks": [
+            {
+                "type": "input",
+                "block_id": "scope",
+                "label": _plain("Scope", 2000),
+                "element": {
+                    "type": "static_select",
+                    "action_id": "value",
+                    "options": options,
+                    "initial_option": options[0],
+                },
+            },
+            _input("name", "User id or team name", "U0123ABCD or ml-team", optional=False),
+            _input("daily", "Daily budget ($)", "e.g. 20", optional=True),
+            _input("monthly", "Monthly budget ($)", "e.g. 400", optional=True),
+        ],
+    }
+
+
 def _text_len(obj: Any) -> int:
     return len(obj.get("text", "")) if isinstance(obj, dict) else 0
 
@@ -239,6 +285,9 @@ def violations(payload: dict[str, Any], *, max_blocks: int | None = None) -> lis
     cap = max_blocks or (MAX_BLOCKS_VIEW if payload.get("type") in ("home", "modal") else MAX_BLOCKS)
     if len(blocks) > cap:
         problems.append(f"{len(blocks)} blocks > {cap}")
+    for key in ("title", "submit", "close"):
+        if payload.get("type") == "modal" and _text_len(payload.get(key)) > MAX_MODAL_TITLE:
+            problems.append(f"modal {key} > {MAX_MODAL_TITLE}")
     if blocks and not payload.get("text") and payload.get("type") not in ("home", "modal"):
         problems.append("blocks without a text fallback")
     for i, block in enumerate(blocks):

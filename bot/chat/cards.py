@@ -400,7 +400,9 @@ def approval_request(job: JobView, *, approvers: list[str], threshold: float) ->
     return reply
 
 
-def home_reply(user: str, jobs: list[JobView], month: SpendReport, budgets: list[BudgetView]) -> Reply:
+def home_reply(
+    user: str, jobs: list[JobView], month: SpendReport, budgets: list[BudgetView], *, is_admin: bool = False
+) -> Reply:
     """App Home: the user's jobs and month-to-date spend against their budget."""
     mine = next((line for line in month.by_user if line.key == user), None)
     spent = mine.amount if mine else 0.0
@@ -426,4 +428,6 @@ def home_reply(user: str, jobs: list[JobView], month: SpendReport, budgets: list
     if not jobs:
         reply.add(Text("No jobs yet. Try `/tune estimate Llama-3.1-8B method=qlora`."))
     reply.add(Context([f"updated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · `/tune help` for commands"]))
+    if is_admin:
+        reply.add(Buttons([Button("Set a budget", "open_budget_modal", "budget")]))
     return reply

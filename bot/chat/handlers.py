@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shlex
 import threading
 import time
 import traceback
@@ -143,6 +144,13 @@ class ChatHandlers:
 
     def home(self, user: str) -> Reply:
         return self._safely(lambda: self._home(user))
+
+    def set_budget(self, scope: str, target: str, daily: str, monthly: str, actor: Actor) -> Reply:
+        """The budget modal's values, through the same grammar as `budget set ...`."""
+        words = ["budget", "set", scope, target]
+        words += [f"daily={daily}"] if daily.strip() else []
+        words += [f"monthly={monthly}"] if monthly.strip() else []
+        return self._safely(lambda: self._dispatch(parse(" ".join(shlex.quote(w) for w in words)), actor))
 
     @staticmethod
     def quick_ack(command: Command) -> str | None:
@@ -394,4 +402,6 @@ class ChatHandlers:
     def _home(self, user: str) -> Reply:
         jobs = self.engine.list_jobs(user=user)
         month = self.engine.spend("month")
-        return cards.home_reply(user, jobs, month, self.engine.budgets())
+        return cards.home_reply(
+            user, jobs, month, self.engine.budgets(), is_admin=self.permissions.is_admin(user)
+        )

@@ -311,3 +311,53 @@ def test_runner_events_endpoint_and_healthz(slack_stack: SlackStack) -> None:
         url + "/runner/events", content=b"{", headers={"Authorization": "Bearer JOBTOKEN-FAKE-5f00d"}
     )
     assert bad.status_code == 400
+
+
+def view_submission(user: str, **values: str) -> dict:
+    state = {
+        "scope": {
+            "value": {"type": "static_select", "selected_option": {"value": values.pop("scope", "user")}}
+        },
+        **{k: {"value": {"type": "plain_text_input", "value": v}} for k, v in values.items()},
+    }
+    return {
+        "type": "view_submission",
+        "team": {"id": "T1"},
+        "user": {"id": user, "name": user.lower()},
+        "api_app_id": "A1",
+        "trigger_id": f"trig-{time.time_ns()}",
+        "view": {
+            "id": "V1",
+            "type": "modal",
+            "callback_id": "budget_modal",
+            "state": {"values": state},
+            "private_metadata": "",
+        },
+    }
+
+
+def test_budget_modal_from_app_home(slack_stack: SlackStack) -> None:
+    stack = slack_stack
+    stack.event({"type": "app_home_opened", "user": "U_ADMIN", "channel": "D1", "tab": "home"})
+    home = stack.slack.wait_for("views.publish")[0].body["view"]
+    assert "open_budget_modal" in str(home["blocks"])
+    stack.event({"type": "app_home_opened", "user": "U_BOB", "channel": "D1", "tab": "home"})
+    bob_home = stack.slack.wait_for("views.publish", 2)[1].body["view"]
+    assert "open_budget_modal" not in str(bob_home["blocks"])  # only admins set budgets
+    payload = stack.action_payload("open_budget_modal", "budget", user="U_ADMIN")
+    assert stack.click(payload).status_code == 200
+    opened = stack.slack.wait_for("views.open")[0].body
+    assert opened["trigger_id"] == payload["trigger_id"] and opened["view"]["type"] == "modal"
+    assert violations(opened["view"]) == []
+    bad = stack.click(view_submission("U_ADMIN", name="ml team", daily="lots"))
+    assert bad.status_code == 200
+    assert bad.json()["response_action"] == "errors"
+    assert set(bad.json()["errors"]) == {"daily", "name"}
+    ok = stack.click(view_submission("U_ADMIN", scope="team", name="ml", daily="$20", monthly="400"))
+    assert ok.status_code == 200 and not ok.text
+    dm = stack.slack.wait_for("chat.postMessage")[0].body
+    assert dm["channel"] == "DU_ADMIN" and "Budget for team *ml*: daily $20.00, monthly $400.00" in dm["text"]
+    assert stack.engine.budget_list[-1].scope == "team" and stack.engine.budget_list[-1].monthly == 400.0
+    stack.click(view_submission("U_BOB", name="U_BOB", daily="1000"))
+    denied = stack.slack.wait_for("chat.postMessage", 2)[1].body
+    assert denied["channel"] == "DU_BOB" and "only admins set budgets" in denied["text"]

@@ -19,7 +19,7 @@ from slack_sdk.web import WebClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.handlers import ChatHandlers
-from bot.chat.slack import actions, commands, events
+from bot.chat.slack import actions, commands, events, views
 from bot.settings import Settings
 
 DEFAULT_API_URL = "https://slack.com/api/"
@@ -86,4 +86,5 @@ def build_app(
     commands.register(app)
     actions.register(app)
     events.register(app)
+    views.register(app)
     return app
