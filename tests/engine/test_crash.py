@@ -57,12 +57,11 @@ def _records(workdir: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_crash_and_restart(point: str, tmp_path: Path) -> None:
+def test_crash_and_restart(point: str, db_url: str, tmp_path: Path) -> None:
     from bot.engine.service import Engine
 
     mode = MODES[point]
     command = QUICK if mode == "finish" else SLEEPER
-    db_url = f"sqlite:///{tmp_path / 'crash.db'}"
     workdir = tmp_path / "local"
     data_dir = tmp_path / "data"
     env = {**os.environ, "TUNEBOT_CRASH_AT": point}
