@@ -164,7 +164,7 @@ def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
     """
     provider = eng.providers.get(row.provider)
     if provider is None:
-        return "unknown", None
+        return "error", None  # not configured in this process: decide nothing
     now = eng.now()
     try:
         inst = provider.status(row.provider_instance_id)
