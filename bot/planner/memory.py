@@ -37,6 +37,7 @@ NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
 LOGIT_BYTES = {"plain": 15.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
+QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
 
 
@@ -108,12 +109,20 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
             elems += ffn if "down" in adapted else 0
     if arch.experts:
         elems += 2 * arch.experts_per_token * h  # token dispatch and combine copies
-    norms = 4 if arch.model_type.startswith("gemma2") or arch.model_type.startswith("gemma3") else 2
+    gemma = arch.model_type.startswith("gemma")
+    norms = 4 if arch.model_type.startswith(("gemma2", "gemma3")) else 2
     # RMSNorm upcasts to fp32 and saves that copy unless a compiled kernel fuses it.
-    norm_bytes = norms * h * (elem if req.compile else max(elem, 4.0))
+    norm_elem = elem if req.compile else max(elem, 4.0)
+    norm_bytes = norms * h * norm_elem
+    if gemma and full:
+        norm_bytes += norms * h * norm_elem  # Gemma scales by (1 + w) in fp32: w's gradient keeps that too
+    if arch.model_type in QK_NORM_MODELS:
+        norm_bytes += (q_dim + arch.kv_dim) * norm_elem  # q_norm / k_norm inputs
     per_layer = elems * elem + norm_bytes + adapter_bytes
     if req.attn == "eager":
         per_layer += arch.heads * req.seq_len * 6.0  # scores bf16 + fp32 softmax output, per token
+        if arch.config.get("attn_logit_softcapping"):
+            per_layer += arch.heads * req.seq_len * 2.0  # Gemma 2's tanh-capped scores
     return per_layer
 
 

@@ -97,8 +97,12 @@ def test_weights_qlora_below_lora_below_full(req: EstimateRequest) -> None:
     }
     assert w["qlora"] < w["lora"] <= w["full"]
     assert mem(req, method="qlora") < mem(req, method="lora")
-    if req.optimizer != "paged_adamw_8bit":  # paged states live off the GPU and hide full's optimizer
-        assert mem(req, method="lora") < mem(req, method="full")
+    # Full fine-tuning costs more as soon as its trainable state is resident: one GPU, checkpointed
+    # activations, optimizer states on the GPU. (Without checkpointing, PEFT's per-adapter input copies
+    # can make all-linear LoRA's activations outweigh a sharded full fine-tune's state: physics.)
+    if req.optimizer != "paged_adamw_8bit":
+        one = req.model_copy(update={"gpus": 1, "gradient_checkpointing": True})
+        assert mem(one, method="lora") < mem(one, method="full")
 
 
 @FAST
