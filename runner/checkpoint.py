@@ -4,6 +4,7 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
 
     <uri>/checkpoint-<step>/
         adapter_model.safetensors | model.safetensors   trainable weights (adapter for LoRA/QLoRA)
+        | trainable.safetensors                          (FSDP: trainable parameters by name)
         optimizer.pt  scheduler.pt                       torch state dicts
         rng_state_<rank>.pth                             python, numpy, torch and CUDA RNG per rank
         trainer_state.json                               step, data position, tokens, plateau, seq, W&B id
@@ -36,6 +37,7 @@ MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 ADAPTER_FILE = "adapter_model.safetensors"
 MODEL_FILE = "model.safetensors"
+TRAINABLE_FILE = "trainable.safetensors"  # under FSDP: every trainable parameter by its unwrapped name
 _DIR_RE = re.compile(r"checkpoint-(\d+)$")
 # Test hook: SIGKILL this process after the first file of the Nth checkpoint upload (1-based).
 KILL_DURING_SAVE_ENV = "TUNEBOT_TEST_KILL_DURING_SAVE"
@@ -85,28 +87,69 @@ def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies, keeping one name per storage (tied embeddings); safetensors refuses shared tensors."""
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen and tensor.device.type != "meta":
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().cpu().contiguous()
+    return out
+
+
+def full_state_options() -> Any:
+    """Gather full (unsharded) FSDP state; offloaded to CPU on GPUs. On CPU/gloo, cpu_offload breaks the
+    unsharded views (torch 2.13: "setStorage ... out of bounds"), and the tensors are on the CPU anyway."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    on_gpu = torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"
+    return StateDictOptions(full_state_dict=True, cpu_offload=on_gpu)
+
+
+def checkpoint_weights(model: Any, wrapped: Any, *, fsdp: bool,
+                       trainable_names: set[str]) -> tuple[str, dict[str, torch.Tensor]]:
+    """(file name, tensors) of the weights a checkpoint keeps. Under FSDP every rank must call this."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        full = get_model_state_dict(wrapped, options=full_state_options())
+        return TRAINABLE_FILE, _unshared({k: v for k, v in full.items() if k in trainable_names})
+    if _is_peft(model):
+        from peft import get_peft_model_state_dict
+
+        return ADAPTER_FILE, _unshared(get_peft_model_state_dict(model))
+    return MODEL_FILE, _unshared(model.state_dict())
+
+
+def optimizer_state(wrapped: Any, optimizer: torch.optim.Optimizer, *, fsdp: bool) -> dict[str, Any]:
+    """The optimizer's state; under FSDP gathered by parameter name (every rank must call this)."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(wrapped, optimizer, options=full_state_options())
+    return optimizer.state_dict()
+
+
 def write_local(
     out_dir: Path,
     *,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
+    weights: tuple[str, dict[str, torch.Tensor]],
+    optimizer_state: dict[str, Any],
     scheduler: Any,
     state: TrainState,
     rng_states: list[dict[str, Any]],
     spec_json: str,
 ) -> None:
     """Write one checkpoint into a local folder (no marker: the upload adds it last)."""
-    from safetensors.torch import save_file, save_model
+    from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    if _is_peft(model):
-        from peft import get_peft_model_state_dict
-
-        tensors = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
-        save_file(tensors, str(out_dir / ADAPTER_FILE))
-    else:
-        save_model(model, str(out_dir / MODEL_FILE))
-    torch.save(optimizer.state_dict(), out_dir / "optimizer.pt")
+    name, tensors = weights
+    save_file(tensors, str(out_dir / name))
+    torch.save(optimizer_state, out_dir / "optimizer.pt")
     torch.save(scheduler.state_dict(), out_dir / "scheduler.pt")
     for rank, rng in enumerate(rng_states):
         torch.save(rng, out_dir / f"rng_state_{rank}.pth")
@@ -114,19 +157,35 @@ def write_local(
     (out_dir / "job.json").write_text(spec_json, encoding="utf-8")
 
 
-def read_local(
-    ckpt_dir: Path, *, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0
-) -> TrainState:
-    """Restore weights, optimizer, scheduler and this rank's RNG from a local checkpoint folder."""
-    from safetensors.torch import load_file, load_model
+def read_weights(ckpt_dir: Path, model: Any) -> None:
+    """Load a checkpoint's weights into the (not yet wrapped) model."""
+    from safetensors.torch import load_file
 
-    if _is_peft(model):
+    if (ckpt_dir / ADAPTER_FILE).exists():
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(ckpt_dir / ADAPTER_FILE)))
+        result = set_peft_model_state_dict(model, load_file(str(ckpt_dir / ADAPTER_FILE)))
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     else:
-        load_model(model, str(ckpt_dir / MODEL_FILE))
-    optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=False))
+        name = TRAINABLE_FILE if (ckpt_dir / TRAINABLE_FILE).exists() else MODEL_FILE
+        unexpected = model.load_state_dict(load_file(str(ckpt_dir / name)), strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"checkpoint {ckpt_dir.name} does not fit this model: {unexpected[:5]}")
+
+
+def read_optimizer(ckpt_dir: Path, wrapped: Any, optimizer: torch.optim.Optimizer, *, fsdp: bool) -> None:
+    saved = torch.load(ckpt_dir / "optimizer.pt", weights_only=False)
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=saved,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(saved)
+
+
+def read_rest(ckpt_dir: Path, *, scheduler: Any, rank: int = 0) -> TrainState:
+    """Scheduler, this rank's RNG and the trainer state."""
     scheduler.load_state_dict(torch.load(ckpt_dir / "scheduler.pt", weights_only=False))
     rng_path = ckpt_dir / f"rng_state_{rank}.pth"
     if not rng_path.exists():  # resumed with more processes than saved it: share rank 0's stream

@@ -161,10 +161,10 @@ def setup(gpus: int) -> Group:
 
 
 def wrap(model: Any, group: Group, method: str) -> Any:
-    """DDP for LoRA (and on CPU), FSDP for full and QLoRA on CUDA; the model itself with one process."""
+    """DDP for LoRA, FSDP for full and QLoRA (gloo on the CPU too); the model itself with one process."""
     if not group.distributed:
         return model
-    if method == "lora" or group.device.type != "cuda":
+    if method == "lora":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [group.device.index] if group.device.type == "cuda" else None

@@ -87,12 +87,12 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
 
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if spec.method is Method.qlora:
+    if spec.method is Method.qlora and not fsdp:
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=spec.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    elif spec.gradient_checkpointing:
+    elif spec.gradient_checkpointing:  # (sharded QLoRA skips the fp32 upcast: FSDP needs one dtype, as TRL)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     lora = LoraConfig(
@@ -102,7 +102,12 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
         target_modules=spec.lora.target_modules,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    if fsdp:  # FSDP flattens parameters into one tensor per block: adapters take the base dtype
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(dtype)
+    return model
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:
@@ -112,8 +117,12 @@ def trainable_parameters(model: Any) -> tuple[int, int]:
     return trainable, total
 
 
-def save_final(model: Any, tokenizer: Any, out_dir: Path) -> None:
+def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
+               state_dict: dict[str, Any] | None = None) -> None:
     """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
+    if state_dict is not None:  # gathered from FSDP shards
+        model.save_pretrained(str(out_dir), state_dict=state_dict)
+    else:
+        model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))

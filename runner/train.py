@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import signal
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from runner.spec import (
     EXIT_PREEMPTED,
     EventKind,
     JobSpec,
+    Method,
     RunSummary,
 )
 
@@ -99,6 +101,7 @@ class Trainer:
         self.stats: Any = None
         self.max_steps: int | None = None
         self.wandb: Any = None
+        self.fsdp = False
 
     # ---- setup: validate first (data), then model, optimizer, scheduler, resume --------------------------
 
@@ -149,21 +152,36 @@ class Trainer:
             print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
                   f"device {group.device}, dtype {self.dtype}, method {spec.method.value}", flush=True)
 
-        self.model = load_model(spec, self.model_dir, group.device, fsdp=False)
+        fsdp = group.distributed and spec.method is not Method.lora
+        self.model = load_model(spec, self.model_dir, group.device, fsdp=fsdp)
         trainable, total = trainable_parameters(self.model)
         if group.main:
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
                   flush=True)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = self._optimizer()
-        from transformers import get_scheduler
-
-        self.scheduler = get_scheduler(spec.lr_scheduler, self.optimizer,
-                                       num_warmup_steps=math.ceil(spec.warmup_ratio * self.max_steps),
-                                       num_training_steps=self.max_steps)
+        self.trainable_names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         self.store = ckpt.CheckpointStore(spec.checkpoint.uri)
-        self._resume()
-        self.ddp_model = wrap(self.model, group, spec.method.value)
+        resume_step = self.store.newest_complete()
+        resume_dir = Path(tempfile.mkdtemp(prefix="tunebot-resume-")) if resume_step is not None else None
+        try:
+            if resume_dir is not None:
+                self.store.download(resume_step, resume_dir)
+                ckpt.read_weights(resume_dir, self.model)  # before wrapping: plain parameter names
+            self.ddp_model = wrap(self.model, group, spec.method.value)
+            self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
+            self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
+            self.optimizer = self._optimizer()
+            from transformers import get_scheduler
+
+            self.scheduler = get_scheduler(spec.lr_scheduler, self.optimizer,
+                                           num_warmup_steps=math.ceil(spec.warmup_ratio * self.max_steps),
+                                           num_training_steps=self.max_steps)
+            if resume_dir is not None:
+                ckpt.read_optimizer(resume_dir, self.ddp_model, self.optimizer, fsdp=self.fsdp)
+                self.state = ckpt.read_rest(resume_dir, scheduler=self.scheduler, rank=group.rank)
+                self._resumed(self.store.uri_of(resume_step))
+        finally:
+            if resume_dir is not None:
+                shutil.rmtree(resume_dir, ignore_errors=True)
 
         from runner.plateau import PlateauDetector
         from runner.report import Reporter
@@ -194,16 +212,9 @@ class Trainer:
                 print(f"note: {spec.optimizer} needs CUDA; using torch AdamW on the CPU", flush=True)
         return torch.optim.AdamW(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
 
-    def _resume(self) -> None:
+    def _resumed(self, uri: str) -> None:
         assert self.group is not None
-        step = self.store.newest_complete()
-        if step is None:
-            return
-        with tempfile.TemporaryDirectory(prefix="tunebot-resume-") as tmp:
-            local = self.store.download(step, Path(tmp))
-            self.state = ckpt.read_local(local, model=self.model, optimizer=self.optimizer,
-                                         scheduler=self.scheduler, rank=self.group.rank)
-        self.resumed_from = self.store.uri_of(step)
+        self.resumed_from = uri
         if self.state.world_size != self.group.world:
             # The data position is per rank; a different world size sees the epoch in other shares.
             self.state.micro_batch = self.state.micro_batch * self.state.world_size // self.group.world
@@ -301,7 +312,10 @@ class Trainer:
                 # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
                 (summed * group.world / label_tokens).backward()
             loss_sum += summed.detach().double().cpu()
-        torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+        if self.fsdp:  # the norm over all shards
+            model.clip_grad_norm_(MAX_GRAD_NORM)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -327,7 +341,7 @@ class Trainer:
         for batch in self.batches_for(self.data.eval, 0):
             inputs = {k: v.to(self.group.device) for k, v in batch.items()}
             labels = inputs.pop("labels")
-            logits = self.model(**inputs, use_cache=False).logits
+            logits = self.ddp_model(**inputs, use_cache=False).logits
             total += float(F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                            labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"))
             count += batch.num_label_tokens
@@ -348,10 +362,16 @@ class Trainer:
             self.state.reporter_seq = self.reporter.seq + 1
         rngs = group.gather_objects(ckpt.rng_state())
         uri = self.store.uri_of(self.state.step)
+        weights = optim = None
+        if group.main or self.fsdp:  # FSDP gathers the full state collectively
+            weights = ckpt.checkpoint_weights(self.model, self.ddp_model, fsdp=self.fsdp,
+                                              trainable_names=self.trainable_names)
+            optim = ckpt.optimizer_state(self.ddp_model, self.optimizer, fsdp=self.fsdp)
         if group.main:
+            assert weights is not None and optim is not None
             with tempfile.TemporaryDirectory(prefix="tunebot-ckpt-") as tmp:
                 local = Path(tmp) / f"checkpoint-{self.state.step}"
-                ckpt.write_local(local, model=self.model, optimizer=self.optimizer,
+                ckpt.write_local(local, weights=weights, optimizer_state=optim,
                                  scheduler=self.scheduler, state=self.state, rng_states=rngs,
                                  spec_json=self.spec.model_dump_json(indent=2))
                 uri = self.store.upload(local, self.state.step)
@@ -364,6 +384,11 @@ class Trainer:
         """Final adapter (or model) + tokenizer + training_summary.json + job.json, uploaded to output_uri."""
         assert self.group is not None
         uri = self.spec.output_uri.rstrip("/")
+        full_state = None
+        if self.fsdp:  # every rank takes part in gathering the full weights
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            full_state = get_model_state_dict(self.ddp_model, options=ckpt.full_state_options())
         if self.group.main:
             import fsspec
 
@@ -371,7 +396,7 @@ class Trainer:
 
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
                 local = Path(tmp)
-                save_final(self.model, self.tokenizer, local)
+                save_final(self.model, self.tokenizer, local, state_dict=full_state)
                 summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,
                            "tokens": self.state.tokens_seen, "final_loss": self.state.last_loss,
                            "train_seconds": self.state.train_seconds, "resumed_from": self.resumed_from,

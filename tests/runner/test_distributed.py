@@ -40,3 +40,28 @@ def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
     ckpt = Path(spec.checkpoint.uri) / f"checkpoint-{steps[0]}"
     assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
     assert sum(1 for line in proc.lines if line.startswith("{")) == 1  # only rank 0 prints the summary
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_weights(
+        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
+        runner_process: Callable[..., Any]) -> None:
+    spec = runner_job(method="full", learning_rate=3e-3, max_steps=6, seq_len=128, grad_accum=1,
+                      report={"every_seconds": 0.01}, checkpoint={"every_minutes": 0.001, "keep": 1})
+    proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
+    rc, summary = proc.finish()
+    assert rc == 0 and summary["status"] == "finished" and summary["steps"] == 6, proc.stderr[-3000:]
+    losses = [float(line.split("loss ")[1].split()[0]) for line in proc.lines if line.startswith("step ")]
+    assert losses[-1] < losses[0] - 0.5, losses
+
+    (step,) = CheckpointStore(spec.checkpoint.uri).complete_steps()
+    assert (Path(spec.checkpoint.uri) / f"checkpoint-{step}" / "trainable.safetensors").exists()
+    from transformers import AutoModelForCausalLM
+
+    # The gathered (unsharded) weights: a loadable model with every parameter, not one rank's shard.
+    trained = AutoModelForCausalLM.from_pretrained(spec.output_uri)
+    base = AutoModelForCausalLM.from_pretrained(spec.base_model)
+    assert sum(p.numel() for p in trained.parameters()) == sum(p.numel() for p in base.parameters())
+    changed = [n for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters(), strict=True)
+               if not a.detach().equal(b.detach())]
+    assert len(changed) == len(list(base.parameters()))
