@@ -50,6 +50,10 @@ GPUS: dict[str, GPU] = {
     )
 }
 
+# The local provider runs the runner on this machine's CPU (demos, tests): memory comes from the offer
+# (host RAM), speed from a modest bf16 rate. Not in GPUS, which lists the cards clouds sell.
+CPU = GPU("cpu", "CPU (this machine)", 0.0, 20, 1.0, 0.5, "cpu", 10)
+
 ALIASES = {
     "3090": "rtx-3090",
     "4090": "rtx-4090",
@@ -66,10 +70,17 @@ ALIASES = {
 }
 
 
+def known(name: str) -> GPU | None:
+    """The GPU (or the local CPU) for a canonical name, None when unknown."""
+    return GPUS.get(name) or (CPU if name == "cpu" else None)
+
+
 def gpu(name: str) -> GPU:
     """The GPU for a canonical name (or a common alias); BadRequestError listing the names otherwise."""
     key = name.strip().lower().replace("_", "-").replace(" ", "-")
     key = ALIASES.get(key, ALIASES.get(key.replace("rtx-", ""), key))
     if key in GPUS:
         return GPUS[key]
+    if key == "cpu":
+        return CPU
     raise BadRequestError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")

@@ -8,6 +8,7 @@ from bot.planner.architectures import Architecture
 from bot.planner.errors import BadRequestError
 from bot.planner.gpus import GPUS
 from bot.planner.gpus import gpu as lookup_gpu
+from bot.planner.gpus import known as known_device
 from bot.planner.memory import GB, MemoryResult, estimate_memory
 from bot.planner.models import resolve
 from bot.planner.offer import Offer
@@ -146,7 +147,7 @@ def estimate(
     def hours(g: str, n: int) -> float:
         key = (g, n)
         if key not in speed_memo:
-            s = estimate_speed(arch, req, GPUS[g], n)
+            s = estimate_speed(arch, req, known_device(g), n)
             steps = optimizer_steps(tokens, req.epochs, req, n)
             speed_memo[key] = steps * s.step_seconds / 3600.0
         return speed_memo[key]
@@ -171,7 +172,8 @@ def estimate(
         headline = fitting[0].gpu
     else:
         headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS)) or "h200"
-    speed = estimate_speed(arch, req, GPUS[headline])
+    device = lookup_gpu(headline)
+    speed = estimate_speed(arch, req, device)
     steps = optimizer_steps(tokens, req.epochs, req)
     time_hours = steps * speed.step_seconds / 3600.0
 
@@ -180,7 +182,7 @@ def estimate(
         + (f" ({arch.active_parameters:,} active per token, {arch.experts} experts)" if arch.experts else ""),
         f"peak reserved memory per GPU at the {mem.peak_phase}; CUDA context included; "
         f"offers must fit with {SAFETY_MARGIN:.0%} to spare",
-        f"speed on {GPUS[headline].label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token at "
+        f"speed on {device.label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token at "
         f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
         + (", compiled" if req.compile else "")
         + ")",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from bot.planner.gpus import GPUS
+from bot.planner.gpus import known as known_device
 from bot.planner.offer import Offer
 from bot.planner.preemption import ScalarMath, expected_wall_hours
 from bot.planner.result import RankedOffer
@@ -145,9 +145,9 @@ def rank_offers(
         g, c = key
         if c not in mem_cache:
             mem_cache[c] = job.memory_gb(c)
-        known = GPUS.get(g)
-        cap = known.memory_gb if known else offers[i].gpu_memory_gb
-        pairs[key] = (mem_cache[c], cap, job.hours(g, c) if known else None)
+        device = known_device(g)
+        cap = device.memory_gb if device and device.memory_gb else offers[i].gpu_memory_gb
+        pairs[key] = (mem_cache[c], cap, job.hours(g, c) if device else None)
     per = [pairs[k] for k in keys]
     work = [p[2] if p[2] is not None else 0.0 for p in per]
     if n >= VECTOR_MIN:

@@ -137,3 +137,24 @@ def test_vector_and_scalar_paths_agree() -> None:
     big, _, _ = rank_offers(big_list, job, gpus=1, keep_fits=len(big_list))
     costs = {(o.offer_id, o.total_cost, o.hours, o.checkpoint_minutes) for o in small}
     assert costs == {(o.offer_id, o.total_cost, o.hours, o.checkpoint_minutes) for o in big}
+
+
+def test_local_cpu_offer_is_ranked_with_its_own_memory() -> None:
+    """The local provider's offer (gpu "cpu", host RAM as memory) gets a speed and a fit, not a rejection."""
+    cpu = Offer(
+        provider="local",
+        offer_id="local-cpu",
+        gpu="cpu",
+        gpu_count=1,
+        gpu_memory_gb=16.0,
+        price_per_hour=0.0,
+        source="live",
+    )
+    est = estimate(
+        EstimateRequest(model="Qwen/Qwen2.5-0.5B", method="lora", gpu="cpu", tokens=10_000), offers=[cpu]
+    )
+    assert est.speed.gpu == "cpu" and est.offers[0].fits and est.offers[0].total_cost == 0.0
+    big = estimate(
+        EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", gpu="cpu", tokens=10), offers=[cpu]
+    )
+    assert not big.offers[0].fits and "cpu has 16.0 GB" in big.offers[0].reason
