@@ -19,10 +19,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from runner.spec import EXIT_FAILED, EXIT_PREEMPTED
+
 CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
+FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to end by themselves
 WORKER_ENV = "TUNEBOT_WORKER"
 
 
@@ -68,11 +72,32 @@ def launch(spec_json: str, processes: int, *, sigterm_seen: bool = False) -> int
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     if sigterm_seen:  # arrived while this process was still starting
         forward(signal.SIGTERM, None)
+    stopped_by_launcher = False
     try:
+        first_failure: float | None = None
+        while any(worker.poll() is None for worker in workers):
+            failed = [w for w in workers if w.poll() not in (None, 0, EXIT_PREEMPTED)]
+            if failed and first_failure is None:
+                first_failure = time.monotonic()
+            if first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_SECONDS:
+                # A crashed rank leaves the others blocked in a collective: stop them.
+                for worker in workers:
+                    if worker.poll() is None:
+                        worker.kill()
+                        stopped_by_launcher = stopped_by_launcher or worker is workers[0]
+            time.sleep(0.1)
         codes = [worker.wait() for worker in workers]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if stopped_by_launcher:  # rank 0 could not print its summary: the launcher does
+        from runner.spec import RunSummary
+
+        failures = [(r, c) for r, c in enumerate(codes) if c not in (0, EXIT_PREEMPTED)]
+        rank, code = next(((r, c) for r, c in failures if c != -9), failures[0])
+        message = f"worker rank {rank} exited with code {code}; the other workers were stopped"
+        print(RunSummary(status="failed", message=message).model_dump_json(), flush=True)
+        return EXIT_FAILED
     if codes[0] != 0:
         return codes[0]
     return next((code for code in codes if code != 0), 0)

@@ -115,7 +115,13 @@ class Trainer:
         looks_local = spec.base_model.startswith(("/", ".", "~", "file://"))
         if looks_local and not Path(spec.base_model.removeprefix("file://")).expanduser().exists():
             raise InvalidJob(f"base_model {spec.base_model!r} does not exist")
-        self.model_dir = resolve_base_model(spec.base_model)
+        try:
+            self.model_dir = resolve_base_model(spec.base_model)
+        except Exception as exc:
+            if type(exc).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError",
+                                       "HFValidationError"):
+                raise InvalidJob(f"base_model {spec.base_model!r}: {type(exc).__name__}") from None
+            raise  # a network problem may pass: the bot retries a failed run
         self.tokenizer = load_tokenizer(self.model_dir)
         try:
             data = prepare(spec, self.tokenizer)

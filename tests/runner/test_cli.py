@@ -93,3 +93,13 @@ def test_a_receiver_that_is_down_does_not_stop_training(runner_job: Callable[...
     assert time.monotonic() - started < 120
     kinds = [e.kind.value for e in parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())]
     assert kinds[0] == "started" and kinds[-1] == "finished" and "progress" in kinds
+
+
+def test_a_base_model_folder_that_does_not_exist_is_invalid(runner_job: Callable[..., Any], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(runner_job(base_model=str(tmp_path / "no-such-model")).model_dump_json())
+    assert run(["--spec", str(path)]) == EXIT_BAD_SPEC
+    summary, err = _summary(capsys)
+    assert summary["status"] == "invalid" and "no-such-model" in summary["message"]
+    assert "Traceback" not in err

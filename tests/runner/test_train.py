@@ -37,3 +37,22 @@ def test_each_method_lowers_the_training_loss(method: str, runner_job: Callable[
     saved = json.loads((output / "training_summary.json").read_text())
     assert saved["steps"] == 20 and saved["status"] == "finished"
     assert json.loads((output / "job.json").read_text())["method"] == method
+
+
+def test_checkpoints_on_any_fsspec_uri_and_an_in_process_resume(runner_job: Callable[..., Any]) -> None:
+    from runner.checkpoint import CheckpointStore
+
+    uri = "memory://tunebot-test/jobs/mem"
+    spec = runner_job(max_steps=4, seq_len=128, grad_accum=1, checkpoint={"uri": uri, "every_minutes": 0.001},
+                      output_uri="memory://tunebot-test/out/mem")
+    first, code = run(spec)
+    assert code == EXIT_OK and first.steps == 4
+    store = CheckpointStore(uri)
+    assert store.complete_steps() == [2, 3]  # every step saved (not the last), pruned to keep=2
+
+    longer = spec.model_copy(update={"max_steps": 6})
+    second, code = run(longer)
+    assert code == EXIT_OK and second.resumed_from == f"{uri}/checkpoint-3" and second.steps == 6
+    import fsspec
+
+    assert fsspec.filesystem("memory").exists("/tunebot-test/out/mem/adapter_model.safetensors")
