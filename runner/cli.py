@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -63,6 +63,14 @@ def parse_spec(text: str) -> JobSpec:
         raise ValueError(f"invalid job spec: {problems}") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors also end with the summary line, so whoever reads the last line always finds one."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise SystemExit(_invalid(message))
+
+
 def _make_tiny(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tunebot-runner make-tiny",
                                      description="Write a tiny offline model, dataset and job.json to DIR.")
@@ -83,8 +91,8 @@ def run(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _note_sigterm)
     if argv[:1] == ["make-tiny"]:
         return _make_tiny(argv[1:])
-    parser = argparse.ArgumentParser(prog="tunebot-runner", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="tunebot-runner", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", help=f"path of a JobSpec JSON file (default: ${SPEC_ENV})")
     args = parser.parse_args(argv)
     try:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -51,7 +52,9 @@ class Preemption:
 
     def __init__(self, already: Callable[[], bool] | None = None) -> None:
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
         if already is not None and already():  # a SIGTERM that came while Python was importing torch
             self._handle(signal.SIGTERM, None)
 
@@ -61,7 +64,8 @@ class Preemption:
         self.requested = True
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tuple[RunSummary, int]:

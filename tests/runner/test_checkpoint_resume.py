@@ -38,10 +38,10 @@ def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
     report = {**RESUME_JOB["report"], "callback_url": event_receiver.url}
     spec_path = write_spec(small_job(report=report))
     rng = random.Random(6)
-    targets = sorted(rng.sample(range(2, 13), 3))
+    targets = sorted(rng.sample(range(2, 10), 3))  # leave steps to spare: the run must not end first
     resumed_from = []
     for target in targets:
-        rc, summary = runner_process(spec_path).finish(sigterm_at_step=target, delay=rng.uniform(0, 0.3))
+        rc, summary = runner_process(spec_path).finish(sigterm_at_step=target, delay=rng.uniform(0, 0.05))
         assert rc == EXIT_PREEMPTED and summary["status"] == "preempted", summary
         assert summary["steps"] >= target
         resumed_from.append(summary["resumed_from"])

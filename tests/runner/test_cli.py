@@ -103,3 +103,11 @@ def test_a_base_model_folder_that_does_not_exist_is_invalid(runner_job: Callable
     summary, err = _summary(capsys)
     assert summary["status"] == "invalid" and "no-such-model" in summary["message"]
     assert "Traceback" not in err
+
+
+def test_unknown_arguments_are_a_usage_error_with_a_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(["--spec", "x.json", "--bogus"])
+    assert exited.value.code == EXIT_BAD_SPEC
+    summary, err = _summary(capsys)
+    assert summary["status"] == "invalid" and "--bogus" in err

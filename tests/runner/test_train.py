@@ -48,11 +48,12 @@ def test_checkpoints_on_any_fsspec_uri_and_an_in_process_resume(runner_job: Call
     first, code = run(spec)
     assert code == EXIT_OK and first.steps == 4
     store = CheckpointStore(uri)
-    assert store.complete_steps() == [2, 3]  # every step saved (not the last), pruned to keep=2
+    steps = store.complete_steps()  # time-based saves (not after the last step), pruned to keep=2
+    assert 1 <= len(steps) <= 2 and steps[-1] < 4
 
     longer = spec.model_copy(update={"max_steps": 6})
     second, code = run(longer)
-    assert code == EXIT_OK and second.resumed_from == f"{uri}/checkpoint-3" and second.steps == 6
+    assert code == EXIT_OK and second.resumed_from == f"{uri}/checkpoint-{steps[-1]}" and second.steps == 6
     import fsspec
 
     assert fsspec.filesystem("memory").exists("/tunebot-test/out/mem/adapter_model.safetensors")
