@@ -132,6 +132,20 @@ def main() -> None:
                 best = (c, o, float(tau))
     best_cost, best_offer, best_tau = best
 
+    # Per preemption class: the Young/Daly interval against the best interval of the grid, same offer.
+    classes: dict[float, RankedOffer] = {}
+    for o in fitting:
+        rate = params(o)[2]
+        if rate > 0 and rate not in classes:
+            classes[rate] = o
+    per_class = []
+    for rate, o in sorted(classes.items()):
+        w, r, _, st = params(o)
+        yd = mean_cost(o, rate, st, w, o.checkpoint_minutes / 60, job, r, SEED)
+        grid = [t for t in GRID_MIN / 60 if rate * (t + job.checkpoint_hours) <= 6]
+        best_c, best_t = min((mean_cost(o, rate, st, w, float(t), job, r, SEED), float(t)) for t in grid)
+        per_class.append((rate, o, yd, best_c, best_t))
+
     a100 = [
         o for o in est.offers if o.gpu == "a100-80gb" and not o.interruptible and o.gpu_count == 1 and o.fits
     ]
@@ -158,6 +172,11 @@ def main() -> None:
     )
     ratio = planner_cost / best_cost
     print(f"ratio planner/best = {ratio:.3f} (target <= 1.10: {'OK' if ratio <= 1.10 else 'MISSED'})")
+    for rate, o, yd, best_c, best_t in per_class:
+        print(
+            f"  class {rate:.2f} preemptions/h ({o.gpu}): Young/Daly {o.checkpoint_minutes:.0f} min "
+            f"${yd:.2f} vs best interval {best_t * 60:.0f} min ${best_c:.2f} -> ratio {yd / best_c:.3f}"
+        )
     print(
         f"always on-demand A100 80GB ({a100.provider}, ${a100.price_per_hour}/h): "
         f"simulated ${a100_cost:.2f}; "

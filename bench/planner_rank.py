@@ -1,8 +1,8 @@
 """Rank 10,000 offers for one request: median wall time vs the 50 ms target.
 
 Usage: .venv/bin/python bench/planner_rank.py
-Baseline in the same run: building the 10,000 RankedOffer objects one by one (what a naive ranking
-that constructs a pydantic model per offer pays before doing any arithmetic).
+Baseline in the same run: a naive ranking of the same offers - the same formulas evaluated offer by
+offer on floats, and one RankedOffer built for every offer.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import random
 import statistics
 import time
 
-from bot.planner import EstimateRequest, estimate
+from bot.planner import EstimateRequest, estimate, plan, rank
 from bot.planner.catalog import snapshot_offers
-from bot.planner.result import RankedOffer
 
 TARGET_MS = 50.0
 N_OFFERS = 10_000
@@ -58,23 +57,21 @@ def main() -> None:
     est = estimate(req, offers=offers)
     fits = sum(o.fits for o in est.offers)
 
-    def naive() -> None:
-        for o in offers:
-            RankedOffer(
-                provider=o.provider,
-                offer_id=o.offer_id,
-                gpu=o.gpu,
-                gpu_count=o.gpu_count,
-                gpu_memory_gb=o.gpu_memory_gb,
-                interruptible=o.interruptible,
-                price_per_hour=o.price_per_hour,
-                hours=1.0,
-                total_cost=1.0,
-                fits=True,
-                reason="",
-            )
+    real_rank = plan.rank_offers
 
-    base_ms = median_ms(naive, repeats=5)
+    def naive_rank(offers, job, **kw):
+        kw.update(keep_fits=len(offers), keep_rejected=len(offers))
+        saved, rank.VECTOR_MIN = rank.VECTOR_MIN, 10**9  # float path, every offer materialized
+        try:
+            return real_rank(offers, job, **kw)
+        finally:
+            rank.VECTOR_MIN = saved
+
+    plan.rank_offers = naive_rank
+    try:
+        base_ms = median_ms(lambda: estimate(req, offers=offers), repeats=5)
+    finally:
+        plan.rank_offers = real_rank
     print(
         f"offers ranked: {N_OFFERS:,} (returned {len(est.offers)}: {fits} fitting, "
         "rest rejected with reasons)"
@@ -84,7 +81,8 @@ def main() -> None:
         f"{'OK' if ms < TARGET_MS else 'MISSED'})"
     )
     print(
-        f"baseline, one RankedOffer per offer, no arithmetic: {base_ms:.1f} ms  (ratio {base_ms / ms:.1f}x)"
+        f"baseline, naive per-offer ranking with a RankedOffer per offer: {base_ms:.1f} ms "
+        f"(the planner is {base_ms / ms:.1f}x faster)"
     )
 
 
