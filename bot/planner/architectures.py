@@ -156,7 +156,7 @@ class Architecture:
     def lora_targets(self, targets: list[str] | str) -> list[Linear]:
         """The Linear layers (of the first group that has them) adapted by `targets`."""
         if targets == "all-linear":
-            return [lin for g in self.groups for lin in g.linears if "router" not in lin.roles]
+            return [lin for g in self.groups for lin in g.linears]  # PEFT: every Linear but lm_head
         if isinstance(targets, str):
             targets = [t for t in targets.split(",") if t.strip()]
         wanted_roles: set[str] = set()
