@@ -5,7 +5,9 @@ LoRA adapters (exact count, fp32 by default), gradients and optimizer states of 
 parameters, activations saved for backward (counted tensor by tensor for a Llama-style block, so
 GQA, MoE, frozen-vs-trainable Linear inputs and the attention kernel all show), logits and loss,
 CUDA context, and the caching allocator's slack on transient tensors. FSDP shards weights,
-gradients and optimizer states across GPUs; activations and logits stay per GPU.
+gradients and optimizer states across GPUs; activations and logits stay per GPU. The activation
+count is checked against the tensors autograd really saves in Hugging Face's Llama, Qwen2, Qwen3,
+Gemma 2, Phi-3 and Mixtral blocks (tests/planner/test_activation_physics.py).
 
 Three moments compete for the peak: the start of backward (all saved activations + logits alive),
 the end of backward (all gradients alive + one layer's working set) and the optimizer step

@@ -7,7 +7,10 @@ adds 12*L*s*d per token for training, half with causal kernels (sdpa, flash).
 
 Utilization (MFU) is relative to the GPU's measured dense bf16 matmul rate and calibrated per
 implementation and method on the published runs (docs/estimation.md): the plain Hugging Face path
-(Trainer + PEFT) and compiled stacks (torchtune, Unsloth). Per-step costs that are not matmuls are
+(Trainer + PEFT) and compiled stacks (torchtune, Unsloth). The GPU class enters through that
+measured rate: consumer cards reach their datasheet figure, datacenter cards about 80% of it, and
+with that one utilization per stack and method fits the RTX 4090, L40S and A100 runs alike.
+Per-step costs that are not matmuls are
 modelled from bandwidth: QLoRA's dequantization (28 ms per billion 4-bit parameters per micro-step on
 an A100, scaled by memory bandwidth), the optimizer step (memory-bound pass over the trainable
 state), and FSDP's all-gathers and reduce-scatters over the GPU interconnect (overlapped with compute).
