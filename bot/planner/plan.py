@@ -197,6 +197,10 @@ def estimate(
             f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
             "activations and logits per GPU, three unsharded blocks in flight"
         )
+    if req.gpus > 1 and req.optimizer != "adamw":
+        assumptions.append(
+            f"warning: {req.optimizer} (bitsandbytes) breaks checkpoint saves under FSDP: use adamw"
+        )
     if mem.offloaded:
         assumptions.append(
             "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
