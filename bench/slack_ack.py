@@ -84,13 +84,23 @@ def serve(kind: str, port: int, slack_port: int) -> None:
 
     import uvicorn
 
+    logging.disable(logging.WARNING)
+    api_url = f"http://127.0.0.1:{slack_port}/api/"
+    with tempfile.TemporaryDirectory() as data_dir:
+        app = build_baseline(api_url) if kind == "baseline" else build_tunebot(api_url, data_dir)
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+def serve_fake_slack(port: int) -> None:
+    """The fake Slack Web API (auth.test, response_url) in its own process, off the measured servers' CPU."""
     from tests.fakes.slack_api import FakeSlack
 
-    logging.disable(logging.WARNING)
-    slack = FakeSlack(port=slack_port).start()
-    with tempfile.TemporaryDirectory() as data_dir:
-        app = build_baseline(slack.api_url) if kind == "baseline" else build_tunebot(slack.api_url, data_dir)
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    slack = FakeSlack(port=port).start()
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        slack.stop()
 
 
 # ---- the client --------------------------------------------------------------------------------------
@@ -132,8 +142,6 @@ async def burst(url: str, n: int, text: str, response_url: str) -> tuple[list[fl
             resp = await client.post(url + "/slack/events", content=body, headers=headers)
             return (time.perf_counter() - started) * 1000, resp.status_code
 
-        # Open the n keep-alive connections first, so the burst times the server, not TCP handshakes.
-        await asyncio.gather(*(client.get(url + "/healthz") for _ in range(n)))
         results = await asyncio.gather(*(one(b, h) for b, h in requests))
     return [r[0] for r in results], [r[1] for r in results]
 
@@ -155,7 +163,7 @@ def run_async(coro):  # type: ignore[no-untyped-def]
 
 
 class Server:
-    """One server kind in its own process, with its own fake Slack Web API for auth.test and response_url."""
+    """One server kind in its own process, and its fake Slack Web API (auth.test, response_url) in another."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -163,17 +171,10 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.response_url = f"http://127.0.0.1:{slack_port}/response"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        cmd = [
-            sys.executable,
-            __file__,
-            "--serve",
-            kind,
-            "--port",
-            str(port),
-            "--slack-port",
-            str(slack_port),
-        ]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+        fake = [sys.executable, __file__, "--fake-slack", "--slack-port", str(slack_port)]
+        self.slack = subprocess.Popen(fake, env=env, cwd=ROOT)
+        serve = ["--serve", kind, "--port", str(port), "--slack-port", str(slack_port)]
+        self.proc = subprocess.Popen([sys.executable, __file__, *serve], env=env, cwd=ROOT)
 
     def wait_ready(self) -> None:
         import httpx
@@ -203,8 +204,9 @@ class Server:
         return latencies
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        for proc in (self.proc, self.slack):
+            proc.terminate()
+            proc.wait(10)
 
 
 TEXT = "estimate Llama-3.1-8B method=qlora tokens=20M"
@@ -217,7 +219,11 @@ def main() -> int:
     parser.add_argument("--serve", choices=["baseline", "tunebot"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--slack-port", type=int, default=0)
+    parser.add_argument("--fake-slack", action="store_true")
     args = parser.parse_args()
+    if args.fake_slack:
+        serve_fake_slack(args.slack_port)
+        return 0
     if args.serve:
         serve(args.serve, args.port, args.slack_port)
         return 0
