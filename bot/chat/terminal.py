@@ -6,7 +6,6 @@ import re
 
 from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
 from rich.table import Table as RichTable
 
 from bot.chat.replies import (
@@ -83,11 +82,3 @@ def render(reply: Reply, console: Console) -> None:
             console.print(f"[dim]{escape(part.title or part.alt)}:[/dim] {escape(where)}")
         elif isinstance(part, Divider):
             console.rule(style="dim")
-
-
-def render_panel(reply: Reply, console: Console, *, title: str | None = None) -> None:
-    """A reply inside a frame (for event cards in the console)."""
-    inner = Console(width=max(40, console.width - 4), record=True, force_terminal=False, color_system=None)
-    with inner.capture() as cap:
-        render(reply, inner)
-    console.print(Panel(escape(cap.get().rstrip()), title=escape(title) if title else None, expand=False))
