@@ -183,7 +183,8 @@ def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
                 ", ".join(o.labels),
             )
         console.print(table)
-    rejected = [o for o in est.offers if not o.fits]
+    rejected = [o for o in est.offers if not o.fits and o.rejected_by not in ("gpu_count", "gpu", "class")]
+    filtered = sum(1 for o in est.offers if o.rejected_by in ("gpu_count", "gpu", "class"))
     if rejected:
         table = Table(title="Rejected offers", title_justify="left")
         table.add_column("provider")
@@ -200,6 +201,11 @@ def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
         if len(rejected) > limit:
             table.caption = f"... and {len(rejected) - limit} more (see --json)"
         console.print(table)
+    if filtered:
+        console.print(
+            f"[dim]{filtered} offer groups with another GPU count, GPU type or capacity class than asked "
+            "are not shown (--gpus, --gpu, --interruptible/--on-demand; see --json)[/dim]"
+        )
 
 
 def gpus_command(

@@ -33,6 +33,7 @@ HOURS_PER_MONTH = 730.0
 ON_DEMAND_MAX_INTERVAL_H = 2.0  # on-demand hosts fail too: checkpoint at least every 2 hours
 MIN_INTERVAL_H = 5.0 / 60
 VECTOR_MIN = 256  # from this many offers on, use numpy
+REJECTED_BY = {1: "memory", 2: "budget", 3: "class", 4: "gpu_count", 5: "gpu", 6: "unknown_gpu"}
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def rank_offers(
                 preemption_cost=round(res["preempt"][i], 4),
                 checkpoint_minutes=round(res["interval"][i] * 60, 1),
                 fits=category[i] == 0,
+                rejected_by=REJECTED_BY.get(category[i]),
                 reason=reason(i),
                 labels=labels.get(i, []) if category[i] == 0 else [],
                 reliability=o.reliability,

@@ -68,6 +68,8 @@ class RankedOffer(BaseModel):
     fits: bool
     reason: str  # why it was rejected, or why it is recommended
     labels: list[str] = Field(default_factory=list)  # "cheapest" | "fastest" | "safest"
+    # Why it was rejected, as a key: "memory" | "budget" | "class" | "gpu_count" | "gpu" | "unknown_gpu"
+    rejected_by: str | None = None
     reliability: float | None = None
     source: str = "snapshot"
 

@@ -74,6 +74,14 @@ def test_every_rejected_offer_says_why() -> None:
     assert "needs" in reasons["vast:rtx-3090"] and "rtx-3090 has 25.8 GB" in reasons["vast:rtx-3090"]
     assert "use --gpus 2" in reasons["vast:h100-80gb"]
     assert "needs" in reasons["vast:a100-80gb"]  # memory is the first reason, before the capacity class
+    keys = {o.provider + ":" + o.gpu: o.rejected_by for o in est.offers if not o.fits}
+    assert keys == {
+        "vast:rtx-3090": "memory",
+        "vast:h100-80gb": "gpu_count",
+        "runpod:a100-80gb": "memory",
+        "vast:a100-80gb": "memory",
+        "weird:tpu-v9": "unknown_gpu",
+    }
     assert "unknown GPU" in reasons["weird:tpu-v9"]
     assert "needs" in reasons["runpod:a100-80gb"]  # mixed precision: 18 B per parameter
     assert est.suggestions  # nothing fits: say what would
