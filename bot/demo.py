@@ -42,7 +42,7 @@ DEMO_SPEC = {
     "report": {"every_seconds": 1.0},
     "plateau": {"enabled": False},
 }
-PREEMPT_AT_STEP = 8  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
+PREEMPT_AT_STEP = 3  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
 CPU_STEP_SECONDS = 0.5  # for the estimate's time on the local CPU offer, until the planner knows CPUs
 
 
@@ -129,6 +129,12 @@ class Demo:
         assert self.notifier is not None
         return sum(1 for e in self.notifier.seen if e.kind == kind and e.job_id == job_id)
 
+    def max_step(self, job_id: str) -> int:
+        """The furthest step the console has shown (progress is pulled from the runner's progress file)."""
+        assert self.notifier is not None
+        steps = [int(e.data.get("step") or 0) for e in self.notifier.seen if e.job_id == job_id]
+        return max(steps, default=0)
+
     def preempt(self, job_id: str) -> bool:
         instances = [
             i for i in self.local.list_instances() if i.job_id == job_id and i.status.value == "running"
@@ -190,8 +196,7 @@ class Demo:
         self.step("4. Training: progress with the loss, pulled from the runner")
         self.tick_until(
             lambda: (
-                self.engine.get_job(job_id).step >= PREEMPT_AT_STEP
-                or self.engine.get_job(job_id).state in FINAL_STATES
+                self.max_step(job_id) >= PREEMPT_AT_STEP or self.engine.get_job(job_id).state in FINAL_STATES
             ),
             f"step {PREEMPT_AT_STEP}",
         )
