@@ -10,6 +10,7 @@ chart as a PNG and exits 0 when the job succeeded.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -39,10 +40,11 @@ DEMO_SPEC = {
     "seed": 0,
     "lora": {"alpha": 16, "dropout": 0.05},
     "checkpoint": {"every_minutes": 0.2, "keep": 2},
-    "report": {"every_seconds": 1.0},
+    "report": {"every_seconds": 0.5},
     "plateau": {"enabled": False},
 }
 PREEMPT_AT_STEP = 3  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
+STEP_LINE = re.compile(r"^step (\d+)/", re.MULTILINE)  # the runner's progress lines: "step 3/30 | loss ..."
 CPU_STEP_SECONDS = 0.5  # for the estimate's time on the local CPU offer, until the planner knows CPUs
 
 
@@ -102,7 +104,8 @@ class Demo:
         from bot.settings import Settings
 
         settings = Settings(TUNEBOT_DATA_DIR=str(self.workdir / "data"), TUNEBOT_HEARTBEAT_TIMEOUT=120)
-        self.local = LocalProvider(workdir=self.workdir / "local")
+        # Unbuffered runner output: the demo watches the runner's log to time the preemption.
+        self.local = LocalProvider(workdir=self.workdir / "local", extra_env={"PYTHONUNBUFFERED": "1"})
         self.engine = Engine(
             settings,
             db_url=f"sqlite:///{self.workdir / 'tunebot.db'}",
@@ -115,25 +118,40 @@ class Demo:
         return model, data
 
     # ---- the loop --------------------------------------------------------------------------------
-    def tick_until(self, done: Callable[[], bool], what: str, timeout_s: float = 90.0) -> bool:
+    def tick_until(
+        self, done: Callable[[], bool], what: str, timeout_s: float = 90.0, poll_s: float = 0.1
+    ) -> bool:
+        """Tick the engine every ``tick_s`` and check ``done`` every ``poll_s`` until it holds."""
         until = min(self.deadline, time.monotonic() + timeout_s)
+        next_tick = 0.0
         while time.monotonic() < until:
-            self.engine.tick()
+            if time.monotonic() >= next_tick:
+                self.engine.tick()
+                next_tick = time.monotonic() + self.tick_s
             if done():
                 return True
-            time.sleep(self.tick_s)
+            time.sleep(poll_s)
         self.console.print(f"[red]gave up waiting for {what}[/red]")
         return False
+
+    def runner_step(self, job_id: str) -> int:
+        """The runner's own latest step from its log: on a fast CPU the whole job takes a few seconds,
+        so the preemption cannot wait for the engine's next pull of the progress file."""
+        best = 0
+        for inst in self.local.list_instances():
+            if inst.job_id != job_id:
+                continue
+            try:
+                text = self.local.log_path(inst.instance_id).read_text(errors="replace")
+            except OSError:
+                continue
+            for match in STEP_LINE.finditer(text):
+                best = max(best, int(match.group(1)))
+        return best
 
     def seen(self, kind: EngineEventKind, job_id: str) -> int:
         assert self.notifier is not None
         return sum(1 for e in self.notifier.seen if e.kind == kind and e.job_id == job_id)
-
-    def max_step(self, job_id: str) -> int:
-        """The furthest step the console has shown (progress is pulled from the runner's progress file)."""
-        assert self.notifier is not None
-        steps = [int(e.data.get("step") or 0) for e in self.notifier.seen if e.job_id == job_id]
-        return max(steps, default=0)
 
     def preempt(self, job_id: str) -> bool:
         instances = [
@@ -196,7 +214,8 @@ class Demo:
         self.step("4. Training: progress with the loss, pulled from the runner")
         self.tick_until(
             lambda: (
-                self.max_step(job_id) >= PREEMPT_AT_STEP or self.engine.get_job(job_id).state in FINAL_STATES
+                self.runner_step(job_id) >= PREEMPT_AT_STEP
+                or self.engine.get_job(job_id).state in FINAL_STATES
             ),
             f"step {PREEMPT_AT_STEP}",
         )
