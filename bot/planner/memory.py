@@ -24,6 +24,12 @@ Calibration constants (few, each a physical quantity):
   1.06 with variable-length (unpacked) batches. Reserved memory can be 1.3-3x what is allocated at
   an ordinary moment, but it is set by the peak: the PEFT benchmark's p99 reserved is within a few
   percent of the allocated peak of its longest batch.
+- NF4 dequantization transient, per parameter of the Linear being dequantized: bitsandbytes' kernel
+  (and a compiled torchao dequant) writes the bf16 weight directly, 2 B/param (two such weights counted,
+  the one in use and the next). torchao's NF4Tensor in eager mode (torchtune QLoRA without compile)
+  goes through int64 index tensors: two half-size int64 indices (8), two bf16 look-ups (2), their
+  scaled copies (2) and the stacked weight (2) are alive together, 14 B/param (14.05 measured by
+  tracing the tensors torchao 0.3.1's NF4Tensor.get_original_weight allocates).
 Optimizers are assumed fused (torch AdamW fused=True, bitsandbytes): no full-size step temporaries.
 """
 
@@ -41,6 +47,7 @@ LOGIT_BYTES = {"plain": 15.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
+NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0}  # per param of the largest Linear
 
 
 @dataclass
@@ -128,6 +135,11 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
     return per_layer
 
 
+def nf4_dequant_path(req: EstimateRequest) -> str:
+    """How the NF4 weights become bf16 for each matmul: a fused kernel, or torchao's eager ops."""
+    return "torchao eager" if req.stack == "torchtune" and not req.compile else "kernel"
+
+
 def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
     kind = "chunked" if req.chunked_ce else "compiled" if req.compile else "plain"
     factor = 2.0 if req.precision == "fp32" else 1.0
@@ -202,7 +214,7 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
         stored = arch.layers * per_layer
     if req.method == "qlora":
         biggest = max(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
-        stored += 2 * 2.0 * biggest  # dequantized bf16 weight of the Linear being computed (and next)
+        stored += biggest * NF4_DEQUANT_BYTES[nf4_dequant_path(req)]
     logits = tokens * arch.vocab * _logit_bytes(arch, req)
     if n_gpus > 1:
         # FSDP all-gathers the current block, prefetches the next and frees the previous one only

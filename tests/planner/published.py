@@ -163,7 +163,10 @@ ROWS: list[Row] = [
     Row("torchtune 2-7B lora all r64", dict(_T2, lora_r=64), "a100-80gb", 17.04),
     Row(
         "torchtune 2-7B qlora",
-        dict(_T2, method="qlora", lora_r=8, lora_targets=["q", "v"]),
+        # torchtune 0.1.1's recipes/configs/llama2/7B_qlora_single_device.yaml: r=8 on q, k, v, output
+        # and the MLP, gradient_accumulation_steps 16, compile False (so torchao dequantizes eagerly).
+        # Still 33% low: see XFAIL in test_published.py for what was measured and ruled out.
+        dict(_T2, method="qlora", lora_r=8, lora_targets="all-linear", grad_accum=16),
         "a100-80gb",
         9.29,
     ),
@@ -231,6 +234,9 @@ ROWS: list[Row] = [
 ]
 
 # Unsloth "minimum VRAM" (QLoRA GB, 16-bit LoRA GB): Unsloth's fused stack, batch 1, short sequences.
+# A sizing guide rather than measurements: four of its twelve figures contradict the others (same blocks,
+# different vocabulary; a per-parameter slope that changes with size). UNSLOTH_XFAIL in test_published.py
+# states each contradiction with numbers.
 UNSLOTH_MIN = {
     "meta-llama/Llama-3.2-3B": (3.5, 8.0),
     "mistralai/Mistral-7B-v0.1": (5.0, 19.0),

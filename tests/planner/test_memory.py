@@ -1,0 +1,34 @@
+"""Stack-specific memory mechanisms that the published rows alone do not pin down."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.planner.memory import FRAGMENTATION, NF4_DEQUANT_BYTES, estimate_memory, nf4_dequant_path
+from bot.planner.models import resolve
+from bot.planner.request import EstimateRequest
+
+
+def _qlora(**kw: object) -> EstimateRequest:
+    return EstimateRequest(model="meta-llama/Llama-2-7b-hf", method="qlora", batch_size=2, seq_len=768, **kw)
+
+
+def test_eager_torchao_dequant_needs_its_int64_temporaries() -> None:
+    """torchtune QLoRA without compile dequantizes through int64 indices: 14 B/param of the largest
+    Linear (Llama-2-7B's MLP, 45M parameters) instead of a kernel's bf16 output."""
+    arch, _ = resolve("meta-llama/Llama-2-7b-hf")
+    eager = estimate_memory(arch, _qlora(stack="torchtune"))
+    kernel = estimate_memory(arch, _qlora(stack="hf"))
+    biggest = 4096 * 11008
+    extra = (NF4_DEQUANT_BYTES["torchao eager"] - NF4_DEQUANT_BYTES["kernel"]) * biggest
+    assert eager.breakdown["activations"] - kernel.breakdown["activations"] == pytest.approx(extra)
+    assert eager.per_gpu_gb - kernel.per_gpu_gb == pytest.approx(extra * FRAGMENTATION["packed"] / 1e9)
+
+
+@pytest.mark.parametrize(
+    ("stack", "compile", "path"),
+    [("torchtune", False, "torchao eager"), ("torchtune", True, "kernel"), ("hf", False, "kernel"),
+     ("unsloth", False, "kernel")],
+)
+def test_dequant_path_follows_the_stack(stack: str, compile: bool, path: str) -> None:
+    assert nf4_dequant_path(_qlora(stack=stack, compile=compile)) == path
