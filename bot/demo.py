@@ -162,7 +162,8 @@ class Demo:
             return False
         self.console.print(
             markup(
-                f":warning: Simulating a spot preemption: SIGTERM to instance `{instances[0].instance_id}`"
+                f":warning: Simulating a spot preemption at step {self.runner_step(job_id)}: "
+                f"SIGTERM to instance `{instances[0].instance_id}`"
             ),
             highlight=False,
         )
@@ -220,6 +221,7 @@ class Demo:
             f"step {PREEMPT_AT_STEP}",
         )
 
+        self.engine.tick()  # show the progress so far before the preemption
         self.step("5. A spot preemption, and the recovery from the last checkpoint")
         if self.preempt(job_id):
             self.tick_until(
