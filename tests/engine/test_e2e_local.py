@@ -76,7 +76,21 @@ def test_preempted_twice_resumed_twice_finishes_with_exact_spend(tmp_path: Path)
                         .scalars()
                         .first()
                     )
-                if row is not None:
+                    # Preempt the current run only once it has itself reported "started" (a run
+                    # killed before its SIGTERM handler exists did no work and resumes nothing).
+                    launched = (
+                        s.execute(select(Instance).where(Instance.job_id == job.job_id)).scalars().all()
+                    )
+                    started_so_far = (
+                        s.execute(
+                            select(RunnerEventRecord).where(
+                                RunnerEventRecord.job_id == job.job_id, RunnerEventRecord.kind == "started"
+                            )
+                        )
+                        .scalars()
+                        .all()
+                    )
+                if row is not None and len(started_so_far) == len(launched):
                     local.preempt(row.provider_instance_id, 60.0)
                     preempt_at.pop(0)
             time.sleep(0.3)
