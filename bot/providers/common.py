@@ -103,8 +103,15 @@ class CloudProvider:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> CloudProvider:  # overridden per cloud
-        raise NotImplementedError
+    def from_settings(cls, settings: Any, **kwargs: Any) -> Any:
+        """Build the client from ``<name>_api_key`` / ``<name>_api_url`` in bot.settings.Settings."""
+        secret = getattr(settings, f"{cls.name}_api_key")
+        return cls(
+            api_key=secret.get_secret_value() if secret else None,
+            base_url=getattr(settings, f"{cls.name}_api_url"),
+            timeout_s=settings.provider_timeout_s,
+            **kwargs,
+        )
 
     def _map_error(self, response: httpx.Response) -> Any:  # ErrorMapper; per cloud
         return None

@@ -118,14 +118,8 @@ class LambdaProvider(CloudProvider):
 
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> LambdaProvider:
-        key = settings.lambda_api_key.get_secret_value() if settings.lambda_api_key else None
-        return cls(
-            api_key=key,
-            base_url=settings.lambda_api_url,
-            timeout_s=settings.provider_timeout_s,
-            ssh_key_name=settings.lambda_ssh_key_name,
-            **kwargs,
-        )
+        kwargs.setdefault("ssh_key_name", settings.lambda_ssh_key_name)
+        return super().from_settings(settings, **kwargs)
 
     def _map_error(self, response: httpx.Response) -> ProviderError | None:
         try:

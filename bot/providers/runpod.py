@@ -157,13 +157,6 @@ class RunPodProvider(CloudProvider):
         interruptible=False, volumes=True, kind="container", stop=True, burn_rate=True
     )
 
-    @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> RunPodProvider:
-        key = settings.runpod_api_key.get_secret_value() if settings.runpod_api_key else None
-        return cls(
-            api_key=key, base_url=settings.runpod_api_url, timeout_s=settings.provider_timeout_s, **kwargs
-        )
-
     def _map_error(self, response: httpx.Response) -> ProviderError | None:
         if response.status_code in (401, 403):
             return AuthError(

@@ -142,13 +142,6 @@ class TensorDockProvider(CloudProvider):
         super().__init__(**kwargs)
         self.ssh_public_key = ssh_public_key
 
-    @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> TensorDockProvider:
-        key = settings.tensordock_api_key.get_secret_value() if settings.tensordock_api_key else None
-        return cls(
-            api_key=key, base_url=settings.tensordock_api_url, timeout_s=settings.provider_timeout_s, **kwargs
-        )
-
     def _map_error(self, response: httpx.Response) -> ProviderError | None:
         code = response.status_code
         if code in (401, 403):
