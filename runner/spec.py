@@ -118,6 +118,10 @@ class JobSpec(_Strict):
             raise ValueError(f"JobSpec version {self.version} is newer than this runner ({SPEC_VERSION})")
         return self
 
+    def redacted(self) -> JobSpec:
+        """A copy without the report token, for everything written to disk, W&B or the output."""
+        return self.model_copy(update={"report": self.report.model_copy(update={"token": None})})
+
     @property
     def tokens_per_step(self) -> int:
         """Tokens one optimizer step consumes on one process (shared with the planner's arithmetic)."""

@@ -206,7 +206,7 @@ class Trainer:
 
             self.wandb = WandbLog()
             self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
-                                                       spec.model_dump(mode="json"))
+                                                       spec.redacted().model_dump(mode="json"))
 
     def _optimizer(self) -> torch.optim.Optimizer:
         spec = self.spec
@@ -383,7 +383,7 @@ class Trainer:
                 local = Path(tmp) / f"checkpoint-{self.state.step}"
                 ckpt.write_local(local, weights=weights, optimizer_state=optim,
                                  scheduler=self.scheduler, state=self.state, rng_states=rngs,
-                                 spec_json=self.spec.model_dump_json(indent=2))
+                                 spec_json=self.spec.redacted().model_dump_json(indent=2))
                 uri = self.store.upload(local, self.state.step)
             self.store.prune(self.spec.checkpoint.keep)
             print(f"checkpoint saved: {uri}", flush=True)
@@ -413,7 +413,8 @@ class Trainer:
                            "data": self.stats.as_dict() if self.stats is not None else None,
                            "method": self.spec.method.value, "job_id": self.spec.job_id}
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-                (local / "job.json").write_text(self.spec.model_dump_json(indent=2), encoding="utf-8")
+                public_spec = self.spec.redacted().model_dump_json(indent=2)  # no report token in outputs
+                (local / "job.json").write_text(public_spec, encoding="utf-8")
                 fs, root = fsspec.core.url_to_fs(uri)
                 fs.makedirs(root, exist_ok=True)
                 for path in sorted(local.rglob("*")):

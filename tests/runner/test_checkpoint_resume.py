@@ -65,6 +65,10 @@ def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
     # The progress object beside the checkpoints holds the same story for a bot that pulls.
     pulled = parse_progress((Path(small_job().checkpoint.uri) / "progress.json").read_bytes())
     assert [e.seq for e in pulled] == seqs
+    # The bearer token travels only in the Authorization header: never in checkpoints or the output.
+    for root in (Path(small_job().checkpoint.uri), Path(small_job().output_uri)):
+        written = [f for f in root.rglob("*") if f.is_file()]
+        assert written and not [f for f in written if b"job-token" in f.read_bytes()]
 
 
 @pytest.mark.slow
