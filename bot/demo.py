@@ -45,31 +45,6 @@ DEMO_SPEC = {
 }
 PREEMPT_AT_STEP = 3  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
 STEP_LINE = re.compile(r"^step (\d+)/", re.MULTILINE)  # the runner's progress lines: "step 3/30 | loss ..."
-CPU_STEP_SECONDS = 0.5  # for the estimate's time on the local CPU offer, until the planner knows CPUs
-
-
-def _local_offers_fit(estimate: Any) -> Any:
-    """The planner has no speed figures for a CPU; the tiny model fits anywhere, so say so."""
-    if any(o.fits for o in estimate.offers):
-        return estimate
-    offers = []
-    hours = max(estimate.time.steps, 1) * CPU_STEP_SECONDS / 3600
-    for o in estimate.offers:
-        if o.provider == "local":
-            cost = round(hours * o.price_per_hour, 6)
-            o = o.model_copy(
-                update={
-                    "fits": True,
-                    "hours": hours,
-                    "total_cost": cost,
-                    "compute_cost": cost,
-                    "labels": ["cheapest", "fastest", "safest"],
-                    "reason": "runs on this machine's CPU",
-                }
-            )
-        offers.append(o)
-    note = f"local CPU: about {CPU_STEP_SECONDS:g} s per step for the tiny model (measured on 2 cores)"
-    return estimate.model_copy(update={"offers": offers, "assumptions": [*estimate.assumptions, note]})
 
 
 class Demo:
@@ -111,8 +86,6 @@ class Demo:
             db_url=f"sqlite:///{self.workdir / 'tunebot.db'}",
             providers={"local": self.local},
         )
-        plain_estimate = self.engine.estimate
-        self.engine.estimate = lambda request: _local_offers_fit(plain_estimate(request))
         self.notifier = ConsoleNotifier(self.engine, self.console).attach(self.engine.bus)
         self.console.print("engine  SQLite + the local provider (the runner runs as a process on this CPU)")
         return model, data

@@ -37,7 +37,7 @@ class Reporter:
     """Numbers, sends and records the events of one job; ``seq`` continues from ``start_seq``."""
 
     def __init__(self, spec: JobSpec, *, start_seq: int = 0, timeout: float = 3.0, retries: int = 3,
-                 backoff: float = 0.25, max_queue: int = 1000, progress_every_seconds: float = 5.0,
+                 backoff: float = 0.25, max_queue: int = 1000, progress_every_seconds: float | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.job_id = spec.job_id
         self.progress_uri = progress_uri(spec.checkpoint.uri)
@@ -48,7 +48,10 @@ class Reporter:
         self._url = spec.report.callback_url
         self._retries = max(1, retries)
         self._backoff = backoff
-        self._progress_every = progress_every_seconds
+        # progress.json follows the job's own reporting cadence, at most every 5 s by default.
+        self._progress_every = (
+            min(5.0, spec.report.every_seconds) if progress_every_seconds is None else progress_every_seconds
+        )
         self._lock = threading.Lock()
         self._events: deque[RunnerEvent] = deque(maxlen=KEEP_EVENTS)
         self._dirty = self._urgent = False

@@ -23,7 +23,7 @@ class GPU:
     bandwidth_gbs: float
     dense_tflops: float
     matmul_tflops: float
-    kind: str  # "consumer" | "workstation" | "datacenter"
+    kind: str  # "consumer" | "workstation" | "datacenter" | "cpu"
     interconnect_gbs: float  # per-GPU bandwidth to its peers (NVLink or PCIe), for FSDP
 
 
@@ -45,8 +45,6 @@ GPUS: dict[str, GPU] = {
         _gpu("a100-80gb", "A100 80GB", 81920, 2039, 312, 265, "datacenter", 300),
         _gpu("h100-80gb", "H100 80GB SXM", 81559, 3350, 989, 790, "datacenter", 450),
         _gpu("h200", "H200", 143771, 4800, 989, 790, "datacenter", 450),
-        # The local provider's single offer (this machine's CPU): tiny throughput, 16 GB of RAM.
-        _gpu("cpu", "CPU (local)", 15259, 50, 1, 1, "consumer", 10),
     )
 }
 

@@ -42,6 +42,33 @@ MFU: dict[tuple[str, str], float] = {
     ("unsloth", "qlora"): 0.72,
 }
 COMPILE_SPEEDUP = 1.27
+
+# Eager PyTorch dispatches every op from Python, a fixed cost per op that FLOPs do not show. On a GPU
+# the launches run ahead of the kernels (asynchronous), so a micro-step takes the longer of the two and
+# real models are compute-bound; on a CPU each op runs where it is dispatched, so the costs add up and
+# small models are dispatch-bound. Op counts: a decoder block's forward (norms, projections, rotary,
+# attention, MLP, residuals), a LoRA adapter (dropout, A, B, scale, add, cast), embedding + final
+# norm + lm_head + loss; the backward about twice the forward. The per-op costs are a CUDA launch
+# with Python dispatch (~10 us) and, on the CPU, the runner's measured ~100 us per op for the tiny
+# model on 2 cores (17k tokens/s: bench/README.md, `tunebot-runner make-tiny`).
+OPS_PER_LAYER = 40
+OPS_PER_ADAPTER = 6
+OPS_OUTSIDE_LAYERS = 30
+BACKWARD_OPS = 2.0
+OP_SECONDS = {"cpu": 100e-6}
+OP_SECONDS_GPU = 10e-6
+
+
+def ops_per_micro_step(arch: Architecture, req: EstimateRequest) -> float:
+    adapters = 0
+    if req.method != "full":
+        chosen = set(map(id, arch.lora_targets(req.lora_targets)))
+        adapters = sum(g.layers * sum(id(lin) in chosen for lin in g.linears) for g in arch.groups)
+    forward = arch.layers * OPS_PER_LAYER + OPS_PER_ADAPTER * adapters + OPS_OUTSIDE_LAYERS
+    recompute = forward if req.gradient_checkpointing else 0.0
+    return forward * (1.0 + BACKWARD_OPS) + recompute
+
+
 DEQUANT_S_PER_BPARAM_A100 = 0.028
 A100_BANDWIDTH_GBS = 2039.0
 
@@ -74,6 +101,8 @@ def estimate_speed(
     fpt = flops_per_token(arch, req)
     tokens_micro = req.batch_size * req.seq_len
     compute = tokens_micro * fpt / (mfu * gpu.matmul_tflops * 1e12)
+    dispatch = ops_per_micro_step(arch, req) * OP_SECONDS.get(gpu.kind, OP_SECONDS_GPU)
+    compute = compute + dispatch if gpu.kind == "cpu" else max(compute, dispatch)
     if req.method == "qlora":
         compute += (
             DEQUANT_S_PER_BPARAM_A100

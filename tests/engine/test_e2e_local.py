@@ -50,6 +50,7 @@ def test_preempted_twice_resumed_twice_finishes_with_exact_spend(tmp_path: Path)
         "plateau": {"enabled": False},
         "seed": 0,
         "checkpoint": {"every_minutes": 0.05},
+        "report": {"every_seconds": 0.2},  # progress often enough to preempt mid-run on a fast machine
     }
     job = eng.create_job(
         req,
