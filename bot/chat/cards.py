@@ -22,6 +22,7 @@ from bot.chat.replies import (
     Text,
 )
 from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
+from bot.money import money
 from bot.planner.result import Estimate, RankedOffer
 
 ACTIVE_STATES = {"pending_approval", "approved", "launching", "running", "recovering"}
@@ -37,14 +38,6 @@ STATE_EMOJI = {
     "cancelled": ":octagonal_sign:",
     "stopped": ":octagonal_sign:",
 }
-
-
-def money(amount: float | None) -> str:
-    if amount is None:
-        return "-"
-    if amount != 0 and abs(amount) < 0.01:
-        return f"${amount:.4f}"
-    return f"${amount:,.2f}"
 
 
 def gigabytes(gb: float) -> str:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.spend import period_bounds
+from bot.money import money
 from store.models import Budget, BudgetAlert, SpendEntry
 
 if TYPE_CHECKING:
@@ -89,8 +90,8 @@ def _event(b: Budget, attr: str, level: int, amount: float, limit: float, now: f
     return EngineEvent(
         kind=EngineEventKind.budget_alert,
         user=b.name if b.scope == "user" else None,
-        message=f"{b.scope.capitalize()} {b.name} has spent ${amount:.2f} of the {attr} budget "
-        f"${limit:.2f} {word} ({level}%).",
+        message=f"{b.scope.capitalize()} {b.name} has spent {money(amount)} of the {attr} budget "
+        f"{money(limit)} {word} ({level}%).",
         data={
             "scope": b.scope,
             "name": b.name,

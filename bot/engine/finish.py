@@ -17,6 +17,7 @@ from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
 from bot.engine.spend import job_spend, roll_up
+from bot.money import money
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -153,11 +154,11 @@ def finish(
     assert kind is not None
     text = {
         EngineEventKind.finished: f"Job {job_id} finished. Output: {owner_job.output_uri}. "
-        f"Spend ${spend:.2f}.",
+        f"Spend {money(spend)}.",
         EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau. Output: {owner_job.output_uri}. "
-        f"Spend ${spend:.2f}.",
-        EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend ${spend:.2f}.",
-        EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend ${spend:.2f}.",
+        f"Spend {money(spend)}.",
+        EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend {money(spend)}.",
+        EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend {money(spend)}.",
     }[kind]
     eng.publish(
         kind,

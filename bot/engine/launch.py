@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
+from bot.money import money
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
 from bot.planner.result import RankedOffer
@@ -449,7 +450,7 @@ def _commit_running(
     eng.publish(
         kind,
         job_id,
-        f"Job {job_id} {what} {row.provider} {row.gpu or ''} at ${row.price_per_hour:.2f}/h.",
+        f"Job {job_id} {what} {row.provider} {row.gpu or ''} at {money(row.price_per_hour)}/h.",
         provider=row.provider,
         gpu=row.gpu,
         price_per_hour=row.price_per_hour,

@@ -42,6 +42,7 @@ from bot.engine.reconcile import reconcile as reconcile_pass
 from bot.engine.recovery import mark_preempted, relaunch
 from bot.engine.spend import DAY, job_spend, period_bounds, roll_up
 from bot.engine.views import job_view, ts
+from bot.money import money
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 from bot.providers.base import OfferQuery, Provider, ProviderError
@@ -263,8 +264,8 @@ class Engine:
             EngineEventKind.job_created,
             job_id,
             f"Job {job_id} created: {request.model} on "
-            f"{chosen.provider} {chosen.gpu} at ${chosen.price_per_hour:.2f}/h, estimated "
-            f"${chosen.total_cost:.2f}, cap ${cap:.2f}.",
+            f"{chosen.provider} {chosen.gpu} at {money(chosen.price_per_hour)}/h, estimated "
+            f"{money(chosen.total_cost)}, cap {money(cap)}.",
             job=job,
             estimated_cost=chosen.total_cost,
             max_cost=cap,
@@ -275,7 +276,7 @@ class Engine:
                 EngineEventKind.approval_needed,
                 job_id,
                 f"Job {job_id} is estimated at "
-                f"${chosen.total_cost:.2f}, above ${self.settings.approval_above_usd:.2f}: it needs "
+                f"{money(chosen.total_cost)}, above {money(self.settings.approval_above_usd)}: it needs "
                 f"approval by someone other than {user}.",
                 job=job,
                 estimated_cost=chosen.total_cost,

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from bot.engine import states as S
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.spend import DAY, day_start, period_bounds
+from bot.money import money
 from store.models import Job, SpendEntry, VolumeRecord
 
 if TYPE_CHECKING:
@@ -76,11 +77,11 @@ def daily_summary(eng: Engine) -> EngineEvent:
         ).one()
     day = datetime.fromtimestamp(yesterday, UTC).strftime("%Y-%m-%d")
     done = ", ".join(f"{n} {state}" for state, n in sorted(finished.items())) or "none"
-    top = ", ".join(f"{u or '-'} ${float(a):.2f}" for u, a in by_user) or "nobody"
+    top = ", ".join(f"{u or '-'} {money(float(a))}" for u, a in by_user) or "nobody"
     message = (
-        f"Spend on {day}: ${spent_yesterday:.2f} (today so far ${spent_today:.2f}, month to date "
-        f"${spent_month:.2f}). Top: {top}. Jobs finished: {done}. Active: {active}, awaiting approval: "
-        f"{pending}. Idle volumes: {idle_vols} (${float(idle_cost):.2f}/month)."
+        f"Spend on {day}: {money(spent_yesterday)} (today so far {money(spent_today)}, month to date "
+        f"{money(spent_month)}). Top: {top}. Jobs finished: {done}. Active: {active}, awaiting approval: "
+        f"{pending}. Idle volumes: {idle_vols} ({money(float(idle_cost))}/month)."
     )
     ev = EngineEvent(
         kind=EngineEventKind.daily_summary,

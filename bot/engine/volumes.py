@@ -15,6 +15,7 @@ from sqlalchemy import select
 from bot.engine import states as S
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.spend import DAY, MONTH_SECONDS
+from bot.money import money
 from bot.providers.base import ProviderError
 from store.models import VolumeRecord
 
@@ -95,8 +96,8 @@ def reminders(eng: Engine) -> list[EngineEvent]:
                     kind=EngineEventKind.idle_volume,
                     user=row.owner,
                     message=f"Volume {row.name or row.volume_id} on {row.provider} ({row.size_gb:g} GB) "
-                    f"has been idle for {days:.0f} days: ${so_far:.2f} so far, ${per_month:.2f} per month. "
-                    f"Delete it or keep it?",
+                    f"has been idle for {days:.0f} days: {money(so_far)} so far, {money(per_month)} per "
+                    f"month. Delete it or keep it?",
                     data={
                         "provider": row.provider,
                         "volume_id": row.volume_id,
