@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +24,7 @@ from sqlmodel import Session
 from bot.engine import budgets as budgets_mod
 from bot.engine import finish as finish_mod
 from bot.engine import monitor
+from bot.engine import offers as offers_mod
 from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
@@ -139,31 +140,25 @@ class Engine:
 
     # --- EngineAPI ------------------------------------------------------------------------------
     def estimate(self, request: EstimateRequest) -> Estimate:
-        """Rank the live offers of the configured providers (the planner's snapshot when none answer)."""
+        """Every cloud's offers (live where configured, else the dated snapshot), labelled among those
+        this engine can launch; this machine's CPU only when no cloud is configured or gpu=cpu."""
         from bot.planner import estimate as plan
+        from bot.providers.catalog import live_catalog
 
-        query = OfferQuery(
-            gpu_count=request.gpus,
-            interruptible=request.interruptible,
-            min_reliability=self.settings.min_reliability,
-        )
-        offers = []
-        clouds = [n for n in self.providers if n != "local"]
-        for name, provider in self.providers.items():
-            if name == "local" and clouds and request.gpu != "cpu":
-                continue  # with real GPUs configured, this machine's CPU is never the "cheapest" answer
+        clouds = {n: p for n, p in self.providers.items() if n != "local"}
+        catalog = live_catalog(self.settings, interruptible=request.interruptible, providers=clouds)
+        offers = list(catalog.offers)
+        source = catalog.source
+        local = self.providers.get("local")
+        if local is not None and (not clouds or request.gpu == "cpu"):
+            query = OfferQuery(gpu_count=request.gpus, interruptible=request.interruptible)
             try:
-                offers.extend(provider.search_offers(query))
+                offers.extend(local.search_offers(query))
+                source = "live" if source == "live" else "mixed"  # this machine's price is always live
             except ProviderError as exc:
-                log.warning("offers from %s unavailable: %s", name, exc)
-        if offers:
-            return plan(
-                request,
-                offers=offers,
-                prices_source="live",
-                prices_as_of=datetime.fromtimestamp(self.now(), UTC),
-            )
-        return plan(request)
+                log.warning("offers from local unavailable: %s", exc)
+        est = plan(request, offers=offers, prices_source=source, prices_as_of=catalog.as_of)
+        return offers_mod.for_this_engine(est, self.providers, catalog.notes)
 
     def create_job(
         self,
@@ -186,8 +181,14 @@ class Engine:
         if not request.dataset:
             raise EngineError("a dataset is needed to launch a fine-tune (dataset=PATH or URI)")
         est = estimate or self.estimate(request)
-        fitting = [o for o in est.offers if o.fits]
+        fitting = offers_mod.launchable(est.offers, self.providers)
         if not fitting:
+            elsewhere = sorted({o.provider for o in est.offers if o.fits})
+            if elsewhere:
+                raise EngineError(
+                    f"it fits only on {', '.join(elsewhere)}, which this bot has no keys for: "
+                    "set the provider's API key to launch there"
+                )
             hint = f" Suggestions: {'; '.join(est.suggestions)}" if est.suggestions else ""
             raise EngineError(f"no offer fits this fine-tune.{hint}")
         chosen = next((o for o in fitting if choice in o.labels), None)
@@ -201,13 +202,8 @@ class Engine:
                 ),
                 None,
             )
-        if chosen is None and choice in ("cheapest", "safest", "fastest"):
-            key = {
-                "cheapest": lambda o: o.total_cost,
-                "fastest": lambda o: o.hours,
-                "safest": lambda o: (o.interruptible, -(o.reliability or 0), o.total_cost),
-            }[choice]
-            chosen = min(fitting, key=key)
+        if chosen is None:
+            chosen = offers_mod.pick(fitting, choice)
         if chosen is None:
             raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
         now = self.now()

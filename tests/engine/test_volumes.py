@@ -89,7 +89,15 @@ def test_estimate_ranks_the_local_cpu_offer(tmp_path, settings):
     eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local})
     est = eng.estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", seq_len=256, tokens=10_000))
     fitting = [o for o in est.offers if o.fits]
-    assert fitting and fitting[0].provider == "local" and fitting[0].gpu == "cpu"
+    # The launch buttons (labels) go to what this engine can launch: the local CPU.
+    labelled = [o for o in fitting if o.labels]
+    assert len(labelled) == 1 and labelled[0].provider == "local" and labelled[0].gpu == "cpu"
+    assert set(labelled[0].labels) == {"cheapest", "fastest", "safest"}
+    # Every cloud's snapshot prices are still shown, with what it takes to launch there.
+    clouds = [o for o in fitting if o.provider != "local"]
+    assert {o.provider for o in clouds} >= {"vast", "runpod", "lambda", "tensordock"}
+    assert all("set " in o.reason and "_API_KEY" in o.reason for o in clouds)
+    assert any("snapshot" in a for a in est.assumptions)
     eng.close()
 
 
@@ -102,5 +110,23 @@ def test_estimate_leaves_the_local_cpu_out_when_clouds_are_configured(tmp_path, 
     cloud = FakeProvider("fake", price=0.5)
     eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local, "fake": cloud})
     est = eng.estimate(EstimateRequest(model="meta-llama/Llama-3.2-1B", seq_len=256, tokens=10_000))
-    assert {o.provider for o in est.offers} == {"fake"}
+    assert "local" not in {o.provider for o in est.offers}
+    assert {o.provider for o in est.offers if o.labels} == {"fake"}
+    eng.close()
+
+
+def test_a_job_that_fits_only_on_unconfigured_clouds_says_which_key_to_set(tmp_path, settings):
+    from bot.engine.api import EngineError
+    from bot.engine.service import Engine
+    from bot.planner.request import EstimateRequest
+    from bot.providers.local import LocalProvider
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hello world"}\n' * 50)
+    local = LocalProvider(workdir=tmp_path / "local")
+    eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local})
+    req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", dataset=str(data))
+    with pytest.raises(EngineError, match="no keys for"):
+        eng.create_job(req, user="alice")
+    assert eng.list_jobs() == [] and local.list_instances() == []
     eng.close()

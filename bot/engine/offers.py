@@ -1,0 +1,59 @@
+"""Which offers of an estimate this engine can launch, and the labels among those.
+
+An estimate shows every cloud's prices (live where a key is set, else the dated snapshot), so a person
+sees what a fine-tune would cost everywhere. Only offers of providers configured in this process can be
+launched: the cheapest / fastest / safest labels (the launch buttons) go to those, and a fitting offer
+elsewhere says what would make it launchable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from bot.planner.result import Estimate, RankedOffer
+from bot.providers.catalog import KEY_ENV
+
+DEFAULT_RELIABILITY = 0.95  # the planner's assumption where a provider reports none
+
+LABEL_KEYS: dict[str, Callable[[RankedOffer], Any]] = {
+    "cheapest": lambda o: o.total_cost,
+    "fastest": lambda o: (o.hours, o.total_cost),
+    # On-demand first, then the most reliable host, then the cheapest (as the planner ranks it).
+    "safest": lambda o: (
+        o.interruptible,
+        -(DEFAULT_RELIABILITY if o.reliability is None else o.reliability),
+        o.total_cost,
+    ),
+}
+
+
+def launchable(offers: list[RankedOffer], providers: Collection[str]) -> list[RankedOffer]:
+    return [o for o in offers if o.fits and o.provider in providers]
+
+
+def pick(offers: list[RankedOffer], choice: str) -> RankedOffer | None:
+    """The offer for "cheapest" | "fastest" | "safest" among these, or None for another choice."""
+    key = LABEL_KEYS.get(choice)
+    return min(offers, key=key) if key and offers else None
+
+
+def for_this_engine(estimate: Estimate, providers: Collection[str], notes: list[str]) -> Estimate:
+    """Move the labels onto launchable offers and explain the fitting ones that are not."""
+    ready = launchable(estimate.offers, providers)
+    labels: dict[int, list[str]] = {}
+    for label in LABEL_KEYS:
+        chosen = pick(ready, label)
+        if chosen is not None:
+            labels.setdefault(id(chosen), []).append(label)
+    offers = []
+    for o in estimate.offers:
+        update: dict[str, Any] = {"labels": labels.get(id(o), [])}
+        if o.fits and o.provider not in providers:
+            key = KEY_ENV.get(o.provider, f"{o.provider.upper()}_API_KEY")
+            update["reason"] = f"fits, but {o.provider} is not configured here: set {key} to launch on it"
+        elif id(o) in labels:
+            update["reason"] = "recommended: " + ", ".join(labels[id(o)])
+        offers.append(o.model_copy(update=update))
+    assumptions = [*estimate.assumptions, *(f"prices: {n}" for n in notes)]
+    return estimate.model_copy(update={"offers": offers, "assumptions": assumptions})
