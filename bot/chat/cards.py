@@ -75,8 +75,17 @@ def _offer_row(i: int, o: RankedOffer) -> list[str]:
         money(o.price_per_hour),
         hours(o.hours),
         money(o.total_cost),
-        ", ".join(o.labels) if o.fits else f"no: {o.reason}",
+        _offer_note(o),
     ]
+
+
+def _offer_note(o: RankedOffer) -> str:
+    """Labels of a launchable pick; what it takes to launch a fitting offer elsewhere; or why not."""
+    if o.labels:
+        return ", ".join(o.labels)
+    if not o.fits:
+        return f"no: {o.reason}"
+    return o.reason if o.reason.startswith("fits; set ") else ""
 
 
 def labelled(estimate: Estimate, label: str) -> RankedOffer | None:

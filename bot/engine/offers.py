@@ -51,7 +51,7 @@ def for_this_engine(estimate: Estimate, providers: Collection[str], notes: list[
         update: dict[str, Any] = {"labels": labels.get(id(o), [])}
         if o.fits and o.provider not in providers:
             key = KEY_ENV.get(o.provider, f"{o.provider.upper()}_API_KEY")
-            update["reason"] = f"fits, but {o.provider} is not configured here: set {key} to launch on it"
+            update["reason"] = f"fits; set {key} to launch on {o.provider}"
         elif id(o) in labels:
             update["reason"] = "recommended: " + ", ".join(labels[id(o)])
         offers.append(o.model_copy(update=update))
