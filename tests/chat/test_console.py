@@ -195,6 +195,12 @@ def test_cli_serve_http_answers_signed_commands(tmp_path: Path) -> None:
                 headers={"Content-Type": "application/x-www-form-urlencoded", **sign(body, secret="wrong")},
             )
             assert bad.status_code == 401
+            # The bot process stays light while serving: no torch, well under 300 MB resident.
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss_line = next(line for line in status.splitlines() if line.startswith("VmRSS"))
+            rss_mb = int(rss_line.split()[1]) / 1024
+            assert rss_mb < 300, rss_mb
+            assert "torch" not in Path(f"/proc/{proc.pid}/maps").read_text()
         finally:
             proc.send_signal(signal.SIGINT)
             try:
