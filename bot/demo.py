@@ -213,7 +213,7 @@ class Demo:
         session.run([f"status {job_id}", "spend today"])
 
         self.step("7. The daily spend summary and an idle-volume reminder")
-        self.engine.daily_summary()
+        self.engine.daily_summary(day="today")
         self.idle_volume()
         session.run(["volumes"])
 

@@ -526,10 +526,10 @@ class Engine:
         volumes_mod.sync(self)
         return volumes_mod.reminders(self)
 
-    def daily_summary(self) -> EngineEvent:
+    def daily_summary(self, *, day: str = "yesterday") -> EngineEvent:
         from bot.engine.summary import daily_summary
 
-        return daily_summary(self)
+        return daily_summary(self, day=day)
 
     # --- internals ------------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:

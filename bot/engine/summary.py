@@ -17,44 +17,46 @@ if TYPE_CHECKING:
     from bot.engine.service import Engine
 
 
-def daily_summary(eng: Engine) -> EngineEvent:
-    """Yesterday's spend (UTC day), month to date, by user and provider; jobs by state; idle volumes."""
+def daily_summary(eng: Engine, *, day: str = "yesterday") -> EngineEvent:
+    """One UTC day's spend (yesterday for the scheduled post; "today" so far on demand), month to date,
+    by user and provider; jobs by state; idle volumes."""
     now = eng.now()
     eng.roll_up_spend()
     today = day_start(now)
-    yesterday = today - DAY
+    start = today if day == "today" else today - DAY  # the day summarized (today: so far, e.g. the demo)
+    end = start + DAY
     month_start, _ = period_bounds("month", now)
     with eng.session() as s:
 
-        def total(start: float, end: float) -> float:
+        def total(lo: float, hi: float) -> float:
             return float(
                 s.execute(
                     select(func.coalesce(func.sum(SpendEntry.amount), 0.0)).where(
-                        SpendEntry.period_start >= start, SpendEntry.period_start < end
+                        SpendEntry.period_start >= lo, SpendEntry.period_start < hi
                     )
                 ).scalar_one()
             )
 
-        spent_yesterday = total(yesterday, today)
+        spent_day = total(start, end)
         spent_today = total(today, today + DAY)
         spent_month = total(month_start, today + DAY)
         by_user = s.execute(
             select(SpendEntry.owner, func.sum(SpendEntry.amount))
-            .where(SpendEntry.period_start >= yesterday, SpendEntry.period_start < today)
+            .where(SpendEntry.period_start >= start, SpendEntry.period_start < end)
             .group_by(SpendEntry.owner)
             .order_by(func.sum(SpendEntry.amount).desc())
             .limit(10)
         ).all()
         by_provider = s.execute(
             select(SpendEntry.provider, func.sum(SpendEntry.amount))
-            .where(SpendEntry.period_start >= yesterday, SpendEntry.period_start < today)
+            .where(SpendEntry.period_start >= start, SpendEntry.period_start < end)
             .group_by(SpendEntry.provider)
             .order_by(func.sum(SpendEntry.amount).desc())
         ).all()
         finished = dict(
             s.execute(
                 select(Job.state, func.count())
-                .where(Job.finished_at >= yesterday, Job.finished_at < today)
+                .where(Job.finished_at >= start, Job.finished_at < end)
                 .group_by(Job.state)
             ).all()
         )
@@ -75,11 +77,11 @@ def daily_summary(eng: Engine) -> EngineEvent:
                 func.coalesce(func.sum(VolumeRecord.size_gb * VolumeRecord.price_per_gb_month), 0.0),
             ).where(VolumeRecord.deleted_at.is_(None), VolumeRecord.idle_since < idle_cutoff)
         ).one()
-    day = datetime.fromtimestamp(yesterday, UTC).strftime("%Y-%m-%d")
+    label = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d")
     done = ", ".join(f"{n} {state}" for state, n in sorted(finished.items())) or "none"
     top = ", ".join(f"{u or '-'} {money(float(a))}" for u, a in by_user) or "nobody"
     message = (
-        f"Spend on {day}: {money(spent_yesterday)} (today so far {money(spent_today)}, month to date "
+        f"Spend on {label}: {money(spent_day)} (today so far {money(spent_today)}, month to date "
         f"{money(spent_month)}). Top: {top}. Jobs finished: {done}. Active: {active}, awaiting approval: "
         f"{pending}. Idle volumes: {idle_vols} ({money(float(idle_cost))}/month)."
     )
@@ -88,8 +90,8 @@ def daily_summary(eng: Engine) -> EngineEvent:
         message=message,
         channel=eng.settings.summary_channel,
         data={
-            "day": day,
-            "spent": round(spent_yesterday, 4),
+            "day": label,
+            "spent": round(spent_day, 4),
             "spent_today": round(spent_today, 4),
             "spent_month": round(spent_month, 4),
             "by_user": [(u, round(float(a), 4)) for u, a in by_user],

@@ -80,6 +80,20 @@ def test_daily_summary_reports_yesterday(make_engine, clock):
     assert "$2.00" in ev.message
 
 
+def test_daily_summary_of_today_so_far(make_engine, clock):
+    p = FakeProvider("p", price=2.0)
+    eng = make_engine(providers={"p": p})
+    from .conftest import estimate_for, request
+
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
+    clock.advance(3600)
+    eng.stop(job.job_id, user="alice")
+    today = eng.daily_summary(day="today")
+    assert today.data["day"] == "2025-12-02" and today.data["spent"] == pytest.approx(2.0, abs=1e-4)
+    assert today.data["spent_today"] == pytest.approx(2.0, abs=1e-4)
+    assert eng.daily_summary().data["spent"] == 0.0  # yesterday: nothing yet
+
+
 def test_estimate_ranks_the_local_cpu_offer(tmp_path, settings):
     from bot.engine.service import Engine
     from bot.planner.request import EstimateRequest
