@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from bot.planner.rank import DEFAULT_RELIABILITY  # the planner's assumption where none is reported
 from bot.planner.result import Estimate, RankedOffer
 from bot.providers.catalog import KEY_ENV
-
-DEFAULT_RELIABILITY = 0.95  # the planner's assumption where a provider reports none
 
 LABEL_KEYS: dict[str, Callable[[RankedOffer], Any]] = {
     "cheapest": lambda o: o.total_cost,
