@@ -9,9 +9,12 @@ gradients and optimizer states across GPUs; activations and logits stay per GPU.
 count is checked against the tensors autograd really saves in Hugging Face's Llama, Qwen2, Qwen3,
 Gemma 2, Phi-3 and Mixtral blocks (tests/planner/test_activation_physics.py).
 
-Three moments compete for the peak: the start of backward (all saved activations + logits alive),
-the end of backward (all gradients alive + one layer's working set) and the optimizer step
-(gradients + optimizer temporaries). The breakdown is that of the winning moment.
+Three moments of a step compete for the peak: the start of backward (all saved activations + logits
+alive), the end of backward (all gradients alive + one layer's working set) and the optimizer step
+(gradients + optimizer temporaries). The breakdown is that of the winning moment. For QLoRA on one GPU a
+fourth comes before the first step: quantizing the model on the GPU (bot/planner/load_phase.py). What it
+reserves beyond the step's total shows as "allocator" (the caching allocator keeps it, and the step
+runs inside it).
 
 Calibration constants (few, each a physical quantity):
 - LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss. Hugging Face path: 15,
@@ -38,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bot.planner.architectures import Architecture
+from bot.planner.load_phase import load_reserved_bytes
 from bot.planner.request import EstimateRequest
 
 GB = 1e9
@@ -138,6 +142,13 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
 def nf4_dequant_path(req: EstimateRequest) -> str:
     """How the NF4 weights become bf16 for each matmul: a fused kernel, or torchao's eager ops."""
     return "torchao eager" if req.stack == "torchtune" and not req.compile else "kernel"
+
+
+STACK_QUANTIZER = {"hf": "bitsandbytes", "torchtune": "torchao", "unsloth": "prequantized"}
+
+
+def nf4_quantizer(req: EstimateRequest) -> str:
+    return req.nf4_quantizer or STACK_QUANTIZER[req.stack]
 
 
 def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
@@ -254,12 +265,21 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
         "cuda_context": CUDA_CONTEXT_GB * GB,
         "allocator": transient * (frag - 1.0),
     }
+    peak_phase = phase
+    if req.method == "qlora" and n_gpus == 1:
+        # Quantizing on the GPU can reserve more than the training step ever allocates; the step then runs
+        # inside that reservation (the caching allocator keeps it).
+        loaded = load_reserved_bytes(arch, nf4_quantizer(req), weights, req.lora_r)
+        training = sum(breakdown.values()) - breakdown["cuda_context"]
+        if loaded > training:
+            breakdown["allocator"] += loaded - training
+            peak_phase = "model load (NF4 quantization on the GPU)"
     ckpt = trainable * (4.0 if full and req.precision != "bf16" else param_bytes) + trainable * state_bytes
     return MemoryResult(
         per_gpu_bytes=sum(breakdown.values()),
         breakdown=breakdown,
         offloaded=offloaded,
-        peak_phase=phase,
+        peak_phase=peak_phase,
         trainable=trainable,
         sharding="fsdp" if n_gpus > 1 else "none",
         checkpoint_bytes=ckpt,

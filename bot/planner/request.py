@@ -33,6 +33,9 @@ class EstimateRequest(BaseModel):
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"  # bf16: pure bf16; mixed: fp32 master + autocast
     adapter_dtype: Literal["fp32", "bf16"] = "fp32"  # PEFT keeps adapters in fp32; torchtune in bf16
     double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
+    # QLoRA: what turns the 16-bit checkpoint into NF4 on the GPU (bot/planner/load_phase.py); None = the
+    # stack's own (hf: bitsandbytes, torchtune: torchao, unsloth: prequantized -bnb-4bit checkpoints).
+    nf4_quantizer: Literal["bitsandbytes", "torchao", "torchao-0.1", "prequantized"] | None = None
     stack: Literal["hf", "torchtune", "unsloth"] = "hf"  # training code: sets the calibrated utilization
     compile: bool = False  # torch.compile / fused kernels (torchtune, Unsloth)
     chunked_ce: bool = False  # chunked cross-entropy (logits never fully upcast to fp32)

@@ -1,0 +1,345 @@
+"""Trace a fine-tuning recipe's GPU allocations without a GPU, and replay them through the planner's
+caching-allocator emulation (bot/planner/allocator.py).
+
+Every tensor lives on the meta device: shapes, dtypes and lifetimes are real, no memory is touched. A
+TorchDispatchMode sees each op's outputs (including the ops a tensor subclass such as torchao's NF4Tensor
+runs inside its own dispatch); a new storage is an allocation, and a finalizer on the storage (PyTorch
+keeps a storage's Python object alive as long as the storage) is its free. Flash attention, which the meta
+device cannot pick, is replaced by an autograd function that allocates what the CUDA kernel does (output
+and log-sum-exp; dq, dk, dv in backward).
+
+Modes (run bench/allocator_replay/setup.sh first; it installs torchtune 0.1.1 + torchao 0.1 beside the
+project's torch):
+  recipe   torchtune 0.1.1's lora_finetune_single_device on Llama-2-7B for the five published rows of
+           its LoRA and QLoRA tutorials: traced peak reserved vs published vs the planner's estimate.
+  profile  the allocation sequence of quantizing one Linear to NF4 (torchao 0.1 whole-tensor and the
+           chunked quantizer of later torchao), printed as the data bot/planner/load_phase.py holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import random
+import sys
+import time
+import weakref
+from fractions import Fraction
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE / ".deps"), str(HERE / ".deps" / "_stubs"), str(HERE.parents[1])]
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from bot.planner.allocator import CachingAllocator  # noqa: E402
+
+ROWS = {  # torchtune tutorials, Llama-2-7B, batch 2, alpaca_cleaned, peak reserved GB (docs/estimation.md)
+    "lora q,v r=8": (["q_proj", "v_proj"], False, 8, False, 64, 15.57),
+    "lora all r=8": (["q_proj", "k_proj", "v_proj", "output_proj"], True, 8, False, 64, 15.87),
+    "lora q,v r=64": (["q_proj", "v_proj"], False, 64, False, 64, 15.86),
+    "lora all r=64": (["q_proj", "k_proj", "v_proj", "output_proj"], True, 64, False, 64, 17.04),
+    "qlora all r=8": (["q_proj", "k_proj", "v_proj", "output_proj"], True, 8, True, 16, 9.29),
+}
+
+
+class Recorder(CachingAllocator):
+    """The allocator emulation, also keeping the event list (for `profile`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple] = []
+
+    def malloc(self, handle: object, nbytes: int) -> None:
+        super().malloc(handle, nbytes)
+        self.events.append(("+", handle, nbytes))
+
+    def free(self, handle: object) -> None:
+        super().free(handle)
+        self.events.append(("-", handle))
+
+
+class AllocationTracer(TorchDispatchMode):
+    def __init__(self, alloc: CachingAllocator) -> None:
+        super().__init__()
+        self.alloc = alloc
+        self.live: dict[int, tuple[int, int]] = {}
+        self.count = 0
+
+    def _freed(self, handle: tuple[int, int]) -> None:
+        if self.live.get(handle[0]) == handle:
+            del self.live[handle[0]]
+            self.alloc.free(handle)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = tree_flatten((args, kwargs))[0]
+        sub = [t for t in flat if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, nn.Parameter)]
+        if sub:
+            with self:  # what the subclass allocates inside its own dispatch counts too
+                out = type(sub[0]).__torch_dispatch__(func, types, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if type(t) not in (torch.Tensor, nn.Parameter) or t.device.type != "meta":
+                continue
+            storage = t.untyped_storage()
+            if storage._cdata in self.live or storage.nbytes() == 0:
+                continue
+            self.count += 1
+            handle = (storage._cdata, self.count)
+            self.live[storage._cdata] = handle
+            self.alloc.malloc(handle, storage.nbytes())
+            weakref.finalize(storage, self._freed, handle)
+        return out
+
+
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        delta = q.new_empty(q.shape[:-1], dtype=torch.float32)  # noqa: F841 (rowsum(dO * O), alive in the kernel)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _patch_sdpa() -> None:
+    import torchtune.modules.attention as attention
+
+    class Functional:
+        def __getattr__(self, name):
+            return getattr(nn.functional, name)
+
+        @staticmethod
+        def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+            return FlashAttention.apply(q, k, v)
+
+    class NN:
+        functional = Functional()
+
+        def __getattr__(self, name):
+            return getattr(nn, name)
+
+    attention.nn = NN()
+
+
+def alpaca_lengths(seed: int, n: int, max_len: int = 512) -> list[int]:
+    """Batch-of-2 lengths: the longer of two alpaca_cleaned samples (Llama-2 tokens, median ~180, long
+    tail), truncated at torchtune 0.1.1's alpaca max_seq_len of 512; the batch is padded to it."""
+    rnd = random.Random(seed)
+    return [
+        min(max_len, max(int(rnd.lognormvariate(math.log(180), 0.6)) for _ in range(2))) for _ in range(n)
+    ]
+
+
+def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]:
+    """(peak reserved after model init, after `steps` micro-steps, peak allocated) in GB."""
+    from torchtune import modules, utils
+    from torchtune.models.llama2 import lora_llama2_7b, qlora_llama2_7b
+    from torchtune.modules.peft.peft_utils import get_adapter_params, set_trainable_params
+
+    attn_modules, mlp, rank, quantize, accum, _ = ROWS[name]
+    builder = qlora_llama2_7b if quantize else lora_llama2_7b
+    alloc = CachingAllocator()
+    tracer = AllocationTracer(alloc)
+    with tracer, utils.set_default_dtype(torch.bfloat16), torch.device("meta"):  # the recipe's _setup_model
+        model = builder(
+            lora_attn_modules=attn_modules,
+            apply_lora_to_mlp=mlp,
+            apply_lora_to_output=False,
+            lora_rank=rank,
+            lora_alpha=2 * rank,
+        )
+    host = {
+        k: torch.empty(p.shape, dtype=torch.bfloat16) for k, p in model.named_parameters() if "lora" not in k
+    }
+    with tracer:
+        set_trainable_params(model, get_adapter_params(model))
+        utils.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerDecoderLayer})
+        with torch.no_grad():  # load_state_dict: param.copy_(host tensor) (NF4: re-quantized on the GPU)
+            for key, p in model.named_parameters():
+                if key in host:
+                    p.copy_(host[key])
+    del host
+    init = alloc.reserved
+    with tracer:
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=3e-4, weight_decay=0.01
+        )
+        loss_fn = nn.CrossEntropyLoss()
+        for i, n in enumerate(alpaca_lengths(seed, steps)):
+            tokens = torch.zeros(2, n, dtype=torch.long, device="meta")
+            labels = torch.zeros(2, n, dtype=torch.long, device="meta")
+            logits = model(tokens)  # the recipe's train loop (loss.item() for logging aside)
+            logits = logits[..., :-1, :].contiguous().transpose(1, 2)
+            loss = loss_fn(logits, labels[..., 1:].contiguous()) / accum
+            loss.backward()
+            del logits, loss, tokens, labels
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    return init / 1e9, alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
+
+
+def planner_estimate(name: str) -> float:
+    from bot.planner.memory import estimate_memory
+    from bot.planner.models import resolve
+    from bot.planner.request import EstimateRequest
+
+    sys.path.insert(0, str(HERE.parents[1] / "tests" / "planner"))
+    from published import ROWS as PUBLISHED  # noqa: PLC0415
+
+    row_id = {
+        "lora q,v r=8": "torchtune 2-7B lora qv r8",
+        "lora all r=8": "torchtune 2-7B lora all r8",
+        "lora q,v r=64": "torchtune 2-7B lora qv r64",
+        "lora all r=64": "torchtune 2-7B lora all r64",
+        "qlora all r=8": "torchtune 2-7B qlora",
+    }[name]
+    row = next(r for r in PUBLISHED if r.id == row_id)
+    req = EstimateRequest(**row.request)
+    m = estimate_memory(resolve(req.model)[0], req)
+    return (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
+
+
+def _chunked_convert(inpt_tensor, n_blocks, block_size, nf4):
+    """torchao >= 0.2's NF4Tensor.convert_to_norm_float_weight (BSD-3, PyTorch): quantizes in chunks of
+    2**20 elements instead of building the (numel, 16) distance tensor at once."""
+    from torchao.dtypes.nf4tensor import NF4Tensor, get_block_absmax
+
+    flattened_tensor = inpt_tensor.flatten()
+    numel = inpt_tensor.numel()
+    blocks = flattened_tensor.view(n_blocks, block_size)
+    scalers = get_block_absmax(inpt_tensor.flatten(), block_size)
+    scales = scalers.unsqueeze(-1).expand(n_blocks, block_size)
+    scaled_blocks = blocks / scales
+    quantized_blocks = torch.empty(numel, dtype=torch.uint8, device=inpt_tensor.device)
+    flattened = scaled_blocks.flatten()
+    for chunk in range(math.ceil(numel / 1024**2)):
+        start, end = chunk * 1024**2, min((chunk + 1) * 1024**2, numel)
+        quantized_blocks[start:end] = NF4Tensor.quantize_tensor_nearest(flattened[start:end], nf4).to(
+            torch.uint8
+        )
+    combined_blocks = quantized_blocks[::2] << 4 | quantized_blocks[1::2]
+    return combined_blocks.to(torch.uint8)
+
+
+def record_profile(kind: str) -> dict[str, list[tuple]]:
+    """Events of building a Linear on the GPU and quantizing it, then of loading a 16-bit weight into it,
+    as (op, id, bytes per parameter, constant bytes) fitted over two Linear sizes."""
+    from torchao.dtypes.nf4tensor import NF4Tensor
+    from torchtune import utils
+    from torchtune.modules.peft.lora import LoRALinear
+
+    if kind == "torchao":
+        NF4Tensor.convert_to_norm_float_weight = staticmethod(_chunked_convert)
+    runs = []
+    for d_in, d_out in ((4096, 11008), (5120, 5120)):
+        phases = {}
+        alloc = Recorder()
+        tracer = AllocationTracer(alloc)
+        with tracer, utils.set_default_dtype(torch.bfloat16), torch.device("meta"):  # as the recipe builds
+            layer = LoRALinear(d_in, d_out, rank=8, alpha=16, quantize_base=True)
+        phases["build"] = list(alloc.events)
+        alloc.events.clear()
+        with tracer:  # torchtune 0.1.x builds one block and deep-copies it per layer (NF4 clone)
+            copied = copy.deepcopy(layer)
+        phases["clone"] = list(alloc.events)
+        alloc.events.clear()
+        host = torch.empty(d_out, d_in, dtype=torch.bfloat16)
+        with tracer, torch.no_grad():
+            copied.weight.copy_(host)  # load_state_dict from a host checkpoint
+        phases["load"] = list(alloc.events)
+        runs.append((d_in * d_out, phases))
+        del layer, copied
+    (n1, p1), (n2, p2) = runs
+    out: dict[str, list[tuple]] = {}
+    for phase in ("build", "clone", "load"):
+        ids: dict[object, int] = {}
+        events = []
+        for e1, e2 in zip(p1[phase], p2[phase], strict=True):
+            assert e1[0] == e2[0]
+            ident = ids.setdefault(e1[1], len(ids))
+            if e1[0] == "-":
+                events.append(("-", ident))
+                continue
+            per_param = Fraction(e1[2] - e2[2], n1 - n2)
+            const = e1[2] - per_param * n1
+            events.append(("+", ident, per_param, int(const)))
+        out[phase] = events
+    return out
+
+
+def _peak(events: list[tuple]) -> float:
+    live: dict[object, Fraction] = {}
+    peak = Fraction(0)
+    for e in events:
+        if e[0] == "+":
+            live[e[1]] = e[2]
+            peak = max(peak, sum(live.values()))
+        else:
+            live.pop(e[1], None)
+    return float(peak)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["recipe", "profile"])
+    ap.add_argument("--steps", type=int, default=32, help="micro-steps per row (recipe)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    args = ap.parse_args()
+    if not (HERE / ".deps" / "torchtune").is_dir():
+        print(
+            "run bench/allocator_replay/setup.sh first (installs torchtune 0.1.1 + torchao 0.1)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.mode == "profile":
+        from bot.planner import load_phase
+
+        recorded = record_profile("torchao-0.1")
+        adapters = {"build": (27, 28), "clone": (45, 46), "load": ()}  # lora_a/lora_b: not per-parameter
+        ok = True
+        for phase, events in recorded.items():
+            events = [e for e in events if not (e[0] == "+" and e[1] in adapters[phase])]
+            planner = getattr(load_phase, f"_{phase.upper()}")
+            same = events == planner
+            ok &= same
+            print(
+                f"torchao 0.1 {phase}: {len(events)} events, {sum(e[0] == '+' for e in events)} allocations; "
+                f"peak scratch {_peak(events):.3f} B/param; planner's copy {'matches' if same else 'DIFFERS'}"
+            )
+            if not same:
+                print("  recorded:", [(e[0], e[1], str(e[2]), e[3]) if e[0] == "+" else e for e in events])
+        return 0 if ok else 1
+    _patch_sdpa()
+    print(
+        f"{'row':16s} {'published':>9s} {'traced':>8s} {'err':>6s} {'planner':>8s} {'err':>6s}  "
+        f"(init reserved, peak allocated; GB; {args.steps} micro-steps)"
+    )
+    for name in args.rows:
+        t0 = time.time()
+        init, reserved, allocated = trace_recipe(name, args.steps, args.seed)
+        published = ROWS[name][-1]
+        planned = planner_estimate(name)
+        print(
+            f"{name:16s} {published:9.2f} {reserved:8.2f} {reserved / published - 1:+6.1%} {planned:8.2f} "
+            f"{planned / published - 1:+6.1%}  ({init:.2f}, {allocated:.2f}; {time.time() - t0:.0f} s)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The caching-allocator emulation behaves like PyTorch's: what reserved memory a user would see."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.planner.allocator import CachingAllocator, round_size, segment_size
+
+MB = 1 << 20
+
+
+def test_a_small_long_lived_tensor_carved_from_a_large_free_block_pins_it() -> None:
+    a = CachingAllocator()
+    a.malloc("scratch", 180 * MB)
+    a.free("scratch")
+    a.malloc("kept", 12 * MB)  # best fit: the only free block, split
+    a.malloc("scratch again", 180 * MB)  # 168 MB left there: not enough, a new segment
+    assert a.reserved == 360 * MB
+    assert a.allocated == 192 * MB
+
+
+def test_a_freed_block_is_reused_without_a_new_segment() -> None:
+    a = CachingAllocator()
+    for i in range(10):
+        a.malloc(i, 100 * MB)
+        a.free(i)
+    assert a.peak_reserved == 100 * MB
+    assert a.allocated == 0
+
+
+def test_neighbours_merge_so_a_larger_request_fits_after_frees() -> None:
+    a = CachingAllocator()
+    a.malloc("whole", 64 * MB)
+    a.free("whole")
+    a.malloc("left", 32 * MB)
+    a.malloc("right", 32 * MB)
+    a.free("left")
+    a.free("right")
+    a.malloc("whole again", 64 * MB)
+    assert a.reserved == 64 * MB
+
+
+def test_sizes_and_segments_follow_the_cuda_allocator() -> None:
+    assert round_size(1) == 512
+    assert round_size(513) == 1024
+    assert segment_size(512) == 2 * MB  # small pool
+    assert segment_size(5 * MB) == 20 * MB  # medium requests share 20 MB segments
+    assert segment_size(11 * MB) == 12 * MB  # large: rounded up to 2 MB
+    a = CachingAllocator()
+    for i in range(4000):
+        a.malloc(i, 500)  # 4000 x 512 B fit in one 2 MB small segment
+    assert a.reserved == 2 * MB
+    a.malloc("medium", 3 * MB)
+    a.malloc("medium 2", 3 * MB)
+    assert a.reserved == 22 * MB  # both from one 20 MB segment
+
+
+def test_small_and_large_pools_do_not_share_blocks() -> None:
+    a = CachingAllocator()
+    a.malloc("large", 30 * MB)
+    a.free("large")
+    a.malloc("small", 4096)
+    assert a.reserved == 32 * MB  # the 30 MB free block is not split for a small request
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 64 * MB)), min_size=1, max_size=80))
+def test_accounting_invariants_hold_for_any_sequence(ops: list[tuple[bool, int]]) -> None:
+    a = CachingAllocator()
+    live: list[int] = []
+    for i, (free_one, size) in enumerate(ops):
+        if free_one and live:
+            a.free(live.pop(size % len(live)))
+        else:
+            a.malloc(i, size)
+            live.append(i)
+        assert 0 <= a.allocated <= a.reserved <= a.peak_reserved
+        assert a.peak_allocated <= a.peak_reserved
+    for handle in live:
+        a.free(handle)
+    assert a.allocated == 0
+    # every byte reserved is free again and merged back: one free block per segment
+    free_blocks = [b for pool in a._pools.values() for *_, b in pool]
+    assert sum(b.size for b in free_blocks) == a.reserved
+    assert all(b.prev is None and b.next is None for b in free_blocks)
