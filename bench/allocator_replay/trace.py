@@ -12,8 +12,11 @@ Modes (run bench/allocator_replay/setup.sh first; it installs torchtune 0.1.1 + 
 project's torch):
   recipe   torchtune 0.1.1's lora_finetune_single_device on Llama-2-7B for the five published rows of
            its LoRA and QLoRA tutorials: traced peak reserved vs published vs the planner's estimate.
-  profile  the allocation sequence of quantizing one Linear to NF4 (torchao 0.1 whole-tensor and the
-           chunked quantizer of later torchao), printed as the data bot/planner/load_phase.py holds.
+  profile  the allocation sequence of quantizing one Linear to NF4 with torchao 0.1, checked against the
+           copy bot/planner/load_phase.py replays.
+  hf       Hugging Face transformers + PEFT (the project's own install, no setup.sh): full-size models,
+           fixed-length batches, a whole step (forward, loss, backward, AdamW): traced peak allocated and
+           reserved next to the planner's estimate for the same request.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from fractions import Fraction
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE / ".deps"), str(HERE / ".deps" / "_stubs"), str(HERE.parents[1])]
+sys.path.insert(0, str(HERE.parents[1]))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -45,6 +48,13 @@ ROWS = {  # torchtune tutorials, Llama-2-7B, batch 2, alpaca_cleaned, peak reser
     "lora all r=64": (["q_proj", "k_proj", "v_proj", "output_proj"], True, 64, False, 64, 17.04),
     "qlora all r=8": (["q_proj", "k_proj", "v_proj", "output_proj"], True, 8, True, 16, 9.29),
 }
+
+
+def _use_torchtune_01() -> None:
+    """Put setup.sh's torchtune 0.1.1 + torchao 0.1 first on the path (only the modes that trace them)."""
+    for path in (str(HERE / ".deps" / "_stubs"), str(HERE / ".deps")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
 
 
 class Recorder(CachingAllocator):
@@ -114,6 +124,7 @@ class FlashAttention(torch.autograd.Function):
 
 
 def _patch_sdpa() -> None:
+    _use_torchtune_01()
     import torchtune.modules.attention as attention
 
     class Functional:
@@ -144,6 +155,7 @@ def alpaca_lengths(seed: int, n: int, max_len: int = 512) -> list[int]:
 
 def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]:
     """(peak reserved after model init, after `steps` micro-steps, peak allocated) in GB."""
+    _use_torchtune_01()
     from torchtune import modules, utils
     from torchtune.models.llama2 import lora_llama2_7b, qlora_llama2_7b
     from torchtune.modules.peft.peft_utils import get_adapter_params, set_trainable_params
@@ -189,6 +201,119 @@ def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
     return init / 1e9, alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
+
+
+HF_CASES = [  # (label, planner request); the trace builds the same model and step
+    (
+        "Llama-3.2-3B LoRA q,v r=32, 4 x 768, no ckpt",
+        dict(
+            model="meta-llama/Llama-3.2-3B",
+            method="lora",
+            lora_r=32,
+            lora_targets=["q", "v"],
+            batch_size=4,
+            seq_len=768,
+            gradient_checkpointing=False,
+        ),
+    ),
+    (
+        "Llama-3.2-3B full bf16, 4 x 768, no ckpt",
+        dict(
+            model="meta-llama/Llama-3.2-3B",
+            method="full",
+            batch_size=4,
+            seq_len=768,
+            gradient_checkpointing=False,
+        ),
+    ),
+    (
+        "Llama-3.1-8B LoRA all r=16, 1 x 2048, ckpt",
+        dict(
+            model="meta-llama/Llama-3.1-8B",
+            method="lora",
+            lora_r=16,
+            batch_size=1,
+            seq_len=2048,
+            gradient_checkpointing=True,
+        ),
+    ),
+    (
+        "Qwen2.5-7B LoRA all r=16, 2 x 1024, ckpt",
+        dict(
+            model="Qwen/Qwen2.5-7B",
+            method="lora",
+            lora_r=16,
+            batch_size=2,
+            seq_len=1024,
+            gradient_checkpointing=True,
+        ),
+    ),
+    (
+        "Qwen3-4B LoRA q,v r=8, 2 x 512, no ckpt",
+        dict(
+            model="Qwen/Qwen3-4B",
+            method="lora",
+            lora_r=8,
+            lora_targets=["q", "v"],
+            batch_size=2,
+            seq_len=512,
+            gradient_checkpointing=False,
+        ),
+    ),
+]
+
+
+def _sdpa_like_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    return FlashAttention.apply(q, k, v)
+
+
+def trace_hf(request: dict, steps: int = 2) -> tuple[float, float]:
+    """(peak reserved, peak allocated) in GB of `steps` fixed-length steps of the request in plain HF."""
+    import transformers.masking_utils as masking
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bot.planner.models import resolve
+
+    saved = nn.functional.scaled_dot_product_attention, masking.find_packed_sequence_indices
+    nn.functional.scaled_dot_product_attention = _sdpa_like_cuda  # the meta device cannot pick flash
+    masking.find_packed_sequence_indices = lambda position_ids: None  # reads values; rows are not packed
+    try:
+        arch, _ = resolve(request["model"])
+        config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if k != "architectures"})
+        roles = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+        targets = request.get("lora_targets", "all-linear")
+        alloc = CachingAllocator()
+        tracer = AllocationTracer(alloc)
+        with tracer, torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+            if request["method"] == "lora":
+                modules = "all-linear" if targets == "all-linear" else [roles[t] for t in targets]
+                lora = LoraConfig(
+                    r=request["lora_r"], lora_alpha=2 * request["lora_r"], target_modules=modules
+                )
+                model = get_peft_model(model, lora)
+            if request["gradient_checkpointing"]:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if request["method"] == "lora":
+                    model.enable_input_require_grads()
+            model.train()
+            optimizer = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=False
+            )
+            for _ in range(steps):
+                ids = torch.zeros(request["batch_size"], request["seq_len"], dtype=torch.long, device="meta")
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                del loss
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    finally:
+        nn.functional.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+    return alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
 
 
 def planner_estimate(name: str) -> float:
@@ -237,6 +362,7 @@ def _chunked_convert(inpt_tensor, n_blocks, block_size, nf4):
 def record_profile(kind: str) -> dict[str, list[tuple]]:
     """Events of building a Linear on the GPU and quantizing it, then of loading a 16-bit weight into it,
     as (op, id, bytes per parameter, constant bytes) fitted over two Linear sizes."""
+    _use_torchtune_01()
     from torchao.dtypes.nf4tensor import NF4Tensor
     from torchtune import utils
     from torchtune.modules.peft.lora import LoRALinear
@@ -294,11 +420,33 @@ def _peak(events: list[tuple]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["recipe", "profile"])
+    ap.add_argument("mode", choices=["recipe", "profile", "hf"])
     ap.add_argument("--steps", type=int, default=32, help="micro-steps per row (recipe)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
     args = ap.parse_args()
+    if args.mode == "hf":
+        from bot.planner.memory import estimate_memory
+        from bot.planner.models import resolve
+        from bot.planner.request import EstimateRequest
+
+        print(
+            f"{'case':44s} {'traced':>8s} {'planner':>8s} {'err':>6s}  (peak reserved GB, no CUDA context; "
+            "traced peak allocated)"
+        )
+        for label, request in HF_CASES:
+            t0 = time.time()
+            reserved, allocated = trace_hf(request)
+            # the trace runs no autocast (the meta device has none): fp32 adapters see fp32 inputs
+            req = EstimateRequest(**request, autocast=False)
+            m = estimate_memory(resolve(req.model)[0], req)
+            planned = (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
+            print(
+                f"{label:44s} {reserved:8.2f} {planned:8.2f} {planned / reserved - 1:+6.1%}  "
+                f"({allocated:.2f}; {time.time() - t0:.0f} s)",
+                flush=True,
+            )
+        return 0
     if not (HERE / ".deps" / "torchtune").is_dir():
         print(
             "run bench/allocator_replay/setup.sh first (installs torchtune 0.1.1 + torchao 0.1)",
