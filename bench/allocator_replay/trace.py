@@ -144,17 +144,19 @@ def _patch_sdpa() -> None:
     attention.nn = NN()
 
 
-def alpaca_lengths(seed: int, n: int, max_len: int = 512) -> list[int]:
-    """Batch-of-2 lengths: the longer of two alpaca_cleaned samples (Llama-2 tokens, median ~180, long
-    tail), truncated at torchtune 0.1.1's alpaca max_seq_len of 512; the batch is padded to it."""
+def alpaca_lengths(seed: int, n: int, max_len: int = 512, median: int = 180, rows: int = 2) -> list[int]:
+    """Padded batch lengths: the longest of `rows` alpaca_cleaned-like samples (Llama-2 tokens, median ~180,
+    long tail), truncated at torchtune 0.1.1's alpaca max_seq_len of 512; the batch is padded to it."""
     rnd = random.Random(seed)
-    return [
-        min(max_len, max(int(rnd.lognormvariate(math.log(180), 0.6)) for _ in range(2))) for _ in range(n)
-    ]
+    mu = math.log(median)
+    return [min(max_len, max(int(rnd.lognormvariate(mu, 0.6)) for _ in range(rows))) for _ in range(n)]
 
 
-def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]:
-    """(peak reserved after model init, after `steps` micro-steps, peak allocated) in GB."""
+def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float, float]:
+    """(reserved after model init, peak reserved after `steps` micro-steps, peak allocated, the least
+    memory the whole sequence runs in) in GB."""
+    from bot.planner.allocator import smallest_capacity
+
     _use_torchtune_01()
     from torchtune import modules, utils
     from torchtune.models.llama2 import lora_llama2_7b, qlora_llama2_7b
@@ -162,7 +164,7 @@ def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]
 
     attn_modules, mlp, rank, quantize, accum, _ = ROWS[name]
     builder = qlora_llama2_7b if quantize else lora_llama2_7b
-    alloc = CachingAllocator()
+    alloc = Recorder()
     tracer = AllocationTracer(alloc)
     with tracer, utils.set_default_dtype(torch.bfloat16), torch.device("meta"):  # the recipe's _setup_model
         model = builder(
@@ -200,7 +202,8 @@ def trace_recipe(name: str, steps: int, seed: int) -> tuple[float, float, float]
             if (i + 1) % accum == 0:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-    return init / 1e9, alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
+    needed = smallest_capacity(alloc.events)
+    return init / 1e9, alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9, needed / 1e9
 
 
 HF_CASES = [  # (label, planner request); the trace builds the same model and step
@@ -270,8 +273,9 @@ def _sdpa_like_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return FlashAttention.apply(q, k, v)
 
 
-def trace_hf(request: dict, steps: int = 2) -> tuple[float, float]:
-    """(peak reserved, peak allocated) in GB of `steps` fixed-length steps of the request in plain HF."""
+def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) -> Recorder:
+    """The allocator (with its event list) after `steps` fixed-length steps of the request in plain HF,
+    or one step per entry of `lengths` (batches padded to those lengths)."""
     import transformers.masking_utils as masking
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -286,7 +290,7 @@ def trace_hf(request: dict, steps: int = 2) -> tuple[float, float]:
         config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if k != "architectures"})
         roles = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
         targets = request.get("lora_targets", "all-linear")
-        alloc = CachingAllocator()
+        alloc = Recorder()
         tracer = AllocationTracer(alloc)
         with tracer, torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -304,8 +308,8 @@ def trace_hf(request: dict, steps: int = 2) -> tuple[float, float]:
             optimizer = torch.optim.AdamW(
                 [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=False
             )
-            for _ in range(steps):
-                ids = torch.zeros(request["batch_size"], request["seq_len"], dtype=torch.long, device="meta")
+            for length in lengths or [request["seq_len"]] * steps:
+                ids = torch.zeros(request["batch_size"], length, dtype=torch.long, device="meta")
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                 loss.backward()
                 del loss
@@ -313,7 +317,54 @@ def trace_hf(request: dict, steps: int = 2) -> tuple[float, float]:
                 optimizer.zero_grad(set_to_none=True)
     finally:
         nn.functional.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
-    return alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
+    return alloc
+
+
+def hf_report(variable_steps: int) -> int:
+    from bot.planner.allocator import smallest_capacity
+    from bot.planner.memory import estimate_memory
+    from bot.planner.models import resolve
+    from bot.planner.request import EstimateRequest
+
+    def planned(request: dict, **changes) -> float:
+        # the trace runs no autocast (the meta device has none): fp32 adapters see fp32 inputs
+        req = EstimateRequest(**dict(request, **changes), autocast=False)
+        m = estimate_memory(resolve(req.model)[0], req)
+        return (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
+
+    print("Fixed-length batches: peak reserved (GB, no CUDA context)")
+    print(f"{'case':44s} {'traced':>8s} {'planner':>8s} {'err':>6s}  (traced peak allocated)")
+    for label, request in HF_CASES:
+        t0 = time.time()
+        alloc = trace_hf(request)
+        reserved, allocated = alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
+        plan = planned(request)
+        print(
+            f"{label:44s} {reserved:8.2f} {plan:8.2f} {plan / reserved - 1:+6.1%}  ({allocated:.2f}; "
+            f"{time.time() - t0:.0f} s)",
+            flush=True,
+        )
+    print(
+        f"\nVariable-length batches ({variable_steps} steps, each padded to its longest row; lengths "
+        "log-normal, median 250): reserved on a roomy card, and the least memory the same steps run in"
+    )
+    print(f"{'case':44s} {'roomy':>7s} {'needed':>7s} {'planner':>8s} {'vs needed':>9s}")
+    for label, request in HF_CASES:
+        if request["batch_size"] < 2:
+            continue
+        t0 = time.time()
+        lengths = alpaca_lengths(
+            1, variable_steps, request["seq_len"], median=250, rows=request["batch_size"]
+        )
+        alloc = trace_hf(request, lengths=lengths)
+        needed = smallest_capacity(alloc.events) / 1e9
+        plan = planned(request, seq_len=max(lengths), packing=False)
+        print(
+            f"{label:44s} {alloc.peak_reserved / 1e9:7.2f} {needed:7.2f} {plan:8.2f} "
+            f"{plan / needed - 1:+9.1%}  ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+    return 0
 
 
 def planner_estimate(name: str) -> float:
@@ -424,29 +475,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=32, help="micro-steps per row (recipe)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    ap.add_argument("--steps-variable", type=int, default=30, help="variable-length steps per case (hf)")
     args = ap.parse_args()
     if args.mode == "hf":
-        from bot.planner.memory import estimate_memory
-        from bot.planner.models import resolve
-        from bot.planner.request import EstimateRequest
-
-        print(
-            f"{'case':44s} {'traced':>8s} {'planner':>8s} {'err':>6s}  (peak reserved GB, no CUDA context; "
-            "traced peak allocated)"
-        )
-        for label, request in HF_CASES:
-            t0 = time.time()
-            reserved, allocated = trace_hf(request)
-            # the trace runs no autocast (the meta device has none): fp32 adapters see fp32 inputs
-            req = EstimateRequest(**request, autocast=False)
-            m = estimate_memory(resolve(req.model)[0], req)
-            planned = (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
-            print(
-                f"{label:44s} {reserved:8.2f} {planned:8.2f} {planned / reserved - 1:+6.1%}  "
-                f"({allocated:.2f}; {time.time() - t0:.0f} s)",
-                flush=True,
-            )
-        return 0
+        return hf_report(args.steps_variable)
     if not (HERE / ".deps" / "torchtune").is_dir():
         print(
             "run bench/allocator_replay/setup.sh first (installs torchtune 0.1.1 + torchao 0.1)",
@@ -473,17 +505,19 @@ def main() -> int:
         return 0 if ok else 1
     _patch_sdpa()
     print(
-        f"{'row':16s} {'published':>9s} {'traced':>8s} {'err':>6s} {'planner':>8s} {'err':>6s}  "
+        f"{'row':16s} {'published':>9s} {'traced':>8s} {'err':>6s} {'planner':>8s} {'err':>6s} "
+        f"{'needed':>7s} {'p/need':>6s}  "
         f"(init reserved, peak allocated; GB; {args.steps} micro-steps)"
     )
     for name in args.rows:
         t0 = time.time()
-        init, reserved, allocated = trace_recipe(name, args.steps, args.seed)
+        init, reserved, allocated, needed = trace_recipe(name, args.steps, args.seed)
         published = ROWS[name][-1]
         planned = planner_estimate(name)
         print(
             f"{name:16s} {published:9.2f} {reserved:8.2f} {reserved / published - 1:+6.1%} {planned:8.2f} "
-            f"{planned / published - 1:+6.1%}  ({init:.2f}, {allocated:.2f}; {time.time() - t0:.0f} s)",
+            f"{planned / published - 1:+6.1%} {needed:7.2f} {planned / needed - 1:+6.1%}  "
+            f"({init:.2f}, {allocated:.2f}; {time.time() - t0:.0f} s)",
             flush=True,
         )
     return 0

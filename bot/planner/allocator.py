@@ -16,6 +16,11 @@ The rules kept here, all from that file:
   the request keeps the front, the remainder stays free;
 - a freed block merges with free neighbours of the same segment.
 
+With a `capacity` (the card's memory), a request that would need a new segment beyond it first makes the
+allocator give back every cached segment that is entirely free, as PyTorch does before reporting out of
+memory; if that is not enough, OutOfMemory. The smallest capacity a sequence runs in is what a card needs,
+which can be well below the reserved high-water mark of the same sequence on a roomy card.
+
 Checked against published peaks by replaying traced allocation sequences (bench/allocator_replay).
 """
 
@@ -44,6 +49,10 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
+class OutOfMemory(Exception):
+    """The request does not fit in the capacity even after the cached free segments are given back."""
+
+
 @dataclass(eq=False)
 class _Block:
     addr: int
@@ -59,6 +68,7 @@ class _Block:
 
 @dataclass
 class CachingAllocator:
+    capacity: int | None = None
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
@@ -77,6 +87,12 @@ class CachingAllocator:
             block = pool.pop(i)[2]
         else:
             seg = segment_size(size)
+            if self.capacity is not None and self.reserved + seg > self.capacity:
+                self._release_free_segments()
+                if self.reserved + seg > self.capacity:
+                    raise OutOfMemory(
+                        f"{size} bytes with {self.allocated} allocated, {self.reserved} reserved"
+                    )
             block = _Block(self._next_addr, seg, small)
             self._next_addr += seg + ROUND_LARGE  # segments are never adjacent
             self.reserved += seg
@@ -114,6 +130,15 @@ class CachingAllocator:
             block = prev
         self._insert(block)
 
+    def _release_free_segments(self) -> None:
+        for small, pool in self._pools.items():
+            whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
+            for entry in whole:
+                self.reserved -= entry[2].size
+            self._pools[small] = [
+                entry for entry in pool if not (entry[2].prev is None and entry[2].next is None)
+            ]
+
     def _insert(self, block: _Block) -> None:
         bisect.insort(self._pools[block.small], (*block.key(), block))
 
@@ -122,3 +147,32 @@ class CachingAllocator:
         i = bisect.bisect_left(pool, block.key())
         assert pool[i][2] is block
         pool.pop(i)
+
+
+Event = tuple  # ("+", handle, nbytes) or ("-", handle)
+
+
+def replay(events: list[Event], capacity: int | None = None) -> CachingAllocator:
+    """Run an allocation sequence; raises OutOfMemory if it does not fit in `capacity`."""
+    alloc = CachingAllocator(capacity=capacity)
+    for event in events:
+        if event[0] == "+":
+            alloc.malloc(event[1], event[2])
+        else:
+            alloc.free(event[1])
+    return alloc
+
+
+def smallest_capacity(events: list[Event], resolution: int = 32 << 20) -> int:
+    """The least memory (to `resolution`) the sequence runs in: between its allocated and reserved peaks."""
+    roomy = replay(events)
+    lo, hi = roomy.peak_allocated - 1, roomy.peak_reserved
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        try:
+            replay(events, mid)
+        except OutOfMemory:
+            lo = mid
+        else:
+            hi = mid
+    return hi

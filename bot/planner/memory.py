@@ -24,9 +24,13 @@ Calibration constants (few, each a physical quantity):
   chunk by chunk (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
 - FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
-  1.06 with variable-length (unpacked) batches. Reserved memory can be 1.3-3x what is allocated at
-  an ordinary moment, but it is set by the peak: the PEFT benchmark's p99 reserved is within a few
-  percent of the allocated peak of its longest batch.
+  1.06 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
+  step sequence runs in. On a roomy card variable lengths leave whole cached segments behind, and
+  reserved climbs to 1.3-1.5x the allocated peak (what nvidia-smi shows), but the allocator hands those
+  back before running out: traced full-size Hugging Face steps replayed through bot/planner/allocator.py
+  need 1-5% above their allocated peak, and this estimate is within 5% of that need
+  (bench/allocator_replay: `trace.py hf`). torchtune's Llama-2-7B LoRA tutorial figures (15.6-17.0 GB)
+  are roomy-card reserved, ~1 GB above the need.
 - NF4 dequantization transient, per parameter of the Linear being dequantized: bitsandbytes' kernel
   (and a compiled torchao dequant) writes the bf16 weight directly, 2 B/param (two such weights counted,
   the one in use and the next). torchao's NF4Tensor in eager mode (torchtune QLoRA without compile)

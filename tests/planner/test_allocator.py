@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.planner.allocator import CachingAllocator, round_size, segment_size
+from bot.planner.allocator import (
+    CachingAllocator,
+    OutOfMemory,
+    replay,
+    round_size,
+    segment_size,
+    smallest_capacity,
+)
 
 MB = 1 << 20
 
@@ -84,3 +92,30 @@ def test_accounting_invariants_hold_for_any_sequence(ops: list[tuple[bool, int]]
     free_blocks = [b for pool in a._pools.values() for *_, b in pool]
     assert sum(b.size for b in free_blocks) == a.reserved
     assert all(b.prev is None and b.next is None for b in free_blocks)
+
+
+def _growing_steps() -> list[tuple]:
+    """Steps whose scratch grows (longer batches): each needs a new segment; the old ones end up free."""
+    events: list[tuple] = []
+    for step, size in enumerate([100, 150, 200, 250, 300]):
+        scratch = ("scratch", step)
+        events += [("+", scratch, size * MB), ("+", ("kept", step), 4 * MB), ("-", scratch)]
+    return events
+
+
+def test_a_tight_card_gives_cached_segments_back_before_running_out() -> None:
+    events = _growing_steps()
+    roomy = replay(events)
+    assert roomy.peak_reserved >= 1000 * MB  # each longer scratch needed a new segment
+    need = smallest_capacity(events, resolution=1 * MB)
+    assert roomy.peak_allocated <= need < 0.4 * roomy.peak_reserved  # old scratch segments given back
+    replay(events, need)  # fits
+    with pytest.raises(OutOfMemory):
+        replay(events, need - 2 * MB)
+
+
+def test_out_of_memory_when_live_tensors_alone_exceed_the_card() -> None:
+    a = CachingAllocator(capacity=100 * MB)
+    a.malloc("a", 60 * MB)
+    with pytest.raises(OutOfMemory):
+        a.malloc("b", 60 * MB)
