@@ -42,6 +42,9 @@ class Offer(BaseModel):
     inet_down_mbps: float | None = None
     # Expected preemptions per hour for this offer class (interruptible capacity); 0 for on-demand.
     preemptions_per_hour: float = 0.0
+    # Minutes from "launch" to the runner starting (boot + image pull); None = the planner's default for a
+    # cloud instance. The local provider starts a process in seconds.
+    boot_minutes: float | None = Field(default=None, ge=0)
     source: str = "snapshot"  # "snapshot" | "live"
     as_of: datetime | None = None  # when the price was observed
     raw: dict | None = Field(default=None, repr=False, exclude=True)

@@ -4,7 +4,8 @@ For every offer: the per-GPU peak memory for its GPU count (plus SAFETY_MARGIN) 
 memory; the compute hours at the speed of its GPU type and count; storage for the model download and
 two checkpoints while the job runs; egress of the result; and for interruptible offers the expected
 preemption overhead with the Young/Daly checkpoint interval (checkpoint cost from the checkpoint size
-and DISK_GBS, restart from boot + model download at the host's downlink + checkpoint load).
+and DISK_GBS, restart from boot (the offer's own boot time where it has one) + model download at the
+host's downlink + checkpoint load).
 Memory and hours depend only on (GPU type, count), so they are computed once per pair. The per-offer
 formulas run once over numpy arrays for large lists (10,000 offers in a few milliseconds) and on
 plain floats for small ones (no numpy import on the CLI path). RankedOffer objects are built only for
@@ -25,7 +26,7 @@ from bot.planner.result import RankedOffer
 SAFETY_MARGIN = 0.05  # peak memory must fit with 5% to spare
 DISK_GBS = 0.5  # checkpoint write/read speed, GB/s (network volumes and NVMe overlays)
 CHECKPOINT_FIXED_S = 20.0  # serialization and sync overhead per checkpoint
-BOOT_HOURS = 4.0 / 60  # instance boot + image pull
+BOOT_HOURS = 4.0 / 60  # instance boot + image pull, for offers that do not say
 DEFAULT_DOWN_MBPS = 500.0
 DEFAULT_RELIABILITY = 0.95
 HOURS_PER_MONTH = 730.0
@@ -49,20 +50,20 @@ class JobShape:
     def checkpoint_hours(self) -> float:
         return (self.checkpoint_gb / DISK_GBS + CHECKPOINT_FIXED_S) / 3600.0
 
-    def restart_hours(self, down_mbps: Any) -> Any:
+    def restart_hours(self, down_mbps: Any, boot_hours: Any = BOOT_HOURS) -> Any:
         return (
-            BOOT_HOURS
+            boot_hours
             + self.download_gb * 8000.0 / down_mbps / 3600.0
             + self.checkpoint_gb / DISK_GBS / 3600.0
         )
 
 
 def offer_costs(
-    xp: Any, job: JobShape, work, price, spot, rate, storage, egress, down, rel
+    xp: Any, job: JobShape, work, price, spot, rate, storage, egress, down, rel, boot
 ) -> dict[str, Any]:
     """The cost formulas for one offer (floats, xp=ScalarMath) or many (numpy arrays, xp=numpy)."""
     ckpt_h = job.checkpoint_hours
-    restart_h = job.restart_hours(down)
+    restart_h = job.restart_hours(down, boot)
     preemptible = spot * (rate > 0)
     mtbf = xp.where(preemptible, 1.0 / xp.maximum(rate, 1e-12), float("inf"))
     od_mtbf = 24.0 / xp.maximum(1.0 - rel, 1e-6)  # a host failure per (1 - reliability) days
@@ -97,6 +98,7 @@ _FIELDS = (
     "reliability",
     "gpu",
     "gpu_count",
+    "boot_minutes",
 )
 
 
@@ -112,6 +114,7 @@ def _columns(offers: Sequence[Offer]) -> dict[str, list]:
         "egress": col["egress_per_gb"],
         "down": [d or DEFAULT_DOWN_MBPS for d in col["inet_down_mbps"]],
         "rel": [DEFAULT_RELIABILITY if r is None else r for r in col["reliability"]],
+        "boot": [BOOT_HOURS if b is None else b / 60.0 for b in col["boot_minutes"]],
         "gpu": col["gpu"],
         "count": col["gpu_count"],
     }

@@ -163,6 +163,7 @@ class LocalProvider:
             price_per_hour=self.price_per_hour,
             reliability=None,
             location="this machine",
+            boot_minutes=0.1,  # a process on this machine: no instance to boot, no image to pull
             source="live",
             as_of=datetime.now(UTC),
         )

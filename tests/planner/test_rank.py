@@ -166,3 +166,12 @@ def test_local_cpu_offer_is_ranked_with_its_own_memory() -> None:
         EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", gpu="cpu", tokens=10), offers=[cpu]
     )
     assert not big.offers[0].fits and "cpu has 16.0 GB" in big.offers[0].reason
+
+
+@pytest.mark.parametrize("copies", [1, VECTOR_MIN])  # scalar and numpy paths
+def test_an_offer_that_starts_in_seconds_is_not_charged_a_cloud_boot(copies: int) -> None:
+    cloud = offer("runpod", "rtx-4090", 0.59)
+    process = cloud.model_copy(update={"provider": "local", "offer_id": "local", "boot_minutes": 0.1})
+    est = estimate(REQ, offers=[cloud] * copies + [process])
+    hours = {o.provider: o.hours for o in est.offers}
+    assert hours["runpod"] - hours["local"] == pytest.approx((4.0 - 0.1) / 60, abs=1e-3)
