@@ -8,23 +8,17 @@ elsewhere says what would make it launchable.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
-from bot.planner.rank import DEFAULT_RELIABILITY  # the planner's assumption where none is reported
+from bot.planner.rank import DEFAULT_RELIABILITY, LABEL_KEYS  # the planner's own label criteria
 from bot.planner.result import Estimate, RankedOffer
 from bot.providers.catalog import KEY_ENV
 
-LABEL_KEYS: dict[str, Callable[[RankedOffer], Any]] = {
-    "cheapest": lambda o: o.total_cost,
-    "fastest": lambda o: (o.hours, o.total_cost),
-    # On-demand first, then the most reliable host, then the cheapest (as the planner ranks it).
-    "safest": lambda o: (
-        o.interruptible,
-        -(DEFAULT_RELIABILITY if o.reliability is None else o.reliability),
-        o.total_cost,
-    ),
-}
+
+def _label_key(label: str, o: RankedOffer) -> tuple:
+    rel = DEFAULT_RELIABILITY if o.reliability is None else o.reliability
+    return LABEL_KEYS[label](o.total_cost, o.hours, o.interruptible, rel)
 
 
 def launchable(offers: list[RankedOffer], providers: Collection[str]) -> list[RankedOffer]:
@@ -33,8 +27,9 @@ def launchable(offers: list[RankedOffer], providers: Collection[str]) -> list[Ra
 
 def pick(offers: list[RankedOffer], choice: str) -> RankedOffer | None:
     """The offer for "cheapest" | "fastest" | "safest" among these, or None for another choice."""
-    key = LABEL_KEYS.get(choice)
-    return min(offers, key=key) if key and offers else None
+    if choice not in LABEL_KEYS or not offers:
+        return None
+    return min(offers, key=lambda o: _label_key(choice, o))
 
 
 def for_this_engine(estimate: Estimate, providers: Collection[str], notes: list[str]) -> Estimate:

@@ -35,6 +35,15 @@ MIN_INTERVAL_H = 5.0 / 60
 VECTOR_MIN = 256  # from this many offers on, use numpy
 REJECTED_BY = {1: "memory", 2: "budget", 3: "class", 4: "gpu_count", 5: "gpu", 6: "unknown_gpu"}
 
+# What each label means, as a sort key over (expected total $, wall hours, interruptible, reliability):
+# the offer with the smallest key gets the label. Safest: on-demand first, then the most reliable host,
+# then the cheapest. The engine applies the same keys to the offers it can launch (bot/engine/offers.py).
+LABEL_KEYS: dict[str, Callable[[float, float, bool, float], tuple]] = {
+    "cheapest": lambda total, hours, spot, rel: (total,),
+    "fastest": lambda total, hours, spot, rel: (hours, total),
+    "safest": lambda total, hours, spot, rel: (spot, -rel, total),
+}
+
 
 @dataclass(frozen=True)
 class JobShape:
@@ -191,11 +200,10 @@ def rank_offers(
     fit_idx = sorted((i for i in range(n) if category[i] == 0), key=total.__getitem__)
     labels: dict[int, list[str]] = {}
     if fit_idx:
-        labels.setdefault(fit_idx[0], []).append("cheapest")
-        labels.setdefault(min(fit_idx, key=lambda i: (wall[i], total[i])), []).append("fastest")
-        # Safest: on-demand first, then the most reliable host, then the cheapest.
-        safest = min(fit_idx, key=lambda i: (cols["spot"][i], -cols["rel"][i], total[i]))
-        labels.setdefault(safest, []).append("safest")
+        rel_col = cols["rel"]
+        for name, sort_key in LABEL_KEYS.items():
+            best = min(fit_idx, key=lambda i: sort_key(total[i], wall[i], spot_col[i], rel_col[i]))
+            labels.setdefault(best, []).append(name)
     keep = fit_idx[:keep_fits]
     keep += [i for i in labels if i not in set(keep)]
 
