@@ -36,7 +36,9 @@ Calibration constants (few, each a physical quantity):
   the one in use and the next). torchao's NF4Tensor in eager mode (torchtune QLoRA without compile)
   goes through int64 index tensors: two half-size int64 indices (8), two bf16 look-ups (2), their
   scaled copies (2) and the stacked weight (2) are alive together, 14 B/param (14.05 measured by
-  tracing the tensors torchao 0.3.1's NF4Tensor.get_original_weight allocates).
+  tracing the tensors torchao 0.3.1's NF4Tensor.get_original_weight allocates). Unsloth dequantizes
+  every weight into one reused scratch buffer the size of the largest (unsloth/kernels/utils.py,
+  matmul_lora's use_global_buffer): 2 B/param.
 Optimizers are assumed fused (torch AdamW fused=True, bitsandbytes): no full-size step temporaries.
 """
 
@@ -55,7 +57,8 @@ LOGIT_BYTES = {"plain": 15.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
-NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0}  # per param of the largest Linear
+# per parameter of the largest Linear
+NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
 
 @dataclass
@@ -144,7 +147,10 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
 
 
 def nf4_dequant_path(req: EstimateRequest) -> str:
-    """How the NF4 weights become bf16 for each matmul: a fused kernel, or torchao's eager ops."""
+    """How the NF4 weights become bf16 for each matmul: a kernel's fresh output, Unsloth's one reused
+    buffer, or torchao's eager ops."""
+    if req.stack == "unsloth":
+        return "unsloth buffer"
     return "torchao eager" if req.stack == "torchtune" and not req.compile else "kernel"
 
 

@@ -28,7 +28,7 @@ def test_eager_torchao_dequant_needs_its_int64_temporaries() -> None:
 @pytest.mark.parametrize(
     ("stack", "compile", "path"),
     [("torchtune", False, "torchao eager"), ("torchtune", True, "kernel"), ("hf", False, "kernel"),
-     ("unsloth", False, "kernel")],
+     ("unsloth", False, "unsloth buffer")],
 )
 def test_dequant_path_follows_the_stack(stack: str, compile: bool, path: str) -> None:
     assert nf4_dequant_path(_qlora(stack=stack, compile=compile)) == path
