@@ -330,7 +330,7 @@ def hf_report(variable_steps: int) -> int:
         # the trace runs no autocast (the meta device has none): fp32 adapters see fp32 inputs
         req = EstimateRequest(**dict(request, **changes), autocast=False)
         m = estimate_memory(resolve(req.model)[0], req)
-        return (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
+        return m.torch_reserved_gb
 
     print("Fixed-length batches: peak reserved (GB, no CUDA context)")
     print(f"{'case':44s} {'traced':>8s} {'planner':>8s} {'err':>6s}  (traced peak allocated)")
@@ -385,7 +385,7 @@ def planner_estimate(name: str) -> float:
     row = next(r for r in PUBLISHED if r.id == row_id)
     req = EstimateRequest(**row.request)
     m = estimate_memory(resolve(req.model)[0], req)
-    return (m.per_gpu_bytes - m.breakdown["cuda_context"]) / 1e9
+    return m.torch_reserved_gb
 
 
 def _chunked_convert(inpt_tensor, n_blocks, block_size, nf4):
@@ -457,18 +457,6 @@ def record_profile(kind: str) -> dict[str, list[tuple]]:
     return out
 
 
-def _peak(events: list[tuple]) -> float:
-    live: dict[object, Fraction] = {}
-    peak = Fraction(0)
-    for e in events:
-        if e[0] == "+":
-            live[e[1]] = e[2]
-            peak = max(peak, sum(live.values()))
-        else:
-            live.pop(e[1], None)
-    return float(peak)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=["recipe", "profile", "hf"])
@@ -496,9 +484,10 @@ def main() -> int:
             planner = getattr(load_phase, f"_{phase.upper()}")
             same = events == planner
             ok &= same
+            peak = float(load_phase.peak_bytes_per_param(events))
             print(
                 f"torchao 0.1 {phase}: {len(events)} events, {sum(e[0] == '+' for e in events)} allocations; "
-                f"peak scratch {_peak(events):.3f} B/param; planner's copy {'matches' if same else 'DIFFERS'}"
+                f"peak scratch {peak:.3f} B/param; planner's copy {'matches' if same else 'DIFFERS'}"
             )
             if not same:
                 print("  recorded:", [(e[0], e[1], str(e[2]), e[3]) if e[0] == "+" else e for e in events])

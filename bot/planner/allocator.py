@@ -66,6 +66,15 @@ class _Block:
         return (self.size, self.addr)
 
 
+def _merge(left: _Block, right: _Block) -> _Block:
+    """`right` (the next block of the same segment) joins `left`; returns `left`."""
+    left.size += right.size
+    left.next = right.next
+    if right.next is not None:
+        right.next.prev = left
+    return left
+
+
 @dataclass
 class CachingAllocator:
     capacity: int | None = None
@@ -114,30 +123,24 @@ class CachingAllocator:
         block = self._live.pop(handle)
         block.free = True
         self.allocated -= block.size
-        prev, nxt = block.prev, block.next
-        if nxt is not None and nxt.free:
-            self._remove(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-        if prev is not None and prev.free:
-            self._remove(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
-            block = prev
+        if block.next is not None and block.next.free:
+            self._remove(block.next)
+            _merge(block, block.next)
+        if block.prev is not None and block.prev.free:
+            self._remove(block.prev)
+            block = _merge(block.prev, block)
         self._insert(block)
 
     def _release_free_segments(self) -> None:
+        """Give back every segment that is one free block (as PyTorch does before out of memory)."""
         for small, pool in self._pools.items():
-            whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
-            for entry in whole:
-                self.reserved -= entry[2].size
-            self._pools[small] = [
-                entry for entry in pool if not (entry[2].prev is None and entry[2].next is None)
-            ]
+            kept = []
+            for entry in pool:
+                if entry[2].prev is None and entry[2].next is None:
+                    self.reserved -= entry[2].size
+                else:
+                    kept.append(entry)
+            self._pools[small] = kept
 
     def _insert(self, block: _Block) -> None:
         bisect.insort(self._pools[block.small], (*block.key(), block))

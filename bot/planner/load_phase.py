@@ -242,6 +242,19 @@ _BUILD_SURVIVORS = (4, 11, 15, 26)
 _LOAD_FREES_CLONE = {28: 40, 29: 41, 30: 42, 31: 43, 32: 44}
 
 
+def peak_bytes_per_param(events: list[tuple]) -> Fraction:
+    """The most bytes per parameter a profile holds at once (its per-parameter scratch + result)."""
+    live: dict[object, Fraction] = {}
+    peak = Fraction(0)
+    for event in events:
+        if event[0] == "+":
+            live[event[1]] = event[2]
+            peak = max(peak, sum(live.values()))
+        else:
+            live.pop(event[1], None)
+    return peak
+
+
 def _replay(alloc: CachingAllocator, events: list[tuple], n: int, prefix: tuple, rename: dict) -> None:
     for event in events:
         ident = rename.get(event[1], (*prefix, event[1]))

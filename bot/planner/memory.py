@@ -76,6 +76,11 @@ class MemoryResult:
     def per_gpu_gb(self) -> float:
         return self.per_gpu_bytes / GB
 
+    @property
+    def torch_reserved_gb(self) -> float:
+        """What torch.cuda.max_memory_reserved() reports: all of it but the CUDA context."""
+        return (self.per_gpu_bytes - self.breakdown["cuda_context"]) / GB
+
     def breakdown_gb(self) -> dict[str, float]:
         return {k: round(v / GB, 3) for k, v in self.breakdown.items()}
 
