@@ -361,3 +361,26 @@ def test_budget_modal_from_app_home(slack_stack: SlackStack) -> None:
     stack.click(view_submission("U_BOB", name="U_BOB", daily="1000"))
     denied = stack.slack.wait_for("chat.postMessage", 2)[1].body
     assert denied["channel"] == "DU_BOB" and "only admins set budgets" in denied["text"]
+
+
+def test_stop_cancel_and_reject_buttons_reach_the_engine(slack_stack: SlackStack) -> None:
+    stack = slack_stack
+    n = len(stack.slack.of("response"))
+    assert stack.command("estimate Llama-3.1-8B").status_code == 200
+    eid = estimate_id_from(stack.responses(n + 1)[n])
+    stack.click(stack.action_payload("cancel_estimate", eid))
+    cancelled = stack.responses(n + 2)[-1]
+    launch_job(stack, model="Qwen2.5-7B")
+    job = next(j for j in stack.engine.jobs.values() if j.model == "Qwen2.5-7B")
+    n = len(stack.slack.of("response"))
+    stack.click(stack.action_payload("stop_job", job.job_id))
+    stopped = stack.responses(n + 1)[-1]
+    launch_job(stack, model="expensive")
+    pending = next(j for j in stack.engine.jobs.values() if j.model == "expensive")
+    n = len(stack.slack.of("response"))
+    stack.click(stack.action_payload("reject_job", pending.job_id, user="U_ADMIN"))
+    rejected = stack.responses(n + 1)[-1]
+    assert "Cancelled; nothing was launched" in cancelled["text"]
+    assert f"Stopping job *{job.job_id}*" in stopped["text"]
+    assert f"rejected job *{pending.job_id}*" in rejected["text"]
+    assert stack.engine.jobs[pending.job_id].state != "pending_approval"
