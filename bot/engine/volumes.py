@@ -20,6 +20,8 @@ from bot.providers.base import ProviderError
 from store.models import VolumeRecord
 
 if TYPE_CHECKING:
+    from sqlmodel import Session
+
     from bot.engine.service import Engine
 
 log = logging.getLogger(__name__)
@@ -128,17 +130,7 @@ def delete(eng: Engine, provider_name: str, volume_id: str, *, user: str) -> Non
         raise EngineError(f"could not delete volume {volume_id} on {provider_name}: {exc}") from exc
     now = eng.now()
     with eng.session() as s:
-        row = (
-            s.execute(
-                select(VolumeRecord).where(
-                    VolumeRecord.provider == provider_name,
-                    VolumeRecord.volume_id == volume_id,
-                    VolumeRecord.deleted_at.is_(None),
-                )
-            )
-            .scalars()
-            .first()
-        )
+        row = _live_record(s, provider_name, volume_id)
         if row is not None:
             row.deleted_at, row.deleted_by = now, user
         S.audit(
@@ -156,17 +148,7 @@ def delete(eng: Engine, provider_name: str, volume_id: str, *, user: str) -> Non
 def keep(eng: Engine, provider_name: str, volume_id: str, *, user: str, days: float = KEEP_DAYS) -> None:
     now = eng.now()
     with eng.session() as s:
-        row = (
-            s.execute(
-                select(VolumeRecord).where(
-                    VolumeRecord.provider == provider_name,
-                    VolumeRecord.volume_id == volume_id,
-                    VolumeRecord.deleted_at.is_(None),
-                )
-            )
-            .scalars()
-            .first()
-        )
+        row = _live_record(s, provider_name, volume_id)
         if row is None:
             from bot.engine.api import EngineError
 
@@ -183,3 +165,13 @@ def keep(eng: Engine, provider_name: str, volume_id: str, *, user: str, days: fl
             days=days,
         )
         s.commit()
+
+
+def _live_record(s: Session, provider_name: str, volume_id: str) -> VolumeRecord | None:
+    """The volume's row unless it is already recorded as deleted."""
+    query = select(VolumeRecord).where(
+        VolumeRecord.provider == provider_name,
+        VolumeRecord.volume_id == volume_id,
+        VolumeRecord.deleted_at.is_(None),
+    )
+    return s.execute(query).scalars().first()
