@@ -52,6 +52,7 @@ class TrainState:
     micro_batch: int = 0  # index of the next micro-batch within `epoch` (this rank's share)
     tokens_seen: int = 0
     last_loss: float | None = None
+    eval_loss: float | None = None  # the latest loss on the eval split (None without one)
     reporter_seq: int = 0
     wandb_run_id: str | None = None
     plateau: dict[str, Any] = field(default_factory=dict)

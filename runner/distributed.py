@@ -4,9 +4,10 @@
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), the same contract as `torchrun` and
 `accelerate launch`, but from our own small launcher so that SIGTERM reaches every worker (launchers do
 not all forward it) and the exit code of the run is the one of rank 0. Workers use NCCL on CUDA and gloo
-on CPU. LoRA trains with DDP (the adapter is small, every rank keeps a full copy); full and QLoRA train
-with FSDP (FULL_SHARD, transformer-block wrap, use_orig_params=False; QLoRA's 4-bit storage dtype equals
-the compute dtype, see runner/model.py).
+on CPU. Every method trains with FSDP by default (FULL_SHARD, transformer-block wrap,
+use_orig_params=False; peft's wrap policy for adapters; QLoRA's 4-bit storage dtype equals the compute
+dtype, see runner/model.py), which is what the planner prices; a spec may ask for DDP (a full copy per
+process) with ``sharding: ddp``.
 
 Tests (and a CPU-only demo) ask for N CPU processes with `gpus: 0` plus the environment variable
 TUNEBOT_CPU_PROCESSES=N: the launcher then starts N gloo workers on the CPU.
@@ -185,11 +186,18 @@ def setup(gpus: int) -> Group:
     return Group(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
-def wrap(model: Any, group: Group, method: str) -> Any:
-    """DDP for LoRA, FSDP for full and QLoRA (gloo on the CPU too); the model itself with one process."""
-    if not group.distributed:
+def wrap(model: Any, group: Group, strategy: str) -> Any:
+    """The model wrapped for ``strategy`` (JobSpec.strategy: "none", "ddp" or "fsdp").
+
+    FSDP: FULL_SHARD, transformer-block auto-wrap, use_orig_params=False. For LoRA/QLoRA peft's own
+    policy (``peft.utils.other.fsdp_auto_wrap_policy``, what ``accelerate launch`` with FSDP uses for peft
+    models) also gives every trainable Linear its own FSDP unit, so no flat parameter mixes trainable and
+    frozen tensors and the adapters keep their dtype; weights, gradients and optimizer states are sharded,
+    as the planner prices every method on more than one GPU.
+    """
+    if not group.distributed or strategy == "none":
         return model
-    if method == "lora":
+    if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [group.device.index] if group.device.type == "cuda" else None
@@ -200,7 +208,12 @@ def wrap(model: Any, group: Group, method: str) -> Any:
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    layer_classes = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
+    if hasattr(model, "peft_config"):
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+    else:
+        layer_classes = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
                 use_orig_params=False, device_id=group.device, limit_all_gathers=True)

@@ -16,22 +16,75 @@ import torch
 
 from runner.spec import JobSpec, Method
 
+# Files of a model folder that are not weights: enough to read the config, build the model on the meta
+# device (to check LoRA targets) and load the tokenizer before the weights are fetched.
+LIGHT_FILES = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 
-def resolve_base_model(base_model: str) -> Path:
-    """A local folder for the base model: a local path as is, an fsspec URI downloaded, a hub id fetched."""
+
+def resolve_base_model(base_model: str, *, weights: bool = True, into: Path | None = None) -> Path:
+    """A local folder for the base model: a local path as is, an fsspec URI downloaded, a hub id fetched.
+
+    ``weights=False`` fetches only the light files (config, tokenizer), so a job can be checked before
+    gigabytes are downloaded; a second call with the same ``into`` folder adds the weights.
+    """
     if "://" in base_model and not base_model.startswith("file://"):
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(base_model)
-        local = Path(tempfile.mkdtemp(prefix="tunebot-base-"))
-        fs.get(root.rstrip("/") + "/", str(local), recursive=True)
+        local = into or Path(tempfile.mkdtemp(prefix="tunebot-base-"))
+        root = root.rstrip("/")
+        files = [f for f in fs.find(root) if not f.endswith("/")]
+        if not files:
+            raise FileNotFoundError(f"no model files under {base_model}")
+        for remote in files:
+            rel = remote[len(root):].lstrip("/")
+            if rel.endswith(WEIGHT_SUFFIXES) and not weights:
+                continue
+            target = local / rel
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(remote, str(target))
         return local
     path = Path(base_model.removeprefix("file://")).expanduser()
     if path.exists():
         return path
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(base_model, token=os.environ.get("HF_TOKEN") or None))
+    token = os.environ.get("HF_TOKEN") or None
+    patterns = None if weights else list(LIGHT_FILES)
+    return Path(snapshot_download(base_model, token=token, allow_patterns=patterns))
+
+
+def linear_module_names(model_dir: Path) -> list[str]:
+    """The names of the model's Linear layers (built on the meta device from config.json: nothing loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+def check_target_modules(targets: list[str] | str, linear_names: list[str]) -> list[str] | str:
+    """The LoRA targets as peft matches them (suffixes of module names); ValueError naming the model's own
+    Linear layers when one matches nothing (peft would fail only after the weights were loaded)."""
+    if targets == "all-linear":
+        return targets
+    suffixes = sorted({name.rsplit(".", 1)[-1] for name in linear_names if name != "lm_head"})
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in linear_names)]
+    if missing:
+        raise ValueError(
+            f"LoRA target(s) {', '.join(missing)} match no Linear layer of this model; its Linear layers "
+            f"are: {', '.join(suffixes)} (or use all-linear)")
+    return list(targets)
+
+
+def has_flash_attention() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
 
 
 def load_tokenizer(model_dir: Path) -> Any:
@@ -56,8 +109,10 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bool = False) -> Any:
-    """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA."""
+def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bool = False,
+               target_modules: list[str] | str | None = None) -> Any:
+    """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA (on
+    ``target_modules``, default the spec's)."""
     from transformers import AutoModelForCausalLM
 
     dtype = compute_dtype(device)
@@ -99,15 +154,12 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
         r=spec.lora.r,
         lora_alpha=spec.lora.alpha,
         lora_dropout=spec.lora.dropout,
-        target_modules=spec.lora.target_modules,
+        target_modules=spec.lora.target_modules if target_modules is None else target_modules,
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, lora)
-    if fsdp:  # FSDP flattens parameters into one tensor per block: adapters take the base dtype
-        for param in model.parameters():
-            if param.requires_grad:
-                param.data = param.data.to(dtype)
-    return model
+    # Under FSDP the adapters stay fp32 as priced: peft's wrap policy gives every trainable Linear its own
+    # FSDP unit, so no flat parameter mixes dtypes or frozen and trainable tensors (runner/distributed.py).
+    return get_peft_model(model, lora)
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:

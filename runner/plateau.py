@@ -34,8 +34,13 @@ _STATE_VERSION = 1
 
 class PlateauDetector:
     def __init__(self, spec: PlateauSpec) -> None:
+        if spec.every_steps is None or spec.warmup_steps is None:  # not resolved for a run length
+            spec = spec.model_copy(update={"every_steps": spec.every_steps or 10,
+                                           "warmup_steps": spec.warmup_steps or 0})
         self.spec = spec
-        horizon = 1.0 / ((1.0 - spec.ema) * spec.every_steps)
+        self.every_steps: int = spec.every_steps  # type: ignore[assignment]
+        self.warmup_steps: int = spec.warmup_steps  # type: ignore[assignment]
+        horizon = 1.0 / ((1.0 - spec.ema) * self.every_steps)
         self.effective_patience = max(spec.patience, math.ceil(horizon - 1e-9))
         self.smoothed: float | None = None  # the EMA of the finite losses seen so far
         self.best: float | None = None  # smoothed loss at the last improvement (or the baseline)
@@ -60,15 +65,15 @@ class PlateauDetector:
             self.smoothed = loss if previous is None else previous + (1 - self.spec.ema) * (loss - previous)
         else:
             self.nonfinite += 1
-        if step < self.spec.warmup_steps:
+        if step < self.warmup_steps:
             return False
         if self.next_evaluation is None:  # the baseline; None if no finite loss was seen yet
             self.best = self.smoothed
-            self.next_evaluation = step + self.spec.every_steps
+            self.next_evaluation = step + self.every_steps
             return False
         if step < self.next_evaluation:
             return False
-        self.next_evaluation = step + self.spec.every_steps
+        self.next_evaluation = step + self.every_steps
         self.evaluations += 1
         if finite and self.smoothed is not None and (
             self.best is None or self.best - self.smoothed > self.spec.min_delta

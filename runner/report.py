@@ -74,6 +74,12 @@ class Reporter:
     def __repr__(self) -> str:
         return f"Reporter(job_id={self.job_id!r}, seq={self.seq}, callback={'set' if self._url else 'none'})"
 
+    def advance_to(self, seq: int) -> None:
+        """Continue at ``seq`` at least (a resumed checkpoint's saved seq, known only after the reporter
+        started so that early failures could be reported)."""
+        with self._lock:
+            self._seq = max(self._seq, seq)
+
     @property
     def seq(self) -> int:
         """The seq the next event gets; save it in checkpoints and pass it back as ``start_seq``."""

@@ -24,6 +24,29 @@ EXIT_BAD_SPEC = 2  # the spec or the dataset is invalid; nothing was trained
 EXIT_PREEMPTED = 75  # SIGTERM received: the current step finished, a checkpoint was saved (EX_TEMPFAIL)
 
 
+class Defaults:
+    """Training defaults, written once. The bot's request (bot/planner/request.py) takes its defaults from
+    here too, so an estimate prices and shows exactly what the runner does when an option is not given."""
+
+    lora_r = 16
+    lora_alpha_per_r = 2  # alpha = 2 x r when not given (the usual LoRA choice)
+    lora_dropout = 0.0  # peft's default; > 0 keeps a dropout copy of each adapted input (priced)
+    learning_rate = 2e-4
+    lr_scheduler = "cosine"
+    warmup_ratio = 0.03
+    weight_decay = 0.0
+    epochs = 1.0
+    seed = 42
+    eval_fraction = 0.0
+    plateau = True
+    plateau_patience = 10  # evaluations in a row without improvement
+    plateau_min_delta = 0.01
+    plateau_ema = 0.95
+    plateau_evaluations = 50  # the detector looks max_steps / 50 times (every 10 steps at least)
+    plateau_warmup = 0.10  # no decision in the first 10% of the steps
+    hub_private = True
+
+
 class Method(StrEnum):
     full = "full"
     lora = "lora"
@@ -42,19 +65,20 @@ class _Strict(BaseModel):
 
 
 class LoraSpec(_Strict):
-    r: int = Field(16, ge=1, le=1024)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    r: int = Field(Defaults.lora_r, ge=1, le=1024)
+    alpha: int = Field(Defaults.lora_r * Defaults.lora_alpha_per_r, ge=1)
+    dropout: float = Field(Defaults.lora_dropout, ge=0.0, lt=1.0)
     # "all-linear" or explicit module names such as ["q_proj", "v_proj"].
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
 class DatasetSpec(_Strict):
     uri: str  # a local path or any fsspec URI (s3://, file://, memory://)
+    name: str | None = None  # what the person gave (the model card); uri is where the runner reads it
     format: DatasetFormat = DatasetFormat.alpaca
     # Records longer than seq_len are truncated (default) or dropped; either way they are counted.
     overlong: Literal["truncate", "drop"] = "truncate"
-    eval_fraction: float = Field(0.0, ge=0.0, lt=0.5)
+    eval_fraction: float = Field(Defaults.eval_fraction, ge=0.0, lt=0.5)
 
 
 class CheckpointSpec(_Strict):
@@ -71,46 +95,79 @@ class ReportSpec(_Strict):
 
 class WandbSpec(_Strict):
     project: str | None = None
+    entity: str | None = None  # team or user; None = the API key's default entity
     mode: Literal["online", "offline", "disabled"] = "disabled"
     run_id: str | None = None  # fixed so that a resumed run continues the same W&B run
 
 
 class PlateauSpec(_Strict):
-    enabled: bool = True
-    patience: int = Field(5, ge=1)  # number of evaluations without improvement before stopping
-    min_delta: float = Field(0.01, ge=0.0)  # improvement of the smoothed loss that counts
-    ema: float = Field(0.9, ge=0.0, lt=1.0)  # smoothing of the training loss
-    every_steps: int = Field(10, ge=1)  # how often the detector looks
-    warmup_steps: int = Field(0, ge=0)  # no decision before this many optimizer steps
+    enabled: bool = Defaults.plateau
+    patience: int = Field(Defaults.plateau_patience, ge=1)  # evaluations in a row without improvement
+    min_delta: float = Field(Defaults.plateau_min_delta, ge=0.0)  # improvement of the smoothed loss
+    ema: float = Field(Defaults.plateau_ema, ge=0.0, lt=1.0)  # smoothing of the training loss
+    # How often the detector looks; None: max(10, max_steps / 50), so patience covers a share of the run.
+    every_steps: int | None = Field(None, ge=1)
+    warmup_steps: int | None = Field(None, ge=0)  # no decision before this step; None: 10% of max_steps
+
+    def resolved(self, max_steps: int) -> PlateauSpec:
+        """This spec with the automatic values filled in for a run of ``max_steps`` optimizer steps."""
+        every = self.every_steps or max(10, -(-max_steps // Defaults.plateau_evaluations))
+        warmup = self.warmup_steps
+        if warmup is None:
+            warmup = int(max_steps * Defaults.plateau_warmup)
+        return self.model_copy(update={"every_steps": every, "warmup_steps": warmup})
+
+
+class HubSpec(_Strict):
+    """Push the output to the Hugging Face Hub (HF_TOKEN from the environment; HF_ENDPOINT for a mirror)."""
+
+    repo: str = Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    private: bool = Defaults.hub_private
+
+
+class CostSpec(_Strict):
+    """What the bot knows about the money, for the model card (the runner never decides anything with it)."""
+
+    price_per_hour: float | None = Field(None, ge=0)  # the instance's locked price
+    spent_before: float = Field(0.0, ge=0)  # spend of the job's earlier instances (preempted runs)
+    estimated_total: float | None = Field(None, ge=0)
+    where: str | None = None  # "vast rtx-4090 x1 (spot)"
 
 
 class JobSpec(_Strict):
     version: int = SPEC_VERSION
     job_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     base_model: str  # hub id (uses HF_TOKEN) or a local path / fsspec URI of a model folder
+    base_model_name: str | None = None  # what the person asked for (hub id or name; for the model card)
     dataset: DatasetSpec
     method: Method = Method.lora
     lora: LoraSpec = Field(default_factory=LoraSpec)
     seq_len: int = Field(2048, ge=8, le=1_048_576)
     micro_batch_size: int = Field(1, ge=1, le=4096)
     grad_accum: int = Field(1, ge=1, le=65536)
-    epochs: float = Field(1.0, gt=0, le=1000)
+    epochs: float = Field(Defaults.epochs, gt=0, le=1000)
     max_steps: int | None = Field(None, ge=1)  # overrides epochs when set
-    learning_rate: float = Field(2e-4, gt=0, lt=1)
-    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_ratio: float = Field(0.03, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
+    warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
+    weight_decay: float = Field(Defaults.weight_decay, ge=0)
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
     packing: bool = True
     gradient_checkpointing: bool = True
     attn: Literal["eager", "sdpa", "flash"] = "sdpa"
     gpus: int = Field(1, ge=0, le=1024)  # 0 = CPU
+    # How several processes share the model: "fsdp" (weights, gradients and optimizer states sharded, what
+    # the planner prices for every method on > 1 GPU), "ddp" (a full copy per process) or "auto" (= fsdp).
+    sharding: Literal["auto", "fsdp", "ddp"] = "auto"
     checkpoint: CheckpointSpec
     report: ReportSpec = Field(default_factory=ReportSpec)
     wandb: WandbSpec = Field(default_factory=WandbSpec)
     plateau: PlateauSpec = Field(default_factory=PlateauSpec)
-    seed: int = 42
+    seed: int = Defaults.seed
     output_uri: str
+    push_to_hub: HubSpec | None = None
+    merge: bool = False  # also save the base model with the adapter merged in (<output>/merged)
+    cost: CostSpec = Field(default_factory=CostSpec)
 
     @model_validator(mode="after")
     def _known_version(self) -> JobSpec:
@@ -121,6 +178,12 @@ class JobSpec(_Strict):
     def redacted(self) -> JobSpec:
         """A copy without the report token, for everything written to disk, W&B or the output."""
         return self.model_copy(update={"report": self.report.model_copy(update={"token": None})})
+
+    def strategy(self, processes: int) -> Literal["none", "fsdp", "ddp"]:
+        """How `processes` workers share the model for this spec: one process shares nothing."""
+        if processes <= 1:
+            return "none"
+        return "ddp" if self.sharding == "ddp" else "fsdp"
 
     @property
     def tokens_per_step(self) -> int:
@@ -161,6 +224,8 @@ class RunnerEvent(BaseModel):
     checkpoint_uri: str | None = None
     output_uri: str | None = None
     message: str | None = None
+    wandb_url: str | None = None  # the W&B run page (on `started` when logging online)
+    hub_url: str | None = None  # where the output was pushed (on the terminal event)
     timestamp: float = Field(default_factory=time.time)
 
 

@@ -78,6 +78,8 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
         status = trainer.train()
         return trainer.summary(status, started), {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
     except InvalidJob as exc:
+        # The runner's own error line reaches the person who asked (a `failed` event, then the summary).
+        trainer.emit(EventKind.failed, message=f"invalid job: {exc}"[:2000])
         summary = RunSummary(status="invalid", message=str(exc), wall_seconds=time.time() - started)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return summary, EXIT_BAD_SPEC
@@ -102,33 +104,70 @@ class Trainer:
         self.state = ckpt.TrainState()
         self.resumed_from: str | None = None
         self.output_uri: str | None = None
+        self.hub_url: str | None = None
+        self.publish_problem: str | None = None  # the Hub push or the merge failed (the output is saved)
         self.stats: Any = None
         self.max_steps: int | None = None
         self.wandb: Any = None
         self.fsdp = False
+        self.session_started = time.time()
 
-    # ---- setup: validate first (data), then model, optimizer, scheduler, resume --------------------------
+    # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
     def setup(self) -> None:
         spec = self.spec
-        from runner.data import DatasetError, make_batches, prepare
-        from runner.model import load_model, load_tokenizer, resolve_base_model, trainable_parameters
+        from runner.data import make_batches, prepare
+        from runner.model import (
+            check_target_modules,
+            has_flash_attention,
+            linear_module_names,
+            load_model,
+            load_tokenizer,
+            resolve_base_model,
+            trainable_parameters,
+        )
+        from runner.records import DatasetError, read_records
 
         self.group = group = setup(spec.gpus)
         torch.manual_seed(spec.seed)
+        if group.main:  # from here on every failure is reported as a `failed` event with its reason
+            from runner.report import Reporter
+
+            self.reporter = Reporter(spec, start_seq=_next_seq_in_progress(spec))
+
+        # 1. The dataset, read and checked before anything is downloaded.
+        try:
+            records = list(read_records(spec.dataset.uri, spec.dataset.format))
+        except DatasetError as exc:
+            raise InvalidJob(str(exc)) from None
+        if not records:
+            raise InvalidJob(f"{spec.dataset.uri}: dataset is empty: no records to train on")
+        if spec.attn == "flash" and group.device.type == "cuda" and not has_flash_attention():
+            raise InvalidJob("attn=flash needs the flash-attn package, which this runner image does not "
+                             "have; use attn=sdpa, or build the image with --build-arg FLASH_ATTN=1")
+
+        # 2. The base model's config and tokenizer (small files), the LoRA targets checked on the meta device.
         looks_local = spec.base_model.startswith(("/", ".", "~", "file://"))
         if looks_local and not Path(spec.base_model.removeprefix("file://")).expanduser().exists():
-            raise InvalidJob(f"base_model {spec.base_model!r} does not exist")
+            raise InvalidJob(f"base_model {spec.base_model!r} does not exist on this host")
         try:
-            self.model_dir = resolve_base_model(spec.base_model)
+            self.model_dir = resolve_base_model(spec.base_model, weights=False)
+        except FileNotFoundError as exc:
+            raise InvalidJob(f"base_model {spec.base_model!r}: {exc}") from None
         except Exception as exc:
             if type(exc).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError",
                                        "HFValidationError"):
                 raise InvalidJob(f"base_model {spec.base_model!r}: {type(exc).__name__}") from None
             raise  # a network problem may pass: the bot retries a failed run
+        if spec.method is not Method.full:
+            try:
+                self.target_modules = check_target_modules(spec.lora.target_modules,
+                                                           linear_module_names(self.model_dir))
+            except ValueError as exc:
+                raise InvalidJob(str(exc)) from None
         self.tokenizer = load_tokenizer(self.model_dir)
         try:
-            data = prepare(spec, self.tokenizer)
+            data = prepare(spec, self.tokenizer, records=records)
         except DatasetError as exc:
             raise InvalidJob(str(exc)) from None
         self.data, self.stats = data, data.stats
@@ -153,17 +192,23 @@ class Trainer:
                 f"the dataset makes {len(first)} micro-batches, fewer than grad_accum x processes "
                 f"({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower grad_accum")
         self.max_steps = spec.max_steps or max(1, math.ceil(spec.epochs * self.steps_per_epoch))
+        strategy = spec.strategy(group.world)
         if group.main:
             tokens_per_step = spec.tokens_per_step * group.world
             print(f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
-                  f"{self.stats.dropped}); train examples {len(data.train)}, eval {len(data.eval)}")
+                  f"{self.stats.dropped}); format {spec.dataset.format.value}; train examples "
+                  f"{len(data.train)}, eval {len(data.eval)}")
             print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
                   f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
             print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
-                  f"device {group.device}, dtype {self.dtype}, method {spec.method.value}", flush=True)
+                  f"device {group.device}, dtype {self.dtype}, method {spec.method.value}, "
+                  f"sharding {strategy}", flush=True)
 
-        fsdp = group.distributed and spec.method is not Method.lora
-        self.model = load_model(spec, self.model_dir, group.device, fsdp=fsdp)
+        # 3. The weights.
+        self.model_dir = resolve_base_model(spec.base_model, weights=True, into=self.model_dir)
+        fsdp = strategy == "fsdp"
+        targets = getattr(self, "target_modules", spec.lora.target_modules)
+        self.model = load_model(spec, self.model_dir, group.device, fsdp=fsdp, target_modules=targets)
         trainable, total = trainable_parameters(self.model)
         if group.main:
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
@@ -176,7 +221,7 @@ class Trainer:
             if resume_dir is not None:
                 self.store.download(resume_step, resume_dir)
                 ckpt.read_weights(resume_dir, self.model)  # before wrapping: plain parameter names
-            self.ddp_model = wrap(self.model, group, spec.method.value)
+            self.ddp_model = wrap(self.model, group, strategy)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
             self.optimizer = self._optimizer()
@@ -194,14 +239,15 @@ class Trainer:
                 shutil.rmtree(resume_dir, ignore_errors=True)
 
         from runner.plateau import PlateauDetector
-        from runner.report import Reporter
 
-        self.plateau = PlateauDetector(spec.plateau)
+        plateau = spec.plateau.resolved(self.max_steps)
+        if self.data.eval:  # an eval loss is already a mean over the split: no smoothing on top
+            plateau = plateau.model_copy(update={"ema": 0.0})
+        self.plateau = PlateauDetector(plateau)
         if self.state.plateau:
             self.plateau.load_state_dict(self.state.plateau)
         if group.main:
-            start_seq = max(self.state.reporter_seq, _next_seq_in_progress(spec))
-            self.reporter = Reporter(spec, start_seq=start_seq)
+            self.reporter.advance_to(self.state.reporter_seq)
             from runner.wandb_log import WandbLog
 
             self.wandb = WandbLog()
@@ -211,8 +257,9 @@ class Trainer:
     def _optimizer(self) -> torch.optim.Optimizer:
         spec = self.spec
         assert self.group is not None
+        cuda = self.group.device.type == "cuda"
         if spec.optimizer != "adamw":
-            if self.group.device.type == "cuda":
+            if cuda:
                 import bitsandbytes as bnb
 
                 paged = spec.optimizer == "paged_adamw_8bit"
@@ -220,7 +267,9 @@ class Trainer:
                 return cls(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
             if self.group.main:
                 print(f"note: {spec.optimizer} needs CUDA; using torch AdamW on the CPU", flush=True)
-        return torch.optim.AdamW(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+        # Fused on CUDA, as the planner assumes (no full-size step temporaries); plain on the CPU.
+        return torch.optim.AdamW(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay,
+                                 fused=True if cuda else None)
 
     def _resumed(self, uri: str) -> None:
         assert self.group is not None
@@ -237,7 +286,8 @@ class Trainer:
         spec, group, state = self.spec, self.group, self.state
         assert group is not None and self.max_steps is not None
         resumed = f"resumed from {self.resumed_from}" if self.resumed_from else None
-        self.emit(EventKind.started, message=resumed)
+        self.emit(EventKind.started, message=resumed,
+                  wandb_url=self.wandb.url if self.wandb is not None else None)
         last_save = last_report = time.monotonic()
         window_tokens, window_start = 0, time.monotonic()
         session_start, session_train_seconds = time.monotonic(), state.train_seconds
@@ -294,10 +344,14 @@ class Trainer:
             if state.step < self.max_steps:
                 state.epoch += 1
                 state.micro_batch = 0
+        if self.data.eval and (self.state.eval_loss is None or state.step % self.plateau.every_steps):
+            self._eval_now(state.step)  # the final eval loss, for the model card
         self.output_uri = self.save_output(status)
         kind = EventKind.plateau if status == "plateau" else EventKind.finished
-        self.emit(kind, output_uri=self.output_uri,
-                  message="stopped: the loss stopped improving" if status == "plateau" else None)
+        notes = ["stopped: the loss stopped improving"] if status == "plateau" else []
+        if self.publish_problem:
+            notes.append(self.publish_problem)
+        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, message="; ".join(notes) or None)
         return status
 
     def _step(self, micro: list[Any]) -> tuple[float, int]:
@@ -333,14 +387,23 @@ class Trainer:
         return total / label_tokens, int(tokens)
 
     def _plateau_says_stop(self, step: int, train_loss: float) -> bool:
-        if not self.spec.plateau.enabled:
-            return False
+        """Feed the detector: the training loss every step, or the eval loss every ``every_steps`` steps
+        (evaluated then, also when the detector is off, for W&B and the model card)."""
         loss = train_loss
         if self.data.eval:
-            if step % self.spec.plateau.every_steps != 0:
+            if step % self.plateau.every_steps != 0:
                 return False
-            loss = self.evaluate()
+            loss = self._eval_now(step)
+        if not self.spec.plateau.enabled:
+            return False
         return bool(self.plateau.update(step, loss))
+
+    def _eval_now(self, step: int) -> float:
+        loss = self.evaluate()
+        self.state.eval_loss = loss
+        if self.wandb is not None:
+            self.wandb.log({"eval/loss": loss}, step=step)
+        return loss
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -402,19 +465,44 @@ class Trainer:
         if self.group.main:
             import fsspec
 
+            from runner import outputs
             from runner.model import save_final
 
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
                 local = Path(tmp)
                 save_final(self.model, self.tokenizer, local, state_dict=full_state)
+                _point_adapter_at(local, self.spec.base_model_name)
+                cost = self._cost()
                 summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,
                            "tokens": self.state.tokens_seen, "final_loss": self.state.last_loss,
-                           "train_seconds": self.state.train_seconds, "resumed_from": self.resumed_from,
+                           "eval_loss": self.state.eval_loss, "train_seconds": self.state.train_seconds,
+                           "resumed_from": self.resumed_from, "cost": cost,
                            "data": self.stats.as_dict() if self.stats is not None else None,
                            "method": self.spec.method.value, "job_id": self.spec.job_id}
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
                 public_spec = self.spec.redacted().model_dump_json(indent=2)  # no report token in outputs
                 (local / "job.json").write_text(public_spec, encoding="utf-8")
+                card = outputs.model_card(self.spec, status=status, steps=self.state.step,
+                                          max_steps=self.max_steps, final_loss=self.state.last_loss,
+                                          eval_loss=self.state.eval_loss, tokens=self.state.tokens_seen,
+                                          train_seconds=self.state.train_seconds, data=summary["data"],
+                                          cost=cost)
+                (local / "README.md").write_text(card, encoding="utf-8")
+                if self.spec.merge and self.spec.method is not Method.full:
+                    try:
+                        outputs.merge_adapter(local, self.model_dir, local / "merged", dtype=self.dtype)
+                        print(f"merged model saved: {uri}/merged", flush=True)
+                    except Exception as exc:  # the adapter is saved either way
+                        self.publish_problem = f"merge failed ({type(exc).__name__}: {exc})"[:500]
+                        print(f"note: {self.publish_problem}", flush=True)
+                if self.spec.push_to_hub is not None:
+                    try:
+                        self.hub_url = outputs.push_folder(
+                            local, self.spec.push_to_hub, message=f"tunebot job {self.spec.job_id}: {status}")
+                        print(f"pushed to the Hub: {self.hub_url}", flush=True)
+                    except Exception as exc:  # the output still goes to output_uri below
+                        self.publish_problem = f"not pushed to the Hub ({type(exc).__name__}: {exc})"[:500]
+                        print(f"note: {self.publish_problem}", flush=True)
                 fs, root = fsspec.core.url_to_fs(uri)
                 fs.makedirs(root, exist_ok=True)
                 for path in sorted(local.rglob("*")):
@@ -425,6 +513,13 @@ class Trainer:
             print(f"output saved: {uri}", flush=True)
         self.group.barrier()
         return uri
+
+    def _cost(self) -> float | None:
+        """The job's spend so far at its locked prices: earlier instances (from the bot) + this one."""
+        price = self.spec.cost.price_per_hour
+        if price is None:
+            return None
+        return round(self.spec.cost.spent_before + (time.time() - self.session_started) * price / 3600, 6)
 
     # ---- reporting and the summary ---------------------------------------------------------------------
 
@@ -463,6 +558,16 @@ class Trainer:
         if self.group is not None:
             self.group.close()
 
+
+
+def _point_adapter_at(folder: Path, base: str | None) -> None:
+    """peft writes the local base folder into adapter_config.json; the name people load it by is better."""
+    path = folder / "adapter_config.json"
+    if base is None or not path.is_file() or "://" in base:
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base
+    path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def _next_seq_in_progress(spec: JobSpec) -> int:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from runner.data.batching import Batch, Batches, label_tokens_in, make_batches, tokens_in
-from runner.data.errors import DatasetError
 from runner.data.example import IGNORE_INDEX, Example
 from runner.data.masks import block_causal_mask, cast_mask
 from runner.data.prepare import DataStats, PreparedData, prepare
+from runner.records import DatasetError
 
 __all__ = [
     "IGNORE_INDEX",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runner.data.errors import DatasetError
 from runner.data.example import IGNORE_INDEX, Example
-from runner.data.formats import read_records
 from runner.data.tokenize import encode_record
+from runner.records import DatasetError, Record, read_records
 from runner.spec import JobSpec
 
 
@@ -38,15 +38,17 @@ class PreparedData:
     stats: DataStats = field(default_factory=DataStats)
 
 
-def prepare(spec: JobSpec, tokenizer: Any) -> PreparedData:
-    """Read, check, tokenize, fit to seq_len and split the dataset of ``spec``.
+def prepare(spec: JobSpec, tokenizer: Any, *,
+            records: Iterable[tuple[int, Record]] | None = None) -> PreparedData:
+    """Read, check, tokenize, fit to seq_len and split the dataset of ``spec`` (or the already read
+    ``records``, (line, record) pairs from ``runner.records.read_records``).
 
     The eval split is a seeded shuffle of the kept examples, so a resumed run sees the same split.
     """
     uri = spec.dataset.uri
     stats = DataStats()
     examples: list[Example] = []
-    for line, record in read_records(uri, spec.dataset.format):
+    for line, record in (read_records(uri, spec.dataset.format) if records is None else records):
         stats.records += 1
         try:
             ids, labels = encode_record(record, tokenizer)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.data.errors import DatasetError
 from runner.data.example import IGNORE_INDEX
-from runner.data.formats import Conversation, PromptCompletion, Record, Text
+from runner.records import Conversation, DatasetError, PromptCompletion, Record, Text
 
 Encoded = tuple[list[int], list[int]]
 

@@ -122,3 +122,44 @@ def test_eval_loss_fed_every_few_steps_is_evaluated_each_time():
     detector = PlateauDetector(spec)
     decisions = [detector.update(step, 1.0) for step in (10, 20, 30, 40)]
     assert decisions == [False, False, True, True]
+
+
+def issue_curve(seed: int = 1, steps: int = 1000, flat_after: int | None = None) -> list[float]:
+    """The curve from issue 10: a fast drop, then a slow decline, with noise of 0.08 on every step.
+
+    With seed 1 the detector's old defaults (patience 5, ema 0.9, every 10 steps, no warmup) stopped it
+    at step 161 of 1000 while it was still learning.
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for step in range(1, steps + 1):
+        t = step if flat_after is None else min(step, flat_after)
+        out.append(1.2 + 2.0 * math.exp(-t / 20) + 0.4 * (1 - t / steps) + rng.gauss(0.0, 0.08))
+    return out
+
+
+def test_the_old_defaults_stopped_the_issue_curve_at_step_161():
+    old = PlateauSpec(patience=5, min_delta=0.01, ema=0.9, every_steps=10, warmup_steps=0)
+    assert first_stop(PlateauDetector(old), issue_curve()) == 161
+
+
+def test_the_default_never_stops_a_normal_noisy_curve():
+    for seed in range(40):
+        detector = PlateauDetector(PlateauSpec().resolved(1000))
+        assert first_stop(detector, issue_curve(seed)) is None, seed
+
+
+def test_the_default_still_stops_a_curve_that_went_flat():
+    # Learning ends at step 300 of 1000: the default stops within the following 60% of the run.
+    stops = [first_stop(PlateauDetector(PlateauSpec().resolved(1000)), issue_curve(s, flat_after=300))
+             for s in range(10)]
+    assert all(s is not None and 400 < s < 900 for s in stops), stops
+
+
+def test_automatic_schedule_scales_with_the_run():
+    spec = PlateauSpec().resolved(1000)
+    assert (spec.every_steps, spec.warmup_steps, spec.patience) == (20, 100, 10)
+    assert PlateauSpec().resolved(60).every_steps == 10
+    assert PlateauSpec(every_steps=3, warmup_steps=0).resolved(1000).every_steps == 3

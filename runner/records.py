@@ -1,8 +1,11 @@
-"""Reading jsonl datasets and checking each record against its format.
+"""The dataset contract: which records each format accepts, how a format is recognised, and reading them.
 
 Every format is normalised to one of three shapes the tokenizer understands: a prompt with a
 completion (alpaca, prompt_completion), a conversation (messages), or plain text (text). Problems are
 reported as DatasetError naming the file and the 1-based line, because users fix datasets in editors.
+
+Pure (json + fsspec, never torch): the bot imports this module too, so that a dataset is checked on the
+bot's side with exactly the rules the runner applies, before any GPU is rented.
 """
 
 from __future__ import annotations
@@ -14,8 +17,20 @@ from typing import Any
 
 import fsspec
 
-from runner.data.errors import DatasetError
 from runner.spec import DatasetFormat
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be used as given (malformed record, empty after filtering, unreadable)."""
+
+    def __init__(self, message: str, *, uri: str | None = None, line: int | None = None) -> None:
+        where = ""
+        if uri is not None:
+            where = f"{uri}:{line}: " if line is not None else f"{uri}: "
+        super().__init__(f"{where}{message}")
+        self.uri = uri
+        self.line = line
+
 
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
@@ -143,3 +158,101 @@ def _messages(obj: dict[str, Any], fail: Any) -> list[dict[str, str]]:
     if not any(m["role"] == "assistant" for m in out):
         raise fail("conversation has no assistant turn, so nothing would be trained")
     return out
+
+
+# Which keys make a record of which format, in the order they are tried (a record with "messages" is a
+# conversation even if it also has "text").
+FORMAT_KEYS: tuple[tuple[DatasetFormat, tuple[str, ...]], ...] = (
+    (DatasetFormat.messages, ("messages",)),
+    (DatasetFormat.alpaca, ("instruction", "output")),
+    (DatasetFormat.prompt_completion, ("prompt", "completion")),
+    (DatasetFormat.text, ("text",)),
+)
+# Other names people use for the formats (Axolotl / TRL spellings).
+FORMAT_ALIASES: dict[str, DatasetFormat] = {
+    "chat": DatasetFormat.messages,
+    "conversation": DatasetFormat.messages,
+    "sharegpt": DatasetFormat.messages,
+    "instruction": DatasetFormat.alpaca,
+    "completion": DatasetFormat.prompt_completion,
+    "prompt-completion": DatasetFormat.prompt_completion,
+    "completion_only": DatasetFormat.prompt_completion,
+    "pretrain": DatasetFormat.text,
+    "raw": DatasetFormat.text,
+}
+
+
+def format_named(name: str) -> DatasetFormat:
+    """A format from what a person typed (case-insensitive, with the usual aliases)."""
+    key = name.strip().lower().replace(" ", "_")
+    if key in FORMAT_ALIASES:
+        return FORMAT_ALIASES[key]
+    try:
+        return DatasetFormat(key)
+    except ValueError:
+        known = ", ".join([f.value for f in DatasetFormat] + sorted(FORMAT_ALIASES))
+        raise ValueError(f"`{name}` is not a dataset format (one of {known})") from None
+
+
+def detect_format(obj: Any) -> DatasetFormat | None:
+    """The format a record's keys say it is, or None when no format's keys are all there."""
+    if not isinstance(obj, dict):
+        return None
+    for fmt, keys in FORMAT_KEYS:
+        if all(key in obj for key in keys):
+            return fmt
+    return None
+
+
+@dataclass(frozen=True)
+class DatasetCheck:
+    """What reading a dataset found: its format and how many records were checked."""
+
+    uri: str
+    format: DatasetFormat
+    records: int
+    complete: bool  # every record was checked (False: stopped at ``limit``)
+
+
+def check_dataset(uri: str, fmt: DatasetFormat | str | None = None, *,
+                  limit: int | None = None) -> DatasetCheck:
+    """Read a jsonl dataset (any fsspec URI), find its format from the first record when ``fmt`` is None,
+    and check every record (up to ``limit``) with the rules of ``parse_record``; DatasetError names the
+    first bad line."""
+    chosen = format_named(fmt) if isinstance(fmt, str) else fmt
+    records = 0
+    complete = True
+    try:
+        with fsspec.open(uri, "rt", encoding="utf-8", compression="infer") as stream:
+            for number, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                if chosen is None:
+                    try:
+                        first = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DatasetError(f"invalid JSON ({exc.msg} at column {exc.colno})", uri=uri,
+                                           line=number) from None
+                    chosen = detect_format(first)
+                    if chosen is None:
+                        keys = sorted(first)[:6] if isinstance(first, dict) else type(first).__name__
+                        raise DatasetError(
+                            f"cannot tell the format from the keys {keys}: expected alpaca (instruction, "
+                            "output), messages, prompt_completion (prompt, completion) or text", uri=uri,
+                            line=number)
+                parse_record(line, chosen, uri=uri, line=number)
+                records += 1
+                if limit is not None and records >= limit:
+                    complete = False
+                    break
+    except DatasetError:
+        raise
+    except FileNotFoundError as exc:
+        raise DatasetError("dataset not found", uri=uri) from exc
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"not UTF-8 text ({exc.reason})", uri=uri) from exc
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read dataset ({type(exc).__name__}: {exc})", uri=uri) from exc
+    if records == 0 or chosen is None:
+        raise DatasetError("dataset is empty: no records to train on", uri=uri)
+    return DatasetCheck(uri=uri, format=chosen, records=records, complete=complete)
