@@ -1,0 +1,153 @@
+"""A fake Hugging Face Hub on 127.0.0.1: what ``HfApi(endpoint=...).create_repo`` and ``upload_folder`` call.
+
+Serves repo creation (``POST /api/repos/create``), the model card check (``/api/validate-yaml``), the
+preupload check (every file "regular", so file
+contents come inline in the commit: no LFS or Xet storage is needed) and the commit
+(``POST /api/models/{repo}/commit/{revision}``, NDJSON). Each repo's files are kept in memory with its
+visibility; requests without the expected bearer token get 401, like the Hub.
+
+    with FakeHub(token="hf_test") as hub:
+        HfApi(endpoint=hub.url, token="hf_test").upload_folder(...)
+        hub.repos["me/model"].files["adapter_config.json"]
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class HubRepo:
+    repo_id: str
+    private: bool
+    files: dict[str, bytes] = field(default_factory=dict)
+    commits: list[str] = field(default_factory=list)
+
+    def write_to(self, folder: Path) -> Path:
+        """The repo's files in a local folder (to load them like a snapshot)."""
+        for name, data in self.files.items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return folder
+
+
+class FakeHub:
+    def __init__(self, *, token: str = "hf_fake_token_3c9a") -> None:
+        self.token = token
+        self.repos: dict[str, HubRepo] = {}
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
+        self.validated: list[str] = []  # model card headers the client asked to validate
+        self.lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def _answer(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                with hub.lock:
+                    hub.requests.append((self.command, self.path, status))
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    self._answer(401, {"error": "Invalid credentials in Authorization header"})
+                    return
+                status, body = hub.route(self.command, self.path.split("?")[0], raw)
+                self._answer(status, body)
+
+            do_GET = do_POST = do_PUT = _handle  # noqa: N815 - http.server's naming
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeHub:
+        return self if self._server else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def route(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        with self.lock:
+            if method == "POST" and path == "/api/repos/create":
+                body = json.loads(raw or b"{}")
+                repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+                if "/" not in repo_id:
+                    repo_id = f"me/{repo_id}"
+                if repo_id in self.repos:
+                    return 409, {"error": "You already created this model repo", "url": f"{self.url}/{repo_id}"}
+                private = body.get("visibility") == "private" or bool(body.get("private"))
+                self.repos[repo_id] = HubRepo(repo_id, private=private)
+                return 200, {"url": f"{self.url}/{repo_id}", "name": repo_id}
+            if method == "POST" and path == "/api/validate-yaml":  # a README.md with a metadata header
+                content = json.loads(raw or b"{}").get("content", "")
+                self.validated.append(content)
+                return 200, {"errors": [], "warnings": []}
+            match = re.fullmatch(r"/api/models/(.+?)/(preupload|commit)/([^/]+)", path)
+            if match and method == "POST":
+                repo_id, action, _revision = match.groups()
+                repo = self.repos.get(repo_id)
+                if repo is None:
+                    return 404, {"error": "Repository not found"}
+                if action == "preupload":
+                    files = json.loads(raw)["files"]
+                    return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                           for f in files]}
+                return self._commit(repo, raw)
+            match = re.fullmatch(r"/api/models/([^/]+/[^/]+)", path)
+            if match and method == "GET" and match.group(1) in self.repos:
+                repo = self.repos[match.group(1)]
+                return 200, {"id": repo.repo_id, "private": repo.private,
+                             "siblings": [{"rfilename": n} for n in sorted(repo.files)]}
+            return 404, {"error": f"fake hub: no route {method} {path}"}
+
+    def _commit(self, repo: HubRepo, raw: bytes) -> tuple[int, Any]:
+        message = ""
+        for line in raw.decode().splitlines():
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            key, value = item.get("key"), item.get("value") or {}
+            if key == "header":
+                message = value.get("summary", "")
+            elif key == "file":
+                content = value.get("content", "")
+                data = base64.b64decode(content) if value.get("encoding") == "base64" else content.encode()
+                repo.files[value["path"]] = data
+            elif key in ("lfsFile", "xetFile"):
+                return 400, {"error": "the fake hub stores regular files only"}
+        oid = f"{len(repo.commits) + 1:040x}"
+        repo.commits.append(message)
+        return 200, {"commitUrl": f"{self.url}/{repo.repo_id}/commit/{oid}", "commitOid": oid}
