@@ -103,11 +103,13 @@ class FakeHub:
         with self.lock:
             if method == "POST" and path == "/api/repos/create":
                 body = json.loads(raw or b"{}")
-                repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+                org = body.get("organization")
+                repo_id = f"{org}/{body['name']}" if org else body["name"]
                 if "/" not in repo_id:
                     repo_id = f"me/{repo_id}"
                 if repo_id in self.repos:
-                    return 409, {"error": "You already created this model repo", "url": f"{self.url}/{repo_id}"}
+                    return 409, {"error": "You already created this model repo",
+                                 "url": f"{self.url}/{repo_id}"}
                 private = body.get("visibility") == "private" or bool(body.get("private"))
                 self.repos[repo_id] = HubRepo(repo_id, private=private)
                 return 200, {"url": f"{self.url}/{repo_id}", "name": repo_id}

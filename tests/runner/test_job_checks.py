@@ -152,7 +152,8 @@ def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_push_to_hub_creates_a_private_repo_with_the_adapter_and_the_card(
-        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub_online: None) -> None:
+        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        hub_online: None) -> None:
     from fakes.hub import FakeHub
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -174,8 +175,8 @@ def test_push_to_hub_creates_a_private_repo_with_the_adapter_and_the_card(
         assert any("lora_A" in n for n, _ in model.named_parameters())
 
 
-def test_a_failed_push_keeps_the_output_and_says_why(runner_job: Callable[..., Any],
-                                                       monkeypatch: pytest.MonkeyPatch, hub_online: None) -> None:
+def test_a_failed_push_keeps_the_output_and_says_why(
+        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, hub_online: None) -> None:
     from fakes.hub import FakeHub
 
     with FakeHub() as hub:

@@ -18,7 +18,8 @@ def test_plateau_on_the_eval_loss_stops_saves_and_reports(runner_job: Callable[.
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     # An improvement of 100 nats never happens: the detector stops after its baseline and `patience` looks.
     spec = runner_job(max_steps=50, seq_len=128, grad_accum=1, dataset={"eval_fraction": 0.05},
-                      plateau={"enabled": True, "patience": 1, "min_delta": 100.0, "every_steps": 2, "warmup_steps": 0,
+                      plateau={"enabled": True, "patience": 1, "min_delta": 100.0, "every_steps": 2,
+                               "warmup_steps": 0,
                                "ema": 0.0},
                       wandb={"mode": "offline", "project": "tunebot-test"})
     summary, code = run(spec)
