@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
+from bot.planner import options
 from bot.planner.request import EstimateRequest
 
 COMMAND_USAGE: dict[str, str] = {
@@ -30,54 +31,15 @@ COMMAND_USAGE: dict[str, str] = {
     "help": "help [COMMAND]",
 }
 
-KEYS_HELP = (
-    "keys: method=full|lora|qlora r=16 targets=all-linear|q_proj,v_proj seq=2048 batch=1 accum=1 "
-    "epochs=1 dataset=PATH tokens=20M gpus=1 gpu=a100-80gb attn=eager|sdpa|flash "
-    "optimizer=adamw|adamw_8bit|paged_adamw_8bit checkpointing=yes|no interruptible=yes|no|spot|on-demand "
-    "packing=yes|no max_cost=$25"
-)
+KEYS_HELP = options.keys_help()
 
 USAGE = "\n".join(["/tune " + u for u in COMMAND_USAGE.values()] + [KEYS_HELP])
 
-# key in the grammar -> field of EstimateRequest
-KEY_FIELDS: dict[str, str] = {
-    "method": "method",
-    "r": "lora_r",
-    "targets": "lora_targets",
-    "seq": "seq_len",
-    "batch": "batch_size",
-    "accum": "grad_accum",
-    "epochs": "epochs",
-    "dataset": "dataset",
-    "tokens": "tokens",
-    "gpus": "gpus",
-    "gpu": "gpu",
-    "attn": "attn",
-    "optimizer": "optimizer",
-    "checkpointing": "gradient_checkpointing",
-    "interruptible": "interruptible",
-    "packing": "packing",
-    "max_cost": "max_cost",
-}
-FIELD_KEYS = {v: k for k, v in KEY_FIELDS.items()}
-# Friendly aliases people type anyway.
-KEY_ALIASES = {
-    "lora_r": "r",
-    "rank": "r",
-    "seq_len": "seq",
-    "batch_size": "batch",
-    "grad_accum": "accum",
-    "lora_targets": "targets",
-    "spot": "interruptible",
-    "budget": "max_cost",
-    "maxcost": "max_cost",
-    "gradient_checkpointing": "checkpointing",
-    "epoch": "epochs",
-}
-
-_SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-_TRUE = {"yes", "y", "true", "on", "1"}
-_FALSE = {"no", "n", "false", "off", "0"}
+# The value parsers are the options table's (bot/planner/options.py), shared with the command line.
+parse_tokens = options.parse_count
+parse_money = options.parse_money
+parse_bool = options.parse_bool
+parse_interruptible = options.parse_interruptible
 _MENTION = re.compile(r"^<@([A-Z0-9]+)(?:\|[^>]*)?>$")
 _SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
@@ -178,106 +140,6 @@ def usage_for(name: str) -> str:
     return line + ("\n" + KEYS_HELP if name in ("estimate", "launch") else "")
 
 
-def parse_tokens(text: str) -> int:
-    """`20M`, `1.5B`, `2_000_000`, `3e6` -> an integer count of tokens."""
-    raw = text.strip().lower().replace("_", "").replace(",", "")
-    mult = 1
-    if raw and raw[-1] in _SUFFIX:
-        mult = _SUFFIX[raw[-1]]
-        raw = raw[:-1]
-    try:
-        value = float(raw) * mult
-    except ValueError:
-        raise ValueError(f"`{text}` is not a token count (try 20M or 1.5B)") from None
-    if not value == value or value in (float("inf"), float("-inf")) or value < 1:  # NaN, inf, < 1
-        raise ValueError(f"`{text}` is not a positive token count")
-    return int(round(value))
-
-
-def parse_money(text: str) -> float:
-    raw = text.strip().replace("$", "").replace(",", "")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"`{text}` is not an amount of dollars (try 25 or $25)") from None
-    if not value == value or value in (float("inf"), float("-inf")) or value < 0:
-        raise ValueError(f"`{text}` is not a positive amount of dollars")
-    return value
-
-
-def parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError(f"`{text}` is not yes or no")
-
-
-def parse_interruptible(text: str) -> bool | None:
-    low = text.strip().lower()
-    if low in ("spot", "interruptible"):
-        return True
-    if low in ("on-demand", "ondemand", "od"):
-        return False
-    if low in ("any", "both", "either"):
-        return None
-    try:
-        return parse_bool(low)
-    except ValueError:
-        raise ValueError(f"`{text}` is not one of yes, no, spot, on-demand, any") from None
-
-
-def _int(text: str) -> int:
-    try:
-        value = float(text.replace("_", ""))
-    except ValueError:
-        raise ValueError(f"`{text}` is not a whole number") from None
-    if value != value or value in (float("inf"), float("-inf")) or value != int(value):
-        raise ValueError(f"`{text}` is not a whole number")
-    return int(value)
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"`{text}` is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"`{text}` is not a number")
-    return value
-
-
-def _targets(text: str) -> list[str] | str:
-    if text.strip().lower() in ("all-linear", "all", "all_linear"):
-        return "all-linear"
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names or not all(re.fullmatch(r"[A-Za-z0-9_.]+", n) for n in names):
-        raise ValueError(f"`{text}` is not all-linear or a comma-separated list of module names")
-    return names
-
-
-_CONVERTERS: dict[str, Any] = {
-    "method": lambda v: v.lower(),
-    "r": _int,
-    "targets": _targets,
-    "seq": _int,
-    "batch": _int,
-    "accum": _int,
-    "epochs": _float,
-    "dataset": str,
-    "tokens": parse_tokens,
-    "gpus": _int,
-    "gpu": lambda v: v.lower(),
-    "attn": lambda v: v.lower(),
-    "optimizer": lambda v: v.lower(),
-    "checkpointing": parse_bool,
-    "interruptible": parse_interruptible,
-    "packing": parse_bool,
-    "max_cost": parse_money,
-}
-
-
 def _split(text: str) -> list[str]:
     cleaned = html.unescape(text.translate(_SMART_QUOTES)).replace("\u00a0", " ")
     try:
@@ -287,36 +149,16 @@ def _split(text: str) -> list[str]:
 
 
 def _key_values(name: str, tokens: list[str]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for tok in tokens:
-        if "=" not in tok:
-            raise ParseError(f"`{tok}` is not a key=value option", usage_for(name))
-        key, _, raw = tok.partition("=")
-        key = key.strip().lower().lstrip("-").replace("-", "_")
-        key = KEY_ALIASES.get(key, key)
-        if key not in KEY_FIELDS:
-            known = ", ".join(KEY_FIELDS)
-            raise ParseError(f"unknown option `{key}` (known: {known})", usage_for(name))
-        if raw.strip() == "":
-            raise ParseError(f"option `{key}` needs a value", usage_for(name))
-        if KEY_FIELDS[key] in values:
-            raise ParseError(f"option `{key}` is given twice", usage_for(name))
-        try:
-            values[KEY_FIELDS[key]] = _CONVERTERS[key](raw)
-        except ValueError as exc:
-            raise ParseError(f"{key}: {exc}", usage_for(name)) from None
-    return values
+    try:
+        return options.parse_values(options.key_values(tokens))
+    except options.OptionError as exc:
+        raise ParseError(str(exc), usage_for(name)) from None
+    except ValueError as exc:  # a word without "="
+        raise ParseError(str(exc), usage_for(name)) from None
 
 
 def _friendly_validation(name: str, exc: ValidationError) -> ParseError:
-    first = exc.errors()[0]
-    loc = first.get("loc") or ("?",)
-    field_name = str(loc[0])
-    key = FIELD_KEYS.get(field_name, field_name)
-    msg = str(first.get("msg", "invalid value"))
-    ctx = first.get("ctx") or {}
-    if "expected" in ctx:
-        msg = f"must be one of {ctx['expected']}"
+    key, msg = options.validation_problems(exc)[0]
     return ParseError(f"{key}: {msg}", usage_for(name))
 
 

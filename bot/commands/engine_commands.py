@@ -52,64 +52,27 @@ def _print_job(view: Any) -> None:
         typer.echo(f"    output: {view.output_uri}")
 
 
-def launch_command(
-    model: str = typer.Argument(..., help="Hub id, built-in name or model folder."),
-    dataset: str = typer.Option(..., "--dataset", help="Training data (jsonl path or fsspec URI)."),
-    method: str = typer.Option("lora", "--method", help="full, lora or qlora."),
-    lora_r: int = typer.Option(16, "--lora-r"),
-    batch_size: int = typer.Option(1, "--batch-size"),
-    seq_len: int = typer.Option(2048, "--seq-len"),
-    grad_accum: int = typer.Option(1, "--grad-accum"),
-    epochs: float = typer.Option(1.0, "--epochs"),
-    gpus: int = typer.Option(1, "--gpus"),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
-    choice: str = typer.Option("cheapest", "--choice", help="cheapest, safest, fastest or an offer key."),
-    max_cost: float | None = typer.Option(
-        None, "--max-cost", help="Spend cap in USD (default: 2x the estimate)."
-    ),
-    user: str | None = typer.Option(None, "--user", help="Who asks (default: $USER)."),
-    team: str | None = typer.Option(None, "--team"),
-    key: str | None = typer.Option(
-        None, "--idempotency-key", help="Repeating a launch with a key is a no-op."
-    ),
-    wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
+def _launch(
+    model: str,
+    pairs: list[tuple[str, str]],
+    *,
+    choice: str = "cheapest",
+    user: str | None = None,
+    team: str | None = None,
+    key: str | None = None,
+    wait: bool = False,
 ) -> None:
-    """Launch a fine-tune on the chosen offer (price locked now; approval above the configured amount)."""
-    from pydantic import ValidationError
-
+    from bot.commands.request_cli import build_request
     from bot.engine.api import EngineError
     from bot.planner.errors import PlanningError
-    from bot.planner.request import EstimateRequest
 
-    try:
-        req = EstimateRequest(
-            model=model,
-            dataset=dataset,
-            method=method,
-            lora_r=lora_r,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            grad_accum=grad_accum,
-            epochs=epochs,
-            gpus=gpus,
-        )
-    except ValidationError as exc:
-        _fail(
-            "; ".join(f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
-        )
-    if max_cost is not None and max_cost <= 0:
-        _fail("--max-cost must be positive")
+    req = build_request(model, pairs)
+    if not req.dataset:
+        _fail("a dataset is needed to launch: --dataset PATH or dataset=PATH (a jsonl file or URI)")
     engine = _engine()
     try:
-        overrides = {"max_steps": max_steps} if max_steps else None
         view = engine.create_job(
-            req,
-            user=_user(user),
-            choice=choice,
-            max_cost=max_cost,
-            idempotency_key=key,
-            team=team,
-            spec_overrides=overrides,
+            req, user=_user(user), choice=choice, max_cost=req.max_cost, idempotency_key=key, team=team
         )
     except (EngineError, PlanningError) as exc:
         engine.close()
@@ -129,6 +92,33 @@ def launch_command(
         typer.echo("stopped following; the job keeps running (tunebot jobs to check).")
     finally:
         engine.close()
+
+
+def _launch_command():  # type: ignore[no-untyped-def]
+    import inspect
+
+    from bot.commands.request_cli import request_command
+
+    def param(name: str, annotation: object, default: object) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+    extra = [
+        param("choice", str, typer.Option("cheapest", "--choice",
+                                          help="cheapest, safest, fastest or an offer key.")),
+        param("user", str | None, typer.Option(None, "--user", help="Who asks (default: $USER).")),
+        param("team", str | None, typer.Option(None, "--team")),
+        param("key", str | None, typer.Option(None, "--idempotency-key",
+                                              help="Repeating a launch with a key is a no-op.")),
+        param("wait", bool, typer.Option(False, "--wait",
+                                         help="Follow the job here until it ends (ticks every 2 s).")),
+    ]
+    return request_command(
+        _launch,
+        extra,
+        "Launch a fine-tune on the chosen offer (price locked now; approval above the configured amount). "
+        "The same options as `tunebot estimate` and /tune; max_cost is the job's spend cap (default: 2x the "
+        "estimate).",
+    )
 
 
 def jobs_command(
@@ -284,7 +274,7 @@ def volumes_command(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    app.command("launch")(launch_command)
+    app.command("launch")(_launch_command())
     app.command("jobs")(jobs_command)
     app.command("approve")(approve_command)
     app.command("stop")(stop_command)

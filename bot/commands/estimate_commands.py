@@ -6,7 +6,8 @@ CLI stays light. Bad input prints one clear line and exits with code 2, never a 
 
 from __future__ import annotations
 
-from enum import StrEnum
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -19,98 +20,18 @@ if TYPE_CHECKING:
     from bot.planner.result import Estimate
 
 
-class Method(StrEnum):
-    full = "full"
-    lora = "lora"
-    qlora = "qlora"
-
-
-class Attn(StrEnum):
-    eager = "eager"
-    sdpa = "sdpa"
-    flash = "flash"
-
-
 def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
 
-def _validation_message(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        parts = []
-        for err in errors():
-            field = ".".join(str(p) for p in err.get("loc", ())) or "input"
-            parts.append(f"--{field.replace('_', '-')}: {err.get('msg', 'invalid')}")
-        return "; ".join(parts)
-    return str(exc)
+def _estimate(model: str, pairs: list[tuple[str, str]], *, as_json: bool = False) -> None:
+    from bot.commands.request_cli import build_request
+    from bot.planner import PlanningError, estimate
 
-
-def estimate_command(
-    model: str = typer.Argument(..., help="Hub id, short name (llama-3.1-8b), config.json or model folder."),
-    method: Method = typer.Option(Method.lora, "--method", help="full, lora or qlora."),
-    lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank."),
-    lora_targets: str = typer.Option("all-linear", "--lora-targets", help="all-linear or a list: q,v,o,..."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Micro-batch per GPU."),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length (packed rows)."),
-    grad_accum: int = typer.Option(1, "--grad-accum", help="Gradient accumulation steps."),
-    gradient_checkpointing: bool = typer.Option(
-        True, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing."
-    ),
-    attn: Attn = typer.Option(Attn.sdpa, "--attn", help="Attention kernel: eager, sdpa or flash."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, adamw_8bit or paged_adamw_8bit."),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs per offer (FSDP shards across them)."),
-    gpu: str | None = typer.Option(
-        None, "--gpu", help="Only this GPU (rtx-4090, a100-80gb, h100-80gb, ...)."
-    ),
-    dataset: Path | None = typer.Option(None, "--dataset", help="jsonl dataset to count tokens from."),
-    tokens: int | None = typer.Option(None, "--tokens", help="Tokens per epoch (instead of --dataset)."),
-    epochs: float = typer.Option(1.0, "--epochs", help="Epochs."),
-    interruptible: bool | None = typer.Option(
-        None,
-        "--interruptible/--on-demand",
-        help="Only interruptible or only on-demand offers (default: both).",
-    ),
-    max_cost: float | None = typer.Option(None, "--max-cost", help="Reject offers above this total (USD)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the stable JSON contract."),
-) -> None:
-    """Estimate memory, time and total cost of a fine-tune, and rank GPU offers."""
-    if dataset is not None and tokens is not None:
-        _fail("give either --dataset or --tokens, not both")
-    if dataset is not None and not dataset.is_file():
-        _fail(f"dataset file {dataset} does not exist")
-    from pydantic import ValidationError
-
-    from bot.planner import EstimateRequest, PlanningError, estimate
-
-    targets: list[str] | str = lora_targets.strip()
-    if targets != "all-linear":
-        targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
-        if not targets:
-            _fail("--lora-targets: give all-linear or a comma-separated list such as q,v")
-    try:
-        request = EstimateRequest(
-            model=model,
-            method=method.value,
-            lora_r=lora_r,
-            lora_targets=targets,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            grad_accum=grad_accum,
-            gradient_checkpointing=gradient_checkpointing,
-            attn=attn.value,
-            optimizer=optimizer.strip().lower(),
-            gpus=gpus,
-            gpu=gpu,
-            dataset=str(dataset) if dataset else None,
-            tokens=tokens,
-            epochs=epochs,
-            interruptible=interruptible,
-            max_cost=max_cost,
-        )
-    except ValidationError as exc:
-        _fail(_validation_message(exc))
+    request = build_request(model, pairs)
+    if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
+        _fail(f"dataset file {request.dataset} does not exist")
     try:
         result = estimate(request)
     except PlanningError as exc:
@@ -119,6 +40,15 @@ def estimate_command(
         typer.echo(result.model_dump_json(indent=2))
         return
     _print_estimate(result)
+
+
+def _estimate_command() -> Callable[..., None]:
+    from bot.commands.request_cli import request_command
+
+    extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                               default=typer.Option(False, "--json", help="Print the stable JSON contract."))]
+    return request_command(_estimate, extra, "Estimate memory, time and total cost of a fine-tune, and rank "
+                                             "GPU offers. Options as flags or as key=value (like /tune).")
 
 
 def _print_estimate(est: Estimate) -> None:
@@ -295,5 +225,5 @@ def _print_catalog(offers: list[Offer], notes: list[str], source: str, as_of: ob
 
 def register(app: typer.Typer) -> None:
     """Add `estimate` and `gpus` to the app."""
-    app.command("estimate")(estimate_command)
+    app.command("estimate")(_estimate_command())
     app.command("gpus")(gpus_command)

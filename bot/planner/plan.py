@@ -12,18 +12,20 @@ from bot.planner.gpus import known as known_device
 from bot.planner.memory import GB, MemoryResult, estimate_memory
 from bot.planner.models import resolve
 from bot.planner.offer import Offer
+from bot.planner.options import suggest
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
 from bot.planner.speed import estimate_speed, optimizer_steps
 from bot.planner.tokens import count_tokens
+from bot.planner.training import training_plan
 
 DEFAULT_TOKENS = 10_000_000
 
 
 def _check(req: EstimateRequest) -> None:
     if req.dataset and req.tokens:
-        raise BadRequestError("give either a dataset or --tokens, not both")
+        raise BadRequestError("give either a dataset or tokens=, not both")
     if req.gpu:
         lookup_gpu(req.gpu)
     if req.method != "full" and req.lora_r > 1024:
@@ -32,7 +34,7 @@ def _check(req: EstimateRequest) -> None:
 
 def _tokens(req: EstimateRequest) -> tuple[int, str]:
     if req.tokens:
-        return req.tokens, "--tokens"
+        return req.tokens, "tokens="
     if req.dataset:
         tokens, _, source = count_tokens(req.dataset, req.model)
         return tokens, source
@@ -61,26 +63,29 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
         if n > req.gpus:
             where, m = fits(req.model_copy(update={"gpus": n}), n)
             if where:
-                out.append(f"more GPUs: --gpus {n} (FSDP) on {where}, {m:.1f} GB per GPU")
+                out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
                 break
     if req.method != "qlora":
         where, m = fits(req.model_copy(update={"method": "qlora"}))
         if where:
-            out.append(f"QLoRA: --method qlora needs {m:.1f} GB on one {where}")
+            out.append(f"QLoRA: {suggest('method', 'qlora')} needs {m:.1f} GB on one {where}")
     if not req.gradient_checkpointing:
         where, m = fits(req.model_copy(update={"gradient_checkpointing": True}))
         if where:
-            out.append(f"activation checkpointing: --gradient-checkpointing needs {m:.1f} GB ({where})")
+            on = suggest("gradient_checkpointing", True)
+            out.append(f"activation checkpointing: {on} needs {m:.1f} GB ({where})")
     if req.batch_size > 1:
         r = req.model_copy(update={"batch_size": 1, "grad_accum": req.grad_accum * req.batch_size})
         where, m = fits(r)
         if where:
-            out.append(f"--batch-size 1 --grad-accum {r.grad_accum} needs {m:.1f} GB ({where})")
+            out.append(
+                f"{suggest('batch_size', 1)} {suggest('grad_accum', r.grad_accum)} needs {m:.1f} GB ({where})"
+            )
     seq = req.seq_len // 2
     while seq >= 256:
         where, m = fits(req.model_copy(update={"seq_len": seq}))
         if where:
-            out.append(f"shorter sequences: --seq-len {seq} needs {m:.1f} GB ({where})")
+            out.append(f"shorter sequences: {suggest('seq_len', seq)} needs {m:.1f} GB ({where})")
             break
         seq //= 2
     if not out:
@@ -206,8 +211,9 @@ def estimate(
             "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
         )
     if token_source == "default":
-        assumptions.append(f"no dataset or --tokens given: assumed {DEFAULT_TOKENS:,} tokens")
+        assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
     sugg = [] if n_fit else suggestions(arch, req, offers)
+    plan = training_plan(arch, req, sharding=mem.sharding)
 
     return Estimate(
         model=ModelInfo(
@@ -248,4 +254,5 @@ def estimate(
         suggestions=sugg,
         prices_as_of=prices_as_of,
         prices_source=prices_source,
+        training=plan,
     )

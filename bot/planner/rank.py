@@ -247,9 +247,9 @@ def rank_offers(
         if cat == 3:
             return (
                 "interruptible" if o.interruptible else "on-demand"
-            ) + " (excluded by --interruptible/--on-demand)"
+            ) + " (excluded by interruptible=yes|no)"
         if cat == 4:
-            return f"{o.gpu_count} GPUs; the request is for {gpus} (use --gpus {o.gpu_count})"
+            return f"{o.gpu_count} GPUs; the request is for {gpus} (use gpus={o.gpu_count})"
         if cat == 5:
             return f"not the requested GPU ({gpu})"
         return f"unknown GPU type {o.gpu!r}: no speed figures"

@@ -1,4 +1,8 @@
-"""What a person asks the planner: the estimate options of the CLI and of `/tune estimate`."""
+"""What a person asks for: one fine-tune request, the same from `tunebot estimate`, `tunebot launch` and
+`/tune estimate|launch` (their options are bot/planner/options.py). The planner prices it; the launch turns
+it, with the estimate's training plan, into the runner's JobSpec. Training defaults come from
+``runner.spec.Defaults``, so an option not given means the same thing to the estimate and to the runner.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner.spec import Defaults
+
 
 class EstimateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str  # hub id, built-in name, config.json path or model folder
     method: Literal["full", "lora", "qlora"] = "lora"
-    lora_r: int = Field(16, ge=1, le=4096)
+    lora_r: int = Field(Defaults.lora_r, ge=1, le=4096)
+    lora_alpha: int | None = Field(None, ge=1, le=65536)  # None: lora_r x Defaults.lora_alpha_per_r
     lora_targets: list[str] | Literal["all-linear"] = "all-linear"
     batch_size: int = Field(1, ge=1, le=4096)  # micro-batch per GPU
     seq_len: int = Field(2048, ge=8, le=1_048_576)
@@ -23,11 +30,26 @@ class EstimateRequest(BaseModel):
     gpus: int = Field(1, ge=1, le=1024)
     gpu: str | None = None  # canonical GPU name for speed/time (default: best fitting)
     dataset: str | None = None
+    dataset_format: Literal["auto", "alpaca", "messages", "prompt_completion", "text"] = "auto"
     tokens: int | None = Field(None, ge=1, le=10**13)
-    epochs: float = Field(1.0, gt=0, le=1000)
+    epochs: float = Field(Defaults.epochs, gt=0, le=1000)
+    max_steps: int | None = Field(None, ge=1, le=10**9)  # caps the steps the epochs would make
     interruptible: bool | None = None  # None = rank both
     packing: bool = True
     max_cost: float | None = Field(None, gt=0)
+    # Training hyperparameters: they do not change memory or speed, but they reach the runner unchanged.
+    learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
+    warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
+    weight_decay: float = Field(Defaults.weight_decay, ge=0, le=10)
+    eval_split: float = Field(Defaults.eval_fraction, ge=0, lt=0.5)
+    seed: int = Field(Defaults.seed, ge=0, le=2**32 - 1)
+    plateau: bool = Defaults.plateau
+    plateau_patience: int = Field(Defaults.plateau_patience, ge=1, le=10_000)
+    # Outputs.
+    push_to_hub: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+    hub_public: bool = not Defaults.hub_private
+    merge: bool = False
     # Techniques and precisions beyond the defaults (the defaults are the plain Hugging Face path:
     # Trainer + PEFT, bf16 weights, no compile). Published rows that used them set them explicitly.
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"  # bf16: pure bf16; mixed: fp32 master + autocast
@@ -43,4 +65,9 @@ class EstimateRequest(BaseModel):
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
     autocast: bool = True  # forward under torch.autocast (Trainer bf16=True): fp32 adapters see bf16 copies
     qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
-    lora_dropout: float = Field(0.0, ge=0, lt=1)  # >0 keeps a dropout copy of each adapted input
+    lora_dropout: float = Field(Defaults.lora_dropout, ge=0, lt=1)  # >0 keeps a dropout copy of each input
+
+    @property
+    def alpha(self) -> int:
+        """LoRA alpha as trained: given, or lora_r x Defaults.lora_alpha_per_r."""
+        return self.lora_alpha or self.lora_r * Defaults.lora_alpha_per_r

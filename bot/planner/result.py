@@ -47,7 +47,7 @@ class TimeEstimate(BaseModel):
     epochs: float
     steps: int  # optimizer steps in total
     hours: float  # compute hours on --gpu (without preemption overhead)
-    token_source: str  # "--tokens" | "tokenizer" | "chars/4 approximation" | "default"
+    token_source: str  # "tokens=" | "tokenizer" | "chars/4 approximation" | "default"
 
 
 class RankedOffer(BaseModel):
@@ -74,6 +74,47 @@ class RankedOffer(BaseModel):
     source: str = "snapshot"
 
 
+class TrainingPlan(BaseModel):
+    """What the runner will do, as priced: every field reaches the JobSpec unchanged (bot/engine/jobspec.py).
+
+    LoRA targets are the model's own module names (``q,v`` -> ``q_proj, v_proj`` on Llama-style models);
+    the dataset format is the one read from the data (or given); alpha, plateau and the rest are resolved
+    from the request and ``runner.spec.Defaults``.
+    """
+
+    base_model: str  # the hub id or folder the runner loads (aliases resolved)
+    method: str
+    dataset: str | None = None
+    dataset_format: str | None = None  # alpaca | messages | prompt_completion | text; None without a dataset
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_targets: list[str] | str  # "all-linear" or module names
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    epochs: float
+    max_steps: int | None = None
+    learning_rate: float
+    lr_scheduler: str
+    warmup_ratio: float
+    weight_decay: float
+    optimizer: str
+    attn: str
+    gradient_checkpointing: bool
+    packing: bool
+    gpus: int
+    sharding: str  # "none" | "fsdp": what the memory estimate assumed
+    eval_split: float
+    seed: int
+    plateau: bool
+    plateau_patience: int
+    plateau_on: str  # "eval loss" | "train loss"
+    push_to_hub: str | None = None
+    hub_private: bool = True
+    merge: bool = False
+
+
 class Estimate(BaseModel):
     model: ModelInfo
     method: str
@@ -85,3 +126,4 @@ class Estimate(BaseModel):
     suggestions: list[str] = Field(default_factory=list)  # when nothing fits: what would
     prices_as_of: datetime | None = None
     prices_source: str = "snapshot"
+    training: TrainingPlan | None = None  # what the runner gets (None only in hand-made estimates)

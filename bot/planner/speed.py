@@ -127,6 +127,7 @@ def estimate_speed(
 
 
 def optimizer_steps(tokens: int, epochs: float, req: EstimateRequest, gpus: int | None = None) -> int:
-    """ceil(tokens*epochs / tokens per optimizer step), packing assumed (every row full)."""
+    """ceil(tokens*epochs / tokens per optimizer step), packing assumed (every row full); <= max_steps."""
     per_step = req.batch_size * req.seq_len * req.grad_accum * (gpus or req.gpus)
-    return max(1, math.ceil(tokens * epochs / per_step))
+    steps = max(1, math.ceil(tokens * epochs / per_step))
+    return min(steps, req.max_steps) if req.max_steps else steps
