@@ -10,12 +10,26 @@ from functools import lru_cache
 from pathlib import Path
 
 from platformdirs import user_data_dir
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The runner image GPU hosts pull: the Dockerfile, built and pushed under this name for each release
+# (README: "Cloud quick start"; scripts/runner-image.sh). Set TUNEBOT_RUNNER_IMAGE to your own push.
+RUNNER_IMAGE_REPO = "ghcr.io/tunebot/tunebot-runner"
 
 
 def default_data_dir() -> Path:
     return Path(user_data_dir("tunebot", appauthor=False))
+
+
+def default_runner_image() -> str:
+    """The image of this release: the runner in it speaks this bot's JobSpec version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{RUNNER_IMAGE_REPO}:{version('tunebot')}"
+    except PackageNotFoundError:
+        return f"{RUNNER_IMAGE_REPO}:latest"
 
 
 class Settings(BaseSettings):
@@ -38,11 +52,29 @@ class Settings(BaseSettings):
     catalog_ttl_s: float = Field(300.0, alias="TUNEBOT_CATALOG_TTL")
     price_tolerance: float = Field(0.10, alias="TUNEBOT_PRICE_TOLERANCE")  # launch stops above +10%
     min_reliability: float = Field(0.95, alias="TUNEBOT_MIN_RELIABILITY")
-    runner_image: str = Field("ghcr.io/tunebot/runner:latest", alias="TUNEBOT_RUNNER_IMAGE")
+    runner_image: str = Field(default_factory=default_runner_image, alias="TUNEBOT_RUNNER_IMAGE")
+    # The runner image has flash-attn (built with --build-arg FLASH_ATTN=1); attn=flash is refused otherwise.
+    runner_flash_attention: bool = Field(False, alias="TUNEBOT_RUNNER_FLASH_ATTN")
+    # The local provider (the runner on this machine's CPU): None = on for the console, demo and CLI, off
+    # in `tunebot serve`; true/false forces it. It is never offered for a job longer than local_max_hours.
+    local_provider: bool | None = Field(None, alias="TUNEBOT_LOCAL_PROVIDER")
+    local_max_hours: float = Field(1.0, alias="TUNEBOT_LOCAL_MAX_HOURS")
 
     # Secrets passed to runners as environment variables, never in specs or messages.
     hf_token: SecretStr | None = Field(None, alias="HF_TOKEN")
+    hf_endpoint: str | None = Field(None, alias="HF_ENDPOINT")  # a Hub mirror / enterprise endpoint
     wandb_api_key: SecretStr | None = Field(None, alias="WANDB_API_KEY")
+    wandb_project: str = Field("tunebot", alias="WANDB_PROJECT")
+    wandb_entity: str | None = Field(None, alias="WANDB_ENTITY")
+    # Object storage for checkpoints and staged inputs (TUNEBOT_CHECKPOINT_URI): the runner gets these as
+    # environment variables of its instance. AWS_ENDPOINT_URL points at any S3-compatible store.
+    aws_access_key_id: SecretStr | None = Field(None, alias="AWS_ACCESS_KEY_ID")
+    aws_secret_access_key: SecretStr | None = Field(None, alias="AWS_SECRET_ACCESS_KEY")
+    aws_session_token: SecretStr | None = Field(None, alias="AWS_SESSION_TOKEN")
+    aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_DEFAULT_REGION", "AWS_REGION"))
+    aws_endpoint_url: str | None = Field(None, alias="AWS_ENDPOINT_URL")
+    # Names of other environment variables to hand to runners (credentials of other stores, proxies).
+    runner_env_names: str = Field("", alias="TUNEBOT_RUNNER_ENV")
 
     # Engine.
     approval_above_usd: float = Field(50.0, alias="TUNEBOT_APPROVAL_ABOVE")
@@ -75,6 +107,9 @@ class Settings(BaseSettings):
             self.tensordock_api_key,
             self.hf_token,
             self.wandb_api_key,
+            self.aws_access_key_id,
+            self.aws_secret_access_key,
+            self.aws_session_token,
             self.slack_bot_token,
             self.slack_app_token,
             self.slack_signing_secret,

@@ -24,6 +24,7 @@ from bot.chat.replies import (
 from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
 from bot.money import money
 from bot.planner.result import Estimate, RankedOffer
+from bot.planner.training import describe as describe_plan
 
 ACTIVE_STATES = {"pending_approval", "approved", "launching", "running", "recovering"}
 MAX_OFFER_ROWS = 15
@@ -89,11 +90,17 @@ def _offer_note(o: RankedOffer) -> str:
 
 
 def labelled(estimate: Estimate, label: str) -> RankedOffer | None:
+    """The offer carrying ``label`` (labels go only to offers this bot can launch), or None."""
+    return next((o for o in estimate.offers if o.fits and label in o.labels), None)
+
+
+def shown_offers(estimate: Estimate) -> list[RankedOffer]:
+    """The rows of the offer table: fitting offers first, then rejected ones, at most MAX_OFFER_ROWS, and
+    always every labelled (launchable) offer, so each launch button points at a row people can see."""
     fitting = [o for o in estimate.offers if o.fits]
-    for offer in fitting:
-        if label in offer.labels:
-            return offer
-    return fitting[0] if fitting else None
+    rows = (fitting + [o for o in estimate.offers if not o.fits])[:MAX_OFFER_ROWS]
+    extra = [o for o in fitting if o.labels and all(o is not r for r in rows)]
+    return rows[: MAX_OFFER_ROWS - len(extra)] + extra if extra else rows
 
 
 def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bool = False) -> Reply:
@@ -117,8 +124,11 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     )
     breakdown = " · ".join(f"{k} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
     reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
+    if estimate.training is not None:
+        plan = " · ".join(f"{k} {v}" for k, v in describe_plan(estimate.training))
+        reply.add(Text(f"*Training:* {plan}"))
     fitting = [o for o in estimate.offers if o.fits]
-    shown = (fitting + [o for o in estimate.offers if not o.fits])[:MAX_OFFER_ROWS]
+    shown = shown_offers(estimate)
     if shown:
         reply.add(
             Table(
@@ -137,15 +147,18 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
     notes.append(f"prices: {estimate.prices_source} as of {when}")
     reply.add(Context(notes))
-    if estimate_id and fitting:
-        reply.add(Buttons(launch_buttons(estimate, estimate_id)))
+    buttons = launch_buttons(estimate, estimate_id, shown) if estimate_id else []
+    if len(buttons) > 1:  # more than Cancel
+        reply.add(Buttons(buttons))
         if launching:
             reply.add(Context(["Pick an offer to launch, or Cancel."]))
+    elif fitting and launching:
+        reply.add(Context(["No offer here can be launched by this bot: " + _offer_note(fitting[0])]))
     return reply
 
 
 def _estimate_fallback(estimate: Estimate) -> str:
-    best = labelled(estimate, "cheapest")
+    best = labelled(estimate, "cheapest") or next((o for o in estimate.offers if o.fits), None)
     tail = (
         f"cheapest {best.provider} {best.gpu} x{best.gpu_count} {money(best.total_cost)}"
         if best
@@ -157,16 +170,23 @@ def _estimate_fallback(estimate: Estimate) -> str:
     )
 
 
-def launch_buttons(estimate: Estimate, estimate_id: str) -> list[Button]:
+def launch_buttons(
+    estimate: Estimate, estimate_id: str, rows: list[RankedOffer] | None = None
+) -> list[Button]:
+    """Launch buttons for the labelled offers; each names its table row, offer and total, as the row does."""
+    rows = shown_offers(estimate) if rows is None else rows
     buttons: list[Button] = []
     for label, style in (("cheapest", "primary"), ("safest", None)):
         offer = labelled(estimate, label)
         if offer is None:
             continue
         kind = "spot" if offer.interruptible else "on-demand"
+        row = next((i + 1 for i, r in enumerate(rows) if r is offer), None)
+        where = f"#{row} " if row else ""
         buttons.append(
             Button(
-                f"Launch {label} ({money(offer.total_cost)})",
+                f"Launch {label}: {where}{offer.provider} {offer.gpu} x{offer.gpu_count} "
+                f"({money(offer.total_cost)})",
                 f"launch_{label}",
                 estimate_id,
                 style=style,  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ MILESTONES = {
     K.finished,
     K.failed,
     K.stopped,
+    K.link,
 }
 FINAL = {K.plateau, K.finished, K.failed, K.stopped}
 CHART_AT = {K.checkpoint, K.preempted, K.recovered} | FINAL
@@ -50,6 +51,7 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
     loss_s = f"{loss:.4f}" if isinstance(loss, int | float) else "-"
     spend = d.get("spend", job.spend if job else None)
     msg = event.message.strip()
+    note = f" {d['note']}" if d.get("note") else ""
     if event.kind == K.job_started:
         if msg:
             return f":rocket: {msg}"
@@ -67,14 +69,17 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
     if event.kind == K.plateau:
         return (
             f":chart_with_downwards_trend: Loss plateaued at {loss_s} (step {step}); stopped early. "
-            f"Cost *{cards.money(spend)}*."
+            f"Cost *{cards.money(spend)}*.{note}"
         )
     if event.kind == K.finished:
         out = d.get("output_uri") or (job.output_uri if job else None)
         return (
             f":white_check_mark: Finished at step {step}, final loss {loss_s}, cost *{cards.money(spend)}*."
             + (f" Adapter: `{out}`" if out else "")
+            + note
         )
+    if event.kind == K.link:
+        return f":bar_chart: {d.get('name') or 'Link'}: {d.get('url') or msg}"
     if event.kind == K.failed:
         reason = msg or (job.message if job else "") or "unknown reason"
         return f":x: Failed: {reason}" + ("" if "Spend" in reason else f" (spend {cards.money(spend)}).")

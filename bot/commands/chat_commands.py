@@ -23,14 +23,15 @@ Slack is not configured, so there is nothing to serve yet. To connect Slack (doc
 Meanwhile the same commands work in this terminal: tunebot console"""
 
 
-def _runtime(user: str | None = None):  # type: ignore[no-untyped-def]
+def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore[no-untyped-def]
     from bot.chat.handlers import ChatHandlers
     from bot.chat.permissions import Permissions
     from bot.engine.service import Engine
     from bot.settings import get_settings
 
     settings = get_settings()
-    engine = Engine(settings)
+    # The local provider trains on this machine: on in the console, off in `serve` unless enabled.
+    engine = Engine(settings, local_provider=bool(settings.local_provider) if serving else None)
     extra = (user,) if user else ()
     chat = ChatHandlers(
         engine, Permissions.from_settings(settings, extra_admins=extra), secrets=settings.secrets()
@@ -125,7 +126,7 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     from bot.web import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings, engine, chat = _runtime()
+    settings, engine, chat = _runtime(serving=True)
     admins = sorted(chat.permissions.admins)
     notifier = SlackNotifier(
         engine,

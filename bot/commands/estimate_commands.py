@@ -30,6 +30,8 @@ def _estimate(model: str, pairs: list[tuple[str, str]], *, as_json: bool = False
     from bot.planner import PlanningError, estimate
 
     request = build_request(model, pairs)
+    if request.dataset is not None and request.tokens is not None:
+        _fail("give either a dataset (--dataset, dataset=) or tokens (--tokens, tokens=), not both")
     if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
         _fail(f"dataset file {request.dataset} does not exist")
     try:
@@ -78,6 +80,11 @@ def _print_estimate(est: Estimate) -> None:
         f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
         f"x {t.epochs:g} epochs = {t.hours:.2f} h"
     )
+    if est.training is not None:
+        from bot.planner.training import describe
+
+        plan = " · ".join(f"{k} {v}" for k, v in describe(est.training))
+        console.print(f"Training: {plan}", highlight=False)
     _print_offers(console, est)
     if est.suggestions:
         console.print("[bold]Nothing fits. What would:[/bold]")

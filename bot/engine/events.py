@@ -30,6 +30,7 @@ class EngineEventKind(StrEnum):
     finished = "finished"
     failed = "failed"
     stopped = "stopped"
+    link = "link"  # a page about the job (the W&B run): data {url, name}
     budget_alert = "budget_alert"
     idle_volume = "idle_volume"
     daily_summary = "daily_summary"

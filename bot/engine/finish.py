@@ -152,11 +152,12 @@ def finish(
     if final == S.STOPPED:
         kind = EngineEventKind.plateau if reason == "plateau" else EngineEventKind.stopped
     assert kind is not None
+    note = f" {owner_job.message}." if owner_job.message and kind in _DONE else ""
     text = {
         EngineEventKind.finished: f"Job {job_id} finished. Output: {owner_job.output_uri}. "
-        f"Spend {money(spend)}.",
+        f"Spend {money(spend)}.{note}",
         EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau. Output: {owner_job.output_uri}. "
-        f"Spend {money(spend)}.",
+        f"Spend {money(spend)}.{note}",
         EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend {money(spend)}.",
         EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend {money(spend)}.",
     }[kind]
@@ -169,5 +170,9 @@ def finish(
         reason=reason,
         output_uri=owner_job.output_uri,
         state=final,
+        note=owner_job.message if kind in _DONE else None,
     )
     return True
+
+
+_DONE = (EngineEventKind.finished, EngineEventKind.plateau)

@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
+from bot.engine.jobspec import deep_merge, plan_of, spec_fields
 from bot.money import money
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
@@ -73,36 +74,24 @@ def offer_key(ranked: dict[str, Any]) -> str:
     return f"{ranked['provider']}:{ranked['offer_id']}:{'spot' if ranked.get('interruptible') else 'od'}"
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
-    """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes)."""
+    """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes).
+
+    The training fields were decided when the job was created (bot/engine/jobspec.py, stored in
+    ``job.spec_overrides``); a launch adds what depends on the offer and the moment: GPUs, the report
+    token, W&B, and the spend so far for the model card.
+    """
+    from bot.engine.spend import job_spend
+
     req = EstimateRequest.model_validate(job.request)
     root = storage_root(eng, job.id)
     gpus = 0 if offer.get("gpu") == "cpu" else int(offer.get("gpu_count") or 1)
-    spec: dict[str, Any] = {
+    settings = eng.settings
+    with eng.session() as s:
+        spent = job_spend(s, job.id, eng.now())
+    kind = "spot" if offer.get("interruptible") else "on-demand"
+    runtime: dict[str, Any] = {
         "job_id": job.id,
-        "base_model": req.model,
-        "dataset": {"uri": req.dataset or ""},
-        "method": req.method,
-        "lora": {
-            "r": min(req.lora_r, 1024),
-            "alpha": min(2 * req.lora_r, 2048),
-            "target_modules": req.lora_targets,
-        },
-        "seq_len": req.seq_len,
-        "micro_batch_size": req.batch_size,
-        "grad_accum": req.grad_accum,
-        "epochs": req.epochs,
-        "optimizer": req.optimizer,
-        "packing": req.packing,
-        "gradient_checkpointing": req.gradient_checkpointing,
-        "attn": req.attn,
         "gpus": gpus,
         "checkpoint": {
             "uri": job.checkpoint_uri or f"{root}/checkpoints",
@@ -111,27 +100,44 @@ def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobS
         },
         "report": {
             "callback_url": (
-                f"{eng.settings.public_url.rstrip('/')}/runner/events" if eng.settings.public_url else None
+                f"{settings.public_url.rstrip('/')}/runner/events" if settings.public_url else None
             ),
             "token": token,
             "every_seconds": 30.0,
         },
-        "wandb": {"run_id": job.id, "mode": "offline" if eng.settings.wandb_api_key else "disabled"},
-        "seed": 42,
+        "wandb": {
+            "run_id": job.id,
+            "mode": "online" if settings.wandb_api_key else "disabled",
+            "project": settings.wandb_project,
+            "entity": settings.wandb_entity,
+        },
         "output_uri": f"{root}/output",
+        "cost": {
+            "price_per_hour": float(offer.get("price_per_hour") or 0.0),
+            "spent_before": round(spent, 6),
+            "estimated_total": job.estimated_cost,
+            "where": f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind})",
+        },
     }
-    spec = _deep_merge(spec, job.spec_overrides or {})
+    # Jobs created before the training plan was stored get their training fields from the request.
+    spec = deep_merge(deep_merge(spec_fields(plan_of(req, None)), runtime), job.spec_overrides or {})
     spec["job_id"] = job.id
     spec["report"]["token"] = token
     return JobSpec.model_validate(spec)
 
 
 def runner_env(eng: Engine, spec: JobSpec) -> dict[str, str]:
-    env = {"TUNEBOT_JOB_SPEC": spec.model_dump_json()}
-    if eng.settings.hf_token:
-        env["HF_TOKEN"] = eng.settings.hf_token.get_secret_value()
-    if eng.settings.wandb_api_key:
-        env["WANDB_API_KEY"] = eng.settings.wandb_api_key.get_secret_value()
+    """The instance's environment: the spec, and the secrets the runner needs (never in the spec)."""
+    from bot.engine.staging import storage_env
+
+    settings = eng.settings
+    env = {"TUNEBOT_JOB_SPEC": spec.model_dump_json(), **storage_env(settings)}
+    if settings.hf_token:
+        env["HF_TOKEN"] = settings.hf_token.get_secret_value()
+    if settings.hf_endpoint:
+        env["HF_ENDPOINT"] = settings.hf_endpoint
+    if settings.wandb_api_key:
+        env["WANDB_API_KEY"] = settings.wandb_api_key.get_secret_value()
     return env
 
 

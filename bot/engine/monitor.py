@@ -103,6 +103,9 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
                 fields["output_uri"] = e.output_uri
             if e.kind.value in TERMINAL:
                 fields["outcome"] = e.kind.value
+                note = _outcome_note(e)
+                if note:
+                    fields["message"] = note
         s.execute(update(Job).where(Job.id == job_id).values(**fields))
         try:
             s.commit()
@@ -111,6 +114,15 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
             return 0
         owner_job = job
     for e in new:
+        if e.kind is EventKind.started and e.wandb_url and not (e.message or "").startswith("resumed from"):
+            eng.publish(
+                EngineEventKind.link,
+                job_id,
+                f"W&B run of job {job_id}: {e.wandb_url}",
+                job=owner_job,
+                url=e.wandb_url,
+                name="W&B run",
+            )
         kind = {
             EventKind.progress: EngineEventKind.progress,
             EventKind.checkpoint: EngineEventKind.checkpoint,
@@ -133,6 +145,16 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
             checkpoint_uri=e.checkpoint_uri,
         )
     return len(new)
+
+
+def _outcome_note(e: RunnerEvent) -> str | None:
+    """What the person should read about how the run ended, in the runner's own words."""
+    if e.kind is EventKind.failed:
+        return f"runner: {e.message}"[:1000] if e.message else None
+    notes = [f"Pushed to the Hub: {e.hub_url}"] if e.hub_url else []
+    if e.message and not e.message.startswith("stopped: the loss"):
+        notes.append(e.message)
+    return "; ".join(notes)[:1000] or None
 
 
 def read_progress(uri: str) -> list[RunnerEvent]:

@@ -32,8 +32,27 @@ def pick(offers: list[RankedOffer], choice: str) -> RankedOffer | None:
     return min(offers, key=lambda o: _label_key(choice, o))
 
 
-def for_this_engine(estimate: Estimate, providers: Collection[str], notes: list[str]) -> Estimate:
+def too_long_here(estimate: Estimate, local_max_hours: float | None) -> Estimate:
+    """The local provider (this machine's CPU) is for short jobs: longer ones are not offered there."""
+    if local_max_hours is None:
+        return estimate
+    offers = []
+    for o in estimate.offers:
+        if o.provider == "local" and o.fits and o.hours > local_max_hours:
+            reason = (
+                f"would take {o.hours:.1f} h on this machine's CPU; the local provider runs jobs under "
+                f"{local_max_hours:g} h (TUNEBOT_LOCAL_MAX_HOURS)"
+            )
+            o = o.model_copy(update={"fits": False, "reason": reason, "rejected_by": "time", "labels": []})
+        offers.append(o)
+    return estimate.model_copy(update={"offers": offers})
+
+
+def for_this_engine(
+    estimate: Estimate, providers: Collection[str], notes: list[str], *, local_max_hours: float | None = None
+) -> Estimate:
     """Move the labels onto launchable offers and explain the fitting ones that are not."""
+    estimate = too_long_here(estimate, local_max_hours)
     ready = launchable(estimate.offers, providers)
     labels: dict[int, list[str]] = {}
     for label in LABEL_KEYS:

@@ -23,7 +23,7 @@ from sqlmodel import Session
 
 from bot.engine import budgets as budgets_mod
 from bot.engine import finish as finish_mod
-from bot.engine import monitor
+from bot.engine import monitor, staging
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
@@ -37,6 +37,7 @@ from bot.engine.api import (
     VolumeView,
 )
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
+from bot.engine.jobspec import deep_merge, plan_of, spec_fields
 from bot.engine.launch import claim, launch_job, reclaim_stale, storage_root
 from bot.engine.reconcile import ReconcileReport
 from bot.engine.reconcile import reconcile as reconcile_pass
@@ -75,6 +76,7 @@ class Engine:
         bus: EventBus | None = None,
         clock: Callable[[], float] = time.time,
         local_workdir: Path | str | None = None,
+        local_provider: bool | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.db_url = normalize_url(db_url or self.settings.resolved_database_url())
@@ -83,7 +85,10 @@ class Engine:
         if providers is None:
             from bot.providers.registry import build_providers
 
-            providers = build_providers(self.settings, local_workdir=local_workdir)
+            # None: TUNEBOT_LOCAL_PROVIDER decides (on for the console and CLI; serve passes False unless set)
+            providers = build_providers(
+                self.settings, local_workdir=local_workdir, include_local=local_provider
+            )
         self.providers: dict[str, Provider] = dict(providers)
         self.bus = bus or EventBus()
         self.clock = clock
@@ -158,7 +163,9 @@ class Engine:
             except ProviderError as exc:
                 log.warning("offers from local unavailable: %s", exc)
         est = plan(request, offers=offers, prices_source=source, prices_as_of=catalog.as_of)
-        return offers_mod.for_this_engine(est, self.providers, catalog.notes)
+        return offers_mod.for_this_engine(
+            est, self.providers, catalog.notes, local_max_hours=self.settings.local_max_hours
+        )
 
     def create_job(
         self,
@@ -206,6 +213,17 @@ class Engine:
             chosen = offers_mod.pick(fitting, choice)
         if chosen is None:
             raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+        # Before anything is rented: data checked, storage reachable, local inputs staged (staging.py).
+        plan = plan_of(request, est.training)
+        prepared = staging.prepare(self.settings, self.providers, request, plan, chosen, fitting)
+        fitting = prepared.offers
+        fields = spec_fields(
+            plan,
+            base_model=prepared.base_model,
+            dataset_uri=prepared.dataset_uri,
+            dataset_format=prepared.dataset_format,
+        )
+        spec_overrides = deep_merge(fields, spec_overrides or {})
         now = self.now()
         cap = max_cost or request.max_cost or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
         needs_approval = chosen.total_cost > self.settings.approval_above_usd
@@ -621,16 +639,14 @@ class Engine:
             finish_mod.terminate_instance(self, extra, reason="duplicate")
         row = rows[-1] if rows else None
         if job.outcome in OUTCOME_STATE:
-            final, reason = OUTCOME_STATE[job.outcome]
-            finish_mod.finish(self, job_id, final, reason=reason)
+            self._finish_outcome(job)
             return
         verdict, code = monitor.observe(self, row) if row is not None else ("gone", None)
         if verdict in ("exited", "preempted", "gone"):
             monitor.pull(self, job)  # the last events may have landed just before the exit
             job = self._job(job_id)
             if job.outcome in OUTCOME_STATE:
-                final, reason = OUTCOME_STATE[job.outcome]
-                finish_mod.finish(self, job_id, final, reason=reason)
+                self._finish_outcome(job)
                 return
         now = self.now()
         if verdict in ("exited", "preempted", "gone") and job.stop_requested_at is not None:
@@ -674,6 +690,12 @@ class Engine:
                     relaunch(self, job_id)
                 return
             self._check_cap(job, rows)
+
+    def _finish_outcome(self, job: Job) -> None:
+        """The runner said how it ended; a failure carries the runner's own error line."""
+        final, reason = OUTCOME_STATE[job.outcome or ""]
+        message = job.message if final == S.FAILED else None
+        finish_mod.finish(self, job.id, final, reason=reason, message=message)
 
     def _check_cap(self, job: Job, rows: list[InstanceRow]) -> None:
         """Stop before the projected spend passes the cap (burn rate over the next reconcile period)."""

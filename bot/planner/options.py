@@ -256,8 +256,8 @@ BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}
 class OptionError(ValueError):
     """A bad option; ``key`` is the option's key as written in the table (or as typed when unknown)."""
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
+    def __init__(self, key: str, message: str, *, text: str | None = None) -> None:
+        super().__init__(text or f"{key}: {message}")
         self.key = key
         self.message = message
 
@@ -277,7 +277,9 @@ def parse_values(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
         option = option_named(key)
         if option is None:
             known = ", ".join(o.key for o in OPTIONS)
-            raise OptionError(normalise_key(key), f"unknown option (known: {known})")
+            name = normalise_key(key)
+            message = f"unknown option (known: {known})"
+            raise OptionError(name, message, text=f"unknown option `{name}` (known: {known})")
         if raw is None or str(raw).strip() == "":
             raise OptionError(option.key, "needs a value")
         if option.field in values:

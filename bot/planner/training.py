@@ -56,16 +56,58 @@ def dataset_format(path: str, given: str) -> str:
 
 
 def training_plan(arch: Architecture, req: EstimateRequest, *, sharding: str) -> TrainingPlan:
-    full = req.method == "full"
+    """The plan for ``req`` on this model: its hub id, its own LoRA module names, the data's format."""
+    return training_plan_without_model(req).model_copy(update={
+        "base_model": arch.name,
+        "dataset_format": dataset_format(req.dataset, req.dataset_format) if req.dataset else None,
+        "lora_targets": "all-linear" if req.method == "full" else resolved_targets(arch, req.lora_targets),
+        "sharding": sharding,
+    })
+
+
+def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
+    """The plan as (name, value) pairs for the estimate card and the CLI, with the option keys people use."""
+    from bot.planner.options import as_text
+
+    pairs: list[tuple[str, str]] = []
+    if plan.method != "full":
+        targets = as_text(plan.lora_targets)
+        pairs.append(("LoRA", f"r {plan.lora_r}, alpha {plan.lora_alpha}, dropout {plan.lora_dropout:g}, "
+                              f"targets {targets}"))
+    decay = f", weight decay {plan.weight_decay:g}" if plan.weight_decay else ""
+    pairs.append(("learning rate", f"{plan.learning_rate:g} {plan.lr_scheduler}, "
+                                   f"warmup {plan.warmup_ratio:.0%}{decay}"))
+    length = f"{plan.epochs:g} epoch(s)" + (f", at most {plan.max_steps} steps" if plan.max_steps else "")
+    pairs.append(("length", length))
+    gpus = f" x {plan.gpus} GPUs ({plan.sharding})" if plan.gpus > 1 else ""
+    pairs.append(("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum "
+                           f"{plan.grad_accum}{gpus}"))
+    split = f", eval split {plan.eval_split:.0%}" if plan.eval_split else ", no eval split"
+    pairs.append(("data", (plan.dataset_format or "none yet") + split))
+    plateau = f"on ({plan.plateau_on}, patience {plan.plateau_patience})" if plan.plateau else "off"
+    pairs.append(("plateau stop", plateau))
+    pairs.append(("seed", str(plan.seed)))
+    outputs = []
+    if plan.push_to_hub:
+        outputs.append(f"push to {plan.push_to_hub} ({'private' if plan.hub_private else 'public'})")
+    if plan.merge:
+        outputs.append("merged model")
+    if outputs:
+        pairs.append(("output", ", ".join(outputs)))
+    return pairs
+
+
+def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
+    """A plan from the request alone (no architecture: targets as typed, format as given)."""
     return TrainingPlan(
-        base_model=arch.name,
+        base_model=req.model,
         method=req.method,
         dataset=req.dataset,
-        dataset_format=dataset_format(req.dataset, req.dataset_format) if req.dataset else None,
+        dataset_format=None if req.dataset_format == "auto" else req.dataset_format,
         lora_r=req.lora_r,
         lora_alpha=req.alpha,
         lora_dropout=req.lora_dropout,
-        lora_targets="all-linear" if full else resolved_targets(arch, req.lora_targets),
+        lora_targets=req.lora_targets,
         seq_len=req.seq_len,
         micro_batch_size=req.batch_size,
         grad_accum=req.grad_accum,
@@ -80,7 +122,7 @@ def training_plan(arch: Architecture, req: EstimateRequest, *, sharding: str) ->
         gradient_checkpointing=req.gradient_checkpointing,
         packing=req.packing,
         gpus=req.gpus,
-        sharding=sharding,
+        sharding="fsdp" if req.gpus > 1 else "none",
         eval_split=req.eval_split,
         seed=req.seed,
         plateau=req.plateau,

@@ -40,14 +40,17 @@ def build_providers(
     settings: Settings | None = None,
     *,
     local_workdir: str | Path | None = None,
-    include_local: bool = True,
+    include_local: bool | None = None,
     local_options: dict[str, Any] | None = None,
 ) -> dict[str, Provider]:
-    """Every cloud whose key is set, plus "local" (the embedded default)."""
+    """Every cloud whose key is set, plus "local" (the embedded default) unless ``include_local`` is False;
+    None follows TUNEBOT_LOCAL_PROVIDER (on unless set to false; `tunebot serve` passes it explicitly)."""
     if settings is None:
         from bot.settings import get_settings
 
         settings = get_settings()
+    if include_local is None:
+        include_local = settings.local_provider is not False
     providers: dict[str, Provider] = {}
     for name in configured_clouds(settings):
         providers[name] = PROVIDER_CLASSES[name].from_settings(settings)

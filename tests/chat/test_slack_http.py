@@ -46,7 +46,7 @@ def test_ack_under_3s_while_the_estimate_takes_5s(slack_stack: SlackStack) -> No
     assert kinds[0] == "header" and "actions" in kinds and "context" in kinds
     assert "Memory breakdown" in str(first["blocks"]) and "$/h" in str(first["blocks"])
     buttons = [b for b in first["blocks"] if b["type"] == "actions"][0]["elements"]
-    assert [b["text"]["text"].split(" (")[0] for b in buttons] == [
+    assert [b["text"]["text"].split(":")[0] for b in buttons] == [
         "Launch cheapest",
         "Launch safest",
         "Cancel",
@@ -57,7 +57,7 @@ def test_ack_under_3s_while_the_estimate_takes_5s(slack_stack: SlackStack) -> No
 
 def test_parse_errors_and_help_come_in_the_ack(slack_stack: SlackStack) -> None:
     bad = slack_stack.command("estimate Llama seq=banana").json()
-    assert "seq: `banana` is not a whole number" in str(bad) and "/tune estimate MODEL" in str(bad)
+    assert "seq: `banana` is not a sequence length" in str(bad) and "/tune estimate MODEL" in str(bad)
     assert "Traceback" not in str(bad)
     helped = slack_stack.command("help").json()
     assert "/tune spend" in str(helped)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fakes.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 
 from bot.engine.events import EngineEvent, EventBus
 from bot.planner.request import EstimateRequest
@@ -153,8 +154,22 @@ def engine(make_engine):  # type: ignore[no-untyped-def]
     return make_engine()
 
 
+def _train_jsonl() -> str:
+    """A small alpaca dataset on disk: job creation reads and checks the data before anything is rented."""
+    import json
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="tunebot-engine-data-")) / "train.jsonl"
+    rows = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}"} for i in range(20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+TRAIN_JSONL = _train_jsonl()
+
+
 def request(**kw) -> EstimateRequest:  # type: ignore[no-untyped-def]
-    base = {"model": "tiny", "dataset": "/data/train.jsonl", "method": "lora"}
+    base = {"model": "tiny", "dataset": TRAIN_JSONL, "method": "lora"}
     base.update(kw)
     return EstimateRequest(**base)
 

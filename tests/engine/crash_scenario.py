@@ -25,7 +25,10 @@ def main() -> int:
     local = LocalProvider(workdir=workdir, runner_command=json.loads(command))
     eng = Engine(settings, db_url=db_url, providers={"local": local})
     eng.terminate_deadline_s = 10.0
-    req = EstimateRequest(model="tiny", dataset="/data/train.jsonl")
+    data = Path(data_dir) / "train.jsonl"  # job creation reads the data before launching
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(json.dumps({"instruction": "Say hi.", "input": "", "output": "hi"}) + "\n")
+    req = EstimateRequest(model="tiny", dataset=str(data))
     job = eng.create_job(
         req, user="alice", estimate=make_estimate([local.offer()]), idempotency_key="crash-job"
     )

@@ -21,6 +21,10 @@ from bot.providers.base import (
 
 
 class FakeProvider:
+    """Runs nothing. By default it says its instances share the bot's disk (kind "process"), so that the
+    storage rules for remote hosts (tests/engine/test_staging.py, the remote-host end-to-end test) stay out
+    of the lifecycle tests; ``kind="container"`` makes it a remote host for those rules."""
+
     def __init__(
         self,
         name: str = "fake",
@@ -29,9 +33,10 @@ class FakeProvider:
         gpu: str = "rtx-4090",
         interruptible: bool = False,
         volumes: bool = False,
+        kind: str = "process",
     ) -> None:
         self.name = name
-        self.capabilities = Capabilities(interruptible=interruptible, volumes=volumes, kind="container")
+        self.capabilities = Capabilities(interruptible=interruptible, volumes=volumes, kind=kind)
         self.price = price
         self.live_price: float | None = None
         self.gpu = gpu
@@ -201,7 +206,7 @@ def make_estimate(
             mfu=0.3,
             flops_per_token=1e6,
         ),
-        time=TimeEstimate(tokens=1000, epochs=1.0, steps=10, hours=hours, token_source="--tokens"),
+        time=TimeEstimate(tokens=1000, epochs=1.0, steps=10, hours=hours, token_source="tokens="),
         offers=ranked_offers,
         assumptions=[],
         prices_as_of=datetime.now(UTC),

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from bot.engine.launch import claim
 from bot.providers.base import LaunchRequest, OfferQuery, job_label
+from bot.settings import Settings
 from store.models import Instance
 
 from .conftest import estimate_for, request
@@ -79,12 +80,14 @@ CLOUDS = ["vast", "runpod", "lambda", "tensordock"]
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
-def test_reconcile_against_fake_cloud_servers(cloud, tmp_path, settings, clock):
+def test_reconcile_against_fake_cloud_servers(cloud, tmp_path, settings, clock, s3_bucket):
     from fakes.clouds import FAKES
     from fakes.clouds.fixtures import client_for
 
     from bot.engine.service import Engine
 
+    # A cloud host reads its data and writes its checkpoints by URI: the job needs object storage.
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
     fake_cloud = FAKES[cloud]().start()
     try:
         client = client_for(fake_cloud)

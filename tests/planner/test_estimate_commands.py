@@ -72,7 +72,7 @@ def test_human_output_shows_breakdown_offers_and_assumptions() -> None:
 def test_nothing_fits_prints_what_would() -> None:
     result = run("estimate", "llama-3.1-70b", "--method", "full", "--gpu", "rtx-4090", "--tokens", "1000")
     assert result.exit_code == 0
-    assert "Nothing fits" in result.output and "--method qlora" in result.output
+    assert "Nothing fits" in result.output and "method=qlora" in result.output
 
 
 def test_config_file_argument(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_labels_cheapest_fastest_safest() -> None:
     assert by["vast"].checkpoint_minutes and by["runpod"].checkpoint_minutes
     on_demand = estimate(REQ.model_copy(update={"interruptible": False}), offers=offers)
     vast = next(o for o in on_demand.offers if o.provider == "vast")
-    assert not vast.fits and "excluded by --interruptible/--on-demand" in vast.reason
+    assert not vast.fits and "excluded by interruptible=yes|no" in vast.reason
     assert next(o for o in on_demand.offers if o.fits).labels[0] == "cheapest"
 
 
@@ -72,7 +72,7 @@ def test_every_rejected_offer_says_why() -> None:
     est = estimate(req, offers=offers)
     reasons = {o.provider + ":" + o.gpu: o.reason for o in est.offers if not o.fits}
     assert "needs" in reasons["vast:rtx-3090"] and "rtx-3090 has 25.8 GB" in reasons["vast:rtx-3090"]
-    assert "use --gpus 2" in reasons["vast:h100-80gb"]
+    assert "use gpus=2" in reasons["vast:h100-80gb"]
     assert "needs" in reasons["vast:a100-80gb"]  # memory is the first reason, before the capacity class
     keys = {o.provider + ":" + o.gpu: o.rejected_by for o in est.offers if not o.fits}
     assert keys == {
@@ -85,7 +85,7 @@ def test_every_rejected_offer_says_why() -> None:
     assert "unknown GPU" in reasons["weird:tpu-v9"]
     assert "needs" in reasons["runpod:a100-80gb"]  # mixed precision: 18 B per parameter
     assert est.suggestions  # nothing fits: say what would
-    assert any("--gpus" in s for s in est.suggestions) and any("qlora" in s for s in est.suggestions)
+    assert any("gpus=" in s for s in est.suggestions) and any("qlora" in s for s in est.suggestions)
 
 
 def test_requested_gpu_and_cost_limit_filter_offers() -> None:
@@ -110,7 +110,7 @@ def test_nothing_fits_suggests_shorter_sequences_or_a_bigger_gpu() -> None:
     est = estimate(req)
     assert not any(o.fits for o in est.offers)
     text = " ".join(est.suggestions)
-    assert "--seq-len" in text or "bigger GPU" in text
+    assert "seq=" in text or "bigger GPU" in text
 
 
 def test_young_daly_interval() -> None:

@@ -1,0 +1,244 @@
+"""Before a job rents anything: its data checked, its storage reachable, its inputs where the host reads them.
+
+A rented GPU host sees only what the provider API call carries (image, command, environment) and what it
+can reach by URI. So, when a job is created:
+
+- every option the runner cannot honour is refused (estimate-only techniques, flash attention the image
+  lacks, a Hub push without a token, a config.json that has no weights);
+- the dataset is read on the bot's side with the runner's own rules (runner/records.py): its format found
+  or checked, the first bad line named;
+- a job that may run on a remote host needs a checkpoint location the host can reach: when
+  TUNEBOT_CHECKPOINT_URI is unset (the bot's own disk) or process-local, a cloud job is refused naming the
+  setting (a local job keeps only same-host fallbacks);
+- local dataset files and model folders are uploaded (staged) under ``<TUNEBOT_CHECKPOINT_URI>/inputs/``,
+  content-addressed so a second job with the same data uploads nothing;
+- the storage credentials go to the instance as environment variables (``runner_env``), never into the
+  spec, messages or logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bot.engine.api import EngineError
+from bot.planner.request import EstimateRequest
+from bot.planner.result import RankedOffer, TrainingPlan
+
+if TYPE_CHECKING:
+    from bot.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOCAL_SCHEMES = frozenset({"", "file", "local", "memory"})  # the bot's disk, or this process's memory
+CHECK_RECORDS = 200_000  # records read bot-side before launch (the runner reads them all again)
+ESTIMATE_ONLY = {  # EstimateRequest fields the planner can price but the runner does not do
+    "stack": "hf",
+    "compile": False,
+    "chunked_ce": False,
+    "optimizer_in_backward": False,
+    "activation_offload": False,
+    "nf4_quantizer": None,
+    "precision": "bf16",
+    "adapter_dtype": "fp32",
+    "double_quant": True,
+    "autocast": True,
+    "qlora_upcast": True,
+}
+STORAGE_ENV = {  # setting -> environment variable the runner's fsspec/botocore reads
+    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
+    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "aws_session_token": "AWS_SESSION_TOKEN",
+    "aws_region": "AWS_DEFAULT_REGION",
+    "aws_endpoint_url": "AWS_ENDPOINT_URL",
+}
+
+
+def scheme(uri: str) -> str:
+    return uri.split("://", 1)[0].lower() if "://" in uri else ""
+
+
+def is_local(uri: str) -> bool:
+    """A location only this machine (or this process) can read."""
+    return scheme(uri) in LOCAL_SCHEMES
+
+
+def shares_disk(provider: Any) -> bool:
+    """Instances of this provider run on the bot's machine and read its files (the local provider)."""
+    caps = getattr(provider, "capabilities", None)
+    return getattr(caps, "kind", "") == "process"
+
+
+@dataclass
+class PreparedJob:
+    """What creating a job decided: where the runner reads its inputs, and on which offers it may run."""
+
+    base_model: str
+    dataset_uri: str
+    dataset_format: str
+    offers: list[RankedOffer]
+    notes: list[str] = field(default_factory=list)
+
+
+def storage_env(settings: Settings) -> dict[str, str]:
+    """The storage credentials a runner needs, as its environment (values never logged)."""
+    env: dict[str, str] = {}
+    for name, var in STORAGE_ENV.items():
+        value = getattr(settings, name, None)
+        if value is None:
+            continue
+        env[var] = value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
+    for var in (n.strip() for n in settings.runner_env_names.split(",")):
+        if var and var in os.environ:
+            env[var] = os.environ[var]
+    return env
+
+
+def refuse_unsupported(
+    request: EstimateRequest, plan: TrainingPlan, settings: Settings, *, remote: bool
+) -> None:
+    """Options the runner cannot honour, refused before anything is spent."""
+    odd = [name for name, default in ESTIMATE_ONLY.items() if getattr(request, name) != default]
+    if odd:
+        raise EngineError(
+            f"{', '.join(odd)}: estimate-only options (they price other training stacks); the runner trains "
+            "with transformers + peft in bf16 - drop them to launch"
+        )
+    if plan.attn == "flash" and remote and not settings.runner_flash_attention:
+        raise EngineError(
+            "attn=flash: the runner image has no flash-attn; use attn=sdpa, or build the image with "
+            "--build-arg FLASH_ATTN=1 and set TUNEBOT_RUNNER_FLASH_ATTN=1"
+        )
+    if plan.push_to_hub and settings.hf_token is None:
+        raise EngineError(
+            f"push_to_hub={plan.push_to_hub} needs HF_TOKEN set for the bot (it reaches the runner as an "
+            "environment variable, never in a message)"
+        )
+    model = Path(plan.base_model).expanduser()
+    if plan.base_model.endswith(".json") or (model.is_dir() and not _has_weights(model)):
+        raise EngineError(
+            f"{plan.base_model} has no weights (a config.json prices a model but cannot train it): give the "
+            "model folder or its hub id"
+        )
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(p.suffix in (".safetensors", ".bin") for p in folder.rglob("*") if p.is_file())
+
+
+def check_dataset(uri: str, fmt: str | None) -> str:
+    """Read the dataset with the runner's rules; its format. EngineError naming the first bad line."""
+    from runner.records import DatasetError, check_dataset
+
+    try:
+        found = check_dataset(uri, fmt, limit=CHECK_RECORDS)
+    except DatasetError as exc:
+        raise EngineError(f"the dataset cannot be trained on: {exc}") from None
+    return found.format.value
+
+
+def prepare(
+    settings: Settings,
+    providers: dict[str, Any],
+    request: EstimateRequest,
+    plan: TrainingPlan,
+    chosen: RankedOffer,
+    fitting: list[RankedOffer],
+) -> PreparedJob:
+    """Check a job before it is created; stage its inputs when a remote host may run it."""
+    dataset = request.dataset or ""
+    remote = [o for o in fitting if not shares_disk(providers.get(o.provider))]
+    chosen_remote = not shares_disk(providers.get(chosen.provider))
+    refuse_unsupported(request, plan, settings, remote=chosen_remote)
+    fmt = check_dataset(dataset, plan.dataset_format)
+    notes: list[str] = []
+    offers = list(fitting)
+    root = settings.checkpoint_base_uri or ""
+    if remote and (not root or is_local(root)):
+        where = (
+            f"{root} is on this machine"
+            if root
+            else "TUNEBOT_CHECKPOINT_URI is not set, so checkpoints go to this machine's disk"
+        )
+        if chosen_remote:
+            raise EngineError(
+                f"{chosen.provider} runs the job on a remote host that cannot reach this bot's disk "
+                f"({where}): set TUNEBOT_CHECKPOINT_URI to object storage the host can reach (e.g. "
+                "s3://bucket/tunebot, with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL "
+                "for R2, MinIO, B2)"
+            )
+        offers = [o for o in fitting if shares_disk(providers.get(o.provider))]
+        notes.append("cloud fallbacks dropped: TUNEBOT_CHECKPOINT_URI is not object storage")
+        remote = []
+    base_model = plan.base_model
+    if remote:
+        if scheme(root) == "s3" and settings.aws_access_key_id is None and settings.aws_session_token is None:
+            raise EngineError(
+                f"TUNEBOT_CHECKPOINT_URI is {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY so "
+                "that the runner can write checkpoints there (they reach it as instance environment "
+                "variables)"
+            )
+        if is_local(dataset):
+            dataset = stage_file(Path(dataset.removeprefix("file://")).expanduser(), root)
+            notes.append(f"dataset staged to {dataset}")
+        local_model = Path(plan.base_model.removeprefix("file://")).expanduser()
+        if is_local(plan.base_model) and local_model.is_dir():
+            base_model = stage_folder(local_model, root)
+            notes.append(f"model staged to {base_model}")
+    return PreparedJob(
+        base_model=base_model, dataset_uri=dataset, dataset_format=fmt, offers=offers, notes=notes
+    )
+
+
+def _digest_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_file(path: Path, root: str) -> str:
+    """Upload a file under ``<root>/inputs/<sha256 prefix>/<name>`` (skipped when already there)."""
+    import fsspec
+
+    if not path.is_file():
+        raise EngineError(f"dataset file {path} does not exist")
+    target = f"{root.rstrip('/')}/inputs/{_digest_file(path)[:16]}/{path.name}"
+    try:
+        fs, remote = fsspec.core.url_to_fs(target)
+        if not (fs.exists(remote) and fs.size(remote) == path.stat().st_size):
+            fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(path), remote)
+    except Exception as exc:  # noqa: BLE001 - storage trouble of any kind: say where and why
+        raise EngineError(f"could not upload {path.name} to {target}: {type(exc).__name__}: {exc}") from None
+    return target
+
+
+def stage_folder(folder: Path, root: str) -> str:
+    """Upload a model folder under ``<root>/inputs/models/<name>-<digest>/`` (files already there of the
+    same size are skipped); the digest covers every file's name and content."""
+    import fsspec
+
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.relative_to(folder).as_posix().encode())
+        h.update(_digest_file(p).encode())
+    target = f"{root.rstrip('/')}/inputs/models/{folder.name}-{h.hexdigest()[:12]}"
+    try:
+        fs, remote = fsspec.core.url_to_fs(target)
+        for p in files:
+            dest = f"{remote}/{p.relative_to(folder).as_posix()}"
+            if fs.exists(dest) and fs.size(dest) == p.stat().st_size:
+                continue
+            fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(p), dest)
+    except Exception as exc:  # noqa: BLE001
+        problem = f"{type(exc).__name__}: {exc}"
+        raise EngineError(f"could not upload the model folder to {target}: {problem}") from None
+    return target
