@@ -87,7 +87,9 @@ def test_reconcile_against_fake_cloud_servers(cloud, tmp_path, settings, clock, 
     from bot.engine.service import Engine
 
     # A cloud host reads its data and writes its checkpoints by URI: the job needs object storage.
-    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
+    settings = Settings(
+        TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot"
+    )
     fake_cloud = FAKES[cloud]().start()
     try:
         client = client_for(fake_cloud)
