@@ -171,9 +171,23 @@ def trainable_parameters(model: Any) -> tuple[int, int]:
 
 def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
                state_dict: dict[str, Any] | None = None) -> None:
-    """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers."""
+    """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers.
+
+    ``state_dict``: the full weights gathered from FSDP shards. For an adapter its LoRA tensors are taken
+    from it by name and written in peft's format (the adapter name dropped from the keys, as
+    ``get_peft_model_state_dict`` does): peft's own helper walks the module tree, which FSDP has rewrapped,
+    and found nothing (an empty adapter).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    if state_dict is not None:  # gathered from FSDP shards
+    if state_dict is not None and hasattr(model, "peft_config"):
+        from safetensors.torch import save_file
+
+        name = getattr(model, "active_adapter", "default")
+        adapter = {k.replace(f".{name}.", "."): v.detach().cpu().contiguous()
+                   for k, v in state_dict.items() if "lora_" in k and f".{name}." in k}
+        save_file(adapter, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+        model.peft_config[name].save_pretrained(str(out_dir))
+    elif state_dict is not None:  # gathered from FSDP shards
         model.save_pretrained(str(out_dir), state_dict=state_dict)
     else:
         model.save_pretrained(str(out_dir))

@@ -1,5 +1,6 @@
-"""Two gloo worker processes on the CPU (gpus 0 + TUNEBOT_CPU_PROCESSES=2): DDP lowers the loss, SIGTERM to
-the launcher reaches every worker, and the ranks agree on one checkpoint that rank 0 writes."""
+"""Two gloo worker processes on the CPU (gpus 0 + TUNEBOT_CPU_PROCESSES=2): LoRA under FSDP (what the planner
+prices on several GPUs) lowers the loss, SIGTERM to the launcher reaches every worker, and the ranks agree
+on one checkpoint that rank 0 writes."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_processes_requested(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
+def test_two_cpu_processes_train_lora_sharded_and_save_one_checkpoint_on_sigterm(
         runner_job: Callable[..., Any], write_spec: Callable[..., Path],
         runner_process: Callable[..., Any]) -> None:
     spec = runner_job(max_steps=30, seq_len=128, grad_accum=1, report={"every_seconds": 0.01},
@@ -31,6 +32,7 @@ def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
     rc, summary = proc.finish(sigterm_at_step=8)
     assert rc == EXIT_PREEMPTED and summary["status"] == "preempted", proc.stderr[-3000:]
     assert "processes 2" in "\n".join(proc.lines)  # the derived numbers count both workers
+    assert "method lora, sharding fsdp" in "\n".join(proc.lines)  # sharded as priced, not DDP
 
     losses = [float(line.split("loss ")[1].split()[0]) for line in proc.lines if line.startswith("step ")]
     assert len(losses) >= 8
@@ -39,6 +41,7 @@ def test_two_cpu_processes_train_and_save_one_checkpoint_on_sigterm(
     assert steps == [summary["steps"]]  # one checkpoint, at the step both ranks stopped on
     ckpt = Path(spec.checkpoint.uri) / f"checkpoint-{steps[0]}"
     assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
+    assert (ckpt / "trainable.safetensors").exists()  # the adapters gathered from the FSDP shards
     assert sum(1 for line in proc.lines if line.startswith("{")) == 1  # only rank 0 prints the summary
 
 
@@ -65,3 +68,24 @@ def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_
     changed = [n for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters(), strict=True)
                if not a.detach().equal(b.detach())]
     assert len(changed) == len(list(base.parameters()))
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp_finishes_with_an_adapter_peft_loads(
+        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
+        runner_process: Callable[..., Any]) -> None:
+    spec = runner_job(max_steps=4, seq_len=128, grad_accum=1, lora={"target_modules": ["q_proj", "v_proj"]},
+                      checkpoint={"every_minutes": 60})
+    proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
+    rc, summary = proc.finish()
+    assert rc == 0 and summary["status"] == "finished", proc.stderr[-3000:]
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    adapter = load_file(str(Path(spec.output_uri) / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in name for name in adapter)
+    assert {n.split(".")[-3] for n in adapter} == {"q_proj", "v_proj"}  # every adapted layer, gathered
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec.base_model), spec.output_uri)
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) == sum(
+        t.numel() for t in adapter.values())
