@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     volume_idle_days: float = Field(3.0, alias="TUNEBOT_VOLUME_IDLE_DAYS")
     checkpoint_base_uri: str | None = Field(None, alias="TUNEBOT_CHECKPOINT_URI")
     public_url: str | None = Field(None, alias="TUNEBOT_PUBLIC_URL")  # for runner push events
+    report_every_s: float = Field(30.0, gt=0, alias="TUNEBOT_REPORT_EVERY")  # runner progress cadence
 
     # Slack.
     slack_bot_token: SecretStr | None = Field(None, alias="SLACK_BOT_TOKEN")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import signal
 import sys
@@ -563,8 +564,8 @@ class Trainer:
 def _point_adapter_at(folder: Path, base: str | None) -> None:
     """peft writes the local base folder into adapter_config.json; the name people load it by is better."""
     path = folder / "adapter_config.json"
-    if base is None or not path.is_file() or "://" in base:
-        return
+    if base is None or not path.is_file() or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", base):
+        return  # only a hub id is a name others can load the base by
     config = json.loads(path.read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = base
     path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")

@@ -9,6 +9,7 @@ added by bot/engine/launch.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bot.planner.request import EstimateRequest
@@ -32,7 +33,7 @@ def spec_fields(
     reads them (staged copies); the plan's names stay for the model card."""
     dataset: dict[str, Any] = {
         "uri": dataset_uri or plan.dataset or "",
-        "name": plan.dataset,
+        "name": display_name(plan.dataset) if plan.dataset else None,
         "eval_fraction": plan.eval_split,
     }
     fmt = dataset_format or plan.dataset_format
@@ -40,7 +41,7 @@ def spec_fields(
         dataset["format"] = fmt
     fields: dict[str, Any] = {
         "base_model": base_model or plan.base_model,
-        "base_model_name": plan.base_model,
+        "base_model_name": display_name(plan.base_model),
         "dataset": dataset,
         "method": plan.method,
         "lora": {
@@ -71,6 +72,16 @@ def spec_fields(
     if plan.push_to_hub:
         fields["push_to_hub"] = {"repo": plan.push_to_hub, "private": plan.hub_private}
     return fields
+
+
+def display_name(name: str) -> str:
+    """What the model card calls an input: a hub id or URI as is, a path on the bot's disk by its last
+    part (the host never sees the bot's paths, not even as names)."""
+    if "://" in name and not name.startswith("file://"):
+        return name
+    path = name.removeprefix("file://")
+    looks_like_path = path.startswith(("/", ".", "~")) or Path(path).expanduser().exists()
+    return Path(path).name if looks_like_path else name
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobS
                 f"{settings.public_url.rstrip('/')}/runner/events" if settings.public_url else None
             ),
             "token": token,
-            "every_seconds": 30.0,
+            "every_seconds": settings.report_every_s,
         },
         "wandb": {
             "run_id": job.id,

@@ -157,7 +157,7 @@ def test_inputs_are_staged_to_object_storage_and_credentials_travel_only_as_inst
     job = eng.create_job(req, user="alice", estimate=planned(eng, req, cloud))
     assert job.state == "running", job.message
     spec, env = launched_spec(cloud)
-    assert spec.dataset.uri.startswith(f"{s3_bucket}/tunebot/inputs/") and spec.dataset.name == str(data)
+    assert spec.dataset.uri.startswith(f"{s3_bucket}/tunebot/inputs/") and spec.dataset.name == data.name
     assert spec.base_model.startswith(f"{s3_bucket}/tunebot/inputs/models/model-")
     assert spec.checkpoint.uri == f"{s3_bucket}/tunebot/{job.job_id}/checkpoints"
     assert spec.output_uri == f"{s3_bucket}/tunebot/{job.job_id}/output"

@@ -38,9 +38,17 @@ _OPS = {
 
 
 class FakeVast(FakeCloud):
+    """With ``hosts`` (tests/fakes/remote_host.py) every created instance really runs its image's entry point
+    in a fresh sandbox with only the create call's image, args and env; ``preempt`` then SIGTERMs it (the
+    outbid container gets its grace period) and a destroy kills it. Without, instances are records only."""
+
     provider = "vast"
     # Benches set this: identical searches answer pre-encoded bytes, so only the client is measured.
     cache_search = False
+
+    def __init__(self, *, hosts: Any = None, **kwargs: Any) -> None:
+        self.hosts = hosts
+        super().__init__(**kwargs)
 
     def authorized(self, req: Request) -> bool:
         return req.bearer == self.api_key or req.query.get("api_key") == self.api_key
@@ -136,6 +144,8 @@ class FakeVast(FakeCloud):
             self._advance(inst)
             return Response(200, {"instances": self._public(inst)})
         if m and req.method == "DELETE":
+            if self.hosts is not None:
+                self.hosts.destroy(m.group(1))
             if self.instances.pop(m.group(1), None) is None:
                 return Response(
                     404, {"success": False, "error": "no_such_instance", "msg": "Instance not found"}
@@ -204,6 +214,10 @@ class FakeVast(FakeCloud):
         }
         self.instances[iid] = inst
         self.track_created(inst["label"])
+        if self.hosts is not None and not too_low:
+            # The env object also carries docker port flags as keys ("-p 8000:8000"): not variables.
+            env = {k: v for k, v in (body.get("env") or {}).items() if not k.startswith("-")}
+            self.hosts.start(iid, image=body["image"], args=body.get("args"), env=env)
         if too_low:  # refused, but the contract exists (stopped): the client must destroy it
             return Response(
                 200,
@@ -223,6 +237,11 @@ class FakeVast(FakeCloud):
 
     def _advance(self, inst: dict[str, Any]) -> None:
         if inst["intended_status"] != "running":
+            return
+        host = self.hosts.hosts.get(str(inst["id"])) if self.hosts is not None else None
+        if host is not None and (host.problem or (host.proc is not None and not host.running)):
+            inst["actual_status"] = "exited"  # the container's process ended (or never started)
+            inst["status_msg"] = host.problem or f"exited with code {host.exit_code}"
             return
         inst["_polls"] += 1
         if inst["actual_status"] is None and inst["_polls"] >= 1:
@@ -257,7 +276,10 @@ class FakeVast(FakeCloud):
 
     # -- test controls -----------------------------------------------------------------------------
     def preempt(self, instance_id: str) -> None:
-        """Outbid: the instance is paused; all three states read "stopped"."""
+        """Outbid: the instance is paused; all three states read "stopped". With hosts, its process first
+        gets SIGTERM and its grace period (this call returns once it is gone)."""
+        if self.hosts is not None:
+            self.hosts.preempt(str(instance_id))
         with self.lock:
             inst = self.instances[str(instance_id)]
             inst["cur_state"] = inst["intended_status"] = inst["next_state"] = "stopped"

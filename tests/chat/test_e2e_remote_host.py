@@ -1,0 +1,266 @@
+"""The cloud path end to end, tested as a rented host sees it.
+
+`/tune launch` on the fake Slack API -> the real engine and planner -> the real Vast client against the
+fake Vast API on 127.0.0.1, whose created instances really run the runner image's entry point
+(tests/fakes/remote_host.py): a fresh sandbox per instance, a clean environment holding only what the
+create call carried, the bot's files out of reach. The only shared storage is an S3-compatible server
+(moto). Jobs: alpaca with `targets=q,v`, preempted (outbid) and resumed on another instance; chat
+messages pushed to a fake Hugging Face Hub; prompt/completion. Each adapter is read back from the bucket
+(and the Hub) and loaded with peft. A job that relies on the bot's disk fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fakes.clouds import FakeVast
+from fakes.clouds.fixtures import client_for
+from fakes.hub import FakeHub
+from fakes.remote_host import HostPool
+from fakes.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
+from fakes.slack_api import FakeSlack, UvicornThread
+from sqlalchemy import select
+
+from bot.chat.blockkit import violations
+from bot.chat.handlers import ChatHandlers
+from bot.chat.notifier import SlackNotifier
+from bot.chat.permissions import Permissions
+from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.settings import Settings
+from bot.web import create_app
+from store.models import Instance
+
+from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
+from .test_slack_http import estimate_id_from
+
+pytestmark = pytest.mark.slow
+
+HF_TOKEN = "hf_e2e_secret_token_1b7c"
+STEPS = 6
+STEPS_A = 40  # job A runs long enough (a second or more) for the SIGTERM to land mid-run
+CARRIED = {"TUNEBOT_JOB_SPEC", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+           "AWS_ENDPOINT_URL", "HF_TOKEN", "HF_ENDPOINT"}
+HOST_BASE = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONUNBUFFERED", "TUNEBOT_SANDBOX_DENY"}
+
+
+class World:
+    def __init__(self, stack: SlackStack, engine: Any, vast: FakeVast, hosts: HostPool, hub: FakeHub,
+                 bot: Path, tiny: Path) -> None:
+        self.stack, self.engine, self.vast, self.hosts, self.hub = stack, engine, vast, hosts, hub
+        self.bot, self.tiny = bot, tiny
+
+    def launch(self, options: str, user: str) -> str:
+        """`/tune launch` with these options, then the "Launch cheapest" button; returns the job id."""
+        before = len(self.stack.slack.of("response"))
+        assert self.stack.command(f"launch {self.tiny / 'model'} {options}", user=user).status_code == 200
+        reply = self.stack.responses(before + 1, timeout=60)[before]
+        assert not violations(reply), reply
+        assert "Training:" in str(reply["blocks"]), "the estimate card lists the training plan"
+        self.stack.click(self.stack.action_payload("launch_cheapest", estimate_id_from(reply), user=user))
+        answer = self.stack.responses(before + 2, timeout=60)[before + 1]
+        assert "Launching job" in answer["text"], answer
+        (job,) = [j for j in self.engine.list_jobs(user=user)]
+        return job.job_id
+
+    def instances(self, job_id: str) -> list[Any]:
+        with self.engine.session() as s:
+            return list(s.execute(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id))
+                        .scalars())
+
+    def tick_until(self, done: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.engine.tick()
+            if done():
+                return
+            time.sleep(0.3)
+        logs = {i: self.hosts.log(i)[-3000:] for i in self.hosts.hosts}
+        raise AssertionError(f"timed out waiting for {what}; host logs: {logs}")
+
+    def wait_for_step(self, instance_id: str, step: int, timeout: float = 120.0) -> None:
+        """Poll the host's log (not the engine: training a tiny model is faster than a tick)."""
+        deadline = time.monotonic() + timeout
+        while self.runner_step(instance_id) < step:
+            assert time.monotonic() < deadline, self.hosts.log(instance_id)[-3000:]
+            time.sleep(0.01)
+
+    def runner_step(self, instance_id: str) -> int:
+        steps = [int(line.split()[1].split("/")[0]) for line in self.hosts.log(instance_id).splitlines()
+                 if line.startswith("step ")]
+        return max(steps, default=0)
+
+    def state(self, job_id: str) -> str:
+        return self.engine.get_job(job_id).state
+
+    def thread_text(self, job_id: str) -> str:
+        self.stack.notifier.drain(20)
+        ts = self.engine.get_job(job_id).thread_ts
+        posts = [c.body for c in self.stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == ts]
+        return " | ".join(p["text"] for p in posts)
+
+    def adapter(self, uri: str, into: Path) -> Any:
+        """The output folder from the bucket, loaded with peft on the tiny base model."""
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        fs, root = fsspec.core.url_to_fs(uri)
+        fs.get(root.rstrip("/") + "/", str(into), recursive=True)
+        base = AutoModelForCausalLM.from_pretrained(str(self.tiny / "model"))
+        return PeftModel.from_pretrained(base, str(into))
+
+
+@pytest.fixture
+def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:  # noqa: F811
+    from runner.tiny import make_tiny
+
+    bot = tmp_path / "bot"  # everything of the bot's: data dir, datasets, the model folder
+    tiny = make_tiny(bot / "tiny").parent
+    records = [json.loads(line) for line in (tiny / "data.jsonl").read_text().splitlines()]
+    with (tiny / "chat.jsonl").open("w") as fh:
+        for r in records:
+            user = r["instruction"] + (f"\n{r['input']}" if r["input"] else "")
+            fh.write(json.dumps({"messages": [{"role": "user", "content": user},
+                                              {"role": "assistant", "content": r["output"]}]}) + "\n")
+    with (tiny / "completion.jsonl").open("w") as fh:
+        for r in records:
+            row = {"prompt": f"{r['instruction']} {r['input']}\n", "completion": r["output"]}
+            fh.write(json.dumps(row) + "\n")
+    image = Settings().runner_image  # the default image name: the Dockerfile's ENTRYPOINT is tunebot-runner
+    entrypoint = [str(Path(sys.executable).parent / "tunebot-runner")]
+    hosts = HostPool(tmp_path / "hosts", images={image: entrypoint}, bot_roots=[bot])
+    with FakeSlack() as slack, FakeHub(token=HF_TOKEN) as hub:
+        vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(bot / "data"),
+            TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+            TUNEBOT_MIN_RELIABILITY=0.0,
+            HF_TOKEN=HF_TOKEN,
+            HF_ENDPOINT=hub.url,
+            SLACK_BOT_TOKEN=BOT_TOKEN,
+            SLACK_API_URL=slack.api_url,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            TUNEBOT_ADMINS="U_ADMIN",
+            TUNEBOT_REPORT_EVERY=0.5,  # progress lines often enough to preempt mid-run
+        )
+        from bot.engine.service import Engine
+
+        engine = Engine(settings, db_url=f"sqlite:///{bot / 'db.sqlite'}",
+                        providers={"vast": client_for(vast)})
+        engine.terminate_deadline_s = 20.0
+        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets())
+        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
+        notifier = SlackNotifier(engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0,
+                                 chart_every_s=0.0).attach(engine.bus).start()
+        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
+        import httpx
+
+        try:
+            with UvicornThread(web) as server, httpx.Client(timeout=60) as http:
+                stack = SlackStack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
+                yield World(stack, engine, vast, hosts, hub, bot, tiny)
+        finally:
+            notifier.stop()
+            hosts.close()
+            vast.stop()
+            engine.close()
+
+
+def assert_clean_host(world: World, instance_id: str) -> None:
+    """The host ran with only what the create call carried, in its own folder."""
+    host = world.hosts.hosts[instance_id]
+    assert set(host.env) - HOST_BASE <= CARRIED, set(host.env) - HOST_BASE
+    assert not any(key.startswith(("SLACK_", "TUNEBOT_DATA", "VAST_", "DATABASE")) for key in host.env)
+    spec = json.loads(host.env["TUNEBOT_JOB_SPEC"])
+    assert str(world.bot) not in host.env["TUNEBOT_JOB_SPEC"]  # nothing in the spec points at the bot's disk
+    assert spec["dataset"]["uri"].startswith("s3://") and spec["base_model"].startswith("s3://")
+    assert HF_TOKEN not in host.env["TUNEBOT_JOB_SPEC"]
+    assert "tunebot-test-secret" not in host.env["TUNEBOT_JOB_SPEC"]
+
+
+def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, tmp_path: Path) -> None:
+    common = f"steps={STEPS} seq=128 batch=4 accum=1 lr=1e-2 checkpointing=no"
+    # 1. alpaca, q,v targets: preempted on its first instance, resumed on another.
+    long = common.replace(f"steps={STEPS}", f"steps={STEPS_A}")
+    a = world.launch(f"dataset={world.tiny / 'data.jsonl'} targets=q,v {long}", user="U_ALICE")
+    first = world.instances(a)[0]  # launched at the click
+    world.wait_for_step(first.provider_instance_id, 1)
+    world.vast.preempt(first.provider_instance_id)  # outbid: SIGTERM, the runner saves to S3 and exits
+    log = world.hosts.log(first.provider_instance_id)
+    assert "SIGTERM" in log and '"status":"preempted"' in log, log[-2000:]
+    world.tick_until(lambda: len(world.instances(a)) == 2, "job A's relaunch")
+    # 2. and 3. chat messages pushed to the Hub, and prompt/completion, while A resumes.
+    b = world.launch(f"dataset={world.tiny / 'chat.jsonl'} push_to_hub=acme/tiny-chat {common}", user="U_BOB")
+    c = world.launch(f"dataset={world.tiny / 'completion.jsonl'} format=completion {common}", user="U_CAROL")
+    final = ("succeeded", "failed", "stopped", "cancelled")
+    world.tick_until(lambda: all(world.state(j) in final for j in (a, b, c)), "the three jobs", timeout=420)
+
+    for job_id in (a, b, c):
+        view = world.engine.get_job(job_id)
+        assert view.state == "succeeded", (view.state, view.message, world.hosts.log(
+            world.instances(job_id)[-1].provider_instance_id)[-3000:])
+        for inst in world.instances(job_id):
+            assert_clean_host(world, inst.provider_instance_id)
+        assert view.output_uri and view.output_uri.startswith("s3://")
+        model = world.adapter(view.output_uri, tmp_path / f"out-{job_id}")
+        assert any("lora_A" in name for name, _ in model.named_parameters())
+        assert "finished" in world.thread_text(job_id).lower() or "Finished" in world.thread_text(job_id)
+
+    # A: resumed from its S3 checkpoint on another instance (another offer), q,v as the model names them.
+    first, second = world.instances(a)
+    assert first.offer_id != second.offer_id and first.end_reason == "preempted"
+    assert "resumed from s3://" in world.hosts.log(second.provider_instance_id)
+    assert world.engine.get_job(a).preemptions == 1 and world.engine.get_job(a).step == STEPS_A
+    config = json.loads((tmp_path / f"out-{a}" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert "Preempted" in world.thread_text(a)
+
+    # B: the chat format reached the runner, and the adapter went to a private Hub repo too.
+    host_b = world.hosts.hosts[world.instances(b)[0].provider_instance_id]
+    assert json.loads(host_b.env["TUNEBOT_JOB_SPEC"])["dataset"]["format"] == "messages"
+    repo = world.hub.repos["acme/tiny-chat"]
+    assert repo.private
+    assert {"adapter_model.safetensors", "adapter_config.json", "README.md"} <= set(repo.files)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    pulled = repo.write_to(tmp_path / "hub-b")
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(world.tiny / "model")), str(pulled))
+    assert "Pushed to the Hub" in world.thread_text(b)
+    card = repo.files["README.md"].decode()
+    assert "| eval split |" in card and "- cost: $" in card and "messages" in card
+
+    # C: prompt/completion.
+    host_c = world.hosts.hosts[world.instances(c)[0].provider_instance_id]
+    assert json.loads(host_c.env["TUNEBOT_JOB_SPEC"])["dataset"]["format"] == "prompt_completion"
+    assert world.vast.live_instances() == []  # every instance torn down
+
+
+def test_a_job_that_relies_on_the_bots_disk_fails(world: World, tmp_path: Path) -> None:
+    from bot.engine.api import EngineError
+    from bot.engine.service import Engine
+    from bot.planner.request import EstimateRequest
+
+    dataset = world.tiny / "data.jsonl"
+    # The bot refuses a cloud job when checkpoints would land on its own disk...
+    local_only = Engine(Settings(TUNEBOT_DATA_DIR=str(world.bot / "data2")),
+                        db_url=f"sqlite:///{tmp_path / 'x.db'}", providers={"vast": world.engine.providers["vast"]})
+    req = EstimateRequest(model=str(world.tiny / "model"), dataset=str(dataset), max_steps=2, seq_len=256)
+    with pytest.raises(EngineError, match="TUNEBOT_CHECKPOINT_URI"):
+        local_only.create_job(req, user="U_ALICE")
+    local_only.close()
+    # ... and a spec that still points at the bot's disk fails on the host, with the runner's own line.
+    job = world.engine.create_job(req, user="U_ALICE", spec_overrides={"dataset": {"uri": str(dataset)}})
+    world.tick_until(lambda: world.state(job.job_id) in ("failed", "succeeded"), "the bot-disk job")
+    view = world.engine.get_job(job.job_id)
+    assert view.state == "failed", view
+    assert "dataset not found" in (view.message or "") and str(dataset) in (view.message or "")
+    (inst,) = world.instances(job.job_id)
+    assert "not on this host" in world.hosts.log(inst.provider_instance_id) or "dataset not found" in \
+        world.hosts.log(inst.provider_instance_id)
