@@ -249,8 +249,9 @@ def test_a_job_that_relies_on_the_bots_disk_fails(world: World, tmp_path: Path) 
 
     dataset = world.tiny / "data.jsonl"
     # The bot refuses a cloud job when checkpoints would land on its own disk...
+    vast = world.engine.providers["vast"]
     local_only = Engine(Settings(TUNEBOT_DATA_DIR=str(world.bot / "data2")),
-                        db_url=f"sqlite:///{tmp_path / 'x.db'}", providers={"vast": world.engine.providers["vast"]})
+                        db_url=f"sqlite:///{tmp_path / 'x.db'}", providers={"vast": vast})
     req = EstimateRequest(model=str(world.tiny / "model"), dataset=str(dataset), max_steps=2, seq_len=256)
     with pytest.raises(EngineError, match="TUNEBOT_CHECKPOINT_URI"):
         local_only.create_job(req, user="U_ALICE")
