@@ -11,7 +11,11 @@ How the detector decides (``update(step, loss)`` returns True = stop now):
 - Smoothing lags: on a loss falling steadily by more than ``min_delta`` a step, the average needs about
   ``1 / (1 - a)`` steps to fall by ``min_delta``. So that lag alone can never look like a plateau, the
   patience actually used is at least ``ceil(1 / ((1 - a) * every_steps))`` evaluations
-  (``effective_patience``); with the defaults (a=0.9, every 10 steps) that is 1 and changes nothing.
+  (``effective_patience``); with the defaults (a=0.95, every 20 steps on a 1000-step run) that is 1.
+- The defaults (``runner.spec.Defaults``: patience 10, min_delta 0.01, ema 0.95, a look every max(10,
+  max_steps/50) steps after the first 10%; ``PlateauSpec.resolved``) let a normal noisy curve run to its end
+  and stop one that went flat for a fifth of the run; tests/runner/test_plateau.py has the curve from issue 10
+  that the old defaults (patience 5, ema 0.9, every 10 steps, no warmup) stopped at step 161 of 1000.
 - NaN or infinite losses never enter the average (one bad batch must not poison it) and an evaluation
   whose latest loss is not finite counts as "no improvement": a diverged run stops after ``patience``
   evaluations instead of burning money.

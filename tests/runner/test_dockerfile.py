@@ -40,3 +40,57 @@ def test_cuda_pytorch_base_runner_extra_non_root_and_entrypoint() -> None:
 def test_the_build_context_leaves_out_the_venv_and_git() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_a_container_started_without_a_spec_fails_instead_of_printing_help() -> None:
+    # Clouds start the image with the spec in TUNEBOT_JOB_SPEC and no args: a CMD of `--help` made a
+    # container that printed the usage and exited 0 as if it had trained.
+    steps = _instructions()
+    assert not [rest for word, rest in steps if word == "CMD"]
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "runner.cli"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and "no job spec" in done.stderr
+
+
+def test_the_default_image_is_the_one_readme_and_the_build_script_name() -> None:
+    from bot.settings import RUNNER_IMAGE_REPO, Settings
+
+    image = Settings().runner_image
+    version = image.rsplit(":", 1)[1]
+    assert image == f"{RUNNER_IMAGE_REPO}:{version}" and version == _project_version()
+    readme = (ROOT / "README.md").read_text()
+    assert RUNNER_IMAGE_REPO in readme and "TUNEBOT_RUNNER_IMAGE" in readme and "docker push" in readme
+    script = (ROOT / "scripts" / "runner-image.sh").read_text()
+    assert f"{RUNNER_IMAGE_REPO}:${{version}}" in script and "docker push" in script
+    assert RUNNER_IMAGE_REPO in (ROOT / "Dockerfile").read_text()
+
+
+def test_flash_attention_is_an_explicit_build_choice() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "ARG FLASH_ATTN=0" in text and 'if [ "$FLASH_ATTN" = "1" ]' in text and "flash-attn" in text
+
+
+def test_adamw_is_the_fused_kernel_on_cuda() -> None:
+    """The planner assumes a fused optimizer step (no full-size temporaries); torch's fused AdamW it is."""
+    import types
+
+    import torch
+
+    from runner.train import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.spec = types.SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.0)
+    trainer.params = [torch.nn.Parameter(torch.zeros(4))]
+    trainer.group = types.SimpleNamespace(device=torch.device("cpu"), main=True)
+    assert not trainer._optimizer().defaults.get("fused")
+    trainer.group = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), main=True)
+    assert trainer._optimizer().defaults["fused"] is True  # (torch's fused kernel also runs on the CPU)
+
+
+def _project_version() -> str:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
