@@ -145,7 +145,8 @@ class Trainer:
             raise InvalidJob(f"{spec.dataset.uri}: dataset is empty: no records to train on")
         if spec.attn == "flash" and group.device.type == "cuda" and not has_flash_attention():
             raise InvalidJob("attn=flash needs the flash-attn package, which this runner image does not "
-                             "have; use attn=sdpa, or build the image with --build-arg FLASH_ATTN=1")
+                             "have; use attn=sdpa, or build the image with FLASH_ATTN=1 "
+                             "(scripts/runner-image.sh)")
 
         # 2. The base model's config and tokenizer (small files), the LoRA targets checked on the meta device.
         looks_local = spec.base_model.startswith(("/", ".", "~", "file://"))

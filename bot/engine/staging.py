@@ -111,7 +111,17 @@ def refuse_unsupported(
     if plan.attn == "flash" and remote and not settings.runner_flash_attention:
         raise EngineError(
             "attn=flash: the runner image has no flash-attn; use attn=sdpa, or build the image with "
-            "--build-arg FLASH_ATTN=1 and set TUNEBOT_RUNNER_FLASH_ATTN=1"
+            "FLASH_ATTN=1 (scripts/runner-image.sh) and set TUNEBOT_RUNNER_FLASH_ATTN=1"
+        )
+    if plan.merge and plan.method == "full":
+        raise EngineError(
+            "merge=yes folds an adapter into the base model; a full fine-tune already saves the whole "
+            "model: drop merge"
+        )
+    if plan.gpus > 1 and plan.optimizer != "adamw":
+        raise EngineError(
+            f"optimizer={plan.optimizer} (bitsandbytes) breaks checkpoint saves under FSDP, which several "
+            "GPUs use: use optimizer=adamw with gpus > 1"
         )
     if plan.push_to_hub and settings.hf_token is None:
         raise EngineError(

@@ -34,8 +34,10 @@ class FakeProvider:
         interruptible: bool = False,
         volumes: bool = False,
         kind: str = "process",
+        gpu_count: int = 1,
     ) -> None:
         self.name = name
+        self.gpu_count = gpu_count
         self.capabilities = Capabilities(interruptible=interruptible, volumes=volumes, kind=kind)
         self.price = price
         self.live_price: float | None = None
@@ -56,7 +58,7 @@ class FakeProvider:
             provider=self.name,
             offer_id=f"{self.name}-1",
             gpu=self.gpu,
-            gpu_count=1,
+            gpu_count=self.gpu_count,
             gpu_memory_gb=24,
             price_per_hour=self.price if self.live_price is None else self.live_price,
             interruptible=self.interruptible,

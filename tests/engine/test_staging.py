@@ -199,12 +199,14 @@ def test_s3_storage_without_keys_is_refused(
         ({"push_to_hub": "acme/x"}, {}, "HF_TOKEN"),
         ({"stack": "unsloth"}, {}, "estimate-only"),
         ({"compile": True}, {}, "estimate-only"),
+        ({"method": "full", "merge": True}, {}, "drop merge"),
+        ({"gpus": 2, "optimizer": "adamw_8bit"}, {}, "optimizer=adamw"),
     ],
 )
 def test_options_the_runner_cannot_honour_are_refused_before_renting(
         tmp_path: Path, s3_bucket: str, update: dict[str, Any], env: dict[str, str], refusal: str) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
-    cloud = FakeProvider("vast", kind="container")
+    cloud = FakeProvider("vast", kind="container", gpu_count=update.get("gpus", 1))
     eng = make_engine(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/t", **env)
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data)).model_copy(update=update)
     with pytest.raises(EngineError, match=refusal):
@@ -295,4 +297,22 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
     eng.tick()
     finished = [e for e in rec.events if e.kind == "finished"]
     assert finished and f"Pushed to the Hub: {url}" in finished[-1].message
+    eng.close()
+
+
+def test_a_dataset_already_in_object_storage_is_counted_checked_and_used_in_place(
+        tmp_path: Path, s3_bucket: str) -> None:
+    import fsspec
+
+    uri = f"{s3_bucket}/data/chat.jsonl"
+    with fsspec.open(uri, "w") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in CHAT))
+    cloud = FakeProvider("vast", kind="container")
+    eng = make_engine(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
+    req = EstimateRequest(model="llama-3.2-1b", dataset=uri)
+    est = planned(eng, req, cloud)
+    assert est.training.dataset_format == "messages" and est.time.tokens > 0
+    eng.create_job(req, user="alice", estimate=est)
+    spec, _ = launched_spec(cloud)
+    assert spec.dataset.uri == uri and spec.dataset.format.value == "messages"  # not copied again
     eng.close()
