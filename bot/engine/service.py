@@ -654,12 +654,13 @@ class Engine:
         elif verdict == "exited" and code == 0:
             finish_mod.finish(self, job_id, S.SUCCEEDED, reason="finished")
         elif verdict == "exited":
+            said = self._exit_message(row)
             finish_mod.finish(
                 self,
                 job_id,
                 S.FAILED,
                 reason=f"runner exited with code {code}",
-                message=f"the runner exited with code {code}",
+                message=f"the runner exited with code {code}" + (f": {said}" if said else ""),
             )
         elif verdict in ("preempted", "gone"):
             if job.stop_requested_at is not None:
@@ -690,6 +691,17 @@ class Engine:
                     relaunch(self, job_id)
                 return
             self._check_cap(job, rows)
+
+    def _exit_message(self, row: InstanceRow | None) -> str | None:
+        """The runner's own last words, where the provider can read them (the local provider's log)."""
+        provider = self.providers.get(row.provider) if row is not None else None
+        read = getattr(provider, "exit_message", None)
+        if row is None or not callable(read):
+            return None
+        try:
+            return read(row.provider_instance_id)
+        except Exception:  # noqa: BLE001 - a missing log never blocks the finish
+            return None
 
     def _finish_outcome(self, job: Job) -> None:
         """The runner said how it ended; a failure carries the runner's own error line."""

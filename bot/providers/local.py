@@ -380,6 +380,23 @@ class LocalProvider:
                 state[instance_id]["exit_code"] = exit_code
                 state[instance_id]["terminated_at"] = time.time()
 
+    def exit_message(self, instance_id: str) -> str | None:
+        """Why the runner ended, in its own words: the summary line's message, else its last error line."""
+        try:
+            lines = [ln.strip() for ln in self.log_path(instance_id).read_text(errors="replace").splitlines()]
+        except OSError:
+            return None
+        lines = [ln for ln in lines if ln]
+        if lines and lines[-1].startswith("{"):
+            try:
+                message = json.loads(lines[-1]).get("message")
+            except ValueError:
+                message = None
+            if message:
+                return str(message)[:1000]
+        errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
+        return errors[-1][:1000] if errors else None
+
     def find_by_label(self, label: str) -> list[Instance]:
         return [i for i in self.list_instances() if i.label == label]
 

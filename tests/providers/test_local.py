@@ -167,3 +167,18 @@ def test_state_file_lists_pid_log_and_exit_file(local: LocalProvider) -> None:
     rec = state[inst.instance_id]
     assert rec["label"] == "tunebot-state" and rec["pid"] > 0 and Path(rec["log"]).exists()
     assert rec["exit_file"].endswith("exit_code") and os.path.isdir(local.instance_dir(inst.instance_id))
+
+
+def test_the_runners_last_words_are_readable_after_it_exits(tmp_path: Path) -> None:
+    """A runner that fails before it can report (a broken spec, an import error) is still explained."""
+    script = ("import sys; print('error: invalid job spec: seq_len: must be >= 8', file=sys.stderr); "
+              "print('{\"status\":\"invalid\",\"message\":\"invalid job spec: seq_len: must be >= 8\"}'); "
+              "sys.exit(2)")
+    local = LocalProvider(workdir=tmp_path, runner_command=[sys.executable, "-c", script])
+    inst = local.launch(LaunchRequest(job_id="j-words", offer=local.offer(), image="img"))
+    deadline = time.monotonic() + 10
+    while local.status(inst.instance_id).status != InstanceStatus.exited and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert local.status(inst.instance_id).exit_code == 2
+    assert local.exit_message(inst.instance_id) == "invalid job spec: seq_len: must be >= 8"
+    local.terminate(inst.instance_id)
