@@ -75,14 +75,16 @@ def s3_server() -> Iterator[MotoServer]:
 
 
 @pytest.fixture
-def s3_bucket(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+def s3_bucket(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh bucket as "s3://<name>", with the AWS_* environment pointing at the session's server."""
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
     import s3fs
 
-    s3fs.S3FileSystem.clear_instance_cache()
     from bot.settings import get_settings
 
+    s3fs.S3FileSystem.clear_instance_cache()  # s3fs caches clients regardless of the environment
     get_settings.cache_clear()
-    return f"s3://{s3_server.bucket()}"
+    yield f"s3://{s3_server.bucket()}"
+    s3fs.S3FileSystem.clear_instance_cache()  # nor may a later test get one that points here
+    get_settings.cache_clear()

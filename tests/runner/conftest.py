@@ -238,9 +238,12 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
                 raise RuntimeError("moto_server did not start") from None
             time.sleep(0.2)
     import boto3
+    import s3fs
 
+    s3fs.S3FileSystem.clear_instance_cache()  # a client cached by an earlier test points elsewhere
     boto3.client("s3", endpoint_url=endpoint).create_bucket(
         Bucket="tunebot", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     yield endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(10)
