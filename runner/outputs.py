@@ -13,6 +13,7 @@ model, the Hugging Face Hub.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ def _money(value: float | None) -> str:
     if value is None:
         return "-"
     return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _loss(value: float | None) -> str:
@@ -36,7 +43,8 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
     base = spec.base_model_name or spec.base_model
     adapter = spec.method is not Method.full
     tags = ["tunebot", spec.method.value, *(["peft", "lora"] if adapter else [])]
-    header = ["---", f"base_model: {base}" if "://" not in base and not base.startswith("/") else "",
+    hub_id = re.fullmatch(r"[\w.\-]+/[\w.\-]+", base) is not None  # the Hub's base_model must be a repo
+    header = ["---", f"base_model: {base}" if hub_id else "",
               f"library_name: {'peft' if adapter else 'transformers'}", "tags:",
               *(f"- {t}" for t in dict.fromkeys(tags)), "---"]
     data = data or {}
@@ -97,7 +105,7 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
         f"- status: {status}, {steps} of {max_steps or steps} optimizer steps, {tokens:,} tokens trained",
         f"- final training loss: {_loss(final_loss)}",
         f"- eval loss: {_loss(eval_loss)}",
-        f"- training time: {train_seconds / 3600:.2f} h",
+        f"- training time: {_duration(train_seconds)}",
         f"- cost: {_money(cost)}{where}{price}{estimate}",
         "",
         "## Use",
