@@ -53,12 +53,28 @@ from bot.planner.request import EstimateRequest
 GB = 1e9
 NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
-LOGIT_BYTES = {"plain": 15.0, "compiled": 10.0, "chunked": 2.0}
+LOGIT_BYTES = {"plain": 15.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
+# Each process of a multi-GPU run also holds NCCL's communication buffers outside PyTorch's allocator (4 MiB
+# NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they show
+# on the card (nvidia-smi) but not in torch.cuda.max_memory_reserved.
+NCCL_BUFFERS_GB = 0.5
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
+
+
+@dataclass(frozen=True)
+class MemoryCoefficients:
+    """The memory model's one fitted quantity (leave-one-source-out checked: bench/planner_crossval.py)."""
+
+    # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
+    # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
+    fsdp_units: float = 4.22
+
+
+FITTED_MEMORY = MemoryCoefficients()
 
 
 @dataclass
@@ -159,6 +175,21 @@ def nf4_dequant_path(req: EstimateRequest) -> str:
     return "torchao eager" if req.stack == "torchtune" and not req.compile else "kernel"
 
 
+def fp32_residual(req: EstimateRequest) -> bool:
+    """peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32 (peft/utils/other.py,
+    "cast all non INT8 parameters to fp32"; skipped for GPTQ/AQLM/EETQ/HQQ/torchao bases): the embedding
+    output, the RMSNorm weights and so every residual add are fp32, and bitsandbytes' Linear4bit returns its
+    output in its input's dtype (bitsandbytes/nn/modules.py), so the whole residual stream of a QLoRA model
+    is fp32 - the checkpointed layer inputs are 4 B per element, not 2 (the PEFT docs' 2-GPU FSDP QLoRA row,
+    35.6 GB, is met only with it: 29.4 GB with a 16-bit stream)."""
+    return req.method == "qlora" and req.qlora_upcast and req.stack == "hf"
+
+
+def adamw_impl(req: EstimateRequest) -> str:
+    """foreach (torch's default on CUDA since 2.0), fused (torchtune's configs) or for-loop (torch < 2.0)."""
+    return req.optimizer_impl or ("fused" if req.stack == "torchtune" else "foreach")
+
+
 STACK_QUANTIZER = {"hf": "bitsandbytes", "torchtune": "torchao", "unsloth": "prequantized"}
 
 
@@ -168,6 +199,10 @@ def nf4_quantizer(req: EstimateRequest) -> str:
 
 def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
     kind = "chunked" if req.chunked_ce else "compiled" if req.compile else "plain"
+    if kind == "plain" and not req.loss_upcast:
+        # 16-bit loss: logits, log-softmax output, its gradient and the logits' gradient all 16-bit (fp16 +
+        # DeepSpeed without autocast; model code whose forward never calls logits.float()).
+        kind = "plain16"
     factor = 2.0 if req.precision == "fp32" else 1.0
     extra = 0.0
     if kind == "plain" and arch.config.get("final_logit_softcapping"):
@@ -175,7 +210,12 @@ def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
     return LOGIT_BYTES[kind] * factor + extra
 
 
-def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None = None) -> MemoryResult:
+def estimate_memory(
+    arch: Architecture,
+    req: EstimateRequest,
+    gpus: int | None = None,
+    coef: MemoryCoefficients = FITTED_MEMORY,
+) -> MemoryResult:
     """Peak reserved memory per GPU for `req` on `gpus` GPUs (default req.gpus)."""
     n_gpus = gpus or req.gpus
     shard = float(n_gpus) if n_gpus > 1 else 1.0
@@ -218,7 +258,13 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
     if req.optimizer == "paged_adamw_8bit":
         offloaded["optimizer (paged, may spill to CPU)"] = optimizer
         optimizer = 0.0
-    step_temp = 0.0  # fused optimizers update in place (torchtune and PEFT rows show no step spike)
+    step_temp = 0.0  # fused optimizers update in place
+    if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
+        # torch.optim.AdamW's default on CUDA is foreach (torch/optim/optimizer.py _default_to_fused_or_foreach);
+        # _multi_tensor_adam builds `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, one temporary
+        # the size of every state at once (torch/optim/adam.py), while the gradients are still alive. The runner
+        # and the Trainer's adamw_torch use it; torchtune's configs ask for fused=True.
+        step_temp = trainable * param_bytes / shard
     if req.stack == "torchtune" and req.optimizer == "adamw_8bit":
         # torchao's 8-bit AdamW updates one parameter at a time with its two states dequantized to
         # fp32: the largest tensor (usually the embedding) sets the spike.
@@ -229,13 +275,13 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
 
     # Activations and logits, per GPU.
     per_layer = _activation_bytes_per_token_layer(arch, req) * tokens
-    resid = (4.0 if req.precision != "bf16" else 2.0) * arch.hidden * tokens
+    resid = (4.0 if req.precision != "bf16" or fp32_residual(req) else 2.0) * arch.hidden * tokens
     if req.gradient_checkpointing:
         inputs = arch.layers * resid
         if req.activation_offload:
             offloaded["checkpointed activations (CPU)"] = inputs
             inputs = 0.0
-        stored = inputs + per_layer  # layer inputs + one layer recomputed during its backward
+        stored = inputs  # the layer inputs; the last layer is recomputed only after the loss is done
     else:
         stored = arch.layers * per_layer
     if req.method == "qlora":
@@ -244,9 +290,9 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
     logits = tokens * arch.vocab * _logit_bytes(arch, req)
     if n_gpus > 1:
         # FSDP all-gathers the current block, prefetches the next and frees the previous one only
-        # when the communication stream is done with it: three unsharded blocks in flight.
+        # when the communication stream is done with it: coef.fsdp_units unsharded blocks in flight.
         block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
-        gathered = 3 * block * (2.0 if req.precision != "fp32" else 4.0)
+        gathered = coef.fsdp_units * block * (2.0 if req.precision != "fp32" else 4.0)
         if req.method == "qlora":
             gathered *= NF4_BYTES / 2.0
         weights += gathered
@@ -257,11 +303,21 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
         arch.vocab * arch.hidden * param_bytes / shard if full and not req.optimizer_in_backward else 0.0
     )
     persistent_grads = grads if req.grad_accum > 1 else min(grads, first_grad)
+    # Under checkpointing the loss's backward (logits, their fp32 copies and gradients) runs and frees before
+    # the last block's forward is recomputed (torch/utils/checkpoint.py: a checkpointed block recomputes when
+    # autograd first unpacks one of its saved tensors, i.e. when its own backward starts), so the logits and
+    # one block's working set are never alive together.
     phases = {
         "start of backward": {"gradients": persistent_grads, "activations": stored, "logits": logits},
         "end of backward": {"gradients": grads, "activations": per_layer, "logits": 0.0},
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
     }
+    if req.gradient_checkpointing:
+        phases["recompute of the last layer"] = {
+            "gradients": persistent_grads,
+            "activations": stored + per_layer,
+            "logits": 0.0,
+        }
     frag = FRAGMENTATION["packed" if req.packing else "variable"]
 
     def reserved(parts: dict[str, float]) -> float:
@@ -277,7 +333,7 @@ def estimate_memory(arch: Architecture, req: EstimateRequest, gpus: int | None =
         "optimizer": optimizer + parts.get("step", 0.0),
         "activations": parts["activations"],
         "logits": parts["logits"],
-        "cuda_context": CUDA_CONTEXT_GB * GB,
+        "cuda_context": (CUDA_CONTEXT_GB + (NCCL_BUFFERS_GB if n_gpus > 1 else 0.0)) * GB,
         "allocator": transient * (frag - 1.0),
     }
     peak_phase = phase

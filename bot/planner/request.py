@@ -66,6 +66,12 @@ class EstimateRequest(BaseModel):
     autocast: bool = True  # forward under torch.autocast (Trainer bf16=True): fp32 adapters see bf16 copies
     qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
     lora_dropout: float = Field(Defaults.lora_dropout, ge=0, lt=1)  # >0 keeps a dropout copy of each input
+    # The loss upcasts the logits to fp32 (transformers' ForCausalLMLoss calls logits.float()); False for a
+    # 16-bit loss (fp16 + DeepSpeed without autocast, model code that never upcasts its logits).
+    loss_upcast: bool = True
+    # How torch's AdamW runs: None = the stack's default (hf: torch's foreach default, as the runner and the
+    # Trainer's adamw_torch use it; torchtune: fused=True as its configs ask). "for-loop": torch < 2.0's default.
+    optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
 
     @property
     def alpha(self) -> int:

@@ -90,8 +90,11 @@ _PEFT = dict(
     gradient_checkpointing=False,
     attn="sdpa",
 )
-# PEFT docs: A100 80GB, fp32 weights; batch and length not stated: batch 1 x 512.
+# PEFT docs: A100 80GB, fp32 weights; batch and length not stated: batch 1 x 512. The table dates from PEFT's
+# first release (February 2023), before torch 2.0 made AdamW foreach by default on CUDA: torch 1.13's AdamW ran
+# its for-loop, which allocates no parameter-sized temporary.
 _PD = dict(
+    optimizer_impl="for-loop",
     precision="fp32",
     batch_size=1,
     seq_len=512,
@@ -253,3 +256,60 @@ UNSLOTH_MIN = {
     "Qwen/Qwen2.5-32B": (26.0, 76.0),
     "meta-llama/Llama-3.1-70B": (41.0, 164.0),
 }
+
+
+# Where each row comes from: the unit that leave-one-source-out cross-validation holds out.
+SOURCES = {
+    "torchtune 8B": "torchtune README",
+    "torchtune 70B": "torchtune README",
+    "torchtune 405B": "torchtune README",
+    "torchtune 3B": "torchtune memory-optimization table (Llama-3.2-3B)",
+    "torchtune 2-7B": "torchtune tutorials (Llama-2-7B)",
+    "peft metamath": "PEFT MetaMathQA benchmark",
+    "peft docs": "PEFT docs",
+    "qlora paper": "QLoRA paper",
+    "unsloth min": "Unsloth minimum-VRAM table",
+    "unsloth context": "Unsloth max-context table",
+}
+
+
+def source_of(row_id: str) -> str:
+    for prefix, source in SOURCES.items():
+        if row_id.startswith(prefix):
+            return source
+    raise KeyError(row_id)
+
+
+# Unsloth's "minimum VRAM" guidance, read as Unsloth's stack (fused kernels, chunked loss, offloaded
+# checkpoints, 8-bit AdamW) at its default max_seq_length 2048 and batch 1, as torch reports it.
+UNSLOTH_REQUEST = dict(
+    stack="unsloth",
+    batch_size=1,
+    seq_len=2048,
+    compile=True,
+    chunked_ce=True,
+    qlora_upcast=False,
+    adapter_dtype="bf16",
+    activation_offload=True,
+    optimizer="adamw_8bit",
+)
+# Unsloth's max context for Llama-3.1-8B QLoRA r=32, batch 1, with plain Hugging Face + FlashAttention-2: the
+# longest sequence that fits the card, i.e. at that length the job needs the whole card.
+UNSLOTH_CONTEXT = {"rtx-4090": 5_789, "a100-80gb": 28_454}
+
+
+def memory_rows() -> list[Row]:
+    """Every published memory figure as a Row: the table rows, Unsloth's minimum-VRAM cells and its
+    max-context pairs (the card's memory at the published length, device convention)."""
+    rows = [r for r in ROWS if r.memory_gb is not None]
+    for model, (q, lora) in UNSLOTH_MIN.items():
+        for method, gb in (("qlora", q), ("lora", lora)):
+            rows.append(Row(f"unsloth min {model} {method}", dict(UNSLOTH_REQUEST, model=model, method=method),
+                            "a100-80gb", gb))
+    from bot.planner.gpus import gpu
+
+    for card, length in UNSLOTH_CONTEXT.items():
+        request = dict(model="meta-llama/Llama-3.1-8B", method="qlora", lora_r=32, batch_size=1,
+                       seq_len=length, attn="flash")
+        rows.append(Row(f"unsloth context {card}", request, card, gpu(card).memory_gb, convention="device"))
+    return rows

@@ -1,7 +1,11 @@
 """Every published measurement of docs/estimation.md is a test: memory within 15%, tokens/s within 30%.
 
 Rows the physics cannot reach with any single reading of the source are strict xfails with the
-reason, so a future change that makes them pass (or breaks the reasoning) is noticed.
+reason, so a future change that makes them pass (or breaks the reasoning) is noticed. Two rows that passed
+before issue 11 are now replaced by a stated mechanism (SPEED_XFAIL and UNSLOTH_XFAIL below say which and
+why): the old planner met them with a per-stack utilization fitted to them and by counting the logits and a
+recomputed layer together, both of which the libraries' code contradicts. How the planner does on sources it
+was not fitted on is tests/planner/test_crossval.py (leave one source out).
 """
 
 from __future__ import annotations
@@ -14,9 +18,20 @@ from bot.planner.models import resolve
 from bot.planner.request import EstimateRequest
 from bot.planner.speed import estimate_speed
 
-from .published import ROWS, UNSLOTH_MIN, Row
+from .published import ROWS, UNSLOTH_MIN, UNSLOTH_REQUEST, Row
 
 XFAIL: dict[str, str] = {}
+SPEED_XFAIL: dict[str, str] = {
+    "peft metamath full l40s": (
+        "replaced by a stated mechanism (issue 11): the old planner met this row with MFU 0.19 fitted to it "
+        "alone ('full fine-tuning is not a fixed 0.19'). The roofline predicts ~4,650 tokens/s: 3,072-token "
+        "micro-steps of Llama-3.2-3B at the matmul efficiency the other 15 rows share (the same benchmark's LoRA "
+        "row is within 11% at the same settings), plus foreach AdamW's memory-bound pass over 3.2B bf16 weights, "
+        "gradients and states (~42 B/param at 864 GB/s: 0.16 s per step). The published 2,315 needs ~1.3 s per "
+        "step, 0.7 s that no counted mechanism explains (a 46 GB card near its 37 GB reserved peak with "
+        "variable-length batches would retry cudaMalloc after freeing the cache, but nothing published says so)"
+    ),
+}
 
 
 def _memory(row: Row) -> float:
@@ -52,7 +67,18 @@ def test_peak_memory_within_15_percent(row: Row) -> None:
     )
 
 
-@pytest.mark.parametrize("row", _params(ROWS, with_speed=True))
+def _speed_params() -> list:
+    out = []
+    for row in ROWS:
+        if row.tokens_per_second is None:
+            continue
+        reason = SPEED_XFAIL.get(row.id)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(row, id=row.id, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("row", _speed_params())
 def test_tokens_per_second_within_30_percent(row: Row) -> None:
     req = EstimateRequest(**row.request)
     arch, _ = resolve(req.model)
@@ -60,8 +86,6 @@ def test_tokens_per_second_within_30_percent(row: Row) -> None:
     assert tps == pytest.approx(row.tokens_per_second, rel=0.30), f"{tps:.0f} vs {row.tokens_per_second}"
 
 
-# Unsloth's "minimum VRAM" guidance, read as Unsloth's stack (fused kernels, chunked loss, offloaded
-# checkpoints, 8-bit AdamW) at its default max_seq_length 2048 and batch 1, as torch reports it.
 _LORA16 = (
     "the 16-bit column is 2.3 GB per billion parameters for 14B-70B (33, 76, 164 GB: bf16 weights x1.16) "
     "but 2.6-2.7 for 7B/8B; nothing in a batch-1 LoRA step beyond the 2 B/param weights grows with the "
@@ -70,6 +94,14 @@ _LORA16 = (
 )
 _PAIR = " (test_unsloth_7b_and_8b_columns_contradict_each_other: this row's two cells cannot both pass)"
 UNSLOTH_XFAIL = {
+    ("meta-llama/Llama-3.2-3B", "qlora"): (
+        "replaced by a stated mechanism (issue 11): predicted 2.93 vs 3.5 GB (-16%); it passed at -10% only "
+        "because the old planner held the last block's recomputed working set (0.2 GB) together with the logits. "
+        "Under checkpointing the loss's backward runs and frees the logits before the last block is recomputed "
+        "(torch/utils/checkpoint.py recomputes a block when its own backward first unpacks a saved tensor). What "
+        "is left is 2.2 GB of NF4 + 16-bit embeddings, 0.5 GB of chunked logits and 0.1 GB of adapters and "
+        "8-bit states: a 'minimum VRAM' guide rounds up from there"
+    ),
     ("mistralai/Mistral-7B-v0.1", "lora"): "predicted 15.1 vs 19 GB (-20%): " + _LORA16 + _PAIR,
     ("meta-llama/Llama-3.1-8B", "lora"): "predicted 17.1 vs 22 GB (-22%): " + _LORA16 + _PAIR,
     ("Qwen/Qwen2.5-32B", "qlora"): (
@@ -111,19 +143,7 @@ def _unsloth_params() -> list:
 
 @pytest.mark.parametrize(("model", "method", "gb"), _unsloth_params())
 def test_unsloth_minimum_vram(model: str, method: str, gb: float) -> None:
-    req = EstimateRequest(
-        model=model,
-        method=method,
-        stack="unsloth",
-        batch_size=1,
-        seq_len=2048,
-        compile=True,
-        chunked_ce=True,
-        qlora_upcast=False,
-        adapter_dtype="bf16",
-        activation_offload=True,
-        optimizer="adamw_8bit",
-    )
+    req = EstimateRequest(**UNSLOTH_REQUEST, model=model, method=method)
     arch, _ = resolve(model)
     m = estimate_memory(arch, req)
     assert m.torch_reserved_gb == pytest.approx(gb, rel=0.15)

@@ -1,0 +1,167 @@
+"""Fitting the planner's few coefficients and checking them on sources they were not fitted on.
+
+Pure and generic: a Case is one published figure (memory or tokens/s) with the source (paper, README table)
+it came from and a function that predicts it for a given coefficient vector. `fit` minimizes a robust loss of
+the log errors (soft-L1: one contradictory row cannot drag every coefficient) with a small Nelder-Mead;
+`leave_one_source_out` refits without each source in turn and predicts that source with what the others
+taught. The held-out errors are the figure that says how the planner does on tables it never saw; their
+spread (the p10-p90 of held-out measured/predicted ratios) is what the estimate's ranges are made of.
+
+The published rows themselves live with the tests (tests/planner/published.py); the bench script and the
+test build Cases from them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    source: str
+    kind: str  # "memory" | "speed"
+    measured: float
+    predict: Callable[[Sequence[float]], float]  # coefficient vector -> predicted figure
+
+
+@dataclass(frozen=True)
+class Held:
+    case: Case
+    in_sample: float  # predicted with the coefficients fitted on every source
+    held_out: float  # predicted with the coefficients fitted without the case's source
+
+    @property
+    def in_sample_error(self) -> float:
+        return self.in_sample / self.case.measured - 1.0
+
+    @property
+    def held_out_error(self) -> float:
+        return self.held_out / self.case.measured - 1.0
+
+
+def nelder_mead(
+    f: Callable[[list[float]], float], x0: Sequence[float], step: float = 0.3, iters: int = 300
+) -> list[float]:
+    """Minimize f from x0 (few dimensions, no derivatives); deterministic."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    values = [f(p) for p in simplex]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < 1e-10:
+            break
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def toward(t: float, worst: list[float] = worst, centroid: list[float] = centroid) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centroid, worst, strict=True)]
+
+        reflected = toward(-1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = toward(-2.0)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+    return simplex[min(range(n + 1), key=values.__getitem__)]
+
+
+def robust_loss(cases: Sequence[Case], x: Sequence[float], scale: float = 0.15) -> float:
+    """Soft-L1 of the log errors: quadratic below `scale` (15%), linear beyond (outliers pull less)."""
+    total = 0.0
+    for case in cases:
+        predicted = case.predict(x)
+        if not predicted > 0:
+            return math.inf
+        r = math.log(predicted / case.measured) / scale
+        total += 2.0 * (math.sqrt(1.0 + r * r) - 1.0)
+    return total
+
+
+def fit(
+    cases: Sequence[Case],
+    x0: Sequence[float],
+    bounds: Sequence[tuple[float, float]],
+    iters: int = 300,
+) -> list[float]:
+    """Coefficients (within bounds) that minimize the robust loss over `cases`; x0 when there is nothing to fit."""
+    if not cases or not x0:
+        return list(x0)
+
+    def clamp(z: Sequence[float]) -> list[float]:
+        return [min(hi, max(lo, math.exp(v))) for v, (lo, hi) in zip(z, bounds, strict=True)]
+
+    best = nelder_mead(lambda z: robust_loss(cases, clamp(z)), [math.log(v) for v in x0], iters=iters)
+    return clamp(best)
+
+
+def leave_one_source_out(
+    cases: Sequence[Case],
+    x0: Sequence[float],
+    bounds: Sequence[tuple[float, float]],
+    iters: int = 300,
+) -> tuple[list[Held], list[float]]:
+    """(every case with its in-sample and held-out prediction, the coefficients fitted on all sources)."""
+    everything = fit(cases, x0, bounds, iters)
+    out: list[Held] = []
+    for source in dict.fromkeys(c.source for c in cases):
+        rest = [c for c in cases if c.source != source]
+        coef = fit(rest, x0, bounds, iters)
+        for case in cases:
+            if case.source == source:
+                out.append(Held(case, case.predict(everything), case.predict(coef)))
+    return out, everything
+
+
+def median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    if not s:
+        return math.nan
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default) without numpy."""
+    s = sorted(values)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    median_abs: float
+    max_abs: float
+    p10_ratio: float  # measured / predicted
+    p90_ratio: float
+
+
+def summarize(errors: Sequence[float]) -> Summary:
+    """errors are predicted/measured - 1; ratios reported as measured/predicted (what to multiply by)."""
+    ratios = [1.0 / (1.0 + e) for e in errors]
+    return Summary(
+        n=len(errors),
+        median_abs=median([abs(e) for e in errors]),
+        max_abs=max((abs(e) for e in errors), default=math.nan),
+        p10_ratio=quantile(ratios, 0.10),
+        p90_ratio=quantile(ratios, 0.90),
+    )
