@@ -66,7 +66,9 @@ def _print_estimate(est: Estimate) -> None:
         + (f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else "")
         + f"; {est.method}: {m.trainable_parameters:,} trainable"
     )
-    mem = Table(title=f"Peak memory per GPU: {est.memory.per_gpu_gb:.1f} GB", title_justify="left")
+    low_high = est.memory.per_gpu_gb_range
+    span = f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
+    mem = Table(title=f"Peak memory per GPU: {est.memory.per_gpu_gb:.1f} GB{span}", title_justify="left")
     mem.add_column("component")
     mem.add_column("GB", justify="right")
     for key, value in est.memory.breakdown_gb.items():
@@ -75,11 +77,19 @@ def _print_estimate(est: Estimate) -> None:
     mem.add_row("[bold]total[/bold]", f"[bold]{est.memory.per_gpu_gb:.2f}[/bold]")
     console.print(mem)
     s, t = est.speed, est.time
-    console.print(
-        f"Speed on {s.gpu} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s, "
-        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
-        f"x {t.epochs:g} epochs = {t.hours:.2f} h"
+    tps_span = (
+        f" ({s.tokens_per_second_range[0]:,.0f}-{s.tokens_per_second_range[1]:,.0f})"
+        if s.tokens_per_second_range
+        else ""
     )
+    hours_span = f" ({t.hours_range[0]:.2f}-{t.hours_range[1]:.2f})" if t.hours_range else ""
+    console.print(
+        f"Speed on {s.gpu} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
+        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
+        f"x {t.epochs:g} epochs = {t.hours:.2f} h{hours_span}"
+    )
+    if s.calibration:
+        console.print(f"[green]{s.calibration}[/green]")
     if est.training is not None:
         from bot.planner.training import describe
 
@@ -115,7 +125,8 @@ def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
                 "interruptible" if o.interruptible else "on-demand",
                 f"{o.price_per_hour:.2f}",
                 f"{o.hours:.2f}",
-                f"{o.total_cost:.2f}",
+                f"{o.total_cost:.2f}"
+                + (f" ({o.total_cost_range[0]:.2f}-{o.total_cost_range[1]:.2f})" if o.total_cost_range else ""),
                 f"{o.checkpoint_minutes:.0f}" if o.checkpoint_minutes else "-",
                 ", ".join(o.labels),
             )

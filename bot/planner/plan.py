@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from bot.planner.architectures import Architecture
-from bot.planner.errors import BadRequestError
+from bot.planner.calibration import Calibration, Correction, Measurement
+from bot.planner.calibration import build as build_calibration
+from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
@@ -13,10 +15,11 @@ from bot.planner.memory import GB, MemoryResult, estimate_memory
 from bot.planner.models import resolve
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
+from bot.planner.ranges import MEMORY_RATIO, hours_range, memory_range, speed_range
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
-from bot.planner.speed import estimate_speed, optimizer_steps
+from bot.planner.speed import SpeedResult, estimate_speed, optimizer_steps
 from bot.planner.tokens import count_tokens
 from bot.planner.training import training_plan
 
@@ -42,7 +45,7 @@ def _tokens(req: EstimateRequest) -> tuple[int, str]:
 
 
 def _fits_anywhere(mem_gb: float, gpus: list[str]) -> str | None:
-    best = [g for g in gpus if mem_gb * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
+    best = [g for g in gpus if mem_gb * MEMORY_RATIO[1] * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
     return min(best, key=lambda g: GPUS[g].memory_gb) if best else None
 
 
@@ -119,14 +122,59 @@ def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) ->
     return text + f"; attention {req.attn}"
 
 
+def predict_measurement(m: Measurement) -> tuple[float | None, float | None, str, str, float] | None:
+    """The physics' figures for a measured run's configuration on its GPU (calibration.build's predictor)."""
+    try:
+        req = EstimateRequest(**{**m.request, "gpus": m.gpus, "gpu": None})
+        device = known_device(m.gpu)
+        if device is None:
+            return None
+        arch, _ = resolve(req.model)
+        mem = estimate_memory(arch, req, m.gpus)
+        speed = estimate_speed(arch, req, device, m.gpus)
+    except (PlanningError, ValueError, TypeError):
+        return None
+    return mem.torch_reserved_gb, speed.tokens_per_second, req.stack, req.method, float(arch.parameters)
+
+
+def calibrate(measurements: list[Measurement]) -> Calibration:
+    """Corrections from finished runs, predicted with this planner's physics."""
+    return build_calibration(measurements, predict_measurement)
+
+
+def _corrected_memory(mem: MemoryResult, corr: Correction | None) -> float:
+    """Peak GB per GPU with a calibration's factor on what torch reserves (the CUDA context is not measured)."""
+    if corr is None or not corr.memory_runs:
+        return mem.per_gpu_gb
+    return (mem.per_gpu_bytes + (corr.memory_factor - 1.0) * mem.torch_reserved_gb * GB) / GB
+
+
+def _corrected_speed(speed: SpeedResult, corr: Correction | None) -> SpeedResult:
+    if corr is None or not corr.speed_runs:
+        return speed
+    f = corr.speed_factor
+    return SpeedResult(
+        speed.tokens_per_second * f,
+        speed.step_seconds / f,
+        speed.micro_step_seconds / f,
+        speed.mfu * f,
+        speed.flops_per_token,
+        speed.parts,
+    )
+
+
 def estimate(
     request: EstimateRequest,
     *,
     offers: list[Offer] | None = None,
     prices_source: str = "snapshot",
     prices_as_of: datetime | None = None,
+    calibration: Calibration | None = None,
 ) -> Estimate:
-    """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input."""
+    """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input.
+
+    `calibration` (from finished runs, see calibration.py) moves memory and speed for the GPUs it has evidence
+    on; without it the estimate is the physics alone."""
     req = request
     _check(req)
     if req.gpu:
@@ -141,18 +189,28 @@ def estimate(
     tokens, token_source = _tokens(req)
 
     memo: dict[int, MemoryResult] = {req.gpus: mem}
+    calibration = calibration or Calibration()
 
-    def memory_gb(n: int) -> float:
+    def correction(g: str) -> Correction | None:
+        return calibration.lookup(g, req.stack, req.method, arch.parameters) if calibration else None
+
+    def memory_result(n: int) -> MemoryResult:
         if n not in memo:
             memo[n] = estimate_memory(arch, req, n)
-        return memo[n].per_gpu_gb
+        return memo[n]
+
+    def memory_gb(n: int) -> float:
+        return memory_result(n).per_gpu_gb
+
+    def memory_on(g: str, n: int) -> float:
+        return _corrected_memory(memory_result(n), correction(g))
 
     speed_memo: dict[tuple[str, int], float] = {}
 
     def hours(g: str, n: int) -> float:
         key = (g, n)
         if key not in speed_memo:
-            s = estimate_speed(arch, req, known_device(g), n)
+            s = _corrected_speed(estimate_speed(arch, req, known_device(g), n), correction(g))
             steps = optimizer_steps(tokens, req.epochs, req, n)
             speed_memo[key] = steps * s.step_seconds / 3600.0
         return speed_memo[key]
@@ -161,6 +219,9 @@ def estimate(
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
     job = JobShape(
         memory_gb=memory_gb,
+        memory_on=memory_on if calibration else None,
+        memory_upper=MEMORY_RATIO[1],
+        hours_low_high=hours_range(1.0),
         hours=hours,
         checkpoint_gb=mem.checkpoint_bytes / GB,
         download_gb=mem.download_bytes / GB,
@@ -178,9 +239,14 @@ def estimate(
     else:
         headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS)) or "h200"
     device = lookup_gpu(headline)
-    speed = estimate_speed(arch, req, device)
+    corr = correction(headline)
+    speed = _corrected_speed(estimate_speed(arch, req, device), corr)
     steps = optimizer_steps(tokens, req.epochs, req)
     time_hours = steps * speed.step_seconds / 3600.0
+    mem_gb = _corrected_memory(mem, corr)
+    breakdown = mem.breakdown_gb()
+    if corr is not None and corr.memory_runs:
+        breakdown["calibration"] = round(mem_gb - mem.per_gpu_gb, 3)
 
     assumptions = [
         f"model: {arch.name} from the {source}; {arch.parameters:,} parameters"
@@ -197,6 +263,13 @@ def estimate(
         "interval; storage covers the model download and two checkpoints; egress the result download",
     ]
     assumptions.append(_method_note(arch, req, mem))
+    lo, hi = MEMORY_RATIO
+    assumptions.append(
+        f"ranges: memory x{lo:.2f}-{hi:.2f}, speed and time from the spread of the planner's errors on published "
+        "sources it was not fitted on (p10-p90, leave one source out); offers must fit the upper end"
+    )
+    if corr is not None:
+        assumptions.append(corr.describe())
     if req.gpus > 1:
         assumptions.append(
             f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
@@ -229,10 +302,11 @@ def estimate(
         ),
         method=req.method,
         memory=MemoryEstimate(
-            per_gpu_gb=round(mem.per_gpu_gb, 3),
-            breakdown_gb=mem.breakdown_gb(),
+            per_gpu_gb=round(mem_gb, 3),
+            breakdown_gb=breakdown,
             gpus=req.gpus,
             sharding=mem.sharding,
+            per_gpu_gb_range=[round(v, 3) for v in memory_range(mem_gb)],
         ),
         speed=SpeedEstimate(
             gpu=headline,
@@ -241,6 +315,9 @@ def estimate(
             step_seconds=round(speed.step_seconds, 4),
             mfu=round(speed.mfu, 4),
             flops_per_token=speed.flops_per_token,
+            tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second)],
+            calibrated_runs=corr.speed_runs if corr else 0,
+            calibration=corr.describe() if corr else None,
         ),
         time=TimeEstimate(
             tokens=tokens,
@@ -248,6 +325,7 @@ def estimate(
             steps=steps,
             hours=round(time_hours, 4),
             token_source=token_source,
+            hours_range=[round(v, 4) for v in hours_range(time_hours)],
         ),
         offers=ranked,
         assumptions=assumptions,

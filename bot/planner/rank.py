@@ -54,6 +54,9 @@ class JobShape:
     checkpoint_gb: float
     download_gb: float
     output_gb: float
+    memory_on: Callable[[str, int], float] | None = None  # per (gpu, count) when a calibration moves it
+    memory_upper: float = 1.0  # the upper end of the memory range, as a ratio: what "fits" is judged on
+    hours_low_high: tuple[float, float] = (1.0, 1.0)  # the compute-time range as ratios (cost ranges)
 
     @property
     def checkpoint_hours(self) -> float:
@@ -129,6 +132,13 @@ def _columns(offers: Sequence[Offer]) -> dict[str, list]:
     }
 
 
+def _cost_range(total: float, egress: float, low_high: tuple[float, float]) -> list[float] | None:
+    """Everything but egress scales with the hours the job runs (compute, preemption overhead, storage)."""
+    if low_high == (1.0, 1.0):
+        return None
+    return [round(egress + (total - egress) * r, 4) for r in low_high]
+
+
 def rank_offers(
     offers: Sequence[Offer],
     job: JobShape,
@@ -154,11 +164,15 @@ def rank_offers(
         if key in pairs:
             continue
         g, c = key
-        if c not in mem_cache:
-            mem_cache[c] = job.memory_gb(c)
+        if job.memory_on is not None:
+            need = job.memory_on(g, c)
+        else:
+            if c not in mem_cache:
+                mem_cache[c] = job.memory_gb(c)
+            need = mem_cache[c]
         device = known_device(g)
         cap = device.memory_gb if device and device.memory_gb else offers[i].gpu_memory_gb
-        pairs[key] = (mem_cache[c], cap, job.hours(g, c) if device else None)
+        pairs[key] = (need, cap, job.hours(g, c) if device else None)
     per = [pairs[k] for k in keys]
     work = [p[2] if p[2] is not None else 0.0 for p in per]
     if n >= VECTOR_MIN:
@@ -185,7 +199,7 @@ def rank_offers(
             pair_cat[(g, c)] = 5
         elif c != gpus:
             pair_cat[(g, c)] = 4
-        elif need * (1.0 + SAFETY_MARGIN) > cap:
+        elif need * job.memory_upper * (1.0 + SAFETY_MARGIN) > cap:
             pair_cat[(g, c)] = 1
         else:
             pair_cat[(g, c)] = 0
@@ -233,7 +247,8 @@ def rank_offers(
         if cat == 0:
             lab = labels.get(i, [])
             text = ("recommended: " + ", ".join(lab)) if lab else "fits"
-            text += f" ({need:.1f} of {cap:.1f} GB per GPU)"
+            text += f" ({need:.1f} of {cap:.1f} GB per GPU"
+            text += f", up to {need * job.memory_upper:.1f})" if job.memory_upper > 1.0 else ")"
             if o.interruptible:
                 minutes = float(res["interval"][i]) * 60
                 text += (
@@ -241,7 +256,8 @@ def rank_offers(
                 )
             return text
         if cat == 1:
-            return f"needs {need:.1f} GB per GPU (+{SAFETY_MARGIN:.0%} margin); {o.gpu} has {cap:.1f} GB"
+            upper = f", up to {need * job.memory_upper:.1f}" if job.memory_upper > 1.0 else ""
+            return f"needs {need:.1f} GB per GPU{upper} (+{SAFETY_MARGIN:.0%} margin); {o.gpu} has {cap:.1f} GB"
         if cat == 2:
             return f"expected ${total[i]:.2f} is above the cost limit ${max_cost:.2f}"
         if cat == 3:
@@ -272,6 +288,7 @@ def rank_offers(
                 storage_cost=round(float(res["storage"][i]), 4),
                 egress_cost=round(float(res["egress"][i]), 4),
                 preemption_cost=round(float(res["preempt"][i]), 4),
+                total_cost_range=_cost_range(total[i], float(res["egress"][i]), job.hours_low_high),
                 checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
                 fits=category[i] == 0,
                 rejected_by=REJECTED_BY.get(category[i]),

@@ -3,7 +3,9 @@
 Stable keys: model.parameters, memory.per_gpu_gb, memory.breakdown_gb{...},
 speed.tokens_per_second, speed.step_seconds, time.hours,
 offers[] {provider, gpu, gpu_count, interruptible, price_per_hour, hours, total_cost, fits, reason}.
-New keys may be added; these are never renamed or removed.
+New keys may be added; these are never renamed or removed. Ranges (issue 11): memory.per_gpu_gb_range,
+speed.tokens_per_second_range, time.hours_range, offers[].total_cost_range, each [low, high] (the p10-p90
+spread of the planner's held-out errors, bot/planner/ranges.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class MemoryEstimate(BaseModel):
     breakdown_gb: dict[str, float]
     gpus: int
     sharding: str  # "none" | "fsdp"
+    per_gpu_gb_range: list[float] | None = None  # [low, high]: offers must fit the high end (+ margin)
 
 
 class SpeedEstimate(BaseModel):
@@ -40,6 +43,9 @@ class SpeedEstimate(BaseModel):
     step_seconds: float  # one optimizer step
     mfu: float
     flops_per_token: float
+    tokens_per_second_range: list[float] | None = None  # [low, high]
+    calibrated_runs: int = 0  # finished runs behind the calibration of this GPU class (0 = physics alone)
+    calibration: str | None = None  # "calibrated from 6 runs on rtx-4090 (...)"
 
 
 class TimeEstimate(BaseModel):
@@ -48,6 +54,7 @@ class TimeEstimate(BaseModel):
     steps: int  # optimizer steps in total
     hours: float  # compute hours on --gpu (without preemption overhead)
     token_source: str  # "tokens=" | "tokenizer" | "chars/4 approximation" | "default"
+    hours_range: list[float] | None = None  # [low, high]
 
 
 class RankedOffer(BaseModel):
@@ -64,6 +71,7 @@ class RankedOffer(BaseModel):
     storage_cost: float = 0.0
     egress_cost: float = 0.0
     preemption_cost: float = 0.0
+    total_cost_range: list[float] | None = None  # [low, high]: the compute-time range priced the same way
     checkpoint_minutes: float | None = None  # Young/Daly interval for interruptible offers
     fits: bool
     reason: str  # why it was rejected, or why it is recommended

@@ -51,13 +51,18 @@ class SpeedCoefficients:
     """What the roofline cannot count: fitted on the published tokens/s rows (leave-one-source-out checked)."""
 
     matmul_eff: float = 0.881  # real-shape GEMMs vs the measured big-square matmul rate
-    attn_eff: float = 0.385  # fused attention kernels (forward + backward) vs the matmul rate
+    attn_eff: float = 0.385  # SDPA (torch's kernels; masked batches run the memory-efficient one) vs the matmul rate
     ew_scale: float = 1.697  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
     compiled_ew: float = 0.05  # fraction of the eager elementwise traffic left after torch.compile
     torchao_dequant_bytes: float = 11.30  # torchao NF4 -> bf16 bytes moved per parameter per pass
 
 
 FITTED = SpeedCoefficients()
+
+# FlashAttention-2 forward + backward at long sequences, head dim 128, causal: ~190-200 TFLOPS on an A100 (Dao,
+# "FlashAttention-2", 2023: 50-73% of the 312 TFLOPS peak forward, the backward a little lower), i.e. about 0.72 of
+# the measured dense matmul rate. Not fitted: no published row here runs flash attention at a long sequence.
+FLASH_ATTN_EFF = 0.72
 
 # bitsandbytes' dequantization: 28 ms per billion 4-bit parameters per checkpointed micro-step (three passes)
 # on an A100 (2,039 GB/s), docs/estimation.md: 28e-3 / 3e9 x 2.039e12 = 19 bytes of traffic per parameter and
@@ -190,7 +195,8 @@ def estimate_speed(
     passes = 3.0 + (1.0 if req.gradient_checkpointing else 0.0)
     weight_bytes = (0.5625 if req.method == "qlora" else 2.0) * arch.matmul_parameters * passes
     t_matmul = max(linear_flops / (rate * coef.matmul_eff), weight_bytes / bandwidth)
-    t_attn = attn_flops / (rate * (coef.matmul_eff if req.attn == "eager" else coef.attn_eff))
+    attn_eff = {"eager": coef.matmul_eff, "flash": FLASH_ATTN_EFF}.get(req.attn, coef.attn_eff)
+    t_attn = attn_flops / (rate * attn_eff)
     if req.attn == "eager":  # the s x s scores: bf16 written, fp32 softmax read + written, read back; x3 training
         t_attn += arch.heads * req.seq_len * tokens_micro * arch.layers * 12.0 * passes / bandwidth
     ew_fraction = coef.compiled_ew if req.compile else 1.0

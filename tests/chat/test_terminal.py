@@ -31,3 +31,24 @@ def test_markup_is_escaped_and_slack_bits_translated() -> None:
     )
     out = rendered(Reply(parts=[Text(":warning: [not markup] *hey*")]))
     assert "! [not markup] hey" in out
+
+
+def test_estimate_card_shows_ranges_and_calibration() -> None:
+    """A real estimate: '14.9 GB (13.6-16.6)', the time and cost ranges, and where calibration came from."""
+    from bot.planner import EstimateRequest, estimate
+    from bot.planner.calibration import Measurement
+    from bot.planner.plan import calibrate
+
+    req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="qlora", gpu="rtx-4090", tokens=20_000_000)
+    run = Measurement(gpu="rtx-4090", request=req.model_dump(), tokens_per_second=800.0)
+    plain = estimate(req)
+    est = estimate(req, calibration=calibrate([run, run.model_copy(update={"job_id": "2"})]))
+    mem = est.memory
+    out = rendered(cards.estimate_reply(est, estimate_id="e1"))
+    lo, hi = mem.per_gpu_gb_range
+    assert f"{mem.per_gpu_gb:.1f} GB ({lo:.1f}-{hi:.1f})" in out
+    assert "calibrated from 2 runs on rtx-4090" in out
+    cheapest = next(o for o in est.offers if "cheapest" in o.labels)
+    assert cards.cost_span(cheapest) in out and "-" in cards.cost_span(cheapest)
+    assert est.time.hours > plain.time.hours  # the runs were slower than the physics: the card says so
+    assert "calibrated" not in rendered(cards.estimate_reply(plain, estimate_id="e2"))

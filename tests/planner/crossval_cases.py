@@ -65,9 +65,9 @@ def speed_value(row: Row, coef: SpeedCoefficients = FITTED) -> float:
     return estimate_speed(arch, req, gpu(row.gpu), coef=coef).tokens_per_second
 
 
-def memory_cases() -> list[Case]:
+def memory_cases(guidance: bool = False) -> list[Case]:
     out = []
-    for row in memory_rows():
+    for row in memory_rows(guidance):
         out.append(Case(row.id, source_of(row.id), "memory", row.memory_gb,
                         lambda x, row=row: memory_value(row, memory_coef(x))))
     return out

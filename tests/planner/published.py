@@ -298,14 +298,16 @@ UNSLOTH_REQUEST = dict(
 UNSLOTH_CONTEXT = {"rtx-4090": 5_789, "a100-80gb": 28_454}
 
 
-def memory_rows() -> list[Row]:
-    """Every published memory figure as a Row: the table rows, Unsloth's minimum-VRAM cells and its
-    max-context pairs (the card's memory at the published length, device convention)."""
+def memory_rows(guidance: bool = False) -> list[Row]:
+    """Every published memory measurement as a Row: the table rows and Unsloth's max-context pairs (the card's
+    memory at the published length, device convention); with `guidance`, also Unsloth's minimum-VRAM cells,
+    a sizing guide rather than measurements (four of its twelve cells contradict the others)."""
     rows = [r for r in ROWS if r.memory_gb is not None]
-    for model, (q, lora) in UNSLOTH_MIN.items():
-        for method, gb in (("qlora", q), ("lora", lora)):
-            rows.append(Row(f"unsloth min {model} {method}", dict(UNSLOTH_REQUEST, model=model, method=method),
-                            "a100-80gb", gb))
+    if guidance:
+        for model, (q, lora) in UNSLOTH_MIN.items():
+            for method, gb in (("qlora", q), ("lora", lora)):
+                request = dict(UNSLOTH_REQUEST, model=model, method=method)
+                rows.append(Row(f"unsloth min {model} {method}", request, "a100-80gb", gb))
     from bot.planner.gpus import gpu
 
     for card, length in UNSLOTH_CONTEXT.items():

@@ -36,7 +36,8 @@ def offer(
     )
 
 
-REQ = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", tokens=20_000_000)
+# 1,024 tokens: the upper end of the memory range (what "fits" is judged on) stays within a 24 GB card.
+REQ = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", seq_len=1024, tokens=20_000_000)
 
 
 def test_labels_cheapest_fastest_safest() -> None:
@@ -175,3 +176,13 @@ def test_an_offer_that_starts_in_seconds_is_not_charged_a_cloud_boot(copies: int
     est = estimate(REQ, offers=[cloud] * copies + [process])
     hours = {o.provider: o.hours for o in est.offers}
     assert hours["runpod"] - hours["local"] == pytest.approx((4.0 - 0.1) / 60, abs=1e-3)
+
+
+def test_fits_is_judged_on_the_upper_end_of_the_memory_range() -> None:
+    """23 GB fits a 25.8 GB RTX 4090 with 5% to spare, but not once the range's upper end (x1.11) is taken."""
+    card = [offer("vast", "rtx-4090", 0.3, memory=24)]
+    base = dict(hours=lambda g, n: 1.0, checkpoint_gb=1.0, download_gb=16.0, output_gb=0.2)
+    point, _, _ = rank_offers(card, JobShape(memory_gb=lambda n: 23.0, **base), gpus=1)
+    ranged, _, _ = rank_offers(card, JobShape(memory_gb=lambda n: 23.0, memory_upper=1.111, **base), gpus=1)
+    assert point[0].fits
+    assert not ranged[0].fits and ranged[0].rejected_by == "memory" and "up to 25.6" in ranged[0].reason
