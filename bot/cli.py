@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from bot.commands import chat_commands, engine_commands, estimate_commands
+from bot.commands import calibrate_commands, chat_commands, engine_commands, estimate_commands
 
 app = typer.Typer(
     name="tunebot",
@@ -21,6 +21,7 @@ app = typer.Typer(
 estimate_commands.register(app)
 engine_commands.register(app)
 chat_commands.register(app)
+calibrate_commands.register(app)
 
 
 def main() -> None:

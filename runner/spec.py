@@ -227,6 +227,9 @@ class RunnerEvent(BaseModel):
     wandb_url: str | None = None  # the W&B run page (on `started` when logging online)
     hub_url: str | None = None  # where the output was pushed (on the terminal event)
     timestamp: float = Field(default_factory=time.time)
+    # What this run measured (terminal events; see runner/measure.py): max_memory_reserved_gb,
+    # device_memory_used_gb, tokens_per_second (steady), steady_steps. Absent values were not measurable.
+    metrics: dict[str, float | None] | None = None
 
 
 class RunSummary(BaseModel):
@@ -243,6 +246,7 @@ class RunSummary(BaseModel):
     records_truncated: int = 0
     records_dropped: int = 0
     message: str | None = None
+    metrics: dict[str, float | None] | None = None  # as in RunnerEvent.metrics
 
 
 # The progress object: the runner writes it beside its checkpoints so that a bot without a public URL

@@ -112,6 +112,7 @@ class Trainer:
         self.wandb: Any = None
         self.fsdp = False
         self.session_started = time.time()
+        self.meter: Any = None  # runner/measure.RunMeter: what the planner's calibration learns from
 
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
@@ -290,6 +291,9 @@ class Trainer:
         resumed = f"resumed from {self.resumed_from}" if self.resumed_from else None
         self.emit(EventKind.started, message=resumed,
                   wandb_url=self.wandb.url if self.wandb is not None else None)
+        from runner.measure import RunMeter
+
+        self.meter = RunMeter(group.device)
         last_save = last_report = time.monotonic()
         window_tokens, window_start = 0, time.monotonic()
         session_start, session_train_seconds = time.monotonic(), state.train_seconds
@@ -300,7 +304,9 @@ class Trainer:
             n_micro = (len(mine) // spec.grad_accum) * spec.grad_accum
             while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
+                step_started = time.monotonic()
                 loss, tokens = self._step(micro)
+                self.meter.step(tokens, time.monotonic() - step_started)
                 state.micro_batch += spec.grad_accum
                 state.step += 1
                 state.tokens_seen += tokens
@@ -353,7 +359,8 @@ class Trainer:
         notes = ["stopped: the loss stopped improving"] if status == "plateau" else []
         if self.publish_problem:
             notes.append(self.publish_problem)
-        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, message="; ".join(notes) or None)
+        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, metrics=self.meter.result(),
+                  message="; ".join(notes) or None)
         return status
 
     def _step(self, micro: list[Any]) -> tuple[float, int]:
@@ -550,6 +557,7 @@ class Trainer:
             output_uri=self.output_uri,
             records_truncated=self.stats.truncated if self.stats is not None else 0,
             records_dropped=self.stats.dropped if self.stats is not None else 0,
+            metrics=self.meter.result() if self.meter is not None else None,
         )
 
     def close(self) -> None:

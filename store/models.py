@@ -214,3 +214,24 @@ class TaskRun(SQLModel, table=True):
     finished_at: float | None = None
     ok: bool | None = None
     message: str | None = None
+
+
+class CalibrationRun(SQLModel, table=True):
+    """One finished run's measurements with the configuration that produced them (bot/planner/calibration.py).
+
+    Recorded by the engine when a runner reports its terminal event, or imported by `tunebot calibrate import`.
+    """
+
+    __tablename__ = "calibration_runs"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str | None = Field(default=None, unique=True, max_length=64)  # "import:<content hash>" for imports
+    source: str = "run"  # run | import
+    recorded_at: float = Field(index=True)
+    gpu: str = Field(index=True)
+    gpus: int = 1
+    request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # EstimateRequest fields
+    max_memory_reserved_gb: float | None = None
+    device_memory_used_gb: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None

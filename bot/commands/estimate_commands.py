@@ -25,7 +25,9 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _estimate(model: str, pairs: list[tuple[str, str]], *, as_json: bool = False) -> None:
+def _estimate(
+    model: str, pairs: list[tuple[str, str]], *, as_json: bool = False, calibrated: bool = True
+) -> None:
     from bot.commands.request_cli import build_request
     from bot.planner import PlanningError, estimate
 
@@ -34,8 +36,16 @@ def _estimate(model: str, pairs: list[tuple[str, str]], *, as_json: bool = False
         _fail("give either a dataset (--dataset, dataset=) or tokens (--tokens, tokens=), not both")
     if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
         _fail(f"dataset file {request.dataset} does not exist")
+    calibration = None
+    if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
+        from bot.engine.calibration import read_snapshot
+        from bot.planner.plan import calibrate
+        from bot.settings import get_settings
+
+        measurements = read_snapshot(get_settings().data_dir)
+        calibration = calibrate(measurements) if measurements else None
     try:
-        result = estimate(request)
+        result = estimate(request, calibration=calibration)
     except PlanningError as exc:
         _fail(str(exc))
     if as_json:
@@ -47,8 +57,14 @@ def _estimate(model: str, pairs: list[tuple[str, str]], *, as_json: bool = False
 def _estimate_command() -> Callable[..., None]:
     from bot.commands.request_cli import request_command
 
-    extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                               default=typer.Option(False, "--json", help="Print the stable JSON contract."))]
+    extra = [
+        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--json", help="Print the stable JSON contract.")),
+        inspect.Parameter("calibrated", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(True, "--calibrated/--physics-only",
+                                               help="Apply what finished runs measured (tunebot calibrate "
+                                                    "show), or the physics alone.")),
+    ]
     return request_command(_estimate, extra, "Estimate memory, time and total cost of a fine-tune, and rank "
                                              "GPU offers. Options as flags or as key=value (like /tune).")
 

@@ -123,6 +123,13 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
                 url=e.wandb_url,
                 name="W&B run",
             )
+        if e.kind.value in TERMINAL and e.metrics:
+            from bot.engine.calibration import record_run
+
+            try:
+                record_run(eng, owner_job, e)  # what this run measured teaches the planner (issue 11)
+            except Exception as exc:  # noqa: BLE001 - a measurement must never stop the job's bookkeeping
+                log.warning("job %s: measurements not recorded: %s", job_id, exc)
         kind = {
             EventKind.progress: EngineEventKind.progress,
             EventKind.checkpoint: EngineEventKind.checkpoint,

@@ -162,7 +162,15 @@ class Engine:
                 source = "live" if source == "live" else "mixed"  # this machine's price is always live
             except ProviderError as exc:
                 log.warning("offers from local unavailable: %s", exc)
-        est = plan(request, offers=offers, prices_source=source, prices_as_of=catalog.as_of)
+        from bot.engine.calibration import calibration_for
+
+        est = plan(
+            request,
+            offers=offers,
+            prices_source=source,
+            prices_as_of=catalog.as_of,
+            calibration=calibration_for(self),
+        )
         return offers_mod.for_this_engine(
             est, self.providers, catalog.notes, local_max_hours=self.settings.local_max_hours
         )

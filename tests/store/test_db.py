@@ -24,6 +24,7 @@ TABLES = {
     "audit_log",
     "scheduler_lease",
     "task_runs",
+    "calibration_runs",
     "alembic_version",
 }
 
@@ -48,7 +49,12 @@ def test_migrate_creates_every_table_from_any_directory(empty_url, tmp_path, mon
     eng = make_engine(empty_url)
     assert TABLES <= set(inspect(eng).get_table_names())
     with eng.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        from alembic.script import ScriptDirectory
+
+        from store.db import alembic_config
+
+        head = ScriptDirectory.from_config(alembic_config(empty_url)).get_current_head()
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head
     eng.dispose()
 
 

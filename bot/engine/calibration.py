@@ -1,0 +1,259 @@
+"""Finished runs' measurements: recorded when a runner reports its end, imported from files, loaded for the planner.
+
+The planner's calibration (bot/planner/calibration.py) is pure; this module is its I/O. A finished (or plateau)
+event that carries metrics becomes one `calibration_runs` row with the job's configuration (its EstimateRequest,
+GPU type and count) - once per job. `tunebot calibrate import FILE` adds rows with the same columns. After every
+change a snapshot of the measurements is written to `<data dir>/calibration.json`, which `tunebot estimate`
+reads without opening the database (it stays a sub-second command): the database modules are imported inside
+the functions that use them.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from bot.planner.calibration import Calibration, Measurement
+
+if TYPE_CHECKING:
+    from bot.engine.service import Engine
+    from runner.spec import RunnerEvent
+    from store.models import Job
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT = "calibration.json"
+KEEP = 2000  # newest measurements the planner pools (older ones age out)
+# Columns of an import file (CSV header or JSON object keys) besides the EstimateRequest fields.
+MEASURED = ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_second", "mfu")
+
+
+def _mfu(m: Measurement) -> float | None:
+    """Measured utilization: the planner's FLOPs per token at the measured speed, over the GPU's matmul rate."""
+    from bot.planner.gpus import known
+    from bot.planner.plan import predict_measurement
+
+    if not m.tokens_per_second:
+        return None
+    predicted = predict_measurement(m)
+    device = known(m.gpu)
+    if predicted is None or device is None or not predicted[1]:
+        return None
+    from bot.planner.models import resolve
+    from bot.planner.request import EstimateRequest
+    from bot.planner.speed import estimate_speed
+
+    req = EstimateRequest(**{**m.request, "gpus": m.gpus, "gpu": None})
+    speed = estimate_speed(resolve(req.model)[0], req, device, m.gpus)
+    return round(speed.mfu * m.tokens_per_second / speed.tokens_per_second, 4)
+
+
+def record_run(eng: Engine, job: Job, event: RunnerEvent) -> bool:
+    """Store the measurements of a job's terminal event (once per job); True when a row was added."""
+    metrics = event.metrics or {}
+    if not job.gpu or not any(metrics.get(k) for k in MEASURED):
+        return False
+    try:
+        m = Measurement(
+            gpu=job.gpu,
+            gpus=job.gpu_count or 1,
+            request=dict(job.request or {}),
+            max_memory_reserved_gb=metrics.get("max_memory_reserved_gb") or None,
+            device_memory_used_gb=metrics.get("device_memory_used_gb") or None,
+            tokens_per_second=metrics.get("tokens_per_second") or None,
+            job_id=job.id,
+        )
+    except ValidationError as exc:
+        log.warning("job %s: measurements not recorded: %s", job.id, exc)
+        return False
+    added = add(eng, [m.model_copy(update={"mfu": _mfu(m), "recorded_at": eng.now()})])
+    return added == 1
+
+
+def add(eng: Engine, measurements: list[Measurement]) -> int:
+    """Insert measurements (a job's run at most once); refresh the snapshot; returns how many were new."""
+    from sqlalchemy.exc import IntegrityError
+
+    from store.models import CalibrationRun
+
+    added = 0
+    for m in measurements:
+        job_id = m.job_id
+        if job_id is None:  # an imported row: the same row imported twice is one measurement
+            content = json.dumps(m.model_dump(exclude={"recorded_at", "source"}), sort_keys=True)
+            job_id = "import:" + hashlib.sha256(content.encode()).hexdigest()[:24]
+        row = CalibrationRun(
+            job_id=job_id,
+            source=m.source,
+            recorded_at=m.recorded_at or eng.now(),
+            gpu=m.gpu,
+            gpus=m.gpus,
+            request=m.request,
+            max_memory_reserved_gb=m.max_memory_reserved_gb,
+            device_memory_used_gb=m.device_memory_used_gb,
+            tokens_per_second=m.tokens_per_second,
+            mfu=m.mfu,
+        )
+        with eng.session() as s:
+            s.add(row)
+            try:
+                s.commit()
+                added += 1
+            except IntegrityError:  # this job's run is already recorded (a re-read progress object)
+                s.rollback()
+    if added:
+        write_snapshot(eng.settings.data_dir, load(eng))
+    return added
+
+
+def load(eng: Engine, limit: int = KEEP) -> list[Measurement]:
+    from sqlalchemy import select
+
+    from store.models import CalibrationRun
+
+    with eng.session() as s:
+        rows = s.execute(select(CalibrationRun).order_by(CalibrationRun.id.desc()).limit(limit)).scalars().all()
+    return [
+        Measurement(
+            gpu=r.gpu,
+            gpus=r.gpus,
+            request=r.request,
+            max_memory_reserved_gb=r.max_memory_reserved_gb,
+            device_memory_used_gb=r.device_memory_used_gb,
+            tokens_per_second=r.tokens_per_second,
+            mfu=r.mfu,
+            job_id=r.job_id,
+            source=r.source,
+            recorded_at=r.recorded_at,
+        )
+        for r in reversed(rows)
+    ]
+
+
+def version(eng: Engine) -> tuple[int, int]:
+    """(count, newest id): changes whenever a measurement is added."""
+    from sqlalchemy import func, select
+
+    from store.models import CalibrationRun
+
+    with eng.session() as s:
+        count, newest = s.execute(select(func.count(CalibrationRun.id), func.max(CalibrationRun.id))).one()
+    return int(count or 0), int(newest or 0)
+
+
+def calibration_for(eng: Engine) -> Calibration:
+    """The planner's corrections from the stored measurements, recomputed only when they changed."""
+    from bot.planner.plan import calibrate
+
+    current = version(eng)
+    cached = getattr(eng, "_calibration_cache", None)
+    if cached is None or cached[0] != current:
+        cached = (current, calibrate(load(eng)) if current[0] else Calibration())
+        eng._calibration_cache = cached  # type: ignore[attr-defined]
+    return cached[1]
+
+
+# ---- the snapshot `tunebot estimate` reads, and import files ------------------------------------------------
+
+
+def write_snapshot(data_dir: Path, measurements: list[Measurement]) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"measurements": [m.model_dump(mode="json") for m in measurements]})
+    fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".calibration-", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(payload)
+    os.replace(tmp, data_dir / SNAPSHOT)
+
+
+def read_snapshot(data_dir: Path) -> list[Measurement]:
+    """The measurements of the last snapshot; [] when there is none or it cannot be read."""
+    try:
+        raw = json.loads((data_dir / SNAPSHOT).read_text())
+        return [Measurement.model_validate(m) for m in raw.get("measurements", [])]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+class CalibrationImportError(ValueError):
+    """An import file that cannot be read; the message says where and why."""
+
+
+def _number(value: Any, where: str) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise CalibrationImportError(f"{where}: {value!r} is not a number") from None
+    if out != out or out <= 0:
+        raise CalibrationImportError(f"{where}: {value!r} must be a positive number")
+    return out
+
+
+def parse_import(text: str, name: str = "file") -> list[Measurement]:
+    """Measurements from CSV (a header row) or JSON (a list of objects, or {"measurements": [...]}).
+
+    Columns: gpu, gpus, the EstimateRequest fields that describe the run (model, method, seq_len, batch_size,
+    lora_r, lora_targets, grad_accum, gradient_checkpointing, attn, optimizer, stack, ...), and the measured
+    max_memory_reserved_gb, device_memory_used_gb, tokens_per_second (at least one of them); optional mfu."""
+    from bot.planner.gpus import gpu as lookup_gpu
+    from bot.planner.request import EstimateRequest
+
+    stripped = text.lstrip()
+    if stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CalibrationImportError(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        rows = data.get("measurements") if isinstance(data, dict) else data
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise CalibrationImportError(f"{name}: expected a list of objects (or {{\"measurements\": [...]}})")
+        numbered = [(f"{name} item {i + 1}", r) for i, r in enumerate(rows)]
+    else:
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or "gpu" not in reader.fieldnames:
+            raise CalibrationImportError(f"{name}: a CSV needs a header row with at least gpu and model columns")
+        numbered = [(f"{name} line {i + 2}", dict(r)) for i, r in enumerate(reader)]
+    if not numbered:
+        raise CalibrationImportError(f"{name}: no measurements")
+    out: list[Measurement] = []
+    request_fields = set(EstimateRequest.model_fields) - {"gpu", "gpus", "tokens", "dataset", "epochs"}
+    for where, row in numbered:
+        row = {k.strip(): v for k, v in row.items() if k is not None}
+        measured = {k: _number(row.get(k), f"{where}: {k}") for k in MEASURED}
+        if not any(measured[k] for k in MEASURED[:3]):
+            raise CalibrationImportError(f"{where}: no measurement (max_memory_reserved_gb, device_memory_used_gb or "
+                               "tokens_per_second)")
+        try:
+            gpu_name = lookup_gpu(str(row.get("gpu") or "")).name
+        except ValueError as exc:
+            raise CalibrationImportError(f"{where}: {exc}") from None
+        request = {k: v for k, v in row.items() if k in request_fields and v not in (None, "")}
+        if isinstance(request.get("lora_targets"), str) and request["lora_targets"] != "all-linear":
+            request["lora_targets"] = [t.strip() for t in request["lora_targets"].split(",") if t.strip()]
+        try:
+            EstimateRequest(**request)  # the configuration must be one the planner understands
+            gpus = int(float(row.get("gpus") or 1))
+            out.append(Measurement(gpu=gpu_name, gpus=gpus, request=request, source="import", **measured))
+        except (ValidationError, ValueError) as exc:
+            first = exc.errors()[0] if isinstance(exc, ValidationError) else {"msg": str(exc), "loc": ()}
+            field = ".".join(str(p) for p in first.get("loc", ()))
+            raise CalibrationImportError(f"{where}: {field + ': ' if field else ''}{first['msg']}") from None
+    return out
+
+
+def import_columns() -> list[str]:
+    """The CSV header `calibrate import` understands (bench/gpu_check writes it)."""
+    return [
+        "gpu", "gpus", "model", "method", "stack", "seq_len", "batch_size", "grad_accum", "lora_r", "lora_targets",
+        "gradient_checkpointing", "attn", "optimizer", *MEASURED,
+    ]

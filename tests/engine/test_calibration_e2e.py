@@ -1,0 +1,91 @@
+"""The calibration loop end to end through the local provider: a finished run changes the next estimate.
+
+The real runner trains the tiny model on this machine's CPU, reports what it measured in its finished event
+(steady tokens/s; no memory figures without a GPU), the engine stores it, and the next estimate for the same
+GPU class (the local "cpu" offer) is calibrated from that run - visibly, in the card people read.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import select
+
+from bot.chat import cards
+from bot.chat.terminal import render
+from bot.planner.request import EstimateRequest
+from bot.settings import Settings
+from store.models import CalibrationRun
+
+
+def _card(est) -> str:
+    console = Console(width=160, record=True, force_terminal=False, color_system=None)
+    render(cards.estimate_reply(est, estimate_id="e"), console)
+    return console.export_text()
+
+
+@pytest.mark.slow
+def test_a_finished_run_calibrates_the_next_estimate_for_its_gpu_class(tmp_path: Path) -> None:
+    from bot.engine.service import Engine
+    from bot.providers.local import LocalProvider
+    from runner.tiny import make_tiny
+
+    tiny = make_tiny(tmp_path / "tiny").parent
+    local = LocalProvider(workdir=tmp_path / "local", price_per_hour=0.05)
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
+    eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'cal.db'}", providers={"local": local})
+    req = EstimateRequest(
+        model=str(tiny / "model"),
+        dataset=str(tiny / "data.jsonl"),
+        method="lora",
+        lora_r=8,
+        seq_len=256,
+        batch_size=4,
+        grad_accum=2,
+        gradient_checkpointing=False,
+        gpu="cpu",
+    )
+    try:
+        before = eng.estimate(req)
+        assert before.speed.gpu == "cpu" and before.speed.calibrated_runs == 0
+        job = eng.create_job(
+            req,
+            user="alice",
+            estimate=before,
+            max_cost=10.0,
+            spec_overrides={"max_steps": 12, "plateau": {"enabled": False}, "seed": 0},
+        )
+        deadline = time.time() + 240
+        while time.time() < deadline and eng.get_job(job.job_id).state not in ("succeeded", "stopped", "failed"):
+            eng.tick()
+            time.sleep(0.3)
+        view = eng.get_job(job.job_id)
+        assert view.state == "succeeded", f"{view.state}: {view.message}"
+        with eng.session() as s:
+            rows = s.execute(select(CalibrationRun)).scalars().all()
+        assert len(rows) == 1 and rows[0].job_id == job.job_id and rows[0].gpu == "cpu"
+        assert rows[0].tokens_per_second > 0 and rows[0].mfu is not None and rows[0].mfu > 0
+        assert rows[0].max_memory_reserved_gb is None  # no CUDA device: nothing to read, nothing invented
+        assert rows[0].request["lora_r"] == 8
+
+        after = eng.estimate(req)
+        assert after.speed.calibrated_runs == 1
+        assert after.speed.tokens_per_second != before.speed.tokens_per_second
+        card_before, card_after = _card(before), _card(after)
+        assert "calibrated from 1 run on cpu" in card_after and "calibrated" not in card_before
+        # the measured run moved the estimate a third of the way (one run against the physics' weight of two)
+        measured, physics = rows[0].tokens_per_second, before.speed.tokens_per_second
+        expected = physics * (min(max(measured / physics, 1 / 1.5), 1.5)) ** (1 / 3)
+        assert after.speed.tokens_per_second == pytest.approx(expected, rel=1e-3)
+        # the CLI's estimate reads the snapshot the engine wrote, without opening the database
+        assert (Path(settings.data_dir) / "calibration.json").is_file()
+        # another GPU class is untouched
+        other = eng.estimate(req.model_copy(update={"gpu": "rtx-4090"}))
+        assert other.speed.calibrated_runs == 0
+    finally:
+        for inst in local.list_instances():
+            local.terminate(inst.instance_id)
+        eng.close()
