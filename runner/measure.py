@@ -18,7 +18,8 @@ WARMUP_STEPS = 3
 
 
 class RunMeter:
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, warmup: int = WARMUP_STEPS) -> None:
+        self.warmup = warmup
         self.cuda = getattr(device, "type", str(device)) == "cuda"
         self.device = device
         self.steps = 0
@@ -39,7 +40,7 @@ class RunMeter:
     def step(self, tokens: int, seconds: float) -> None:
         """After each optimizer step (its loss was read back, so the device is done with it)."""
         self.steps += 1
-        if self.steps > WARMUP_STEPS:
+        if self.steps > self.warmup:
             self.tokens += tokens
             self.seconds += seconds
         if self.cuda:
@@ -62,7 +63,7 @@ class RunMeter:
             "max_memory_reserved_gb": None,
             "device_memory_used_gb": None,
             "tokens_per_second": None,
-            "steady_steps": float(max(0, self.steps - WARMUP_STEPS)),
+            "steady_steps": float(max(0, self.steps - self.warmup)),
         }
         if self.tokens and self.seconds > 0:
             out["tokens_per_second"] = round(self.tokens / self.seconds, 3)

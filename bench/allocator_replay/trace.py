@@ -252,6 +252,27 @@ HF_CASES = [  # (label, planner request); the trace builds the same model and st
         ),
     ),
     (
+        "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt",
+        dict(
+            model="meta-llama/Llama-3.1-8B",
+            method="lora",
+            lora_r=16,
+            batch_size=1,
+            seq_len=16384,
+            gradient_checkpointing=True,
+        ),
+    ),
+    (
+        "Llama-3.2-1B full bf16, 2 x 1024, ckpt",
+        dict(
+            model="meta-llama/Llama-3.2-1B",
+            method="full",
+            batch_size=2,
+            seq_len=1024,
+            gradient_checkpointing=True,
+        ),
+    ),
+    (
         "Qwen3-4B LoRA q,v r=8, 2 x 512, no ckpt",
         dict(
             model="Qwen/Qwen3-4B",
@@ -305,8 +326,9 @@ def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) ->
                 if request["method"] == "lora":
                     model.enable_input_require_grads()
             model.train()
+            # torch's default on CUDA is foreach (the meta device would pick the for-loop): the runner's optimizer
             optimizer = torch.optim.AdamW(
-                [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=False
+                [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=True
             )
             for length in lengths or [request["seq_len"]] * steps:
                 ids = torch.zeros(request["batch_size"], length, dtype=torch.long, device="meta")

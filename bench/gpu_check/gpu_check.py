@@ -1,68 +1,118 @@
-"""GPU check: train LoRA and QLoRA on a ~0.5B Llama made from a config (random weights, nothing downloaded) at
-sequence length 2048 for a fixed number of steps; print tokens/s and torch.cuda.max_memory_reserved next to
-the planner's estimate for the same configuration.
+"""GPU check: measure peak memory and tokens/s of LoRA and QLoRA at two sequence lengths on whatever GPU is here,
+print them next to the planner's estimate, and write them in the `tunebot calibrate import` format.
 
-Uses the runner's own model loading (runner.model.load_model: bf16 base, peft LoRA / bitsandbytes NF4
-with double quantization + prepare_model_for_kbit_training, gradient checkpointing) and the runner's loss
-(mean over label tokens). Batches are random token ids of full length (what packing produces). Under 8
-minutes on one GPU; on a machine without CUDA it says so and exits 0.
+The model is Llama-3.2-1B's architecture from the planner's built-in table (bot/planner/data/models.json) with
+random bf16 weights - nothing is downloaded - so the rows it writes resolve on any tunebot install. Training goes
+through the runner's own model loading (runner.model.load_model: bf16 base + peft LoRA, or bitsandbytes NF4 with
+double quantization + prepare_model_for_kbit_training), with gradient checkpointing, SDPA, micro-batch 1, torch's
+default AdamW, and the runner's meter (runner/measure.py: steady tokens/s after warm-up steps, peak
+torch.cuda.max_memory_reserved, device memory in use). Batches are random token ids of full length (what
+packing produces). On a machine without CUDA it says so and exits 0 without writing anything.
+
+    bench/gpu_check/run.sh [--steps 20] [--seq-lens 1024,4096] [--out gpu_check_calibration.csv]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import csv
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-# ~0.5B parameters, Llama-3 shapes: GQA 12/4 heads of 128, SwiGLU, untied embeddings.
-CONFIG = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=16,
-              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=4096,
-              rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False)
+MODEL = "meta-llama/Llama-3.2-1B"
+LORA_R = 16
+# The configuration every row shares (EstimateRequest fields), beside method and seq_len.
+REQUEST = dict(
+    model=MODEL,
+    stack="hf",
+    batch_size=1,
+    grad_accum=1,
+    lora_r=LORA_R,
+    lora_targets="all-linear",
+    gradient_checkpointing=True,
+    attn="sdpa",
+    optimizer="adamw",
+)
 
 
-def planner_estimate(config_path: Path, method: str, seq_len: int, gpu_name: str) -> dict[str, float] | str:
-    """The planner's memory and speed for the same job, or why it could not say."""
-    try:
-        from bot.planner import EstimateRequest, estimate
-    except Exception as exc:  # the planner is optional here: the measurement still stands
-        return f"planner unavailable ({type(exc).__name__}: {exc})"
-    request = dict(model=str(config_path), method=method, lora_r=16, lora_targets="all-linear", batch_size=1,
-                   seq_len=seq_len, grad_accum=1, gradient_checkpointing=True, attn="sdpa", gpus=1,
-                   tokens=1_000_000)
-    for gpu in (gpu_name, None):
-        try:
-            result = estimate(EstimateRequest(**request, gpu=gpu))
-            return {"memory_gb": result.memory.per_gpu_gb,
-                    "tokens_per_second": result.speed.tokens_per_second, "gpu": result.speed.gpu}
-        except Exception as exc:  # unknown GPU name: retry with the planner's default
-            problem = f"{type(exc).__name__}: {exc}"
-    return f"planner failed ({problem})"
-
-
-def gpu_alias(device_name: str) -> str:
+def planner_gpu(device_name: str, total_memory_gb: float) -> str | None:
+    """The planner's name for a CUDA device ("NVIDIA A100-SXM4-40GB", 42.4 GB -> a100-40gb); None if unknown."""
     name = device_name.lower()
-    for alias in ("h200", "h100", "a100", "l40s", "a6000", "4090", "3090"):
-        if alias in name:
-            return alias
-    return name
+    if "h200" in name:
+        return "h200"
+    if "h100" in name:
+        return "h100-80gb"
+    if "a100" in name:
+        return "a100-40gb" if total_memory_gb < 60 else "a100-80gb"
+    if "l40s" in name:
+        return "l40s"
+    if "6000 ada" in name:
+        return "rtx-6000-ada"
+    if "a6000" in name:
+        return "rtx-a6000"
+    for card in ("4090", "3090"):
+        if card in name:
+            return f"rtx-{card}"
+    return None
 
 
-def train_method(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -> dict[str, float]:
+def calibration_rows(gpu: str, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One `calibrate import` row per measured configuration (method, seq_len and the measured figures)."""
+    from bot.engine.calibration import import_columns
+
+    rows = []
+    for r in results:
+        row = {**REQUEST, "gpu": gpu, "gpus": 1, "method": r["method"], "seq_len": r["seq_len"]}
+        for key in ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_second", "mfu"):
+            row[key] = r.get(key)
+        rows.append({k: row.get(k) for k in import_columns()})
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    from bot.engine.calibration import import_columns
+
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=import_columns())
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def planner_figures(gpu: str | None, method: str, seq_len: int) -> dict[str, float] | None:
+    """The planner's physics for the same configuration (torch-reserved GB, tokens/s, MFU)."""
+    if gpu is None:
+        return None
+    from bot.planner.gpus import gpu as lookup
+    from bot.planner.memory import estimate_memory
+    from bot.planner.models import resolve
+    from bot.planner.request import EstimateRequest
+    from bot.planner.speed import estimate_speed
+
+    req = EstimateRequest(**REQUEST, method=method, seq_len=seq_len)
+    arch, _ = resolve(MODEL)
+    speed = estimate_speed(arch, req, lookup(gpu))
+    return {"memory_gb": estimate_memory(arch, req).torch_reserved_gb, "tokens_per_second": speed.tokens_per_second,
+            "mfu": speed.mfu}
+
+
+def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -> dict[str, float | None]:
     import torch
     import torch.nn.functional as F
 
+    from runner import measure
     from runner.model import load_model
     from runner.spec import JobSpec
 
     spec = JobSpec.model_validate({
-        "job_id": f"gpu-check-{method}", "base_model": str(model_dir), "dataset": {"uri": "unused.jsonl"},
-        "method": method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
+        "job_id": f"gpu-check-{method}-{seq_len}", "base_model": str(model_dir), "dataset": {"uri": "unused.jsonl"},
+        "method": method, "lora": {"r": LORA_R, "alpha": 2 * LORA_R, "dropout": 0.0, "target_modules": "all-linear"},
         "seq_len": seq_len, "micro_batch_size": 1, "grad_accum": 1, "gradient_checkpointing": True,
         "attn": "sdpa", "gpus": 1, "checkpoint": {"uri": "unused"}, "output_uri": "unused",
     })
@@ -71,28 +121,23 @@ def train_method(model_dir: Path, method: str, seq_len: int, steps: int, warmup:
     torch.cuda.reset_peak_memory_stats()
     model = load_model(spec, model_dir, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = torch.optim.AdamW(params, lr=1e-4)  # torch's default (foreach), as the runner
     generator = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
-    tokens = 0
-    start = 0.0
-    for step in range(warmup + steps):
-        if step == warmup:
-            torch.cuda.synchronize()
-            start, tokens = time.perf_counter(), 0
+    meter = measure.RunMeter(device, warmup=warmup)
+    for _ in range(warmup + steps):
         ids = torch.randint(0, vocab, (1, seq_len), generator=generator).to(device)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
         logits = model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += seq_len
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    result = {"tokens_per_second": tokens / seconds,
-              "max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
-              "max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 1e9, "loss": float(loss)}
+        float(loss)  # the runner reads the loss back every step
+        meter.step(seq_len, time.perf_counter() - started)
+    result = meter.result()
     del model, optimizer, params
     torch.cuda.empty_cache()
     return result
@@ -100,50 +145,59 @@ def train_method(model_dir: Path, method: str, seq_len: int, steps: int, warmup:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--seq-lens", default="1024,4096")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--methods", default="lora,qlora")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out", type=Path, default=Path("gpu_check_calibration.csv"))
     args = parser.parse_args()
 
     import torch
 
     if not torch.cuda.is_available():
-        print("no CUDA device: the GPU check needs one; nothing was measured")
+        print("no CUDA device: the GPU check needs one; nothing was measured and nothing written")
         return 0
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    device_name = torch.cuda.get_device_name(0)
-    print(f"device: {device_name}; torch {torch.__version__}; seq_len {args.seq_len}; "
-          f"{args.steps} measured steps after {args.warmup} warm-up steps, micro-batch 1")
-    results = {}
+    from bot.planner.models import table_lookup
+
+    props = torch.cuda.get_device_properties(0)
+    device_name, total_gb = props.name, props.total_memory / 1e9
+    gpu = planner_gpu(device_name, total_gb)
+    print(f"device: {device_name} ({total_gb:.1f} GB) -> planner GPU {gpu or 'unknown (rows not written)'}; "
+          f"torch {torch.__version__}; {args.steps} measured steps after {args.warmup} warm-up steps, micro-batch 1")
+    results = []
     with tempfile.TemporaryDirectory(prefix="tunebot-gpu-check-") as tmp:
         model_dir = Path(tmp) / "model"
+        _, cfg = table_lookup(MODEL)
+        config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
         torch.manual_seed(0)
-        config = LlamaConfig(**CONFIG)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"model: Llama from a config, random weights, {n_params:,} parameters")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        print(f"model: {MODEL}'s architecture, random weights, {sum(p.numel() for p in model.parameters()):,} "
+              "parameters")
         model.save_pretrained(str(model_dir))
         del model
         for method in args.methods.split(","):
-            measured = train_method(model_dir, method, args.seq_len, args.steps, args.warmup)
-            planned = planner_estimate(model_dir / "config.json", method, args.seq_len,
-                                       gpu_alias(device_name))
-            results[method] = {"measured": measured, "planner": planned}
-            line = (f"{method:6s} measured {measured['tokens_per_second']:8,.0f} tok/s, "
-                    f"max_memory_reserved {measured['max_memory_reserved_gb']:6.2f} GB")
-            if isinstance(planned, dict):
-                line += (f" | planner ({planned['gpu']}) {planned['tokens_per_second']:8,.0f} tok/s, "
-                         f"{planned['memory_gb']:6.2f} GB | ratio measured/planned: "
-                         f"speed {measured['tokens_per_second'] / planned['tokens_per_second']:.2f}, "
-                         f"memory {measured['max_memory_reserved_gb'] / planned['memory_gb']:.2f}")
-            else:
-                line += f" | {planned}"
-            print(line, flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"device": device_name, "results": results}, indent=2))
+            for seq_len in (int(s) for s in args.seq_lens.split(",")):
+                measured = train(model_dir, method, seq_len, args.steps, args.warmup)
+                planned = planner_figures(gpu, method, seq_len)
+                row = {"method": method, "seq_len": seq_len, **measured}
+                line = (f"{method:6s} seq {seq_len:6d}: {measured['tokens_per_second'] or 0:9,.0f} tok/s, "
+                        f"max_memory_reserved {measured['max_memory_reserved_gb'] or 0:6.2f} GB, device used "
+                        f"{measured['device_memory_used_gb'] or 0:6.2f} GB")
+                if planned:
+                    row["mfu"] = round(planned["mfu"] * (measured["tokens_per_second"] or 0)
+                                       / planned["tokens_per_second"], 4)
+                    line += (f" | planner {planned['tokens_per_second']:9,.0f} tok/s, {planned['memory_gb']:6.2f} GB"
+                             f" | measured/planned: speed {(measured['tokens_per_second'] or 0) / planned['tokens_per_second']:.2f}, "
+                             f"memory {(measured['max_memory_reserved_gb'] or 0) / planned['memory_gb']:.2f}")
+                print(line, flush=True)
+                results.append(row)
+    if gpu is None:
+        print("this GPU is not in the planner's table: no calibration file written")
+        return 0
+    write_csv(calibration_rows(gpu, results), args.out)
+    print(f"wrote {args.out} ({len(results)} rows): feed the planner with `tunebot calibrate import {args.out}`")
     return 0
 
 

@@ -17,11 +17,15 @@ reserves beyond the step's total shows as "allocator" (the caching allocator kee
 runs inside it).
 
 Calibration constants (few, each a physical quantity):
-- LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss. Hugging Face path: 15,
-  between current transformers (bf16 logits 2 + fp32 upcast 4 + log-softmax 4 + its gradient 4 = 14)
-  and 2024 versions that also kept a shifted fp32 copy (18); compiled loss keeps the upcast
-  fused (10); a compiled chunked cross-entropy keeps only the bf16 logits and recomputes the rest
-  chunk by chunk (2).
+- LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss at their peak. Hugging Face path: 12,
+  traced (bench/allocator_replay `trace.py hf`, Llama-3.1-8B at 16,384 tokens: the allocated peak is the
+  weights, the checkpointed inputs and 12.1 B per token and vocabulary entry): ForCausalLMLoss's fp32 upcast
+  and the log-softmax output, then its gradient and log_softmax_backward's output while the saved output is
+  still alive (the upcast copy and the bf16 logits are gone by then; the runner drops its reference too).
+  transformers < 4.45 kept the fp32 logits as the model's output plus a shifted contiguous copy (18,
+  EstimateRequest.legacy_logits); a 16-bit
+  loss (loss_upcast=False) 8; compiled loss keeps the upcast fused (10); a compiled chunked cross-entropy keeps
+  only the bf16 logits and recomputes the rest chunk by chunk (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
 - FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
   1.06 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
@@ -53,7 +57,7 @@ from bot.planner.request import EstimateRequest
 GB = 1e9
 NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
-LOGIT_BYTES = {"plain": 15.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
+LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
 # Each process of a multi-GPU run also holds NCCL's communication buffers outside PyTorch's allocator (4 MiB
 # NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they show
@@ -71,7 +75,7 @@ class MemoryCoefficients:
 
     # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
     # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 4.22
+    fsdp_units: float = 4.25
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -175,14 +179,22 @@ def nf4_dequant_path(req: EstimateRequest) -> str:
     return "torchao eager" if req.stack == "torchtune" and not req.compile else "kernel"
 
 
-def fp32_residual(req: EstimateRequest) -> bool:
-    """peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32 (peft/utils/other.py,
-    "cast all non INT8 parameters to fp32"; skipped for GPTQ/AQLM/EETQ/HQQ/torchao bases): the embedding
-    output, the RMSNorm weights and so every residual add are fp32, and bitsandbytes' Linear4bit returns its
-    output in its input's dtype (bitsandbytes/nn/modules.py), so the whole residual stream of a QLoRA model
-    is fp32 - the checkpointed layer inputs are 4 B per element, not 2 (the PEFT docs' 2-GPU FSDP QLoRA row,
-    35.6 GB, is met only with it: 29.4 GB with a 16-bit stream)."""
-    return req.method == "qlora" and req.qlora_upcast and req.stack == "hf"
+def qlora_upcast(req: EstimateRequest, gpus: int = 1) -> bool:
+    """Whether peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32 (peft/utils/other.py,
+    "cast all non INT8 parameters to fp32"; skipped for GPTQ/AQLM/EETQ/HQQ/torchao bases). On one GPU the runner
+    calls it (runner/model.py); under FSDP the runner, like TRL, skips it - a unit's parameters are flattened into
+    one buffer of one dtype - unless the request says the run did (qlora_upcast set explicitly)."""
+    if req.method != "qlora" or not req.qlora_upcast:
+        return False
+    return gpus == 1 or "qlora_upcast" in req.model_fields_set
+
+
+def fp32_residual(req: EstimateRequest, gpus: int = 1) -> bool:
+    """With the upcast the embedding output and the RMSNorm weights are fp32, so every residual add is fp32, and
+    bitsandbytes' Linear4bit returns its output in its input's dtype (bitsandbytes/nn/modules.py, Linear4bit.forward:
+    `.to(inp_dtype)`): the whole residual stream of a QLoRA model is fp32 and the checkpointed layer inputs are 4 B
+    per element, not 2 - bitsandbytes QLoRA activations are larger than LoRA's."""
+    return req.stack == "hf" and qlora_upcast(req, gpus)
 
 
 def adamw_impl(req: EstimateRequest) -> str:
@@ -203,9 +215,11 @@ def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
         # 16-bit loss: logits, log-softmax output, its gradient and the logits' gradient all 16-bit (fp16 +
         # DeepSpeed without autocast; model code whose forward never calls logits.float()).
         kind = "plain16"
+    elif kind == "plain" and req.legacy_logits:
+        kind = "legacy"
     factor = 2.0 if req.precision == "fp32" else 1.0
     extra = 0.0
-    if kind == "plain" and arch.config.get("final_logit_softcapping"):
+    if kind in ("plain", "legacy") and arch.config.get("final_logit_softcapping"):
         extra = 4.0  # Gemma 2's tanh soft-capping: two more bf16 copies (scaled logits, saved tanh output)
     return LOGIT_BYTES[kind] * factor + extra
 
@@ -228,7 +242,7 @@ def estimate_memory(
     # Weights (frozen base or the trained model).
     if req.method == "qlora":
         q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
-        other_bytes = 4.0 if req.qlora_upcast else 2.0
+        other_bytes = 4.0 if qlora_upcast(req, n_gpus) else 2.0
         weights = quantizable * q_bytes + (n - quantizable) * other_bytes
     elif req.precision == "fp32":
         weights = 4.0 * n
@@ -275,7 +289,7 @@ def estimate_memory(
 
     # Activations and logits, per GPU.
     per_layer = _activation_bytes_per_token_layer(arch, req) * tokens
-    resid = (4.0 if req.precision != "bf16" or fp32_residual(req) else 2.0) * arch.hidden * tokens
+    resid = (4.0 if req.precision != "bf16" or fp32_residual(req, n_gpus) else 2.0) * arch.hidden * tokens
     if req.gradient_checkpointing:
         inputs = arch.layers * resid
         if req.activation_offload:

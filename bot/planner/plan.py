@@ -11,7 +11,7 @@ from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
-from bot.planner.memory import GB, MemoryResult, estimate_memory
+from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
 from bot.planner.models import resolve
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
@@ -100,7 +100,7 @@ def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) ->
     kept = arch.parameters - arch.block_linear_params
     if req.method == "qlora":
         fmt = "NF4 + double quantization (0.516 B/param)" if req.double_quant else "NF4 (0.5625 B/param)"
-        dtype = "fp32 (prepare_model_for_kbit_training)" if req.qlora_upcast else "bf16"
+        dtype = "fp32 (prepare_model_for_kbit_training)" if qlora_upcast(req, req.gpus) else "bf16"
         text = (
             f"QLoRA: {arch.block_linear_params:,} Linear parameters in the blocks as {fmt}; embeddings, "
             f"lm_head and norms ({kept:,}) in {dtype}"

@@ -40,6 +40,7 @@ from bot.planner.memory import (
     QK_NORM_MODELS,
     adamw_impl,
     estimate_memory,
+    fp32_residual,
     nf4_quantizer,
     trainable_parameters,
 )
@@ -135,7 +136,7 @@ def elementwise_bytes_per_token(arch: Architecture, req: EstimateRequest) -> flo
     stream) the residual and norm traffic doubles.
     """
     h, q, kv, f = arch.hidden, arch.q_dim, arch.kv_dim, arch.ffn_per_token
-    wide = req.precision == "fp32" or (req.method == "qlora" and req.qlora_upcast and req.stack == "hf")
+    wide = req.precision == "fp32" or fp32_residual(req, req.gpus)
     norms = 4 if arch.model_type.startswith(("gemma2", "gemma3")) else 2
     norm = norms * 36.0 * h + (36.0 * (q + kv) if arch.model_type in QK_NORM_MODELS else 0.0)
     residual = 2 * 6.0 * h

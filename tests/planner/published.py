@@ -209,6 +209,10 @@ ROWS: list[Row] = [
             attn="flash",
             lora_r=8,
             lora_targets="all-linear",
+            # The run upcast its non-4-bit parameters (prepare_model_for_kbit_training, fp32 residual stream):
+            # with CPU parameter offload the same run took 19.6 GB/GPU, ~18 GB beside the weights, which a 16-bit
+            # stream (activations 5.4 GB, logits 2 GB) cannot fill. tunebot's runner skips the upcast under FSDP.
+            qlora_upcast=True,
         ),
         "a100-80gb",
         35.6,
@@ -294,7 +298,8 @@ UNSLOTH_REQUEST = dict(
     optimizer="adamw_8bit",
 )
 # Unsloth's max context for Llama-3.1-8B QLoRA r=32, batch 1, with plain Hugging Face + FlashAttention-2: the
-# longest sequence that fits the card, i.e. at that length the job needs the whole card.
+# longest sequence that fits the card, i.e. at that length the job needs the whole card. Measured in 2024 with
+# transformers < 4.45, whose forward returned fp32 logits and whose loss made a shifted copy (legacy_logits).
 UNSLOTH_CONTEXT = {"rtx-4090": 5_789, "a100-80gb": 28_454}
 
 
@@ -312,6 +317,6 @@ def memory_rows(guidance: bool = False) -> list[Row]:
 
     for card, length in UNSLOTH_CONTEXT.items():
         request = dict(model="meta-llama/Llama-3.1-8B", method="qlora", lora_r=32, batch_size=1,
-                       seq_len=length, attn="flash")
+                       seq_len=length, attn="flash", legacy_logits=True)
         rows.append(Row(f"unsloth context {card}", request, card, gpu(card).memory_gb, convention="device"))
     return rows

@@ -154,7 +154,9 @@ def _max_context(capacity_gb: float) -> int:
     lo, hi = 256, 262_144
     while hi - lo > 16:
         mid = (lo + hi) // 2
-        req = EstimateRequest(model="x", method="qlora", lora_r=32, batch_size=1, seq_len=mid, attn="flash")
+        req = EstimateRequest(
+            model="x", method="qlora", lora_r=32, batch_size=1, seq_len=mid, attn="flash", legacy_logits=True
+        )
         if estimate_memory(arch, req).per_gpu_gb <= capacity_gb:
             lo = mid
         else:

@@ -1,9 +1,12 @@
-"""The planner's memory estimate against a whole Hugging Face training step at full size.
+"""The planner's memory estimate against whole Hugging Face training steps at full size.
 
 bench/allocator_replay/trace.py runs transformers + PEFT on the meta device (real shapes, dtypes and tensor
-lifetimes, no memory), sends every allocation and free through the caching-allocator emulation, and reads
-the peak reserved memory. Here two of its cases are checks: a regression in the activation, logits or
-optimizer terms (or a transformers upgrade that changes what a step keeps) shows up as a gap.
+lifetimes, no memory), sends every allocation and free through the caching-allocator emulation, and reads the
+least memory the steps run in ("needed": what the planner estimates). Four cases are checks here: a regression in
+the activation, logits or optimizer terms (or a transformers upgrade that changes what a step keeps) shows up
+as a gap. Two of them check issue 11's mechanisms: at 16,384 tokens under checkpointing the logits and the
+recomputed last layer are never alive together, and torch's default foreach AdamW allocates a temporary the size
+of the states.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ TRACE = Path(__file__).resolve().parents[2] / "bench" / "allocator_replay" / "tr
 CASES = {
     "Llama-3.1-8B LoRA all r=16, 1 x 2048, ckpt",
     "Qwen3-4B LoRA q,v r=8, 2 x 512, no ckpt",
+    "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt",
+    "Llama-3.2-1B full bf16, 2 x 1024, ckpt",
 }
 
 
@@ -33,9 +38,11 @@ def _trace_module():
 
 
 @pytest.mark.slow
-def test_planner_matches_a_traced_hugging_face_step_within_5_percent() -> None:
+def test_planner_matches_traced_hugging_face_steps() -> None:
     pytest.importorskip("peft")
     import torch
+
+    from bot.planner.allocator import smallest_capacity
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     trace = _trace_module()
@@ -44,14 +51,29 @@ def test_planner_matches_a_traced_hugging_face_step_within_5_percent() -> None:
         if label not in CASES:
             continue
         alloc = trace.trace_hf(request, steps=2)
-        reserved, allocated = alloc.peak_reserved / 1e9, alloc.peak_allocated / 1e9
-        assert reserved >= allocated > 5.0, label  # a real step of a multi-GB model was traced
+        needed, allocated = smallest_capacity(alloc.events) / 1e9, alloc.peak_allocated / 1e9
+        assert alloc.peak_reserved / 1e9 >= needed >= allocated > 5.0, label  # a real multi-GB step was traced
         req = EstimateRequest(**request, autocast=False)  # the meta device runs no autocast
-        m = estimate_memory(resolve(req.model)[0], req)
-        planned = m.torch_reserved_gb
-        assert planned == pytest.approx(reserved, rel=0.05), (
-            f"{label}: planner {planned:.2f} vs traced {reserved:.2f}"
+        arch = resolve(req.model)[0]
+        m = estimate_memory(arch, req)
+        tolerance = 0.07 if "full" in label else 0.05  # the foreach step fragments a little more
+        assert m.torch_reserved_gb == pytest.approx(needed, rel=tolerance), (
+            f"{label}: planner {m.torch_reserved_gb:.2f} vs needed {needed:.2f}"
         )
+        if "16384" in label:
+            # Counting the recomputed layer together with the logits (the old rule) overshoots the trace's peak.
+            together = m.torch_reserved_gb + _layer_working_set(arch, req) / 1e9
+            assert together > allocated * 1.03 and m.torch_reserved_gb < allocated * 1.03
+        if "full" in label:
+            # Without the foreach temporary the planner would fall below what the step allocates.
+            loop = estimate_memory(arch, req.model_copy(update={"optimizer_impl": "for-loop"}))
+            assert loop.torch_reserved_gb < allocated * 0.95 < m.torch_reserved_gb
         checked += 1
     assert checked == len(CASES)
     assert torch.nn.functional.scaled_dot_product_attention is sdpa  # the emulation does not leak
+
+
+def _layer_working_set(arch, req: EstimateRequest) -> float:
+    from bot.planner.memory import _activation_bytes_per_token_layer
+
+    return _activation_bytes_per_token_layer(arch, req) * req.batch_size * req.seq_len

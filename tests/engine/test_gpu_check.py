@@ -1,0 +1,71 @@
+"""bench/gpu_check writes what `tunebot calibrate import` reads; without CUDA it says so and writes nothing.
+
+The check itself needs a GPU and has not run in CI or on the machine that wrote it (bench/gpu_check/README.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.engine.calibration import parse_import
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check" / "gpu_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:
+    gc = _module()
+    results = [
+        {"method": "lora", "seq_len": 1024, "max_memory_reserved_gb": 6.1, "device_memory_used_gb": 7.0,
+         "tokens_per_second": 31000.0, "mfu": 0.31},
+        {"method": "qlora", "seq_len": 4096, "max_memory_reserved_gb": 9.5, "device_memory_used_gb": None,
+         "tokens_per_second": 18000.0},
+    ]
+    out = tmp_path / "cal.csv"
+    gc.write_csv(gc.calibration_rows("h100-80gb", results), out)
+    measurements = parse_import(out.read_text(), out.name)
+    assert [(m.gpu, m.request["method"], int(m.request["seq_len"])) for m in measurements] == [
+        ("h100-80gb", "lora", 1024),
+        ("h100-80gb", "qlora", 4096),
+    ]
+    assert measurements[0].device_memory_used_gb == 7.0 and measurements[1].device_memory_used_gb is None
+    assert measurements[1].request["model"] == "meta-llama/Llama-3.2-1B"
+    from bot.planner.plan import predict_measurement
+
+    assert all(predict_measurement(m) is not None for m in measurements)  # the planner can learn from them
+
+
+@pytest.mark.parametrize(
+    ("name", "memory", "expected"),
+    [("NVIDIA A100-SXM4-40GB", 42.4, "a100-40gb"), ("NVIDIA A100 80GB PCIe", 85.1, "a100-80gb"),
+     ("NVIDIA H100 80GB HBM3", 85.0, "h100-80gb"), ("NVIDIA GeForce RTX 4090", 25.2, "rtx-4090"),
+     ("NVIDIA RTX 6000 Ada Generation", 51.0, "rtx-6000-ada"), ("NVIDIA RTX A6000", 51.0, "rtx-a6000"),
+     ("Tesla T4", 15.8, None)],
+)
+def test_device_names_map_to_the_planners_gpus(name: str, memory: float, expected: str | None) -> None:
+    assert _module().planner_gpu(name, memory) == expected
+
+
+@pytest.mark.slow
+def test_without_cuda_it_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "cal.csv"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([str(ROOT / "bench" / "gpu_check" / "run.sh"), "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device" in proc.stdout and not out.exists()
+    assert sys.executable  # (the script picks the project's .venv python)
