@@ -1,10 +1,11 @@
 """Leave-one-source-out cross-validation of the planner on the published rows (tests/planner/published.py).
 
-For each source (a README table, a paper, a benchmark) the planner's few fitted coefficients (speed: matmul and
-SDPA efficiency, elementwise traffic scale, what torch.compile leaves of it, torchao's dequantization traffic;
-memory: FSDP units in flight) are refitted on the other sources, and the held-out source's rows are predicted with
-them. The held-out errors are the figure to watch; the in-sample ones (fitted on everything) stand beside them.
-Prints every row, the summary, the coefficients, and the p10-p90 ratios the estimate's ranges use.
+For each source (a README table, a paper, a benchmark) the planner's few fitted coefficients (speed: matmul
+and SDPA efficiency, elementwise traffic scale, what torch.compile leaves of it, torchao's dequantization
+traffic; memory: FSDP units in flight) are refitted on the other sources, and the held-out source's rows are
+predicted with them. The held-out errors are the figure to watch; the in-sample ones (fitted on everything)
+stand beside them. Prints every row, the summary, the coefficients, and the p10-p90 ratios the estimate's
+ranges use.
 
     .venv/bin/python bench/planner_crossval.py            (~5 s)
 """
@@ -36,7 +37,10 @@ from bot.planner.crossval import Held, leave_one_source_out, summarize  # noqa: 
 
 def table(title: str, held: list[Held], unit: str) -> None:
     print(f"\n{title}")
-    print(f"{'source':44s} {'row':44s} {'measured':>9s} {'in-sample':>10s} {'err':>7s} {'held-out':>9s} {'err':>7s}")
+    print(
+        f"{'source':44s} {'row':44s} {'measured':>9s} {'in-sample':>10s} {'err':>7s} {'held-out':>9s} "
+        f"{'err':>7s}"
+    )
     for h in held:
         print(
             f"{h.case.source[:44]:44s} {h.case.id[:44]:44s} {h.case.measured:9.2f} {h.in_sample:10.2f} "
@@ -68,9 +72,15 @@ def main() -> int:
     speed_out, _ = line("tokens/s", speed)
     print(
         "\ncoefficients fitted on every source: "
-        + ", ".join(f"{k}={v:.3f}" for k, v in zip(SPEED_FIELDS + MEMORY_FIELDS, speed_coef + memory_coef, strict=True))
+        + ", ".join(
+            f"{k}={v:.3f}"
+            for k, v in zip(SPEED_FIELDS + MEMORY_FIELDS, speed_coef + memory_coef, strict=True)
+        )
     )
-    print(f"in the code (bot/planner/speed.py, memory.py): {', '.join(f'{v:.3f}' for v in speed_x0() + memory_x0())}")
+    print(
+        "in the code (bot/planner/speed.py, memory.py): "
+        + ", ".join(f"{v:.3f}" for v in speed_x0() + memory_x0())
+    )
     print(
         f"ranges (bot/planner/ranges.py): memory {ranges.MEMORY_RATIO}, tokens/s {ranges.SPEED_RATIO}; "
         f"this run: memory ({mem_out.p10_ratio:.3f}, {mem_out.p90_ratio:.3f}), "

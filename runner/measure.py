@@ -2,12 +2,13 @@
 
 - max_memory_reserved_gb: torch.cuda.max_memory_reserved() of this process (GB = 1e9 bytes), what the caching
   allocator held at its peak: the planner's estimate without the CUDA context;
-- device_memory_used_gb: the most the whole device had in use at any step end (NVML's used memory when pynvml is
-  installed, else total - free from cudaMemGetInfo): CUDA context, NCCL buffers and other processes included;
-- tokens_per_second: tokens over the time spent in optimizer steps (forward, backward, update; checkpoint saves,
-  evaluation and reporting excluded) after the first WARMUP_STEPS steps (compilation, allocator warm-up and the
-  first data reads are not what a long run sees), all processes together.
-On a CPU the memory figures are None: there is no device to read.
+- device_memory_used_gb: the most the whole device had in use at any step end (NVML's used memory when pynvml
+  is installed, else total - free from cudaMemGetInfo): CUDA context, NCCL buffers and other processes
+  included;
+- tokens_per_second: tokens over the time spent in optimizer steps (forward, backward, update; checkpoint
+  saves, evaluation and reporting excluded) after the first WARMUP_STEPS steps (compilation, allocator warm-up
+  and the first data reads are not what a long run sees), all processes together. On a CPU the memory figures
+  are None: there is no device to read.
 """
 
 from __future__ import annotations

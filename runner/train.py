@@ -382,7 +382,7 @@ class Trainer:
                 logits = model(**inputs, use_cache=False).logits
                 summed = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                          labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
-                del logits  # autograd keeps what the loss needs; the bf16 logits need not live through backward
+                del logits  # autograd keeps what the loss needs; the bf16 logits need not outlive it
                 # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
                 (summed * group.world / label_tokens).backward()
             loss_sum += summed.detach().double().cpu()

@@ -219,13 +219,15 @@ class TaskRun(SQLModel, table=True):
 class CalibrationRun(SQLModel, table=True):
     """One finished run's measurements with the configuration that produced them (bot/planner/calibration.py).
 
-    Recorded by the engine when a runner reports its terminal event, or imported by `tunebot calibrate import`.
+    Recorded by the engine when a runner reports its terminal event, or imported by `tunebot calibrate
+    import`.
     """
 
     __tablename__ = "calibration_runs"
 
     id: int | None = Field(default=None, primary_key=True)
-    job_id: str | None = Field(default=None, unique=True, max_length=64)  # "import:<content hash>" for imports
+    # the job's id, or "import:<content hash>" for imported rows (the same row imported twice is one row)
+    job_id: str | None = Field(default=None, unique=True, max_length=64)
     source: str = "run"  # run | import
     recorded_at: float = Field(index=True)
     gpu: str = Field(index=True)

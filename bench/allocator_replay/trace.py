@@ -326,7 +326,8 @@ def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) ->
                 if request["method"] == "lora":
                     model.enable_input_require_grads()
             model.train()
-            # torch's default on CUDA is foreach (the meta device would pick the for-loop): the runner's optimizer
+            # torch's default on CUDA is foreach (the meta device would pick the for-loop): the runner's
+            # optimizer
             optimizer = torch.optim.AdamW(
                 [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=True
             )

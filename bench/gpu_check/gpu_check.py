@@ -1,13 +1,13 @@
-"""GPU check: measure peak memory and tokens/s of LoRA and QLoRA at two sequence lengths on whatever GPU is here,
-print them next to the planner's estimate, and write them in the `tunebot calibrate import` format.
+"""GPU check: measure peak memory and tokens/s of LoRA and QLoRA at two sequence lengths on whatever GPU is
+here, print them next to the planner's estimate, and write them in the `tunebot calibrate import` format.
 
 The model is Llama-3.2-1B's architecture from the planner's built-in table (bot/planner/data/models.json) with
-random bf16 weights - nothing is downloaded - so the rows it writes resolve on any tunebot install. Training goes
-through the runner's own model loading (runner.model.load_model: bf16 base + peft LoRA, or bitsandbytes NF4 with
-double quantization + prepare_model_for_kbit_training), with gradient checkpointing, SDPA, micro-batch 1, torch's
-default AdamW, and the runner's meter (runner/measure.py: steady tokens/s after warm-up steps, peak
-torch.cuda.max_memory_reserved, device memory in use). Batches are random token ids of full length (what
-packing produces). On a machine without CUDA it says so and exits 0 without writing anything.
+random bf16 weights - nothing is downloaded - so the rows it writes resolve on any tunebot install. Training
+goes through the runner's own model loading (runner.model.load_model: bf16 base + peft LoRA, or bitsandbytes
+NF4 with double quantization + prepare_model_for_kbit_training), with gradient checkpointing, SDPA,
+micro-batch 1, torch's default AdamW, and the runner's meter (runner/measure.py: steady tokens/s after warm-up
+steps, peak torch.cuda.max_memory_reserved, device memory in use). Batches are random token ids of full length
+(what packing produces). On a machine without CUDA it says so and exits 0 without writing anything.
 
     bench/gpu_check/run.sh [--steps 20] [--seq-lens 1024,4096] [--out gpu_check_calibration.csv]
 """
@@ -42,7 +42,7 @@ REQUEST = dict(
 
 
 def planner_gpu(device_name: str, total_memory_gb: float) -> str | None:
-    """The planner's name for a CUDA device ("NVIDIA A100-SXM4-40GB", 42.4 GB -> a100-40gb); None if unknown."""
+    """The planner's name for a CUDA device ("NVIDIA A100-SXM4-40GB", 42.4 GB -> a100-40gb), or None."""
     name = device_name.lower()
     if "h200" in name:
         return "h200"
@@ -98,8 +98,11 @@ def planner_figures(gpu: str | None, method: str, seq_len: int) -> dict[str, flo
     req = EstimateRequest(**REQUEST, method=method, seq_len=seq_len)
     arch, _ = resolve(MODEL)
     speed = estimate_speed(arch, req, lookup(gpu))
-    return {"memory_gb": estimate_memory(arch, req).torch_reserved_gb, "tokens_per_second": speed.tokens_per_second,
-            "mfu": speed.mfu}
+    return {
+        "memory_gb": estimate_memory(arch, req).torch_reserved_gb,
+        "tokens_per_second": speed.tokens_per_second,
+        "mfu": speed.mfu,
+    }
 
 
 def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -> dict[str, float | None]:
@@ -110,12 +113,23 @@ def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -
     from runner.model import load_model
     from runner.spec import JobSpec
 
-    spec = JobSpec.model_validate({
-        "job_id": f"gpu-check-{method}-{seq_len}", "base_model": str(model_dir), "dataset": {"uri": "unused.jsonl"},
-        "method": method, "lora": {"r": LORA_R, "alpha": 2 * LORA_R, "dropout": 0.0, "target_modules": "all-linear"},
-        "seq_len": seq_len, "micro_batch_size": 1, "grad_accum": 1, "gradient_checkpointing": True,
-        "attn": "sdpa", "gpus": 1, "checkpoint": {"uri": "unused"}, "output_uri": "unused",
-    })
+    spec = JobSpec.model_validate(
+        {
+            "job_id": f"gpu-check-{method}-{seq_len}",
+            "base_model": str(model_dir),
+            "dataset": {"uri": "unused.jsonl"},
+            "method": method,
+            "lora": {"r": LORA_R, "alpha": 2 * LORA_R, "dropout": 0.0, "target_modules": "all-linear"},
+            "seq_len": seq_len,
+            "micro_batch_size": 1,
+            "grad_accum": 1,
+            "gradient_checkpointing": True,
+            "attn": "sdpa",
+            "gpus": 1,
+            "checkpoint": {"uri": "unused"},
+            "output_uri": "unused",
+        }
+    )
     device = torch.device("cuda", 0)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -164,8 +178,11 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     device_name, total_gb = props.name, props.total_memory / 1e9
     gpu = planner_gpu(device_name, total_gb)
-    print(f"device: {device_name} ({total_gb:.1f} GB) -> planner GPU {gpu or 'unknown (rows not written)'}; "
-          f"torch {torch.__version__}; {args.steps} measured steps after {args.warmup} warm-up steps, micro-batch 1")
+    print(
+        f"device: {device_name} ({total_gb:.1f} GB) -> planner GPU {gpu or 'unknown (rows not written)'}; "
+        f"torch {torch.__version__}; {args.steps} measured steps after {args.warmup} warm-up steps, "
+        "micro-batch 1"
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="tunebot-gpu-check-") as tmp:
         model_dir = Path(tmp) / "model"
@@ -173,8 +190,10 @@ def main() -> int:
         config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        print(f"model: {MODEL}'s architecture, random weights, {sum(p.numel() for p in model.parameters()):,} "
-              "parameters")
+        print(
+            f"model: {MODEL}'s architecture, random weights, {sum(p.numel() for p in model.parameters()):,} "
+            "parameters"
+        )
         model.save_pretrained(str(model_dir))
         del model
         for method in args.methods.split(","):
@@ -182,22 +201,29 @@ def main() -> int:
                 measured = train(model_dir, method, seq_len, args.steps, args.warmup)
                 planned = planner_figures(gpu, method, seq_len)
                 row = {"method": method, "seq_len": seq_len, **measured}
-                line = (f"{method:6s} seq {seq_len:6d}: {measured['tokens_per_second'] or 0:9,.0f} tok/s, "
-                        f"max_memory_reserved {measured['max_memory_reserved_gb'] or 0:6.2f} GB, device used "
-                        f"{measured['device_memory_used_gb'] or 0:6.2f} GB")
+                line = (
+                    f"{method:6s} seq {seq_len:6d}: {measured['tokens_per_second'] or 0:9,.0f} tok/s, "
+                    f"max_memory_reserved {measured['max_memory_reserved_gb'] or 0:6.2f} GB, device used "
+                    f"{measured['device_memory_used_gb'] or 0:6.2f} GB"
+                )
                 if planned:
-                    row["mfu"] = round(planned["mfu"] * (measured["tokens_per_second"] or 0)
-                                       / planned["tokens_per_second"], 4)
-                    line += (f" | planner {planned['tokens_per_second']:9,.0f} tok/s, {planned['memory_gb']:6.2f} GB"
-                             f" | measured/planned: speed {(measured['tokens_per_second'] or 0) / planned['tokens_per_second']:.2f}, "
-                             f"memory {(measured['max_memory_reserved_gb'] or 0) / planned['memory_gb']:.2f}")
+                    tps, mem = measured["tokens_per_second"] or 0.0, measured["max_memory_reserved_gb"] or 0.0
+                    row["mfu"] = round(planned["mfu"] * tps / planned["tokens_per_second"], 4)
+                    line += (
+                        f" | planner {planned['tokens_per_second']:9,.0f} tok/s, "
+                        f"{planned['memory_gb']:6.2f} GB"
+                        f" | measured/planned: speed {tps / planned['tokens_per_second']:.2f}, "
+                        f"memory {mem / planned['memory_gb']:.2f}"
+                    )
                 print(line, flush=True)
                 results.append(row)
     if gpu is None:
         print("this GPU is not in the planner's table: no calibration file written")
         return 0
     write_csv(calibration_rows(gpu, results), args.out)
-    print(f"wrote {args.out} ({len(results)} rows): feed the planner with `tunebot calibrate import {args.out}`")
+    print(
+        f"wrote {args.out} ({len(results)} rows): feed the planner with `tunebot calibrate import {args.out}`"
+    )
     return 0
 
 

@@ -1,9 +1,9 @@
 """`tunebot calibrate import FILE | show`: the measurements the planner learns from, and what it learned.
 
-Finished runs are recorded by the engine on their own; `import` seeds the store from a team's past runs (CSV or
-JSON, the columns of a finished run: gpu, gpus, the request fields, max_memory_reserved_gb,
-device_memory_used_gb, tokens_per_second), and `show` prints the correction per (GPU, stack, method, size class)
-with the runs behind it. Bad files exit 2 with the line that is wrong; nothing is stored from them.
+Finished runs are recorded by the engine on their own; `import` seeds the store from a team's past runs (CSV
+or JSON, the columns of a finished run: gpu, gpus, the request fields, max_memory_reserved_gb,
+device_memory_used_gb, tokens_per_second), and `show` prints the correction per (GPU, stack, method, size
+class) with the runs behind it. Bad files exit 2 with the line that is wrong; nothing is stored from them.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def import_command(
     finally:
         eng.close()
     gpus = sorted({m.gpu for m in measurements})
-    typer.echo(f"imported {added} measurement(s) from {file} ({', '.join(gpus)}); see `tunebot calibrate show`")
+    typer.echo(
+        f"imported {added} measurement(s) from {file} ({', '.join(gpus)}); see `tunebot calibrate show`"
+    )
 
 
 @calibrate_app.command("show")
@@ -97,7 +99,9 @@ def show_command(
         )
         return
     if not measurements:
-        typer.echo("no measurements yet: finished runs are recorded automatically; `tunebot calibrate import FILE`")
+        typer.echo(
+            "no measurements yet: finished runs are recorded automatically; `tunebot calibrate import FILE`"
+        )
         typer.echo("seeds them from past runs. Estimates use the physics alone.")
         return
     from rich.console import Console

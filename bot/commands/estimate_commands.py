@@ -123,6 +123,11 @@ def _print_estimate(est: Estimate) -> None:
         console.print(f"[dim]  - prices: {est.prices_source} as of {est.prices_as_of:%Y-%m-%d}[/dim]")
 
 
+def _cost_range(o) -> str:  # type: ignore[no-untyped-def]
+    low_high = o.total_cost_range
+    return f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
+
+
 def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
     from rich.table import Table
 
@@ -141,8 +146,7 @@ def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
                 "interruptible" if o.interruptible else "on-demand",
                 f"{o.price_per_hour:.2f}",
                 f"{o.hours:.2f}",
-                f"{o.total_cost:.2f}"
-                + (f" ({o.total_cost_range[0]:.2f}-{o.total_cost_range[1]:.2f})" if o.total_cost_range else ""),
+                f"{o.total_cost:.2f}" + _cost_range(o),
                 f"{o.checkpoint_minutes:.0f}" if o.checkpoint_minutes else "-",
                 ", ".join(o.labels),
             )

@@ -1,11 +1,12 @@
-"""Finished runs' measurements: recorded when a runner reports its end, imported from files, loaded for the planner.
+"""Finished runs' measurements: recorded when a runner reports its end, imported from files, loaded for the
+planner.
 
-The planner's calibration (bot/planner/calibration.py) is pure; this module is its I/O. A finished (or plateau)
-event that carries metrics becomes one `calibration_runs` row with the job's configuration (its EstimateRequest,
-GPU type and count) - once per job. `tunebot calibrate import FILE` adds rows with the same columns. After every
-change a snapshot of the measurements is written to `<data dir>/calibration.json`, which `tunebot estimate`
-reads without opening the database (it stays a sub-second command): the database modules are imported inside
-the functions that use them.
+The planner's calibration (bot/planner/calibration.py) is pure; this module is its I/O. A finished (or
+plateau) event that carries metrics becomes one `calibration_runs` row with the job's configuration (its
+EstimateRequest, GPU type and count) - once per job. `tunebot calibrate import FILE` adds rows with the same
+columns. After every change a snapshot of the measurements is written to `<data dir>/calibration.json`, which
+`tunebot estimate` reads without opening the database (it stays a sub-second command): the database modules
+are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ MEASURED = ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_secon
 
 
 def _mfu(m: Measurement) -> float | None:
-    """Measured utilization: the planner's FLOPs per token at the measured speed, over the GPU's matmul rate."""
+    """Measured MFU: the planner's FLOPs per token at the measured speed over the GPU's matmul rate."""
     from bot.planner.gpus import known
     from bot.planner.plan import predict_measurement
 
@@ -121,7 +122,9 @@ def load(eng: Engine, limit: int = KEEP) -> list[Measurement]:
     from store.models import CalibrationRun
 
     with eng.session() as s:
-        rows = s.execute(select(CalibrationRun).order_by(CalibrationRun.id.desc()).limit(limit)).scalars().all()
+        rows = (
+            s.execute(select(CalibrationRun).order_by(CalibrationRun.id.desc()).limit(limit)).scalars().all()
+        )
     return [
         Measurement(
             gpu=r.gpu,
@@ -162,7 +165,8 @@ def calibration_for(eng: Engine) -> Calibration:
     return cached[1]
 
 
-# ---- the snapshot `tunebot estimate` reads, and import files ------------------------------------------------
+# ---- the snapshot `tunebot estimate` reads, and import files
+# ------------------------------------------------
 
 
 def write_snapshot(data_dir: Path, measurements: list[Measurement]) -> None:
@@ -216,12 +220,14 @@ def parse_import(text: str, name: str = "file") -> list[Measurement]:
             raise CalibrationImportError(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         rows = data.get("measurements") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise CalibrationImportError(f"{name}: expected a list of objects (or {{\"measurements\": [...]}})")
+            raise CalibrationImportError(f'{name}: expected a list of objects (or {{"measurements": [...]}})')
         numbered = [(f"{name} item {i + 1}", r) for i, r in enumerate(rows)]
     else:
         reader = csv.DictReader(io.StringIO(text))
         if not reader.fieldnames or "gpu" not in reader.fieldnames:
-            raise CalibrationImportError(f"{name}: a CSV needs a header row with at least gpu and model columns")
+            raise CalibrationImportError(
+                f"{name}: a CSV needs a header row with at least gpu and model columns"
+            )
         numbered = [(f"{name} line {i + 2}", dict(r)) for i, r in enumerate(reader)]
     if not numbered:
         raise CalibrationImportError(f"{name}: no measurements")
@@ -231,8 +237,10 @@ def parse_import(text: str, name: str = "file") -> list[Measurement]:
         row = {k.strip(): v for k, v in row.items() if k is not None}
         measured = {k: _number(row.get(k), f"{where}: {k}") for k in MEASURED}
         if not any(measured[k] for k in MEASURED[:3]):
-            raise CalibrationImportError(f"{where}: no measurement (max_memory_reserved_gb, device_memory_used_gb or "
-                               "tokens_per_second)")
+            raise CalibrationImportError(
+                f"{where}: no measurement (max_memory_reserved_gb, device_memory_used_gb or "
+                "tokens_per_second)"
+            )
         try:
             gpu_name = lookup_gpu(str(row.get("gpu") or "")).name
         except ValueError as exc:
@@ -254,6 +262,18 @@ def parse_import(text: str, name: str = "file") -> list[Measurement]:
 def import_columns() -> list[str]:
     """The CSV header `calibrate import` understands (bench/gpu_check writes it)."""
     return [
-        "gpu", "gpus", "model", "method", "stack", "seq_len", "batch_size", "grad_accum", "lora_r", "lora_targets",
-        "gradient_checkpointing", "attn", "optimizer", *MEASURED,
+        "gpu",
+        "gpus",
+        "model",
+        "method",
+        "stack",
+        "seq_len",
+        "batch_size",
+        "grad_accum",
+        "lora_r",
+        "lora_targets",
+        "gradient_checkpointing",
+        "attn",
+        "optimizer",
+        *MEASURED,
     ]

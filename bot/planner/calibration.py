@@ -1,11 +1,13 @@
-"""Learning from finished runs: how far measurements sit from the physics, per (GPU, stack, method, size class).
+"""Learning from finished runs: how far measurements sit from the physics, per (GPU, stack, method, size
+class).
 
 Every finished run (and every row a team imports from its past runs) is a Measurement: the configuration that
-produced it and what the runner measured (peak torch.cuda.max_memory_reserved, total device memory used, steady
-tokens/s). For each measurement the planner predicts the same configuration with its physics; the log of
-measured/predicted is the run's evidence. Per key the evidence is pooled robustly (each run's log ratio clipped
-to +-MAX_LOG_RATIO, then a Huber location, so one odd run among several barely moves it) and shrunk toward the
-physics by n / (n + PRIOR_RUNS): one run moves an estimate a third of the way, twenty runs nearly all the way.
+produced it and what the runner measured (peak torch.cuda.max_memory_reserved, total device memory used,
+steady tokens/s). For each measurement the planner predicts the same configuration with its physics; the log
+of measured/predicted is the run's evidence. Per key the evidence is pooled robustly (each run's log ratio
+clipped to +-MAX_LOG_RATIO, then a Huber location, so one odd run among several barely moves it) and shrunk
+toward the physics by n / (n + PRIOR_RUNS): one run moves an estimate a third of the way, twenty runs nearly
+all the way.
 
 Pure: measurements come in, corrections go out; the store, the engine and the CLI load and save them. The
 planner takes a Calibration as an argument (estimate(..., calibration=...)) and never reads one itself.
@@ -73,7 +75,9 @@ class Correction:
         if self.memory_runs:
             parts.append(f"memory x{self.memory_factor:.2f}")
         runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
-        return f"calibrated from {runs} on {gpu} ({stack} {method}, {size}: {', '.join(parts)} vs the physics)"
+        return (
+            f"calibrated from {runs} on {gpu} ({stack} {method}, {size}: {', '.join(parts)} vs the physics)"
+        )
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,9 @@ Predictor = Callable[[Measurement], tuple[float | None, float | None, str, str, 
 
 
 def build(measurements: Iterable[Measurement], predict: Predictor) -> Calibration:
-    """Pool measurements into corrections. `predict(m)` returns (predicted torch-reserved GB, predicted tokens/s,
-    stack, method, parameters) for the measurement's configuration on its GPU, or None when it cannot."""
+    """Pool measurements into corrections. `predict(m)` returns (predicted torch-reserved GB, predicted
+    tokens/s, stack, method, parameters) for the measurement's configuration on its GPU, or None when it
+    cannot."""
     memory: dict[Key, list[float]] = {}
     speed: dict[Key, list[float]] = {}
     skipped = 0

@@ -75,7 +75,9 @@ def nelder_mead(
                 simplex[-1], values[-1] = contracted, fc
             else:
                 best = simplex[0]
-                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]]
+                simplex = [best] + [
+                    [b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]
+                ]
                 values = [values[0]] + [f(p) for p in simplex[1:]]
     return simplex[min(range(n + 1), key=values.__getitem__)]
 
@@ -98,7 +100,7 @@ def fit(
     bounds: Sequence[tuple[float, float]],
     iters: int = 300,
 ) -> list[float]:
-    """Coefficients (within bounds) that minimize the robust loss over `cases`; x0 when there is nothing to fit."""
+    """Coefficients (within bounds) minimizing the robust loss over `cases`; x0 with nothing to fit."""
     if not cases or not x0:
         return list(x0)
 

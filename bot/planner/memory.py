@@ -23,9 +23,9 @@ Calibration constants (few, each a physical quantity):
   and the log-softmax output, then its gradient and log_softmax_backward's output while the saved output is
   still alive (the upcast copy and the bf16 logits are gone by then; the runner drops its reference too).
   transformers < 4.45 kept the fp32 logits as the model's output plus a shifted contiguous copy (18,
-  EstimateRequest.legacy_logits); a 16-bit
-  loss (loss_upcast=False) 8; compiled loss keeps the upcast fused (10); a compiled chunked cross-entropy keeps
-  only the bf16 logits and recomputes the rest chunk by chunk (2).
+  EstimateRequest.legacy_logits); a 16-bit loss (loss_upcast=False) 8; compiled loss keeps the upcast fused
+  (10); a compiled chunked cross-entropy keeps only the bf16 logits and recomputes the rest chunk by chunk
+  (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
 - FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
   1.06 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
@@ -60,8 +60,8 @@ NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 25
 LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
 CUDA_CONTEXT_GB = 1.2
 # Each process of a multi-GPU run also holds NCCL's communication buffers outside PyTorch's allocator (4 MiB
-# NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they show
-# on the card (nvidia-smi) but not in torch.cuda.max_memory_reserved.
+# NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they
+# show on the card (nvidia-smi) but not in torch.cuda.max_memory_reserved.
 NCCL_BUFFERS_GB = 0.5
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
@@ -180,20 +180,22 @@ def nf4_dequant_path(req: EstimateRequest) -> str:
 
 
 def qlora_upcast(req: EstimateRequest, gpus: int = 1) -> bool:
-    """Whether peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32 (peft/utils/other.py,
-    "cast all non INT8 parameters to fp32"; skipped for GPTQ/AQLM/EETQ/HQQ/torchao bases). On one GPU the runner
-    calls it (runner/model.py); under FSDP the runner, like TRL, skips it - a unit's parameters are flattened into
-    one buffer of one dtype - unless the request says the run did (qlora_upcast set explicitly)."""
+    """Whether peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32
+    (peft/utils/other.py, "cast all non INT8 parameters to fp32"; skipped for GPTQ/AQLM/EETQ/HQQ/torchao
+    bases). On one GPU the runner calls it (runner/model.py); under FSDP the runner, like TRL, skips it - a
+    unit's parameters are flattened into one buffer of one dtype - unless the request says the run did
+    (qlora_upcast set explicitly)."""
     if req.method != "qlora" or not req.qlora_upcast:
         return False
     return gpus == 1 or "qlora_upcast" in req.model_fields_set
 
 
 def fp32_residual(req: EstimateRequest, gpus: int = 1) -> bool:
-    """With the upcast the embedding output and the RMSNorm weights are fp32, so every residual add is fp32, and
-    bitsandbytes' Linear4bit returns its output in its input's dtype (bitsandbytes/nn/modules.py, Linear4bit.forward:
-    `.to(inp_dtype)`): the whole residual stream of a QLoRA model is fp32 and the checkpointed layer inputs are 4 B
-    per element, not 2 - bitsandbytes QLoRA activations are larger than LoRA's."""
+    """With the upcast the embedding output and the RMSNorm weights are fp32, so every residual add is fp32,
+    and bitsandbytes' Linear4bit returns its output in its input's dtype (bitsandbytes/nn/modules.py,
+    Linear4bit.forward: `.to(inp_dtype)`): the whole residual stream of a QLoRA model is fp32 and the
+    checkpointed layer inputs are 4 B per element, not 2 - bitsandbytes QLoRA activations are larger than
+    LoRA's."""
     return req.stack == "hf" and qlora_upcast(req, gpus)
 
 
@@ -274,10 +276,11 @@ def estimate_memory(
         optimizer = 0.0
     step_temp = 0.0  # fused optimizers update in place
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
-        # torch.optim.AdamW's default on CUDA is foreach (torch/optim/optimizer.py _default_to_fused_or_foreach);
-        # _multi_tensor_adam builds `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, one temporary
-        # the size of every state at once (torch/optim/adam.py), while the gradients are still alive. The runner
-        # and the Trainer's adamw_torch use it; torchtune's configs ask for fused=True.
+        # torch.optim.AdamW's default on CUDA is foreach (torch/optim/optimizer.py
+        # _default_to_fused_or_foreach); _multi_tensor_adam builds `exp_avg_sq_sqrt =
+        # torch._foreach_sqrt(device_exp_avg_sqs)`, one temporary the size of every state at once
+        # (torch/optim/adam.py), while the gradients are still alive. The runner and the Trainer's adamw_torch
+        # use it; torchtune's configs ask for fused=True.
         step_temp = trainable * param_bytes / shard
     if req.stack == "torchtune" and req.optimizer == "adamw_8bit":
         # torchao's 8-bit AdamW updates one parameter at a time with its two states dequantized to

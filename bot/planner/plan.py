@@ -143,7 +143,7 @@ def calibrate(measurements: list[Measurement]) -> Calibration:
 
 
 def _corrected_memory(mem: MemoryResult, corr: Correction | None) -> float:
-    """Peak GB per GPU with a calibration's factor on what torch reserves (the CUDA context is not measured)."""
+    """Peak GB per GPU with a calibration's factor on what torch reserves (not on the CUDA context)."""
     if corr is None or not corr.memory_runs:
         return mem.per_gpu_gb
     return (mem.per_gpu_bytes + (corr.memory_factor - 1.0) * mem.torch_reserved_gb * GB) / GB
@@ -265,8 +265,8 @@ def estimate(
     assumptions.append(_method_note(arch, req, mem))
     lo, hi = MEMORY_RATIO
     assumptions.append(
-        f"ranges: memory x{lo:.2f}-{hi:.2f}, speed and time from the spread of the planner's errors on published "
-        "sources it was not fitted on (p10-p90, leave one source out); offers must fit the upper end"
+        f"ranges: memory x{lo:.2f}-{hi:.2f}, speed and time from the spread of the planner's errors on "
+        "published sources it was not fitted on (p10-p90, leave one source out); offers must fit the top"
     )
     if corr is not None:
         assumptions.append(corr.describe())

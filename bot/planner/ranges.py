@@ -1,10 +1,11 @@
 """Ranges around the point estimates: the spread of the planner's errors on sources it was not fitted on.
 
-bench/planner_crossval.py holds each published source out in turn, refits the few coefficients on the others and
-predicts the held-out rows; the 10th and 90th percentiles of measured/predicted over all held-out rows are these
-ratios (tests/planner/test_crossval.py recomputes them and fails when they drift from what is written here).
-A range is the point estimate times them: on a table the planner never saw, about four rows in five fall inside.
-Whether an offer fits is judged on the upper end of the memory range, with the safety margin on top.
+bench/planner_crossval.py holds each published source out in turn, refits the few coefficients on the others
+and predicts the held-out rows; the 10th and 90th percentiles of measured/predicted over all held-out rows are
+these ratios (tests/planner/test_crossval.py recomputes them and fails when they drift from what is written
+here). A range is the point estimate times them: on a table the planner never saw, about four rows in five
+fall inside. Whether an offer fits is judged on the upper end of the memory range, with the safety margin on
+top.
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ def rank_offers(
             return text
         if cat == 1:
             upper = f", up to {need * job.memory_upper:.1f}" if job.memory_upper > 1.0 else ""
-            return f"needs {need:.1f} GB per GPU{upper} (+{SAFETY_MARGIN:.0%} margin); {o.gpu} has {cap:.1f} GB"
+            margin = f"+{SAFETY_MARGIN:.0%} margin"
+            return f"needs {need:.1f} GB per GPU{upper} ({margin}); {o.gpu} has {cap:.1f} GB"
         if cat == 2:
             return f"expected ${total[i]:.2f} is above the cost limit ${max_cost:.2f}"
         if cat == 3:

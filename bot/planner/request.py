@@ -69,11 +69,13 @@ class EstimateRequest(BaseModel):
     # The loss upcasts the logits to fp32 (transformers' ForCausalLMLoss calls logits.float()); False for a
     # 16-bit loss (fp16 + DeepSpeed without autocast, model code that never upcasts its logits).
     loss_upcast: bool = True
-    # transformers < 4.45: the model's forward upcast the logits to fp32 and returned them, and the loss made a
-    # shifted fp32 copy (~18 B per token and vocabulary entry at the peak instead of 12). For 2024 measurements.
+    # transformers < 4.45: the model's forward upcast the logits to fp32 and returned them, and the loss made
+    # a shifted fp32 copy (~18 B per token and vocabulary entry at the peak instead of 12). For 2024
+    # measurements.
     legacy_logits: bool = False
     # How torch's AdamW runs: None = the stack's default (hf: torch's foreach default, as the runner and the
-    # Trainer's adamw_torch use it; torchtune: fused=True as its configs ask). "for-loop": torch < 2.0's default.
+    # Trainer's adamw_torch use it; torchtune: fused=True as its configs ask). "for-loop": torch < 2.0's
+    # default.
     optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""Throughput and step time from a roofline of one micro-step: matmuls, attention, memory-bound ops, fixed costs.
+"""Throughput and step time from a roofline of a micro-step: matmuls, attention, memory traffic, fixed costs.
 
 Utilization (MFU) is not a constant per stack: it is what falls out of timing every part of a micro-step on
 the GPU's own rates, so it rises with tokens per micro-step (fixed costs are spread) and with model size
@@ -49,10 +49,11 @@ from bot.planner.request import EstimateRequest
 
 @dataclass(frozen=True)
 class SpeedCoefficients:
-    """What the roofline cannot count: fitted on the published tokens/s rows (leave-one-source-out checked)."""
+    """What the roofline cannot count: fitted on the published tokens/s rows (checked leaving one out)."""
 
     matmul_eff: float = 0.881  # real-shape GEMMs vs the measured big-square matmul rate
-    attn_eff: float = 0.385  # SDPA (torch's kernels; masked batches run the memory-efficient one) vs the matmul rate
+    # SDPA (torch's kernels; masked batches run the memory-efficient one) vs the matmul rate
+    attn_eff: float = 0.385
     ew_scale: float = 1.697  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
     compiled_ew: float = 0.05  # fraction of the eager elementwise traffic left after torch.compile
     torchao_dequant_bytes: float = 11.30  # torchao NF4 -> bf16 bytes moved per parameter per pass
@@ -60,9 +61,10 @@ class SpeedCoefficients:
 
 FITTED = SpeedCoefficients()
 
-# FlashAttention-2 forward + backward at long sequences, head dim 128, causal: ~190-200 TFLOPS on an A100 (Dao,
-# "FlashAttention-2", 2023: 50-73% of the 312 TFLOPS peak forward, the backward a little lower), i.e. about 0.72 of
-# the measured dense matmul rate. Not fitted: no published row here runs flash attention at a long sequence.
+# FlashAttention-2 forward + backward at long sequences, head dim 128, causal: ~190-200 TFLOPS on an A100
+# (Dao, "FlashAttention-2", 2023: 50-73% of the 312 TFLOPS peak forward, the backward a little lower), i.e.
+# about 0.72 of the measured dense matmul rate. Not fitted: no published row here runs flash attention at a
+# long sequence.
 FLASH_ATTN_EFF = 0.72
 
 # bitsandbytes' dequantization: 28 ms per billion 4-bit parameters per checkpointed micro-step (three passes)
@@ -70,12 +72,12 @@ FLASH_ATTN_EFF = 0.72
 # pass - the kernel reads 0.5 B and writes 2 B but runs at a fraction of the bandwidth.
 BNB_DEQUANT_BYTES = 19.0
 
-# Eager PyTorch dispatches every op from Python, a fixed cost per op that FLOPs do not show. Op counts: a decoder
-# block's forward (norms, projections, rotary, attention, MLP, residuals), a LoRA adapter (dropout, A, B, scale,
-# add, cast), embedding + final norm + lm_head + loss; the backward about twice the forward. The per-op costs are
-# a CUDA launch with Python dispatch (~10 us) and, on the CPU, the runner's measured ~100 us per op for the tiny
-# model on 2 cores (17k tokens/s: bench/README.md, `tunebot-runner make-tiny`). A compiled stack launches fused
-# kernels: about a third as many.
+# Eager PyTorch dispatches every op from Python, a fixed cost per op that FLOPs do not show. Op counts: a
+# decoder block's forward (norms, projections, rotary, attention, MLP, residuals), a LoRA adapter (dropout, A,
+# B, scale, add, cast), embedding + final norm + lm_head + loss; the backward about twice the forward. The
+# per-op costs are a CUDA launch with Python dispatch (~10 us) and, on the CPU, the runner's measured ~100 us
+# per op for the tiny model on 2 cores (17k tokens/s: bench/README.md, `tunebot-runner make-tiny`). A compiled
+# stack launches fused kernels: about a third as many.
 OPS_PER_LAYER = 40
 OPS_PER_ADAPTER = 6
 OPS_OUTSIDE_LAYERS = 30
@@ -83,7 +85,8 @@ BACKWARD_OPS = 2.0
 OP_SECONDS = {"cpu": 100e-6}
 OP_SECONDS_GPU = 10e-6
 COMPILED_OPS = 1 / 3
-GRAD_CLIP_BYTES = 3.0  # clip_grad_norm_: read every gradient for the norm, read + write to scale (per grad byte)
+# clip_grad_norm_: read every gradient for the norm, then read + write it to scale (per gradient byte)
+GRAD_CLIP_BYTES = 3.0
 
 
 def ops_per_micro_step(arch: Architecture, req: EstimateRequest) -> float:
@@ -126,13 +129,13 @@ def flops_per_token(arch: Architecture, req: EstimateRequest) -> float:
 def elementwise_bytes_per_token(arch: Architecture, req: EstimateRequest) -> float:
     """Bytes an eager forward of one block reads and writes per token outside matmuls and attention kernels.
 
-    Counted op by op from transformers' Llama block (modeling_llama.py): LlamaRMSNorm upcasts to fp32, squares,
-    takes the mean, multiplies, casts back and scales (~36 B per element); apply_rotary_pos_emb on q and k
-    (x*cos, rotate_half's slices, negation and cat, *sin, add: ~20 B per element); act_fn(gate) * up (10 B per
-    element of the MLP width); two residual adds (6 B per element each); the attention output's transpose +
-    reshape copy (4 B). PEFT's LoRA layer casts its input to the adapter dtype, scales the adapter output and
-    adds it (fp32 adapters: 6 B per input element + 16 B per output element; bf16 adapters 10 B per output
-    element). With fp32 activations (fp32 precision, or prepare_model_for_kbit_training's fp32 residual
+    Counted op by op from transformers' Llama block (modeling_llama.py): LlamaRMSNorm upcasts to fp32,
+    squares, takes the mean, multiplies, casts back and scales (~36 B per element); apply_rotary_pos_emb on q
+    and k (x*cos, rotate_half's slices, negation and cat, *sin, add: ~20 B per element); act_fn(gate) * up (10
+    B per element of the MLP width); two residual adds (6 B per element each); the attention output's
+    transpose + reshape copy (4 B). PEFT's LoRA layer casts its input to the adapter dtype, scales the adapter
+    output and adds it (fp32 adapters: 6 B per input element + 16 B per output element; bf16 adapters 10 B per
+    output element). With fp32 activations (fp32 precision, or prepare_model_for_kbit_training's fp32 residual
     stream) the residual and norm traffic doubles.
     """
     h, q, kv, f = arch.hidden, arch.q_dim, arch.kv_dim, arch.ffn_per_token
@@ -164,15 +167,19 @@ def loss_bytes_per_token(arch: Architecture, req: EstimateRequest) -> float:
 
 def _optimizer_bytes_per_param(req: EstimateRequest) -> tuple[float, float]:
     """(bytes moved per trainable parameter by one optimizer step, gradient bytes per parameter)."""
-    pbytes = 2.0 if (req.method == "full" and req.precision == "bf16") or (
-        req.method != "full" and req.adapter_dtype == "bf16" and req.precision != "fp32"
-    ) else 4.0
+    pbytes = (
+        2.0
+        if (req.method == "full" and req.precision == "bf16")
+        or (req.method != "full" and req.adapter_dtype == "bf16" and req.precision != "fp32")
+        else 4.0
+    )
     if req.optimizer != "adamw":
         # bitsandbytes' 8-bit AdamW: one fused kernel reads weight, grad and two 1-byte states, writes back.
         return 2 * pbytes + pbytes + 4.0, pbytes
     if adamw_impl(req) != "fused":
-        # torch's default foreach AdamW (and the for-loop one alike): lerp, mul, addcmul, sqrt (a temporary), div, add, addcdiv and the decoupled
-        # weight decay each pass over whole lists: ~11 state reads/writes, 3 gradient and 4 weight passes.
+        # torch's default foreach AdamW (and the for-loop one alike): lerp, mul, addcmul, sqrt (a temporary),
+        # div, add, addcdiv and the decoupled weight decay each pass over whole lists: ~11 state reads/writes,
+        # 3 gradient and 4 weight passes.
         return 11 * pbytes + 3 * pbytes + 4 * pbytes, pbytes
     # fused AdamW (torchtune's configs): weight, grad and both states read once, weight and states written.
     return 2 * pbytes + pbytes + 4 * pbytes, pbytes
@@ -198,7 +205,9 @@ def estimate_speed(
     t_matmul = max(linear_flops / (rate * coef.matmul_eff), weight_bytes / bandwidth)
     attn_eff = {"eager": coef.matmul_eff, "flash": FLASH_ATTN_EFF}.get(req.attn, coef.attn_eff)
     t_attn = attn_flops / (rate * attn_eff)
-    if req.attn == "eager":  # the s x s scores: bf16 written, fp32 softmax read + written, read back; x3 training
+    if (
+        req.attn == "eager"
+    ):  # the s x s scores: bf16 written, fp32 softmax read + written, read back; x3 training
         t_attn += arch.heads * req.seq_len * tokens_micro * arch.layers * 12.0 * passes / bandwidth
     ew_fraction = coef.compiled_ew if req.compile else 1.0
     ew_bytes = elementwise_bytes_per_token(arch, req) * arch.layers * passes * coef.ew_scale * ew_fraction
@@ -227,8 +236,8 @@ def estimate_speed(
     if req.optimizer_in_backward:
         optimizer = trainable_local * opt_bytes / bandwidth  # fused into backward, no clipping pass
     if req.optimizer == "paged_adamw_8bit" and not cpu:
-        # bitsandbytes' paged states live in CUDA unified memory: what does not fit beside the rest of the step
-        # is paged in over the host link and back out every optimizer step.
+        # bitsandbytes' paged states live in CUDA unified memory: what does not fit beside the rest of the
+        # step is paged in over the host link and back out every optimizer step.
         mem = estimate_memory(arch, req, n_gpus)
         paged = mem.offloaded.get("optimizer (paged, may spill to CPU)", 0.0)
         room = max(0.0, gpu.memory_gb * 1e9 - mem.per_gpu_bytes)

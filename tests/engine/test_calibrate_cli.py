@@ -29,8 +29,20 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _estimate(*extra: str) -> str:
-    out = runner.invoke(app, ["estimate", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--gpu", "rtx-4090",
-                              "--tokens", "1000000", *extra])
+    out = runner.invoke(
+        app,
+        [
+            "estimate",
+            "meta-llama/Llama-3.1-8B",
+            "--method",
+            "qlora",
+            "--gpu",
+            "rtx-4090",
+            "--tokens",
+            "1000000",
+            *extra,
+        ],
+    )
     assert out.exit_code == 0, out.output
     return out.output
 
@@ -56,8 +68,18 @@ def test_import_show_and_the_estimate_they_calibrate(data_dir: Path, tmp_path: P
     assert payload["speed"]["calibrated_runs"] == 2
 
     as_json = tmp_path / "runs.json"
-    as_json.write_text(json.dumps([{"gpu": "h100-80gb", "model": "meta-llama/Llama-3.1-8B", "method": "lora",
-                                    "tokens_per_second": 9000.0}]))
+    as_json.write_text(
+        json.dumps(
+            [
+                {
+                    "gpu": "h100-80gb",
+                    "model": "meta-llama/Llama-3.1-8B",
+                    "method": "lora",
+                    "tokens_per_second": 9000.0,
+                }
+            ]
+        )
+    )
     assert "imported 1 measurement(s)" in runner.invoke(app, ["calibrate", "import", str(as_json)]).output
 
 
@@ -72,7 +94,9 @@ def test_import_show_and_the_estimate_they_calibrate(data_dir: Path, tmp_path: P
         ("model,tokens\nx,1\n", "header row with at least gpu"),
     ],
 )
-def test_bad_import_files_exit_2_and_store_nothing(data_dir: Path, tmp_path: Path, content: str, message: str) -> None:
+def test_bad_import_files_exit_2_and_store_nothing(
+    data_dir: Path, tmp_path: Path, content: str, message: str
+) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(content)
     out = runner.invoke(app, ["calibrate", "import", str(bad)])

@@ -59,7 +59,11 @@ def test_a_finished_run_calibrates_the_next_estimate_for_its_gpu_class(tmp_path:
             spec_overrides={"max_steps": 12, "plateau": {"enabled": False}, "seed": 0},
         )
         deadline = time.time() + 240
-        while time.time() < deadline and eng.get_job(job.job_id).state not in ("succeeded", "stopped", "failed"):
+        while time.time() < deadline and eng.get_job(job.job_id).state not in (
+            "succeeded",
+            "stopped",
+            "failed",
+        ):
             eng.tick()
             time.sleep(0.3)
         view = eng.get_job(job.job_id)

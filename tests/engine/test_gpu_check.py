@@ -1,6 +1,7 @@
 """bench/gpu_check writes what `tunebot calibrate import` reads; without CUDA it says so and writes nothing.
 
-The check itself needs a GPU and has not run in CI or on the machine that wrote it (bench/gpu_check/README.md).
+The check itself needs a GPU and has not run in CI or on the machine that wrote it
+(bench/gpu_check/README.md).
 """
 
 from __future__ import annotations
@@ -30,10 +31,21 @@ def _module():
 def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:
     gc = _module()
     results = [
-        {"method": "lora", "seq_len": 1024, "max_memory_reserved_gb": 6.1, "device_memory_used_gb": 7.0,
-         "tokens_per_second": 31000.0, "mfu": 0.31},
-        {"method": "qlora", "seq_len": 4096, "max_memory_reserved_gb": 9.5, "device_memory_used_gb": None,
-         "tokens_per_second": 18000.0},
+        {
+            "method": "lora",
+            "seq_len": 1024,
+            "max_memory_reserved_gb": 6.1,
+            "device_memory_used_gb": 7.0,
+            "tokens_per_second": 31000.0,
+            "mfu": 0.31,
+        },
+        {
+            "method": "qlora",
+            "seq_len": 4096,
+            "max_memory_reserved_gb": 9.5,
+            "device_memory_used_gb": None,
+            "tokens_per_second": 18000.0,
+        },
     ]
     out = tmp_path / "cal.csv"
     gc.write_csv(gc.calibration_rows("h100-80gb", results), out)
@@ -51,10 +63,15 @@ def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "memory", "expected"),
-    [("NVIDIA A100-SXM4-40GB", 42.4, "a100-40gb"), ("NVIDIA A100 80GB PCIe", 85.1, "a100-80gb"),
-     ("NVIDIA H100 80GB HBM3", 85.0, "h100-80gb"), ("NVIDIA GeForce RTX 4090", 25.2, "rtx-4090"),
-     ("NVIDIA RTX 6000 Ada Generation", 51.0, "rtx-6000-ada"), ("NVIDIA RTX A6000", 51.0, "rtx-a6000"),
-     ("Tesla T4", 15.8, None)],
+    [
+        ("NVIDIA A100-SXM4-40GB", 42.4, "a100-40gb"),
+        ("NVIDIA A100 80GB PCIe", 85.1, "a100-80gb"),
+        ("NVIDIA H100 80GB HBM3", 85.0, "h100-80gb"),
+        ("NVIDIA GeForce RTX 4090", 25.2, "rtx-4090"),
+        ("NVIDIA RTX 6000 Ada Generation", 51.0, "rtx-6000-ada"),
+        ("NVIDIA RTX A6000", 51.0, "rtx-a6000"),
+        ("Tesla T4", 15.8, None),
+    ],
 )
 def test_device_names_map_to_the_planners_gpus(name: str, memory: float, expected: str | None) -> None:
     assert _module().planner_gpu(name, memory) == expected
@@ -64,8 +81,13 @@ def test_device_names_map_to_the_planners_gpus(name: str, memory: float, expecte
 def test_without_cuda_it_says_so_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "cal.csv"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([str(ROOT / "bench" / "gpu_check" / "run.sh"), "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(ROOT / "bench" / "gpu_check" / "run.sh"), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout and not out.exists()
     assert sys.executable  # (the script picks the project's .venv python)

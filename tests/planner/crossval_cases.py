@@ -68,8 +68,15 @@ def speed_value(row: Row, coef: SpeedCoefficients = FITTED) -> float:
 def memory_cases(guidance: bool = False) -> list[Case]:
     out = []
     for row in memory_rows(guidance):
-        out.append(Case(row.id, source_of(row.id), "memory", row.memory_gb,
-                        lambda x, row=row: memory_value(row, memory_coef(x))))
+        out.append(
+            Case(
+                row.id,
+                source_of(row.id),
+                "memory",
+                row.memory_gb,
+                lambda x, row=row: memory_value(row, memory_coef(x)),
+            )
+        )
     return out
 
 
@@ -78,6 +85,13 @@ def speed_cases() -> list[Case]:
     for row in ROWS:
         if row.tokens_per_second is None:
             continue
-        out.append(Case(row.id, source_of(row.id), "speed", row.tokens_per_second,
-                        lambda x, row=row: speed_value(row, speed_coef(x))))
+        out.append(
+            Case(
+                row.id,
+                source_of(row.id),
+                "speed",
+                row.tokens_per_second,
+                lambda x, row=row: speed_value(row, speed_coef(x)),
+            )
+        )
     return out

@@ -91,8 +91,8 @@ _PEFT = dict(
     attn="sdpa",
 )
 # PEFT docs: A100 80GB, fp32 weights; batch and length not stated: batch 1 x 512. The table dates from PEFT's
-# first release (February 2023), before torch 2.0 made AdamW foreach by default on CUDA: torch 1.13's AdamW ran
-# its for-loop, which allocates no parameter-sized temporary.
+# first release (February 2023), before torch 2.0 made AdamW foreach by default on CUDA: torch 1.13's AdamW
+# ran its for-loop, which allocates no parameter-sized temporary.
 _PD = dict(
     optimizer_impl="for-loop",
     precision="fp32",
@@ -210,8 +210,9 @@ ROWS: list[Row] = [
             lora_r=8,
             lora_targets="all-linear",
             # The run upcast its non-4-bit parameters (prepare_model_for_kbit_training, fp32 residual stream):
-            # with CPU parameter offload the same run took 19.6 GB/GPU, ~18 GB beside the weights, which a 16-bit
-            # stream (activations 5.4 GB, logits 2 GB) cannot fill. tunebot's runner skips the upcast under FSDP.
+            # with CPU parameter offload the same run took 19.6 GB/GPU, ~18 GB beside the weights, which a
+            # 16-bit stream (activations 5.4 GB, logits 2 GB) cannot fill. tunebot's runner skips the upcast
+            # under FSDP.
             qlora_upcast=True,
         ),
         "a100-80gb",

@@ -133,3 +133,66 @@ def test_architecture_quirks_are_counted(family: str, method: str, attn: str) ->
     assert predicted == pytest.approx(measured, rel=0.10), (
         f"predicted {predicted:,.0f} B, measured {measured:,.0f} B"
     )
+
+
+def _qlora_model(layers: int, upcast: bool, tmp_path):
+    """A tiny Llama quantized by bitsandbytes (NF4 + double quantization, CPU) as the runner loads it."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=layers, attn_implementation="sdpa", **DIMS)
+    torch.manual_seed(0)
+    folder = tmp_path / f"q{layers}"
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    quant = transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=quant, dtype=torch.bfloat16, device_map={"": "cpu"}
+    )
+    if upcast:
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
+
+
+def _saved(model) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.nbytes():
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    ids = torch.randint(0, DIMS["vocab_size"], (BATCH, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_bitsandbytes_qlora_block_and_its_fp32_residual_stream(upcast: bool, tmp_path) -> None:
+    """QLoRA as the runner loads it: one block saves what the formula says, and with
+    prepare_model_for_kbit_training the residual stream between blocks (what checkpointing keeps) is fp32."""
+    pytest.importorskip("bitsandbytes")
+    from bot.planner.memory import fp32_residual
+
+    measured = _saved(_qlora_model(2, upcast, tmp_path)) - _saved(_qlora_model(1, upcast, tmp_path))
+    arch = from_config({"model_type": "llama", "num_hidden_layers": 4, **DIMS})
+    req = EstimateRequest(
+        model="tiny", method="qlora", lora_r=8, batch_size=BATCH, seq_len=SEQ, gradient_checkpointing=False,
+        autocast=False, qlora_upcast=upcast,
+    )
+    predicted = _activation_bytes_per_token_layer(arch, req) * BATCH * SEQ
+    assert predicted == pytest.approx(measured, rel=0.10), f"{predicted:,.0f} vs measured {measured:,.0f}"
+
+    model = _qlora_model(1, upcast, tmp_path)
+    dtypes = []
+    layer = model.get_base_model().model.layers[0]
+    layer.register_forward_hook(
+        lambda _m, _i, out: dtypes.append((out[0] if isinstance(out, tuple) else out).dtype)
+    )
+    model(input_ids=torch.randint(0, DIMS["vocab_size"], (BATCH, SEQ)))
+    assert dtypes == [torch.float32 if upcast else torch.bfloat16]
+    assert fp32_residual(req) is upcast

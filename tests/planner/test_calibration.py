@@ -65,7 +65,9 @@ def test_one_odd_run_does_not_swing_the_estimate() -> None:
     odd = runs[0].model_copy(update={"tokens_per_second": runs[0].tokens_per_second * 4, "job_id": "odd"})
     after = calibrate([*runs, odd])
     key = ("rtx-4090", "hf", "qlora", "3-10B")
-    assert after.corrections[key].speed_factor == pytest.approx(before.corrections[key].speed_factor, rel=0.03)
+    assert after.corrections[key].speed_factor == pytest.approx(
+        before.corrections[key].speed_factor, rel=0.03
+    )
     # alone, an odd first run moves the estimate a bounded step (clipped at 1.5x, a third of the way)
     alone = calibrate([odd]).corrections[key].speed_factor
     assert 1.0 < alone <= 1.5 ** (1 / 3) + 1e-9
@@ -83,7 +85,12 @@ def test_corrections_apply_only_to_their_gpu_class_and_are_passed_in() -> None:
     assert sum(est.memory.breakdown_gb.values()) == pytest.approx(est.memory.per_gpu_gb, abs=0.01)
     assert est.memory.breakdown_gb["calibration"] > 0
     # a measurement the planner cannot predict (unknown model) is skipped, not guessed
-    assert calibrate([Measurement(gpu="rtx-4090", request={"model": "nope/nope"}, tokens_per_second=1.0)]).skipped == 1
+    assert (
+        calibrate(
+            [Measurement(gpu="rtx-4090", request={"model": "nope/nope"}, tokens_per_second=1.0)]
+        ).skipped
+        == 1
+    )
     assert size_class(0.5e9) == "<3B" and size_class(70e9) == ">40B"
 
 

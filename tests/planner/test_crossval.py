@@ -1,8 +1,8 @@
 """Leave-one-source-out cross-validation: the planner on published sources it was not fitted on.
 
 The same machinery as bench/planner_crossval.py (which prints every row). Also: the coefficients and the range
-ratios written in the code are the ones this fit produces (nobody tunes them by hand), and the fitting machinery
-itself recovers a known world.
+ratios written in the code are the ones this fit produces (nobody tunes them by hand), and the fitting
+machinery itself recovers a known world.
 """
 
 from __future__ import annotations
@@ -74,8 +74,13 @@ def test_fit_recovers_a_known_world_and_loso_exposes_a_source_it_cannot_explain(
     for source, bias in (("s1", 1.0), ("s2", 1.0), ("s3", 1.3)):
         for x in (1.0, 4.0, 9.0, 16.0):
             cases.append(
-                Case(f"{source}-{x}", source, "speed", bias * truth[0] * x ** truth[1],
-                     lambda c, x=x: c[0] * x ** c[1])
+                Case(
+                    f"{source}-{x}",
+                    source,
+                    "speed",
+                    bias * truth[0] * x ** truth[1],
+                    lambda c, x=x: c[0] * x ** c[1],
+                )
             )
     coef = fit([c for c in cases if c.source != "s3"], [1.0, 1.0], [(0.1, 10.0), (0.1, 3.0)])
     assert coef == pytest.approx(truth, rel=1e-3)
@@ -92,7 +97,7 @@ def _mfu(model: str, method: str, seq: int, gpus: int = 1) -> float:
 
 
 def test_utilization_rises_with_tokens_per_micro_step_and_model_size() -> None:
-    """The issue's evidence: ~0.1 at 256 tokens on a ~2B model, 0.6-0.8 at 8-32k tokens on 7-70B with flash."""
+    """The issue's evidence: ~0.1 at 256 tokens on a ~2B model, 0.6-0.8 at 8-32k tokens on 7-70B (flash)."""
     small_short = _mfu("Qwen/Qwen2.5-1.5B", "lora", 256)
     assert 0.05 <= small_short <= 0.2
     for method in ("lora", "qlora", "full"):

@@ -96,8 +96,8 @@ def test_weights_qlora_below_lora_below_full(req: EstimateRequest) -> None:
         for m in ("qlora", "lora", "full")
     }
     assert w["qlora"] < w["lora"] <= w["full"]
-    # On one GPU prepare_model_for_kbit_training makes QLoRA's residual stream fp32 (memory.fp32_residual), so a
-    # small model at long sequences can need more with QLoRA than with LoRA: compare the 16-bit stream.
+    # On one GPU prepare_model_for_kbit_training makes QLoRA's residual stream fp32 (memory.fp32_residual), so
+    # a small model at long sequences can need more with QLoRA than with LoRA: compare the 16-bit stream.
     assert mem(req, method="qlora", qlora_upcast=False) < mem(req, method="lora")
     # Full fine-tuning costs more as soon as its trainable state is resident: one GPU, checkpointed
     # activations, optimizer states on the GPU. (Without checkpointing, PEFT's per-adapter input copies

@@ -23,13 +23,14 @@ from .published import ROWS, UNSLOTH_MIN, UNSLOTH_REQUEST, Row
 XFAIL: dict[str, str] = {}
 SPEED_XFAIL: dict[str, str] = {
     "peft metamath full l40s": (
-        "replaced by a stated mechanism (issue 11): the old planner met this row with MFU 0.19 fitted to it "
-        "alone ('full fine-tuning is not a fixed 0.19'). The roofline predicts ~4,650 tokens/s: 3,072-token "
-        "micro-steps of Llama-3.2-3B at the matmul efficiency the other 15 rows share (the same benchmark's LoRA "
-        "row is within 11% at the same settings), plus foreach AdamW's memory-bound pass over 3.2B bf16 weights, "
-        "gradients and states (~42 B/param at 864 GB/s: 0.16 s per step). The published 2,315 needs ~1.3 s per "
-        "step, 0.7 s that no counted mechanism explains (a 46 GB card near its 37 GB reserved peak with "
-        "variable-length batches would retry cudaMalloc after freeing the cache, but nothing published says so)"
+        "replaced by a stated mechanism (issue 11): the old planner met this row with MFU 0.19 fitted to "
+        "it alone ('full fine-tuning is not a fixed 0.19'). The roofline predicts ~4,650 tokens/s: "
+        "3,072-token micro-steps of Llama-3.2-3B at the matmul efficiency the other 15 rows share (the "
+        "same benchmark's LoRA row is within 11% at the same settings), plus foreach AdamW's memory-bound "
+        "pass over 3.2B bf16 weights, gradients and states (~42 B/param at 864 GB/s: 0.16 s per step). "
+        "The published 2,315 needs ~1.3 s per step, 0.7 s that no counted mechanism explains (a 46 GB "
+        "card near its 37 GB reserved peak with variable-length batches would retry cudaMalloc after "
+        "freeing the cache, but nothing published says so)"
     ),
 }
 
@@ -95,12 +96,12 @@ _LORA16 = (
 _PAIR = " (test_unsloth_7b_and_8b_columns_contradict_each_other: this row's two cells cannot both pass)"
 UNSLOTH_XFAIL = {
     ("meta-llama/Llama-3.2-3B", "qlora"): (
-        "replaced by a stated mechanism (issue 11): predicted 2.93 vs 3.5 GB (-16%); it passed at -10% only "
-        "because the old planner held the last block's recomputed working set (0.2 GB) together with the logits. "
-        "Under checkpointing the loss's backward runs and frees the logits before the last block is recomputed "
-        "(torch/utils/checkpoint.py recomputes a block when its own backward first unpacks a saved tensor). What "
-        "is left is 2.2 GB of NF4 + 16-bit embeddings, 0.5 GB of chunked logits and 0.1 GB of adapters and "
-        "8-bit states: a 'minimum VRAM' guide rounds up from there"
+        "replaced by a stated mechanism (issue 11): predicted 2.93 vs 3.5 GB (-16%); it passed at -10% "
+        "only because the old planner held the last block's recomputed working set (0.2 GB) together with "
+        "the logits. Under checkpointing the loss's backward runs and frees the logits before the last block "
+        "is recomputed (torch/utils/checkpoint.py recomputes a block when its own backward first unpacks a "
+        "saved tensor). What is left is 2.2 GB of NF4 + 16-bit embeddings, 0.5 GB of chunked logits and "
+        "0.1 GB of adapters and 8-bit states: a 'minimum VRAM' guide rounds up from there"
     ),
     ("mistralai/Mistral-7B-v0.1", "lora"): "predicted 15.1 vs 19 GB (-20%): " + _LORA16 + _PAIR,
     ("meta-llama/Llama-3.1-8B", "lora"): "predicted 17.1 vs 22 GB (-22%): " + _LORA16 + _PAIR,

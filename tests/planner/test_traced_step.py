@@ -2,11 +2,11 @@
 
 bench/allocator_replay/trace.py runs transformers + PEFT on the meta device (real shapes, dtypes and tensor
 lifetimes, no memory), sends every allocation and free through the caching-allocator emulation, and reads the
-least memory the steps run in ("needed": what the planner estimates). Four cases are checks here: a regression in
-the activation, logits or optimizer terms (or a transformers upgrade that changes what a step keeps) shows up
-as a gap. Two of them check issue 11's mechanisms: at 16,384 tokens under checkpointing the logits and the
-recomputed last layer are never alive together, and torch's default foreach AdamW allocates a temporary the size
-of the states.
+least memory the steps run in ("needed": what the planner estimates). Four cases are checks here: a regression
+in the activation, logits or optimizer terms (or a transformers upgrade that changes what a step keeps) shows
+up as a gap. Two of them check issue 11's mechanisms: at 16,384 tokens under checkpointing the logits and the
+recomputed last layer are never alive together, and torch's default foreach AdamW allocates a temporary the
+size of the states.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def test_planner_matches_traced_hugging_face_steps() -> None:
             continue
         alloc = trace.trace_hf(request, steps=2)
         needed, allocated = smallest_capacity(alloc.events) / 1e9, alloc.peak_allocated / 1e9
-        assert alloc.peak_reserved / 1e9 >= needed >= allocated > 5.0, label  # a real multi-GB step was traced
+        assert alloc.peak_reserved / 1e9 >= needed >= allocated > 5.0, (
+            label
+        )  # a real multi-GB step was traced
         req = EstimateRequest(**request, autocast=False)  # the meta device runs no autocast
         arch = resolve(req.model)[0]
         m = estimate_memory(arch, req)
@@ -61,7 +63,8 @@ def test_planner_matches_traced_hugging_face_steps() -> None:
             f"{label}: planner {m.torch_reserved_gb:.2f} vs needed {needed:.2f}"
         )
         if "16384" in label:
-            # Counting the recomputed layer together with the logits (the old rule) overshoots the trace's peak.
+            # Counting the recomputed layer together with the logits (the old rule) overshoots the trace's
+            # peak.
             together = m.torch_reserved_gb + _layer_working_set(arch, req) / 1e9
             assert together > allocated * 1.03 and m.torch_reserved_gb < allocated * 1.03
         if "full" in label:

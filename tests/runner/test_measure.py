@@ -25,4 +25,6 @@ def test_too_short_a_run_reports_no_speed_and_metrics_travel_in_events() -> None
     event = RunnerEvent(job_id="j", seq=1, kind="finished", metrics={"tokens_per_second": 5.0})
     assert RunnerEvent.model_validate_json(event.model_dump_json()).metrics == {"tokens_per_second": 5.0}
     assert RunnerEvent.model_validate({"job_id": "j", "seq": 1, "kind": "finished"}).metrics is None
-    assert RunSummary(status="finished", metrics={"tokens_per_second": 1.0}).metrics["tokens_per_second"] == 1.0
+    assert (
+        RunSummary(status="finished", metrics={"tokens_per_second": 1.0}).metrics["tokens_per_second"] == 1.0
+    )
