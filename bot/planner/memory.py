@@ -9,12 +9,28 @@ gradients and optimizer states across GPUs; activations and logits stay per GPU.
 count is checked against the tensors autograd really saves in Hugging Face's Llama, Qwen2, Qwen3,
 Gemma 2, Phi-3 and Mixtral blocks (tests/planner/test_activation_physics.py).
 
-Three moments of a step compete for the peak: the start of backward (all saved activations + logits
-alive), the end of backward (all gradients alive + one layer's working set) and the optimizer step
-(gradients + optimizer temporaries). The breakdown is that of the winning moment. For QLoRA on one GPU a
-fourth comes before the first step: quantizing the model on the GPU (bot/planner/load_phase.py). What it
-reserves beyond the step's total shows as "allocator" (the caching allocator keeps it, and the step
-runs inside it).
+Moments of a step compete for the peak: the start of backward (all saved activations + logits alive);
+under checkpointing, the recompute of the last block (the layer inputs + that block's working set, the
+logits already freed: never both at once, see the phases below); the end of backward (all gradients alive +
+one layer's working set) and the optimizer step (gradients + optimizer temporaries: torch's default foreach
+AdamW allocates one the size of the states). The breakdown is that of the winning moment. For QLoRA on one
+GPU one more comes before the first step: quantizing the model on the GPU (bot/planner/load_phase.py). What
+it reserves beyond the step's total shows as "allocator" (the caching allocator keeps it, and the step runs
+inside it).
+
+Stack- and library-dependent mechanisms (issue 11), each from the libraries' code or a traced step:
+- the loss: transformers' ForCausalLMLoss upcasts the logits (LOGIT_BYTES "plain", traced); a 16-bit loss
+  (loss_upcast=False: fp16 + DeepSpeed without autocast, model code that never upcasts) keeps them 16-bit;
+- QLoRA on one GPU: peft's prepare_model_for_kbit_training casts the non-4-bit parameters to fp32 and the
+  residual stream becomes fp32 (qlora_upcast, fp32_residual; not for GPTQ/AQLM/EETQ/HQQ/torchao bases, and
+  not under FSDP in the runner); checked on the CPU with bitsandbytes (test_activation_physics.py);
+- bitsandbytes 0.50's MatMul4Bit keeps only the packed weight for backward (ctx.tensors = (None, B) in
+  bitsandbytes/autograd/_functions.py), so a frozen 4-bit Linear saves no input (older versions kept A);
+- the optimizer: foreach AdamW (hf default) allocates a temporary the size of the states in the step;
+  fused (torchtune) and for-loop (torch < 2.0) do not (adamw_impl);
+- several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and MemoryCoefficients.
+  fsdp_units unsharded blocks in flight - the one coefficient fitted on published rows (leave-one-source-out
+  checked in bench/planner_crossval.py).
 
 Calibration constants (few, each a physical quantity):
 - LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss at their peak. Hugging Face path: 12,
@@ -28,13 +44,13 @@ Calibration constants (few, each a physical quantity):
   (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
 - FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
-  1.06 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
+  1.12 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
   step sequence runs in. On a roomy card variable lengths leave whole cached segments behind, and
-  reserved climbs to 1.3-1.5x the allocated peak (what nvidia-smi shows), but the allocator hands those
+  reserved climbs to 1.3-1.6x the allocated peak (what nvidia-smi shows), but the allocator hands those
   back before running out: traced full-size Hugging Face steps replayed through bot/planner/allocator.py
-  need 1-5% above their allocated peak, and this estimate is within 5% of that need
-  (bench/allocator_replay: `trace.py hf`). torchtune's Llama-2-7B LoRA tutorial figures (15.6-17.0 GB)
-  are roomy-card reserved, ~1 GB above the need.
+  (bench/allocator_replay: `trace.py hf`) need up to ~1.15x the transient tensors of their longest step
+  without checkpointing, and this estimate is within ~5% of that need. torchtune's Llama-2-7B LoRA
+  tutorial figures (15.6-17.0 GB) are roomy-card reserved, ~1 GB above the need.
 - NF4 dequantization transient, per parameter of the Linear being dequantized: bitsandbytes' kernel
   (and a compiled torchao dequant) writes the bf16 weight directly, 2 B/param (two such weights counted,
   the one in use and the next). torchao's NF4Tensor in eager mode (torchtune QLoRA without compile)
@@ -43,7 +59,6 @@ Calibration constants (few, each a physical quantity):
   tracing the tensors torchao 0.3.1's NF4Tensor.get_original_weight allocates). Unsloth dequantizes
   every weight into one reused scratch buffer the size of the largest (unsloth/kernels/utils.py,
   matmul_lora's use_global_buffer): 2 B/param.
-Optimizers are assumed fused (torch AdamW fused=True, bitsandbytes): no full-size step temporaries.
 """
 
 from __future__ import annotations
@@ -64,7 +79,7 @@ CUDA_CONTEXT_GB = 1.2
 # show on the card (nvidia-smi) but not in torch.cuda.max_memory_reserved.
 NCCL_BUFFERS_GB = 0.5
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
-FRAGMENTATION = {"packed": 1.03, "variable": 1.06}
+FRAGMENTATION = {"packed": 1.03, "variable": 1.12}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
