@@ -38,12 +38,12 @@ from bot.planner.crossval import Held, leave_one_source_out, summarize  # noqa: 
 def table(title: str, held: list[Held], unit: str) -> None:
     print(f"\n{title}")
     print(
-        f"{'source':44s} {'row':44s} {'measured':>9s} {'in-sample':>10s} {'err':>7s} {'held-out':>9s} "
+        f"{'source':26s} {'row':40s} {'measured':>9s} {'in-sample':>10s} {'err':>7s} {'held-out':>9s} "
         f"{'err':>7s}"
     )
     for h in held:
         print(
-            f"{h.case.source[:44]:44s} {h.case.id[:44]:44s} {h.case.measured:9.2f} {h.in_sample:10.2f} "
+            f"{h.case.source[:26]:26s} {h.case.id[:40]:40s} {h.case.measured:9.2f} {h.in_sample:10.2f} "
             f"{h.in_sample_error:+7.1%} {h.held_out:9.2f} {h.held_out_error:+7.1%}  {unit}"
         )
 
