@@ -1,7 +1,7 @@
 """bench/gpu_check: without CUDA it says so, writes nothing and exits 0; what it writes on a GPU is a valid
 `tunebot calibrate import` file whose every row the planner can predict.
 
-The check itself needs a GPU and has not run in CI or on the machine that wrote it (bench/gpu_check/README.md).
+The check itself needs a GPU and has not run in CI or on the machine that wrote it (see its README).
 """
 
 from __future__ import annotations
