@@ -21,7 +21,8 @@ def test_plateau_on_the_eval_loss_stops_saves_and_reports(runner_job: Callable[.
                       plateau={"enabled": True, "patience": 1, "min_delta": 100.0, "every_steps": 2,
                                "warmup_steps": 0,
                                "ema": 0.0},
-                      wandb={"mode": "offline", "project": "tunebot-test"})
+                      wandb={"mode": "offline", "project": "tunebot-test"},
+                      checkpoint={"every_minutes": 60})  # only the plateau's save, however slow the machine
     summary, code = run(spec)
     assert code == EXIT_OK and summary.status == "plateau", summary
     assert summary.steps == 4  # eval every 2 steps: baseline at step 2, one look at step 4
