@@ -326,8 +326,8 @@ def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) ->
                 if request["method"] == "lora":
                     model.enable_input_require_grads()
             model.train()
-            # torch's default on CUDA is foreach (the meta device would pick the for-loop): the runner's
-            # optimizer
+            # foreach: torch's own default on CUDA (on the meta device it would pick the for-loop, and fused
+            # needs CUDA); the planner is asked about the same optimizer
             optimizer = torch.optim.AdamW(
                 [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=True
             )
@@ -350,8 +350,8 @@ def hf_report(variable_steps: int) -> int:
     from bot.planner.request import EstimateRequest
 
     def planned(request: dict, **changes) -> float:
-        # the trace runs no autocast (the meta device has none): fp32 adapters see fp32 inputs
-        req = EstimateRequest(**dict(request, **changes), autocast=False)
+        # no autocast on the meta device (fp32 adapters see fp32 inputs); the trace's AdamW is foreach
+        req = EstimateRequest(**dict(request, **changes), autocast=False, optimizer_impl="foreach")
         m = estimate_memory(resolve(req.model)[0], req)
         return m.torch_reserved_gb
 

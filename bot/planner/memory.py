@@ -26,8 +26,9 @@ Stack- and library-dependent mechanisms (issue 11), each from the libraries' cod
   not under FSDP in the runner); checked on the CPU with bitsandbytes (test_activation_physics.py);
 - bitsandbytes 0.50's MatMul4Bit keeps only the packed weight for backward (ctx.tensors = (None, B) in
   bitsandbytes/autograd/_functions.py), so a frozen 4-bit Linear saves no input (older versions kept A);
-- the optimizer: foreach AdamW (hf default) allocates a temporary the size of the states in the step;
-  fused (torchtune) and for-loop (torch < 2.0) do not (adamw_impl);
+- the optimizer: torch's foreach AdamW (its default on CUDA when fused is not asked for: the HF Trainer's
+  adamw_torch before torch 2.8, PEFT's benchmark) allocates a temporary the size of the states in the step;
+  fused (tunebot's runner on CUDA, torchtune) and for-loop (torch < 2.0) do not (adamw_impl);
 - several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and MemoryCoefficients.
   fsdp_units unsharded blocks in flight - the one coefficient fitted on published rows (leave-one-source-out
   checked in bench/planner_crossval.py).
@@ -215,8 +216,9 @@ def fp32_residual(req: EstimateRequest, gpus: int = 1) -> bool:
 
 
 def adamw_impl(req: EstimateRequest) -> str:
-    """foreach (torch's default on CUDA since 2.0), fused (torchtune's configs) or for-loop (torch < 2.0)."""
-    return req.optimizer_impl or ("fused" if req.stack == "torchtune" else "foreach")
+    """fused (tunebot's runner on CUDA, torchtune's configs: the default), foreach (torch's own default on
+    CUDA since 2.0 when fused is not asked for) or for-loop (torch < 2.0)."""
+    return req.optimizer_impl or "fused"
 
 
 STACK_QUANTIZER = {"hf": "bitsandbytes", "torchtune": "torchao", "unsloth": "prequantized"}
@@ -291,11 +293,11 @@ def estimate_memory(
         optimizer = 0.0
     step_temp = 0.0  # fused optimizers update in place
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
-        # torch.optim.AdamW's default on CUDA is foreach (torch/optim/optimizer.py
+        # torch.optim.AdamW without fused=True is foreach on CUDA (torch/optim/optimizer.py
         # _default_to_fused_or_foreach); _multi_tensor_adam builds `exp_avg_sq_sqrt =
         # torch._foreach_sqrt(device_exp_avg_sqs)`, one temporary the size of every state at once
-        # (torch/optim/adam.py), while the gradients are still alive. The runner and the Trainer's adamw_torch
-        # use it; torchtune's configs ask for fused=True.
+        # (torch/optim/adam.py), while the gradients are still alive. The HF Trainer's adamw_torch (torch <
+        # 2.8) uses it; tunebot's runner (on CUDA) and torchtune's configs ask for fused=True.
         step_temp = trainable * param_bytes / shard
     if req.stack == "torchtune" and req.optimizer == "adamw_8bit":
         # torchao's 8-bit AdamW updates one parameter at a time with its two states dequantized to

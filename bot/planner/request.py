@@ -73,9 +73,9 @@ class EstimateRequest(BaseModel):
     # a shifted fp32 copy (~18 B per token and vocabulary entry at the peak instead of 12). For 2024
     # measurements.
     legacy_logits: bool = False
-    # How torch's AdamW runs: None = the stack's default (hf: torch's foreach default, as the runner and the
-    # Trainer's adamw_torch use it; torchtune: fused=True as its configs ask). "for-loop": torch < 2.0's
-    # default.
+    # How torch's AdamW runs: None = fused (tunebot's runner on CUDA, torchtune's configs); "foreach" =
+    # torch's own default when fused is not asked for (the HF Trainer's adamw_torch before torch 2.8);
+    # "for-loop" = torch < 2.0's default.
     optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
 
     @property

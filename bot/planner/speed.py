@@ -177,11 +177,12 @@ def _optimizer_bytes_per_param(req: EstimateRequest) -> tuple[float, float]:
         # bitsandbytes' 8-bit AdamW: one fused kernel reads weight, grad and two 1-byte states, writes back.
         return 2 * pbytes + pbytes + 4.0, pbytes
     if adamw_impl(req) != "fused":
-        # torch's default foreach AdamW (and the for-loop one alike): lerp, mul, addcmul, sqrt (a temporary),
+        # torch's foreach AdamW (and the for-loop one alike): lerp, mul, addcmul, sqrt (a temporary),
         # div, add, addcdiv and the decoupled weight decay each pass over whole lists: ~11 state reads/writes,
         # 3 gradient and 4 weight passes.
         return 11 * pbytes + 3 * pbytes + 4 * pbytes, pbytes
-    # fused AdamW (torchtune's configs): weight, grad and both states read once, weight and states written.
+    # fused AdamW (the runner on CUDA, torchtune): weight, grad and both states read once, weight and states
+    # written.
     return 2 * pbytes + pbytes + 4 * pbytes, pbytes
 
 

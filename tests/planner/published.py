@@ -83,6 +83,7 @@ _T2 = dict(
 )
 # PEFT MetaMathQA benchmark: L40S, Llama-3.2-3B pure bf16, batch 4, max length 768, variable lengths.
 _PEFT = dict(
+    optimizer_impl="foreach",  # the benchmark's torch.optim.AdamW without fused=True
     model="meta-llama/Llama-3.2-3B",
     batch_size=4,
     seq_len=768,
