@@ -85,11 +85,13 @@ def main() -> None:
         return
     from fakes.clouds import FAKES
 
+    from bot.providers.registry import cloud_spec
+
     fakes = {name: cls().start() for name, cls in FAKES.items()}
     env = dict(os.environ)
     for name, fake in fakes.items():
-        prefix = {"lambda": "LAMBDA", "vast": "VAST", "runpod": "RUNPOD", "tensordock": "TENSORDOCK"}[name]
-        env[f"{prefix}_API_KEY"], env[f"{prefix}_API_URL"] = fake.api_key, fake.url
+        spec = cloud_spec(name)
+        env[spec.key_env], env[spec.url_env] = fake.api_key, fake.url
     env["TUNEBOT_LOCAL_PROVIDER"] = "false"
     results = {}
     try:

@@ -6,11 +6,13 @@ provider, the terminal chat. Secrets are SecretStr so that they never print by a
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_data_dir
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The runner image GPU hosts pull: the Dockerfile, built and pushed under this name for each release
@@ -32,24 +34,29 @@ def default_runner_image() -> str:
         return f"{RUNNER_IMAGE_REPO}:latest"
 
 
+class CloudAccess(BaseModel):
+    """One cloud's key, base URL and extra options, read from the variables its spec names."""
+
+    api_key: SecretStr | None = None
+    api_url: str
+    options: dict[str, str] = Field(default_factory=dict)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
 
     data_dir: Path = Field(default_factory=default_data_dir, alias="TUNEBOT_DATA_DIR")
     database_url: str | None = Field(None, alias="DATABASE_URL")
 
-    # Providers: keys and base URLs (the URLs point tests at fake servers on 127.0.0.1).
-    vast_api_key: SecretStr | None = Field(None, alias="VAST_API_KEY")
-    vast_api_url: str = Field("https://console.vast.ai", alias="VAST_API_URL")
-    runpod_api_key: SecretStr | None = Field(None, alias="RUNPOD_API_KEY")
-    runpod_api_url: str = Field("https://api.runpod.io", alias="RUNPOD_API_URL")
-    lambda_api_key: SecretStr | None = Field(None, alias="LAMBDA_API_KEY")
-    lambda_api_url: str = Field("https://cloud.lambda.ai/api/v1", alias="LAMBDA_API_URL")
-    lambda_ssh_key_name: str | None = Field(None, alias="LAMBDA_SSH_KEY_NAME")
-    tensordock_api_key: SecretStr | None = Field(None, alias="TENSORDOCK_API_KEY")
-    tensordock_api_url: str = Field("https://dashboard.tensordock.com/api/v2", alias="TENSORDOCK_API_URL")
+    # Cloud keys and base URLs, one entry per cloud module (bot/providers/<cloud>.py declares the names:
+    # VAST_API_KEY / VAST_API_URL, RUNPOD_..., LAMBDA_... and LAMBDA_SSH_KEY_NAME, TENSORDOCK_...; the
+    # URLs point tests at fake servers on 127.0.0.1). Filled by _read_clouds.
+    clouds: dict[str, CloudAccess] = Field(default_factory=dict, alias="TUNEBOT_INTERNAL_CLOUDS")
     provider_timeout_s: float = Field(20.0, alias="TUNEBOT_PROVIDER_TIMEOUT")
     catalog_ttl_s: float = Field(300.0, alias="TUNEBOT_CATALOG_TTL")
+    # How long a live listing waits for all clouds together; a cloud still silent then is priced from
+    # its dated snapshot, with a note (`tunebot gpus --live`, estimates).
+    catalog_deadline_s: float = Field(8.0, gt=0, alias="TUNEBOT_CATALOG_DEADLINE")
     price_tolerance: float = Field(0.10, alias="TUNEBOT_PRICE_TOLERANCE")  # launch stops above +10%
     min_reliability: float = Field(0.95, alias="TUNEBOT_MIN_RELIABILITY")
     runner_image: str = Field(default_factory=default_runner_image, alias="TUNEBOT_RUNNER_IMAGE")
@@ -99,13 +106,42 @@ class Settings(BaseSettings):
     # Who may launch in a channel: "C1=U1|U2;C2=U3" (channels not listed: everyone). Admins always may.
     channel_allow: str = Field("", alias="TUNEBOT_CHANNEL_ALLOW")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_clouds(cls, data: Any) -> Any:
+        """Each discovered cloud's variables, from keyword arguments, the environment, then .env."""
+        if not isinstance(data, dict):
+            return data
+        from bot.providers.registry import cloud_specs
+
+        env_file = cls.model_config.get("env_file")
+        dotenv: dict[str, str | None] = {}
+        if isinstance(env_file, str) and Path(env_file).is_file():
+            from dotenv import dotenv_values
+
+            dotenv = dict(dotenv_values(env_file))
+
+        def value(name: str) -> str | None:
+            for source in (data, os.environ, dotenv):
+                found = source.get(name)
+                if found not in (None, ""):
+                    return str(found)
+            return None
+
+        clouds = {}
+        for name, spec in cloud_specs().items():
+            options = {kw: v for kw, env in spec.options.items() if (v := value(env)) is not None}
+            clouds[name] = {
+                "api_key": value(spec.key_env),
+                "api_url": value(spec.url_env) or spec.default_url,
+                "options": options,
+            }
+        return {**data, "TUNEBOT_INTERNAL_CLOUDS": clouds}  # never from the environment itself
+
     def secrets(self) -> list[str]:
         """Every secret value, for scrubbing logs and messages."""
         values = [
-            self.vast_api_key,
-            self.runpod_api_key,
-            self.lambda_api_key,
-            self.tensordock_api_key,
+            *(access.api_key for access in self.clouds.values()),
             self.hf_token,
             self.wandb_api_key,
             self.aws_access_key_id,

@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.planner.rank import DEFAULT_RELIABILITY, LABEL_KEYS  # the planner's own label criteria
 from bot.planner.result import Estimate, RankedOffer
-from bot.providers.catalog import KEY_ENV
+from bot.providers.registry import key_env
 
 
 def _label_key(label: str, o: RankedOffer) -> tuple:
@@ -63,8 +63,7 @@ def for_this_engine(
     for o in estimate.offers:
         update: dict[str, Any] = {"labels": labels.get(id(o), [])}
         if o.fits and o.provider not in providers:
-            key = KEY_ENV.get(o.provider, f"{o.provider.upper()}_API_KEY")
-            update["reason"] = f"fits; set {key} to launch on {o.provider}"
+            update["reason"] = f"fits; set {key_env(o.provider)} to launch on {o.provider}"
         elif id(o) in labels:
             update["reason"] = "recommended: " + ", ".join(labels[id(o)])
         offers.append(o.model_copy(update=update))

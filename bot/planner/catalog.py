@@ -1,31 +1,41 @@
-"""The dated offline price catalog (data/catalog.json): what offers cost when no provider is asked.
+"""The dated offline price catalog: what offers cost when no provider is asked.
 
-The providers area refreshes prices live (bot.providers.catalog.live_catalog); this snapshot is the
-fallback and the default for `tunebot estimate`. RunPod stopped selling spot capacity in September
-2026; Lambda and TensorDock sell on-demand only; Vast.ai sells interruptible (bid) instances.
+Each cloud module declares its own dated snapshot (``CLOUD.snapshot`` in bot/providers/<cloud>.py,
+bot/providers/spec.py); this module turns them into Offers. The providers area refreshes prices live
+(bot.providers.catalog.live_catalog); the snapshot is the fallback and the default for `tunebot estimate`.
+An offer of N GPUs costs N x the per-GPU price; storage is $/GB-month, egress $/GB, USD throughout.
 """
 
 from __future__ import annotations
 
-import json
+import threading
 from datetime import UTC, date, datetime
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
 
-DATA = Path(__file__).parent / "data" / "catalog.json"
+if TYPE_CHECKING:
+    from bot.providers.spec import Snapshot
+
+_built: dict[tuple[tuple[str, int], ...], tuple[Offer, ...]] = {}
+_lock = threading.Lock()
 
 
-@lru_cache(maxsize=1)
-def _raw() -> dict[str, Any]:
-    return json.loads(DATA.read_text())
+def snapshots() -> dict[str, Snapshot]:
+    """Every cloud's snapshot by provider name (from the cloud modules the registry discovers)."""
+    from bot.providers.registry import cloud_specs
+
+    return {name: spec.snapshot for name, spec in cloud_specs().items()}
+
+
+def snapshot_dates() -> dict[str, date]:
+    return {name: date.fromisoformat(s.date) for name, s in snapshots().items()}
 
 
 def snapshot_date() -> date:
-    return date.fromisoformat(_raw()["snapshot_date"])
+    """The oldest cloud snapshot's date: no snapshot price is older than this."""
+    return min(snapshot_dates().values())
 
 
 def snapshot_as_of() -> datetime:
@@ -35,44 +45,61 @@ def snapshot_as_of() -> datetime:
 
 def provider_terms(provider: str) -> dict[str, Any]:
     """Storage, egress, reliability and preemption figures of a provider in the snapshot."""
-    terms = _raw()["providers"].get(provider, {})
-    return {k: v for k, v in terms.items() if k != "gpus"}
+    snap = snapshots().get(provider)
+    if snap is None:
+        return {}
+    return {
+        "storage_per_gb_month": snap.storage_per_gb_month,
+        "egress_per_gb": snap.egress_per_gb,
+        "reliability": snap.reliability,
+        "inet_down_mbps": snap.inet_down_mbps,
+        "preemptions_per_hour": snap.preemptions_per_hour,
+        "location": snap.location,
+        "note": snap.note,
+    }
 
 
-@lru_cache(maxsize=1)
-def _offers() -> tuple[Offer, ...]:
-    as_of = snapshot_as_of()
+def _offers_of(provider: str, snap: Snapshot) -> list[Offer]:
+    d = date.fromisoformat(snap.date)
+    as_of = datetime(d.year, d.month, d.day, tzinfo=UTC)
     out: list[Offer] = []
-    for provider, p in _raw()["providers"].items():
-        for gpu_name, spec in p["gpus"].items():
-            od, spot = spec[0], spec[1]
-            counts = spec[2] if len(spec) > 2 else p["counts"]
-            for n in counts:
-                for interruptible, price in ((False, od), (True, spot)):
-                    if price is None:
-                        continue
-                    out.append(
-                        Offer(
-                            provider=provider,
-                            offer_id=f"{gpu_name}x{n}",
-                            gpu=gpu_name,
-                            gpu_count=n,
-                            gpu_memory_gb=round(GPUS[gpu_name].memory_gb, 2),
-                            price_per_hour=round(price * n, 4),
-                            interruptible=interruptible,
-                            reliability=p["reliability"],
-                            location=p.get("location"),
-                            storage_per_gb_month=p["storage_per_gb_month"],
-                            egress_per_gb=p["egress_per_gb"],
-                            inet_down_mbps=p.get("inet_down_mbps"),
-                            preemptions_per_hour=p["preemptions_per_hour"] if interruptible else 0.0,
-                            source="snapshot",
-                            as_of=as_of,
-                        )
+    for gpu_name, spec in snap.gpus.items():
+        od, spot = spec[0], spec[1]
+        counts = spec[2] if len(spec) > 2 else snap.counts
+        for n in counts:
+            for interruptible, price in ((False, od), (True, spot)):
+                if price is None:
+                    continue
+                out.append(
+                    Offer(
+                        provider=provider,
+                        offer_id=f"{gpu_name}x{n}",
+                        gpu=gpu_name,
+                        gpu_count=n,
+                        gpu_memory_gb=round(GPUS[gpu_name].memory_gb, 2),
+                        price_per_hour=round(price * n, 4),
+                        interruptible=interruptible,
+                        reliability=snap.reliability,
+                        location=snap.location,
+                        storage_per_gb_month=snap.storage_per_gb_month,
+                        egress_per_gb=snap.egress_per_gb,
+                        inet_down_mbps=snap.inet_down_mbps,
+                        preemptions_per_hour=snap.preemptions_per_hour if interruptible else 0.0,
+                        source="snapshot",
+                        as_of=as_of,
                     )
-    return tuple(out)
+                )
+    return out
 
 
 def snapshot_offers() -> list[Offer]:
     """Every offer of the snapshot (one per provider, GPU, count and capacity class)."""
-    return list(_offers())
+    snaps = snapshots()
+    key = tuple((name, id(s)) for name, s in snaps.items())
+    with _lock:
+        offers = _built.get(key)
+        if offers is None:
+            offers = tuple(o for name, s in snaps.items() for o in _offers_of(name, s))
+            _built.clear()
+            _built[key] = offers
+    return list(offers)

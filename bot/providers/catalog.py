@@ -1,34 +1,36 @@
 """Live GPU catalog: live offers from each cloud merged over the planner's dated offline snapshot.
 
-A cloud with a key answers live (cached for ``settings.catalog_ttl_s``); a cloud without a key, or one
-that is down, falls back to its snapshot offers and a note says so and how old those prices are, so an
-answer never silently mixes today's prices with last month's.
+A cloud with a key answers live (cached for ``settings.catalog_ttl_s``); a cloud without a key, one
+that is down, or one that has not answered by the deadline (``settings.catalog_deadline_s``) falls back
+to its snapshot offers and a note says so and how old those prices are, so an answer never silently
+mixes today's prices with last month's.
+
+Clouds are asked at once (a thread each), so a slow one delays nobody; within a cloud the queries (one
+per GPU count) go one after another through its paced client (the documented rate limit, see
+bot/providers/spec.py), and identical requests are sent once (Lambda and TensorDock list every size at
+one URL). A cloud that answers after the deadline still fills the cache for the next listing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
 
 from bot.planner.offer import Offer
 from bot.providers.base import OfferQuery, Provider, ProviderError
+from bot.providers.registry import cloud_names, key_env
 
 if TYPE_CHECKING:
     from bot.settings import Settings
 
-CLOUDS: tuple[str, ...] = ("vast", "runpod", "lambda", "tensordock")
+log = logging.getLogger(__name__)
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)  # the offer sizes the snapshot carries; live answers match them
-KEY_ENV = {
-    "vast": "VAST_API_KEY",
-    "runpod": "RUNPOD_API_KEY",
-    "lambda": "LAMBDA_API_KEY",
-    "tensordock": "TENSORDOCK_API_KEY",
-}
 
 
 @dataclass
@@ -51,18 +53,18 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _snapshot() -> tuple[list[Offer], date | None, str | None]:
-    """The planner's snapshot offers and date; imported lazily (the planner owns that module)."""
+def _snapshot() -> tuple[list[Offer], dict[str, date], str | None]:
+    """The snapshot offers and each cloud's snapshot date (bot/planner/catalog.py builds the offers)."""
     try:
         from bot.planner import catalog as planner_catalog
     except ImportError:
-        return [], None, "the offline snapshot is not available in this build"
+        return [], {}, "the offline snapshot is not available in this build"
     try:
         offers = list(planner_catalog.snapshot_offers())
-        raw_date = planner_catalog.snapshot_date()
+        dates = planner_catalog.snapshot_dates()
     except Exception as exc:  # a broken snapshot must not break live answers
-        return [], None, f"the offline snapshot could not be read ({type(exc).__name__})"
-    return offers, _as_date(raw_date), None
+        return [], {}, f"the offline snapshot could not be read ({type(exc).__name__})"
+    return offers, {name: d for name, d in ((n, _as_date(v)) for n, v in dates.items()) if d}, None
 
 
 def _as_date(value: object) -> date | None:
@@ -99,8 +101,9 @@ def _resolve_providers(
     if isinstance(providers, Mapping):
         # Ready clients; every cloud missing from the mapping is answered from the snapshot.
         chosen = {name: p for name, p in providers.items() if name != "local"}
-        return chosen, list(CLOUDS) + [n for n in chosen if n not in CLOUDS]
-    names = list(CLOUDS) if providers is None else [n for n in providers if n != "local"]
+        clouds = cloud_names()
+        return chosen, clouds + [n for n in chosen if n not in clouds]
+    names = cloud_names() if providers is None else [n for n in providers if n != "local"]
     from bot.providers.registry import build_providers
 
     built = build_providers(settings, include_local=False)
@@ -114,11 +117,13 @@ def live_catalog(
     interruptible: bool | None = None,
     providers: Mapping[str, Provider] | Iterable[str] | None = None,
     now: datetime | None = None,
+    deadline_s: float | None = None,
 ) -> LiveCatalog:
-    """Offers for every cloud: live where a key is set and the API answers, else the dated snapshot.
+    """Offers for every cloud: live where a key is set and the API answers in time, else the dated snapshot.
 
     ``providers`` is either a mapping of ready clients (tests point them at fake servers) or a list
     of cloud names to restrict to; by default every cloud, with clients built from settings.
+    ``deadline_s`` (default ``settings.catalog_deadline_s``) bounds the wait for all clouds together.
     """
     if settings is None:
         from bot.settings import get_settings
@@ -126,24 +131,15 @@ def live_catalog(
         settings = get_settings()
     now = now or datetime.now(UTC)
     clients, names = _resolve_providers(settings, providers)
-    snap_offers, snap_date, snap_problem = _snapshot()
-    phrase = _snapshot_phrase(snap_date, now.date())
+    snap_offers, snap_dates, snap_problem = _snapshot()
     queries = [
         OfferQuery(
             gpu=gpu, gpu_count=n, interruptible=interruptible, min_reliability=settings.min_reliability
         )
         for n in GPU_COUNTS
     ]
-
-    def ask(client: Provider) -> list[Offer] | ProviderError:
-        try:
-            return [o for q in queries for o in _cached_search(client, q, settings.catalog_ttl_s)]
-        except ProviderError as exc:
-            return exc
-
-    # One thread per cloud: a slow API delays only its own answer, not the others'.
-    with ThreadPoolExecutor(max_workers=max(1, len(clients)), thread_name_prefix="catalog") as pool:
-        answers = dict(zip(clients, pool.map(ask, clients.values()), strict=True))
+    deadline = settings.catalog_deadline_s if deadline_s is None else deadline_s
+    answers = _ask_all(clients, queries, settings.catalog_ttl_s, deadline)
 
     offers: list[Offer] = []
     notes: list[str] = []
@@ -155,13 +151,16 @@ def live_catalog(
             offers.extend(answer)
             live.append(name)
             continue
-        if answer is None:
-            reason = f"no {KEY_ENV.get(name, name.upper() + '_API_KEY')}"
+        if name not in clients:
+            reason = f"no {key_env(name)}"
+        elif answer is None:
+            reason = f"no live answer within {deadline:g} s"
         else:
             reason = f"live prices unavailable ({type(answer).__name__}: {answer})"
         mine = [o for o in snap_offers if o.provider == name and _matches(o, gpu, interruptible)]
         offers.extend(mine)
         from_snapshot.append(name)
+        phrase = _snapshot_phrase(snap_dates.get(name), now.date())
         notes.append(f"{name}: {reason} — {phrase}" + ("" if mine else " (no snapshot offers match)"))
     if snap_problem and from_snapshot:
         notes.append(snap_problem)
@@ -172,11 +171,8 @@ def live_catalog(
         source = "live"
     else:
         source = "snapshot"
-    as_of = (
-        now
-        if live
-        else (datetime(snap_date.year, snap_date.month, snap_date.day, tzinfo=UTC) if snap_date else None)
-    )
+    oldest = min((snap_dates[n] for n in from_snapshot if n in snap_dates), default=None)
+    as_of = now if live else (datetime(oldest.year, oldest.month, oldest.day, tzinfo=UTC) if oldest else None)
     offers.sort(key=lambda o: (o.price_per_hour, o.provider, o.offer_id))
     return LiveCatalog(
         offers=offers,
@@ -186,6 +182,46 @@ def live_catalog(
         live_providers=live,
         snapshot_providers=from_snapshot,
     )
+
+
+def _ask_all(
+    clients: Mapping[str, Provider], queries: list[OfferQuery], ttl_s: float, deadline_s: float
+) -> dict[str, list[Offer] | ProviderError]:
+    """Every client's offers for the queries, a thread per cloud; whoever has not answered by the
+    deadline is left out (its thread finishes on its own, a daemon, and fills the cache)."""
+    answers: dict[str, list[Offer] | ProviderError] = {}
+    done = threading.Condition()
+
+    def ask(name: str, client: Provider) -> None:
+        try:
+            answer: list[Offer] | ProviderError = _search_all(client, queries, ttl_s)
+        except ProviderError as exc:
+            answer = exc
+        except Exception as exc:  # a client bug: this cloud answers from its snapshot, the others go on
+            log.exception("live offers from %s failed", name)
+            answer = ProviderError(f"{name}: {type(exc).__name__}", provider=name)
+        with done:
+            answers[name] = answer
+            done.notify_all()
+
+    for name, client in clients.items():
+        threading.Thread(target=ask, args=(name, client), name=f"catalog-{name}", daemon=True).start()
+    end = time.monotonic() + max(0.0, deadline_s)
+    with done:
+        while len(answers) < len(clients):
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            done.wait(left)
+        return dict(answers)
+
+
+def _search_all(client: Provider, queries: list[OfferQuery], ttl_s: float) -> list[Offer]:
+    """One cloud's answer to every query, in order; identical requests among them are sent once."""
+    http = getattr(client, "http", None)
+    once = http.reads_once() if hasattr(http, "reads_once") else contextlib.nullcontext()
+    with once:
+        return [o for q in queries for o in _cached_search(client, q, ttl_s)]
 
 
 def _cached_search(client: Provider, query: OfferQuery, ttl_s: float) -> list[Offer]:

@@ -84,6 +84,7 @@ class CloudProvider:
         rng: random.Random | None = None,
         poll_interval_s: float = 2.0,
         terminate_timeout_s: float = 180.0,
+        min_interval_s: float = 0.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._sleep = sleep
@@ -100,17 +101,25 @@ class CloudProvider:
             sleep=sleep,
             rng=rng,
             error_mapper=self._map_error,
+            min_interval_s=min_interval_s,
+            clock=clock,
         )
 
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> Any:
-        """Build the client from ``<name>_api_key`` / ``<name>_api_url`` in bot.settings.Settings."""
-        secret = getattr(settings, f"{cls.name}_api_key")
+        """Build the client from this cloud's entry in ``settings.clouds`` (key, URL, options) and its
+        spec's documented rate limit (see bot/providers/spec.py)."""
+        from bot.providers.registry import cloud_spec
+
+        spec = cloud_spec(cls.name)
+        access = settings.clouds[cls.name]
+        options = {**access.options, **kwargs}
+        options.setdefault("min_interval_s", spec.min_interval_s)
         return cls(
-            api_key=secret.get_secret_value() if secret else None,
-            base_url=getattr(settings, f"{cls.name}_api_url"),
+            api_key=access.api_key.get_secret_value() if access.api_key else None,
+            base_url=access.api_url,
             timeout_s=settings.provider_timeout_s,
-            **kwargs,
+            **options,
         )
 
     def _map_error(self, response: httpx.Response) -> Any:  # ErrorMapper; per cloud

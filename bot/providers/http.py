@@ -5,6 +5,10 @@ with exponential backoff and full jitter (a 429's Retry-After is honoured; witho
 anyway). Create calls are never retried here: a create that timed out may have created something,
 and only the caller can look for it by label first (see ``lifecycle.ensure_launched``).
 
+Pacing: a client built with ``min_interval_s`` (a cloud's documented rate limit, bot/providers/spec.py)
+keeps at least that gap between two requests, across threads. ``reads_once()`` makes identical idempotent
+requests of one thread send once (a listing per GPU count reads endpoints that ignore the count).
+
 Low-level httpx errors are translated once, here, into the typed errors of ``base``; every message
 and log line goes through ``redact`` so an API key never leaks.
 """
@@ -15,8 +19,10 @@ import functools
 import logging
 import random
 import ssl
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -34,9 +40,18 @@ from bot.providers.base import (
 )
 
 try:  # several times faster on large search answers (5,000 Vast offers is ~2.5 MB of JSON)
+    from orjson import OPT_SORT_KEYS
+    from orjson import dumps as _odumps
     from orjson import loads as _loads
+
+    def _canonical(value: Any) -> bytes:
+        return _odumps(value, option=OPT_SORT_KEYS)
 except ImportError:  # pragma: no cover - orjson is a dependency; plain json still works
+    import json as _json
     from json import loads as _loads
+
+    def _canonical(value: Any) -> bytes:
+        return _json.dumps(value, sort_keys=True, default=str).encode()
 
 log = logging.getLogger("tunebot.providers.http")
 
@@ -97,8 +112,15 @@ class HttpClient:
         rng: random.Random | None = None,
         error_mapper: ErrorMapper | None = None,
         extra_secrets: tuple[str, ...] = (),
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.provider = provider
+        self.min_interval_s = max(0.0, float(min_interval_s))
+        self._clock = clock
+        self._pace_lock = threading.Lock()
+        self._next_slot = float("-inf")
+        self._local = threading.local()
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
@@ -162,6 +184,29 @@ class HttpClient:
             return self._error(ProviderDownError, f"{where}: server error HTTP {code}: {detail}")
         return self._error(InvalidRequestError, f"{where}: rejected (HTTP {code}): {detail}")
 
+    # -- pacing and shared reads ----------------------------------------------------------------------
+    def _pace(self) -> None:
+        """Wait for this client's next request slot: ``min_interval_s`` after the previous one's."""
+        if self.min_interval_s <= 0:
+            return
+        with self._pace_lock:
+            now = self._clock()
+            slot = max(now, self._next_slot)
+            self._next_slot = slot + self.min_interval_s
+        if slot > now:
+            self._sleep(slot - now)
+
+    @contextmanager
+    def reads_once(self) -> Iterator[None]:
+        """Inside the block, this thread's identical idempotent requests (method, path, params, body) are
+        sent once and the answer reused; nested blocks share the outer one's answers."""
+        outer = getattr(self._local, "memo", None)
+        self._local.memo = {} if outer is None else outer
+        try:
+            yield
+        finally:
+            self._local.memo = outer
+
     # -- the one request path ------------------------------------------------------------------------
     def request(
         self,
@@ -177,10 +222,28 @@ class HttpClient:
 
         ``ok_statuses`` lists extra codes the caller wants to inspect itself (e.g. 404 = already gone).
         """
+        memo = getattr(self._local, "memo", None) if idempotent else None
+        if memo is None:
+            return self._request(method, path, idempotent, json, params, ok_statuses)
+        key = (method, path, _canonical(sorted((params or {}).items())), _canonical(json), ok_statuses)
+        if key not in memo:
+            memo[key] = self._request(method, path, idempotent, json, params, ok_statuses)
+        return memo[key]
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        idempotent: bool,
+        json: Any,
+        params: Mapping[str, Any] | None,
+        ok_statuses: tuple[int, ...],
+    ) -> httpx.Response:
         attempts = self.retry.attempts if idempotent else 1
         last: ProviderError | None = None
         for attempt in range(attempts):
             retry_after: float | None = None
+            self._pace()
             try:
                 response = self._client.request(method, path, json=json, params=params)
             except httpx.TimeoutException as exc:

@@ -34,6 +34,7 @@ from bot.providers.base import (
 )
 from bot.providers.common import CloudProvider, finish_search, map_status
 from bot.providers.gpus import gpu_memory, normalize_gpu
+from bot.providers.spec import CloudSpec, Snapshot
 
 STATUS_MAP: dict[str | None, InstanceStatus] = {
     "booting": InstanceStatus.provisioning,
@@ -115,11 +116,6 @@ class LambdaProvider(CloudProvider):
     def __init__(self, *, ssh_key_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ssh_key_name = ssh_key_name
-
-    @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> LambdaProvider:
-        kwargs.setdefault("ssh_key_name", settings.lambda_ssh_key_name)
-        return super().from_settings(settings, **kwargs)
 
     def _map_error(self, response: httpx.Response) -> ProviderError | None:
         try:
@@ -270,3 +266,32 @@ class LambdaProvider(CloudProvider):
             self.http.request("DELETE", f"/filesystems/{volume_id}", idempotent=True)
         except NotFoundError:
             return
+
+
+CLOUD = CloudSpec(
+    name="lambda",
+    client=LambdaProvider,
+    key_env="LAMBDA_API_KEY",
+    url_env="LAMBDA_API_URL",
+    default_url="https://cloud.lambda.ai/api/v1",
+    min_interval_s=1.0,
+    rate_limit="about 1 request/s (launch about 1 per 12 s)",
+    options={"ssh_key_name": "LAMBDA_SSH_KEY_NAME"},
+    snapshot=Snapshot(
+        date="2026-11-20",
+        gpus={  # on-demand $/GPU-h and the node sizes sold; A100 80GB and H200 as 8-GPU nodes only
+            "rtx-a6000": (0.8, None, (1, 2, 4)),
+            "a100-40gb": (1.29, None, (1, 2, 4, 8)),
+            "a100-80gb": (1.79, None, (8,)),
+            "h100-80gb": (2.99, None, (1, 2, 4, 8)),
+            "h200": (3.79, None, (8,)),
+        },
+        storage_per_gb_month=0.2,
+        egress_per_gb=0.0,
+        reliability=0.995,
+        inet_down_mbps=2000,
+        preemptions_per_hour=0.0,
+        location="us",
+        note="on-demand only; A100 80GB and H200 sold as 8-GPU nodes",
+    ),
+)

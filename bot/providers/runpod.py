@@ -33,6 +33,7 @@ from bot.providers.base import (
 )
 from bot.providers.common import CloudProvider, finish_search, map_status
 from bot.providers.gpus import gpu_memory, normalize_gpu
+from bot.providers.spec import CloudSpec, Snapshot
 
 STATUS_MAP: dict[str | None, InstanceStatus] = {
     "created": InstanceStatus.provisioning,
@@ -316,3 +317,32 @@ class RunPodProvider(CloudProvider):
             self.gql(DELETE_VOLUME_MUTATION, {"input": {"id": volume_id}}, idempotent=True)
         except NotFoundError:
             return
+
+
+CLOUD = CloudSpec(
+    name="runpod",
+    client=RunPodProvider,
+    key_env="RUNPOD_API_KEY",
+    url_env="RUNPOD_API_URL",
+    default_url="https://api.runpod.io",
+    snapshot=Snapshot(
+        date="2026-11-20",
+        gpus={  # Secure Cloud on-demand $/GPU-h; no spot since September 2026
+            "rtx-3090": (0.43, None),
+            "rtx-4090": (0.59, None),
+            "rtx-a6000": (0.49, None),
+            "rtx-6000-ada": (0.77, None),
+            "l40s": (0.86, None),
+            "a100-80gb": (1.39, None),
+            "h100-80gb": (2.69, None),
+            "h200": (3.59, None),
+        },
+        storage_per_gb_month=0.07,
+        egress_per_gb=0.0,
+        reliability=0.99,
+        inet_down_mbps=1000,
+        preemptions_per_hour=0.0,
+        location="secure cloud",
+        note="Secure Cloud on-demand; spot pods discontinued in September 2026",
+    ),
+)

@@ -31,6 +31,7 @@ from bot.providers.base import (
 )
 from bot.providers.common import CloudProvider, finish_search, map_status
 from bot.providers.gpus import gpu_memory, normalize_gpu
+from bot.providers.spec import CloudSpec, Snapshot
 
 # --- every TensorDock assumption, in one place -----------------------------------------------------
 ASSUMPTIONS = {
@@ -261,3 +262,33 @@ class TensorDockProvider(CloudProvider):
 
     def delete_volume(self, volume_id: str) -> None:
         return None  # no volumes exist here
+
+
+CLOUD = CloudSpec(
+    name="tensordock",
+    client=TensorDockProvider,
+    key_env="TENSORDOCK_API_KEY",
+    url_env="TENSORDOCK_API_URL",
+    default_url="https://dashboard.tensordock.com/api/v2",
+    min_interval_s=0.6,
+    rate_limit="100 requests/min per organization",
+    snapshot=Snapshot(
+        date="2026-11-20",
+        gpus={  # on-demand VMs $/GPU-h
+            "rtx-3090": (0.22, None),
+            "rtx-4090": (0.37, None),
+            "rtx-a6000": (0.47, None),
+            "rtx-6000-ada": (0.72, None),
+            "l40s": (0.95, None),
+            "a100-80gb": (1.25, None),
+            "h100-80gb": (2.25, None),
+        },
+        storage_per_gb_month=0.05,
+        egress_per_gb=0.0,
+        reliability=0.975,
+        inet_down_mbps=1000,
+        preemptions_per_hour=0.0,
+        location="marketplace",
+        note="on-demand VMs only",
+    ),
+)

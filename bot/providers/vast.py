@@ -31,6 +31,7 @@ from bot.providers.base import (
 )
 from bot.providers.common import CloudProvider, finish_search, map_status
 from bot.providers.gpus import gpu_memory, normalize_gpu
+from bot.providers.spec import CloudSpec, Snapshot
 
 # Vast's spelling of each canonical GPU (server-side filter; the normalizer decides in the end).
 VAST_GPU_NAMES: dict[str, list[str]] = {
@@ -407,3 +408,35 @@ class VastProvider(CloudProvider):
             self.http.request("DELETE", "/api/v0/volumes/", params={"id": volume_id}, idempotent=True)
         except NotFoundError:
             return
+
+
+CLOUD = CloudSpec(
+    name="vast",
+    client=VastProvider,
+    key_env="VAST_API_KEY",
+    url_env="VAST_API_URL",
+    default_url="https://console.vast.ai",
+    # Per-endpoint limits, not published: a 429 "API requests too frequent" (backoff rides it out).
+    rate_limit="per endpoint, unpublished (429 on excess)",
+    snapshot=Snapshot(
+        date="2026-11-20",
+        gpus={  # marketplace medians of verified hosts: (on-demand, bid) $/GPU-h
+            "rtx-3090": (0.2, 0.1),
+            "rtx-4090": (0.36, 0.19),
+            "rtx-a6000": (0.45, 0.24),
+            "rtx-6000-ada": (0.78, 0.42),
+            "l40s": (0.82, 0.45),
+            "a100-40gb": (0.78, 0.4),
+            "a100-80gb": (1.15, 0.6),
+            "h100-80gb": (1.9, 1.0),
+            "h200": (2.65, 1.45),
+        },
+        storage_per_gb_month=0.15,
+        egress_per_gb=0.02,
+        reliability=0.97,
+        inet_down_mbps=800,
+        preemptions_per_hour=0.12,
+        location="marketplace",
+        note="marketplace medians of verified hosts; interruptible = bid instances",
+    ),
+)

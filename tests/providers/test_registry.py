@@ -27,7 +27,7 @@ def test_every_cloud_with_a_key_is_built_against_its_url(
     for fake in fake_clouds.values():
         use_fake_env(monkeypatch, fake)
     settings = get_settings()
-    assert configured_clouds(settings) == ["vast", "runpod", "lambda", "tensordock"]
+    assert sorted(configured_clouds(settings)) == ["lambda", "runpod", "tensordock", "vast"]
     providers = build_providers(settings)
     assert set(providers) == set(PROVIDER_CLASSES)
     for name, fake in fake_clouds.items():

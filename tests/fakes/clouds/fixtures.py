@@ -4,7 +4,8 @@
 
 ``client_for(fake)`` builds the real tunebot client pointed at a fake, with tiny timeouts and
 backoffs and a no-op sleep (tests never sleep for real backoff). ``use_fake_env(monkeypatch, fake)``
-sets ``<CLOUD>_API_KEY`` / ``<CLOUD>_API_URL`` so code that reads settings talks to the fake.
+sets the cloud's key and URL variables (its spec's ``key_env`` / ``url_env``, e.g. VAST_API_KEY /
+VAST_API_URL) so code that reads settings talks to the fake.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from .tensordock import FakeTensorDock
 from .vast import FakeVast
 
 FAST_RETRY = RetryPolicy(attempts=5, base_s=0.001, max_s=0.005, max_retry_after_s=1.0)
-ENV_NAMES = {"vast": "VAST", "runpod": "RUNPOD", "lambda": "LAMBDA", "tensordock": "TENSORDOCK"}
 
 
 def _no_sleep(seconds: float) -> None:
@@ -32,7 +32,7 @@ def _no_sleep(seconds: float) -> None:
 
 def client_for(fake: FakeCloud, *, timeout_s: float = 2.0, api_key: str | None = None, **kwargs: Any) -> Any:
     """The real provider client for this fake (fast retries, no real sleeping)."""
-    from bot.providers.registry import PROVIDER_CLASSES
+    from bot.providers.registry import cloud_spec
 
     options: dict[str, Any] = {
         "timeout_s": timeout_s,
@@ -42,13 +42,15 @@ def client_for(fake: FakeCloud, *, timeout_s: float = 2.0, api_key: str | None =
         "terminate_timeout_s": 5.0,
     }
     options.update(kwargs)
-    return PROVIDER_CLASSES[fake.provider](api_key=api_key or fake.api_key, base_url=fake.url, **options)
+    return cloud_spec(fake.provider).client(api_key=api_key or fake.api_key, base_url=fake.url, **options)
 
 
 def use_fake_env(monkeypatch: pytest.MonkeyPatch, fake: FakeCloud) -> None:
-    prefix = ENV_NAMES[fake.provider]
-    monkeypatch.setenv(f"{prefix}_API_KEY", fake.api_key)
-    monkeypatch.setenv(f"{prefix}_API_URL", fake.url)
+    from bot.providers.registry import cloud_spec
+
+    spec = cloud_spec(fake.provider)
+    monkeypatch.setenv(spec.key_env, fake.api_key)
+    monkeypatch.setenv(spec.url_env, fake.url)
     from bot.settings import get_settings
 
     get_settings.cache_clear()
