@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -120,3 +121,57 @@ def test_tunebot_gpus_live_shows_live_offers_with_keys_and_notes_without(monkeyp
     assert result.exit_code == 0, result.output
     assert "mixed" in result.output and "vast: no VAST_API_KEY" not in result.output
     assert "runpod: no RUNPOD_API_KEY" in result.output and fake_vast.count("search") > 0
+
+
+def test_a_listing_sends_each_distinct_request_once(fake_clouds) -> None:
+    clients = {name: client_for(fake) for name, fake in fake_clouds.items()}
+    cat = live_catalog(get_settings(), providers=clients, now=NOW)
+    assert cat.source == "live"
+    for name, fake in fake_clouds.items():
+        asked = fake.per_request("search")
+        assert asked and set(asked.values()) == {1}, (name, asked)
+    # Lambda and TensorDock list every size at one URL; before, each GPU count asked it again.
+    assert sum(fake_clouds["lambda"].per_request("search").values()) == 1
+    assert sum(fake_clouds["tensordock"].per_request("search").values()) == 1
+    assert {o.gpu_count for o in cat.offers if o.provider == "lambda"} >= {1, 8}
+
+
+def test_a_stalling_cloud_falls_back_to_its_snapshot_while_the_others_answer(fake_clouds) -> None:
+    slow = fake_clouds["runpod"]
+    slow.delay_s = 3.0  # every RunPod answer takes 3 s; the listing waits 0.5 s for all clouds together
+    clients = {name: client_for(fake, timeout_s=10.0) for name, fake in fake_clouds.items()}
+    cat = live_catalog(get_settings(), providers=clients, now=NOW, deadline_s=0.5)
+    assert sorted(cat.live_providers) == ["lambda", "tensordock", "vast"]
+    assert cat.snapshot_providers == ["runpod"] and cat.source == "mixed"
+    assert cat.notes == [f"runpod: no live answer within 0.5 s — prices from the {_age_phrase()}"]
+    runpod = [o for o in cat.offers if o.provider == "runpod"]
+    assert runpod and all(o.source == "snapshot" for o in runpod)
+
+    # The late answer still lands in the cache: once RunPod's listing has finished in the background,
+    # the next listing is live without asking RunPod again.
+    slow.delay_s = 0.0
+    for thread in threading.enumerate():
+        if thread.name == "catalog-runpod":
+            thread.join(30)
+    asked = slow.count("search")
+    again = live_catalog(get_settings(), providers={"runpod": clients["runpod"]}, now=NOW)
+    assert again.live_providers == ["runpod"] and slow.count("search") == asked
+
+
+def test_clients_built_from_settings_keep_the_documented_rate(monkeypatch, fake_lambda) -> None:
+    from bot.providers.registry import build_providers, cloud_spec
+
+    use_fake_env(monkeypatch, fake_lambda)
+    client = build_providers(get_settings(), include_local=False)["lambda"]
+    assert client.http.min_interval_s == cloud_spec("lambda").min_interval_s == 1.0
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(round(s, 6))
+        now[0] += s
+
+    client.http._sleep, client.http._clock = sleep, lambda: now[0]
+    for _ in range(3):
+        client.list_instances()
+    assert slept == [1.0, 1.0]  # three requests, one per second (docs/providers.md: about 1 request/s)

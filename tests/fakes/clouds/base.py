@@ -11,6 +11,8 @@ Usage (any test, fixture or bench)::
         fake.inject("capacity")                # the cloud's own "no capacity" answer to a create
         fake.chaos(0.1, seed=7)                # a random fault on 10% of requests from now on
         fake.preempt(instance_id)              # outbid / host failure, in the cloud's own shape
+        fake.delay_s = 10.0                    # a slow cloud: every answer takes 10 s
+        fake.per_request()                     # Counter of (method, path + query, body) -> times asked
 
 Faults apply to requests whose operation (``search``, ``create``, ``status``, ``list``, ``delete``,
 ``volumes``, ``billing``) is in ``ops`` (default: all; ``create_fails`` and ``capacity`` only hit
@@ -155,6 +157,8 @@ class FakeCloud:
         self.volumes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, str]] = []  # (method, path, op)
         self.bodies: list[tuple[str, Any]] = []  # (op, decoded JSON body)
+        self.asked: list[tuple[str, str, str]] = []  # (method, path?query, canonical body)
+        self.delay_s = 0.0  # every answer waits this long (a slow or stalling cloud)
         self.faults: list[Fault] = []
         self.max_live_per_label: dict[str, int] = defaultdict(int)
         self.created_total = 0
@@ -266,6 +270,12 @@ class FakeCloud:
         with self.lock:
             return sum(1 for _, _, o in self.requests if o == op)
 
+    def per_request(self, op: str | None = None) -> Counter[tuple[str, str, str]]:
+        """How many times each distinct request (method, path with query, body) was sent."""
+        with self.lock:
+            pairs = zip(self.asked, self.requests, strict=True)
+            return Counter(a for a, (_, _, o) in pairs if op in (None, o))
+
     def last_body(self, op: str) -> Any:
         with self.lock:
             return next((b for o, b in reversed(self.bodies) if o == op), None)
@@ -332,9 +342,13 @@ class FakeCloud:
 
     def dispatch(self, req: Request) -> Response | None:
         op = self.op_of(req)
+        query = "&".join(f"{k}={v}" for k, v in sorted(req.query.items()))
         with self.lock:
             self.requests.append((req.method, req.path, op))
             self.bodies.append((op, req.body))
+            self.asked.append((req.method, f"{req.path}?{query}", json.dumps(req.body, sort_keys=True)))
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if not self.authorized(req):
             return self.unauthorized(req)
         fault = self._next_fault(op)
