@@ -197,7 +197,17 @@ def gpus_command(
             from bot.providers.catalog import live_catalog
         except ImportError:
             _fail("live prices are not available in this installation (bot.providers.catalog missing)")
-        cat = live_catalog(gpu=name)
+        from bot.providers.registry import configured_clouds
+        from bot.settings import get_settings
+
+        settings = get_settings()
+        asking = configured_clouds(settings)
+        if asking:  # progress: a slow cloud may keep this waiting up to the deadline
+            typer.echo(
+                f"Asking {', '.join(asking)} for live prices (at most {settings.catalog_deadline_s:g} s)…",
+                err=True,
+            )
+        cat = live_catalog(settings, gpu=name)
         offers, notes, source, as_of = list(cat.offers), list(cat.notes), cat.source, cat.as_of
     else:
         from bot.planner.catalog import snapshot_as_of, snapshot_offers
