@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from bot.planner.offer import Offer
 from bot.providers.base import OfferQuery, Provider, ProviderError
-from bot.providers.registry import cloud_names, key_env
+from bot.providers.registry import build_providers, cloud_names, key_env
 
 if TYPE_CHECKING:
     from bot.settings import Settings
@@ -104,8 +104,6 @@ def _resolve_providers(
         clouds = cloud_names()
         return chosen, clouds + [n for n in chosen if n not in clouds]
     names = cloud_names() if providers is None else [n for n in providers if n != "local"]
-    from bot.providers.registry import build_providers
-
     built = build_providers(settings, include_local=False)
     return {n: p for n, p in built.items() if n in names}, names
 
@@ -184,36 +182,67 @@ def live_catalog(
     )
 
 
+class _Listing:
+    """One cloud's listing in flight: a later listing with the same queries waits on it, not asking again."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: list[Offer] | ProviderError | None = None
+
+
+_in_flight: dict[tuple, _Listing] = {}
+_in_flight_lock = threading.Lock()
+
+
 def _ask_all(
     clients: Mapping[str, Provider], queries: list[OfferQuery], ttl_s: float, deadline_s: float
 ) -> dict[str, list[Offer] | ProviderError]:
     """Every client's offers for the queries, a thread per cloud; whoever has not answered by the
-    deadline is left out (its thread finishes on its own, a daemon, and fills the cache)."""
-    answers: dict[str, list[Offer] | ProviderError] = {}
-    done = threading.Condition()
-
-    def ask(name: str, client: Provider) -> None:
-        try:
-            answer: list[Offer] | ProviderError = _search_all(client, queries, ttl_s)
-        except ProviderError as exc:
-            answer = exc
-        except Exception as exc:  # a client bug: this cloud answers from its snapshot, the others go on
-            log.exception("live offers from %s failed", name)
-            answer = ProviderError(f"{name}: {type(exc).__name__}", provider=name)
-        with done:
-            answers[name] = answer
-            done.notify_all()
-
+    deadline is left out. Its thread (a daemon) finishes on its own and fills the cache; until then a
+    new listing waits on that thread rather than asking the slow cloud again."""
+    shape = tuple((q.gpu, q.gpu_count, q.interruptible, q.min_reliability) for q in queries)
+    listings: dict[str, _Listing] = {}
     for name, client in clients.items():
-        threading.Thread(target=ask, args=(name, client), name=f"catalog-{name}", daemon=True).start()
+        key = (id(client), shape)
+        with _in_flight_lock:
+            listing = _in_flight.get(key)
+            fresh = listing is None
+            if listing is None:
+                listing = _in_flight[key] = _Listing()
+        listings[name] = listing
+        if fresh:
+            thread = threading.Thread(
+                target=_run_listing,
+                args=(key, listing, name, client, queries, ttl_s),
+                name=f"catalog-{name}",
+                daemon=True,
+            )
+            thread.start()
     end = time.monotonic() + max(0.0, deadline_s)
-    with done:
-        while len(answers) < len(clients):
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            done.wait(left)
-        return dict(answers)
+    for listing in listings.values():
+        listing.done.wait(max(0.0, end - time.monotonic()))
+    return {
+        name: listing.answer
+        for name, listing in listings.items()
+        if listing.done.is_set() and listing.answer is not None
+    }
+
+
+def _run_listing(
+    key: tuple, listing: _Listing, name: str, client: Provider, queries: list[OfferQuery], ttl_s: float
+) -> None:
+    try:
+        listing.answer = _search_all(client, queries, ttl_s)
+    except ProviderError as exc:
+        listing.answer = exc
+    except Exception as exc:  # a client bug: this cloud answers from its snapshot, the others go on
+        log.exception("live offers from %s failed", name)
+        listing.answer = ProviderError(f"{name}: {type(exc).__name__}", provider=name)
+    finally:
+        with _in_flight_lock:
+            if _in_flight.get(key) is listing:
+                del _in_flight[key]
+        listing.done.set()
 
 
 def _search_all(client: Provider, queries: list[OfferQuery], ttl_s: float) -> list[Offer]:

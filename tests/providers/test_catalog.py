@@ -147,6 +147,10 @@ def test_a_stalling_cloud_falls_back_to_its_snapshot_while_the_others_answer(fak
     runpod = [o for o in cat.offers if o.provider == "runpod"]
     assert runpod and all(o.source == "snapshot" for o in runpod)
 
+    # Asked again while RunPod still stalls: the listing in flight is waited on, not asked again.
+    again = live_catalog(get_settings(), providers=clients, now=NOW, deadline_s=0.2)
+    assert again.snapshot_providers == ["runpod"] and slow.count("search") == 1
+
     # The late answer still lands in the cache: once RunPod's listing has finished in the background,
     # the next listing is live without asking RunPod again.
     slow.delay_s = 0.0
