@@ -2,16 +2,17 @@
 
 SQLite (the embedded default, a file in the data folder) runs in WAL mode with a busy timeout so
 that the bot, the scheduler thread and a CLI command can share it. PostgreSQL is used through
-psycopg 3. Migrations run under a PostgreSQL advisory lock, so several bot replicas starting at once
-upgrade the schema exactly once.
+psycopg 3. Migrations run under a lock - a PostgreSQL advisory lock, or a file lock beside the SQLite
+file - so several processes starting at once on a new database upgrade the schema exactly once.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
@@ -75,6 +76,29 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
+def insert_for(session: Session, model: Any) -> Any:
+    """An INSERT with this database's ``on_conflict_do_nothing/update`` (an idempotent write: two processes
+    writing the same unique row converge instead of one failing)."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(model)
+
+
+def _migration_lock(url: str) -> AbstractContextManager[Any]:
+    """SQLite has no advisory lock: a file lock beside the database serializes processes' migrations."""
+    if not is_sqlite(url):
+        return nullcontext()
+    db_path = make_url(url).database
+    if not db_path or db_path == ":memory:" or db_path.startswith("file:"):
+        return nullcontext()
+    from filelock import FileLock
+
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(f"{db_path}.migrate.lock", timeout=600)
+
+
 def alembic_config(url: str):
     """A programmatic Alembic config: no alembic.ini needed in the working directory."""
     from alembic.config import Config
@@ -87,9 +111,14 @@ def alembic_config(url: str):
 
 def migrate(url: str | None = None) -> None:
     """Bring the schema to the newest revision (idempotent, safe to call from several processes)."""
+    url = normalize_url(url or default_url())
+    with _migration_lock(url):
+        _upgrade(url)
+
+
+def _upgrade(url: str) -> None:
     from alembic import command
 
-    url = normalize_url(url or default_url())
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

@@ -53,12 +53,15 @@ def close_instance(
 ) -> None:
     now = eng.now() if at is None else at
     with eng.session() as s:
+        job = S.lock_job(s, row.job_id) if row.job_id else None  # in turn with its final transition
         res = s.execute(
             update(InstanceRow)
             .where(InstanceRow.id == row.id, InstanceRow.ended_at.is_(None))
             .values(ended_at=now, status="terminated", end_reason=reason)
         )
         if res.rowcount == 1:
+            if job is not None and job.state in S.FINAL:  # it billed until now: the job's spend has it
+                s.execute(update(Job).where(Job.id == job.id).values(spend=job_spend(s, job.id, eng.now())))
             S.audit(
                 s,
                 actor=actor,
@@ -134,7 +137,7 @@ def finish(
         src = job.state
         if src not in S.TRANSITIONS or not S.allowed(src, final):
             return False
-        fields = {"finished_at": now, "spend": spend, "claim_id": None}
+        fields = {"finished_at": now, "claim_id": None}  # the spend: S.transition derives it
         if final == S.STOPPED:
             fields["stop_reason"] = reason
         if message:

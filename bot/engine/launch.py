@@ -35,6 +35,7 @@ from bot.providers.base import (
     job_label,
 )
 from runner.spec import JobSpec
+from store.db import insert_for
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -231,17 +232,14 @@ def record_instance(
     *,
     adopted: bool = False,
 ) -> InstanceRow:
-    """Get-or-create the row of a provider instance (idempotent: a relaunch may adopt the same one)."""
+    """Get-or-create the row of a provider instance (idempotent: a relaunch may adopt the same one).
+
+    The insert is ``ON CONFLICT DO NOTHING`` on (provider, instance id): processes adopting the same
+    instance at once all get the one row, and only the one that wrote it audits it.
+    """
     now = eng.now()
-    row = (
-        s.execute(
-            select(InstanceRow).where(
-                InstanceRow.provider == inst.provider, InstanceRow.provider_instance_id == inst.instance_id
-            )
-        )
-        .scalars()
-        .first()
-    )
+    same = (InstanceRow.provider == inst.provider, InstanceRow.provider_instance_id == inst.instance_id)
+    row = s.execute(select(InstanceRow).where(*same)).scalars().first()
     if row is None:
         row = InstanceRow(
             provider=inst.provider,
@@ -258,8 +256,15 @@ def record_instance(
             last_seen_at=now,
             adopted=adopted,
         )
-        s.add(row)
-        s.flush()
+        values = {c.name: getattr(row, c.name) for c in InstanceRow.__table__.columns if c.name != "id"}
+        created = s.execute(
+            insert_for(s, InstanceRow)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["provider", "provider_instance_id"])
+        ).rowcount
+        row = s.execute(select(InstanceRow).where(*same)).scalars().one()
+        if not created:
+            return row  # another process recorded it a moment ago
         S.audit(
             s,
             actor="engine",

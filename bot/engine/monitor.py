@@ -3,7 +3,7 @@
 Push: the runner POSTs each RunnerEvent with the job's bearer token (checked in constant time
 against the stored hash). Pull: the runner also writes every event to ``progress.json`` beside its
 checkpoints, which the bot reads with fsspec (a bot in Socket Mode has no public URL). Both paths go
-through ``ingest``, which keeps an event once per (job, seq).
+through ``ingest``, which keeps an event once per (job, seq), under the job's row lock (processes too).
 
 Preemption is read from the provider's status (preempted, stopped, exited with 75, gone) and, as a
 fallback, from missing heartbeats: a running instance with no event for ``heartbeat_timeout_s``.
@@ -52,27 +52,23 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
         return 0
     now = eng.now()
     new: list[RunnerEvent] = []
+    seqs = [e.seq for e in events]
     with eng.session() as s:
-        job = s.get(Job, job_id)
+        known = _known(s, job_id, seqs)
+    if not any(_is_new(e, known.get(e.seq)) for e in events):
+        return 0  # a re-read progress object with nothing new: no lock taken
+    with eng.session() as s:
+        # Two supervisors (or a push and a pull) on one job take turns from here to the commit: the
+        # second one reads the first one's rows as known, so it stores and posts nothing twice.
+        job = S.lock_job(s, job_id)
         if job is None:
             return 0
-        seqs = [e.seq for e in events]
-        known = {
-            r.seq: r
-            for r in s.execute(
-                select(RunnerEventRecord).where(
-                    RunnerEventRecord.job_id == job_id, RunnerEventRecord.seq.in_(seqs)
-                )
-            ).scalars()
-        }
+        known = _known(s, job_id, seqs)
         for e in events:
             old = known.get(e.seq)
+            if not _is_new(e, old):
+                continue
             if old is not None:
-                # The same event again (a retried push, a re-read progress object): nothing new. A
-                # *newer* event under a seq we know is a resumed run renumbering from its checkpoint:
-                # it replaces the old one, so a "finished" after a resume is never lost.
-                if float(old.payload.get("timestamp") or 0.0) >= e.timestamp - 1e-6:
-                    continue
                 s.delete(old)
                 s.flush()
             row = RunnerEventRecord(
@@ -152,6 +148,20 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
             checkpoint_uri=e.checkpoint_uri,
         )
     return len(new)
+
+
+def _known(s: Any, job_id: str, seqs: list[int]) -> dict[int, RunnerEventRecord]:
+    rows = s.execute(
+        select(RunnerEventRecord).where(RunnerEventRecord.job_id == job_id, RunnerEventRecord.seq.in_(seqs))
+    ).scalars()
+    return {r.seq: r for r in rows}
+
+
+def _is_new(e: RunnerEvent, old: RunnerEventRecord | None) -> bool:
+    """The same event again (a retried push, a re-read progress object) is not new. A *newer* event under
+    a seq we know is a resumed run renumbering from its checkpoint: it replaces the old one, so a
+    "finished" after a resume is never lost."""
+    return old is None or float(old.payload.get("timestamp") or 0.0) < e.timestamp - 1e-6
 
 
 def _outcome_note(e: RunnerEvent) -> str | None:

@@ -97,15 +97,13 @@ def _reconcile_provider(
             continue  # not labelled as ours: never touched
         others = open_by_job.get(inst.job_id, [])
         if job is not None and job.state in ADOPTABLE and not others:
-            price = inst.price_per_hour if inst.price_per_hour is not None else (job.price_per_hour or 0.0)
-            with eng.session() as s:
-                j = s.get(Job, job.id)
-                assert j is not None
-                new_row = record_instance(eng, s, j, inst, price, j.offer, adopted=True)
-                s.commit()
-            open_by_job[inst.job_id] = [new_row]
-            report.adopted.append(inst.instance_id)
-            continue
+            adopted = _adopt(eng, name, job.id, inst)
+            if adopted is not None:
+                new_row, mine = adopted
+                open_by_job[inst.job_id] = [new_row]
+                if mine:
+                    report.adopted.append(inst.instance_id)
+                continue
         why = "duplicate" if (job is not None and job.state in ADOPTABLE) else "stray"
         temp = InstanceRow(
             provider=name,
@@ -144,3 +142,32 @@ def _reconcile_provider(
         if pid not in listed_ids and row.launched_at < listed_at - eng.lost_grace_s:
             close_instance(eng, row, reason="lost", actor="reconciler", at=row.last_seen_at or now)
             report.lost.append(pid)
+
+
+def _adopt(eng: Engine, name: str, job_id: str, inst: Instance) -> tuple[InstanceRow, bool] | None:
+    """Record ``inst`` as the job's instance, deciding under the job's row lock (processes take turns).
+
+    Returns (row, adopted by this call), or None when the job may not have it any more (it ended, or it
+    has another open instance by now): the caller then treats ``inst`` as a stray or a duplicate.
+    """
+    with eng.session() as s:
+        j = S.lock_job(s, job_id)
+        if j is None or j.state not in ADOPTABLE:
+            s.rollback()
+            return None
+        open_rows = list(
+            s.execute(
+                select(InstanceRow).where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None))
+            ).scalars()
+        )
+        same = [r for r in open_rows if (r.provider, r.provider_instance_id) == (name, inst.instance_id)]
+        if same:
+            s.rollback()
+            return same[0], False  # another process adopted it a moment ago
+        if open_rows:
+            s.rollback()
+            return None
+        price = inst.price_per_hour if inst.price_per_hour is not None else (j.price_per_hour or 0.0)
+        row = record_instance(eng, s, j, inst, price, j.offer, adopted=True)
+        s.commit()
+        return row, True

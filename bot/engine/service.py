@@ -531,15 +531,29 @@ class Engine:
         return reconcile_pass(self)
 
     def resume_all(self) -> int:
-        """After a (re)start: reconcile, take over launches whose process died, then one tick."""
-        self.reconcile()
+        """After a (re)start: reconcile, take over launches whose process died, then one tick.
+
+        A step that fails is logged and left to the periodic passes (the next reconcile and tick do the
+        same work): a bot that cannot resume one job at start still serves all the others.
+        """
+        try:
+            self.reconcile()
+        except Exception:  # noqa: BLE001
+            log.exception("resume: the reconcile pass failed; the periodic reconcile tries again")
         with self.session() as s:
             launching = list(s.execute(select(Job.id).where(Job.state == S.LAUNCHING)).scalars())
         for job_id in launching:
-            claim_id = reclaim_stale(self, job_id, actor="resume", force=True)
-            if claim_id:
-                launch_job(self, job_id, claim_id, actor="resume")
-        return self.tick()
+            try:
+                claim_id = reclaim_stale(self, job_id, actor="resume", force=True)
+                if claim_id:
+                    launch_job(self, job_id, claim_id, actor="resume")
+            except Exception:  # noqa: BLE001 - one broken job never stops the others
+                log.exception("resume: taking over the launch of job %s failed", job_id)
+        try:
+            return self.tick()
+        except Exception:  # noqa: BLE001
+            log.exception("resume: the first tick failed; the scheduler ticks again")
+            return 0
 
     def roll_up_spend(self) -> None:
         now = self.now()

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import or_, select
 from sqlmodel import Session
 
+from store.db import insert_for
 from store.models import Instance, Job, SpendEntry, VolumeRecord
 
 DAY = 86400.0
@@ -30,7 +31,14 @@ def instance_cost(inst: Instance, now: float) -> float:
 
 
 def job_spend(session: Session, job_id: str, now: float) -> float:
-    rows = session.execute(select(Instance).where(Instance.job_id == job_id)).scalars().all()
+    """The job's spend: the one formula behind the job's recorded spend, its view and the final messages."""
+    rows = (
+        session.execute(
+            select(Instance).where(Instance.job_id == job_id).execution_options(populate_existing=True)
+        )
+        .scalars()
+        .all()
+    )
     return sum(instance_cost(r, now) for r in rows)
 
 
@@ -67,7 +75,17 @@ def _split_by_day(start: float, end: float) -> Iterable[tuple[float, float]]:
 def _upsert(session: Session, existing: dict[tuple[str, float], SpendEntry], entry: SpendEntry) -> None:
     row = existing.get((entry.source, entry.period_start))
     if row is None:
-        session.add(entry)
+        # INSERT ... ON CONFLICT DO UPDATE: another process rolling up the same day at the same moment
+        # writes the same line, and the two converge instead of one failing on uq_spend_source_period.
+        values = {c.name: getattr(entry, c.name) for c in SpendEntry.__table__.columns if c.name != "id"}
+        keep = ("source", "period_start")
+        session.execute(
+            insert_for(session, SpendEntry)
+            .values(**values)
+            .on_conflict_do_update(
+                index_elements=list(keep), set_={k: v for k, v in values.items() if k not in keep}
+            )
+        )
         existing[(entry.source, entry.period_start)] = entry
     else:
         row.seconds, row.amount, row.rate_per_hour, row.updated_at = (
@@ -90,12 +108,13 @@ def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
         select(Instance, Job.owner, Job.team)
         .join(Job, Job.id == Instance.job_id, isouter=True)
         .where(or_(Instance.ended_at.is_(None), Instance.ended_at >= since))
+        .order_by(Instance.id)  # every process writes the lines in one order: no deadlock between them
     ).all()
     vols = (
         session.execute(
-            select(VolumeRecord).where(
-                or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since)
-            )
+            select(VolumeRecord)
+            .where(or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since))
+            .order_by(VolumeRecord.id)
         )
         .scalars()
         .all()

@@ -4,6 +4,7 @@ A transition is a conditional ``UPDATE jobs SET state = :to WHERE id = :id AND s
 plus an audit row, in one transaction. The condition is the concurrency guard: of fifty threads (or
 bot replicas) approving or launching the same job, exactly one sees a row change; the others get
 False and do nothing. Nothing that costs money happens before its claiming transition has committed.
+A transition into a final state also records the job's spend (bot/engine/spend.py), whatever the path.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlmodel import Session
 
+from bot.engine.spend import job_spend
 from store.models import AuditLog, Job
 
 PENDING_APPROVAL = "pending_approval"
@@ -75,6 +77,8 @@ def transition(
     """Move the job from one of ``src`` to ``dst`` if it is still there; True when this call did it.
 
     Extra keyword arguments are columns set in the same UPDATE (e.g. ``approved_by``, ``claim_id``).
+    Into a final state, the job's ``spend`` is derived here, once the row is ours (locked by the UPDATE):
+    the sum of its instances' billed seconds x locked prices, on every path (finish, retry budget, price).
     """
     sources = [src] if isinstance(src, str) else list(src)
     for s in sources:
@@ -86,6 +90,10 @@ def transition(
         if commit:
             session.rollback()
         return False
+    if dst in FINAL:
+        spend = job_spend(session, job_id, now)
+        session.execute(update(Job).where(Job.id == job_id).values(spend=spend))
+        fields = {**fields, "spend": round(spend, 6)}
     audit(
         session,
         actor=actor,
@@ -98,3 +106,25 @@ def transition(
     if commit:
         session.commit()
     return True
+
+
+def lock_job(session: Session, job_id: str) -> Job | None:
+    """The job's row, locked until this transaction ends, so processes deciding about one job take turns.
+
+    PostgreSQL: SELECT ... FOR UPDATE. SQLite has no row locks: a no-op write takes the database's write
+    lock, which serializes the same way (its busy timeout waits for the other writer).
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(updated_at=Job.updated_at)
+            .execution_options(synchronize_session=False)
+        )
+    return (
+        session.execute(
+            select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+        )
+        .scalars()
+        .first()
+    )
