@@ -72,20 +72,15 @@ def _split_by_day(start: float, end: float) -> Iterable[tuple[float, float]]:
         t = piece_end
 
 
-def _upsert(session: Session, existing: dict[tuple[str, float], SpendEntry], entry: SpendEntry) -> None:
+def _upsert(
+    session: Session,
+    existing: dict[tuple[str, float], SpendEntry],
+    entry: SpendEntry,
+    new: list[SpendEntry],
+) -> None:
     row = existing.get((entry.source, entry.period_start))
     if row is None:
-        # INSERT ... ON CONFLICT DO UPDATE: another process rolling up the same day at the same moment
-        # writes the same line, and the two converge instead of one failing on uq_spend_source_period.
-        values = {c.name: getattr(entry, c.name) for c in SpendEntry.__table__.columns if c.name != "id"}
-        keep = ("source", "period_start")
-        session.execute(
-            insert_for(session, SpendEntry)
-            .values(**values)
-            .on_conflict_do_update(
-                index_elements=list(keep), set_={k: v for k, v in values.items() if k not in keep}
-            )
-        )
+        new.append(entry)
         existing[(entry.source, entry.period_start)] = entry
     else:
         row.seconds, row.amount, row.rate_per_hour, row.updated_at = (
@@ -95,6 +90,22 @@ def _upsert(session: Session, existing: dict[tuple[str, float], SpendEntry], ent
             entry.updated_at,
         )
         row.owner, row.team, row.job_id = entry.owner, entry.team, entry.job_id
+
+
+def _insert_new(session: Session, new: list[SpendEntry]) -> None:
+    """New lines, 500 to a statement, as INSERT ... ON CONFLICT DO UPDATE: another process rolling up the
+    same day at the same moment writes the same lines, and the two converge (no uq_spend_source_period
+    error)."""
+    key = ("source", "period_start")
+    cols = [c.name for c in SpendEntry.__table__.columns if c.name != "id"]
+    for k in range(0, len(new), 500):
+        rows = [{c: getattr(e, c) for c in cols} for e in new[k : k + 500]]
+        stmt = insert_for(session, SpendEntry).values(rows)
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=list(key), set_={c: stmt.excluded[c] for c in cols if c not in key}
+            )
+        )
 
 
 def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
@@ -121,6 +132,7 @@ def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
     )
     sources = [f"instance:{i.id}" for i, _, _ in insts] + [f"volume:{v.provider}:{v.volume_id}" for v in vols]
     existing: dict[tuple[str, float], SpendEntry] = {}
+    new: list[SpendEntry] = []
     for chunk in range(0, len(sources), 500):
         for row in session.execute(
             select(SpendEntry).where(SpendEntry.source.in_(sources[chunk : chunk + 500]))
@@ -145,6 +157,7 @@ def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
                     amount=secs * inst.price_per_hour / 3600.0,
                     updated_at=now,
                 ),
+                new,
             )
     for vol in vols:
         end = vol.deleted_at if vol.deleted_at is not None else now
@@ -164,5 +177,7 @@ def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
                     amount=secs * rate_h / 3600.0,
                     updated_at=now,
                 ),
+                new,
             )
+    _insert_new(session, new)
     return len(sources)
