@@ -227,6 +227,46 @@ def test_two_supervisors_on_one_job_store_and_post_each_event_once(make_engine, 
     assert problems == [], [r.getMessage() for r in problems]
 
 
+def test_two_processes_rolling_up_the_ledger_at_once_write_each_line_once(make_engine, clock):
+    """Two bot processes (a leader handing over, a CLI `tunebot spend`) rolling up the same new lines."""
+    from bot.engine.spend import DAY
+    from store.models import SpendEntry
+
+    a, b = make_engine(), make_engine()
+    for round_ in range(3):
+        with a.session() as s:
+            for k in range(100):
+                s.add(
+                    Instance(
+                        provider="fake",
+                        provider_instance_id=f"r{round_}-{k}",
+                        job_id=None,
+                        price_per_hour=0.5 + k / 100,
+                        launched_at=clock() - 1.5 * DAY + k,
+                        status="running",
+                    )
+                )
+            s.commit()
+        barrier = threading.Barrier(2)
+
+        def roll(eng, barrier=barrier) -> None:  # noqa: ANN001
+            barrier.wait()
+            eng.roll_up_spend()
+
+        with ThreadPoolExecutor(2) as pool:
+            for f in [pool.submit(roll, a), pool.submit(roll, b)]:
+                f.result()  # neither raises
+        clock.advance(60)
+    with a.session() as s:
+        rows = s.execute(select(Instance)).scalars().all()
+        lines = s.execute(select(SpendEntry)).scalars().all()
+    keys = [(e.source, e.period_start) for e in lines]
+    assert len(keys) == len(set(keys)) >= 2 * len(rows)  # each instance's day once (two or three days)
+    assert sum(e.amount for e in lines) == pytest.approx(
+        sum(billed_seconds(r, clock() - 60) * r.price_per_hour / 3600 for r in rows)
+    )
+
+
 def test_resume_at_start_survives_a_failing_reconcile(engine, fake, caplog):
     """`tunebot serve` runs resume_all before serving: an error in it must not end the process."""
     from bot.engine.launch import claim
@@ -246,64 +286,79 @@ def test_resume_at_start_survives_a_failing_reconcile(engine, fake, caplog):
 
 # --- several processes on a fresh SQLite file ---------------------------------------------------------------
 
+ATTEMPTS = 5
+# One CLI process: imports everything once, then for each attempt waits for the go signal and runs its
+# command on that attempt's new database (so all three start on it at the same moment).
 _AT_ONCE = """
 import os, sys, time
 from pathlib import Path
 from bot.cli import main
-import bot.engine.service  # everything imported: the processes below start their work together
-Path(sys.argv[1]).touch()
-while not Path(sys.argv[2]).exists():
-    time.sleep(0.002)
-sys.argv = ["tunebot", *sys.argv[3:]]
-main()
+from bot.settings import get_settings
+import bot.engine.service
+work, me, attempts, argv = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+for attempt in range(attempts):
+    run = work / f"run{attempt}"
+    os.environ["TUNEBOT_DATA_DIR"] = str(run / "data")
+    os.environ["DATABASE_URL"] = f"sqlite:///{run / 'data' / 'tunebot.db'}"
+    get_settings.cache_clear()
+    (run / f"ready-{me}").touch()
+    while not (run / "go").exists():
+        time.sleep(0.002)
+    sys.argv = ["tunebot", *argv]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    print(f"attempt {attempt}: exit {code}", file=sys.stderr, flush=True)
+    (run / f"exit-{me}").write_text(str(code))
 """
 
 
-def _at_once(commands: list[list[str]], env: dict[str, str], tmp: Path) -> list[subprocess.CompletedProcess]:
-    """Start the CLI commands, wait until each has imported everything, then let them all go."""
-    go = tmp / "go"
-    procs = []
-    for i, argv in enumerate(commands):
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", _AT_ONCE, str(tmp / f"ready{i}"), str(go), *argv],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    deadline = time.monotonic() + 120
-    while not all((tmp / f"ready{i}").exists() for i in range(len(commands))):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a process did not start"
-        time.sleep(0.01)
-    go.touch()
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=120)
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-    return out
-
-
 def test_three_processes_at_once_on_a_fresh_sqlite_file(tmp_path):
+    """Three CLI processes opening one new SQLite database at the same moment: all of them work."""
+    import sqlite3
+
     from alembic.script import ScriptDirectory
 
-    from store.db import MIGRATIONS_DIR, alembic_config
+    from store.db import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-    assert head and MIGRATIONS_DIR.exists()
-    for attempt in range(3):  # each time a new database file, three processes racing to create it
-        work = tmp_path / f"run{attempt}"
-        work.mkdir()
-        db = work / "data" / "tunebot.db"
-        env = {**os.environ, "TUNEBOT_DATA_DIR": str(work / "data"), "DATABASE_URL": f"sqlite:///{db}"}
-        results = _at_once([["jobs"], ["jobs", "--active"], ["spend", "today"]], env, work)
-        for r in results:
-            assert r.returncode == 0, (r.args[-2:], r.stdout, r.stderr)
-            assert "Traceback" not in r.stderr and "cannot open the job database" not in r.stderr, r.stderr
-        import sqlite3
-
-        with sqlite3.connect(db) as conn:
+    commands = [["jobs"], ["jobs", "--active"], ["spend", "today"]]
+    for attempt in range(ATTEMPTS):
+        (tmp_path / f"run{attempt}").mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AT_ONCE, str(tmp_path), str(i), str(ATTEMPTS), *argv],
+            env={**os.environ},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, argv in enumerate(commands)
+    ]
+    try:
+        for attempt in range(ATTEMPTS):  # each time a new database file, three processes racing to create it
+            run = tmp_path / f"run{attempt}"
+            deadline = time.monotonic() + 120
+            while not all((run / f"ready-{i}").exists() for i in range(len(commands))):
+                assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a process died"
+                time.sleep(0.01)
+            (run / "go").touch()
+            while not all((run / f"exit-{i}").exists() for i in range(len(commands))):
+                assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a process died"
+                time.sleep(0.01)
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for (_, err), argv in zip(outputs, commands, strict=True):
+        assert "Traceback" not in err and "cannot open the job database" not in err, (argv, err[-3000:])
+        assert err.count(": exit 0") == ATTEMPTS, (argv, err[-3000:])
+    for attempt in range(ATTEMPTS):
+        with sqlite3.connect(tmp_path / f"run{attempt}" / "data" / "tunebot.db") as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
 
 
