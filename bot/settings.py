@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
     # Who may launch in a channel: "C1=U1|U2;C2=U3" (channels not listed: everyone). Admins always may.
     channel_allow: str = Field("", alias="TUNEBOT_CHANNEL_ALLOW")
+    # What a Slack user may point the bot at (bot/planner/sources.py): local paths only inside this folder
+    # (unset: none), URIs only under these comma-separated prefixes (e.g. "s3://team-bucket/datasets/"),
+    # files uploaded to Slack up to this size. The console and the CLI (the operator) are not limited.
+    chat_data_dir: Path | None = Field(None, alias="TUNEBOT_CHAT_DATA_DIR")
+    chat_storage_prefixes: str = Field("", alias="TUNEBOT_CHAT_STORAGE_PREFIXES")
+    slack_max_file_mb: float = Field(512.0, gt=0, alias="TUNEBOT_SLACK_MAX_FILE_MB")
 
     @model_validator(mode="before")
     @classmethod

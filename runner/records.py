@@ -151,7 +151,7 @@ def _messages(obj: dict[str, Any], fail: Any) -> list[dict[str, str]]:
             missing = "role" if role is None else "content"
             raise fail(f"messages[{index}] is missing the key {missing!r}")
         if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise fail(f"messages[{index}] has role {role!r}; expected one of {sorted(CHAT_ROLES)}")
+            raise fail(f"messages[{index}] has an unknown role; expected one of {sorted(CHAT_ROLES)}")
         if not isinstance(content, str):
             raise fail(f"messages[{index}].content must be a string, got {type(content).__name__}")
         out.append({"role": role, "content": content})
@@ -235,9 +235,11 @@ def check_dataset(uri: str, fmt: DatasetFormat | str | None = None, *,
                                            line=number) from None
                     chosen = detect_format(first)
                     if chosen is None:
-                        keys = sorted(first)[:6] if isinstance(first, dict) else type(first).__name__
+                        # the record's own keys are not quoted: a file that is no dataset keeps its secrets
+                        what = f"{len(first)} key(s)" if isinstance(first, dict) else type(first).__name__
                         raise DatasetError(
-                            f"cannot tell the format from the keys {keys}: expected alpaca (instruction, "
+                            f"cannot tell the format from the first record ({what}): expected alpaca "
+                            "(instruction, "
                             "output), messages, prompt_completion (prompt, completion) or text", uri=uri,
                             line=number)
                 parse_record(line, chosen, uri=uri, line=number)

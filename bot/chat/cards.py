@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from bot.chat.escaping import esc, mention
 from bot.chat.grammar import COMMAND_USAGE, KEYS_HELP, usage_for
 from bot.chat.replies import (
     Button,
@@ -81,13 +82,13 @@ def _offer_row(i: int, o: RankedOffer) -> list[str]:
     kind = "spot" if o.interruptible else "on-demand"
     return [
         str(i),
-        o.provider,
-        f"{o.gpu} x{o.gpu_count}",
+        esc(o.provider),
+        esc(f"{o.gpu} x{o.gpu_count}"),
         kind,
         money(o.price_per_hour),
         hours(o.hours),
         cost_span(o),
-        _offer_note(o),
+        esc(_offer_note(o)),
     ]
 
 
@@ -118,7 +119,7 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     """Header, memory breakdown, ranked offers, assumptions, and the launch buttons."""
     m, mem, t = estimate.model, estimate.memory, estimate.time
     reply = Reply(fallback=_estimate_fallback(estimate))
-    reply.add(Header(f"{m.name} · {estimate.method} · {count(m.parameters)} params"))
+    reply.add(Header(f"{esc(m.name)} · {estimate.method} · {count(m.parameters)} params"))
     reply.add(
         Fields(
             [
@@ -130,24 +131,27 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
                 (
                     "Compute time",
                     span(hours(t.hours), t.hours_range, hours)
-                    + f" on {estimate.speed.gpu} x{estimate.speed.gpus}",
+                    + f" on {esc(estimate.speed.gpu)} x{estimate.speed.gpus}",
                 ),
-                ("Tokens", f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({t.token_source})"),
+                (
+                    "Tokens",
+                    f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})",
+                ),
                 (
                     "Throughput",
                     span(f"{count(estimate.speed.tokens_per_second)} tokens/s",
                          estimate.speed.tokens_per_second_range, count)
                     + f", MFU {estimate.speed.mfu:.0%}"
-                    + (f"; {_calibrated(estimate)}" if estimate.speed.calibration else ""),
+                    + (f"; {esc(_calibrated(estimate))}" if estimate.speed.calibration else ""),
                 ),
                 ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
             ]
         )
     )
-    breakdown = " · ".join(f"{k} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
+    breakdown = " · ".join(f"{esc(k)} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
     reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
     if estimate.training is not None:
-        plan = " · ".join(f"{k} {v}" for k, v in describe_plan(estimate.training))
+        plan = " · ".join(f"{esc(k)} {esc(v)}" for k, v in describe_plan(estimate.training))
         reply.add(Text(f"*Training:* {plan}"))
     fitting = [o for o in estimate.offers if o.fits]
     shown = shown_offers(estimate)
@@ -164,10 +168,10 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     else:
         reply.add(Text(":warning: No offers to show."))
     if not fitting and estimate.suggestions:
-        reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {s}" for s in estimate.suggestions[:8])))
-    notes = list(estimate.assumptions[:9])
+        reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {esc(s)}" for s in estimate.suggestions[:8])))
+    notes = [esc(a) for a in estimate.assumptions[:9]]
     when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
-    notes.append(f"prices: {estimate.prices_source} as of {when}")
+    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
     reply.add(Context(notes))
     buttons = launch_buttons(estimate, estimate_id, shown) if estimate_id else []
     if len(buttons) > 1:  # more than Cancel
@@ -175,7 +179,7 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
         if launching:
             reply.add(Context(["Pick an offer to launch, or Cancel."]))
     elif fitting and launching:
-        reply.add(Context(["No offer here can be launched by this bot: " + _offer_note(fitting[0])]))
+        reply.add(Context(["No offer here can be launched by this bot: " + esc(_offer_note(fitting[0]))]))
     return reply
 
 
@@ -188,12 +192,12 @@ def _calibrated(estimate: Estimate) -> str:
 def _estimate_fallback(estimate: Estimate) -> str:
     best = labelled(estimate, "cheapest") or next((o for o in estimate.offers if o.fits), None)
     tail = (
-        f"cheapest {best.provider} {best.gpu} x{best.gpu_count} {cost_span(best)}"
+        f"cheapest {esc(best.provider)} {esc(best.gpu)} x{best.gpu_count} {cost_span(best)}"
         if best
         else "nothing fits"
     )
     return (
-        f"{estimate.model.name} {estimate.method}: {estimate.memory.per_gpu_gb:.1f} GB per GPU, "
+        f"{esc(estimate.model.name)} {estimate.method}: {estimate.memory.per_gpu_gb:.1f} GB per GPU, "
         f"{hours(estimate.time.hours)}; {tail}"
     )
 
@@ -213,14 +217,14 @@ def launch_buttons(
         where = f"#{row} " if row else ""
         buttons.append(
             Button(
-                f"Launch {label}: {where}{offer.provider} {offer.gpu} x{offer.gpu_count} "
+                f"Launch {label}: {where}{esc(offer.provider)} {esc(offer.gpu)} x{offer.gpu_count} "
                 f"({money(offer.total_cost)})",
                 f"launch_{label}",
                 estimate_id,
                 style=style,  # type: ignore[arg-type]
                 confirm=Confirm(
                     f"Launch on the {label} offer?",
-                    f"{offer.provider} {offer.gpu} x{offer.gpu_count} ({kind}) at "
+                    f"{esc(offer.provider)} {esc(offer.gpu)} x{offer.gpu_count} ({kind}) at "
                     f"{money(offer.price_per_hour)}/h, about {hours(offer.hours)} "
                     f"and {money(offer.total_cost)} in total.",
                     ok="Launch",
@@ -233,7 +237,9 @@ def launch_buttons(
 
 def job_fields(job: JobView) -> list[tuple[str, str]]:
     where = (
-        f"{job.provider or '-'} {job.gpu or ''} x{job.gpu_count or 1}" if job.provider else "not placed yet"
+        esc(f"{job.provider or '-'} {job.gpu or ''} x{job.gpu_count or 1}")
+        if job.provider
+        else "not placed yet"
     )
     if job.provider:
         where += " (spot)" if job.interruptible else " (on-demand)"
@@ -244,7 +250,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
     if job.estimated_cost is not None:
         spend += f" (estimate {money(job.estimated_cost)})"
     fields = [
-        ("Model", f"{job.model} · {job.method}"),
+        ("Model", f"{esc(job.model)} · {esc(job.method)}"),
         ("Where", where),
         ("Price", f"{money(job.price_per_hour)}/h" if job.price_per_hour is not None else "-"),
         ("Step", progress),
@@ -254,19 +260,21 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
         ("Preemptions", str(job.preemptions)),
     ]
     if job.output_uri:
-        fields.append(("Output", f"`{job.output_uri}`"))
+        fields.append(("Output", f"`{esc(job.output_uri)}`"))
     return fields
 
 
 def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     """The status card: edited in place in the job's thread, shown by `status JOB`."""
-    state = job.state + (f" ({job.stop_reason})" if job.stop_reason else "")
-    reply = Reply(fallback=f"Job {job.job_id}: {state}, step {job.step}, spend {money(job.spend)}")
-    reply.add(Header(f"Job {job.job_id}: {state}"))
-    reply.add(Text(f"{STATE_EMOJI.get(job.state, '')} *{job.state}* · owner <@{job.owner}>".strip()))
+    state = esc(job.state + (f" ({job.stop_reason})" if job.stop_reason else ""))
+    job_id = esc(job.job_id)
+    reply = Reply(fallback=f"Job {job_id}: {state}, step {job.step}, spend {money(job.spend)}")
+    reply.add(Header(f"Job {job_id}: {state}"))
+    emoji = STATE_EMOJI.get(job.state, "")
+    reply.add(Text(f"{emoji} *{esc(job.state)}* · owner {mention(job.owner)}".strip()))
     reply.add(Fields(job_fields(job)))
     if job.message:
-        reply.add(Context([job.message]))
+        reply.add(Context([esc(job.message)]))
     updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     reply.add(Context([f"updated {updated}"]))
     if with_buttons and job.state in ACTIVE_STATES:
@@ -279,7 +287,7 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
                         job.job_id,
                         style="danger",
                         confirm=Confirm(
-                            "Stop this job?", f"Job {job.job_id} stops after a checkpoint.", ok="Stop"
+                            "Stop this job?", f"Job {job_id} stops after a checkpoint.", ok="Stop"
                         ),
                     )
                 ]
@@ -293,11 +301,11 @@ def jobs_reply(jobs: list[JobView], *, title: str) -> Reply:
         return Reply(parts=[Text(f"{title}: none.")], fallback=f"{title}: none.")
     rows = [
         [
-            j.job_id,
-            j.state,
-            j.owner,
-            f"{j.model} {j.method}",
-            j.gpu or "-",
+            esc(j.job_id),
+            esc(j.state),
+            esc(j.owner),
+            esc(f"{j.model} {j.method}"),
+            esc(j.gpu or "-"),
             f"{j.step}/{j.max_steps}" if j.max_steps else str(j.step),
             f"{j.loss:.3f}" if j.loss is not None else "-",
             money(j.spend),
@@ -316,15 +324,15 @@ def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
     for line in lines[:25]:
         budget = money(line.budget) if line.budget is not None else "-"
         used = f"{line.amount / line.budget:.0%}" if line.budget else "-"
-        rows.append([line.key, money(line.amount), budget, used])
+        rows.append([esc(line.key), money(line.amount), budget, used])
     return rows
 
 
 def spend_reply(report: SpendReport, *, user: str | None = None, title: str | None = None) -> Reply:
-    scope = f" for <@{user}>" if user else ""
-    heading = title or f"Spend {report.period}{scope}: {money(report.total)}"
+    scope = f" for {mention(user)}" if user else ""
+    heading = title or f"Spend {esc(report.period)}{scope}: {money(report.total)}"
     reply = Reply(fallback=f"{heading} (since {report.start:%Y-%m-%d})")
-    reply.add(Header(heading.replace(f"<@{user}>", user or "")))
+    reply.add(Header(heading.replace(f"<@{user}>", esc(user or ""))))
     reply.add(Context([f"{report.start:%Y-%m-%d %H:%M} to {report.end:%Y-%m-%d %H:%M} UTC"]))
     for name, lines in (
         ("By user", report.by_user),
@@ -346,13 +354,13 @@ def volumes_reply(volumes: list[VolumeView]) -> Reply:
     reply.add(Header(f"Volumes: {money(total)}/month"))
     rows = [
         [
-            v.provider,
-            v.name,
+            esc(v.provider),
+            esc(v.name),
             f"{v.size_gb:g} GB",
             money(v.cost_per_month),
             money(v.cost_so_far),
             v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
-            v.owner or "-",
+            esc(v.owner or "-"),
         ]
         for v in volumes[:40]
     ]
@@ -363,16 +371,18 @@ def volumes_reply(volumes: list[VolumeView]) -> Reply:
 def volume_reminder(volume: VolumeView, *, message: str = "") -> Reply:
     """An idle volume with the money at stake, and Delete / Keep buttons."""
     idle = f"idle since {volume.idle_since:%Y-%m-%d}" if volume.idle_since else "idle"
-    owner = f" (<@{volume.owner}>)" if volume.owner else ""
+    owner = f" ({mention(volume.owner)})" if volume.owner else ""
     text = (
-        f":floppy_disk: Volume *{volume.name}* on {volume.provider}{owner} is {idle}: "
+        f":floppy_disk: Volume *{esc(volume.name)}* on {esc(volume.provider)}{owner} is {idle}: "
         f"{volume.size_gb:g} GB costs "
         f"*{money(volume.cost_per_month)}/month* ({money(volume.cost_so_far)} so far)."
     )
-    reply = Reply(fallback=f"Idle volume {volume.name}: {money(volume.cost_per_month)}/month", public=True)
+    reply = Reply(
+        fallback=f"Idle volume {esc(volume.name)}: {money(volume.cost_per_month)}/month", public=True
+    )
     reply.add(Text(text))
     if message:
-        reply.add(Context([message]))
+        reply.add(Context([esc(message)]))
     ref = f"{volume.provider}:{volume.volume_id}"
     reply.add(
         Buttons(
@@ -384,7 +394,7 @@ def volume_reminder(volume: VolumeView, *, message: str = "") -> Reply:
                     style="danger",
                     confirm=Confirm(
                         "Delete this volume?",
-                        f"{volume.name} ({volume.size_gb:g} GB) and its data are deleted for good.",
+                        f"{esc(volume.name)} ({volume.size_gb:g} GB) and its data are deleted for good.",
                         ok="Delete",
                     ),
                 ),
@@ -402,7 +412,8 @@ def budgets_reply(budgets: list[BudgetView]) -> Reply:
             fallback="No budgets set.",
         )
     rows = [
-        [b.scope, b.name, money(b.daily), money(b.spent_today), money(b.monthly), money(b.spent_month)]
+        [esc(b.scope), esc(b.name)]
+        + [money(b.daily), money(b.spent_today), money(b.monthly), money(b.spent_month)]
         for b in budgets[:40]
     ]
     reply = Reply(fallback=f"{len(budgets)} budget(s)")
@@ -422,12 +433,15 @@ def help_reply(topic: str | None = None) -> Reply:
 
 
 def approval_request(job: JobView, *, approvers: list[str], threshold: float) -> Reply:
-    who = " ".join(f"<@{a}>" for a in approvers) or "an admin"
+    who = " ".join(mention(a) for a in approvers) or "an admin"
     text = (
-        f":bell: {who}: <@{job.owner}> asks to launch job *{job.job_id}* ({job.model} {job.method}), "
+        f":bell: {who}: {mention(job.owner)} asks to launch job *{esc(job.job_id)}* "
+        f"({esc(job.model)} {esc(job.method)}), "
         f"estimated *{money(job.estimated_cost)}*, above the {money(threshold)} approval amount."
     )
-    reply = Reply(fallback=f"Approval needed for job {job.job_id} ({money(job.estimated_cost)})", public=True)
+    reply = Reply(
+        fallback=f"Approval needed for job {esc(job.job_id)} ({money(job.estimated_cost)})", public=True
+    )
     reply.add(Text(text))
     reply.add(
         Buttons(
@@ -439,7 +453,7 @@ def approval_request(job: JobView, *, approvers: list[str], threshold: float) ->
                     style="primary",
                     confirm=Confirm(
                         "Approve this job?",
-                        f"Job {job.job_id} may spend up to {money(job.max_cost or job.estimated_cost)}.",
+                        f"Job {esc(job.job_id)} may spend up to {money(job.max_cost or job.estimated_cost)}.",
                         ok="Approve",
                     ),
                 ),
@@ -468,7 +482,8 @@ def home_reply(
     for job in jobs[:15]:
         reply.add(
             Text(
-                f"{STATE_EMOJI.get(job.state, '')} *{job.job_id}* {job.state} · {job.model} {job.method} · "
+                f"{STATE_EMOJI.get(job.state, '')} *{esc(job.job_id)}* {esc(job.state)} · "
+                f"{esc(job.model)} {esc(job.method)} · "
                 f"step {job.step}"
                 + (f"/{job.max_steps}" if job.max_steps else "")
                 + (f" · loss {job.loss:.3f}" if job.loss is not None else "")

@@ -128,7 +128,7 @@ class ConsoleSession:
     ) -> None:
         self.chat = chat
         self.console = console
-        self.actor = Actor(user, None)
+        self.actor = Actor(user, None, operator=True)  # the console's person runs the bot
         self.echo = echo
         self.last_job_id: str | None = None
 

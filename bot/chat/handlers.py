@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.chat import cards
+from bot.chat.escaping import esc, mention
 from bot.chat.grammar import (
     ApproveCmd,
     BudgetSetCmd,
@@ -44,6 +45,7 @@ from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
+from bot.planner.sources import SourcePolicy
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Actor:
 
     user: str
     channel: str | None = None
+    operator: bool = False  # the console's person runs the bot: may name local paths (sources.py)
 
 
 def launch_part(estimate: Estimate) -> bytes:
@@ -119,6 +122,12 @@ class EstimateStore:
         return item
 
 
+def _default_sources() -> SourcePolicy:
+    from bot.settings import get_settings
+
+    return SourcePolicy.from_settings(get_settings())
+
+
 def _friendly_errors() -> tuple[type[BaseException], ...]:
     return (ParseError, PlanningError, EngineError)
 
@@ -132,8 +141,13 @@ class ChatHandlers:
         store: EstimateStore | None = None,
         secrets: list[str] | None = None,
         job_options: dict[str, Any] | None = None,
+        sources: SourcePolicy | None = None,
+        files: Any = None,
     ) -> None:
         self.engine = engine
+        # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
+        self.sources = sources if sources is not None else _default_sources()
+        self.files = files
         # Extra keyword arguments for Engine.create_job beyond EngineAPI (the demo's spec_overrides).
         self.job_options = dict(job_options or {})
         self.permissions = permissions or Permissions()
@@ -181,7 +195,7 @@ class ChatHandlers:
         """The immediate acknowledgement for slow commands (None: the command is fast)."""
         if isinstance(command, EstimateCmd | LaunchCmd):
             r = command.request
-            return f":hourglass: Estimating {r.model} {r.method}…"
+            return f":hourglass: Estimating {esc(r.model[:200])} {r.method}…"
         if isinstance(command, HelpCmd):
             return None
         return ":hourglass: Working on it…"
@@ -204,6 +218,14 @@ class ChatHandlers:
             return error_reply(self.scrub(str(exc)) or "the request was refused")
         except KeyError as exc:  # engines raise KeyError for unknown ids
             return error_reply(f"not found: {self.scrub(str(exc).strip(chr(39)))[:200]}")
+        except OSError as exc:  # e.g. [Errno 36] File name too long: the input, not our side
+            log.warning("chat command refused: %s", self.scrub(repr(exc))[:500])
+            return error_reply(f"that input cannot be used: {exc.strerror or type(exc).__name__}")
+        except UnicodeError:
+            return error_reply("the command has text that is not valid UTF-8")
+        except ValueError as exc:
+            log.warning("chat command refused: %s", self.scrub(repr(exc))[:500])
+            return error_reply(f"invalid value: {self.scrub(str(exc))[:300]}")
         except Exception:  # noqa: BLE001 - a person never sees a traceback
             # The traceback goes to the log, scrubbed: exception texts may quote keys or tokens.
             log.error("chat command failed\n%s", self.scrub(traceback.format_exc()))
@@ -211,12 +233,12 @@ class ChatHandlers:
 
     def _dispatch(self, command: Command, actor: Actor) -> Reply:
         if isinstance(command, EstimateCmd):
-            return self._estimate(command.request, actor, launching=False)
+            return self._estimate(self._checked_sources(command.request, actor), actor, launching=False)
         if isinstance(command, LaunchCmd):
             decision = self.permissions.can_launch(actor.user, actor.channel)
             if not decision:
                 raise PermissionDenied(decision.reason)
-            return self._estimate(command.request, actor, launching=True)
+            return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
         if isinstance(command, StatusCmd):
             if command.job_id:
                 return cards.job_card(self.engine.get_job(command.job_id))
@@ -246,13 +268,36 @@ class ChatHandlers:
                 command.scope, command.target, daily=command.daily, monthly=command.monthly, user=actor.user
             )
             return text_reply(
-                f":white_check_mark: Budget for {view.scope} *{view.name}*: daily {cards.money(view.daily)}, "
+                f":white_check_mark: Budget for {esc(view.scope)} *{esc(view.name)}*: "
+                f"daily {cards.money(view.daily)}, "
                 f"monthly {cards.money(view.monthly)}.",
                 kind="success",
             )
         if isinstance(command, HelpCmd):
             return cards.help_reply(command.topic)
         raise ParseError(f"unsupported command {command.name}")
+
+    def _checked_sources(self, request: EstimateRequest, actor: Actor) -> EstimateRequest:
+        """The request with its model and dataset checked against the source policy (the operator may
+        name any local path) and Slack uploads fetched; what is estimated and launched is what was checked."""
+        from bot.planner.models import table_lookup
+        from bot.planner.sources import SourceError, check_source, slack_file_id
+
+        policy = None if actor.operator else self.sources
+        updates: dict[str, str] = {}
+        for role in ("model", "dataset"):
+            value = getattr(request, role)
+            if value is None:
+                continue
+            kind, use = check_source(value, role, policy, is_name=lambda v: table_lookup(v) is not None)
+            if kind == "slack_file":
+                file_id = slack_file_id(value) or ""
+                if self.files is None:
+                    raise SourceError(f"{role}: Slack files can only be used from Slack")
+                use = str(self.files.fetch(file_id, actor.user, actor.channel))
+            if use != value:
+                updates[role] = use
+        return request.model_copy(update=updates) if updates else request
 
     def _estimate(self, request: EstimateRequest, actor: Actor, *, launching: bool) -> Reply:
         estimate = self.engine.estimate(request)
@@ -274,7 +319,8 @@ class ChatHandlers:
             if stored.job_id:
                 job = self.engine.get_job(stored.job_id)
                 return text_reply(
-                    f"Already launched as job *{job.job_id}* ({job.state}); nothing new was started."
+                    f"Already launched as job *{esc(job.job_id)}* ({esc(job.state)}); "
+                    "nothing new was started."
                 )
             job = self.engine.create_job(
                 stored.request,
@@ -300,15 +346,16 @@ class ChatHandlers:
     def _launched(self, job: JobView, choice: str) -> Reply:
         if job.state == "pending_approval":
             return text_reply(
-                f":hourglass: Job *{job.job_id}* is estimated at {cards.money(job.estimated_cost)}, "
+                f":hourglass: Job *{esc(job.job_id)}* is estimated at {cards.money(job.estimated_cost)}, "
                 f"above the {cards.money(self.permissions.approval_above)} approval amount: "
                 "an admin has been asked to approve it.",
                 kind="warning",
             )
-        where = f" on {job.provider} {job.gpu or ''} x{job.gpu_count or 1}" if job.provider else ""
+        where = esc(f" on {job.provider} {job.gpu or ''} x{job.gpu_count or 1}") if job.provider else ""
         price = f" at {cards.money(job.price_per_hour)}/h" if job.price_per_hour is not None else ""
         return text_reply(
-            f":rocket: Launching job *{job.job_id}* ({choice}){where}{price}. Progress goes to its thread.",
+            f":rocket: Launching job *{esc(job.job_id)}* ({esc(choice)}){where}{price}. "
+            "Progress goes to its thread.",
             kind="success",
         )
 
@@ -318,7 +365,7 @@ class ChatHandlers:
             with stored.lock:
                 if stored.job_id:
                     return text_reply(
-                        f"Already launched as job *{stored.job_id}*; use `stop {stored.job_id}`."
+                        f"Already launched as job *{esc(stored.job_id)}*; use `stop {esc(stored.job_id)}`."
                     )
                 stored.cancelled = True
         return text_reply("Cancelled; nothing was launched.")
@@ -329,10 +376,11 @@ class ChatHandlers:
         if not decision:
             raise PermissionDenied(decision.reason)
         if job.state != "pending_approval":
-            return text_reply(f"Job *{job.job_id}* is {job.state}; there is nothing to approve.")
+            return text_reply(f"Job *{esc(job.job_id)}* is {esc(job.state)}; there is nothing to approve.")
         job = self.engine.approve(job_id, approver=actor.user)
         return text_reply(
-            f":white_check_mark: <@{actor.user}> approved job *{job.job_id}*; it is {job.state}.",
+            f":white_check_mark: {mention(actor.user)} approved job *{esc(job.job_id)}*; "
+            f"it is {esc(job.state)}.",
             public=True,
             kind="success",
         )
@@ -343,9 +391,11 @@ class ChatHandlers:
         if not decision:
             raise PermissionDenied(decision.reason)
         if job.state != "pending_approval":
-            return text_reply(f"Job *{job.job_id}* is {job.state}; there is nothing to reject.")
+            return text_reply(f"Job *{esc(job.job_id)}* is {esc(job.state)}; there is nothing to reject.")
         job = self.engine.stop(job_id, user=actor.user, reason="rejected")
-        return text_reply(f"<@{actor.user}> rejected job *{job.job_id}*; it is {job.state}.", public=True)
+        return text_reply(
+            f"{mention(actor.user)} rejected job *{esc(job.job_id)}*; it is {esc(job.state)}.", public=True
+        )
 
     def _stop(self, job_id: str, actor: Actor) -> Reply:
         job = self.engine.get_job(job_id)
@@ -353,10 +403,10 @@ class ChatHandlers:
         if not decision:
             raise PermissionDenied(decision.reason)
         if job.state not in cards.ACTIVE_STATES:
-            return text_reply(f"Job *{job.job_id}* is already {job.state}.")
+            return text_reply(f"Job *{esc(job.job_id)}* is already {esc(job.state)}.")
         job = self.engine.stop(job_id, user=actor.user, reason="user")
         return text_reply(
-            f":octagonal_sign: Stopping job *{job.job_id}* ({job.state}); spend so far "
+            f":octagonal_sign: Stopping job *{esc(job.job_id)}* ({esc(job.state)}); spend so far "
             f"{cards.money(job.spend)}."
         )
 
@@ -371,16 +421,18 @@ class ChatHandlers:
         decision = self.permissions.can_stop(actor.user, owner)
         if not decision:
             raise PermissionDenied("only the volume's owner or an admin may do that")
-        name = volume.name if volume else volume_id
+        name = esc(volume.name if volume else volume_id)
         if action == "delete":
             self.engine.delete_volume(provider, volume_id, user=actor.user)
             return text_reply(
-                f":wastebasket: <@{actor.user}> deleted volume *{name}* on {provider}.", public=True
+                f":wastebasket: {mention(actor.user)} deleted volume *{name}* on {esc(provider)}.",
+                public=True,
             )
         if action == "keep":
             self.engine.keep_volume(provider, volume_id, user=actor.user)
             return text_reply(
-                f"<@{actor.user}> keeps volume *{name}*; no more reminders for it this week.", public=True
+                f"{mention(actor.user)} keeps volume *{name}*; no more reminders for it this week.",
+                public=True,
             )
         raise EngineError(f"unknown volume action {action[:40]!r}")
 
@@ -403,8 +455,8 @@ class ChatHandlers:
         shown = offers[:25]
         rows = [
             [
-                o.provider,
-                o.gpu,
+                esc(o.provider),
+                esc(o.gpu),
                 str(o.gpu_count),
                 f"{o.gpu_memory_gb:g} GB",
                 "spot" if o.interruptible else "on-demand",
@@ -415,8 +467,8 @@ class ChatHandlers:
         ]
         title = f"Cheapest offers{' for ' + name if name else ''} ({source})"
         reply = Reply(
-            fallback=f"{len(offers)} offers{' for ' + name if name else ''}; cheapest "
-            f"{shown[0].provider} {shown[0].gpu} {cards.money(shown[0].price_per_hour)}/h"
+            fallback=f"{len(offers)} offers{' for ' + esc(name) if name else ''}; cheapest "
+            f"{esc(shown[0].provider)} {esc(shown[0].gpu)} {cards.money(shown[0].price_per_hour)}/h"
         )
         reply.add(Table(["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"], rows, title=title))
         if len(offers) > len(shown):

@@ -21,6 +21,7 @@ from typing import Any
 
 from bot.chat import cards
 from bot.chat.blockkit import to_message
+from bot.chat.escaping import esc
 from bot.chat.replies import Context, Fields, Header, Reply, Table, Text
 from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView
 from bot.engine.events import EngineEvent, EngineEventKind
@@ -50,12 +51,12 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
     loss = d.get("loss", job.loss if job else None)
     loss_s = f"{loss:.4f}" if isinstance(loss, int | float) else "-"
     spend = d.get("spend", job.spend if job else None)
-    msg = event.message.strip()
-    note = f" {d['note']}" if d.get("note") else ""
+    msg = esc(event.message.strip())  # engine text may quote a model, a path or a provider message
+    note = f" {esc(d['note'])}" if d.get("note") else ""
     if event.kind == K.job_started:
         if msg:
             return f":rocket: {msg}"
-        where = f" on {job.provider} {job.gpu} x{job.gpu_count or 1}" if job and job.provider else ""
+        where = esc(f" on {job.provider} {job.gpu} x{job.gpu_count or 1}") if job and job.provider else ""
         price = f" at {cards.money(job.price_per_hour)}/h" if job and job.price_per_hour is not None else ""
         return f":rocket: Started{where}{price}."
     if event.kind == K.checkpoint:
@@ -75,16 +76,16 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         out = d.get("output_uri") or (job.output_uri if job else None)
         return (
             f":white_check_mark: Finished at step {step}, final loss {loss_s}, cost *{cards.money(spend)}*."
-            + (f" Adapter: `{out}`" if out else "")
+            + (f" Adapter: `{esc(out)}`" if out else "")
             + note
         )
     if event.kind == K.link:
-        return f":bar_chart: {d.get('name') or 'Link'}: {d.get('url') or msg}"
+        return f":bar_chart: {esc(d.get('name') or 'Link')}: {esc(d.get('url') or '') or msg}"
     if event.kind == K.failed:
-        reason = msg or (job.message if job else "") or "unknown reason"
+        reason = msg or esc(job.message if job and job.message else "") or "unknown reason"
         return f":x: Failed: {reason}" + ("" if "Spend" in reason else f" (spend {cards.money(spend)}).")
     if event.kind == K.stopped:
-        reason = d.get("reason") or (job.stop_reason if job else None) or "user"
+        reason = esc(d.get("reason") or (job.stop_reason if job else None) or "user")
         return ":octagonal_sign: " + (
             msg or f"Stopped ({reason}) at step {step}; spend {cards.money(spend)}."
         )
@@ -117,8 +118,8 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
         reply = cards.spend_reply(report, title=f"Daily spend summary: {cards.money(report.total)}")
     else:
         day = d.get("day", "yesterday")
-        reply = Reply(fallback=event.message or "Daily spend summary")
-        reply.add(Header(f"Daily spend summary for {day}: {cards.money(d.get('spent', 0.0))}"))
+        reply = Reply(fallback=esc(event.message) or "Daily spend summary")
+        reply.add(Header(f"Daily spend summary for {esc(day)}: {cards.money(d.get('spent', 0.0))}"))
         fields = [
             ("Today so far", cards.money(d.get("spent_today"))),
             ("Month to date", cards.money(d.get("spent_month"))),
@@ -139,10 +140,14 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
         ):
             if pairs:
                 reply.add(
-                    Table([title.split()[-1], "spend"], [[k, cards.money(v)] for k, v in pairs], title=title)
+                    Table(
+                        [title.split()[-1], "spend"],
+                        [[esc(k), cards.money(v)] for k, v in pairs],
+                        title=title,
+                    )
                 )
         if event.message:
-            reply.add(Context([event.message]))
+            reply.add(Context([esc(event.message)]))
     reply.public = True
     budgets = engine.budgets()
     if budgets:
@@ -153,7 +158,9 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
         ]
         reply.add(*cards.budgets_reply(budgets).parts[1:])
         if over:
-            reply.add(Text(":warning: Over budget: " + ", ".join(f"{b.scope} *{b.name}*" for b in over)))
+            reply.add(
+                Text(":warning: Over budget: " + ", ".join(f"{esc(b.scope)} *{esc(b.name)}*" for b in over))
+            )
     return reply
 
 
@@ -249,7 +256,7 @@ class SlackNotifier:
         elif kind in MILESTONES:
             self._milestone(event)
         elif kind == K.budget_alert:
-            alert = Reply(parts=[Text(f":moneybag: {event.message}")], fallback=event.message)
+            alert = Reply(parts=[Text(f":moneybag: {esc(event.message)}")], fallback=esc(event.message))
             if event.user:
                 self._dm(event.user, alert)
             elif self.summary_channel:  # a team budget: tell the channel

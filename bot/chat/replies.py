@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bot.chat.escaping import esc
+
 
 @dataclass(frozen=True)
 class Header:
@@ -106,11 +108,13 @@ class Reply:
 
 
 def error_reply(message: str, usage: str | None = None) -> Reply:
-    """A correction for the person: what was wrong, and how to write it."""
+    """A correction for the person: what was wrong, and how to write it. ``message`` is plain text (an
+    exception's words, which may quote what the person typed): it is escaped, never read as markup."""
+    message = esc(message)
     reply = Reply(fallback=f"Sorry: {message}", kind="error")
     reply.add(Text(f":warning: {message}"))
     if usage:
-        reply.add(Text(f"```{usage}```"))
+        reply.add(Text(f"```{esc(usage)}```"))
     return reply
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as rich_escape
 from rich.table import Table as RichTable
 
+from bot.chat.escaping import unescape
 from bot.chat.replies import (
     Buttons,
     Context,
@@ -39,12 +40,17 @@ _EMOJI = {
 }
 
 
+def escape(text: str) -> str:
+    """Reply text (Slack-escaped) as literal rich text."""
+    return rich_escape(unescape(text))
+
+
 def markup(text: str) -> str:
     """Our tiny Slack-style markup (*bold*, `code`, ```blocks```) as rich markup, everything else escaped."""
-    text = _MENTION.sub(r"@\1", text.replace("```", ""))
+    text = unescape(_MENTION.sub(r"@\1", text.replace("```", "")))
     for code, plain in _EMOJI.items():
         text = text.replace(code, plain)
-    text = escape(text)
+    text = rich_escape(text)
     text = _CODE.sub(lambda m: f"[cyan]{m.group(1)}[/cyan]", text)
     return _BOLD.sub(lambda m: f"[bold]{m.group(1)}[/bold]", text)
 

@@ -137,6 +137,9 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     )
     notifier.attach(engine.bus).start()
     secret = settings.slack_signing_secret.get_secret_value() if settings.slack_signing_secret else None
+    from bot.chat.slack.files import SlackFiles
+
+    chat.files = SlackFiles.from_settings(settings, make_sync_client(settings))  # dataset=slack:F...
     bolt = build_app(chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode)
     web = create_app(bolt_app=None if socket_mode else bolt, record_runner_event=engine.record_runner_event)
     scheduler = _start_scheduler(engine, settings)

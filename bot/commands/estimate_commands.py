@@ -71,6 +71,7 @@ def _estimate_command() -> Callable[..., None]:
 
 def _print_estimate(est: Estimate) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -78,7 +79,7 @@ def _print_estimate(est: Estimate) -> None:
         console.width = max(console.width, 120)
     m = est.model
     console.print(
-        f"[bold]{m.name}[/bold] ({m.architecture}): {m.parameters:,} parameters"
+        f"[bold]{escape(m.name)}[/bold] ({escape(m.architecture)}): {m.parameters:,} parameters"
         + (f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else "")
         + f"; {est.method}: {m.trainable_parameters:,} trainable"
     )
@@ -110,17 +111,17 @@ def _print_estimate(est: Estimate) -> None:
         from bot.planner.training import describe
 
         plan = " · ".join(f"{k} {v}" for k, v in describe(est.training))
-        console.print(f"Training: {plan}", highlight=False)
+        console.print(f"Training: {escape(plan)}", highlight=False)
     _print_offers(console, est)
     if est.suggestions:
         console.print("[bold]Nothing fits. What would:[/bold]")
         for line in est.suggestions:
-            console.print(f"  - {line}")
+            console.print(f"  - {escape(line)}")
     console.print("[dim]Assumptions:[/dim]")
-    for line in est.assumptions:
-        console.print(f"[dim]  - {line}[/dim]")
+    for line in est.assumptions:  # they may quote the dataset's path: literal text, never rich markup
+        console.print(f"[dim]  - {escape(line)}[/dim]")
     if est.prices_as_of:
-        console.print(f"[dim]  - prices: {est.prices_source} as of {est.prices_as_of:%Y-%m-%d}[/dim]")
+        console.print(f"[dim]  - prices: {escape(est.prices_source)} as of {est.prices_as_of:%Y-%m-%d}[/dim]")
 
 
 def _cost_range(o) -> str:  # type: ignore[no-untyped-def]
@@ -129,6 +130,7 @@ def _cost_range(o) -> str:  # type: ignore[no-untyped-def]
 
 
 def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     fits = [o for o in est.offers if o.fits]
@@ -164,7 +166,7 @@ def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
                 o.provider,
                 f"{o.gpu} x{o.gpu_count}",
                 "interruptible" if o.interruptible else "on-demand",
-                o.reason,
+                escape(o.reason),
             )
         if len(rejected) > limit:
             table.caption = f"... and {len(rejected) - limit} more (see --json)"

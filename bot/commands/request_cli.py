@@ -94,6 +94,14 @@ def build_request(model: str, pairs: list[tuple[str, str]]) -> Any:
         values = options.parse_values(pairs)
     except options.OptionError as exc:
         _fail(_cli_message(exc.key, exc.message))
+    from bot.planner.sources import SourceError, check_source
+
+    try:  # the operator may name any path, but not one no file system takes (NUL, over-long names)
+        check_source(model, "model", None)
+        if values.get("dataset") is not None:
+            check_source(values["dataset"], "dataset", None)
+    except SourceError as exc:
+        _fail(str(exc))
     try:
         return EstimateRequest(model=model, **values)
     except ValidationError as exc:

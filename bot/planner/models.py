@@ -144,8 +144,12 @@ def resolve(name: str) -> tuple[Architecture, str]:
     text = (name or "").strip()
     if not text:
         raise UnknownModelError("no model given", known_models()[:5])
-    path = Path(text).expanduser()
-    if path.suffix == ".json" or path.is_dir() or path.exists():
+    try:  # a name no file system takes (over-long, NUL) is not a path: look it up as a name
+        path = Path(text).expanduser()
+        is_path = path.suffix == ".json" or path.is_dir() or path.exists()
+    except (OSError, ValueError, RuntimeError):
+        path, is_path = Path(), False
+    if is_path:
         cfg_path = path / "config.json" if path.is_dir() else path
         if not cfg_path.is_file():
             raise PlanningError(f"{cfg_path} does not exist (give a config.json or a model folder)")

@@ -28,7 +28,9 @@ def detect_format(row: dict[str, Any]) -> str:
     if fmt is not None:
         return fmt.value
     raise BadRequestError(
-        f"unrecognised dataset row with keys {sorted(row)[:6]}; expected alpaca (instruction/output), "
+        # never the row's own keys or values: the file may not be a dataset at all (credentials, configs)
+        f"unrecognised dataset: its first record has {len(row)} key(s), none of a known format; expected "
+        "alpaca (instruction/output), "
         "messages, prompt/completion or text"
     )
 

@@ -33,6 +33,7 @@ from bot.chat.handlers import ChatHandlers
 from bot.chat.notifier import SlackNotifier
 from bot.chat.permissions import Permissions
 from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
 from bot.web import create_app
 from store.models import Instance
@@ -139,6 +140,7 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
         vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
         settings = Settings(
             TUNEBOT_DATA_DIR=str(bot / "data"),
+            TUNEBOT_CHAT_DATA_DIR=str(tiny),  # Slack users name the model folder and the data files in it
             TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
             TUNEBOT_MIN_RELIABILITY=0.0,
             HF_TOKEN=HF_TOKEN,
@@ -154,7 +156,8 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
         engine = Engine(settings, db_url=f"sqlite:///{bot / 'db.sqlite'}",
                         providers={"vast": client_for(vast)})
         engine.terminate_deadline_s = 20.0
-        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets())
+        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets(),
+                            sources=SourcePolicy.from_settings(settings))
         bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
         notifier = SlackNotifier(engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0,
                                  chart_every_s=0.0).attach(engine.bus).start()

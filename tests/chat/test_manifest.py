@@ -17,6 +17,7 @@ def test_manifest_has_command_scopes_and_settings() -> None:
         "commands",
         "chat:write",
         "chat:write.public",
+        "files:read",
         "files:write",
         "im:write",
         "users:read",

@@ -21,6 +21,7 @@ from bot.chat.handlers import ChatHandlers
 from bot.chat.notifier import SlackNotifier
 from bot.chat.permissions import Permissions
 from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
 from bot.web import create_app
 
@@ -37,6 +38,7 @@ def real_stack(tmp_path: Path) -> Iterator[tuple[SlackStack, object, FakeProvide
     with FakeSlack() as slack:
         settings = Settings(
             TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+            TUNEBOT_CHAT_DATA_DIR=str(tmp_path),  # the test's dataset files are there
             SLACK_BOT_TOKEN=BOT_TOKEN,
             SLACK_API_URL=slack.api_url,
             SLACK_SIGNING_SECRET=SIGNING_SECRET,
@@ -44,7 +46,8 @@ def real_stack(tmp_path: Path) -> Iterator[tuple[SlackStack, object, FakeProvide
         )
         cloud = FakeProvider("vast", price=0.40)
         engine = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": cloud})
-        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets())
+        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets(),
+                            sources=SourcePolicy.from_settings(settings))
         bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
         notifier = (
             SlackNotifier(

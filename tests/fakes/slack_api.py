@@ -62,6 +62,8 @@ class FakeSlack:
         self._lock = threading.Lock()
         self._fail: dict[str, list[tuple[int, float]]] = {}
         self._ts = itertools.count(1)
+        self.files: dict[str, dict[str, Any]] = {}  # file id -> files.info's "file" (+ "_content")
+        self.token: str | None = None  # when set, file downloads need "Authorization: Bearer <token>"
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-slack", daemon=True)
@@ -97,6 +99,26 @@ class FakeSlack:
     def fail_next(self, method: str, *, status: int = 429, retry_after: float = 1, times: int = 1) -> None:
         with self._lock:
             self._fail.setdefault(method, []).extend([(status, retry_after)] * times)
+
+    def add_file(
+        self,
+        file_id: str,
+        name: str,
+        content: bytes,
+        *,
+        user: str = "U_ALICE",
+        channels: tuple[str, ...] = (),
+    ) -> None:
+        """A file "uploaded to Slack": files.info describes it, its private URL serves ``content``."""
+        self.files[file_id] = {
+            "id": file_id,
+            "name": name,
+            "size": len(content),
+            "user": user,
+            "channels": list(channels),
+            "url_private_download": f"{self.base_url}/files-pri/T1-{file_id}/download/{name}",
+            "_content": content,
+        }
 
     def of(self, method: str, *, ok_only: bool = True) -> list[Call]:
         with self._lock:
@@ -168,7 +190,10 @@ class FakeSlack:
                 files = json.loads(files)
             return {"ok": True, "files": [{"id": f.get("id"), "title": f.get("title")} for f in files]}
         if method == "files.info":
-            return {"ok": True, "file": {"id": body.get("file")}}
+            file = self.files.get(str(body.get("file")))
+            if file is None:
+                return {"ok": False, "error": "file_not_found"}
+            return {"ok": True, "file": {k: v for k, v in file.items() if not k.startswith("_")}}
         return {"ok": True}
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -220,7 +245,21 @@ class FakeSlack:
                         status, {"ok": False, "error": "ratelimited"}, {"Retry-After": f"{retry_after:g}"}
                     )
                     return
-                if kind == "api":
+                if kind == "files-pri":
+                    file_id = parts[1].split("-", 1)[-1] if len(parts) > 1 else ""
+                    file = fake.files.get(file_id)
+                    if file is None or (
+                        fake.token and headers.get("Authorization") != f"Bearer {fake.token}"
+                    ):
+                        self._reply(404, {"ok": False, "error": "not found"})
+                        return
+                    data = file["_content"]
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                elif kind == "api":
                     self._reply(200, fake._answer(method, body))
                 else:  # upload and response_url answer plain "ok" like Slack
                     self._reply(200, None)
