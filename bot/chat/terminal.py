@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape as rich_escape
+from rich.markup import render as render_markup
 from rich.table import Table as RichTable
 
 from bot.chat.escaping import unescape
@@ -50,9 +52,14 @@ def markup(text: str) -> str:
     text = unescape(_MENTION.sub(r"@\1", text.replace("```", "")))
     for code, plain in _EMOJI.items():
         text = text.replace(code, plain)
-    text = rich_escape(text)
-    text = _CODE.sub(lambda m: f"[cyan]{m.group(1)}[/cyan]", text)
-    return _BOLD.sub(lambda m: f"[bold]{m.group(1)}[/bold]", text)
+    plain = rich_escape(text)
+    styled = _CODE.sub(lambda m: f"[cyan]{m.group(1)}[/cyan]", plain)
+    styled = _BOLD.sub(lambda m: f"[bold]{m.group(1)}[/bold]", styled)
+    try:  # typed text can end in a backslash that would escape our own tag: then no styling at all
+        render_markup(styled)
+    except MarkupError:
+        return plain
+    return styled
 
 
 def render(reply: Reply, console: Console) -> None:
