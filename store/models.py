@@ -64,6 +64,9 @@ class Job(SQLModel, table=True):
     last_loss: float | None = None
     eta_seconds: float | None = None
     spend: float = 0.0  # cached roll-up of the instances' locked-price spend (see bot/engine/spend.py)
+    # When the last provider create call was sent: where a provider does not say when it created an
+    # instance, billing starts here (an instance adopted after a crash is not billed from its adoption).
+    launch_requested_at: float | None = None
 
     created_at: float
     updated_at: float
@@ -84,7 +87,8 @@ class Instance(SQLModel, table=True):
     gpu: str | None = None
     gpu_count: int | None = None
     price_per_hour: float  # locked at launch: spend = billed seconds x this
-    launched_at: float
+    launched_at: float  # billing start: the provider's created_at, else the job's launch_requested_at
+    created_at: float | None = None  # the provider's own creation time, where its API gives one
     ended_at: float | None = Field(default=None, index=True)  # confirmed gone at the provider
     status: str = "provisioning"
     raw_status: str | None = None

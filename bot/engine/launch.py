@@ -236,6 +236,10 @@ def record_instance(
 
     The insert is ``ON CONFLICT DO NOTHING`` on (provider, instance id): processes adopting the same
     instance at once all get the one row, and only the one that wrote it audits it.
+
+    Billing starts on the provider's clock: its creation time where its API gives one, else when the
+    create call was sent (``jobs.launch_requested_at``), so an instance adopted after a crash between
+    create and commit is billed for the seconds before its adoption too.
     """
     now = eng.now()
     same = (InstanceRow.provider == inst.provider, InstanceRow.provider_instance_id == inst.instance_id)
@@ -250,7 +254,8 @@ def record_instance(
             gpu=inst.gpu or (offer or {}).get("gpu"),
             gpu_count=inst.gpu_count or (offer or {}).get("gpu_count"),
             price_per_hour=price,
-            launched_at=now,
+            launched_at=billing_start(inst, job, now),
+            created_at=inst.created_at.timestamp() if inst.created_at else None,
             status=str(inst.status),
             raw_status=inst.raw_status,
             last_seen_at=now,
@@ -276,6 +281,16 @@ def record_instance(
             price_per_hour=price,
         )
     return row
+
+
+def billing_start(inst: Instance, job: Job, now: float) -> float:
+    """When an instance started to bill: the provider's creation time, else the launch request, else now
+    (never in the future: a provider clock ahead of ours bills from our now)."""
+    if inst.created_at is not None:
+        return min(inst.created_at.timestamp(), now)
+    if job.launch_requested_at is not None:
+        return min(job.launch_requested_at, now)
+    return now
 
 
 def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine") -> bool:
@@ -356,6 +371,9 @@ def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine"
                 env=runner_env(eng, spec),
                 bid_per_hour=live.price_per_hour if live.interruptible else None,
             )
+            with eng.session() as s:  # before the create call: the fallback start of billing
+                s.execute(update(Job).where(Job.id == job_id).values(launch_requested_at=eng.now()))
+                s.commit()
             inst = ensure_launched(provider, req)
         except CapacityError as exc:
             reasons.append(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})")

@@ -127,6 +127,9 @@ class Instance:
     ip: str | None = None
     started_at: datetime | None = None
     exit_code: int | None = None  # where known (local provider)
+    # When the provider created it, on the provider's clock (billing starts there); None where its API
+    # does not say (Lambda, TensorDock): the engine then bills from its launch request.
+    created_at: datetime | None = None
 
     @property
     def job_id(self) -> str | None:

@@ -222,6 +222,7 @@ class LocalProvider:
             gpu_count=1,
             ip="127.0.0.1",
             started_at=datetime.fromtimestamp(rec["started_at"], UTC),
+            created_at=datetime.fromtimestamp(rec["started_at"], UTC),
             exit_code=exit_code,
         )
 

@@ -9,6 +9,7 @@ pods were withdrawn in September 2026: the capability flag says so, nothing else
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,8 +70,8 @@ query Pod($input: PodFilter) {
 PODS_QUERY = """
 query Pods {
   myself {
-    pods { id name desiredStatus costPerHr gpuCount networkVolumeId runtime { uptimeInSeconds }
-           machine { gpuDisplayName } }
+    pods { id name desiredStatus costPerHr lastStatusChange gpuCount networkVolumeId
+           runtime { uptimeInSeconds } machine { gpuDisplayName } }
   }
 }"""
 TERMINATE_MUTATION = """
@@ -227,6 +228,7 @@ class RunPodProvider(CloudProvider):
             price_per_hour=pod.get("costPerHr"),
             gpu=normalize_gpu(machine.get("gpuDisplayName")),
             gpu_count=pod.get("gpuCount"),
+            created_at=rented_at(pod.get("lastStatusChange")),
         )
 
     def launch(self, request: LaunchRequest) -> Instance:
@@ -317,6 +319,26 @@ class RunPodProvider(CloudProvider):
             self.gql(DELETE_VOLUME_MUTATION, {"input": {"id": volume_id}}, idempotent=True)
         except NotFoundError:
             return
+
+
+_RENTED = re.compile(r"^Rented by User:\s*(.+?)\s*$")
+
+
+def rented_at(text: Any) -> datetime | None:
+    """The pod's creation time from ``lastStatusChange`` ("Rented by User: Fri Jan 26 2024 15:32:41 GMT+0000
+    (Coordinated Universal Time)"): it says so only until the pod's status first changes; None otherwise."""
+    match = _RENTED.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    raw = re.sub(r"\s*\(.*\)$", "", match.group(1)).strip()
+    for fmt in ("%a %b %d %Y %H:%M:%S GMT%z", "%a %b %d %H:%M:%S %Y"):
+        try:
+            parsed = datetime.strptime(raw, fmt)
+        except ValueError:
+            continue
+        # without a zone (the fake's time.ctime()): the local time of this machine
+        return parsed if parsed.tzinfo else parsed.astimezone()
+    return None
 
 
 CLOUD = CloudSpec(

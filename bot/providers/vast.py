@@ -261,6 +261,8 @@ class VastProvider(CloudProvider):
             gpu_count=item.get("num_gpus"),
             ip=item.get("public_ipaddr"),
             started_at=datetime.fromtimestamp(started, UTC) if isinstance(started, int | float) else None,
+            # start_date is the contract's start: Vast bills from it
+            created_at=datetime.fromtimestamp(started, UTC) if isinstance(started, int | float) else None,
         )
 
     def launch(self, request: LaunchRequest) -> Instance:

@@ -1,6 +1,9 @@
 """Run by test_crash.py in a subprocess: drive one job until TUNEBOT_CRASH_AT kills this process.
 
-Usage: crash_scenario.py MODE DB_URL WORKDIR DATA_DIR COMMAND_JSON   (MODE: launch | recover | finish)
+Usage: crash_scenario.py MODE DB_URL WORKDIR DATA_DIR COMMAND_JSON   (MODE: launch | recover | finish | vast)
+
+MODE vast launches on a fake Vast (TUNEBOT_TEST_VAST_URL, TUNEBOT_TEST_VAST_KEY, TUNEBOT_TEST_VAST_ASK: the
+ask to rent) with checkpoints in TUNEBOT_CHECKPOINT_URI.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def main() -> int:
     mode, db_url, workdir, data_dir, command = sys.argv[1:6]
     settings = Settings(TUNEBOT_DATA_DIR=data_dir)
     local = LocalProvider(workdir=workdir, runner_command=json.loads(command))
+    if mode == "vast":
+        return on_vast(settings, db_url, data_dir)
     eng = Engine(settings, db_url=db_url, providers={"local": local})
     eng.terminate_deadline_s = 10.0
     data = Path(data_dir) / "train.jsonl"  # job creation reads the data before launching
@@ -41,6 +46,32 @@ def main() -> int:
         eng.tick()
         time.sleep(0.1)
     return 3  # the crash point was never reached
+
+
+def on_vast(settings: Settings, db_url: str, data_dir: str) -> int:
+    import os
+
+    from bot.providers.vast import VastProvider
+
+    vast = VastProvider(
+        api_key=os.environ["TUNEBOT_TEST_VAST_KEY"], base_url=os.environ["TUNEBOT_TEST_VAST_URL"]
+    )
+    ask = int(os.environ["TUNEBOT_TEST_VAST_ASK"])
+    (offer,) = vast._search(
+        {"id": {"eq": ask}, "type": "on-demand", "rentable": {"eq": True}, "limit": 1}, interruptible=False
+    )
+    eng = Engine(settings, db_url=db_url, providers={"vast": vast})
+    data = Path(data_dir) / "train.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(json.dumps({"instruction": "Say hi.", "input": "", "output": "hi"}) + "\n")
+    job = eng.create_job(
+        EstimateRequest(model="tiny", dataset=str(data)),
+        user="alice",
+        estimate=make_estimate([offer]),
+        idempotency_key="crash-vast",
+    )
+    print(job.job_id, flush=True)
+    return 3  # the launch inside create_job reaches launch.after_provider_create first
 
 
 if __name__ == "__main__":

@@ -130,3 +130,79 @@ def test_crash_and_restart(point: str, db_url: str, tmp_path: Path) -> None:
         for inst in local.list_instances():
             local.terminate(inst.instance_id)
         eng.close()
+
+
+@pytest.mark.slow
+def test_an_adopted_instance_is_billed_from_the_providers_clock(
+    db_url: str, tmp_path: Path, s3_bucket: str
+) -> None:
+    """SIGKILL between Vast's create and the commit; the bot is down 3 s while Vast bills. After the
+    restart adopts the instance and a stop terminates it, the job's spend is what Vast billed (start_date
+    to destroy) at the locked price, to the cent. At $36/h a cent is a second: billing from the adoption
+    would miss 3+ cents."""
+    from fakes.clouds.fixtures import client_for
+    from fakes.clouds.vast import FakeVast
+    from sqlalchemy import select
+
+    from bot.engine.service import Engine
+    from bot.engine.spend import job_spend
+    from store.models import Instance
+
+    vast = FakeVast(n_offers=8, seed=13).start()
+    try:
+        ask = vast.offers[0]
+        ask.update(dph_total=36.0, reliability2=0.99, rentable=True)
+        data_dir = tmp_path / "data"
+        checkpoints = f"{s3_bucket}/tunebot"
+        env = {
+            **os.environ,
+            "TUNEBOT_CRASH_AT": "launch.after_provider_create",
+            "TUNEBOT_CHECKPOINT_URI": checkpoints,
+            "TUNEBOT_TEST_VAST_URL": vast.url,
+            "TUNEBOT_TEST_VAST_KEY": vast.api_key,
+            "TUNEBOT_TEST_VAST_ASK": str(ask["id"]),
+        }
+        args = ["vast", db_url, str(tmp_path / "w"), str(data_dir), "[]"]
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "crash_scenario.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert proc.returncode == -signal.SIGKILL, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        (created,) = list(vast.instances)  # it exists at Vast; the database has no row for it
+        time.sleep(3.0)  # the bot is down; Vast bills on
+        settings = Settings(TUNEBOT_DATA_DIR=str(data_dir), TUNEBOT_CHECKPOINT_URI=checkpoints)
+        eng = Engine(settings, db_url=db_url, providers={"vast": client_for(vast)})
+        eng.terminate_deadline_s = 10.0
+        try:
+            (job,) = eng.list_jobs()
+            eng.resume_all()
+            deadline = time.time() + 30
+            while time.time() < deadline and eng.get_job(job.job_id).state != "running":
+                eng.reconcile()
+                eng.tick()
+                time.sleep(0.1)
+            assert eng.get_job(job.job_id).state == "running"
+            with eng.session() as s:
+                (row,) = s.execute(select(Instance)).scalars().all()
+            assert row.provider_instance_id == created and row.adopted
+            assert row.created_at is not None and abs(row.launched_at - row.created_at) < 1e-6
+            eng.stop(job.job_id, user="alice")
+            for _ in range(100):
+                if created in vast.billed and eng.get_job(job.job_id).state == "stopped":
+                    break
+                eng.tick()
+                time.sleep(0.1)
+            assert created in vast.billed, "never terminated"
+            seconds, price = vast.billed[created]
+            assert price == 36.0
+            with eng.session() as s:
+                spent = job_spend(s, job.job_id, eng.now())
+            assert seconds > 3.0
+            assert abs(spent - seconds * price / 3600) < 0.01, (spent, seconds * price / 3600)
+        finally:
+            eng.close()
+    finally:
+        vast.stop()

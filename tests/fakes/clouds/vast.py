@@ -47,6 +47,7 @@ class FakeVast(FakeCloud):
     cache_search = False
 
     def __init__(self, *, hosts: Any = None, **kwargs: Any) -> None:
+        self.billed: dict[str, tuple[float, float]] = {}  # destroyed instance id -> (seconds, $/h)
         self.hosts = hosts
         super().__init__(**kwargs)
 
@@ -146,10 +147,13 @@ class FakeVast(FakeCloud):
         if m and req.method == "DELETE":
             if self.hosts is not None:
                 self.hosts.destroy(m.group(1))
-            if self.instances.pop(m.group(1), None) is None:
+            gone = self.instances.pop(m.group(1), None)
+            if gone is None:
                 return Response(
                     404, {"success": False, "error": "no_such_instance", "msg": "Instance not found"}
                 )
+            # what Vast bills: start_date to destroy, at the instance's dph_total
+            self.billed[m.group(1)] = (time.time() - gone["start_date"], gone["dph_total"])
             return Response(200, {"success": True})
         if m and req.method == "PUT":
             inst = self.instances.get(m.group(1))
