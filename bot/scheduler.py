@@ -8,6 +8,11 @@ BackgroundScheduler, whose jobs live in a persistent SQLAlchemyJobStore on the s
 Each run of a task first inserts a ``task_runs`` row keyed by (task, period); the unique key makes
 a period run at most once even while leadership changes hands.
 
+Start-up work that takes over other processes' work (``on_lead``: the engine's ``resume_all`` - reconcile,
+adoption, reclaiming launches whose process died) runs only when this process becomes the leader, before
+its periodic jobs start: a replica started next to a running leader never steals the leader's launches or
+races it for the same adoption.
+
 Usage::
 
     sched = Scheduler(engine)      # default tasks from settings
@@ -85,9 +90,16 @@ def default_tasks(engine: Engine, *, tick_every_s: float | None = None) -> dict[
     }
 
 
-def start_scheduler(engine: Engine, settings: Any = None, *, tick_every_s: float | None = 10.0) -> Scheduler:
-    """Start the bot's scheduler (the default tasks); call ``.shutdown()`` on the result to stop it."""
-    sched = Scheduler(engine, tasks=default_tasks(engine, tick_every_s=tick_every_s))
+def start_scheduler(
+    engine: Engine,
+    settings: Any = None,
+    *,
+    tick_every_s: float | None = 10.0,
+    on_lead: Callable[[], Any] | None = None,
+) -> Scheduler:
+    """Start the bot's scheduler (the default tasks); call ``.shutdown()`` on the result to stop it.
+    ``on_lead`` runs each time this process becomes the leader (``engine.resume_all`` in `tunebot serve`)."""
+    sched = Scheduler(engine, tasks=default_tasks(engine, tick_every_s=tick_every_s), on_lead=on_lead)
     sched.start()
     return sched
 
@@ -111,6 +123,7 @@ class Scheduler:
         lease_s: float = 15.0,
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
+        on_lead: Callable[[], Any] | None = None,
     ) -> None:
         if engine is None and (db_url is None or tasks is None):
             raise ValueError("give an engine, or a db_url and tasks")
@@ -119,6 +132,7 @@ class Scheduler:
         self.lease_s = lease_s
         self.holder = holder or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.clock = clock
+        self.on_lead = on_lead
         migrate(self.db_url)
         self.db: SAEngine = make_engine(self.db_url)
         self._lock_conn: Any = None
@@ -278,6 +292,11 @@ class Scheduler:
             if leading and not self._leader:
                 log.info("scheduler %s is now the leader", self.holder)
                 self._leader = True
+                if self.on_lead is not None:
+                    try:
+                        self.on_lead()
+                    except Exception:  # noqa: BLE001 - the periodic tasks retry what it could not do
+                        log.exception("start-up work of the new leader failed")
                 self._start_jobs()
             elif not leading and self._leader:
                 log.warning("scheduler %s lost leadership", self.holder)

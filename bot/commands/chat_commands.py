@@ -154,7 +154,8 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
         await server.serve()
 
     try:
-        engine.resume_all()
+        # No resume here: only the scheduler's leader runs it (reconcile, adoption, stale launches), so a
+        # replica started next to a running leader neither steals its launches nor races its adoptions.
         asyncio.run(main())
     finally:
         scheduler()
@@ -170,11 +171,12 @@ def _start_scheduler(engine, settings):  # type: ignore[no-untyped-def]
 
         start = getattr(sched, "start_scheduler", None)
         if callable(start):
-            handle = start(engine, settings)
+            handle = start(engine, settings, on_lead=engine.resume_all)
             return getattr(handle, "shutdown", lambda: None)
     except ImportError:
         pass
     from bot.chat.console import Ticker
 
+    engine.resume_all()
     ticker = Ticker(engine.tick, every_s=min(settings.reconcile_every_s, 10.0)).__enter__()
     return lambda: ticker.__exit__(None, None, None)
