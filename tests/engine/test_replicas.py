@@ -32,10 +32,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def seed_lost_instance(pg_url: str, vast: FakeVast) -> str:
-    """A running job whose Vast instance exists but has no row (a crash between create and commit)."""
-    from sqlmodel import Session
-
+def vast_offer(vast: FakeVast):  # type: ignore[no-untyped-def]
     from bot.providers.vast import VastProvider
 
     client = VastProvider(api_key=vast.api_key, base_url=vast.url)
@@ -44,6 +41,14 @@ def seed_lost_instance(pg_url: str, vast: FakeVast) -> str:
         {"id": {"eq": ask["id"]}, "type": "on-demand", "rentable": {"eq": True}, "limit": 1},
         interruptible=False,
     )
+    return client, offer
+
+
+def seed_lost_instance(pg_url: str, vast: FakeVast) -> str:
+    """A running job whose Vast instance exists but has no row (a crash between create and commit)."""
+    from sqlmodel import Session
+
+    client, offer = vast_offer(vast)
     now = time.time()
     with Session(make_engine(pg_url)) as s:
         s.add(
@@ -141,7 +146,12 @@ def test_a_replica_started_next_to_the_leader_does_not_take_over_its_launch(
                         owner="U1",
                         state="launching",
                         request=EstimateRequest(model="tiny").model_dump(mode="json"),
-                        offer={"provider": "vast", "offer_id": str(vast.offers[0]["id"])},
+                        offer={
+                            **vast_offer(vast)[1].model_dump(mode="json"),
+                            "labels": ["cheapest"],
+                            "fits": True,
+                        },
+                        provider="vast",
                         claim_id="claim-of-the-leader",
                         claimed_at=now,
                         created_at=now,
