@@ -89,6 +89,24 @@ def test_runtime_null_until_up_reads_as_provisioning_and_name_is_the_label(runpo
     assert provider.status(inst.instance_id).status == InstanceStatus.exited
 
 
+def test_the_creation_time_comes_from_the_rented_by_user_status(runpod) -> None:
+    """Billing starts on RunPod's clock: lastStatusChange says when the pod was rented (until it changes)."""
+    import time
+
+    from bot.providers.runpod import rented_at
+
+    provider, _ = runpod
+    offer = provider.search_offers(OfferQuery())[0]
+    before = time.time()
+    inst = provider.launch(LaunchRequest(job_id="ct", offer=offer, image="img"))
+    listed = next(i for i in provider.list_instances() if i.instance_id == inst.instance_id)
+    for seen in (provider.status(inst.instance_id), listed):
+        assert seen.created_at is not None and before - 1.5 <= seen.created_at.timestamp() <= time.time()
+    real = rented_at("Rented by User: Fri Jan 26 2024 15:32:41 GMT+0000 (Coordinated Universal Time)")
+    assert real is not None and real.isoformat() == "2024-01-26T15:32:41+00:00"
+    assert rented_at("Exited by User: Fri Jan 26 2024 16:00:00 GMT+0000") is None and rented_at(None) is None
+
+
 def test_terminate_of_a_missing_pod_is_already_gone(runpod) -> None:
     provider, _ = runpod
     provider.terminate("pod-that-never-was")
