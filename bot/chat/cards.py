@@ -329,10 +329,11 @@ def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
 
 
 def spend_reply(report: SpendReport, *, user: str | None = None, title: str | None = None) -> Reply:
-    scope = f" for {mention(user)}" if user else ""
+    # the user a person typed: named, never mentioned (a typed `<@U...>` must not ping anyone)
+    scope = f" for {esc(user)}" if user else ""
     heading = title or f"Spend {esc(report.period)}{scope}: {money(report.total)}"
     reply = Reply(fallback=f"{heading} (since {report.start:%Y-%m-%d})")
-    reply.add(Header(heading.replace(f"<@{user}>", esc(user or ""))))
+    reply.add(Header(heading))
     reply.add(Context([f"{report.start:%Y-%m-%d %H:%M} to {report.end:%Y-%m-%d %H:%M} UTC"]))
     for name, lines in (
         ("By user", report.by_user),

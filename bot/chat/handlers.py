@@ -224,6 +224,9 @@ class ChatHandlers:
         except UnicodeError:
             return error_reply("the command has text that is not valid UTF-8")
         except ValueError as exc:
+            if type(exc).__module__.startswith("pydantic"):  # our own data failed validation: a bug
+                log.error("chat command failed\n%s", self.scrub(traceback.format_exc()))
+                return error_reply(GENERIC_ERROR)
             log.warning("chat command refused: %s", self.scrub(repr(exc))[:500])
             return error_reply(f"invalid value: {self.scrub(str(exc))[:300]}")
         except Exception:  # noqa: BLE001 - a person never sees a traceback

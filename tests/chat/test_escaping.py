@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -81,8 +81,9 @@ def job(text: str, **kw: object) -> JobView:
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=user_text)
+@example(text="<@U0HOSTILE|boss> <!channel> <https://evil.example|x> <!subteam^S0X>")
 def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
     replies = [
         error_reply(f"unknown model {text!r}", "usage"),
@@ -152,8 +153,10 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         assert_no_live_user_tokens(to_message(reply))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=user_text)
+@example(text="<@U0HOSTILE>")
+@example(text="<!here> <https://evil.example|x>")
 def test_commands_typed_by_a_person_never_echo_live_tokens(text: str) -> None:
     """The ack, the parse error and the full answer of /tune commands with hostile words in every slot."""
     chat = ChatHandlers(FakeEngine(), secrets=[])
