@@ -135,7 +135,7 @@ def test_text_trains_on_everything_but_the_first_token(write_jsonl, data_tokeniz
         ("alpaca", json.dumps({"instruction": "x"}), "missing the key 'output'"),
         ("alpaca", json.dumps({"instruction": "x", "output": 3}), "'output' must be a string"),
         ("alpaca", json.dumps(["instruction", "output"]), "expected a JSON object"),
-        ("messages", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}), "role 'robot'"),
+        ("messages", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}), "has an unknown role"),
         ("messages", json.dumps({"messages": [{"role": "user"}]}), "missing the key 'content'"),
         ("messages", json.dumps({"messages": [{"role": "user", "content": "hi"}]}), "no assistant turn"),
         ("messages", json.dumps({"messages": "hello"}), "non-empty list"),
