@@ -11,6 +11,7 @@ from engine.fakes import FakeProvider
 from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Buttons
+from bot.planner.sources import SourcePolicy
 from bot.providers import catalog
 from bot.settings import Settings
 
@@ -24,7 +25,8 @@ def _chat(tmp_path: Path, provider: FakeProvider) -> tuple[ChatHandlers, object]
     settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_APPROVAL_ABOVE=1e9)
     engine = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": provider})
     engine.auto_launch = False
-    return ChatHandlers(engine, Permissions()), engine
+    # the tests' datasets are in tmp_path: the folder Slack users may name (bot/planner/sources.py)
+    return ChatHandlers(engine, Permissions(), sources=SourcePolicy(data_dir=tmp_path)), engine
 
 
 def _estimate_id(reply) -> str:  # type: ignore[no-untyped-def]
