@@ -26,11 +26,12 @@ from bot.chat.handlers import ChatHandlers
 from bot.chat.permissions import Permissions
 from bot.chat.terminal import markup
 from bot.engine.events import EngineEventKind
+from bot.engine.jobstate import FINAL, JobState
 
 log = logging.getLogger(__name__)
 
 USER = "you"
-FINAL_STATES = {"succeeded", "failed", "cancelled", "stopped"}
+FINAL_STATES = FINAL
 # The tiny job's training settings are ordinary request options (priced, shown on the card, passed on);
 # only the cadence of checkpoints and reports is the demo's own: every few seconds instead of minutes.
 JOB_OPTIONS = (
@@ -225,7 +226,7 @@ class Demo:
             f"adapter    {job.output_uri}\nloss chart {chart}",
             highlight=False,
         )
-        return 0 if job.state == "succeeded" else 1
+        return 0 if job.state == JobState.SUCCEEDED else 1
 
     def close(self) -> None:
         if self.engine is not None:

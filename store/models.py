@@ -13,20 +13,24 @@ from typing import Any
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-# The states of DESIGN.md contract 4 (see bot/engine/states.py for the allowed transitions).
-ACTIVE_STATES = ("approved", "launching", "running", "recovering")
-FINAL_STATES = ("succeeded", "failed", "cancelled", "stopped")
+from bot.engine.jobstate import JobState
+
+# The job states live in bot/engine/jobstate.py (a module without imports, so the chat, the CLI and
+# this module share one definition).
+ACTIVE_STATES = (JobState.APPROVED, JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING)
+FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED)
 
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_finished_state", "finished_at", "state"),)  # jobs finished in a day
 
     id: str = Field(primary_key=True, max_length=64)
     owner: str = Field(index=True)
     team: str | None = Field(default=None, index=True)
     channel: str | None = None
     thread_ts: str | None = None
-    state: str = Field(index=True)
+    state: str = Field(index=True)  # a JobState
     stop_reason: str | None = None  # plateau | budget | user | idle | ...
     stop_requested_at: float | None = None  # a graceful stop was sent; the exit ends the job
     message: str | None = None  # last human-readable reason (failures, refusals)
@@ -76,7 +80,10 @@ class Job(SQLModel, table=True):
 
 class Instance(SQLModel, table=True):
     __tablename__ = "instances"
-    __table_args__ = (UniqueConstraint("provider", "provider_instance_id", name="uq_instance_provider_id"),)
+    __table_args__ = (
+        UniqueConstraint("provider", "provider_instance_id", name="uq_instance_provider_id"),
+        Index("ix_instances_open_job", "ended_at", "job_id"),  # the open rows of many jobs (a tick)
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     provider: str = Field(index=True)
@@ -122,7 +129,14 @@ class SpendEntry(SQLModel, table=True):
     """One line of the ledger: an instance (or volume) over one UTC day at its locked price."""
 
     __tablename__ = "spend_ledger"
-    __table_args__ = (UniqueConstraint("source", "period_start", name="uq_spend_source_period"),)
+    __table_args__ = (
+        UniqueConstraint("source", "period_start", name="uq_spend_source_period"),
+        # covering indexes of the summary's and the budgets' aggregates (migration 0003_i12)
+        Index("ix_spend_period_owner_amount", "period_start", "owner", "amount"),
+        Index("ix_spend_period_provider_amount", "period_start", "provider", "amount"),
+        Index("ix_spend_owner_period_amount", "owner", "period_start", "amount"),
+        Index("ix_spend_team_period_amount", "team", "period_start", "amount"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     source: str  # "instance:<row id>" | "volume:<provider>:<id>"

@@ -23,11 +23,12 @@ from bot.chat.replies import (
     Text,
 )
 from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.jobstate import OPEN
 from bot.money import money
 from bot.planner.result import Estimate, RankedOffer
 from bot.planner.training import describe as describe_plan
 
-ACTIVE_STATES = {"pending_approval", "approved", "launching", "running", "recovering"}
+ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
 STATE_EMOJI = {
     "pending_approval": ":hourglass:",

@@ -42,6 +42,7 @@ from bot.chat.grammar import (
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
+from bot.engine.jobstate import JobState
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
@@ -150,7 +151,8 @@ class ChatHandlers:
         self.files = files
         # Extra keyword arguments for Engine.create_job beyond EngineAPI (the demo's spec_overrides).
         self.job_options = dict(job_options or {})
-        self.permissions = permissions or Permissions()
+        # The engine's own policy unless one is given (the chat asks it first for a friendlier answer).
+        self.permissions = permissions or getattr(engine, "permissions", None) or Permissions()
         self.store = store or EstimateStore()
         self.secrets = [s for s in (secrets or []) if s and len(s) >= 4]
 
@@ -347,7 +349,7 @@ class ChatHandlers:
         return {"estimate": stored.estimate} if "estimate" in params else {}
 
     def _launched(self, job: JobView, choice: str) -> Reply:
-        if job.state == "pending_approval":
+        if job.state == JobState.PENDING_APPROVAL:
             return text_reply(
                 f":hourglass: Job *{esc(job.job_id)}* is estimated at {cards.money(job.estimated_cost)}, "
                 f"above the {cards.money(self.permissions.approval_above)} approval amount: "
@@ -378,7 +380,7 @@ class ChatHandlers:
         decision = self.permissions.can_approve(actor.user, job.owner)
         if not decision:
             raise PermissionDenied(decision.reason)
-        if job.state != "pending_approval":
+        if job.state != JobState.PENDING_APPROVAL:
             return text_reply(f"Job *{esc(job.job_id)}* is {esc(job.state)}; there is nothing to approve.")
         job = self.engine.approve(job_id, approver=actor.user)
         return text_reply(
@@ -393,7 +395,7 @@ class ChatHandlers:
         decision = self.permissions.can_approve(actor.user, job.owner)
         if not decision:
             raise PermissionDenied(decision.reason)
-        if job.state != "pending_approval":
+        if job.state != JobState.PENDING_APPROVAL:
             return text_reply(f"Job *{esc(job.job_id)}* is {esc(job.state)}; there is nothing to reject.")
         job = self.engine.stop(job_id, user=actor.user, reason="rejected")
         return text_reply(

@@ -30,12 +30,13 @@ def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore
     from bot.settings import get_settings
 
     settings = get_settings()
-    # The local provider trains on this machine: on in the console, off in `serve` unless enabled.
-    engine = Engine(settings, local_provider=bool(settings.local_provider) if serving else None)
     extra = (user,) if user else ()
-    chat = ChatHandlers(
-        engine, Permissions.from_settings(settings, extra_admins=extra), secrets=settings.secrets()
+    policy = Permissions.from_settings(settings, extra_admins=extra)  # one policy: engine and chat
+    # The local provider trains on this machine: on in the console, off in `serve` unless enabled.
+    engine = Engine(
+        settings, local_provider=bool(settings.local_provider) if serving else None, permissions=policy
     )
+    chat = ChatHandlers(engine, policy, secrets=settings.secrets())
     return settings, engine, chat
 
 

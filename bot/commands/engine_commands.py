@@ -14,7 +14,9 @@ from typing import Any, NoReturn
 
 import typer
 
-FINAL_STATES = ("succeeded", "failed", "cancelled", "stopped")
+from bot.engine.jobstate import FINAL, JobState
+
+FINAL_STATES = tuple(FINAL)
 
 
 def _fail(message: str) -> NoReturn:
@@ -78,10 +80,10 @@ def _launch(
         engine.close()
         _fail(str(exc))
     _print_job(view)
-    if view.state == "pending_approval":
+    if view.state == JobState.PENDING_APPROVAL:
         typer.echo(f"    needs approval by someone else: tunebot approve {view.job_id} --user <them>")
     try:
-        while wait and view.state not in FINAL_STATES + ("pending_approval",):
+        while wait and view.state not in FINAL_STATES + (JobState.PENDING_APPROVAL,):
             time.sleep(2.0)
             engine.tick()
             new = engine.get_job(view.job_id)

@@ -1,9 +1,12 @@
 """The job engine: from an accepted estimate to a finished adapter, with every dollar accounted for.
 
-``service.Engine`` implements ``api.EngineAPI`` (the chat layer's only entry point) and the loop
-entry points (``tick``, ``reconcile``, ``resume_all``, ``daily_summary``, ``volume_reminders``).
-One idea per module: ``states`` (transitions + audit), ``launch``, ``monitor`` (push/pull events,
-provider status), ``recovery``, ``finish``, ``spend`` (ledger), ``budgets``, ``reconcile``,
-``volumes``, ``summary``, ``crash`` (named SIGKILL points for the crash test), ``events`` (the
-neutral stream out), ``views`` (rows to view models).
+``service.Engine`` is a thin facade implementing ``api.EngineAPI`` (the chat layer's only entry point)
+and the loop entry points (``tick``, ``reconcile``, ``resume_all``, ``daily_summary``,
+``volume_reminders``); it builds one ``context.EngineContext`` and passes it to the modules below,
+none of which imports the facade. One idea per module: ``jobstate`` (the states), ``states``
+(transitions + audit), ``permissions`` (who may do what), ``jobs`` (create, approve, launch, stop),
+``supervise`` (decide + apply, the tick), ``launch``, ``monitor`` (push/pull events, provider
+observation), ``recovery``, ``finish``, ``spend`` (ledger), ``budgets``, ``reconcile``, ``reports``
+(what people read back), ``volumes``, ``summary``, ``crash`` (named SIGKILL points for the crash
+test), ``events`` (the neutral stream out), ``views`` (rows to view models).
 """

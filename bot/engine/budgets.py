@@ -20,7 +20,7 @@ from store.models import Budget, BudgetAlert, SpendEntry
 if TYPE_CHECKING:
     from sqlmodel import Session
 
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 ALERT_LEVELS = (80, 90, 100)
 
@@ -35,7 +35,14 @@ def spent(session: Session, scope: str, name: str, start: float, end: float) -> 
     return float(total)
 
 
-def check(eng: Engine) -> list[EngineEvent]:
+def budgeted(eng: EngineContext) -> tuple[set[str], set[str]]:
+    """(users, teams) that have a budget: whose spend a tick keeps current in the ledger."""
+    with eng.session() as s:
+        rows = s.execute(select(Budget.scope, Budget.name)).all()
+    return {n for sc, n in rows if sc == "user"}, {n for sc, n in rows if sc == "team"}
+
+
+def check(eng: EngineContext) -> list[EngineEvent]:
     """Raise the alerts that the current spend has crossed (call after a spend roll-up)."""
     now = eng.now()
     d = datetime.fromtimestamp(now, UTC)

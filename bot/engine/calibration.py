@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from bot.planner.calibration import Calibration, Measurement
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
     from runner.spec import RunnerEvent
     from store.models import Job
 
@@ -58,7 +58,7 @@ def _mfu(m: Measurement) -> float | None:
     return round(speed.mfu * m.tokens_per_second / speed.tokens_per_second, 4)
 
 
-def record_run(eng: Engine, job: Job, event: RunnerEvent) -> bool:
+def record_run(eng: EngineContext, job: Job, event: RunnerEvent) -> bool:
     """Store the measurements of a job's terminal event (once per job); True when a row was added."""
     metrics = event.metrics or {}
     if not job.gpu or not any(metrics.get(k) for k in MEASURED):
@@ -80,7 +80,7 @@ def record_run(eng: Engine, job: Job, event: RunnerEvent) -> bool:
     return added == 1
 
 
-def add(eng: Engine, measurements: list[Measurement]) -> int:
+def add(eng: EngineContext, measurements: list[Measurement]) -> int:
     """Insert measurements (a job's run at most once); refresh the snapshot; returns how many were new."""
     from sqlalchemy.exc import IntegrityError
 
@@ -116,7 +116,7 @@ def add(eng: Engine, measurements: list[Measurement]) -> int:
     return added
 
 
-def load(eng: Engine, limit: int = KEEP) -> list[Measurement]:
+def load(eng: EngineContext, limit: int = KEEP) -> list[Measurement]:
     from sqlalchemy import select
 
     from store.models import CalibrationRun
@@ -142,7 +142,7 @@ def load(eng: Engine, limit: int = KEEP) -> list[Measurement]:
     ]
 
 
-def version(eng: Engine) -> tuple[int, int]:
+def version(eng: EngineContext) -> tuple[int, int]:
     """(count, newest id): changes whenever a measurement is added."""
     from sqlalchemy import func, select
 
@@ -153,15 +153,15 @@ def version(eng: Engine) -> tuple[int, int]:
     return int(count or 0), int(newest or 0)
 
 
-def calibration_for(eng: Engine) -> Calibration:
+def calibration_for(eng: EngineContext) -> Calibration:
     """The planner's corrections from the stored measurements, recomputed only when they changed."""
     from bot.planner.plan import calibrate
 
     current = version(eng)
-    cached = getattr(eng, "_calibration_cache", None)
+    cached = eng.memory.calibration
     if cached is None or cached[0] != current:
         cached = (current, calibrate(load(eng)) if current[0] else Calibration())
-        eng._calibration_cache = cached  # type: ignore[attr-defined]
+        eng.memory.calibration = cached
     return cached[1]
 
 

@@ -22,12 +22,12 @@ from store.models import Instance as InstanceRow
 from store.models import Job
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
 
 
-def terminate_instance(eng: Engine, row: InstanceRow, *, reason: str, actor: str = "engine") -> bool:
+def terminate_instance(eng: EngineContext, row: InstanceRow, *, reason: str, actor: str = "engine") -> bool:
     """Terminate at the provider and, once confirmed gone, close the row; True when closed."""
     from bot.providers.lifecycle import ensure_terminated
 
@@ -38,7 +38,8 @@ def terminate_instance(eng: Engine, row: InstanceRow, *, reason: str, actor: str
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
         return False
     try:
-        gone = ensure_terminated(provider, row.provider_instance_id, deadline_s=eng.terminate_deadline_s)
+        deadline = eng.limits.terminate_deadline_s
+        gone = ensure_terminated(provider, row.provider_instance_id, deadline_s=deadline)
     except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
         log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
         gone = False
@@ -49,7 +50,7 @@ def terminate_instance(eng: Engine, row: InstanceRow, *, reason: str, actor: str
 
 
 def close_instance(
-    eng: Engine, row: InstanceRow, *, reason: str, actor: str = "engine", at: float | None = None
+    eng: EngineContext, row: InstanceRow, *, reason: str, actor: str = "engine", at: float | None = None
 ) -> None:
     now = eng.now() if at is None else at
     with eng.session() as s:
@@ -76,7 +77,7 @@ def close_instance(
         s.commit()
 
 
-def open_instances(eng: Engine, job_id: str) -> list[InstanceRow]:
+def open_instances(eng: EngineContext, job_id: str) -> list[InstanceRow]:
     with eng.session() as s:
         return list(
             s.execute(
@@ -88,7 +89,7 @@ def open_instances(eng: Engine, job_id: str) -> list[InstanceRow]:
 
 
 def finish(
-    eng: Engine,
+    eng: EngineContext,
     job_id: str,
     final: str,
     *,
@@ -147,7 +148,7 @@ def finish(
         ):
             s.rollback()
             return False
-        roll_up(s, now, since=now - 3 * 86400)
+        roll_up(s, now, since=0.0, job_id=job_id)  # this job's lines only: O(its instances)
         s.commit()
         owner_job = job
     crashpoint("finish.after_commit")

@@ -40,7 +40,7 @@ from store.models import Instance as InstanceRow
 from store.models import Job
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def storage_root(eng: Engine, job_id: str) -> str:
+def storage_root(eng: EngineContext, job_id: str) -> str:
     base = eng.settings.checkpoint_base_uri
     if base:
         return f"{base.rstrip('/')}/{job_id}"
@@ -75,7 +75,7 @@ def offer_key(ranked: dict[str, Any]) -> str:
     return f"{ranked['provider']}:{ranked['offer_id']}:{'spot' if ranked.get('interruptible') else 'od'}"
 
 
-def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
+def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
     """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes).
 
     The training fields were decided when the job was created (bot/engine/jobspec.py, stored in
@@ -127,7 +127,7 @@ def build_spec(eng: Engine, job: Job, offer: dict[str, Any], token: str) -> JobS
     return JobSpec.model_validate(spec)
 
 
-def runner_env(eng: Engine, spec: JobSpec) -> dict[str, str]:
+def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:
     """The instance's environment: the spec, and the secrets the runner needs (never in the spec)."""
     from bot.engine.staging import storage_env
 
@@ -156,7 +156,7 @@ def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, An
     return ordered
 
 
-def claim(eng: Engine, job_id: str, *, actor: str) -> str | None:
+def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
     """approved|recovering -> launching; returns the claim id, or None when someone else has it."""
     now = eng.now()
     claim_id = uuid.uuid4().hex
@@ -197,7 +197,7 @@ def claim(eng: Engine, job_id: str, *, actor: str) -> str | None:
     return claim_id if ok else None
 
 
-def reclaim_stale(eng: Engine, job_id: str, *, actor: str, force: bool) -> str | None:
+def reclaim_stale(eng: EngineContext, job_id: str, *, actor: str, force: bool) -> str | None:
     """Take over a launching claim whose holder died (older than the claim timeout, or ``force``)."""
     now = eng.now()
     claim_id = uuid.uuid4().hex
@@ -205,7 +205,7 @@ def reclaim_stale(eng: Engine, job_id: str, *, actor: str, force: bool) -> str |
         job = s.get(Job, job_id)
         if job is None or job.state != S.LAUNCHING:
             return None
-        if not force and job.claimed_at and now - job.claimed_at < eng.launch_claim_timeout_s:
+        if not force and job.claimed_at and now - job.claimed_at < eng.limits.launch_claim_timeout_s:
             return None
         if force and job.claim_id and job.claim_id in eng.own_claims:
             return None
@@ -223,7 +223,7 @@ def reclaim_stale(eng: Engine, job_id: str, *, actor: str, force: bool) -> str |
 
 
 def record_instance(
-    eng: Engine,
+    eng: EngineContext,
     s: Any,
     job: Job,
     inst: Instance,
@@ -293,7 +293,7 @@ def billing_start(inst: Instance, job: Job, now: float) -> float:
     return now
 
 
-def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine") -> bool:
+def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "engine") -> bool:
     """Launch the claimed job on the best offer that has capacity; True when an instance runs."""
     from bot.providers.lifecycle import check_price, ensure_launched
 
@@ -429,7 +429,7 @@ def launch_job(eng: Engine, job_id: str, claim_id: str, *, actor: str = "engine"
 
 
 def _commit_running(
-    eng: Engine,
+    eng: EngineContext,
     job_id: str,
     claim_id: str,
     row: InstanceRow,

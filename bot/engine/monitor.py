@@ -11,25 +11,36 @@ fallback, from missing heartbeats: a running instance with no event for ``heartb
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
+import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.launch import token_hash
-from bot.providers.base import InstanceStatus, NotFoundError, ProviderError
-from runner.spec import EXIT_OK, EXIT_PREEMPTED, EventKind, RunnerEvent, parse_progress, progress_uri
+from bot.providers.base import Instance, InstanceStatus, NotFoundError, ProviderError
+from runner.spec import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    SPEC_VERSION,
+    EventKind,
+    RunnerEvent,
+    parse_progress,
+    progress_uri,
+)
 from store.models import Instance as InstanceRow
 from store.models import Job, RunnerEventRecord
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +56,7 @@ def token_ok(job: Job, token: str | None) -> bool:
     return hmac.compare_digest(token_hash(token), job.token_hash)
 
 
-def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
+def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> int:
     """Store new events (dedupe by seq), update the job's progress and publish; returns how many were new."""
     events = sorted((e for e in events if e.job_id == job_id), key=lambda e: e.seq)
     if not events:
@@ -109,6 +120,13 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
             s.rollback()
             return 0
         owner_job = job
+    _announce(eng, owner_job, new)
+    return len(new)
+
+
+def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> None:
+    """Publish what the new events mean to people (progress, checkpoints, links) and record measurements."""
+    job_id = owner_job.id
     for e in new:
         if e.kind is EventKind.started and e.wandb_url and not (e.message or "").startswith("resumed from"):
             eng.publish(
@@ -147,7 +165,6 @@ def ingest(eng: Engine, job_id: str, events: Iterable[RunnerEvent]) -> int:
             tokens_per_second=e.tokens_per_second,
             checkpoint_uri=e.checkpoint_uri,
         )
-    return len(new)
 
 
 def _known(s: Any, job_id: str, seqs: list[int]) -> dict[int, RunnerEventRecord]:
@@ -176,12 +193,8 @@ def _outcome_note(e: RunnerEvent) -> str | None:
 
 def read_progress(uri: str) -> list[RunnerEvent]:
     """Read the runner's progress object (missing or half-written = nothing new this time)."""
-    import fsspec
-
-    try:
-        with fsspec.open(uri, "rb") as fh:
-            raw = fh.read()
-    except (FileNotFoundError, OSError):
+    raw = read_raw(uri)
+    if raw is None:
         return []
     try:
         return parse_progress(raw)
@@ -189,41 +202,455 @@ def read_progress(uri: str) -> list[RunnerEvent]:
         return []
 
 
-def pull(eng: Engine, job: Job) -> int:
+def read_raw(uri: str) -> bytes | None:
+    """The progress object's bytes, or None when it is not there (yet). A plain path is read without
+    fsspec: a tick reads one object per running job, and fsspec's per-call overhead is most of it."""
+    if "://" not in uri or uri.startswith("file://"):
+        try:
+            with open(uri.removeprefix("file://"), "rb") as fh:
+                return fh.read()
+        except OSError:
+            return None
+    import fsspec
+
+    try:
+        with fsspec.open(uri, "rb") as fh:
+            return fh.read()
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def pull(eng: EngineContext, job: Job) -> int:
+    """Ingest what the runner wrote to its progress object; an object this process has already ingested
+    byte for byte is not parsed or looked up again (at 10,000 running jobs most are unchanged)."""
     uri = job.checkpoint_uri
     if not uri:
         return 0
-    return ingest(eng, job.id, read_progress(progress_uri(uri)))
+    return pull_raw(eng, job.id, read_raw(progress_uri(uri)))
 
 
-def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
+def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None) -> int:
+    """Ingest one progress object's bytes (already-ingested objects and events are skipped)."""
+    parsed = _new_events(eng, job_id, raw)
+    if parsed is None:
+        return 0
+    events, window = parsed
+    new = ingest(eng, job_id, events) if events else 0
+    eng.memory.progress_seen[job_id] = window
+    return new
+
+
+def _new_events(eng: EngineContext, job_id: str, raw: bytes | None) -> tuple[list[RunnerEvent], tuple] | None:
+    """The events of a progress object that this process has not ingested yet, and the object's window
+    (digest, first seq, last seq, newest timestamp) to remember once they are stored. None: nothing to
+    do (no object, the same bytes as last time, or half-written).
+
+    The runner keeps its last 200 events in the object; at 10,000 running jobs re-validating and
+    looking up all of them on every tick is most of a tick. An event whose seq lies inside the window
+    of the previous read and is not newer than that read's newest event was in that read, which was
+    stored: skipped here. A resumed run renumbering from its checkpoint writes *newer* events under
+    known seqs; those pass and ``ingest`` decides against the stored ones."""
+    if raw is None:
+        return None
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    seen = eng.memory.progress_seen.get(job_id)
+    if seen is not None and seen[0] == digest:
+        return None
+    items = _tail(raw, seen) if seen is not None else None
+    if items is None:
+        try:
+            obj = json.loads(raw)
+            items = obj["events"]
+            if not isinstance(items, list):
+                raise TypeError
+        except (ValueError, TypeError, KeyError):
+            return None
+        first = min(
+            (i["seq"] for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)), default=0
+        )
+    else:  # the object slid forward from the previous read: its older events were in that read
+        first = seen[1]  # type: ignore[index]
+    seqs = [i.get("seq") for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)]
+    stamps = [i.get("timestamp") for i in items if isinstance(i, dict)]
+    newest = max((t for t in stamps if isinstance(t, int | float)), default=0.0)
+    if seen is not None:
+        newest = max(newest, seen[3])
+    window = (digest, first, max(seqs, default=seen[2] if seen is not None else -1), float(newest))
+    events: list[RunnerEvent] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        seq, ts = item.get("seq"), item.get("timestamp")
+        if (
+            seen is not None
+            and isinstance(seq, int)
+            and isinstance(ts, int | float)
+            and seen[1] <= seq <= seen[2]
+            and ts <= seen[3]
+        ):
+            continue  # in the previous read, which was stored
+        try:
+            event = RunnerEvent.model_validate(item)
+        except ValueError:
+            continue  # a newer runner's kind: keep the rest readable (as parse_progress does)
+        if event.version <= SPEC_VERSION and event.job_id == job_id:
+            events.append(event)
+    events.sort(key=lambda e: e.seq)
+    return events, window
+
+
+_EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
+
+
+def _tail(raw: bytes, seen: tuple) -> list[dict[str, Any]] | None:
+    """The events after the last one the previous read had, parsed from the end of the object without
+    decoding the rest (a long run's object holds 200 events, ~70 KB; usually one or two are new).
+    None when the object does not look as expected: the caller parses all of it."""
+    text = raw.decode("utf-8", errors="replace")
+    if not text.rstrip().endswith("]}"):
+        return None
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    end = text.rstrip()[:-2].rstrip()
+    limit = len(end)
+    pos = text.rfind(_EVENT_START, 0, limit)
+    while pos != -1 and len(out) <= 50:
+        try:
+            item, stop = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or text[stop:limit].strip(" ,\n") != "":
+            return None  # not contiguous with the event after it: not the shape expected
+        seq, ts = item.get("seq"), item.get("timestamp")
+        if (
+            isinstance(seq, int)
+            and isinstance(ts, int | float)
+            and seen[1] <= seq <= seen[2]
+            and ts <= seen[3]
+        ):
+            out.reverse()
+            return out  # this one and everything before it were in the previous read
+        out.append(item)
+        limit = pos
+        pos = text.rfind(_EVENT_START, 0, limit)
+    return None
+
+
+def _stat(uri: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(uri.removeprefix("file://"))
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
+    """Pull every job's progress object (remote objects fetched concurrently) and store what is new in
+    one transaction; returns the ids of the jobs that got new events."""
+    uris = {j.id: progress_uri(j.checkpoint_uri) for j in jobs if j.checkpoint_uri}
+    remote = [jid for jid, u in uris.items() if "://" in u and not u.startswith("file://")]
+    raws: dict[str, bytes | None] = {}
+    if len(remote) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+            raws.update(zip(remote, pool.map(read_raw, [uris[j] for j in remote]), strict=True))
+    batch: dict[str, list[RunnerEvent]] = {}
+    windows: dict[str, tuple] = {}
+    stats = eng.memory.progress_stat
+    now = time.monotonic()
+    for jid, uri in uris.items():
+        if jid not in raws:  # a file on this machine: unchanged (same size and mtime) is not read again,
+            stamp = _stat(uri)  # though at least once a minute in case two writes shared an mtime
+            known = stats.get(jid)
+            if stamp is not None and known is not None and known[:2] == stamp and now - known[2] < 60:
+                continue
+        parsed = _new_events(eng, jid, raws[jid] if jid in raws else read_raw(uri))
+        if parsed is not None:
+            batch[jid], windows[jid] = parsed
+        if jid not in raws and stamp is not None:
+            stats[jid] = (*stamp, now)
+    try:
+        changed = ingest_many(eng, {k: v for k, v in batch.items() if v})
+    except Exception:  # noqa: BLE001 - the batch failed as a whole: store job by job (exact, slower)
+        log.exception("storing runner events in one batch failed; storing them job by job")
+        changed = set()
+        for jid, events in batch.items():
+            try:
+                if events and ingest(eng, jid, events):
+                    changed.add(jid)
+            except Exception:  # noqa: BLE001 - one unreadable job never stops the others
+                log.exception("job %s: storing runner events failed", jid)
+                windows.pop(jid, None)
+                stats.pop(jid, None)
+    eng.memory.progress_seen.update(windows)
+    return changed
+
+
+_PROGRESS_COLUMNS = (
+    Job.id,
+    Job.owner,
+    Job.channel,
+    Job.thread_ts,
+    Job.last_event_seq,
+    Job.last_step,
+    Job.max_steps,
+    Job.last_loss,
+    Job.eta_seconds,
+    Job.output_uri,
+    Job.outcome,
+    Job.message,
+)
+
+
+def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[str]:
+    """``ingest`` for many jobs at once: one read of the jobs and of the stored events the batch could
+    repeat, one executemany for the new events and one for the jobs' progress, one commit. A job
+    whose events would replace stored ones (a resumed run renumbering) goes through ``ingest``."""
+    if not batch:
+        return set()
+    now = eng.now()
+    single: dict[str, list[RunnerEvent]] = {}
+    new_by_job: dict[str, list[RunnerEvent]] = {}
+    jobs: dict[str, Any] = {}  # plain rows of the progress columns
+    with eng.session() as s:
+        ids = sorted(batch)
+        for k in range(0, len(ids), 500):
+            chunk = ids[k : k + 500]
+            for j in s.execute(select(*_PROGRESS_COLUMNS).where(Job.id.in_(chunk))).all():
+                jobs[j.id] = j
+            # Stored events the batch could repeat: seqs at or below each job's last stored seq.
+            low = {
+                jid: min(e.seq for e in batch[jid])
+                for jid in chunk
+                if jid in jobs and min(e.seq for e in batch[jid]) <= jobs[jid].last_event_seq
+            }
+            stored: dict[tuple[str, int], float] = {}
+            if low:
+                ts_col = RunnerEventRecord.payload["timestamp"].as_float()
+                q = select(RunnerEventRecord.job_id, RunnerEventRecord.seq, ts_col).where(
+                    RunnerEventRecord.job_id.in_(sorted(low)), RunnerEventRecord.seq >= min(low.values())
+                )
+                stored = {(jid, seq): float(ts or 0.0) for jid, seq, ts in s.execute(q)}
+            for jid in chunk:
+                job = jobs.get(jid)
+                if job is None:
+                    continue
+                fresh = []
+                for e in batch[jid]:
+                    old = stored.get((jid, e.seq))
+                    if old is None:
+                        fresh.append(e)
+                    elif old < e.timestamp - 1e-6:
+                        single[jid] = batch[jid]  # replaces a stored event: the exact path
+                        break
+                if jid not in single and fresh:
+                    new_by_job[jid] = fresh
+        rows: list[dict[str, Any]] = []
+        updates: list[dict[str, Any]] = []
+        for jid, new in new_by_job.items():
+            job = jobs[jid]
+            rows.extend(
+                {
+                    "job_id": jid,
+                    "seq": e.seq,
+                    "kind": e.kind.value,
+                    "step": e.step,
+                    "loss": e.loss,
+                    "at": now,
+                    "payload": e.model_dump(mode="json"),
+                }
+                for e in new
+            )
+            f = _progress_fields(job, new)
+            updates.append({"b_id": jid, "last_event_at": now, "updated_at": now, **f})
+        if rows:
+            s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
+            t = Job.__table__  # type: ignore[attr-defined]
+            cols = [c for c in _UPDATED if c not in ("last_event_at", "updated_at")]
+            s.execute(
+                update(t)
+                .where(t.c.id == bindparam("b_id"))
+                .values(
+                    last_event_at=bindparam("last_event_at"),
+                    updated_at=bindparam("updated_at"),
+                    **{c: bindparam(c) for c in cols},
+                ),
+                updates,
+            )
+        try:
+            s.commit()
+        except IntegrityError:  # a concurrent push/pull stored some of them: the exact path, job by job
+            s.rollback()
+            single.update({jid: batch[jid] for jid in new_by_job})
+            new_by_job = {}
+    changed = set(new_by_job)
+    for jid, new in new_by_job.items():
+        job = jobs[jid]
+        if any(e.kind.value in TERMINAL and e.metrics for e in new):
+            with eng.session() as s:
+                job = s.get(Job, jid) or job  # the measurements need the whole row
+        _announce(eng, job, new)
+    for jid, events in single.items():
+        if ingest(eng, jid, events):
+            changed.add(jid)
+    return changed
+
+
+_UPDATED = (
+    "last_event_at",
+    "updated_at",
+    "last_event_seq",
+    "last_step",
+    "max_steps",
+    "last_loss",
+    "eta_seconds",
+    "output_uri",
+    "outcome",
+    "message",
+)
+
+
+def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
+    """The job's progress columns after these new events (in seq order: the newest information wins)."""
+    f: dict[str, Any] = {
+        "last_event_seq": max(job.last_event_seq, new[-1].seq),
+        "last_step": job.last_step,
+        "max_steps": job.max_steps,
+        "last_loss": job.last_loss,
+        "eta_seconds": job.eta_seconds,
+        "output_uri": job.output_uri,
+        "outcome": job.outcome,
+        "message": job.message,
+    }
+    for e in new:
+        f["last_step"] = e.step
+        if e.max_steps:
+            f["max_steps"] = e.max_steps
+        if e.loss is not None:
+            f["last_loss"] = e.loss
+        if e.eta_seconds is not None:
+            f["eta_seconds"] = e.eta_seconds
+        if e.output_uri:
+            f["output_uri"] = e.output_uri
+        if e.kind.value in TERMINAL:
+            f["outcome"] = e.kind.value
+            note = _outcome_note(e)
+            if note:
+                f["message"] = note
+    return f
+
+
+def observe(eng: EngineContext, row: InstanceRow) -> tuple[str, int | None]:
     """Ask the provider: (verdict, exit code), verdict running|provisioning|unknown|preempted|exited|gone.
 
     Provider trouble (down, rate limited) returns "error": nothing is decided on a failed call.
     """
-    provider = eng.providers.get(row.provider)
-    if provider is None:
-        return "error", None  # not configured in this process: decide nothing
+    seen = observe_many(eng, [row])
+    return seen[row.id]  # type: ignore[index]
+
+
+def observe_many(eng: EngineContext, rows: list[InstanceRow]) -> dict[int, tuple[str, int | None]]:
+    """The verdicts of many instance rows: one listing per provider, a per-instance ``status`` only for
+    a provider without a listing and for a row its listing does not show (just launched, or gone: the
+    status call says which). Refreshed statuses are written in one transaction."""
     now = eng.now()
-    try:
-        inst = provider.status(row.provider_instance_id)
-    except NotFoundError:
-        return "gone", None
-    except ProviderError as exc:
-        log.warning("status of %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
-        return "error", None
+    out: dict[int, tuple[str, int | None]] = {}
+    by_provider: dict[str, list[InstanceRow]] = {}
+    for r in rows:
+        by_provider.setdefault(r.provider, []).append(r)
+    seen: dict[int, Instance] = {}
+    listings = _listings(eng, {n: g for n, g in by_provider.items() if len(g) > 1})
+    for name, group in by_provider.items():
+        provider = eng.providers.get(name)
+        if provider is None:
+            out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
+            continue  # not configured in this process: decide nothing
+        listed = listings.get(name)
+        if isinstance(listed, ProviderError):
+            log.warning("listing %s failed: %s; deciding nothing for its %d jobs", name, listed, len(group))
+            out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
+            continue
+        for r in group:
+            inst = listed.get(r.provider_instance_id) if listed is not None else None
+            if inst is None or inst.status == InstanceStatus.terminated:
+                try:
+                    inst = provider.status(r.provider_instance_id)
+                except NotFoundError:
+                    out[r.id] = ("gone", None)  # type: ignore[index]
+                    continue
+                except ProviderError as exc:
+                    log.warning("status of %s/%s failed: %s", r.provider, r.provider_instance_id, exc)
+                    out[r.id] = ("error", None)  # type: ignore[index]
+                    continue
+            seen[r.id] = inst  # type: ignore[index]
+            out[r.id] = verdict(inst)  # type: ignore[index]
+    if seen:
+        _record_seen(eng, {r.id: r for r in rows}, seen, now)  # type: ignore[misc]
+    return out
+
+
+def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each provider's listing by instance id, asked concurrently (a slow cloud does not delay the
+    others); a ProviderError where the listing failed; absent where the provider has no listing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> Any:
+        provider = eng.providers.get(name)
+        if provider is None:
+            return None
+        try:
+            return {i.instance_id: i for i in provider.list_instances()}
+        except NotImplementedError:
+            return None
+        except ProviderError as exc:
+            return exc
+
+    names = [n for n in groups if n in eng.providers]
+    if len(names) <= 1:
+        return {n: one(n) for n in names}
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+SEEN_EVERY_S = 30.0  # an unchanged instance's last-seen time is rewritten at most this often
+
+
+def _record_seen(
+    eng: EngineContext, rows: dict[int, InstanceRow], seen: dict[int, Instance], now: float
+) -> None:
+    changed = []
+    same = []
+    for rid, inst in seen.items():
+        r = rows[rid]
+        values = (str(inst.status), inst.raw_status, inst.exit_code)
+        if (r.status, r.raw_status, r.exit_code) != values:
+            changed.append({"b_id": rid, "status": values[0], "raw": values[1], "code": values[2], "at": now})
+        elif now - (r.last_seen_at or 0.0) >= SEEN_EVERY_S:
+            same.append(rid)
     with eng.session() as s:
-        s.execute(
-            update(InstanceRow)
-            .where(InstanceRow.id == row.id)
-            .values(
-                status=str(inst.status),
-                raw_status=inst.raw_status,
-                exit_code=inst.exit_code,
-                last_seen_at=now,
+        if changed:
+            t = InstanceRow.__table__  # type: ignore[attr-defined]
+            s.execute(
+                update(t)
+                .where(t.c.id == bindparam("b_id"))
+                .values(
+                    status=bindparam("status"),
+                    raw_status=bindparam("raw"),
+                    exit_code=bindparam("code"),
+                    last_seen_at=bindparam("at"),
+                ),
+                changed,
             )
-        )
+        for k in range(0, len(same), 1000):
+            s.execute(
+                update(InstanceRow).where(InstanceRow.id.in_(same[k : k + 1000])).values(last_seen_at=now)
+            )
         s.commit()
+
+
+def verdict(inst: Instance) -> tuple[str, int | None]:
+    """A provider's normalized status as the supervisor reads it (pure)."""
     st = inst.status
     if st == InstanceStatus.terminated:
         return "gone", inst.exit_code
@@ -242,4 +669,15 @@ def observe(eng: Engine, row: InstanceRow) -> tuple[str, int | None]:
     return "unknown", None
 
 
-__all__ = ["EXIT_OK", "ingest", "observe", "pull", "read_progress", "token_ok", "S"]
+__all__ = [
+    "EXIT_OK",
+    "ingest",
+    "observe",
+    "observe_many",
+    "pull",
+    "pull_many",
+    "read_progress",
+    "token_ok",
+    "verdict",
+    "S",
+]

@@ -16,7 +16,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
+from sqlmodel import Session
 
 from bot.engine import states as S
 from bot.engine.finish import close_instance, terminate_instance
@@ -26,7 +27,7 @@ from store.models import Instance as InstanceRow
 from store.models import Job
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
 ADOPTABLE = (S.LAUNCHING, S.RUNNING, S.RECOVERING, S.APPROVED)
@@ -42,8 +43,12 @@ class ReconcileReport:
     skipped_providers: list[str] = field(default_factory=list)
 
 
-def reconcile(eng: Engine) -> ReconcileReport:
+def reconcile(eng: EngineContext) -> ReconcileReport:
+    """One pass: one listing per provider, one read of the open rows and job states (only the columns
+    it needs), one transaction for the status refreshes and lost rows; provider calls (terminating
+    strays) and adoptions, which are rare, happen after it, each on its own."""
     report = ReconcileReport()
+    listings: dict[str, tuple[list[Instance], float]] = {}
     for name, provider in eng.providers.items():
         listed_at = eng.now()
         try:
@@ -52,99 +57,175 @@ def reconcile(eng: Engine) -> ReconcileReport:
             log.warning("reconcile: listing %s failed (%s); skipped this pass", name, exc)
             report.skipped_providers.append(name)
             continue
-        _reconcile_provider(eng, name, listed, report, listed_at)
+        listings[name] = (listed, listed_at)
+    if not listings:
+        return report
+    now = eng.now()
+    with eng.session() as s:
+        rows = [
+            _OpenRow(*r)
+            for r in s.execute(
+                select(
+                    InstanceRow.id,
+                    InstanceRow.provider,
+                    InstanceRow.provider_instance_id,
+                    InstanceRow.job_id,
+                    InstanceRow.status,
+                    InstanceRow.launched_at,
+                    InstanceRow.last_seen_at,
+                    InstanceRow.price_per_hour,
+                ).where(InstanceRow.ended_at.is_(None))
+            )
+        ]
+        open_by_job: dict[str, list[_OpenRow]] = {}
+        for r in rows:
+            if r.job_id:
+                open_by_job.setdefault(r.job_id, []).append(r)
+        job_ids = sorted({i.job_id for ls, _ in listings.values() for i in ls if i.job_id} | set(open_by_job))
+        states: dict[str, str] = {}
+        for k in range(0, len(job_ids), 1000):
+            states.update(s.execute(select(Job.id, Job.state).where(Job.id.in_(job_ids[k : k + 1000]))).all())
+        plan = _Plan()
+        for name, (listed, listed_at) in listings.items():
+            by_pid = {r.provider_instance_id: r for r in rows if r.provider == name}
+            _plan_provider(eng, name, listed, listed_at, now, by_pid, states, open_by_job, plan, report)
+        _write(s, plan, now)
+        s.commit()
+    for row in plan.lost:  # closed one by one: each under its job's lock (a final job's spend follows)
+        close_instance(eng, _as_model(row), reason="lost", actor="reconciler", at=row.last_seen_at or now)
+        report.lost.append(row.provider_instance_id)
+    for name, inst, state in plan.adopt:
+        adopted = _adopt(eng, name, inst.job_id or "", inst)
+        if adopted is None:  # ended, or has another instance by now: a stray or a duplicate
+            plan.strays.append((name, inst, "duplicate" if state in ADOPTABLE else "stray"))
+        elif adopted[1]:
+            report.adopted.append(inst.instance_id)
+    for row, why in plan.terminate:
+        if terminate_instance(eng, row, reason=why, actor="reconciler"):
+            report.finished_terminated.append(row.provider_instance_id)
+    for name, inst, why in plan.strays:
+        _terminate_stray(eng, name, inst, why, now, report)
     return report
 
 
-def _reconcile_provider(
-    eng: Engine, name: str, listed: list[Instance], report: ReconcileReport, listed_at: float
+@dataclass
+class _OpenRow:
+    id: int
+    provider: str
+    provider_instance_id: str
+    job_id: str | None
+    status: str
+    launched_at: float
+    last_seen_at: float | None
+    price_per_hour: float
+
+
+@dataclass
+class _Plan:
+    status: list[dict[str, object]] = field(default_factory=list)  # changed statuses
+    seen: list[int] = field(default_factory=list)  # listed, status unchanged: last_seen_at only
+    lost: list[_OpenRow] = field(default_factory=list)
+    adopt: list[tuple[str, Instance, str]] = field(default_factory=list)
+    terminate: list[tuple[InstanceRow, str]] = field(default_factory=list)  # ours, job finished
+    strays: list[tuple[str, Instance, str]] = field(default_factory=list)  # no row: stray | duplicate
+
+
+def _plan_provider(
+    eng: EngineContext,
+    name: str,
+    listed: list[Instance],
+    listed_at: float,
+    now: float,
+    by_pid: dict[str, _OpenRow],
+    states: dict[str, str],
+    open_by_job: dict[str, list[_OpenRow]],
+    plan: _Plan,
+    report: ReconcileReport,
 ) -> None:
     report.seen += len(listed)
-    now = eng.now()
-    with eng.session() as s:
-        rows = list(
-            s.execute(
-                select(InstanceRow).where(InstanceRow.provider == name, InstanceRow.ended_at.is_(None))
-            ).scalars()
-        )
-        by_pid = {r.provider_instance_id: r for r in rows}
-        job_ids = {i.job_id for i in listed if i.job_id} | {r.job_id for r in rows if r.job_id}
-        jobs: dict[str, Job] = {}
-        ids = list(job_ids)
-        for k in range(0, len(ids), 500):
-            for j in s.execute(select(Job).where(Job.id.in_(ids[k : k + 500]))).scalars():
-                jobs[j.id] = j
-        open_by_job: dict[str, list[InstanceRow]] = {}
-        for r in s.execute(select(InstanceRow).where(InstanceRow.ended_at.is_(None))).scalars():
-            if r.job_id:
-                open_by_job.setdefault(r.job_id, []).append(r)
     listed_ids = {i.instance_id for i in listed}
-    to_terminate: list[tuple[InstanceRow, str]] = []
     for inst in listed:
         row = by_pid.get(inst.instance_id)
-        job = jobs.get(inst.job_id) if inst.job_id else None
+        state = states.get(inst.job_id) if inst.job_id else None
         if row is not None:
             if row.status != str(inst.status):
-                with eng.session() as s:
-                    r = s.get(InstanceRow, row.id)
-                    if r is not None:
-                        r.status, r.raw_status, r.last_seen_at = str(inst.status), inst.raw_status, now
-                        s.commit()
-            if job is None or job.state in S.FINAL or job.state == S.PENDING_APPROVAL:
-                to_terminate.append((row, "job finished"))
+                plan.status.append(
+                    {"b_id": row.id, "status": str(inst.status), "raw_status": inst.raw_status, "seen": now}
+                )
+            else:
+                plan.seen.append(row.id)
+            if state is None or state in S.FINAL or state == S.PENDING_APPROVAL:
+                plan.terminate.append((_as_model(row), "job finished"))
             continue
         if not inst.job_id:
             continue  # not labelled as ours: never touched
         others = open_by_job.get(inst.job_id, [])
-        if job is not None and job.state in ADOPTABLE and not others:
-            adopted = _adopt(eng, name, job.id, inst)
-            if adopted is not None:
-                new_row, mine = adopted
-                open_by_job[inst.job_id] = [new_row]
-                if mine:
-                    report.adopted.append(inst.instance_id)
-                continue
-        why = "duplicate" if (job is not None and job.state in ADOPTABLE) else "stray"
-        temp = InstanceRow(
-            provider=name,
-            provider_instance_id=inst.instance_id,
-            job_id=inst.job_id,
-            label=inst.label,
-            price_per_hour=inst.price_per_hour or 0.0,
-            launched_at=now,
-        )
-        to_terminate.append((temp, why))
-    for row, why in to_terminate:
-        if row.id is None:
-            # Not ours in the books: terminate and record it (audited, zero-length so spend stays exact).
-            provider = eng.providers[name]
-            try:
-                provider.terminate(row.provider_instance_id)
-            except ProviderError as exc:
-                log.warning("reconcile: terminating %s %s failed: %s", why, row.provider_instance_id, exc)
-                continue
-            with eng.session() as s:
-                S.audit(
-                    s,
-                    actor="reconciler",
-                    action=f"terminate-{why}",
-                    job_id=row.job_id,
-                    at=now,
-                    provider=name,
-                    instance_id=row.provider_instance_id,
-                )
-                s.commit()
-            report.terminated.append(row.provider_instance_id)
-        elif terminate_instance(eng, row, reason=why, actor="reconciler"):
-            report.finished_terminated.append(row.provider_instance_id)
+        if state in ADOPTABLE and not others:
+            plan.adopt.append((name, inst, state))
+            open_by_job[inst.job_id] = [_OpenRow(-1, name, inst.instance_id, inst.job_id, "", now, now, 0.0)]
+            continue
+        why = "duplicate" if state in ADOPTABLE else "stray"
+        plan.strays.append((name, inst, why))
     for pid, row in by_pid.items():
         # A row committed after the listing started may simply not be listed yet.
-        if pid not in listed_ids and row.launched_at < listed_at - eng.lost_grace_s:
-            close_instance(eng, row, reason="lost", actor="reconciler", at=row.last_seen_at or now)
-            report.lost.append(pid)
+        if pid not in listed_ids and row.launched_at < listed_at - eng.limits.lost_grace_s:
+            plan.lost.append(row)
 
 
-def _adopt(eng: Engine, name: str, job_id: str, inst: Instance) -> tuple[InstanceRow, bool] | None:
+def _write(s: Session, plan: _Plan, now: float) -> None:
+    """The pass's database changes, batched: executemany for statuses, IN lists for the rest."""
+    if plan.status:
+        s.execute(
+            update(InstanceRow.__table__)  # type: ignore[attr-defined]
+            .where(InstanceRow.__table__.c.id == bindparam("b_id"))  # type: ignore[attr-defined]
+            .values(
+                status=bindparam("status"), raw_status=bindparam("raw_status"), last_seen_at=bindparam("seen")
+            ),
+            plan.status,
+        )
+    for k in range(0, len(plan.seen), 1000):
+        s.execute(
+            update(InstanceRow).where(InstanceRow.id.in_(plan.seen[k : k + 1000])).values(last_seen_at=now)
+        )
+
+
+def _as_model(row: _OpenRow) -> InstanceRow:
+    return InstanceRow(
+        id=row.id,
+        provider=row.provider,
+        provider_instance_id=row.provider_instance_id,
+        job_id=row.job_id,
+        status=row.status,
+        launched_at=row.launched_at,
+        last_seen_at=row.last_seen_at,
+        price_per_hour=row.price_per_hour,
+    )
+
+
+def _terminate_stray(
+    eng: EngineContext, name: str, inst: Instance, why: str, now: float, report: ReconcileReport
+) -> None:
+    """Not ours in the books: terminate and audit it (no row, so spend stays exact)."""
+    try:
+        eng.providers[name].terminate(inst.instance_id)
+    except ProviderError as exc:
+        log.warning("reconcile: terminating %s %s failed: %s", why, inst.instance_id, exc)
+        return
+    with eng.session() as s:
+        S.audit(
+            s,
+            actor="reconciler",
+            action=f"terminate-{why}",
+            job_id=inst.job_id,
+            at=now,
+            provider=name,
+            instance_id=inst.instance_id,
+        )
+        s.commit()
+    report.terminated.append(inst.instance_id)
+
+
+def _adopt(eng: EngineContext, name: str, job_id: str, inst: Instance) -> tuple[InstanceRow, bool] | None:
     """Record ``inst`` as the job's instance, deciding under the job's row lock (processes take turns).
 
     Returns (row, adopted by this call), or None when the job may not have it any more (it ended, or it

@@ -20,10 +20,10 @@ from store.models import Instance as InstanceRow
 from store.models import Job
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 
-def mark_preempted(eng: Engine, job_id: str, row: InstanceRow | None, *, why: str, gone: bool) -> bool:
+def mark_preempted(eng: EngineContext, job_id: str, row: InstanceRow | None, *, why: str, gone: bool) -> bool:
     """running -> recovering (one preemption), then end the lost instance. True when this call did it."""
     now = eng.now()
     with eng.session() as s:
@@ -63,7 +63,7 @@ def mark_preempted(eng: Engine, job_id: str, row: InstanceRow | None, *, why: st
     return True
 
 
-def relaunch(eng: Engine, job_id: str, *, actor: str = "recovery") -> bool:
+def relaunch(eng: EngineContext, job_id: str, *, actor: str = "recovery") -> bool:
     """Close whatever the job still has open, then claim and launch again."""
     for row in open_instances(eng, job_id):
         if not terminate_instance(eng, row, reason="preempted", actor=actor):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, true
 from sqlmodel import Session
 
-from store.db import insert_for
 from store.models import Instance, Job, SpendEntry, VolumeRecord
+
+if TYPE_CHECKING:
+    from bot.engine.context import EngineContext
 
 DAY = 86400.0
 MONTH_SECONDS = 30 * DAY  # storage is priced per GB-month; a month is 30 days here
@@ -72,112 +75,206 @@ def _split_by_day(start: float, end: float) -> Iterable[tuple[float, float]]:
         t = piece_end
 
 
-def _upsert(
-    session: Session,
-    existing: dict[tuple[str, float], SpendEntry],
-    entry: SpendEntry,
-    new: list[SpendEntry],
-) -> None:
-    row = existing.get((entry.source, entry.period_start))
-    if row is None:
-        new.append(entry)
-        existing[(entry.source, entry.period_start)] = entry
+def _upsert_lines(session: Session, lines: list[dict[str, Any]]) -> None:
+    """INSERT ... ON CONFLICT (source, period_start) DO UPDATE, in one executemany: a concurrent
+    roll-up in another process writes the same figures, so the last writer wins harmlessly."""
+    if not lines:
+        return
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
     else:
-        row.seconds, row.amount, row.rate_per_hour, row.updated_at = (
-            entry.seconds,
-            entry.amount,
-            entry.rate_per_hour,
-            entry.updated_at,
-        )
-        row.owner, row.team, row.job_id = entry.owner, entry.team, entry.job_id
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(SpendEntry.__table__)  # Core: no ORM bulk machinery per line
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["source", "period_start"],
+        set_={c: stmt.excluded[c] for c in _LINE_COLUMNS if c not in ("source", "period_start")},
+    )
+    for k in range(0, len(lines), 2000):
+        session.execute(stmt, lines[k : k + 2000])
 
 
-def _insert_new(session: Session, new: list[SpendEntry]) -> None:
-    """New lines, 500 to a statement, as INSERT ... ON CONFLICT DO UPDATE: another process rolling up the
-    same day at the same moment writes the same lines, and the two converge (no uq_spend_source_period
-    error)."""
-    key = ("source", "period_start")
-    cols = [c.name for c in SpendEntry.__table__.columns if c.name != "id"]
-    for k in range(0, len(new), 500):
-        rows = [{c: getattr(e, c) for c in cols} for e in new[k : k + 500]]
-        stmt = insert_for(session, SpendEntry).values(rows)
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=list(key), set_={c: stmt.excluded[c] for c in cols if c not in key}
-            )
-        )
+_LINE_COLUMNS = (
+    "source",
+    "kind",
+    "job_id",
+    "owner",
+    "team",
+    "provider",
+    "period_start",
+    "seconds",
+    "rate_per_hour",
+    "amount",
+    "updated_at",
+)
 
 
-def roll_up(session: Session, now: float, *, since: float | None = None) -> int:
+def roll_up_recent(ctx: EngineContext, *, scope: tuple[set[str], set[str]] | None = None) -> None:
+    """The periodic roll-up: what billed since this process's last one (its first rewrites whole lines:
+    a process does not know what an earlier one left; the following ones rewrite only the recent days).
+
+    ``scope`` = (owners, teams): only their instances and volumes, and the process's last roll-up time
+    is left as it was (the tick keeps budgeted people's lines current between full roll-ups)."""
+    mem = ctx.memory
+    now = ctx.now()
+    last = mem.last_rollup if mem.last_rollup is not None else now - 2 * DAY
+    lines_from = last - 3600 if mem.rolled_up_once else None
+    with ctx.session() as s:
+        roll_up(s, now, since=last - 3600, lines_from=lines_from, scope=scope)
+        s.commit()
+    if scope is None:
+        mem.last_rollup = now
+        mem.rolled_up_once = True
+
+
+def roll_up(
+    session: Session,
+    now: float,
+    *,
+    since: float | None = None,
+    job_id: str | None = None,
+    lines_from: float | None = None,
+    scope: tuple[set[str], set[str]] | None = None,
+) -> int:
     """Rewrite the ledger lines of every instance and volume that billed after ``since``.
 
-    ``since`` defaults to two days ago: older lines are final. Returns the number of sources rolled.
-    Commits nothing: the caller owns the transaction.
+    ``since`` defaults to two days ago: older lines are final. ``job_id`` rolls up only that job's
+    instances (what finishing a job needs: its cost is independent of the rest of the ledger).
+    ``lines_from``: day lines that start before this day are final and left alone (an incremental
+    roll-up after a full one; None rewrites every line from launch). ``scope`` = (owners, teams): only
+    the instances of their jobs and the owners' volumes. Only lines whose figures changed are written.
+    Returns the number of sources rolled. Commits nothing: the caller owns the transaction.
     """
     since = now - 2 * DAY if since is None else since
-    insts = session.execute(
-        select(Instance, Job.owner, Job.team)
+    first_day = day_start(lines_from) if lines_from is not None else None
+    iq = (
+        select(
+            Instance.id,
+            Instance.job_id,
+            Instance.provider,
+            Instance.price_per_hour,
+            Instance.launched_at,
+            Instance.ended_at,
+            Job.owner,
+            Job.team,
+        )
         .join(Job, Job.id == Instance.job_id, isouter=True)
         .where(or_(Instance.ended_at.is_(None), Instance.ended_at >= since))
         .order_by(Instance.id)  # every process writes the lines in one order: no deadlock between them
-    ).all()
-    vols = (
-        session.execute(
-            select(VolumeRecord)
-            .where(or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since))
-            .order_by(VolumeRecord.id)
-        )
-        .scalars()
-        .all()
     )
-    sources = [f"instance:{i.id}" for i, _, _ in insts] + [f"volume:{v.provider}:{v.volume_id}" for v in vols]
-    existing: dict[tuple[str, float], SpendEntry] = {}
-    new: list[SpendEntry] = []
-    for chunk in range(0, len(sources), 500):
-        for row in session.execute(
-            select(SpendEntry).where(SpendEntry.source.in_(sources[chunk : chunk + 500]))
-        ).scalars():
-            existing[(row.source, row.period_start)] = row
-    for inst, owner, team in insts:
-        end = inst.ended_at if inst.ended_at is not None else now
-        for d0, secs in _split_by_day(inst.launched_at, end):
-            _upsert(
-                session,
-                existing,
-                SpendEntry(
-                    source=f"instance:{inst.id}",
-                    kind="compute",
-                    job_id=inst.job_id,
-                    owner=owner,
-                    team=team,
-                    provider=inst.provider,
-                    period_start=d0,
-                    seconds=secs,
-                    rate_per_hour=inst.price_per_hour,
-                    amount=secs * inst.price_per_hour / 3600.0,
-                    updated_at=now,
-                ),
-                new,
+    if job_id is not None:
+        iq = iq.where(Instance.job_id == job_id)
+    if scope is not None:
+        iq = iq.where(or_(Job.owner.in_(sorted(scope[0])), Job.team.in_(sorted(scope[1]))))
+    insts = session.execute(iq).all()
+    vols = (
+        []
+        if job_id is not None or (scope is not None and not scope[0])
+        else session.execute(
+            select(
+                VolumeRecord.provider,
+                VolumeRecord.volume_id,
+                VolumeRecord.owner,
+                VolumeRecord.size_gb,
+                VolumeRecord.price_per_gb_month,
+                VolumeRecord.first_seen_at,
+                VolumeRecord.deleted_at,
+            ).where(
+                or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since),
+                VolumeRecord.owner.in_(sorted(scope[0])) if scope is not None else true(),
             )
-    for vol in vols:
-        end = vol.deleted_at if vol.deleted_at is not None else now
-        rate_h = vol.size_gb * vol.price_per_gb_month / (MONTH_SECONDS / 3600.0)
-        for d0, secs in _split_by_day(vol.first_seen_at, end):
-            _upsert(
-                session,
-                existing,
-                SpendEntry(
-                    source=f"volume:{vol.provider}:{vol.volume_id}",
-                    kind="storage",
-                    owner=vol.owner,
-                    provider=vol.provider,
-                    period_start=d0,
-                    seconds=secs,
-                    rate_per_hour=rate_h,
-                    amount=secs * rate_h / 3600.0,
-                    updated_at=now,
-                ),
-                new,
-            )
-    _insert_new(session, new)
-    return len(sources)
+        ).all()
+    )
+    wanted: dict[tuple[str, float], dict[str, Any]] = {}
+
+    def add(source: str, kind: str, start: float, end: float, rate_h: float, **who: Any) -> None:
+        lo = start if first_day is None else max(start, first_day)
+        for d0, secs in _split_by_day(lo, end):
+            wanted[(source, d0)] = {
+                "source": source,
+                "kind": kind,
+                "job_id": who.get("job_id"),
+                "owner": who.get("owner"),
+                "team": who.get("team"),
+                "provider": who.get("provider"),
+                "period_start": d0,
+                "seconds": secs,
+                "rate_per_hour": rate_h,
+                "amount": secs * rate_h / 3600.0,
+                "updated_at": now,
+            }
+
+    for i in insts:
+        end = i.ended_at if i.ended_at is not None else now
+        add(
+            f"instance:{i.id}",
+            "compute",
+            i.launched_at,
+            end,
+            i.price_per_hour,
+            job_id=i.job_id,
+            owner=i.owner,
+            team=i.team,
+            provider=i.provider,
+        )
+    for v in vols:
+        end = v.deleted_at if v.deleted_at is not None else now
+        rate_h = v.size_gb * v.price_per_gb_month / (MONTH_SECONDS / 3600.0)
+        add(
+            f"volume:{v.provider}:{v.volume_id}",
+            "storage",
+            v.first_seen_at,
+            end,
+            rate_h,
+            owner=v.owner,
+            provider=v.provider,
+        )
+    if not wanted:
+        return len(insts) + len(vols)
+    # An open instance's newest line grows on every roll-up: written without reading it first. Lines
+    # that may be unchanged (ended instances, volumes, older days) are compared and written if changed.
+    always = (
+        {(f"instance:{i.id}", day_start(now)) for i in insts if i.ended_at is None}
+        if first_day is not None
+        else set()
+    )
+    sources = sorted({k[0] for k in wanted if k not in always})
+    cols = (
+        SpendEntry.source,
+        SpendEntry.period_start,
+        SpendEntry.seconds,
+        SpendEntry.amount,
+        SpendEntry.rate_per_hour,
+        SpendEntry.owner,
+        SpendEntry.team,
+        SpendEntry.job_id,
+    )
+    existing: dict[tuple[str, float], tuple[Any, ...]] = {}
+    if not sources:
+        queries = []
+    elif len(sources) <= 500:
+        queries = [select(*cols).where(SpendEntry.source.in_(sources))]
+    else:  # one range scan of the period index instead of thousands of IN lists
+        queries = [
+            select(*cols).where(SpendEntry.period_start >= min(k[1] for k in wanted if k not in always))
+        ]
+    for q in queries:
+        for r in session.execute(q):
+            existing[(r[0], r[1])] = tuple(r[2:])
+    changed = [
+        line
+        for key, line in wanted.items()
+        if key in always
+        or existing.get(key)
+        != (
+            line["seconds"],
+            line["amount"],
+            line["rate_per_hour"],
+            line["owner"],
+            line["team"],
+            line["job_id"],
+        )
+    ]
+    changed.sort(key=lambda line: (line["source"], line["period_start"]))  # one order in every process
+    _upsert_lines(session, changed)
+    return len(insts) + len(vols)

@@ -16,22 +16,22 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlmodel import Session
 
+from bot.engine.jobstate import ACTIVE, FINAL, OPEN, JobState
 from bot.engine.spend import job_spend
 from store.models import AuditLog, Job
 
-PENDING_APPROVAL = "pending_approval"
-APPROVED = "approved"
-LAUNCHING = "launching"
-RUNNING = "running"
-RECOVERING = "recovering"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-STOPPED = "stopped"
+PENDING_APPROVAL = JobState.PENDING_APPROVAL
+APPROVED = JobState.APPROVED
+LAUNCHING = JobState.LAUNCHING
+RUNNING = JobState.RUNNING
+RECOVERING = JobState.RECOVERING
+SUCCEEDED = JobState.SUCCEEDED
+FAILED = JobState.FAILED
+CANCELLED = JobState.CANCELLED
+STOPPED = JobState.STOPPED
 
-ACTIVE = frozenset({APPROVED, LAUNCHING, RUNNING, RECOVERING})
-FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, STOPPED})
-ALL_STATES = frozenset({PENDING_APPROVAL}) | ACTIVE | FINAL
+ALL_STATES = frozenset(JobState)
+__all__ = ["ACTIVE", "ALL_STATES", "FINAL", "OPEN", "JobState", "allowed", "audit", "lock_job", "transition"]
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     PENDING_APPROVAL: frozenset({APPROVED, CANCELLED}),

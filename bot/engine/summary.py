@@ -9,19 +9,19 @@ from sqlalchemy import func, select
 
 from bot.engine import states as S
 from bot.engine.events import EngineEvent, EngineEventKind
-from bot.engine.spend import DAY, day_start, period_bounds
+from bot.engine.spend import DAY, day_start, period_bounds, roll_up_recent
 from bot.money import money
 from store.models import Job, SpendEntry, VolumeRecord
 
 if TYPE_CHECKING:
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 
-def daily_summary(eng: Engine, *, day: str = "yesterday") -> EngineEvent:
+def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> EngineEvent:
     """One UTC day's spend (yesterday for the scheduled post; "today" so far on demand), month to date,
     by user and provider; jobs by state; idle volumes."""
     now = eng.now()
-    eng.roll_up_spend()
+    roll_up_recent(eng)
     today = day_start(now)
     start = today if day == "today" else today - DAY  # the day summarized (today: so far, e.g. the demo)
     end = start + DAY

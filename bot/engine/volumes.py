@@ -22,13 +22,13 @@ from store.models import VolumeRecord
 if TYPE_CHECKING:
     from sqlmodel import Session
 
-    from bot.engine.service import Engine
+    from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
 KEEP_DAYS = 30.0
 
 
-def sync(eng: Engine) -> int:
+def sync(eng: EngineContext) -> int:
     """Refresh the volume table from every provider that has volumes; returns how many are live."""
     now = eng.now()
     live = 0
@@ -74,7 +74,7 @@ def cost_so_far(row: VolumeRecord, now: float) -> float:
     return max(0.0, end - row.first_seen_at) * row.size_gb * row.price_per_gb_month / MONTH_SECONDS
 
 
-def reminders(eng: Engine) -> list[EngineEvent]:
+def reminders(eng: EngineContext) -> list[EngineEvent]:
     """An idle_volume event for each volume idle longer than settings.volume_idle_days (once a day)."""
     now = eng.now()
     idle_after = eng.settings.volume_idle_days * DAY
@@ -117,7 +117,7 @@ def reminders(eng: Engine) -> list[EngineEvent]:
     return events
 
 
-def delete(eng: Engine, provider_name: str, volume_id: str, *, user: str) -> None:
+def delete(eng: EngineContext, provider_name: str, volume_id: str, *, user: str) -> None:
     """Delete a volume because a person confirmed it."""
     from bot.engine.api import EngineError
 
@@ -145,7 +145,9 @@ def delete(eng: Engine, provider_name: str, volume_id: str, *, user: str) -> Non
         s.commit()
 
 
-def keep(eng: Engine, provider_name: str, volume_id: str, *, user: str, days: float = KEEP_DAYS) -> None:
+def keep(
+    eng: EngineContext, provider_name: str, volume_id: str, *, user: str, days: float = KEEP_DAYS
+) -> None:
     now = eng.now()
     with eng.session() as s:
         row = _live_record(s, provider_name, volume_id)

@@ -1,0 +1,291 @@
+"""A job's life as people drive it: create (price locked), approve, launch, stop; and reading it back.
+
+Every rule about who may do what is the permissions policy's (bot/engine/permissions.py); every
+state change is a conditional transition (bot/engine/states.py), so two clicks, two threads or two
+replicas doing the same thing do it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from bot.engine import finish as finish_mod
+from bot.engine import offers as offers_mod
+from bot.engine import staging
+from bot.engine import states as S
+from bot.engine.api import EngineError, JobView, PermissionDenied
+from bot.engine.context import EngineContext
+from bot.engine.events import EngineEventKind
+from bot.engine.jobspec import deep_merge, plan_of, spec_fields
+from bot.engine.launch import claim, launch_job, storage_root
+from bot.engine.permissions import Permissions
+from bot.engine.spend import job_spend
+from bot.engine.views import job_view
+from bot.money import money
+from bot.planner.request import EstimateRequest
+from bot.planner.result import Estimate
+from store.models import Job, RunnerEventRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAP_FACTOR = 2.0  # a job without an explicit cap may spend twice its estimate
+
+
+def load(ctx: EngineContext, job_id: str) -> Job:
+    with ctx.session() as s:
+        job = s.get(Job, job_id)
+    if job is None:
+        raise EngineError(f"no job {job_id}")
+    return job
+
+
+def by_key(ctx: EngineContext, key: str) -> Job | None:
+    with ctx.session() as s:
+        return s.execute(select(Job).where(Job.idempotency_key == key)).scalars().first()
+
+
+def view(ctx: EngineContext, job_id: str) -> JobView:
+    job = load(ctx, job_id)
+    with ctx.session() as s:
+        rows = s.execute(
+            select(RunnerEventRecord.step, RunnerEventRecord.loss)
+            .where(RunnerEventRecord.job_id == job_id, RunnerEventRecord.loss.is_not(None))
+            .order_by(RunnerEventRecord.seq)
+        ).all()
+        spend = job.spend if job.state in S.FINAL else job_spend(s, job_id, ctx.now())
+    losses = [(int(a), float(b)) for a, b in rows]
+    if len(losses) > 400:
+        stride = len(losses) // 400 + 1
+        losses = losses[::stride] + [losses[-1]]
+    return job_view(job, spend=spend, losses=losses)
+
+
+def create(
+    ctx: EngineContext,
+    request: EstimateRequest,
+    est: Estimate,
+    *,
+    user: str,
+    choice: str = "cheapest",
+    max_cost: float | None = None,
+    channel: str | None = None,
+    idempotency_key: str | None = None,
+    team: str | None = None,
+    spec_overrides: dict[str, Any] | None = None,
+    auto_launch: bool = True,
+) -> JobView:
+    """Create a job with the chosen offer's price locked; launches at once unless approval is needed."""
+    fitting = offers_mod.launchable(est.offers, ctx.providers)
+    if not fitting:
+        elsewhere = sorted({o.provider for o in est.offers if o.fits})
+        if elsewhere:
+            raise EngineError(
+                f"it fits only on {', '.join(elsewhere)}, which this bot has no keys for: "
+                "set the provider's API key to launch there"
+            )
+        hint = f" Suggestions: {'; '.join(est.suggestions)}" if est.suggestions else ""
+        raise EngineError(f"no offer fits this fine-tune.{hint}")
+    chosen = next((o for o in fitting if choice in o.labels), None)
+    if chosen is None:
+        chosen = next(
+            (
+                o
+                for o in fitting
+                if f"{o.provider}:{o.offer_id}:{'spot' if o.interruptible else 'od'}" == choice
+                or o.offer_id == choice
+            ),
+            None,
+        )
+    if chosen is None:
+        chosen = offers_mod.pick(fitting, choice)
+    if chosen is None:
+        raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+    # Before anything is rented: data checked, storage reachable, local inputs staged (staging.py).
+    plan = plan_of(request, est.training)
+    prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting)
+    fitting = prepared.offers
+    fields = spec_fields(
+        plan,
+        base_model=prepared.base_model,
+        dataset_uri=prepared.dataset_uri,
+        dataset_format=prepared.dataset_format,
+    )
+    spec_overrides = deep_merge(fields, spec_overrides or {})
+    now = ctx.now()
+    cap = max_cost or request.max_cost or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
+    needs_approval = chosen.total_cost > ctx.settings.approval_above_usd
+    job_id = uuid.uuid4().hex[:12]
+    job = Job(
+        id=job_id,
+        owner=user,
+        team=team,
+        channel=channel,
+        state=S.PENDING_APPROVAL if needs_approval else S.APPROVED,
+        request=request.model_dump(mode="json"),
+        choice=choice,
+        offer=chosen.model_dump(mode="json"),
+        offers=[o.model_dump(mode="json") for o in fitting],
+        spec_overrides=spec_overrides or {},
+        provider=chosen.provider,
+        gpu=chosen.gpu,
+        gpu_count=chosen.gpu_count,
+        interruptible=chosen.interruptible,
+        price_per_hour=chosen.price_per_hour,
+        estimated_cost=chosen.total_cost,
+        estimated_hours=chosen.hours,
+        max_cost=cap,
+        checkpoint_minutes=chosen.checkpoint_minutes,
+        idempotency_key=idempotency_key,
+        checkpoint_uri=f"{storage_root(ctx, job_id)}/checkpoints",
+        created_at=now,
+        updated_at=now,
+        approved_by=None if needs_approval else "auto",
+    )
+    with ctx.session() as s:
+        s.add(job)
+        S.audit(
+            s,
+            actor=user,
+            action="create",
+            job_id=job_id,
+            at=now,
+            offer=chosen.model_dump(mode="json"),
+            max_cost=cap,
+            needs_approval=needs_approval,
+        )
+        try:
+            s.commit()
+        except IntegrityError:
+            s.rollback()
+            existing = by_key(ctx, idempotency_key) if idempotency_key else None
+            if existing is None:
+                raise
+            return view(ctx, existing.id)
+    ctx.publish(
+        EngineEventKind.job_created,
+        job_id,
+        f"Job {job_id} created: {request.model} on "
+        f"{chosen.provider} {chosen.gpu} at {money(chosen.price_per_hour)}/h, estimated "
+        f"{money(chosen.total_cost)}, cap {money(cap)}.",
+        job=job,
+        estimated_cost=chosen.total_cost,
+        max_cost=cap,
+        price_per_hour=chosen.price_per_hour,
+    )
+    if needs_approval:
+        ctx.publish(
+            EngineEventKind.approval_needed,
+            job_id,
+            f"Job {job_id} is estimated at "
+            f"{money(chosen.total_cost)}, above {money(ctx.settings.approval_above_usd)}: it needs "
+            f"approval by someone other than {user}.",
+            job=job,
+            estimated_cost=chosen.total_cost,
+        )
+    elif auto_launch:
+        launch(ctx, job_id, user=user)
+    return view(ctx, job_id)
+
+
+def approve(
+    ctx: EngineContext, policy: Permissions, job_id: str, *, approver: str, auto_launch: bool = True
+) -> JobView:
+    job = load(ctx, job_id)
+    decision = policy.can_approve(approver, job.owner)
+    if not decision:
+        raise PermissionDenied(decision.reason)
+    with ctx.session() as s:
+        ok = S.transition(
+            s,
+            job_id,
+            S.PENDING_APPROVAL,
+            S.APPROVED,
+            actor=approver,
+            now=ctx.now(),
+            approved_by=approver,
+        )
+    if not ok:
+        current = view(ctx, job_id)
+        by = load(ctx, job_id).approved_by
+        current.message = (
+            f"already {current.state}" + (f" (approved by {by})" if by else "") + "; nothing done"
+        )
+        return current
+    if auto_launch:
+        launch(ctx, job_id, user=approver)
+    return view(ctx, job_id)
+
+
+def launch(ctx: EngineContext, job_id: str, *, user: str = "engine") -> JobView:
+    """Launch an approved job (a no-op when someone else already claimed it)."""
+    claim_id = claim(ctx, job_id, actor=user)
+    if claim_id is not None:
+        launch_job(ctx, job_id, claim_id, actor=user)
+    return view(ctx, job_id)
+
+
+def stop(ctx: EngineContext, policy: Permissions, job_id: str, *, user: str, reason: str = "user") -> JobView:
+    job = load(ctx, job_id)
+    decision = policy.can_stop(user, job.owner)
+    if not decision:
+        raise PermissionDenied(f"only {job.owner} or an admin can stop job {job_id}")
+    request_stop(ctx, job_id, reason=reason, actor=user)
+    return view(ctx, job_id)
+
+
+def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) -> None:
+    """Cancel a job that has not launched; ask a running one to stop gracefully (SIGTERM: it checkpoints
+    and exits, and the exit ends the job); end it at once where nothing runs or nothing can be asked."""
+    now = ctx.now()
+    with ctx.session() as s:
+        for src in (S.PENDING_APPROVAL, S.APPROVED):
+            if S.transition(
+                s,
+                job_id,
+                src,
+                S.CANCELLED,
+                actor=actor,
+                now=now,
+                reason=reason,
+                stop_reason=reason,
+                finished_at=now,
+            ):
+                ctx.publish(
+                    EngineEventKind.stopped,
+                    job_id,
+                    f"Job {job_id} cancelled ({reason}).",
+                    reason=reason,
+                    state=S.CANCELLED,
+                )
+                return
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.state.in_(sorted(S.ACTIVE)), Job.stop_requested_at.is_(None))
+            .values(stop_reason=reason, stop_requested_at=now, updated_at=now)
+        )
+        if res.rowcount != 1:
+            return
+        S.audit(s, actor=actor, action="stop-requested", job_id=job_id, at=now, reason=reason)
+        s.commit()
+    rows = finish_mod.open_instances(ctx, job_id)
+    if not rows:
+        job = load(ctx, job_id)
+        if job.state in (S.RECOVERING, S.RUNNING):
+            finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
+        return
+    for row in rows:  # graceful: SIGTERM lets the runner checkpoint; the exit then ends the job
+        provider = ctx.providers.get(row.provider)
+        graceful = getattr(provider, "preempt", None)
+        if callable(graceful):
+            try:
+                graceful(row.provider_instance_id, 30.0)
+                continue
+            except Exception as exc:  # noqa: BLE001
+                log.warning("graceful stop of %s failed: %s", row.provider_instance_id, exc)
+    if not any(callable(getattr(ctx.providers.get(r.provider), "preempt", None)) for r in rows):
+        finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)

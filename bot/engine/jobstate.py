@@ -1,0 +1,30 @@
+"""The job states (DESIGN.md contract 4): one StrEnum for the engine, the store, the chat and the CLI.
+
+A module without imports, so that anything may use it without loading the database layer. Which
+transitions exist is bot/engine/states.py's; which states count as what is here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    PENDING_APPROVAL = "pending_approval"
+    APPROVED = "approved"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"
+
+
+# What the engine supervises: it may be renting (or about to rent) a machine.
+ACTIVE = frozenset({JobState.APPROVED, JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING})
+# Nothing more happens to it.
+FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
+# Not finished yet, awaiting approval included: what a person calls an active job (the chat's "your
+# active jobs", `tunebot jobs --active`, the Stop button).
+OPEN = frozenset(JobState) - FINAL

@@ -1,0 +1,199 @@
+"""Supervision decisions as a table: a job's facts and what was observed in, one action out (no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.engine.jobstate import JobState
+from bot.engine.supervise import Action, Do, JobFacts, Observation, SupervisionLimits, decide
+
+T = 1_000_000.0  # "now"
+LIMITS = SupervisionLimits(stop_grace_s=120, idle_stop_s=1800, heartbeat_timeout_s=600, cap_horizon_s=60)
+
+
+def running(**kw) -> JobFacts:  # type: ignore[no-untyped-def]
+    base = {"id": "j", "state": JobState.RUNNING, "last_event_at": T - 10, "started_at": T - 100}
+    return JobFacts(**{**base, **kw})
+
+
+def seen(verdict: str = "running", **kw) -> Observation:  # type: ignore[no-untyped-def]
+    return Observation(**{"verdict": verdict, "launched_at": T - 100, **kw})
+
+
+STOP = {"stop_requested_at": T - 30, "stop_reason": "user"}
+
+TABLE = [
+    # (case, job, observation, expected action)
+    ("approved: launch", JobFacts("j", JobState.APPROVED), None, Action(Do.launch)),
+    ("launching: take over a dead launch", JobFacts("j", JobState.LAUNCHING), None, Action(Do.take_over)),
+    ("recovering: relaunch", JobFacts("j", JobState.RECOVERING), None, Action(Do.relaunch)),
+    (
+        "recovering with a stop asked: stopped, not relaunched",
+        JobFacts("j", JobState.RECOVERING, **STOP),
+        None,
+        Action(Do.finish, JobState.STOPPED, "user"),
+    ),
+    ("awaiting approval: nothing", JobFacts("j", JobState.PENDING_APPROVAL), None, Action()),
+    ("final: nothing", JobFacts("j", JobState.SUCCEEDED), seen("exited", exit_code=0), Action()),
+    (
+        "runner said finished: succeeded whatever the provider says",
+        running(outcome="finished"),
+        seen("running"),
+        Action(Do.finish, JobState.SUCCEEDED, "finished"),
+    ),
+    (
+        "runner said plateau: stopped (plateau)",
+        running(outcome="plateau"),
+        seen("error"),
+        Action(Do.finish, JobState.STOPPED, "plateau"),
+    ),
+    (
+        "runner said failed: failed with its own words",
+        running(outcome="failed", message="runner: CUDA out of memory"),
+        seen("running"),
+        Action(Do.finish, JobState.FAILED, "runner failed", "runner: CUDA out of memory"),
+    ),
+    (
+        "healthy and under its cap: nothing",
+        running(max_cost=10.0),
+        seen(spent=1.0, burn_per_hour=1.0),
+        Action(),
+    ),
+    (
+        "exit 0: succeeded",
+        running(),
+        seen("exited", exit_code=0),
+        Action(Do.finish, JobState.SUCCEEDED, "finished"),
+    ),
+    (
+        "exit 1: failed with the code (apply adds the runner's last words)",
+        running(),
+        seen("exited", exit_code=1),
+        Action(Do.finish, JobState.FAILED, "runner exited with code 1", exit_code=1),
+    ),
+    (
+        "preempted: recover",
+        running(),
+        seen("preempted", exit_code=75),
+        Action(Do.preempt, reason="instance preempted"),
+    ),
+    (
+        "instance gone: recover, closing it",
+        running(),
+        seen("gone"),
+        Action(Do.preempt, reason="instance gone", gone=True),
+    ),
+    (
+        "no instance at all: recover",
+        running(),
+        Observation(verdict="gone"),
+        Action(Do.preempt, reason="instance gone", gone=True),
+    ),
+    (
+        "exited after a stop we asked for: stopped, not failed",
+        running(**STOP),
+        seen("exited", exit_code=143),
+        Action(Do.finish, JobState.STOPPED, "user"),
+    ),
+    (
+        "preempted after a stop we asked for: stopped, not relaunched",
+        running(**STOP),
+        seen("preempted"),
+        Action(Do.finish, JobState.STOPPED, "user"),
+    ),
+    ("stop asked, still saving within the grace: wait", running(**STOP), seen("running"), Action()),
+    (
+        "stop asked, past the grace: stopped",
+        running(stop_requested_at=T - 121, stop_reason="user"),
+        seen("running"),
+        Action(Do.finish, JobState.STOPPED, "user"),
+    ),
+    (
+        "stop asked, provider down past the grace: stopped (finish terminates and confirms)",
+        running(stop_requested_at=T - 121, stop_reason="budget"),
+        seen("error"),
+        Action(Do.finish, JobState.STOPPED, "budget"),
+    ),
+    (
+        "stop asked before this instance was launched: nothing to save, stopped at once",
+        running(stop_requested_at=T - 200, stop_reason="user"),
+        seen("provisioning", launched_at=T - 100),
+        Action(Do.finish, JobState.STOPPED, "user"),
+    ),
+    ("provider down: nothing decided", running(last_event_at=T - 5000), seen("error"), Action()),
+    (
+        "no event for the idle limit: stopped (idle)",
+        running(last_event_at=T - 1801),
+        seen("running"),
+        Action(Do.stop_now, reason="idle"),
+    ),
+    (
+        "no event yet, started long ago: idle too",
+        running(last_event_at=None, started_at=T - 1801),
+        seen("running", launched_at=T - 1801),
+        Action(Do.stop_now, reason="idle"),
+    ),
+    (
+        "no heartbeat past the timeout but not idle: recover",
+        JobFacts("j", JobState.RUNNING, last_event_at=T - 601, started_at=T - 601),
+        seen("running", launched_at=T - 700),
+        Action(Do.preempt, reason="no heartbeat for 600 s"),
+    ),
+    (
+        "a fresh relaunch counts from its launch, not the old event",
+        running(last_event_at=T - 900),
+        seen("running", launched_at=T - 30),
+        Action(),
+    ),
+    (
+        "provisioning for twice the heartbeat: stuck, recover elsewhere",
+        running(last_event_at=None),
+        seen("provisioning", launched_at=T - 1201),
+        Action(Do.preempt, reason="instance stuck in provisioning"),
+    ),
+    (
+        "provisioning for a while: wait",
+        running(last_event_at=None),
+        seen("provisioning", launched_at=T - 900),
+        Action(),
+    ),
+    (
+        "unknown status for twice the heartbeat: stuck",
+        running(last_event_at=T - 1300),
+        seen("unknown", launched_at=T - 1300),
+        Action(Do.preempt, reason="instance stuck in unknown"),
+    ),
+    (
+        "projected spend reaches the cap within the next period: graceful stop (budget)",
+        running(max_cost=5.0),
+        seen(spent=4.99, burn_per_hour=1.0),
+        Action(Do.stop, reason="budget"),
+    ),
+    (
+        "just under the cap after the next period: nothing",
+        running(max_cost=5.0),
+        seen(spent=4.9, burn_per_hour=1.0),
+        Action(),
+    ),
+    (
+        "the cap applies while provisioning too",
+        running(max_cost=1.0),
+        seen("provisioning", spent=1.2),
+        Action(Do.stop, reason="budget"),
+    ),
+    (
+        "idle outranks the cap",
+        running(max_cost=1.0, last_event_at=T - 2000),
+        seen(spent=5.0),
+        Action(Do.stop_now, reason="idle"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "job", "obs", "expected"), TABLE, ids=[row[0] for row in TABLE])
+def test_decide(case: str, job: JobFacts, obs: Observation | None, expected: Action) -> None:
+    assert decide(job, obs, T, LIMITS) == expected
+
+
+def test_every_action_is_in_the_table() -> None:
+    assert {row[3].do for row in TABLE} == set(Do)

@@ -1,0 +1,103 @@
+"""Pulling the runner's progress object on every tick: each event stored and announced once, however
+often the object is read, across engine restarts, resumed runs and layouts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from runner.spec import RunnerEvent, progress_uri
+from store.models import Job, RunnerEventRecord
+
+from .conftest import Recorder, estimate_for, request
+
+
+def write(path: Path, job_id: str, events: list[dict], **dumps) -> None:  # type: ignore[no-untyped-def]
+    """The object as runner/report.py writes it (json.dumps of this payload), atomically."""
+    payload = {"job_id": job_id, "updated": time.time(), "last_seq": events[-1]["seq"], "events": events}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, **dumps))
+    tmp.replace(path)
+
+
+def ev(job_id: str, seq: int, kind: str = "progress", ts: float | None = None) -> dict:
+    e = RunnerEvent(
+        job_id=job_id, seq=seq, kind=kind, step=seq * 10, loss=3.0 - seq / 10, timestamp=ts or 1000.0 + seq
+    )
+    return e.model_dump(mode="json")
+
+
+def progress_path(engine, job_id: str) -> Path:  # type: ignore[no-untyped-def]
+    with engine.session() as s:
+        uri = s.get(Job, job_id).checkpoint_uri
+    path = Path(progress_uri(uri))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stored(engine, job_id: str) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+    with engine.session() as s:
+        q = select(RunnerEventRecord.seq, RunnerEventRecord.kind).where(RunnerEventRecord.job_id == job_id)
+        return sorted(s.execute(q).all())
+
+
+def two_running_jobs(engine, fake):  # type: ignore[no-untyped-def]
+    # Two jobs, so that the tick takes its batched path (one listing, events stored in one batch).
+    return [engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id for _ in range(2)]
+
+
+def test_each_event_is_stored_and_announced_once_across_reads_and_restarts(engine, make_engine, fake):
+    rec = Recorder(engine.bus)
+    job_id, other = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    events = [ev(job_id, q) for q in range(5)]
+    write(path, job_id, events)
+    engine.tick()
+    engine.tick()  # the same object again: nothing new
+    assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3, 4] and stored(engine, other) == []
+    events += [ev(job_id, 5), ev(job_id, 6)]
+    write(path, job_id, events)
+    engine.tick()
+    assert [q for q, _ in stored(engine, job_id)] == list(range(7))
+    view = engine.get_job(job_id)
+    assert view.step == 60 and abs(view.loss - 2.4) < 1e-9
+    assert [e.data["step"] for e in rec.events if e.kind == "progress"] == [0, 10, 20, 30, 40, 50, 60]
+    restarted = make_engine()  # a new process: remembers nothing, reads every object whole
+    rec2 = Recorder(restarted.bus)
+    restarted.tick()
+    assert [q for q, _ in stored(restarted, job_id)] == list(range(7))
+    assert [e for e in rec2.events if e.kind == "progress"] == []
+
+
+def test_a_resumed_run_renumbering_in_its_object_is_not_lost(engine, fake):
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    old = [ev(job_id, q, ts=100.0 + q) for q in range(1, 6)]
+    write(path, job_id, old)
+    engine.tick()
+    # The resumed runner keeps the events before its checkpoint (seq 3) and numbers again from there.
+    write(path, job_id, old[:2] + [ev(job_id, 3, "started", ts=200.0), ev(job_id, 4, "finished", ts=201.0)])
+    engine.tick()
+    assert stored(engine, job_id) == [
+        (1, "progress"),
+        (2, "progress"),
+        (3, "started"),
+        (4, "finished"),
+        (5, "progress"),
+    ]
+    assert engine.get_job(job_id).state == "succeeded"
+
+
+def test_an_object_in_another_layout_is_read_whole(engine, fake):
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    events = [ev(job_id, q) for q in range(3)]
+    write(path, job_id, events)
+    engine.tick()
+    events.append(ev(job_id, 3))
+    write(path, job_id, events, indent=2)  # not the runner's own layout: no tail shortcut
+    engine.tick()
+    assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3]
