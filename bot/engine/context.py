@@ -52,6 +52,7 @@ class ProcessMemory:
     progress_stat: dict[str, tuple] = field(default_factory=dict)  # job id -> (mtime_ns, size, read at)
     last_rollup: float | None = None
     rolled_up_once: bool = False
+    rolled_sources: set[str] = field(default_factory=set)  # ledger sources whose older lines are written
     calibration: Any = None  # (stamp, Calibration) of bot/engine/calibration.py
 
 

@@ -417,7 +417,19 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
         ids = sorted(batch)
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
-            for j in s.execute(select(*_PROGRESS_COLUMNS).where(Job.id.in_(chunk))).all():
+            # The jobs' rows are locked first, in id order (as S.lock_job does for one job): another
+            # supervisor or a push on the same jobs waits here, then reads what this one stored.
+            q = select(*_PROGRESS_COLUMNS).where(Job.id.in_(chunk)).order_by(Job.id)
+            if s.get_bind().dialect.name == "sqlite":
+                s.execute(
+                    update(Job)
+                    .where(Job.id.in_(chunk))
+                    .values(updated_at=Job.updated_at)
+                    .execution_options(synchronize_session=False)
+                )
+            else:
+                q = q.with_for_update()
+            for j in s.execute(q).all():
                 jobs[j.id] = j
             # Stored events the batch could repeat: seqs at or below each job's last stored seq.
             low = {
@@ -464,23 +476,24 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
             )
             f = _progress_fields(job, new)
             updates.append({"b_id": jid, "last_event_at": now, "updated_at": now, **f})
-        if rows:
-            s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
-            t = Job.__table__  # type: ignore[attr-defined]
-            cols = [c for c in _UPDATED if c not in ("last_event_at", "updated_at")]
-            s.execute(
-                update(t)
-                .where(t.c.id == bindparam("b_id"))
-                .values(
-                    last_event_at=bindparam("last_event_at"),
-                    updated_at=bindparam("updated_at"),
-                    **{c: bindparam(c) for c in cols},
-                ),
-                updates,
-            )
         try:
+            if rows:
+                rows.sort(key=lambda r: (r["job_id"], r["seq"]))
+                s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
+                t = Job.__table__  # type: ignore[attr-defined]
+                cols = [c for c in _UPDATED if c not in ("last_event_at", "updated_at")]
+                s.execute(
+                    update(t)
+                    .where(t.c.id == bindparam("b_id"))
+                    .values(
+                        last_event_at=bindparam("last_event_at"),
+                        updated_at=bindparam("updated_at"),
+                        **{c: bindparam(c) for c in cols},
+                    ),
+                    updates,
+                )
             s.commit()
-        except IntegrityError:  # a concurrent push/pull stored some of them: the exact path, job by job
+        except IntegrityError:  # another supervisor or a push stored some of them: the exact path, job by job
             s.rollback()
             single.update({jid: batch[jid] for jid in new_by_job})
             new_by_job = {}

@@ -120,7 +120,7 @@ def roll_up_recent(ctx: EngineContext, *, scope: tuple[set[str], set[str]] | Non
     last = mem.last_rollup if mem.last_rollup is not None else now - 2 * DAY
     lines_from = last - 3600 if mem.rolled_up_once else None
     with ctx.session() as s:
-        roll_up(s, now, since=last - 3600, lines_from=lines_from, scope=scope)
+        roll_up(s, now, since=last - 3600, lines_from=lines_from, scope=scope, rolled=mem.rolled_sources)
         s.commit()
     if scope is None:
         mem.last_rollup = now
@@ -135,6 +135,7 @@ def roll_up(
     job_id: str | None = None,
     lines_from: float | None = None,
     scope: tuple[set[str], set[str]] | None = None,
+    rolled: set[str] | None = None,
 ) -> int:
     """Rewrite the ledger lines of every instance and volume that billed after ``since``.
 
@@ -142,7 +143,9 @@ def roll_up(
     instances (what finishing a job needs: its cost is independent of the rest of the ledger).
     ``lines_from``: day lines that start before this day are final and left alone (an incremental
     roll-up after a full one; None rewrites every line from launch). ``scope`` = (owners, teams): only
-    the instances of their jobs and the owners' volumes. Only lines whose figures changed are written.
+    the instances of their jobs and the owners' volumes. ``rolled``: the sources whose lines before
+    ``lines_from`` are already written (others get all their lines; every source rolled is added).
+    Only lines whose figures changed are written.
     Returns the number of sources rolled. Commits nothing: the caller owns the transaction.
     """
     since = now - 2 * DAY if since is None else since
@@ -188,7 +191,14 @@ def roll_up(
     wanted: dict[tuple[str, float], dict[str, Any]] = {}
 
     def add(source: str, kind: str, start: float, end: float, rate_h: float, **who: Any) -> None:
-        lo = start if first_day is None else max(start, first_day)
+        # A source this process has not rolled up yet gets all its lines, whatever lines_from says: a row
+        # recorded since (by another process, an adoption billed from the provider's creation time) may
+        # bill from days ago.
+        lo = (
+            start
+            if first_day is None or (rolled is not None and source not in rolled)
+            else max(start, first_day)
+        )
         for d0, secs in _split_by_day(lo, end):
             wanted[(source, d0)] = {
                 "source": source,
@@ -234,7 +244,11 @@ def roll_up(
     # An open instance's newest line grows on every roll-up: written without reading it first. Lines
     # that may be unchanged (ended instances, volumes, older days) are compared and written if changed.
     always = (
-        {(f"instance:{i.id}", day_start(now)) for i in insts if i.ended_at is None}
+        {
+            (f"instance:{i.id}", day_start(now))
+            for i in insts
+            if i.ended_at is None and (rolled is None or f"instance:{i.id}" in rolled)
+        }
         if first_day is not None
         else set()
     )
@@ -277,4 +291,6 @@ def roll_up(
     ]
     changed.sort(key=lambda line: (line["source"], line["period_start"]))  # one order in every process
     _upsert_lines(session, changed)
+    if rolled is not None:
+        rolled.update(k[0] for k in wanted)
     return len(insts) + len(vols)
