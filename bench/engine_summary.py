@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/engine_summary.py [--db URL] [--jobs 100000]
 100,000 jobs of 50 users (98% finished over the last 20 days, 2% running), each with its instance
 and ledger lines, in a fresh SQLite file by default. The summary is a handful of aggregate queries
-over indexes (migration 0003_i12) plus a roll-up of the running instances. "Cold" is the first
+over indexes (migration 0004_i12) plus a roll-up of the running instances. "Cold" is the first
 summary of a freshly started engine (its first roll-up rewrites whole lines, nothing cached in the
 process). Baseline in the same run: one COUNT(*) over the jobs.
 """

@@ -131,7 +131,7 @@ class SpendEntry(SQLModel, table=True):
     __tablename__ = "spend_ledger"
     __table_args__ = (
         UniqueConstraint("source", "period_start", name="uq_spend_source_period"),
-        # covering indexes of the summary's and the budgets' aggregates (migration 0003_i12)
+        # covering indexes of the summary's and the budgets' aggregates (migration 0004_i12)
         Index("ix_spend_period_owner_amount", "period_start", "owner", "amount"),
         Index("ix_spend_period_provider_amount", "period_start", "provider", "amount"),
         Index("ix_spend_owner_period_amount", "owner", "period_start", "amount"),

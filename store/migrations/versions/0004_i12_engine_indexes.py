@@ -4,7 +4,7 @@ The daily summary and the budget checks are aggregates over one period of the le
 owner or provider, and a count of the jobs finished in a day by state: covering indexes make each a
 range scan of an index instead of a scan of the table.
 
-Revision ID: 0003_i12
+Revision ID: 0004_i12
 Revises: 0003_i13
 Create Date: 2026-12-03 12:00:00
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0003_i12"
+revision = "0004_i12"
 down_revision = "0003_i13"  # chained after issue 13's (rebased onto it)
 branch_labels = None
 depends_on = None
