@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench.engine_seed import backend, bulk_insert, instance_row, job_row, timed  # noqa: E402
+from bench.engine_seed import backend, bench_database, bulk_insert, instance_row, job_row, timed  # noqa: E402
 from bot.engine import finish as finish_mod  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.engine.spend import roll_up  # noqa: E402
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=10_000)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tunebot-bench-"))
-    db_url = args.db or f"sqlite:///{tmp / 'finish.db'}"
+    db_url = bench_database(args.db, tmp, "finish")
     n = args.instances
     now = time.time()
     fake = FakeProvider("fake")

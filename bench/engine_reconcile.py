@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
-from bench.engine_seed import bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
+from bench.engine_seed import bench_database, bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from store.models import Instance, Job  # noqa: E402
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=JOBS)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tunebot-bench-"))
-    db_url = args.db or f"sqlite:///{tmp / 'bench.db'}"
+    db_url = bench_database(args.db, tmp, "bench")
     fakes = {name: cls(page_size=100).start() for name, cls in FAKES.items()}
     try:
         clients = {name: client_for(fake) for name, fake in fakes.items()}

@@ -101,3 +101,31 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
 
 def backend(db_url: str) -> str:
     return "postgresql" if db_url.startswith("postgres") else "sqlite"
+
+
+def bench_database(db_url: str | None, tmp: Path, name: str) -> str:
+    """The database a bench seeds: a fresh SQLite file by default; for a PostgreSQL URL, a throwaway
+    database created on that server and dropped at exit, so runs (and benches run side by side) never
+    meet each other's rows."""
+    if not db_url:
+        return f"sqlite:///{tmp / name}.db"
+    if not db_url.startswith("postgres"):
+        return db_url
+    import atexit
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    server = make_url(db_url).set(drivername="postgresql")
+    admin = server.render_as_string(hide_password=False)
+    fresh = f"tunebot_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{fresh}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+
+    atexit.register(drop)
+    return server.set(drivername="postgresql+psycopg", database=fresh).render_as_string(hide_password=False)

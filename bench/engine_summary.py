@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_seed import bulk_insert, instance_row, job_row  # noqa: E402
+from bench.engine_seed import bench_database, bulk_insert, instance_row, job_row  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.engine.spend import DAY, day_start, roll_up  # noqa: E402
 from bot.settings import Settings  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
     n = args.jobs
     n_active = n // 50
     tmp = Path(tempfile.mkdtemp(prefix="tunebot-bench-"))
-    db_url = args.db or f"sqlite:///{tmp / 'summary.db'}"
+    db_url = bench_database(args.db, tmp, "summary")
     now = time.time()
     engine = Engine(Settings(TUNEBOT_DATA_DIR=str(tmp)), db_url=db_url, providers={}, clock=lambda: now)
     today = day_start(now)

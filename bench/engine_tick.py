@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
-from bench.engine_seed import backend, bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
+from bench.engine_seed import backend, bench_database, bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
 from bot.engine.monitor import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20, help="runner events per job already stored")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tunebot-bench-"))
-    db_url = args.db or f"sqlite:///{tmp / 'tick.db'}"
+    db_url = bench_database(args.db, tmp, "tick")
     settings = Settings(
         TUNEBOT_DATA_DIR=str(tmp), TUNEBOT_HEARTBEAT_TIMEOUT=3600, TUNEBOT_IDLE_STOP_MINUTES=120
     )
