@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
-from bot.engine.spend import job_spend, roll_up
+from bot.engine.spend import job_instances, job_spend, roll_up
 from bot.money import money
 from store.models import Instance as InstanceRow
 from store.models import Job
@@ -155,7 +155,7 @@ def finish(
     crashpoint("finish.after_terminate")
     end_reason = final if final != S.STOPPED else f"stopped:{reason}"
     now = eng.now()
-    with eng.session() as s:
+    with eng.session() as s, s.no_autoflush:  # the audit rows go in one INSERT at the commit
         job = S.lock_job(s, job_id)  # in turn with close_instance and every other transition
         closed = [_close_row(s, row, reason=end_reason, actor=actor, at=at) for row, at in gone]
         if job is None or not all_gone or job.state not in S.TRANSITIONS or not S.allowed(job.state, final):
@@ -164,7 +164,8 @@ def finish(
                 s.execute(update(Job).where(Job.id == job_id).values(spend=job_spend(s, job_id, now)))
             s.commit()
             return False
-        spend = job_spend(s, job_id, now)  # the row is locked: no instance of it closes meanwhile
+        insts = job_instances(s, job_id)  # the row is locked: no instance of it closes meanwhile
+        spend = job_spend(s, job_id, now, insts)
         fields = {"finished_at": now, "claim_id": None}
         if final == S.STOPPED:
             fields["stop_reason"] = reason
@@ -176,7 +177,7 @@ def finish(
         ):
             s.rollback()
             return False
-        roll_up(s, now, since=0.0, job_id=job_id)  # this job's lines only: O(its instances)
+        roll_up(s, now, since=0.0, job_id=job_id, job_rows=(job, insts))  # this job's lines: O(its instances)
         s.commit()
         owner_job = job
     crashpoint("finish.after_commit")
