@@ -16,12 +16,14 @@ from sqlalchemy import select, update
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
-from bot.engine.spend import job_spend, roll_up
+from bot.engine.spend import job_instances, job_spend, roll_up
 from bot.money import money
 from store.models import Instance as InstanceRow
 from store.models import Job
 
 if TYPE_CHECKING:
+    from sqlmodel import Session
+
     from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
@@ -29,24 +31,28 @@ log = logging.getLogger(__name__)
 
 def terminate_instance(eng: EngineContext, row: InstanceRow, *, reason: str, actor: str = "engine") -> bool:
     """Terminate at the provider and, once confirmed gone, close the row; True when closed."""
-    from bot.providers.lifecycle import ensure_terminated
-
     if row.ended_at is not None:
         return True
+    if not _gone_at_provider(eng, row):
+        return False
+    close_instance(eng, row, reason=reason, actor=actor)
+    return True
+
+
+def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> bool:
+    """Terminate at the provider until it confirms the instance is gone (or the deadline passes)."""
+    from bot.providers.lifecycle import ensure_terminated
+
     provider = eng.providers.get(row.provider)
     if provider is None:
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
         return False
     try:
         deadline = eng.limits.terminate_deadline_s
-        gone = ensure_terminated(provider, row.provider_instance_id, deadline_s=deadline)
+        return ensure_terminated(provider, row.provider_instance_id, deadline_s=deadline)
     except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
         log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
-        gone = False
-    if not gone:
         return False
-    close_instance(eng, row, reason=reason, actor=actor)
-    return True
 
 
 def close_instance(
@@ -55,37 +61,49 @@ def close_instance(
     now = eng.now() if at is None else at
     with eng.session() as s:
         job = S.lock_job(s, row.job_id) if row.job_id else None  # in turn with its final transition
-        res = s.execute(
-            update(InstanceRow)
-            .where(InstanceRow.id == row.id, InstanceRow.ended_at.is_(None))
-            .values(ended_at=now, status="terminated", end_reason=reason)
-        )
-        if res.rowcount == 1:
-            if job is not None and job.state in S.FINAL:  # it billed until now: the job's spend has it
-                s.execute(update(Job).where(Job.id == job.id).values(spend=job_spend(s, job.id, eng.now())))
-            S.audit(
-                s,
-                actor=actor,
-                action="instance-gone",
-                job_id=row.job_id,
-                at=now,
-                provider=row.provider,
-                instance_id=row.provider_instance_id,
-                reason=reason,
-            )
-            row.ended_at = now
+        closed = _close_row(s, row, reason=reason, actor=actor, at=now)
+        if closed and job is not None and job.state in S.FINAL:  # it billed until now: the job's spend has it
+            s.execute(update(Job).where(Job.id == job.id).values(spend=job_spend(s, job.id, eng.now())))
         s.commit()
+
+
+def _close_row(s: Session, row: InstanceRow, *, reason: str, actor: str, at: float) -> bool:
+    """Mark the row gone (once: True for the call that did it) with its audit record; commits nothing.
+    The caller holds the row's job lock (S.lock_job), as the final transition does."""
+    res = s.execute(
+        update(InstanceRow)
+        .where(InstanceRow.id == row.id, InstanceRow.ended_at.is_(None))
+        .values(ended_at=at, status="terminated", end_reason=reason)
+    )
+    if res.rowcount != 1:
+        return False
+    S.audit(
+        s,
+        actor=actor,
+        action="instance-gone",
+        job_id=row.job_id,
+        at=at,
+        provider=row.provider,
+        instance_id=row.provider_instance_id,
+        reason=reason,
+    )
+    row.ended_at = at
+    return True
 
 
 def open_instances(eng: EngineContext, job_id: str) -> list[InstanceRow]:
     with eng.session() as s:
-        return list(
-            s.execute(
-                select(InstanceRow)
-                .where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None))
-                .order_by(InstanceRow.id)
-            ).scalars()
-        )
+        return _open_rows(s, job_id)
+
+
+def _open_rows(s: Session, job_id: str) -> list[InstanceRow]:
+    return list(
+        s.execute(
+            select(InstanceRow)
+            .where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None))
+            .order_by(InstanceRow.id)
+        ).scalars()
+    )
 
 
 def finish(
@@ -122,33 +140,44 @@ def finish(
             fields["message"] = message
         if fields:
             s.execute(update(Job).where(Job.id == job_id).values(**fields))
+        rows = _open_rows(s, job_id)
+        if fields:
             s.commit()
     crashpoint("finish.before_terminate")
-    all_gone = True
-    for row in open_instances(eng, job_id):
-        all_gone &= terminate_instance(eng, row, reason=final if final != S.STOPPED else f"stopped:{reason}")
+    # Terminate and confirm at the provider first; the rows are closed below, in the transaction that
+    # records the final state (a crash before it commits leaves open rows of gone instances, which
+    # the restarted engine's finish closes the same way).
+    gone: list[tuple[InstanceRow, float]] = []
+    for row in rows:
+        if _gone_at_provider(eng, row):
+            gone.append((row, eng.now()))
+    all_gone = len(gone) == len(rows)
     crashpoint("finish.after_terminate")
-    if not all_gone:
-        return False  # not confirmed gone: the job stays active and the next tick tries again
+    end_reason = final if final != S.STOPPED else f"stopped:{reason}"
     now = eng.now()
-    with eng.session() as s:
-        spend = job_spend(s, job_id, now)
-        job = s.get(Job, job_id)
-        assert job is not None
-        src = job.state
-        if src not in S.TRANSITIONS or not S.allowed(src, final):
+    with eng.session() as s, s.no_autoflush:  # the audit rows go in one INSERT at the commit
+        job = S.lock_job(s, job_id)  # in turn with close_instance and every other transition
+        closed = [_close_row(s, row, reason=end_reason, actor=actor, at=at) for row, at in gone]
+        if job is None or not all_gone or job.state not in S.TRANSITIONS or not S.allowed(job.state, final):
+            # not confirmed gone: the job stays active and the next tick tries again
+            if any(closed) and job is not None and job.state in S.FINAL:  # it billed until now
+                s.execute(update(Job).where(Job.id == job_id).values(spend=job_spend(s, job_id, now)))
+            s.commit()
             return False
-        fields = {"finished_at": now, "claim_id": None}  # the spend: S.transition derives it
+        insts = job_instances(s, job_id)  # the row is locked: no instance of it closes meanwhile
+        spend = job_spend(s, job_id, now, insts)
+        fields = {"finished_at": now, "claim_id": None}
         if final == S.STOPPED:
             fields["stop_reason"] = reason
         if message:
             fields["message"] = message
+        src = job.state
         if not S.transition(
-            s, job_id, src, final, actor=actor, now=now, reason=reason, commit=False, **fields
+            s, job_id, src, final, actor=actor, now=now, reason=reason, commit=False, spend=spend, **fields
         ):
             s.rollback()
             return False
-        roll_up(s, now, since=0.0, job_id=job_id)  # this job's lines only: O(its instances)
+        roll_up(s, now, since=0.0, job_id=job_id, job_rows=(job, insts))  # this job's lines: O(its instances)
         s.commit()
         owner_job = job
     crashpoint("finish.after_commit")

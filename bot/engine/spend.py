@@ -8,9 +8,9 @@ each roll-up rewrites the lines it covers (idempotent: running it twice changes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import or_, select, true
 from sqlmodel import Session
@@ -33,15 +33,19 @@ def instance_cost(inst: Instance, now: float) -> float:
     return billed_seconds(inst, now) * inst.price_per_hour / 3600.0
 
 
-def job_spend(session: Session, job_id: str, now: float) -> float:
-    """The job's spend: the one formula behind the job's recorded spend, its view and the final messages."""
-    rows = (
+def job_instances(session: Session, job_id: str) -> list[Instance]:
+    """All the job's instance rows, as the database has them now."""
+    return list(
         session.execute(
             select(Instance).where(Instance.job_id == job_id).execution_options(populate_existing=True)
-        )
-        .scalars()
-        .all()
+        ).scalars()
     )
+
+
+def job_spend(session: Session, job_id: str, now: float, rows: list[Instance] | None = None) -> float:
+    """The job's spend: the one formula behind the job's recorded spend, its view and the final messages.
+    ``rows``: the job's instances just read by the caller (job_instances), not read again."""
+    rows = job_instances(session, job_id) if rows is None else rows
     return sum(instance_cost(r, now) for r in rows)
 
 
@@ -109,6 +113,19 @@ _LINE_COLUMNS = (
 )
 
 
+class _InstanceLine(NamedTuple):
+    """What a roll-up reads of an instance (and its job): the shape of the roll-up query's rows."""
+
+    id: int | None
+    job_id: str | None
+    provider: str
+    price_per_hour: float
+    launched_at: float
+    ended_at: float | None
+    owner: str | None
+    team: str | None
+
+
 def roll_up_recent(ctx: EngineContext, *, scope: tuple[set[str], set[str]] | None = None) -> None:
     """The periodic roll-up: what billed since this process's last one (its first rewrites whole lines:
     a process does not know what an earlier one left; the following ones rewrite only the recent days).
@@ -136,6 +153,7 @@ def roll_up(
     lines_from: float | None = None,
     scope: tuple[set[str], set[str]] | None = None,
     rolled: set[str] | None = None,
+    job_rows: tuple[Job, list[Instance]] | None = None,
 ) -> int:
     """Rewrite the ledger lines of every instance and volume that billed after ``since``.
 
@@ -145,6 +163,8 @@ def roll_up(
     roll-up after a full one; None rewrites every line from launch). ``scope`` = (owners, teams): only
     the instances of their jobs and the owners' volumes. ``rolled``: the sources whose lines before
     ``lines_from`` are already written (others get all their lines; every source rolled is added).
+    ``job_rows`` = (job, its instances from job_instances): with ``job_id``, the rows the caller holds
+    (read under the job's lock) instead of reading them again.
     Only lines whose figures changed are written.
     Returns the number of sources rolled. Commits nothing: the caller owns the transaction.
     """
@@ -169,7 +189,17 @@ def roll_up(
         iq = iq.where(Instance.job_id == job_id)
     if scope is not None:
         iq = iq.where(or_(Job.owner.in_(sorted(scope[0])), Job.team.in_(sorted(scope[1]))))
-    insts = session.execute(iq).all()
+    if job_rows is not None and job_id is not None and scope is None:
+        job, rows = job_rows
+        insts: Sequence[Any] = [
+            _InstanceLine(
+                r.id, r.job_id, r.provider, r.price_per_hour, r.launched_at, r.ended_at, job.owner, job.team
+            )
+            for r in sorted(rows, key=lambda r: r.id or 0)
+            if r.job_id == job_id and (r.ended_at is None or r.ended_at >= since)
+        ]
+    else:
+        insts = session.execute(iq).all()
     vols = (
         []
         if job_id is not None or (scope is not None and not scope[0])

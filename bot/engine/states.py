@@ -72,6 +72,7 @@ def transition(
     now: float,
     reason: str | None = None,
     commit: bool = True,
+    spend: float | None = None,
     **fields: Any,
 ) -> bool:
     """Move the job from one of ``src`` to ``dst`` if it is still there; True when this call did it.
@@ -79,20 +80,25 @@ def transition(
     Extra keyword arguments are columns set in the same UPDATE (e.g. ``approved_by``, ``claim_id``).
     Into a final state, the job's ``spend`` is derived here, once the row is ours (locked by the UPDATE):
     the sum of its instances' billed seconds x locked prices, on every path (finish, retry budget, price).
+    A caller that holds the row's lock (``lock_job``) since before it read the spend passes it as ``spend``:
+    it is then written in the same UPDATE, with no second read.
     """
     sources = [src] if isinstance(src, str) else list(src)
     for s in sources:
         if not allowed(s, dst):
             raise IllegalTransition(f"{s} -> {dst} is not a job transition")
     values = {"state": dst, "updated_at": now, **fields}
+    if dst in FINAL and spend is not None:
+        values["spend"] = spend
     result = session.execute(update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values))
     if result.rowcount != 1:
         if commit:
             session.rollback()
         return False
     if dst in FINAL:
-        spend = job_spend(session, job_id, now)
-        session.execute(update(Job).where(Job.id == job_id).values(spend=spend))
+        if spend is None:
+            spend = job_spend(session, job_id, now)
+            session.execute(update(Job).where(Job.id == job_id).values(spend=spend))
         fields = {**fields, "spend": round(spend, 6)}
     audit(
         session,
