@@ -96,23 +96,7 @@ def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> in
             new.append(e)
         if not new:
             return 0
-        fields: dict[str, Any] = {"last_event_at": now, "updated_at": now}
-        fields["last_event_seq"] = max(job.last_event_seq, new[-1].seq)
-        for e in new:  # in seq order: the newest information wins
-            fields["last_step"] = e.step
-            if e.max_steps:
-                fields["max_steps"] = e.max_steps
-            if e.loss is not None:
-                fields["last_loss"] = e.loss
-            if e.eta_seconds is not None:
-                fields["eta_seconds"] = e.eta_seconds
-            if e.output_uri:
-                fields["output_uri"] = e.output_uri
-            if e.kind.value in TERMINAL:
-                fields["outcome"] = e.kind.value
-                note = _outcome_note(e)
-                if note:
-                    fields["message"] = note
+        fields = {**_progress_fields(job, new), "last_event_at": now, "updated_at": now}
         s.execute(update(Job).where(Job.id == job_id).values(**fields))
         try:
             s.commit()
