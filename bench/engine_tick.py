@@ -5,8 +5,11 @@ Usage: .venv/bin/python bench/engine_tick.py [--db URL] [--jobs 10000] [--events
 clients over HTTP), each with its instance row, ``--events`` runner events already stored, and its
 runner's progress object (progress.json, a local file) holding those events. Timed, each a full
 ``Engine.tick()`` (progress pulls, provider observation, decisions, spend roll-up, budgets):
-- first: a freshly started engine (nothing remembered: every progress object is read, parsed and
-  checked against the stored events; the first spend roll-up);
+- first ever: a freshly started engine on jobs it has never read (no ``jobs.progress_window``
+  recorded: what the first start after upgrading to migration 0005 meets, once; every progress
+  object is read, parsed and checked against the stored events; the first spend roll-up);
+- first after a restart: a fresh engine again, now with the reads recorded by the one before it
+  (every object is read and hashed; unchanged ones are not parsed; the first spend roll-up);
 - steady, quiet: nothing new anywhere;
 - steady, reporting: a third of the runners wrote one new progress event since the last tick (the
   runner reports every 30 s and the tick runs every 10 s).
@@ -137,9 +140,20 @@ def main() -> None:
         def tick() -> None:
             assert engine.tick() == per * len(fakes)
 
-        t0 = time.perf_counter()
-        tick()
-        first_s = time.perf_counter() - t0
+        def timed_tick(profile: str) -> float:
+            t0 = time.perf_counter()
+            if os.environ.get("TICK_PROFILE") == profile:
+                import cProfile
+
+                cProfile.runctx("tick()", globals(), {"tick": tick}, sort="cumtime")
+            else:
+                tick()
+            return time.perf_counter() - t0
+
+        first_s = timed_tick("first")
+        engine.close()
+        engine = Engine(settings, db_url=db_url, providers=clients)  # restarted: a new process again
+        restart_s = timed_tick("restart")
         if os.environ.get("TICK_PROFILE") == "quiet":
             import cProfile
 
@@ -185,12 +199,13 @@ def main() -> None:
         for fake in fakes.values():
             fake.stop()
     q, rp = statistics.median(quiet), statistics.median(reporting)
-    verdict = "PASS" if max(q, rp) < TARGET_S else "FAIL"
+    verdict = "PASS" if max(restart_s, q, rp) < TARGET_S else "FAIL"
     n = per * len(fakes)
     print(
-        f"tick with {n} running jobs on {len(fakes)} fake clouds ({backend(db_url)}): first (fresh engine) "
-        f"{first_s * 1000:.0f} ms; steady quiet median {q * 1000:.0f} ms; steady with {n // 3} new runner "
-        f"events median {rp * 1000:.0f} ms (target < {TARGET_S * 1000:.0f} ms steady) {verdict}"
+        f"tick with {n} running jobs on {len(fakes)} fake clouds ({backend(db_url)}): first ever (no read "
+        f"recorded) {first_s * 1000:.0f} ms; first after a restart {restart_s * 1000:.0f} ms; steady quiet "
+        f"median {q * 1000:.0f} ms; steady with {n // 3} new runner events median {rp * 1000:.0f} ms "
+        f"(target < {TARGET_S * 1000:.0f} ms after a restart and steady) {verdict}"
     )
     print(
         "each tick, s: quiet "

@@ -67,6 +67,9 @@ class Job(SQLModel, table=True):
     max_steps: int | None = None
     last_loss: float | None = None
     eta_seconds: float | None = None
+    # The window of the runner's progress object last stored: "digest first_seq last_seq newest_ts"
+    # (bot/engine/monitor.py). A restarted bot skips what it had read instead of re-checking it all.
+    progress_window: str | None = Field(default=None, max_length=96)
     spend: float = 0.0  # cached roll-up of the instances' locked-price spend (see bot/engine/spend.py)
     # When the last provider create call was sent: where a provider does not say when it created an
     # instance, billing starts here (an instance adopted after a crash is not billed from its adoption).

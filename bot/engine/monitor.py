@@ -218,27 +218,48 @@ def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None) -> int:
     parsed = _new_events(eng, job_id, raw)
     if parsed is None:
         return 0
-    events, window = parsed
+    items, window = parsed
+    events = _valid_events(job_id, items)
     new = ingest(eng, job_id, events) if events else 0
     eng.memory.progress_seen[job_id] = window
     return new
 
 
-def _new_events(eng: EngineContext, job_id: str, raw: bytes | None) -> tuple[list[RunnerEvent], tuple] | None:
-    """The events of a progress object that this process has not ingested yet, and the object's window
-    (digest, first seq, last seq, newest timestamp) to remember once they are stored. None: nothing to
-    do (no object, the same bytes as last time, or half-written).
+Window = tuple[str, int, int, float]  # (digest, first seq, last seq, newest runner timestamp) of a read
 
-    The runner keeps its last 200 events in the object; at 10,000 running jobs re-validating and
-    looking up all of them on every tick is most of a tick. An event whose seq lies inside the window
-    of the previous read and is not newer than that read's newest event was in that read, which was
-    stored: skipped here. A resumed run renumbering from its checkpoint writes *newer* events under
-    known seqs; those pass and ``ingest`` decides against the stored ones."""
+
+def window_text(window: Window) -> str:
+    """The window as stored in ``jobs.progress_window``."""
+    return f"{window[0]} {window[1]} {window[2]} {window[3]!r}"
+
+
+def parse_window(text: str | None) -> Window | None:
+    try:
+        digest, first, last, newest = (text or "").split(" ")
+        return digest, int(first), int(last), float(newest)
+    except ValueError:
+        return None  # none stored, or not ours: the object is read whole and checked
+
+
+def _new_events(
+    eng: EngineContext, job_id: str, raw: bytes | None, stored: str | None = None
+) -> tuple[list[dict[str, Any]], Window] | None:
+    """The event objects of a progress object that have not been stored yet as far as the last read
+    knows, and the object's window to remember once they are stored. None: nothing to do (no object,
+    the same bytes as last time, or half-written). The items are not validated here: most of a first
+    read repeats stored events, and ``ingest_many`` validates only the ones it will store.
+
+    The last read is this process's, else the one recorded in ``jobs.progress_window`` (``stored``)
+    by whichever process stored it. The runner keeps its last 200 events in the object; an event
+    whose seq lies inside the last read's window and is not newer than that read's newest event was
+    in that read, which was stored: skipped here. A resumed run renumbering from its checkpoint
+    writes *newer* events under known seqs; those pass and are checked against the stored ones."""
     if raw is None:
         return None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-    seen = eng.memory.progress_seen.get(job_id)
+    seen = eng.memory.progress_seen.get(job_id) or parse_window(stored)
     if seen is not None and seen[0] == digest:
+        eng.memory.progress_seen[job_id] = seen
         return None
     items = _tail(raw, seen) if seen is not None else None
     if items is None:
@@ -252,35 +273,44 @@ def _new_events(eng: EngineContext, job_id: str, raw: bytes | None) -> tuple[lis
         first = min(
             (i["seq"] for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)), default=0
         )
+        last = -1
     else:  # the object slid forward from the previous read: its older events were in that read
-        first = seen[1]  # type: ignore[index]
-    seqs = [i.get("seq") for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)]
-    stamps = [i.get("timestamp") for i in items if isinstance(i, dict)]
-    newest = max((t for t in stamps if isinstance(t, int | float)), default=0.0)
-    if seen is not None:
-        newest = max(newest, seen[3])
-    window = (digest, first, max(seqs, default=seen[2] if seen is not None else -1), float(newest))
-    events: list[RunnerEvent] = []
+        first, last = seen[1], seen[2]  # type: ignore[index]
+    newest = seen[3] if seen is not None else 0.0
+    out: list[dict[str, Any]] = []
     for item in items:
         if not isinstance(item, dict):
             continue
         seq, ts = item.get("seq"), item.get("timestamp")
-        if (
-            seen is not None
-            and isinstance(seq, int)
-            and isinstance(ts, int | float)
-            and seen[1] <= seq <= seen[2]
-            and ts <= seen[3]
-        ):
+        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(ts, int | float):
+            try:  # not the runner's plain shape: kept only if it validates, in its normal form
+                item = RunnerEvent.model_validate(item).model_dump(mode="json")
+            except ValueError:
+                continue
+            seq, ts = item["seq"], item["timestamp"]
+        last, newest = max(last, seq), max(newest, float(ts))
+        if seen is not None and seen[1] <= seq <= seen[2] and ts <= seen[3]:
             continue  # in the previous read, which was stored
+        out.append(item)
+    if last < 0 and seen is not None:
+        last = seen[2]
+    out.sort(key=lambda i: i["seq"])
+    return out, (digest, first, last, newest)
+
+
+def _valid_events(job_id: str, items: list[dict[str, Any]]) -> list[RunnerEvent]:
+    """The items that are this job's events of a runner spec we read, in seq order (a newer runner's
+    kind, or a damaged item, is skipped and the rest stay readable, as parse_progress does)."""
+    events = []
+    for item in items:
         try:
             event = RunnerEvent.model_validate(item)
         except ValueError:
-            continue  # a newer runner's kind: keep the rest readable (as parse_progress does)
+            continue
         if event.version <= SPEC_VERSION and event.job_id == job_id:
             events.append(event)
     events.sort(key=lambda e: e.seq)
-    return events, window
+    return events
 
 
 _EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
@@ -330,8 +360,10 @@ def _stat(uri: str) -> tuple[int, int] | None:
 
 def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
     """Pull every job's progress object (remote objects fetched concurrently) and store what is new in
-    one transaction; returns the ids of the jobs that got new events."""
+    one transaction; returns the ids of the jobs that got new events. Each stored read's window goes
+    to ``jobs.progress_window`` too, so that a restarted bot starts where this one stopped."""
     uris = {j.id: progress_uri(j.checkpoint_uri) for j in jobs if j.checkpoint_uri}
+    stored_windows = {j.id: getattr(j, "progress_window", None) for j in jobs}
     remote = [jid for jid, u in uris.items() if "://" in u and not u.startswith("file://")]
     raws: dict[str, bytes | None] = {}
     if len(remote) > 1:
@@ -339,8 +371,8 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
 
         with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
             raws.update(zip(remote, pool.map(read_raw, [uris[j] for j in remote]), strict=True))
-    batch: dict[str, list[RunnerEvent]] = {}
-    windows: dict[str, tuple] = {}
+    batch: dict[str, list[dict[str, Any]]] = {}
+    windows: dict[str, Window] = {}
     stats = eng.memory.progress_stat
     now = time.monotonic()
     for jid, uri in uris.items():
@@ -349,18 +381,21 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             known = stats.get(jid)
             if stamp is not None and known is not None and known[:2] == stamp and now - known[2] < 60:
                 continue
-        parsed = _new_events(eng, jid, raws[jid] if jid in raws else read_raw(uri))
+        raw = raws[jid] if jid in raws else read_raw(uri)
+        parsed = _new_events(eng, jid, raw, stored_windows.get(jid))
         if parsed is not None:
             batch[jid], windows[jid] = parsed
         if jid not in raws and stamp is not None:
             stats[jid] = (*stamp, now)
+    texts = {jid: window_text(w) for jid, w in windows.items()}
     try:
-        changed = ingest_many(eng, {k: v for k, v in batch.items() if v})
+        changed, written = ingest_many(eng, {k: v for k, v in batch.items() if v}, texts)
     except Exception:  # noqa: BLE001 - the batch failed as a whole: store job by job (exact, slower)
         log.exception("storing runner events in one batch failed; storing them job by job")
-        changed = set()
-        for jid, events in batch.items():
+        changed, written = set(), set()
+        for jid, items in batch.items():
             try:
+                events = _valid_events(jid, items)
                 if events and ingest(eng, jid, events):
                     changed.add(jid)
             except Exception:  # noqa: BLE001 - one unreadable job never stops the others
@@ -368,7 +403,34 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
                 windows.pop(jid, None)
                 stats.pop(jid, None)
     eng.memory.progress_seen.update(windows)
+    unrecorded = {j: texts[j] for j in windows if j not in written and texts[j] != stored_windows.get(j)}
+    _store_windows(eng, unrecorded)
     return changed
+
+
+def forget_all_but(eng: EngineContext, running: set[str]) -> None:
+    """Drop what this process remembers of the progress objects of jobs no longer running (a
+    long-lived bot would otherwise keep an entry for every job it ever followed)."""
+    mem = eng.memory
+    for table in (mem.progress_seen, mem.progress_stat):
+        for jid in table.keys() - running:
+            del table[jid]
+
+
+def _store_windows(eng: EngineContext, texts: dict[str, str]) -> None:
+    """Record reads whose events are all stored (nothing new in them, or stored job by job)."""
+    if not texts:
+        return
+    t = Job.__table__  # type: ignore[attr-defined]
+    try:
+        with eng.session() as s:
+            s.execute(
+                update(t).where(t.c.id == bindparam("b_id")).values(progress_window=bindparam("w")),
+                [{"b_id": jid, "w": w} for jid, w in sorted(texts.items())],
+            )
+            s.commit()
+    except Exception as exc:  # noqa: BLE001 - only a restart's shortcut is lost: it re-reads these objects
+        log.warning("recording %d progress windows failed: %s", len(texts), exc)
 
 
 _PROGRESS_COLUMNS = (
@@ -384,15 +446,21 @@ _PROGRESS_COLUMNS = (
     Job.output_uri,
     Job.outcome,
     Job.message,
+    Job.progress_window,
 )
 
 
-def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[str]:
-    """``ingest`` for many jobs at once: one read of the jobs and of the stored events the batch could
-    repeat, one executemany for the new events and one for the jobs' progress, one commit. A job
-    whose events would replace stored ones (a resumed run renumbering) goes through ``ingest``."""
+def ingest_many(
+    eng: EngineContext, batch: dict[str, list[dict[str, Any]]], windows: dict[str, str] | None = None
+) -> tuple[set[str], set[str]]:
+    """``ingest`` for many jobs' progress items at once: one read of the jobs and of the stored events
+    the batch could repeat, one executemany for the new events and one for the jobs' progress (and
+    ``windows``, each job's read, recorded with its events), one commit. Only the items that will be
+    stored are validated. A job whose events would replace stored ones (a resumed run renumbering)
+    goes through ``ingest``. Returns (jobs with new events, jobs whose window was recorded)."""
     if not batch:
-        return set()
+        return set(), set()
+    windows = windows or {}
     now = eng.now()
     single: dict[str, list[RunnerEvent]] = {}
     new_by_job: dict[str, list[RunnerEvent]] = {}
@@ -417,9 +485,9 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
                 jobs[j.id] = j
             # Stored events the batch could repeat: seqs at or below each job's last stored seq.
             low = {
-                jid: min(e.seq for e in batch[jid])
+                jid: min(i["seq"] for i in batch[jid])
                 for jid in chunk
-                if jid in jobs and min(e.seq for e in batch[jid]) <= jobs[jid].last_event_seq
+                if jid in jobs and min(i["seq"] for i in batch[jid]) <= jobs[jid].last_event_seq
             }
             stored: dict[tuple[str, int], float] = {}
             if low:
@@ -433,15 +501,18 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
                 if job is None:
                     continue
                 fresh = []
-                for e in batch[jid]:
-                    old = stored.get((jid, e.seq))
+                for item in batch[jid]:
+                    old = stored.get((jid, item["seq"]))
                     if old is None:
-                        fresh.append(e)
-                    elif old < e.timestamp - 1e-6:
-                        single[jid] = batch[jid]  # replaces a stored event: the exact path
+                        fresh.append(item)
+                    elif old < item["timestamp"] - 1e-6:
+                        # replaces a stored event: the exact path
+                        single[jid] = _valid_events(jid, batch[jid])
                         break
                 if jid not in single and fresh:
-                    new_by_job[jid] = fresh
+                    events = _valid_events(jid, fresh)
+                    if events:
+                        new_by_job[jid] = events
         rows: list[dict[str, Any]] = []
         updates: list[dict[str, Any]] = []
         for jid, new in new_by_job.items():
@@ -459,7 +530,8 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
                 for e in new
             )
             f = _progress_fields(job, new)
-            updates.append({"b_id": jid, "last_event_at": now, "updated_at": now, **f})
+            window = windows.get(jid) or job.progress_window
+            updates.append({"b_id": jid, "last_event_at": now, "updated_at": now, "b_window": window, **f})
         try:
             if rows:
                 rows.sort(key=lambda r: (r["job_id"], r["seq"]))
@@ -472,6 +544,7 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
                     .values(
                         last_event_at=bindparam("last_event_at"),
                         updated_at=bindparam("updated_at"),
+                        progress_window=bindparam("b_window"),
                         **{c: bindparam(c) for c in cols},
                     ),
                     updates,
@@ -479,9 +552,10 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
             s.commit()
         except IntegrityError:  # another supervisor or a push stored some of them: the exact path, job by job
             s.rollback()
-            single.update({jid: batch[jid] for jid in new_by_job})
+            single.update({jid: new_by_job[jid] for jid in new_by_job})
             new_by_job = {}
     changed = set(new_by_job)
+    written = {jid for jid in new_by_job if windows.get(jid)}
     for jid, new in new_by_job.items():
         job = jobs[jid]
         if any(e.kind.value in TERMINAL and e.metrics for e in new):
@@ -489,9 +563,9 @@ def ingest_many(eng: EngineContext, batch: dict[str, list[RunnerEvent]]) -> set[
                 job = s.get(Job, jid) or job  # the measurements need the whole row
         _announce(eng, job, new)
     for jid, events in single.items():
-        if ingest(eng, jid, events):
+        if events and ingest(eng, jid, events):
             changed.add(jid)
-    return changed
+    return changed, written
 
 
 _UPDATED = (

@@ -269,6 +269,10 @@ def roll_up(
             owner=v.owner,
             provider=v.provider,
         )
+    if rolled is not None and scope is None and job_id is None:
+        # A source that stopped billing before ``since`` never comes back: forgotten (a long-lived bot
+        # would otherwise keep one entry for every instance and volume it ever rolled up).
+        rolled.intersection_update(k[0] for k in wanted)
     if not wanted:
         return len(insts) + len(vols)
     # An open instance's newest line grows on every roll-up: written without reading it first. Lines

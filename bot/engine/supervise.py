@@ -231,6 +231,7 @@ _FACT_COLUMNS = (
     Job.started_at,
     Job.max_cost,
     Job.checkpoint_uri,
+    Job.progress_window,
 )
 
 
@@ -257,6 +258,7 @@ def tick(ctx: EngineContext) -> int:
         _safely(ctx, JobFacts.of(job), None, limits)
     if running:
         _supervise_running(ctx, running, limits)
+    monitor.forget_all_but(ctx, {j.id for j in running})
     return len(active)
 
 

@@ -65,7 +65,7 @@ def test_each_event_is_stored_and_announced_once_across_reads_and_restarts(engin
     view = engine.get_job(job_id)
     assert view.step == 60 and abs(view.loss - 2.4) < 1e-9
     assert [e.data["step"] for e in rec.events if e.kind == "progress"] == [0, 10, 20, 30, 40, 50, 60]
-    restarted = make_engine()  # a new process: remembers nothing, reads every object whole
+    restarted = make_engine()  # a new process: starts from the reads recorded in jobs.progress_window
     rec2 = Recorder(restarted.bus)
     restarted.tick()
     assert [q for q, _ in stored(restarted, job_id)] == list(range(7))
@@ -101,3 +101,77 @@ def test_an_object_in_another_layout_is_read_whole(engine, fake):
     write(path, job_id, events, indent=2)  # not the runner's own layout: no tail shortcut
     engine.tick()
     assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3]
+
+
+def _statements(engine) -> list[str]:  # type: ignore[no-untyped-def]
+    from sqlalchemy import event
+
+    seen: list[str] = []
+    event.listen(engine.ctx.db, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    return seen
+
+
+def test_a_restarted_engine_does_not_check_what_it_had_read_again_and_misses_nothing(
+    engine, make_engine, fake
+):
+    job_id, other = two_running_jobs(engine, fake)
+    path, path2 = progress_path(engine, job_id), progress_path(engine, other)
+    events = [ev(job_id, q) for q in range(30)]
+    write(path, job_id, events)
+    write(path2, other, [ev(other, q) for q in range(3)])
+    engine.tick()
+    with engine.session() as s:
+        assert all(s.get(Job, j).progress_window for j in (job_id, other))
+
+    restarted = make_engine()  # a new process, the objects unchanged since the last read
+    rec = Recorder(restarted.bus)
+    sql = _statements(restarted)
+    restarted.tick()
+    assert not [q for q in sql if "runner_events" in q], "an unchanged object was checked against the store"
+    assert [e for e in rec.events if e.kind == "progress"] == []
+
+    # The runner went on while no bot was up: after the next restart only those events are new.
+    events += [ev(job_id, 30), ev(job_id, 31)]
+    write(path, job_id, events)
+    again = make_engine()
+    rec = Recorder(again.bus)
+    again.tick()
+    assert [q for q, _ in stored(again, job_id)] == list(range(32))
+    assert [e.data["step"] for e in rec.events if e.kind == "progress"] == [300, 310]
+
+    # A resumed run renumbering from its checkpoint, read first by yet another process, is not lost.
+    write(
+        path,
+        job_id,
+        events[:20] + [ev(job_id, 20, "started", ts=5000.0), ev(job_id, 21, "finished", ts=5001.0)],
+    )
+    last = make_engine()
+    last.tick()
+    assert (20, "started") in stored(last, job_id) and (21, "finished") in stored(last, job_id)
+    assert last.get_job(job_id).state == "succeeded"
+
+
+def test_a_stored_window_that_is_not_ours_means_reading_the_object_whole(engine, fake):
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    write(path, job_id, [ev(job_id, q) for q in range(3)])
+    with engine.session() as s:
+        s.get(Job, job_id).progress_window = "garbage from an older bot"
+        s.commit()
+    engine.tick()
+    assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2]
+
+
+def test_the_engine_forgets_the_progress_objects_of_jobs_that_ended(engine, fake):
+    job_id, other = two_running_jobs(engine, fake)
+    for j in (job_id, other):
+        write(progress_path(engine, j), j, [ev(j, 0, "started")])
+    engine.tick()
+    assert {job_id, other} <= engine.ctx.memory.progress_seen.keys()
+    engine.stop(job_id, user="alice")
+    for _ in range(3):
+        engine.tick()
+    assert engine.get_job(job_id).state in ("stopped", "succeeded", "failed")
+    mem = engine.ctx.memory
+    assert job_id not in mem.progress_seen and job_id not in mem.progress_stat
+    assert other in mem.progress_seen

@@ -106,3 +106,27 @@ def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, 
     eng.tick()
     levels = sorted(e.data["level"] for e in rec.events if e.kind == "budget_alert")
     assert levels == [80, 90, 100]
+
+
+def test_a_long_lived_bot_forgets_the_ledger_sources_that_stopped_billing(engine, fake, clock):
+    from bot.engine.spend import roll_up_recent
+
+    first = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    second = engine.create_job(request(), user="bob", estimate=estimate_for(fake))
+    clock.advance(600)
+    roll_up_recent(engine.ctx)
+    with engine.session() as s:
+        ids = dict(s.execute(select(Instance.job_id, Instance.id)).all())
+    rolled = engine.ctx.memory.rolled_sources
+    assert {f"instance:{ids[first.job_id]}", f"instance:{ids[second.job_id]}"} <= rolled
+    engine.stop(first.job_id, user="alice")
+    for _ in range(2):  # the roll-ups go on, long after the first one stopped billing
+        clock.advance(2 * 3600)
+        roll_up_recent(engine.ctx)
+    assert f"instance:{ids[first.job_id]}" not in rolled
+    assert f"instance:{ids[second.job_id]}" in rolled
+    # and what it forgot stays right in the ledger
+    with engine.session() as s:
+        lines = s.execute(select(SpendEntry.job_id, SpendEntry.amount)).all()
+    spend = engine.get_job(first.job_id).spend
+    assert sum(a for j, a in lines if j == first.job_id) == pytest.approx(spend, abs=1e-5)

@@ -119,3 +119,21 @@ def test_concurrent_migrations_on_postgres_upgrade_once(pg_empty_url):
     eng = make_engine(pg_empty_url)
     assert TABLES <= set(inspect(eng).get_table_names())
     eng.dispose()
+
+
+def test_the_migrations_build_every_column_the_models_declare(empty_url):
+    """A column added to a model without a migration breaks every existing database at its first query."""
+    import store.models  # noqa: F401 - the tables' metadata
+    from sqlmodel import SQLModel
+
+    migrate(empty_url)
+    eng = make_engine(empty_url)
+    inspector = inspect(eng)
+    missing = [
+        f"{table.name}.{column.name}"
+        for table in SQLModel.metadata.sorted_tables
+        for column in table.columns
+        if column.name not in {c["name"] for c in inspector.get_columns(table.name)}
+    ]
+    eng.dispose()
+    assert missing == []
