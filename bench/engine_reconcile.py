@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
-from bench.engine_seed import bench_database, bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
+from bench.engine_seed import bench_database, bulk_insert, cloud_fleet  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from store.models import Instance, Job  # noqa: E402
@@ -46,20 +46,8 @@ def main() -> None:
         clients = {name: client_for(fake) for name, fake in fakes.items()}
         engine = Engine(Settings(TUNEBOT_DATA_DIR=str(tmp)), db_url=db_url, providers=clients)
         now = time.time()
-        jobs, rows = [], []
         per = args.jobs // len(fakes)
-        for k, (name, job_id, iid, offer) in enumerate(clone_instances(fakes, clients, per)):
-            jobs.append(
-                job_row(
-                    job_id,
-                    owner=f"user{k % 20}",
-                    offer=offer.model_dump(mode="json"),
-                    provider=name,
-                    price_per_hour=1.0,
-                    now=now,
-                )
-            )
-            rows.append(instance_row(job_id, name, iid, launched_at=now, status="provisioning"))
+        jobs, rows = cloud_fleet(fakes, clients, per, now=now, status="provisioning")
         bulk_insert(engine, Job, jobs)
         bulk_insert(engine, Instance, rows)
         t0 = time.perf_counter()

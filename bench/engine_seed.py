@@ -80,6 +80,35 @@ def clone_instances(
     return out
 
 
+def cloud_fleet(
+    fakes: dict[str, Any],
+    clients: dict[str, Any],
+    per: int,
+    *,
+    now: float,
+    status: str = "running",
+    extra: Callable[[str], dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Job rows and their instance rows for ``per`` instances on each fake cloud (clone_instances),
+    launched at ``now`` by 20 users at $1/h; ``extra(job_id)``: more fields of that job's row."""
+    jobs, rows = [], []
+    for k, (name, job_id, iid, offer) in enumerate(clone_instances(fakes, clients, per)):
+        fields = extra(job_id) if extra is not None else {}
+        jobs.append(
+            job_row(
+                job_id,
+                owner=f"user{k % 20}",
+                offer=offer.model_dump(mode="json"),
+                provider=name,
+                price_per_hour=1.0,
+                now=now,
+                **fields,
+            )
+        )
+        rows.append(instance_row(job_id, name, iid, launched_at=now, status=status))
+    return jobs, rows
+
+
 def bulk_insert(engine: Any, model: type, rows: Iterable[dict[str, Any]], chunk: int = 5000) -> int:
     rows = list(rows)
     with engine.session() as s:

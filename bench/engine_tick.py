@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
-from bench.engine_seed import backend, bench_database, bulk_insert, clone_instances, instance_row, job_row  # noqa: E402
+from bench.engine_seed import backend, bench_database, bulk_insert, cloud_fleet  # noqa: E402
 from bot.engine.monitor import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
@@ -89,42 +89,37 @@ def main() -> None:
         now = time.time()
         per = args.jobs // len(fakes)
         print(f"building {per * len(fakes)} running jobs, {args.events} events each ...", flush=True)
-        jobs, rows, records = [], [], []
         progress: dict[str, tuple[Path, list[dict]]] = {}
-        for k, (name, job_id, iid, offer) in enumerate(clone_instances(fakes, clients, per)):
+
+        def with_progress(job_id: str) -> dict:
+            """The runner's progress object for this job, and the job's fields after those events."""
             ckpt = tmp / "jobs" / job_id / "checkpoints"
             evs = [event(job_id, q, now - 600 + q) for q in range(args.events)]
             path = Path(progress_uri(str(ckpt)))
             write_progress(path, job_id, evs)
             progress[job_id] = (path, evs)
-            jobs.append(
-                job_row(
-                    job_id,
-                    owner=f"user{k % 20}",
-                    offer=offer.model_dump(mode="json"),
-                    provider=name,
-                    price_per_hour=1.0,
-                    max_cost=1000.0,
-                    checkpoint_uri=str(ckpt),
-                    last_event_seq=args.events - 1,
-                    last_event_at=now - 5,
-                    last_step=(args.events - 1) * 10,
-                    now=now - 600,
-                )
-            )
-            rows.append(instance_row(job_id, name, iid, launched_at=now - 600, status="running"))
-            records.extend(
-                {
-                    "job_id": job_id,
-                    "seq": e["seq"],
-                    "kind": e["kind"],
-                    "step": e["step"],
-                    "loss": e["loss"],
-                    "at": now - 600 + e["seq"],
-                    "payload": e,
-                }
-                for e in evs
-            )
+            return {
+                "max_cost": 1000.0,
+                "checkpoint_uri": str(ckpt),
+                "last_event_seq": args.events - 1,
+                "last_event_at": now - 5,
+                "last_step": (args.events - 1) * 10,
+            }
+
+        jobs, rows = cloud_fleet(fakes, clients, per, now=now - 600, extra=with_progress)
+        records = [
+            {
+                "job_id": job_id,
+                "seq": e["seq"],
+                "kind": e["kind"],
+                "step": e["step"],
+                "loss": e["loss"],
+                "at": now - 600 + e["seq"],
+                "payload": e,
+            }
+            for job_id, (_, evs) in progress.items()
+            for e in evs
+        ]
         bulk_insert(engine, Job, jobs)
         bulk_insert(engine, Instance, rows)
         bulk_insert(engine, RunnerEventRecord, records)
