@@ -42,6 +42,11 @@ from store.models import Job, RunnerEventRecord
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
 
+try:  # a first read parses every object whole: orjson does it in a quarter of json's time
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency; plain json still works
+    _loads = json.loads
+
 log = logging.getLogger(__name__)
 
 # 75: the runner saved and exited on SIGTERM; 143/137: killed by SIGTERM/SIGKILL from outside (a reclaim
@@ -264,7 +269,7 @@ def _new_events(
     items = _tail(raw, seen) if seen is not None else None
     if items is None:
         try:
-            obj = json.loads(raw)
+            obj = _loads(raw)
             items = obj["events"]
             if not isinstance(items, list):
                 raise TypeError
