@@ -30,6 +30,8 @@ from bot.planner.training import describe as describe_plan
 
 ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
+MAX_JOB_ROWS = 40
+MAX_VOLUME_ROWS = 40
 STATE_EMOJI = {
     "pending_approval": ":hourglass:",
     "approved": ":hourglass:",
@@ -267,7 +269,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
 
 def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     """The status card: edited in place in the job's thread, shown by `status JOB`."""
-    state = esc(job.state + (f" ({job.stop_reason})" if job.stop_reason else ""))
+    state = _state(job)
     job_id = esc(job.job_id)
     reply = Reply(fallback=f"Job {job_id}: {state}, step {job.step}, spend {money(job.spend)}")
     reply.add(Header(f"Job {job_id}: {state}"))
@@ -297,27 +299,67 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     return reply
 
 
-def jobs_reply(jobs: list[JobView], *, title: str) -> Reply:
+def jobs_reply(
+    jobs: list[JobView], *, title: str, detailed: bool = False, limit: int | None = MAX_JOB_ROWS
+) -> Reply:
+    """A table of jobs, newest first. ``detailed`` (the command line) adds the price, preemptions and
+    each job's message and output under the table; ``limit=None`` lists them all."""
     if not jobs:
         return Reply(parts=[Text(f"{title}: none.")], fallback=f"{title}: none.")
-    rows = [
-        [
-            esc(j.job_id),
-            esc(j.state),
-            esc(j.owner),
-            esc(f"{j.model} {j.method}"),
-            esc(j.gpu or "-"),
-            f"{j.step}/{j.max_steps}" if j.max_steps else str(j.step),
-            f"{j.loss:.3f}" if j.loss is not None else "-",
-            money(j.spend),
-        ]
-        for j in jobs[:40]
-    ]
+    shown = jobs if limit is None else jobs[:limit]
+    columns = ["job", "state", "owner", "model", "where", "step", "loss", "spend"]
+    if detailed:
+        columns += ["$/h", "preempt"]
     reply = Reply(fallback=f"{title}: {len(jobs)} job(s)")
-    reply.add(Header(title), Table(["job", "state", "owner", "model", "gpu", "step", "loss", "spend"], rows))
-    if len(jobs) > 40:
-        reply.add(Context([f"{len(jobs) - 40} older jobs not shown"]))
+    reply.add(Header(title), Table(columns, [_job_row(j, detailed=detailed) for j in shown]))
+    if len(jobs) > len(shown):
+        reply.add(Context([f"{len(jobs) - len(shown)} older jobs not shown"]))
+    notes = [note for j in shown for note in _job_notes(j)] if detailed else []
+    if notes:
+        reply.add(Context(notes))
     return reply
+
+
+def _job_row(job: JobView, *, detailed: bool) -> list[str]:
+    row = [
+        esc(job.job_id),
+        _state(job),
+        esc(job.owner),
+        esc(f"{job.model} {job.method}"),
+        esc(f"{job.provider} {job.gpu or ''} x{job.gpu_count or 1}") if job.provider else "-",
+        f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step),
+        f"{job.loss:.3f}" if job.loss is not None else "-",
+        money(job.spend) + (f" of {money(job.max_cost)}" if job.max_cost else ""),
+    ]
+    if detailed:
+        price = money(job.price_per_hour) if job.price_per_hour is not None else "-"
+        row += [price, str(job.preemptions)]
+    return row
+
+
+def _state(job: JobView) -> str:
+    """'failed (budget)': the state with the reason a job stopped, when it has one."""
+    return esc(job.state + (f" ({job.stop_reason})" if job.stop_reason else ""))
+
+
+def _job_notes(job: JobView) -> list[str]:
+    """A job's message and output location, each naming the job (they sit under the table)."""
+    notes = [f"`{esc(job.job_id)}` {esc(job.message)}"] if job.message else []
+    if job.output_uri:
+        notes.append(f"`{esc(job.job_id)}` output: `{esc(job.output_uri)}`")
+    return notes
+
+
+def job_line(job: JobView) -> str:
+    """One line for a job: state, model, step, loss and spend (App Home's list, `launch --wait`)."""
+    return (
+        f"{STATE_EMOJI.get(job.state, '')} *{esc(job.job_id)}* {_state(job)} · "
+        f"{esc(job.model)} {esc(job.method)} · "
+        f"step {job.step}"
+        + (f"/{job.max_steps}" if job.max_steps else "")
+        + (f" · loss {job.loss:.3f}" if job.loss is not None else "")
+        + f" · {money(job.spend)}"
+    )
 
 
 def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
@@ -348,15 +390,18 @@ def spend_reply(report: SpendReport, *, user: str | None = None, title: str | No
     return reply
 
 
-def volumes_reply(volumes: list[VolumeView]) -> Reply:
+def volumes_reply(volumes: list[VolumeView], *, limit: int | None = MAX_VOLUME_ROWS) -> Reply:
+    """Volumes with their provider and id (what `volumes --delete ID --provider P` takes), size and cost."""
     if not volumes:
         return Reply(parts=[Text("No volumes.")], fallback="No volumes.")
     total = sum(v.cost_per_month for v in volumes)
+    shown = volumes if limit is None else volumes[:limit]
     reply = Reply(fallback=f"{len(volumes)} volume(s), {money(total)}/month")
     reply.add(Header(f"Volumes: {money(total)}/month"))
     rows = [
         [
             esc(v.provider),
+            esc(v.volume_id),
             esc(v.name),
             f"{v.size_gb:g} GB",
             money(v.cost_per_month),
@@ -364,9 +409,11 @@ def volumes_reply(volumes: list[VolumeView]) -> Reply:
             v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
             esc(v.owner or "-"),
         ]
-        for v in volumes[:40]
+        for v in shown
     ]
-    reply.add(Table(["provider", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
+    reply.add(Table(["provider", "id", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
+    if len(volumes) > len(shown):
+        reply.add(Context([f"{len(volumes) - len(shown)} more volumes not shown"]))
     return reply
 
 
@@ -482,16 +529,7 @@ def home_reply(
     active = [j for j in jobs if j.state in ACTIVE_STATES]
     reply.add(Text(f"*Your jobs* ({len(active)} active, {len(jobs)} total)"))
     for job in jobs[:15]:
-        reply.add(
-            Text(
-                f"{STATE_EMOJI.get(job.state, '')} *{esc(job.job_id)}* {esc(job.state)} · "
-                f"{esc(job.model)} {esc(job.method)} · "
-                f"step {job.step}"
-                + (f"/{job.max_steps}" if job.max_steps else "")
-                + (f" · loss {job.loss:.3f}" if job.loss is not None else "")
-                + f" · {money(job.spend)}"
-            )
-        )
+        reply.add(Text(job_line(job)))
     if not jobs:
         reply.add(Text("No jobs yet. Try `/tune estimate Llama-3.1-8B method=qlora`."))
     reply.add(Context([f"updated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · `/tune help` for commands"]))
