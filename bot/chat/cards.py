@@ -18,6 +18,7 @@ from bot.chat.replies import (
     Divider,
     Fields,
     Header,
+    Part,
     Reply,
     Table,
     Text,
@@ -32,6 +33,10 @@ ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40
 MAX_VOLUME_ROWS = 40
+OFFER_COLUMNS = ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"]
+# Rejections that only say the offer is not what was asked (another GPU count, type or class): the
+# detailed view counts them instead of listing them.
+ASKED_FILTERS = ("gpu_count", "gpu", "class")
 STATE_EMOJI = {
     "pending_approval": ":hourglass:",
     "approved": ":hourglass:",
@@ -81,13 +86,16 @@ def cost_span(o: RankedOffer) -> str:
     return span(money(o.total_cost), o.total_cost_range, money)
 
 
+def _kind(o: RankedOffer) -> str:
+    return "spot" if o.interruptible else "on-demand"
+
+
 def _offer_row(i: int, o: RankedOffer) -> list[str]:
-    kind = "spot" if o.interruptible else "on-demand"
     return [
         str(i),
         esc(o.provider),
         esc(f"{o.gpu} x{o.gpu_count}"),
-        kind,
+        _kind(o),
         money(o.price_per_hour),
         hours(o.hours),
         cost_span(o),
@@ -118,50 +126,39 @@ def shown_offers(estimate: Estimate) -> list[RankedOffer]:
     return rows[: MAX_OFFER_ROWS - len(extra)] + extra if extra else rows
 
 
-def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bool = False) -> Reply:
-    """Header, memory breakdown, ranked offers, assumptions, and the launch buttons."""
-    m, mem, t = estimate.model, estimate.memory, estimate.time
+def estimate_reply(
+    estimate: Estimate, *, estimate_id: str | None, launching: bool = False, detailed: bool = False
+) -> Reply:
+    """Header, memory breakdown, ranked offers, assumptions, and the launch buttons.
+
+    ``detailed`` is the command line's view of the same estimate, with room for more: exact parameter
+    counts, the memory breakdown as a table, the step time and the whole calibration note, fitting and
+    rejected offers apart (offers the ask itself filtered out only counted), and every assumption.
+    """
+    m = estimate.model
     reply = Reply(fallback=_estimate_fallback(estimate))
     reply.add(Header(f"{esc(m.name)} · {estimate.method} · {count(m.parameters)} params"))
-    reply.add(
-        Fields(
-            [
-                (
-                    "Memory per GPU",
-                    span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
-                    + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
-                ),
-                (
-                    "Compute time",
-                    span(hours(t.hours), t.hours_range, hours)
-                    + f" on {esc(estimate.speed.gpu)} x{estimate.speed.gpus}",
-                ),
-                (
-                    "Tokens",
-                    f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})",
-                ),
-                (
-                    "Throughput",
-                    span(f"{count(estimate.speed.tokens_per_second)} tokens/s",
-                         estimate.speed.tokens_per_second_range, count)
-                    + f", MFU {estimate.speed.mfu:.0%}"
-                    + (f"; {esc(_calibrated(estimate))}" if estimate.speed.calibration else ""),
-                ),
-                ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
-            ]
-        )
-    )
-    breakdown = " · ".join(f"{esc(k)} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
-    reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
+    if detailed:
+        reply.add(Text(_model_line(estimate)))
+    reply.add(Fields(_estimate_fields(estimate)))
+    if detailed:
+        reply.add(_memory_table(estimate), Text(_speed_line(estimate)))
+        if estimate.speed.calibration:
+            reply.add(Text(esc(estimate.speed.calibration)))
+    else:
+        breakdown = " · ".join(f"{esc(k)} {gigabytes(v)}" for k, v in estimate.memory.breakdown_gb.items())
+        reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
     if estimate.training is not None:
         plan = " · ".join(f"{esc(k)} {esc(v)}" for k, v in describe_plan(estimate.training))
         reply.add(Text(f"*Training:* {plan}"))
     fitting = [o for o in estimate.offers if o.fits]
     shown = shown_offers(estimate)
-    if shown:
+    if detailed:
+        reply.add(*_offer_tables(estimate))
+    elif shown:
         reply.add(
             Table(
-                ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"],
+                OFFER_COLUMNS,
                 [_offer_row(i + 1, o) for i, o in enumerate(shown)],
                 title=f"Offers ranked by expected total cost ({len(fitting)} fit)",
             )
@@ -172,10 +169,7 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
         reply.add(Text(":warning: No offers to show."))
     if not fitting and estimate.suggestions:
         reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {esc(s)}" for s in estimate.suggestions[:8])))
-    notes = [esc(a) for a in estimate.assumptions[:9]]
-    when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
-    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
-    reply.add(Context(notes))
+    reply.add(*_assumptions(estimate, detailed=detailed))
     buttons = launch_buttons(estimate, estimate_id, shown) if estimate_id else []
     if len(buttons) > 1:  # more than Cancel
         reply.add(Buttons(buttons))
@@ -184,6 +178,110 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     elif fitting and launching:
         reply.add(Context(["No offer here can be launched by this bot: " + esc(_offer_note(fitting[0]))]))
     return reply
+
+
+def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
+    m, mem, t, s = estimate.model, estimate.memory, estimate.time, estimate.speed
+    return [
+        (
+            "Memory per GPU",
+            span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
+            + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
+        ),
+        ("Compute time", span(hours(t.hours), t.hours_range, hours) + f" on {esc(s.gpu)} x{s.gpus}"),
+        ("Tokens", f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})"),
+        (
+            "Throughput",
+            span(f"{count(s.tokens_per_second)} tokens/s", s.tokens_per_second_range, count)
+            + f", MFU {s.mfu:.0%}"
+            + (f"; {esc(_calibrated(estimate))}" if s.calibration else ""),
+        ),
+        ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
+    ]
+
+
+def _model_line(estimate: Estimate) -> str:
+    """'*Qwen/Qwen2.5-7B* (qwen2): 7,615,616,512 parameters; qlora: 40,370,176 trainable' (exact counts)."""
+    m = estimate.model
+    active = f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else ""
+    return (
+        f"*{esc(m.name)}* ({esc(m.architecture)}): {m.parameters:,} parameters{active}; "
+        f"{estimate.method}: {m.trainable_parameters:,} trainable"
+    )
+
+
+def _memory_table(estimate: Estimate) -> Table:
+    """Peak memory per GPU by component, in GB with two decimals, and the total."""
+    mem = estimate.memory
+    low_high = mem.per_gpu_gb_range
+    title = f"Peak memory per GPU: {mem.per_gpu_gb:.1f} GB" + (
+        f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
+    )
+    rows = [[esc(k), f"{v:.2f}"] for k, v in mem.breakdown_gb.items() if v]
+    rows.append(["total", f"{mem.per_gpu_gb:.2f}"])
+    return Table(["component", "GB"], rows, title=title)
+
+
+def _speed_line(estimate: Estimate) -> str:
+    """Tokens per second, MFU and the optimizer step time; the steps and hours they add up to."""
+    s, t = estimate.speed, estimate.time
+    tps = s.tokens_per_second_range
+    tps_span = f" ({tps[0]:,.0f}-{tps[1]:,.0f})" if tps else ""
+    hours_span = f" ({t.hours_range[0]:.2f}-{t.hours_range[1]:.2f})" if t.hours_range else ""
+    return (
+        f"*Speed* on {esc(s.gpu)} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
+        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
+        f"x {t.epochs:g} epochs = {t.hours:.2f} h{hours_span}"
+    )
+
+
+def _offer_tables(estimate: Estimate) -> list[Part]:
+    """Offers that fit (with their checkpoint interval), offers rejected on their merits with why, and a
+    count of those the ask itself filtered out (another GPU count, GPU type or capacity class)."""
+    fitting = [o for o in estimate.offers if o.fits]
+    shown = fitting[:MAX_OFFER_ROWS] + [o for o in fitting[MAX_OFFER_ROWS:] if o.labels]
+    rejected = [o for o in estimate.offers if not o.fits and o.rejected_by not in ASKED_FILTERS]
+    filtered = len(estimate.offers) - len(fitting) - len(rejected)
+    parts: list[Part] = []
+    if shown:
+        rows = [_offer_row(i + 1, o) + [_checkpoint(o)] for i, o in enumerate(shown)]
+        parts.append(Table(OFFER_COLUMNS + ["ckpt"], rows, title="Offers that fit, by expected total cost"))
+        parts.extend(_not_shown(len(fitting) - len(shown), "fitting offers"))
+    if rejected:
+        rows = [
+            [esc(o.provider), esc(f"{o.gpu} x{o.gpu_count}"), _kind(o), esc(o.reason)]
+            for o in rejected[:MAX_OFFER_ROWS]
+        ]
+        parts.append(Table(["provider", "gpu", "type", "why"], rows, title="Rejected offers"))
+        parts.extend(_not_shown(len(rejected) - MAX_OFFER_ROWS, "rejected offers"))
+    if not (shown or rejected or filtered):
+        parts.append(Text(":warning: No offers to show."))
+    if filtered:
+        parts.append(
+            Context(
+                [
+                    f"{filtered} offer groups with another GPU count, GPU type or capacity class than asked "
+                    "are not shown (gpus=, gpu=, interruptible=; --json has all)"
+                ]
+            )
+        )
+    return parts
+
+
+def _not_shown(n: int, what: str) -> list[Part]:
+    return [Context([f"{n} more {what} not shown (--json has all)"])] if n > 0 else []
+
+
+def _checkpoint(o: RankedOffer) -> str:
+    return f"every {o.checkpoint_minutes:.0f} min" if o.checkpoint_minutes else "-"
+
+
+def _assumptions(estimate: Estimate, *, detailed: bool) -> list[Part]:
+    """The assumptions and where the prices come from (all of them, under a heading, when detailed)."""
+    notes = [esc(a) for a in (estimate.assumptions if detailed else estimate.assumptions[:9])]
+    when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
+    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
+    return [Text("*Assumptions:*"), Context(notes)] if detailed else [Context(notes)]
 
 
 def _calibrated(estimate: Estimate) -> str:

@@ -242,3 +242,38 @@ def test_json_output_is_unchanged(engine: CliEngine) -> None:
     dumped = json.dumps([view.model_dump(mode="json", exclude={"losses"})], indent=1) + "\n"
     assert cli("jobs", "--json") == dumped
     assert cli("spend", "today", "--json").startswith('{\n "period": "today",')
+
+
+def _estimate_request():  # type: ignore[no-untyped-def]
+    from bot.commands.request_cli import build_request
+
+    return build_request("qwen2.5-7b", [("method", "qlora"), ("tokens", "5000000"), ("gpu", "rtx-4090")])
+
+
+def test_estimate_prints_the_detailed_estimate_card() -> None:
+    """`tunebot estimate` is the estimate card in its detailed form, and the details render in Slack too."""
+    from bot.planner import estimate
+
+    est = estimate(_estimate_request())
+    out = cli("estimate", "qwen2.5-7b", "--method", "qlora", "--tokens", "5000000", "--gpu", "rtx-4090",
+              "--physics-only")
+    detailed = cards.estimate_reply(est, estimate_id=None, detailed=True)
+    assert out == terminal(detailed)
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()]
+    for component, gb in est.memory.breakdown_gb.items():  # the memory breakdown: a table row per component
+        assert not gb or [component, f"{gb:.2f}"] in rows, component
+    assert f"{est.model.parameters:,} parameters" in out
+    assert f"{est.speed.step_seconds:.2f} s per optimizer step" in out
+    for assumption in est.assumptions:  # whole lines when piped, however long
+        assert assumption in out.splitlines()
+    slack = slack_text(detailed)
+    assert "Peak memory per GPU" in slack and "s per optimizer step" in slack and "Offers that fit" in slack
+
+
+def test_estimate_card_for_slack_is_unchanged_by_the_detailed_form() -> None:
+    from bot.planner import estimate
+
+    est = estimate(_estimate_request())
+    short = terminal(cards.estimate_reply(est, estimate_id="e1"))
+    assert "Memory breakdown:" in short and "s per optimizer step" not in short
+    assert "Offers ranked by expected total cost" in short and "Launch cheapest" in short

@@ -138,6 +138,7 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         ),
         cards.budgets_reply([BudgetView(scope="team", name=text, daily=1.0, monthly=2.0)]),
         cards.estimate_reply(make_estimate(text), estimate_id="e1", launching=True),
+        cards.estimate_reply(make_estimate(text), estimate_id=None, detailed=True),
     ]
     for kind in (
         EngineEventKind.failed,
