@@ -123,8 +123,9 @@ def test_concurrent_migrations_on_postgres_upgrade_once(pg_empty_url):
 
 def test_the_migrations_build_every_column_the_models_declare(empty_url):
     """A column added to a model without a migration breaks every existing database at its first query."""
-    import store.models  # noqa: F401 - the tables' metadata
     from sqlmodel import SQLModel
+
+    import store.models  # noqa: F401 - the tables' metadata
 
     migrate(empty_url)
     eng = make_engine(empty_url)
