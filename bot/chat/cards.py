@@ -18,6 +18,7 @@ from bot.chat.replies import (
     Divider,
     Fields,
     Header,
+    Part,
     Reply,
     Table,
     Text,
@@ -30,6 +31,12 @@ from bot.planner.training import describe as describe_plan
 
 ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
+MAX_JOB_ROWS = 40
+MAX_VOLUME_ROWS = 40
+OFFER_COLUMNS = ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"]
+# Rejections that only say the offer is not what was asked (another GPU count, type or class): the
+# detailed view counts them instead of listing them.
+ASKED_FILTERS = ("gpu_count", "gpu", "class")
 STATE_EMOJI = {
     "pending_approval": ":hourglass:",
     "approved": ":hourglass:",
@@ -79,13 +86,16 @@ def cost_span(o: RankedOffer) -> str:
     return span(money(o.total_cost), o.total_cost_range, money)
 
 
+def _kind(o: RankedOffer) -> str:
+    return "spot" if o.interruptible else "on-demand"
+
+
 def _offer_row(i: int, o: RankedOffer) -> list[str]:
-    kind = "spot" if o.interruptible else "on-demand"
     return [
         str(i),
         esc(o.provider),
         esc(f"{o.gpu} x{o.gpu_count}"),
-        kind,
+        _kind(o),
         money(o.price_per_hour),
         hours(o.hours),
         cost_span(o),
@@ -116,50 +126,39 @@ def shown_offers(estimate: Estimate) -> list[RankedOffer]:
     return rows[: MAX_OFFER_ROWS - len(extra)] + extra if extra else rows
 
 
-def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bool = False) -> Reply:
-    """Header, memory breakdown, ranked offers, assumptions, and the launch buttons."""
-    m, mem, t = estimate.model, estimate.memory, estimate.time
+def estimate_reply(
+    estimate: Estimate, *, estimate_id: str | None, launching: bool = False, detailed: bool = False
+) -> Reply:
+    """Header, memory breakdown, ranked offers, assumptions, and the launch buttons.
+
+    ``detailed`` is the command line's view of the same estimate, with room for more: exact parameter
+    counts, the memory breakdown as a table, the step time and the whole calibration note, fitting and
+    rejected offers apart (offers the ask itself filtered out only counted), and every assumption.
+    """
+    m = estimate.model
     reply = Reply(fallback=_estimate_fallback(estimate))
     reply.add(Header(f"{esc(m.name)} · {estimate.method} · {count(m.parameters)} params"))
-    reply.add(
-        Fields(
-            [
-                (
-                    "Memory per GPU",
-                    span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
-                    + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
-                ),
-                (
-                    "Compute time",
-                    span(hours(t.hours), t.hours_range, hours)
-                    + f" on {esc(estimate.speed.gpu)} x{estimate.speed.gpus}",
-                ),
-                (
-                    "Tokens",
-                    f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})",
-                ),
-                (
-                    "Throughput",
-                    span(f"{count(estimate.speed.tokens_per_second)} tokens/s",
-                         estimate.speed.tokens_per_second_range, count)
-                    + f", MFU {estimate.speed.mfu:.0%}"
-                    + (f"; {esc(_calibrated(estimate))}" if estimate.speed.calibration else ""),
-                ),
-                ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
-            ]
-        )
-    )
-    breakdown = " · ".join(f"{esc(k)} {gigabytes(v)}" for k, v in mem.breakdown_gb.items())
-    reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
+    if detailed:
+        reply.add(Text(_model_line(estimate)))
+    reply.add(Fields(_estimate_fields(estimate)))
+    if detailed:
+        reply.add(_memory_table(estimate), Text(_speed_line(estimate)))
+        if estimate.speed.calibration:
+            reply.add(Text(esc(estimate.speed.calibration)))
+    else:
+        breakdown = " · ".join(f"{esc(k)} {gigabytes(v)}" for k, v in estimate.memory.breakdown_gb.items())
+        reply.add(Text(f"*Memory breakdown:* {breakdown}" if breakdown else "*Memory breakdown:* -"))
     if estimate.training is not None:
         plan = " · ".join(f"{esc(k)} {esc(v)}" for k, v in describe_plan(estimate.training))
         reply.add(Text(f"*Training:* {plan}"))
     fitting = [o for o in estimate.offers if o.fits]
     shown = shown_offers(estimate)
-    if shown:
+    if detailed:
+        reply.add(*_offer_tables(estimate))
+    elif shown:
         reply.add(
             Table(
-                ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"],
+                OFFER_COLUMNS,
                 [_offer_row(i + 1, o) for i, o in enumerate(shown)],
                 title=f"Offers ranked by expected total cost ({len(fitting)} fit)",
             )
@@ -170,10 +169,7 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
         reply.add(Text(":warning: No offers to show."))
     if not fitting and estimate.suggestions:
         reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {esc(s)}" for s in estimate.suggestions[:8])))
-    notes = [esc(a) for a in estimate.assumptions[:9]]
-    when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
-    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
-    reply.add(Context(notes))
+    reply.add(*_assumptions(estimate, detailed=detailed))
     buttons = launch_buttons(estimate, estimate_id, shown) if estimate_id else []
     if len(buttons) > 1:  # more than Cancel
         reply.add(Buttons(buttons))
@@ -182,6 +178,110 @@ def estimate_reply(estimate: Estimate, *, estimate_id: str | None, launching: bo
     elif fitting and launching:
         reply.add(Context(["No offer here can be launched by this bot: " + esc(_offer_note(fitting[0]))]))
     return reply
+
+
+def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
+    m, mem, t, s = estimate.model, estimate.memory, estimate.time, estimate.speed
+    return [
+        (
+            "Memory per GPU",
+            span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
+            + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
+        ),
+        ("Compute time", span(hours(t.hours), t.hours_range, hours) + f" on {esc(s.gpu)} x{s.gpus}"),
+        ("Tokens", f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})"),
+        (
+            "Throughput",
+            span(f"{count(s.tokens_per_second)} tokens/s", s.tokens_per_second_range, count)
+            + f", MFU {s.mfu:.0%}"
+            + (f"; {esc(_calibrated(estimate))}" if s.calibration else ""),
+        ),
+        ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
+    ]
+
+
+def _model_line(estimate: Estimate) -> str:
+    """'*Qwen/Qwen2.5-7B* (qwen2): 7,615,616,512 parameters; qlora: 40,370,176 trainable' (exact counts)."""
+    m = estimate.model
+    active = f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else ""
+    return (
+        f"*{esc(m.name)}* ({esc(m.architecture)}): {m.parameters:,} parameters{active}; "
+        f"{estimate.method}: {m.trainable_parameters:,} trainable"
+    )
+
+
+def _memory_table(estimate: Estimate) -> Table:
+    """Peak memory per GPU by component, in GB with two decimals, and the total."""
+    mem = estimate.memory
+    low_high = mem.per_gpu_gb_range
+    title = f"Peak memory per GPU: {mem.per_gpu_gb:.1f} GB" + (
+        f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
+    )
+    rows = [[esc(k), f"{v:.2f}"] for k, v in mem.breakdown_gb.items() if v]
+    rows.append(["total", f"{mem.per_gpu_gb:.2f}"])
+    return Table(["component", "GB"], rows, title=title)
+
+
+def _speed_line(estimate: Estimate) -> str:
+    """Tokens per second, MFU and the optimizer step time; the steps and hours they add up to."""
+    s, t = estimate.speed, estimate.time
+    tps = s.tokens_per_second_range
+    tps_span = f" ({tps[0]:,.0f}-{tps[1]:,.0f})" if tps else ""
+    hours_span = f" ({t.hours_range[0]:.2f}-{t.hours_range[1]:.2f})" if t.hours_range else ""
+    return (
+        f"*Speed* on {esc(s.gpu)} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
+        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
+        f"x {t.epochs:g} epochs = {t.hours:.2f} h{hours_span}"
+    )
+
+
+def _offer_tables(estimate: Estimate) -> list[Part]:
+    """Offers that fit (with their checkpoint interval), offers rejected on their merits with why, and a
+    count of those the ask itself filtered out (another GPU count, GPU type or capacity class)."""
+    fitting = [o for o in estimate.offers if o.fits]
+    shown = fitting[:MAX_OFFER_ROWS] + [o for o in fitting[MAX_OFFER_ROWS:] if o.labels]
+    rejected = [o for o in estimate.offers if not o.fits and o.rejected_by not in ASKED_FILTERS]
+    filtered = len(estimate.offers) - len(fitting) - len(rejected)
+    parts: list[Part] = []
+    if shown:
+        rows = [_offer_row(i + 1, o) + [_checkpoint(o)] for i, o in enumerate(shown)]
+        parts.append(Table(OFFER_COLUMNS + ["ckpt"], rows, title="Offers that fit, by expected total cost"))
+        parts.extend(_not_shown(len(fitting) - len(shown), "fitting offers"))
+    if rejected:
+        rows = [
+            [esc(o.provider), esc(f"{o.gpu} x{o.gpu_count}"), _kind(o), esc(o.reason)]
+            for o in rejected[:MAX_OFFER_ROWS]
+        ]
+        parts.append(Table(["provider", "gpu", "type", "why"], rows, title="Rejected offers"))
+        parts.extend(_not_shown(len(rejected) - MAX_OFFER_ROWS, "rejected offers"))
+    if not (shown or rejected or filtered):
+        parts.append(Text(":warning: No offers to show."))
+    if filtered:
+        parts.append(
+            Context(
+                [
+                    f"{filtered} offer groups with another GPU count, GPU type or capacity class than asked "
+                    "are not shown (gpus=, gpu=, interruptible=; --json has all)"
+                ]
+            )
+        )
+    return parts
+
+
+def _not_shown(n: int, what: str) -> list[Part]:
+    return [Context([f"{n} more {what} not shown (--json has all)"])] if n > 0 else []
+
+
+def _checkpoint(o: RankedOffer) -> str:
+    return f"every {o.checkpoint_minutes:.0f} min" if o.checkpoint_minutes else "-"
+
+
+def _assumptions(estimate: Estimate, *, detailed: bool) -> list[Part]:
+    """The assumptions and where the prices come from (all of them, under a heading, when detailed)."""
+    notes = [esc(a) for a in (estimate.assumptions if detailed else estimate.assumptions[:9])]
+    when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
+    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
+    return [Text("*Assumptions:*"), Context(notes)] if detailed else [Context(notes)]
 
 
 def _calibrated(estimate: Estimate) -> str:
@@ -267,7 +367,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
 
 def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     """The status card: edited in place in the job's thread, shown by `status JOB`."""
-    state = esc(job.state + (f" ({job.stop_reason})" if job.stop_reason else ""))
+    state = _state(job)
     job_id = esc(job.job_id)
     reply = Reply(fallback=f"Job {job_id}: {state}, step {job.step}, spend {money(job.spend)}")
     reply.add(Header(f"Job {job_id}: {state}"))
@@ -297,27 +397,67 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     return reply
 
 
-def jobs_reply(jobs: list[JobView], *, title: str) -> Reply:
+def jobs_reply(
+    jobs: list[JobView], *, title: str, detailed: bool = False, limit: int | None = MAX_JOB_ROWS
+) -> Reply:
+    """A table of jobs, newest first. ``detailed`` (the command line) adds the price, preemptions and
+    each job's message and output under the table; ``limit=None`` lists them all."""
     if not jobs:
         return Reply(parts=[Text(f"{title}: none.")], fallback=f"{title}: none.")
-    rows = [
-        [
-            esc(j.job_id),
-            esc(j.state),
-            esc(j.owner),
-            esc(f"{j.model} {j.method}"),
-            esc(j.gpu or "-"),
-            f"{j.step}/{j.max_steps}" if j.max_steps else str(j.step),
-            f"{j.loss:.3f}" if j.loss is not None else "-",
-            money(j.spend),
-        ]
-        for j in jobs[:40]
-    ]
+    shown = jobs if limit is None else jobs[:limit]
+    columns = ["job", "state", "owner", "model", "where", "step", "loss", "spend"]
+    if detailed:
+        columns += ["$/h", "preempt"]
     reply = Reply(fallback=f"{title}: {len(jobs)} job(s)")
-    reply.add(Header(title), Table(["job", "state", "owner", "model", "gpu", "step", "loss", "spend"], rows))
-    if len(jobs) > 40:
-        reply.add(Context([f"{len(jobs) - 40} older jobs not shown"]))
+    reply.add(Header(title), Table(columns, [_job_row(j, detailed=detailed) for j in shown]))
+    if len(jobs) > len(shown):
+        reply.add(Context([f"{len(jobs) - len(shown)} older jobs not shown"]))
+    notes = [note for j in shown for note in _job_notes(j)] if detailed else []
+    if notes:
+        reply.add(Context(notes))
     return reply
+
+
+def _job_row(job: JobView, *, detailed: bool) -> list[str]:
+    row = [
+        esc(job.job_id),
+        _state(job),
+        esc(job.owner),
+        esc(f"{job.model} {job.method}"),
+        esc(f"{job.provider} {job.gpu or ''} x{job.gpu_count or 1}") if job.provider else "-",
+        f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step),
+        f"{job.loss:.3f}" if job.loss is not None else "-",
+        money(job.spend) + (f" of {money(job.max_cost)}" if job.max_cost else ""),
+    ]
+    if detailed:
+        price = money(job.price_per_hour) if job.price_per_hour is not None else "-"
+        row += [price, str(job.preemptions)]
+    return row
+
+
+def _state(job: JobView) -> str:
+    """'failed (budget)': the state with the reason a job stopped, when it has one."""
+    return esc(job.state + (f" ({job.stop_reason})" if job.stop_reason else ""))
+
+
+def _job_notes(job: JobView) -> list[str]:
+    """A job's message and output location, each naming the job (they sit under the table)."""
+    notes = [f"`{esc(job.job_id)}` {esc(job.message)}"] if job.message else []
+    if job.output_uri:
+        notes.append(f"`{esc(job.job_id)}` output: `{esc(job.output_uri)}`")
+    return notes
+
+
+def job_line(job: JobView) -> str:
+    """One line for a job: state, model, step, loss and spend (App Home's list, `launch --wait`)."""
+    return (
+        f"{STATE_EMOJI.get(job.state, '')} *{esc(job.job_id)}* {_state(job)} · "
+        f"{esc(job.model)} {esc(job.method)} · "
+        f"step {job.step}"
+        + (f"/{job.max_steps}" if job.max_steps else "")
+        + (f" · loss {job.loss:.3f}" if job.loss is not None else "")
+        + f" · {money(job.spend)}"
+    )
 
 
 def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
@@ -348,15 +488,18 @@ def spend_reply(report: SpendReport, *, user: str | None = None, title: str | No
     return reply
 
 
-def volumes_reply(volumes: list[VolumeView]) -> Reply:
+def volumes_reply(volumes: list[VolumeView], *, limit: int | None = MAX_VOLUME_ROWS) -> Reply:
+    """Volumes with their provider and id (what `volumes --delete ID --provider P` takes), size and cost."""
     if not volumes:
         return Reply(parts=[Text("No volumes.")], fallback="No volumes.")
     total = sum(v.cost_per_month for v in volumes)
+    shown = volumes if limit is None else volumes[:limit]
     reply = Reply(fallback=f"{len(volumes)} volume(s), {money(total)}/month")
     reply.add(Header(f"Volumes: {money(total)}/month"))
     rows = [
         [
             esc(v.provider),
+            esc(v.volume_id),
             esc(v.name),
             f"{v.size_gb:g} GB",
             money(v.cost_per_month),
@@ -364,9 +507,11 @@ def volumes_reply(volumes: list[VolumeView]) -> Reply:
             v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
             esc(v.owner or "-"),
         ]
-        for v in volumes[:40]
+        for v in shown
     ]
-    reply.add(Table(["provider", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
+    reply.add(Table(["provider", "id", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
+    if len(volumes) > len(shown):
+        reply.add(Context([f"{len(volumes) - len(shown)} more volumes not shown"]))
     return reply
 
 
@@ -482,16 +627,7 @@ def home_reply(
     active = [j for j in jobs if j.state in ACTIVE_STATES]
     reply.add(Text(f"*Your jobs* ({len(active)} active, {len(jobs)} total)"))
     for job in jobs[:15]:
-        reply.add(
-            Text(
-                f"{STATE_EMOJI.get(job.state, '')} *{esc(job.job_id)}* {esc(job.state)} · "
-                f"{esc(job.model)} {esc(job.method)} · "
-                f"step {job.step}"
-                + (f"/{job.max_steps}" if job.max_steps else "")
-                + (f" · loss {job.loss:.3f}" if job.loss is not None else "")
-                + f" · {money(job.spend)}"
-            )
-        )
+        reply.add(Text(job_line(job)))
     if not jobs:
         reply.add(Text("No jobs yet. Try `/tune estimate Llama-3.1-8B method=qlora`."))
     reply.add(Context([f"updated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · `/tune help` for commands"]))

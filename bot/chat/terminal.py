@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import IO
 
 from rich.console import Console
 from rich.errors import MarkupError
@@ -42,6 +43,20 @@ _EMOJI = {
 }
 
 
+PIPED_WIDTH = 200  # tables in piped output may be this wide before their cells wrap
+
+
+def cli_console(file: IO[str] | None = None) -> Console:
+    """A console for the command line's output (stdout by default). In a terminal it follows the terminal;
+    piped (scripts, tests, `| grep`) it neither wraps text lines nor squeezes tables to 80 columns, so
+    every line and value a script looks for stays whole."""
+    console = Console(file=file)
+    if not console.is_terminal:
+        console.width = max(console.width, PIPED_WIDTH)
+        console.soft_wrap = True
+    return console
+
+
 def escape(text: str) -> str:
     """Reply text (Slack-escaped) as literal rich text."""
     return rich_escape(unescape(text))
@@ -53,13 +68,21 @@ def markup(text: str) -> str:
     for code, plain in _EMOJI.items():
         text = text.replace(code, plain)
     plain = rich_escape(text)
-    styled = _CODE.sub(lambda m: f"[cyan]{m.group(1)}[/cyan]", plain)
-    styled = _BOLD.sub(lambda m: f"[bold]{m.group(1)}[/bold]", styled)
-    try:  # typed text can end in a backslash that would escape our own tag: then no styling at all
+    if plain.endswith("\\\\") and not text.endswith("\\\\"):
+        plain = plain[:-1]  # rich doubles a final backslash for a tag that would follow; none follows a line
+    styled = _CODE.sub(lambda m: _styled("cyan", m.group(1)), plain)
+    styled = _BOLD.sub(lambda m: _styled("bold", m.group(1)), styled)
+    try:  # a last line of defence: text rich cannot read gets no styling at all
         render_markup(styled)
     except MarkupError:
         return plain
     return styled
+
+
+def _styled(style: str, inner: str) -> str:
+    """``inner`` (escaped) in a rich tag; its final backslashes doubled, so they cannot escape the tag."""
+    backslashes = "\\" * (len(inner) - len(inner.rstrip("\\")))
+    return f"[{style}]{inner}{backslashes}[/{style}]"
 
 
 def render(reply: Reply, console: Console) -> None:

@@ -10,13 +10,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from bot.engine.jobstate import FINAL, JobState
 
+if TYPE_CHECKING:
+    from bot.chat.replies import Reply
+    from bot.engine.api import JobView
+
 FINAL_STATES = tuple(FINAL)
+VOLUME_HINT = "delete one with `tunebot volumes --delete ID --provider PROVIDER` (or --keep ID)"
 
 
 def _fail(message: str) -> NoReturn:
@@ -37,21 +42,34 @@ def _user(user: str | None) -> str:
     return user or os.environ.get("USER") or "cli"
 
 
-def _print_job(view: Any) -> None:
-    loss = f"{view.loss:.4f}" if view.loss is not None else "-"
-    steps = f"{view.step}/{view.max_steps}" if view.max_steps else str(view.step)
-    where = f"{view.provider or '-'} {view.gpu or ''}".strip()
-    price = f"${view.price_per_hour:.2f}/h" if view.price_per_hour is not None else "-"
-    reason = f" ({view.stop_reason})" if view.stop_reason else ""
-    typer.echo(
-        f"{view.job_id}  {view.state}{reason}  {view.owner}  {view.model} [{view.method}]  {where} {price}  "
-        f"step {steps}  loss {loss}  spend ${view.spend:.4f} of cap ${view.max_cost or 0:.2f}  "
-        f"preemptions {view.preemptions}"
-    )
-    if view.message:
-        typer.echo(f"    {view.message}")
-    if view.output_uri and view.state in FINAL_STATES:
-        typer.echo(f"    output: {view.output_uri}")
+def _show(reply: Reply) -> None:
+    """Print a reply with the renderer `tunebot console` uses: the CLI, Slack and the console share cards."""
+    from bot.chat.terminal import cli_console, render
+
+    render(reply, cli_console())
+
+
+def _print_job(view: JobView) -> None:
+    """The job's status card, as Slack shows it in the job's thread (the Stop button aside)."""
+    from bot.chat.cards import job_card
+
+    _show(job_card(view, with_buttons=False))
+
+
+def _print_progress(view: JobView) -> None:
+    """One line per change while `launch --wait` follows a job (its card again once it ends)."""
+    from bot.chat.cards import job_line
+    from bot.chat.replies import text_reply
+
+    _show(text_reply(job_line(view)))
+
+
+def _approval_hint(job_id: str) -> None:
+    from bot.chat.escaping import esc
+    from bot.chat.replies import text_reply
+
+    hint = f"needs approval by someone else: tunebot approve {esc(job_id)} --user {esc('<them>')}"
+    _show(text_reply(hint, kind="warning"))
 
 
 def _launch(
@@ -81,14 +99,16 @@ def _launch(
         _fail(str(exc))
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
-        typer.echo(f"    needs approval by someone else: tunebot approve {view.job_id} --user <them>")
+        _approval_hint(view.job_id)
     try:
         while wait and view.state not in FINAL_STATES + (JobState.PENDING_APPROVAL,):
             time.sleep(2.0)
             engine.tick()
             new = engine.get_job(view.job_id)
-            if (new.step, new.state) != (view.step, view.state):
+            if new.state in FINAL_STATES:
                 _print_job(new)
+            elif (new.step, new.state) != (view.step, view.state):
+                _print_progress(new)
             view = new
     except KeyboardInterrupt:
         typer.echo("stopped following; the job keeps running (tunebot jobs to check).")
@@ -142,10 +162,14 @@ def jobs_command(
     if as_json:
         typer.echo(json.dumps([v.model_dump(mode="json", exclude={"losses"}) for v in views], indent=1))
         return
-    if not views:
-        typer.echo("no jobs")
-    for v in views:
-        _print_job(v)
+    if job_id:
+        _print_job(views[0])
+        return
+    from bot.chat.cards import jobs_reply
+    from bot.chat.escaping import esc
+
+    title = ("Active jobs" if active else "Jobs") + (f" of {esc(user)}" if user else "")
+    _show(jobs_reply(views, title=title, detailed=True, limit=None))
 
 
 def approve_command(
@@ -192,17 +216,9 @@ def spend_command(
     if as_json:
         typer.echo(report.model_dump_json(indent=1))
         return
-    typer.echo(f"spend {period} (since {report.start:%Y-%m-%d %H:%M} UTC): ${report.total:.2f}")
-    for title, lines in (
-        ("by user", report.by_user),
-        ("by provider", report.by_provider),
-        ("by job", report.by_job),
-    ):
-        if lines:
-            typer.echo(f"  {title}:")
-            for line in lines[:20]:
-                budget = f" of ${line.budget:.2f}" if line.budget else ""
-                typer.echo(f"    {line.key:<24} ${line.amount:.4f}{budget}")
+    from bot.chat.cards import spend_reply
+
+    _show(spend_reply(report, user=user))
 
 
 def reconcile_command(
@@ -264,14 +280,13 @@ def volumes_command(
         _fail(str(exc))
     finally:
         engine.close()
-    if not views:
-        typer.echo("no volumes")
-    for v in views:
-        idle = f"idle since {v.idle_since:%Y-%m-%d}" if v.idle_since else "in use"
-        typer.echo(
-            f"{v.provider}:{v.volume_id}  {v.name}  {v.size_gb:g} GB  ${v.cost_per_month:.2f}/month  "
-            f"${v.cost_so_far:.2f} so far  {idle}"
-        )
+    from bot.chat.cards import volumes_reply
+    from bot.chat.replies import Context
+
+    reply = volumes_reply(views, limit=None)
+    if views:
+        reply.add(Context([VOLUME_HINT]))
+    _show(reply)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from bot.planner.offer import Offer
     from bot.planner.result import Estimate
 
@@ -70,112 +68,12 @@ def _estimate_command() -> Callable[..., None]:
 
 
 def _print_estimate(est: Estimate) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    """The estimate card Slack and the console show, in its detailed form: the memory breakdown table,
+    step time, calibration, fitting and rejected offers, every assumption (bot/chat/cards.py)."""
+    from bot.chat.cards import estimate_reply
+    from bot.chat.terminal import cli_console, render
 
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 120)
-    m = est.model
-    console.print(
-        f"[bold]{escape(m.name)}[/bold] ({escape(m.architecture)}): {m.parameters:,} parameters"
-        + (f", {m.active_parameters:,} active" if m.active_parameters != m.parameters else "")
-        + f"; {est.method}: {m.trainable_parameters:,} trainable"
-    )
-    low_high = est.memory.per_gpu_gb_range
-    span = f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
-    mem = Table(title=f"Peak memory per GPU: {est.memory.per_gpu_gb:.1f} GB{span}", title_justify="left")
-    mem.add_column("component")
-    mem.add_column("GB", justify="right")
-    for key, value in est.memory.breakdown_gb.items():
-        if value:
-            mem.add_row(key, f"{value:.2f}")
-    mem.add_row("[bold]total[/bold]", f"[bold]{est.memory.per_gpu_gb:.2f}[/bold]")
-    console.print(mem)
-    s, t = est.speed, est.time
-    tps_span = (
-        f" ({s.tokens_per_second_range[0]:,.0f}-{s.tokens_per_second_range[1]:,.0f})"
-        if s.tokens_per_second_range
-        else ""
-    )
-    hours_span = f" ({t.hours_range[0]:.2f}-{t.hours_range[1]:.2f})" if t.hours_range else ""
-    console.print(
-        f"Speed on {s.gpu} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
-        f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
-        f"x {t.epochs:g} epochs = {t.hours:.2f} h{hours_span}"
-    )
-    if s.calibration:
-        console.print(f"[green]{s.calibration}[/green]")
-    if est.training is not None:
-        from bot.planner.training import describe
-
-        plan = " · ".join(f"{k} {v}" for k, v in describe(est.training))
-        console.print(f"Training: {escape(plan)}", highlight=False)
-    _print_offers(console, est)
-    if est.suggestions:
-        console.print("[bold]Nothing fits. What would:[/bold]")
-        for line in est.suggestions:
-            console.print(f"  - {escape(line)}")
-    console.print("[dim]Assumptions:[/dim]")
-    for line in est.assumptions:  # they may quote the dataset's path: literal text, never rich markup
-        console.print(f"[dim]  - {escape(line)}[/dim]")
-    if est.prices_as_of:
-        console.print(f"[dim]  - prices: {escape(est.prices_source)} as of {est.prices_as_of:%Y-%m-%d}[/dim]")
-
-
-def _cost_range(o) -> str:  # type: ignore[no-untyped-def]
-    low_high = o.total_cost_range
-    return f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
-
-
-def _print_offers(console: Console, est: Estimate, limit: int = 15) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    fits = [o for o in est.offers if o.fits]
-    if fits:
-        table = Table(title="Offers that fit, by expected total cost", title_justify="left")
-        for col in ("provider", "gpu", "class", "$/h", "hours", "total $", "ckpt min", "labels"):
-            table.add_column(
-                col, justify="right" if col in ("$/h", "hours", "total $", "ckpt min") else "left"
-            )
-        shown = fits[:limit] + [o for o in fits[limit:] if o.labels]
-        for o in shown:
-            table.add_row(
-                o.provider,
-                f"{o.gpu} x{o.gpu_count}",
-                "interruptible" if o.interruptible else "on-demand",
-                f"{o.price_per_hour:.2f}",
-                f"{o.hours:.2f}",
-                f"{o.total_cost:.2f}" + _cost_range(o),
-                f"{o.checkpoint_minutes:.0f}" if o.checkpoint_minutes else "-",
-                ", ".join(o.labels),
-            )
-        console.print(table)
-    rejected = [o for o in est.offers if not o.fits and o.rejected_by not in ("gpu_count", "gpu", "class")]
-    filtered = sum(1 for o in est.offers if o.rejected_by in ("gpu_count", "gpu", "class"))
-    if rejected:
-        table = Table(title="Rejected offers", title_justify="left")
-        table.add_column("provider")
-        table.add_column("gpu")
-        table.add_column("class")
-        table.add_column("why")
-        for o in rejected[:limit]:
-            table.add_row(
-                o.provider,
-                f"{o.gpu} x{o.gpu_count}",
-                "interruptible" if o.interruptible else "on-demand",
-                escape(o.reason),
-            )
-        if len(rejected) > limit:
-            table.caption = f"... and {len(rejected) - limit} more (see --json)"
-        console.print(table)
-    if filtered:
-        console.print(
-            f"[dim]{filtered} offer groups with another GPU count, GPU type or capacity class than asked "
-            "are not shown (--gpus, --gpu, --interruptible/--on-demand; see --json)[/dim]"
-        )
+    render(estimate_reply(est, estimate_id=None, detailed=True), cli_console())
 
 
 def gpus_command(

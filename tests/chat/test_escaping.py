@@ -89,6 +89,7 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         error_reply(f"unknown model {text!r}", "usage"),
         cards.job_card(job(text)),
         cards.jobs_reply([job(text)], title="Your jobs"),
+        cards.jobs_reply([job(text, stop_reason=text)], title="Jobs", detailed=True, limit=None),
         cards.approval_request(job(text), approvers=["U0ADMIN"], threshold=50),
         cards.home_reply(
             "U0OWNER",
@@ -137,6 +138,7 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         ),
         cards.budgets_reply([BudgetView(scope="team", name=text, daily=1.0, monthly=2.0)]),
         cards.estimate_reply(make_estimate(text), estimate_id="e1", launching=True),
+        cards.estimate_reply(make_estimate(text), estimate_id=None, detailed=True),
     ]
     for kind in (
         EngineEventKind.failed,

@@ -52,3 +52,9 @@ def test_estimate_card_shows_ranges_and_calibration() -> None:
     assert cards.cost_span(cheapest) in out and "-" in cards.cost_span(cheapest)
     assert est.time.hours > plain.time.hours  # the runs were slower than the physics: the card says so
     assert "calibrated" not in rendered(cards.estimate_reply(plain, estimate_id="e2"))
+
+
+def test_backslashes_are_printed_as_typed() -> None:
+    """A final backslash is not doubled, and one ending `code` or *bold* cannot escape the closing tag."""
+    out = rendered(Reply(parts=[Text("path C:\\dir\\ and `D:\\x\\` and *E:\\* [red]end\\")]))
+    assert "path C:\\dir\\ and D:\\x\\ and E:\\ [red]end\\\n" in out

@@ -53,4 +53,4 @@ def test_jobs_spend_reconcile_volumes_show_engine_state(cli_env):
     out = runner.invoke(app, ["reconcile", "--no-resume"])
     assert out.exit_code == 0 and "adopted 0" in out.output
     out = runner.invoke(app, ["volumes"])
-    assert out.exit_code == 0 and "no volumes" in out.output
+    assert out.exit_code == 0 and "no volumes" in out.output.lower()

@@ -26,6 +26,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.engine.spend import billed_seconds
+from bot.money import money
 from bot.providers.base import InstanceStatus, LaunchRequest, OfferQuery, job_label
 from bot.settings import Settings
 from runner.spec import JobSpec, progress_uri
@@ -134,7 +135,7 @@ def test_budget_failed_job_shows_its_spend_in_the_jobs_command(make_engine, cloc
     assert view.state == "failed" and "retry budget" in (view.message or "")
     ledger = {line.key: line.amount for line in eng.spend("month").by_job}[job_id]
     assert ledger > 1.0 and view.spend == pytest.approx(ledger, abs=1e-6)
-    assert f"${ledger:.4f}" in _jobs_output(eng, jobs_command, capsys)
+    assert money(ledger) in _jobs_output(eng, jobs_command, capsys)  # written as money() writes it everywhere
 
 
 def _jobs_output(eng, jobs_command, capsys) -> str:  # noqa: ANN001
