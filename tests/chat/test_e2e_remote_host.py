@@ -45,7 +45,9 @@ pytestmark = pytest.mark.slow
 
 HF_TOKEN = "hf_e2e_secret_token_1b7c"
 STEPS = 6
-STEPS_A = 40  # job A runs long enough (a second or more) for the SIGTERM to land mid-run
+# Job A runs long enough for the SIGTERM to land mid-run (150 steps, 1.5 s or more): 40 steps of the tiny
+# model took 0.4 s on a quiet machine, less than the runner's first progress line (every 0.5 s).
+STEPS_A = 150
 CARRIED = {"TUNEBOT_JOB_SPEC", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
            "AWS_ENDPOINT_URL", "HF_TOKEN", "HF_ENDPOINT"}
 HOST_BASE = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONUNBUFFERED", "TUNEBOT_SANDBOX_DENY"}
@@ -190,7 +192,7 @@ def assert_clean_host(world: World, instance_id: str) -> None:
 def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, tmp_path: Path) -> None:
     common = f"steps={STEPS} seq=128 batch=4 accum=1 lr=1e-2 checkpointing=no"
     # 1. alpaca, q,v targets: preempted on its first instance, resumed on another.
-    long = common.replace(f"steps={STEPS}", f"steps={STEPS_A}")
+    long = common.replace(f"steps={STEPS}", f"steps={STEPS_A} plateau=no")
     a = world.launch(f"dataset={world.tiny / 'data.jsonl'} targets=q,v {long}", user="U_ALICE")
     first = world.instances(a)[0]  # launched at the click
     world.wait_for_step(first.provider_instance_id, 1)
