@@ -10,8 +10,9 @@ exception; it is a per-job bearer token that only authorises posting this job's 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -267,8 +268,13 @@ def parse_progress(data: bytes | str) -> list[RunnerEvent]:
     obj = json.loads(data)
     if not isinstance(obj, dict) or not isinstance(obj.get("events"), list):
         raise ValueError("not a tunebot progress object (expected an object with an 'events' list)")
+    return readable_events(obj["events"])
+
+
+def readable_events(items: Iterable[Any]) -> list[RunnerEvent]:
+    """The items that are events of a spec version this bot reads, in seq order."""
     events: list[RunnerEvent] = []
-    for raw in obj["events"]:
+    for raw in items:
         try:
             event = RunnerEvent.model_validate(raw)
         except ValueError:

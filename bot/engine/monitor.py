@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from bot.engine import states as S
@@ -30,12 +30,13 @@ from bot.providers.base import Instance, InstanceStatus, NotFoundError, Provider
 from runner.spec import (
     EXIT_OK,
     EXIT_PREEMPTED,
-    SPEC_VERSION,
     EventKind,
     RunnerEvent,
     parse_progress,
     progress_uri,
+    readable_events,
 )
+from store.db import update_each, update_in
 from store.models import Instance as InstanceRow
 from store.models import Job, RunnerEventRecord
 
@@ -304,18 +305,8 @@ def _new_events(
 
 
 def _valid_events(job_id: str, items: list[dict[str, Any]]) -> list[RunnerEvent]:
-    """The items that are this job's events of a runner spec we read, in seq order (a newer runner's
-    kind, or a damaged item, is skipped and the rest stay readable, as parse_progress does)."""
-    events = []
-    for item in items:
-        try:
-            event = RunnerEvent.model_validate(item)
-        except ValueError:
-            continue
-        if event.version <= SPEC_VERSION and event.job_id == job_id:
-            events.append(event)
-    events.sort(key=lambda e: e.seq)
-    return events
+    """This job's readable events among the items, in seq order."""
+    return [e for e in readable_events(items) if e.job_id == job_id]
 
 
 _EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
@@ -426,13 +417,9 @@ def _store_windows(eng: EngineContext, texts: dict[str, str]) -> None:
     """Record reads whose events are all stored (nothing new in them, or stored job by job)."""
     if not texts:
         return
-    t = Job.__table__  # type: ignore[attr-defined]
     try:
         with eng.session() as s:
-            s.execute(
-                update(t).where(t.c.id == bindparam("b_id")).values(progress_window=bindparam("w")),
-                [{"b_id": jid, "w": w} for jid, w in sorted(texts.items())],
-            )
+            update_each(s, Job, [{"id": jid, "progress_window": w} for jid, w in sorted(texts.items())])
             s.commit()
     except Exception as exc:  # noqa: BLE001 - only a restart's shortcut is lost: it re-reads these objects
         log.warning("recording %d progress windows failed: %s", len(texts), exc)
@@ -536,24 +523,14 @@ def ingest_many(
             )
             f = _progress_fields(job, new)
             window = windows.get(jid) or job.progress_window
-            updates.append({"b_id": jid, "last_event_at": now, "updated_at": now, "b_window": window, **f})
+            updates.append(
+                {"id": jid, "last_event_at": now, "updated_at": now, "progress_window": window, **f}
+            )
         try:
             if rows:
                 rows.sort(key=lambda r: (r["job_id"], r["seq"]))
                 s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
-                t = Job.__table__  # type: ignore[attr-defined]
-                cols = [c for c in _UPDATED if c not in ("last_event_at", "updated_at")]
-                s.execute(
-                    update(t)
-                    .where(t.c.id == bindparam("b_id"))
-                    .values(
-                        last_event_at=bindparam("last_event_at"),
-                        updated_at=bindparam("updated_at"),
-                        progress_window=bindparam("b_window"),
-                        **{c: bindparam(c) for c in cols},
-                    ),
-                    updates,
-                )
+                update_each(s, Job, updates)
             s.commit()
         except IntegrityError:  # another supervisor or a push stored some of them: the exact path, job by job
             s.rollback()
@@ -571,20 +548,6 @@ def ingest_many(
         if events and ingest(eng, jid, events):
             changed.add(jid)
     return changed, written
-
-
-_UPDATED = (
-    "last_event_at",
-    "updated_at",
-    "last_event_seq",
-    "last_step",
-    "max_steps",
-    "last_loss",
-    "eta_seconds",
-    "output_uri",
-    "outcome",
-    "message",
-)
 
 
 def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
@@ -701,27 +664,20 @@ def _record_seen(
         r = rows[rid]
         values = (str(inst.status), inst.raw_status, inst.exit_code)
         if (r.status, r.raw_status, r.exit_code) != values:
-            changed.append({"b_id": rid, "status": values[0], "raw": values[1], "code": values[2], "at": now})
+            changed.append(
+                {
+                    "id": rid,
+                    "status": values[0],
+                    "raw_status": values[1],
+                    "exit_code": values[2],
+                    "last_seen_at": now,
+                }
+            )
         elif now - (r.last_seen_at or 0.0) >= SEEN_EVERY_S:
             same.append(rid)
     with eng.session() as s:
-        if changed:
-            t = InstanceRow.__table__  # type: ignore[attr-defined]
-            s.execute(
-                update(t)
-                .where(t.c.id == bindparam("b_id"))
-                .values(
-                    status=bindparam("status"),
-                    raw_status=bindparam("raw"),
-                    exit_code=bindparam("code"),
-                    last_seen_at=bindparam("at"),
-                ),
-                changed,
-            )
-        for k in range(0, len(same), 1000):
-            s.execute(
-                update(InstanceRow).where(InstanceRow.id.in_(same[k : k + 1000])).values(last_seen_at=now)
-            )
+        update_each(s, InstanceRow, changed)
+        update_in(s, InstanceRow, same, last_seen_at=now)
         s.commit()
 
 

@@ -16,13 +16,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select
 from sqlmodel import Session
 
 from bot.engine import states as S
 from bot.engine.finish import close_instance, terminate_instance
 from bot.engine.launch import record_instance
 from bot.providers.base import GONE_STATUSES, Instance, ProviderError
+from store.db import update_each, update_in
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -150,7 +151,12 @@ def _plan_provider(
         if row is not None:
             if row.status != str(inst.status):
                 plan.status.append(
-                    {"b_id": row.id, "status": str(inst.status), "raw_status": inst.raw_status, "seen": now}
+                    {
+                        "id": row.id,
+                        "status": str(inst.status),
+                        "raw_status": inst.raw_status,
+                        "last_seen_at": now,
+                    }
                 )
             else:
                 plan.seen.append(row.id)
@@ -174,19 +180,8 @@ def _plan_provider(
 
 def _write(s: Session, plan: _Plan, now: float) -> None:
     """The pass's database changes, batched: executemany for statuses, IN lists for the rest."""
-    if plan.status:
-        s.execute(
-            update(InstanceRow.__table__)  # type: ignore[attr-defined]
-            .where(InstanceRow.__table__.c.id == bindparam("b_id"))  # type: ignore[attr-defined]
-            .values(
-                status=bindparam("status"), raw_status=bindparam("raw_status"), last_seen_at=bindparam("seen")
-            ),
-            plan.status,
-        )
-    for k in range(0, len(plan.seen), 1000):
-        s.execute(
-            update(InstanceRow).where(InstanceRow.id.in_(plan.seen[k : k + 1000])).values(last_seen_at=now)
-        )
+    update_each(s, InstanceRow, plan.status)
+    update_in(s, InstanceRow, plan.seen, last_seen_at=now)
 
 
 def _as_model(row: _OpenRow) -> InstanceRow:
