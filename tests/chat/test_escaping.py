@@ -81,6 +81,19 @@ def job(text: str, **kw: object) -> JobView:
     )
 
 
+def volume(text: str, *, owner: str) -> VolumeView:
+    return VolumeView(
+        provider="vast",
+        volume_id="v1",
+        name=text,
+        size_gb=10,
+        price_per_gb_month=0.1,
+        cost_per_month=1.0,
+        cost_so_far=0.5,
+        owner=owner,
+    )
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=user_text)
 @example(text="<@U0HOSTILE|boss> <!channel> <https://evil.example|x> <!subteam^S0X>")
@@ -109,33 +122,8 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
             ),
             user="U0OWNER",
         ),
-        cards.volumes_reply(
-            [
-                VolumeView(
-                    provider="vast",
-                    volume_id="v1",
-                    name=text,
-                    size_gb=10,
-                    price_per_gb_month=0.1,
-                    cost_per_month=1.0,
-                    cost_so_far=0.5,
-                    owner=text,
-                )
-            ]
-        ),
-        cards.volume_reminder(
-            VolumeView(
-                provider="vast",
-                volume_id="v1",
-                name=text,
-                size_gb=10,
-                price_per_gb_month=0.1,
-                cost_per_month=1.0,
-                cost_so_far=0.5,
-                owner="U0OWNER",
-            ),
-            message=text,
-        ),
+        cards.volumes_reply([volume(text, owner=text)]),
+        cards.volume_reminder(volume(text, owner="U0OWNER"), message=text),
         cards.budgets_reply([BudgetView(scope="team", name=text, daily=1.0, monthly=2.0)]),
         cards.estimate_reply(make_estimate(text), estimate_id="e1", launching=True),
         cards.estimate_reply(make_estimate(text), estimate_id=None, detailed=True),
