@@ -111,7 +111,9 @@ class SlackStack:
         hdrs = {"Content-Type": "application/x-www-form-urlencoded", **sign(body), **(headers or {})}
         return self.http.post(self.url + "/slack/events", content=body, headers=hdrs)
 
-    def event(self, event: dict, *, headers: dict | None = None) -> httpx.Response:
+    def event(
+        self, event: dict, *, headers: dict | None = None, event_id: str | None = None
+    ) -> httpx.Response:
         body = json.dumps(
             {
                 "token": "legacy",
@@ -119,7 +121,7 @@ class SlackStack:
                 "api_app_id": "A1",
                 "type": "event_callback",
                 "event": event,
-                "event_id": f"Ev{time.time_ns()}",
+                "event_id": event_id or f"Ev{time.time_ns()}",
                 "event_time": int(time.time()),
             }
         )

@@ -149,11 +149,15 @@ def test_429_retry_after_is_honoured(slack_stack: SlackStack) -> None:
 
 def test_retried_event_is_not_handled_twice(slack_stack: SlackStack) -> None:
     ev = {"type": "app_home_opened", "user": "U_ALICE", "channel": "D1", "tab": "home"}
-    assert slack_stack.event(ev).status_code == 200
-    assert slack_stack.event(ev, headers={"X-Slack-Retry-Num": "1"}).status_code == 200
+    assert slack_stack.event(ev, event_id="Ev1").status_code == 200
+    retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    assert slack_stack.event(ev, event_id="Ev1", headers=retry).status_code == 200
     slack_stack.slack.wait_for("views.publish", 1)
     time.sleep(0.3)
     assert len(slack_stack.slack.of("views.publish")) == 1
+    # a retry of a delivery that never arrived (its first attempt failed) is the only copy: handled
+    assert slack_stack.event(ev, event_id="Ev2", headers=retry).status_code == 200
+    slack_stack.slack.wait_for("views.publish", 2)
 
 
 def test_thread_card_throttled_milestones_and_chart(slack_stack: SlackStack) -> None:

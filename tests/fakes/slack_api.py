@@ -1,10 +1,13 @@
 """A fake Slack Web API on 127.0.0.1 that records every call, for the chat layer's tests and bench.
 
 Serves ``/api/<method>`` (auth.test, chat.postMessage with ts, chat.update, chat.postEphemeral,
-views.open, views.publish, conversations.open, files.getUploadURLExternal, files.completeUploadExternal),
+views.open, views.update, views.publish, conversations.open, users.info (``users``), apps.connections.open
+(``socket_url``: the Socket Mode stand-in of socket_mode.py), files.info, files.getUploadURLExternal,
+files.completeUploadExternal),
 the upload POST of files_upload_v2 (``/upload/<file_id>``) and response_url endpoints
 (``/response/<id>``, see ``response_url()``). ``fail_next(method, retry_after=1)`` makes the next call
-answer 429 with Retry-After, once.
+answer 429 with Retry-After, once. Channels in ``not_in`` answer chat.postMessage with ``not_in_channel``
+(a private channel the bot was not invited to).
 
     with FakeSlack() as slack:
         client = WebClient(token="xoxb-test", base_url=slack.api_url)
@@ -64,6 +67,15 @@ class FakeSlack:
         self._ts = itertools.count(1)
         self.files: dict[str, dict[str, Any]] = {}  # file id -> files.info's "file" (+ "_content")
         self.token: str | None = None  # when set, file downloads need "Authorization: Bearer <token>"
+        self.socket_url: str | None = None  # what apps.connections.open answers (Socket Mode)
+        self.not_in: set[str] = set()  # channels the bot is not a member of
+        self._views = itertools.count(1)
+        # users.info: id -> (display name, real name); an empty display name falls back to the real name
+        self.users: dict[str, tuple[str, str]] = {
+            "UALICE0001": ("alice", "Alice Liddell"),
+            "UBOB00002": ("", "Bob Stone"),
+            "UADMIN003": ("ada", "Ada Admin"),
+        }
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-slack", daemon=True)
@@ -144,7 +156,9 @@ class FakeSlack:
             for c in self.calls:
                 if c.method in ("chat.postMessage", "chat.update", "chat.postEphemeral", "response"):
                     out.append(c.body)
-                elif c.method in ("views.publish", "views.open") and isinstance(c.body.get("view"), dict):
+                elif c.method in ("views.publish", "views.open", "views.update") and isinstance(
+                    c.body.get("view"), dict
+                ):
                     out.append(c.body["view"])
         return out
 
@@ -160,6 +174,26 @@ class FakeSlack:
                 "user_id": "UBOT",
                 "bot_id": "BBOT",
             }
+        if method == "apps.connections.open":
+            if not self.socket_url:
+                return {"ok": False, "error": "not_allowed_token_type"}
+            return {"ok": True, "url": self.socket_url}
+        if method == "users.info":
+            user = str(body.get("user") or "")
+            if user not in self.users:
+                return {"ok": False, "error": "user_not_found"}
+            display, real = self.users[user]
+            return {
+                "ok": True,
+                "user": {
+                    "id": user,
+                    "name": (display or real).lower().replace(" ", "."),
+                    "real_name": real,
+                    "profile": {"display_name": display, "real_name": real},
+                },
+            }
+        if method == "chat.postMessage" and body.get("channel") in self.not_in:
+            return {"ok": False, "error": "not_in_channel"}
         if method in ("chat.postMessage", "chat.postEphemeral"):
             ts = f"{1700000000 + next(self._ts)}.000100"
             channel = body.get("channel", "C?")
@@ -179,8 +213,10 @@ class FakeSlack:
             }
         if method == "conversations.open":
             return {"ok": True, "channel": {"id": "D" + str(body.get("users", "X")).split(",")[0]}}
-        if method in ("views.publish", "views.open"):
-            return {"ok": True, "view": {"id": "V1", **(body.get("view") or {})}}
+        if method in ("views.publish", "views.open", "views.update"):
+            view = body.get("view") or {}
+            view_id = body.get("view_id") or f"V{next(self._views)}"
+            return {"ok": True, "view": {**view, "id": view_id, "hash": f"h{time.time_ns()}"}}
         if method == "files.getUploadURLExternal":
             file_id = "F" + uuid.uuid4().hex[:8].upper()
             return {"ok": True, "upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}

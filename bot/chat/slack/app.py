@@ -6,6 +6,9 @@ AsyncApp at p99 110 ms for 50 concurrent slash commands. Slow work runs in threa
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -55,6 +58,30 @@ def make_sync_client(settings: Settings) -> WebClient:
     )
 
 
+class SeenEvents:
+    """The Events API deliveries already taken, by ``event_id``: a retry of one of them is acknowledged and
+    dropped; a retry of a delivery this process never got (its first attempt failed) is handled.
+
+    Not the ``X-Slack-Retry-Num`` header alone: bolt fills it in Socket Mode from ``retry_attempt`` even on
+    a first delivery ("0"), and a retry after a failed first delivery is the only copy of that event."""
+
+    def __init__(self, *, max_items: int = 10_000, ttl_s: float = 3600.0) -> None:
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+
+    def first_time(self, event_id: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            while self._seen and (len(self._seen) >= self.max_items or next(iter(self._seen.values())) < now):
+                self._seen.popitem(last=False)
+            if event_id in self._seen:
+                return False
+            self._seen[event_id] = now + self.ttl_s
+            return True
+
+
 def build_app(
     chat: ChatHandlers,
     *,
@@ -75,10 +102,13 @@ def build_app(
         context["chat"] = chat
         await next()
 
+    seen = SeenEvents()
+
     @app.middleware
     async def skip_retried_events(req: Any, resp: BoltResponse, next: Any) -> BoltResponse | None:  # noqa: A002
-        # Events API retries a delivery it thinks failed; the first one is handled already.
-        if req.headers.get("x-slack-retry-num") and req.body.get("type") == "event_callback":
+        # Events API retries a delivery it thinks failed (no ack within 3 s): handle each event once.
+        event_id = req.body.get("event_id")
+        if req.body.get("type") == "event_callback" and event_id and not seen.first_time(str(event_id)):
             return BoltResponse(status=200, body="")
         await next()
         return None
