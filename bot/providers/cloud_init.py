@@ -2,6 +2,13 @@
 
 The environment (JobSpec JSON, HF token, ...) is written to a root-only env file and handed to
 ``docker run --env-file``, so secrets never appear on a command line or in ``ps``.
+
+A plain Ubuntu VM (TensorDock's ``ubuntu2404``) has neither Docker nor the NVIDIA container toolkit, and
+``docker run --gpus all`` fails without the toolkit ("could not select device driver"): the steps install
+Docker where it is missing, the toolkit from NVIDIA's apt repository where ``nvidia-ctk`` is missing
+(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html), register
+its runtime with Docker (``nvidia-ctk runtime configure --runtime=docker``) and restart Docker, then run
+the runner with ``--gpus all``. On an image that has both (Lambda Stack) the installs are skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +19,10 @@ from collections.abc import Mapping, Sequence
 
 ENV_FILE = "/etc/tunebot/runner.env"
 CONTAINER_NAME = "tunebot-runner"
+TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container"
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+APT = "apt-get -o DPkg::Lock::Timeout=600"  # a fresh VM's unattended upgrades may hold the dpkg lock
 
 
 def env_file_content(env: Mapping[str, str]) -> str:
@@ -45,10 +56,27 @@ def docker_run(image: str, command: Sequence[str] | None = None, *, gpus: bool =
     return shlex.join(parts)
 
 
+def toolkit_steps(*, keyring: str = TOOLKIT_KEYRING, sources: str = TOOLKIT_LIST) -> list[str]:
+    """Install the NVIDIA container toolkit where it is missing, register it with Docker, restart Docker."""
+    signed = f"deb [signed-by={keyring}] https://"
+    install = (
+        f"curl -fsSL {TOOLKIT_REPO}/gpgkey | gpg --batch --yes --dearmor -o {shlex.quote(keyring)}"
+        f" && curl -fsSL {TOOLKIT_REPO}/stable/deb/nvidia-container-toolkit.list"
+        f" | sed {shlex.quote(f's#deb https://#{signed}#g')} > {shlex.quote(sources)}"
+        f" && {APT} update && {APT} install -y nvidia-container-toolkit"
+    )
+    return [
+        f"command -v nvidia-ctk >/dev/null 2>&1 || ({install})",
+        "nvidia-ctk runtime configure --runtime=docker",
+        "systemctl restart docker",
+    ]
+
+
 def runcmd(image: str, command: Sequence[str] | None = None) -> list[str]:
-    """The shell steps: ensure docker exists (TensorDock's plain Ubuntu image), then run the runner."""
+    """The shell steps: Docker and the NVIDIA container toolkit where missing, then the runner on the GPUs."""
     return [
         "command -v docker >/dev/null 2>&1 || (curl -fsSL https://get.docker.com | sh)",
+        *toolkit_steps(),
         docker_run(image, command),
     ]
 
