@@ -157,6 +157,7 @@ class Demo:
                     first_seen_at=now - 12 * 86400,
                     idle_since=now - 5 * 86400,
                     owner=USER,
+                    tracked=True,  # as if tunebot had created it for one of USER's jobs
                 )
             )
             s.commit()

@@ -118,7 +118,11 @@ class VolumeRecord(SQLModel, table=True):
     name: str = ""
     size_gb: float = 0.0
     price_per_gb_month: float = 0.0
+    # Tracked: tunebot created or attached it (for a job, whose owner is the volume's owner). Only
+    # tracked volumes may be deleted or kept from chat; the others are listed as the provider's.
+    tracked: bool = False
     owner: str | None = None
+    job_id: str | None = Field(default=None, max_length=64)
     first_seen_at: float
     last_used_at: float | None = None
     idle_since: float | None = None

@@ -488,6 +488,11 @@ def spend_reply(report: SpendReport, *, user: str | None = None, title: str | No
     return reply
 
 
+UNTRACKED_VOLUMES = (
+    "untracked: volumes tunebot did not create or attach; it never deletes them (use the provider's console)"
+)
+
+
 def volumes_reply(volumes: list[VolumeView], *, limit: int | None = MAX_VOLUME_ROWS) -> Reply:
     """Volumes with their provider and id (what `volumes --delete ID --provider P` takes), size and cost."""
     if not volumes:
@@ -505,13 +510,15 @@ def volumes_reply(volumes: list[VolumeView], *, limit: int | None = MAX_VOLUME_R
             money(v.cost_per_month),
             money(v.cost_so_far),
             v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
-            esc(v.owner or "-"),
+            esc(v.owner or "-") if v.tracked else "untracked",
         ]
         for v in shown
     ]
     reply.add(Table(["provider", "id", "name", "size", "$/month", "so far", "idle since", "owner"], rows))
     if len(volumes) > len(shown):
         reply.add(Context([f"{len(volumes) - len(shown)} more volumes not shown"]))
+    if any(not v.tracked for v in volumes):
+        reply.add(Context([UNTRACKED_VOLUMES]))
     return reply
 
 
@@ -530,6 +537,9 @@ def volume_reminder(volume: VolumeView, *, message: str = "") -> Reply:
     reply.add(Text(text))
     if message:
         reply.add(Context([esc(message)]))
+    if not volume.tracked:  # the provider's, not tunebot's: no buttons that would be refused anyway
+        reply.add(Context([UNTRACKED_VOLUMES]))
+        return reply
     ref = f"{volume.provider}:{volume.volume_id}"
     reply.add(
         Buttons(

@@ -422,11 +422,13 @@ class ChatHandlers:
         volume = next(
             (v for v in self.engine.volumes() if v.provider == provider and v.volume_id == volume_id), None
         )
-        owner = (volume.owner if volume else None) or actor.user
-        decision = self.permissions.can_stop(actor.user, owner)
+        if volume is None:
+            raise EngineError(f"no volume {volume_id[:80]} on {provider[:40]} (`volumes` lists them)")
+        # Asked first for the reason; the engine decides again on its own (the same policy).
+        decision = self.permissions.can_manage_volume(actor.user, owner=volume.owner, tracked=volume.tracked)
         if not decision:
-            raise PermissionDenied("only the volume's owner or an admin may do that")
-        name = esc(volume.name if volume else volume_id)
+            raise PermissionDenied(decision.reason)
+        name = esc(volume.name or volume_id)
         if action == "delete":
             self.engine.delete_volume(provider, volume_id, user=actor.user)
             return text_reply(

@@ -80,7 +80,8 @@ class VolumeView(BaseModel):
     cost_per_month: float
     cost_so_far: float
     idle_since: datetime | None = None
-    owner: str | None = None
+    owner: str | None = None  # the owner of the job tunebot created or attached it for
+    tracked: bool = False  # tunebot's own (deletable by its owner or an admin); else the provider's
 
 
 class BudgetView(BaseModel):

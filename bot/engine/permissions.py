@@ -76,6 +76,20 @@ class Permissions:
             return Decision(True)
         return Decision(False, "only the job's owner or an admin may stop it")
 
+    def can_manage_volume(self, user: str, *, owner: str | None, tracked: bool) -> Decision:
+        """Delete or keep a volume: only one tunebot created or attached (tracked, with the owner of its
+        job recorded), and only its owner or an admin. A provider's other volumes are never tunebot's to
+        delete, whoever asks."""
+        if not tracked:
+            return Decision(
+                False,
+                "tunebot did not create or attach this volume, so it neither deletes nor keeps it; "
+                "manage it in the provider's console",
+            )
+        if (owner and user == owner) or self.is_admin(user):
+            return Decision(True)
+        return Decision(False, "only the volume's owner or an admin may do that")
+
     def can_set_budget(self, user: str) -> Decision:
         if not self.admins or self.is_admin(user):
             return Decision(True)

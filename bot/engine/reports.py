@@ -93,6 +93,7 @@ def volumes(ctx: EngineContext) -> list[VolumeView]:
             cost_so_far=round(volumes_mod.cost_so_far(r, now), 4),
             idle_since=ts(r.idle_since),
             owner=r.owner,
+            tracked=r.tracked,
         )
         for r in rows
     ]

@@ -237,10 +237,14 @@ class Engine:
         return reports.volumes(self.ctx)
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
-        volumes_mod.delete(self.ctx, provider, volume_id, user=user)
+        volumes_mod.delete(self.ctx, self.permissions, provider, volume_id, user=user)
+
+    def track_volume(self, provider: str, volume_id: str, *, job_id: str, name: str = "") -> None:
+        """Record a volume tunebot created or attached for a job: the job's owner owns it."""
+        volumes_mod.track(self.ctx, provider, volume_id, job_id=job_id, name=name)
 
     def keep_volume(self, provider: str, volume_id: str, *, user: str) -> None:
-        volumes_mod.keep(self.ctx, provider, volume_id, user=user)
+        volumes_mod.keep(self.ctx, self.permissions, provider, volume_id, user=user)
 
     def budgets(self) -> list[BudgetView]:
         return reports.budgets(self.ctx)

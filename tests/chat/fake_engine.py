@@ -113,6 +113,7 @@ class FakeEngine:
                 cost_so_far=3.2,
                 idle_since=datetime(2026, 11, 20, tzinfo=UTC),
                 owner="U_ALICE",
+                tracked=True,
             )
         ]
         self.deleted: list[str] = []

@@ -91,6 +91,7 @@ def volume(text: str, *, owner: str) -> VolumeView:
         cost_per_month=1.0,
         cost_so_far=0.5,
         owner=owner,
+        tracked=True,
     )
 
 

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.engine.api import EngineError
+from bot.engine.api import EngineError, PermissionDenied
 from bot.providers.base import Volume
 
-from .conftest import Recorder
+from .conftest import Recorder, estimate_for, request
 from .fakes import FakeProvider
 
 DAY = 86400.0
@@ -17,10 +17,12 @@ DAY = 86400.0
 
 def test_idle_volume_reminder_with_costs_and_no_auto_delete(make_engine, clock, settings):
     p = FakeProvider("vol", volumes=True)
+    eng = make_engine(providers={"vol": p})
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
     p.volumes["v1"] = Volume(
         provider="vol",
         volume_id="v1",
-        name="ckpts",
+        name=f"tunebot-{job.job_id}",  # created for alice's job: hers
         size_gb=100,
         price_per_gb_month=0.1,
         idle_since=datetime.fromtimestamp(clock.t, UTC),
@@ -28,7 +30,6 @@ def test_idle_volume_reminder_with_costs_and_no_auto_delete(make_engine, clock, 
     p.volumes["v2"] = Volume(
         provider="vol", volume_id="v2", name="busy", size_gb=50, price_per_gb_month=0.1, attached=True
     )
-    eng = make_engine(providers={"vol": p})
     rec = Recorder(eng.bus)
     views = {v.volume_id: v for v in eng.volumes()}
     assert views["v1"].cost_per_month == pytest.approx(10.0)
@@ -61,10 +62,68 @@ def test_delete_unknown_provider_is_refused(engine):
         engine.delete_volume("nowhere", "v1", user="alice")
 
 
+def _volume(provider: str, volume_id: str, name: str, *, idle_since: float | None = None) -> Volume:
+    since = datetime.fromtimestamp(idle_since, UTC) if idle_since is not None else None
+    return Volume(provider=provider, volume_id=volume_id, name=name, size_gb=100, price_per_gb_month=0.1,
+                  idle_since=since)
+
+
+def test_volumes_tunebot_never_created_are_nobodys_to_delete(make_engine, settings):
+    """Attack (issue 19): any member deleted any cloud volume, tunebot's or not; the clicker counted as
+    owner. A volume tunebot did not create or attach is listed as untracked and nobody deletes or keeps
+    it through tunebot, admins included; nothing reaches the provider."""
+    from bot.engine.permissions import Permissions
+
+    p = FakeProvider("vast", volumes=True)
+    p.volumes["prod-db"] = _volume("vast", "prod-db", "company-prod-database")
+    eng = make_engine(providers={"vast": p}, permissions=Permissions(admins=frozenset({"root"})))
+    (view,) = eng.volumes()
+    assert view.tracked is False and view.owner is None
+    for who in ("mallory", "alice", "root"):
+        with pytest.raises(PermissionDenied, match="did not create or attach this volume"):
+            eng.delete_volume("vast", "prod-db", user=who)
+        with pytest.raises(PermissionDenied, match="did not create or attach"):
+            eng.keep_volume("vast", "prod-db", user=who)
+    assert p.deleted_volumes == [] and "prod-db" in p.volumes
+    with pytest.raises(EngineError, match="no volume"):
+        eng.delete_volume("vast", "never-listed", user="root")
+
+
+def test_a_volume_created_for_a_job_belongs_to_the_jobs_owner(make_engine, clock):
+    """The owner is recorded (the job's owner), not taken from whoever clicks: only the owner or an admin
+    deletes or keeps it."""
+    from bot.engine.permissions import Permissions
+
+    p = FakeProvider("vast", volumes=True)
+    eng = make_engine(providers={"vast": p}, permissions=Permissions(admins=frozenset({"root"})))
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
+    p.volumes["v-label"] = _volume("vast", "v-label", f"tunebot-{job.job_id}")  # named with the job's label
+    p.volumes["v-made"] = _volume("vast", "v-made", "ckpts")
+    eng.track_volume("vast", "v-made", job_id=job.job_id)  # created or attached by tunebot for the job
+    views = {v.volume_id: v for v in eng.volumes()}
+    assert {(v.tracked, v.owner) for v in views.values()} == {(True, "alice")}
+    with pytest.raises(PermissionDenied, match="only the volume's owner or an admin"):
+        eng.delete_volume("vast", "v-label", user="mallory")
+    with pytest.raises(PermissionDenied, match="only the volume's owner or an admin"):
+        eng.keep_volume("vast", "v-made", user="mallory")
+    assert p.deleted_volumes == []
+    eng.delete_volume("vast", "v-label", user="alice")
+    eng.delete_volume("vast", "v-made", user="root")
+    assert p.deleted_volumes == ["v-label", "v-made"]
+
+
+def test_untracked_idle_volumes_are_listed_but_not_reminded_about(make_engine, clock, settings):
+    p = FakeProvider("vast", volumes=True)
+    p.volumes["theirs"] = _volume("vast", "theirs", "someone-elses", idle_since=clock.t)
+    eng = make_engine(providers={"vast": p})
+    clock.advance(settings.volume_idle_days * DAY + 1)
+    assert eng.volume_reminders() == []
+    assert [v.volume_id for v in eng.volumes()] == ["theirs"]
+
+
 def test_daily_summary_reports_yesterday(make_engine, clock):
     p = FakeProvider("p", price=2.0)
     eng = make_engine(providers={"p": p})
-    from .conftest import estimate_for, request
 
     job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
     clock.advance(3600)
@@ -83,7 +142,6 @@ def test_daily_summary_reports_yesterday(make_engine, clock):
 def test_daily_summary_of_today_so_far(make_engine, clock):
     p = FakeProvider("p", price=2.0)
     eng = make_engine(providers={"p": p})
-    from .conftest import estimate_for, request
 
     job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
     clock.advance(3600)

@@ -1,0 +1,56 @@
+"""Issue 19, item 4, through the CLI and the console: the refusals Slack gets (tests/chat/test_authz_e2e.py),
+because the engine decides them. The CLI runs against the fake Vast API on 127.0.0.1 (its key and URL in the
+environment), so `tunebot ...` builds its engine exactly as in production.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fakes.clouds import FakeVast
+from fakes.clouds.fixtures import use_fake_env
+from typer.testing import CliRunner
+
+from bot.cli import app
+
+
+@pytest.fixture
+def vast():  # type: ignore[no-untyped-def]
+    fake = FakeVast().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "cli"))
+    monkeypatch.setenv("TUNEBOT_ADMINS", "root")
+    from bot.settings import get_settings
+
+    get_settings.cache_clear()
+    yield tmp_path / "cli"
+    get_settings.cache_clear()
+
+
+def test_cli_refuses_to_delete_a_volume_tunebot_never_created(cli_env, vast, monkeypatch):
+    """a9605e4: `tunebot volumes --delete` deleted any provider volume for anyone (no owner, no check)."""
+    use_fake_env(monkeypatch, vast)
+    vast.volumes["77"] = {
+        "id": 77,
+        "name": "company-prod-db",
+        "size": 500,
+        "storage_cost": 0.1,
+        "instances": [],
+        "idle_since": time.time(),
+    }
+    runner = CliRunner()
+    for user in ("mallory", "root"):
+        out = runner.invoke(app, ["volumes", "--delete", "77", "--provider", "vast", "--yes", "--user", user])
+        assert out.exit_code == 2, out.output
+        assert "did not create or attach this volume" in out.output and "Traceback" not in out.output
+        out = runner.invoke(app, ["volumes", "--keep", "77", "--provider", "vast", "--user", user])
+        assert out.exit_code == 2 and "did not create or attach" in out.output
+    assert "77" in vast.volumes
+    listed = runner.invoke(app, ["volumes"])
+    assert listed.exit_code == 0 and "company-prod-db" in listed.output and "untracked" in listed.output
