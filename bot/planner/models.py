@@ -1,9 +1,10 @@
 """Resolve what a person typed (hub id, short alias, config.json, model folder) to an Architecture.
 
 Order: a local config.json or folder; the built-in table (data/models.json: real config values of
-popular models, case-insensitive ids and short aliases); the Hugging Face hub (config.json fetched
-with httpx, HF_TOKEN as bearer, cached under the tunebot data folder; base URL from TUNEBOT_HF_URL so
-tests point it at a local fake server; TUNEBOT_HF_OFFLINE=1 or HF_HUB_OFFLINE=1 disables it).
+popular models, case-insensitive ids and short aliases; variants such as -Instruct share their base's
+config but keep their own id: the model asked for is the model trained); the Hugging Face hub
+(config.json fetched with httpx, HF_TOKEN as bearer, cached under the tunebot data folder; base URL from
+TUNEBOT_HF_URL so tests point it at a fake server; TUNEBOT_HF_OFFLINE=1 or HF_HUB_OFFLINE=1 disables it).
 When the network fails, the table's nearest entry is not guessed: the error lists close names.
 """
 
@@ -15,7 +16,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bot.planner.architectures import Architecture, from_config
 from bot.planner.errors import PlanningError, UnknownModelError
@@ -26,18 +27,20 @@ _SUFFIXES = ("-instruct", "-chat-hf", "-hf", "-chat", "-it", "-base")
 
 
 @lru_cache(maxsize=1)
-def _table() -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Lookup key -> entry, and the display names (hub ids) for suggestions."""
+def _table() -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+    """Lookup key -> (the hub id that key names, the entry whose config it uses), and the hub ids for
+    suggestions. A hub-id alias (``meta-llama/Llama-3.1-8B-Instruct`` on the Llama-3.1-8B entry) names
+    itself: it shares the entry's config, never its id."""
     raw = json.loads(DATA.read_text())
-    index: dict[str, dict[str, Any]] = {}
+    index: dict[str, tuple[str, dict[str, Any]]] = {}
     names: list[str] = []
     for entry in raw["models"]:
-        names.append(entry["id"])
-        keys = [entry["id"], entry["id"].split("/")[-1], *entry["aliases"]]
-        for key in keys:
-            for variant in (key.lower(), _strip(key.lower())):
-                index.setdefault(variant, entry)
-                index.setdefault(variant.split("/")[-1], entry)
+        for key in [entry["id"], *entry["aliases"]]:
+            model_id = key if "/" in key else entry["id"]
+            if model_id not in names:
+                names.append(model_id)
+            for variant in (key.lower(), key.lower().split("/")[-1]):
+                index.setdefault(variant, (model_id, entry))
     return index, names
 
 
@@ -52,20 +55,39 @@ def known_models() -> list[str]:
     return list(_table()[1])
 
 
-def table_lookup(name: str) -> tuple[str, dict[str, Any]] | None:
+class TableHit(NamedTuple):
+    model_id: str  # what is trained: the name asked for (a known hub id in its canonical spelling)
+    config: dict[str, Any]
+    config_of: str  # the table entry whose config it uses (the same model, or a variant of it)
+
+
+def table_lookup(name: str) -> TableHit | None:
+    """The table's config for a name, without ever renaming the model.
+
+    A listed id or alias (any case) is that model. A hub id the table does not list but whose name (without
+    its organisation, or without a variant suffix such as -Instruct, -chat, -it) is listed keeps its own id
+    and shares that entry's config: ``acme/Llama-3.1-8B-Instruct`` trains ``acme/Llama-3.1-8B-Instruct``. A
+    short name matched only by dropping a suffix names no repo (``qwen2.5-7b-chat``): None, so the person is
+    asked for the hub id instead of being given the base model."""
     index, _ = _table()
     key = name.strip().lower()
-    for variant in (key, _strip(key), key.split("/")[-1], _strip(key.split("/")[-1])):
+    if key in index:
+        model_id, entry = index[key]
+        return TableHit(model_id, entry["config"], entry["id"])
+    if "/" not in key:
+        return None
+    last = key.split("/")[-1]
+    for variant in (last, _strip(key), _strip(last)):
         if variant in index:
-            entry = index[variant]
-            return entry["id"], entry["config"]
+            entry = index[variant][1]
+            return TableHit(name.strip(), entry["config"], entry["id"])
     return None
 
 
 def closest(name: str, n: int = 5) -> list[str]:
     index, names = _table()
     key = name.strip().lower()
-    pool = {k: v["id"] for k, v in index.items()}
+    pool = {k: v[0] for k, v in index.items()}
     hits = difflib.get_close_matches(key, list(pool), n=12, cutoff=0.4)
     hits += difflib.get_close_matches(key.split("/")[-1], list(pool), n=12, cutoff=0.4)
     out: list[str] = []
@@ -156,7 +178,7 @@ def resolve(name: str) -> tuple[Architecture, str]:
         return from_config(_read_config_file(cfg_path), text), "config file"
     hit = table_lookup(text)
     if hit is not None:
-        return from_config(hit[1], hit[0]), "built-in table"
+        return from_config(hit.config, hit.model_id), "built-in table"
     if HUB_ID.match(text):
         fetched = fetch_hub_config(text)
         if fetched is not None:

@@ -12,7 +12,7 @@ from bot.planner.gpus import GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
-from bot.planner.models import resolve
+from bot.planner.models import resolve, table_lookup
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
 from bot.planner.ranges import MEMORY_RATIO, hours_range, memory_range, speed_range
@@ -248,8 +248,10 @@ def estimate(
     if corr is not None and corr.memory_runs:
         breakdown["calibration"] = round(mem_gb - mem.per_gpu_gb, 3)
 
+    hit = table_lookup(req.model) if source == "built-in table" else None
+    shared = f" (config shared with {hit.config_of})" if hit and hit.config_of != arch.name else ""
     assumptions = [
-        f"model: {arch.name} from the {source}; {arch.parameters:,} parameters"
+        f"model: {arch.name} from the {source}{shared}; {arch.parameters:,} parameters"
         + (f" ({arch.active_parameters:,} active per token, {arch.experts} experts)" if arch.experts else ""),
         f"peak reserved memory per GPU at the {mem.peak_phase}; CUDA context included; "
         f"offers must fit with {SAFETY_MARGIN:.0%} to spare",

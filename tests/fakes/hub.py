@@ -1,4 +1,5 @@
-"""A fake Hugging Face Hub on 127.0.0.1: what ``HfApi(endpoint=...).create_repo`` and ``upload_folder`` call.
+"""A fake Hugging Face Hub on 127.0.0.1: what ``HfApi(endpoint=...).create_repo`` and ``upload_folder`` call,
+and what ``snapshot_download`` reads (repo info, the file tree, ``/{repo}/resolve/{revision}/{file}``).
 
 Serves repo creation (``POST /api/repos/create``), the model card check (``/api/validate-yaml``), the
 preupload check (every file "regular", so file
@@ -9,11 +10,13 @@ visibility; requests without the expected bearer token get 401, like the Hub.
     with FakeHub(token="hf_test") as hub:
         HfApi(endpoint=hub.url, token="hf_test").upload_folder(...)
         hub.repos["me/model"].files["adapter_config.json"]
+        hub.add_folder("meta-llama/Llama-3.2-1B-Instruct", tiny_model_dir)  # then snapshot_download it
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import threading
@@ -29,6 +32,14 @@ class HubRepo:
     private: bool
     files: dict[str, bytes] = field(default_factory=dict)
     commits: list[str] = field(default_factory=list)
+
+    @property
+    def sha(self) -> str:
+        """The repo's revision: a hash of its files (40 hex digits, like a commit id)."""
+        digest = hashlib.sha1()
+        for name in sorted(self.files):
+            digest.update(name.encode() + b"\0" + self.files[name])
+        return digest.hexdigest()
 
     def write_to(self, folder: Path) -> Path:
         """The repo's files in a local folder (to load them like a snapshot)."""
@@ -78,10 +89,27 @@ class FakeHub:
                 if self.headers.get("Authorization") != f"Bearer {hub.token}":
                     self._answer(401, {"error": "Invalid credentials in Authorization header"})
                     return
-                status, body = hub.route(self.command, self.path.split("?")[0], raw)
+                path = self.path.split("?")[0]
+                file = hub.resolve_file(path) if self.command in ("GET", "HEAD") else None
+                if file is not None:
+                    self._send_file(*file)
+                    return
+                status, body = hub.route(self.command, path, raw)
                 self._answer(status, body)
 
-            do_GET = do_POST = do_PUT = _handle  # noqa: N815 - http.server's naming
+            def _send_file(self, repo: HubRepo, data: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+                self.send_header("X-Repo-Commit", repo.sha)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                with hub.lock:
+                    hub.requests.append((self.command, self.path, 200))
+
+            do_GET = do_POST = do_PUT = do_HEAD = _handle  # noqa: N815 - http.server's naming
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -98,6 +126,25 @@ class FakeHub:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def add_folder(self, repo_id: str, folder: Path, *, private: bool = True) -> HubRepo:
+        """A repo holding a local folder's files (a model to download with ``snapshot_download``)."""
+        repo = HubRepo(repo_id, private=private)
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                repo.files[path.relative_to(folder).as_posix()] = path.read_bytes()
+        with self.lock:
+            self.repos[repo_id] = repo
+        return repo
+
+    def resolve_file(self, path: str) -> tuple[HubRepo, bytes] | None:
+        """``/{org}/{name}/resolve/{revision}/{file}``: the file's bytes (any revision reads the repo)."""
+        match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
+        with self.lock:
+            repo = self.repos.get(match.group(1)) if match else None
+            if repo is None or match is None or match.group(2) not in repo.files:
+                return None
+            return repo, repo.files[match.group(2)]
 
     def route(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         with self.lock:
@@ -128,10 +175,15 @@ class FakeHub:
                     return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                            for f in files]}
                 return self._commit(repo, raw)
-            match = re.fullmatch(r"/api/models/([^/]+/[^/]+)", path)
+            match = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+(?:/.*)?", path)
             if match and method == "GET" and match.group(1) in self.repos:
                 repo = self.repos[match.group(1)]
-                return 200, {"id": repo.repo_id, "private": repo.private,
+                return 200, [{"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                             for n, d in sorted(repo.files.items())]
+            match = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
+            if match and method == "GET" and match.group(1) in self.repos:
+                repo = self.repos[match.group(1)]
+                return 200, {"id": repo.repo_id, "private": repo.private, "sha": repo.sha,
                              "siblings": [{"rfilename": n} for n in sorted(repo.files)]}
             return 404, {"error": f"fake hub: no route {method} {path}"}
 

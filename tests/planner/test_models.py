@@ -26,19 +26,32 @@ TINY_PARAMS = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 2 * 1000
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "model_id"),
     [
-        "meta-llama/Llama-3.1-8B",
-        "META-LLAMA/llama-3.1-8b",
-        "llama-3.1-8b",
-        "Llama-3.1-8B-Instruct",
-        "meta-llama/Meta-Llama-3.1-8B-Instruct",
-        "  llama3.1-8b ",
+        ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+        ("META-LLAMA/llama-3.1-8b", "meta-llama/Llama-3.1-8B"),
+        ("llama-3.1-8b", "meta-llama/Llama-3.1-8B"),
+        ("  llama3.1-8b ", "meta-llama/Llama-3.1-8B"),
+        # variants share the base's config and keep their own id
+        ("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+        ("unsloth/Llama-3.1-8B-Instruct", "unsloth/Llama-3.1-8B-Instruct"),
     ],
 )
-def test_names_resolve_case_insensitively_with_aliases(name: str) -> None:
+def test_names_resolve_case_insensitively_with_aliases(name: str, model_id: str) -> None:
     arch, source = resolve(name)
-    assert arch.name == "meta-llama/Llama-3.1-8B" and source == "built-in table"
+    assert arch.name == model_id and source == "built-in table"
+    assert arch.parameters == resolve("meta-llama/Llama-3.1-8B")[0].parameters
+
+
+def test_a_short_name_known_only_without_its_suffix_asks_for_the_hub_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``qwen2.5-7b-chat`` names no repo: training Qwen/Qwen2.5-7B instead would be a silent swap."""
+    monkeypatch.setenv("TUNEBOT_HF_OFFLINE", "1")
+    with pytest.raises(UnknownModelError) as info:
+        resolve("qwen2.5-7b-chat")
+    assert "Qwen/Qwen2.5-7B-Instruct" in info.value.suggestions
 
 
 def test_config_file_and_model_folder(tmp_path: Path) -> None:
