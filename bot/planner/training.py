@@ -3,8 +3,8 @@
 Pure except for reading the first record of a dataset (its format). The plan is what the estimate card
 lists and what the launch copies into the JobSpec, so nothing the planner priced changes on the way to the
 GPU: LoRA targets become the model's own module names, a short alias the person typed becomes the hub id the
-runner loads (a hub id, -Instruct variants included, stays exactly as typed), the dataset format is the one the
-data has.
+runner loads (a hub id, -Instruct variants included, stays exactly as typed), the dataset format is the one
+the data has.
 """
 
 from __future__ import annotations
