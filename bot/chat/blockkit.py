@@ -8,11 +8,14 @@ with an ellipsis, never split mid-way into an invalid block; ``violations()`` ch
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from bot.chat.replies import (
     Button,
     Buttons,
+    Confirm,
     Context,
     Divider,
     Fields,
@@ -39,7 +42,28 @@ MAX_CONFIRM_TITLE = 100
 MAX_CONFIRM_TEXT = 300
 MAX_CONFIRM_BUTTON = 30
 MAX_FALLBACK = 3000
+MAX_TABLE_ROWS = 100  # a table block: rows (the header row included), cells per row, column settings
+MAX_TABLE_CELLS = 20
+MAX_CELL_TEXT = 1000
 ELLIPSIS = "…"
+TABLE_SURFACES = ("message",)  # where a table block renders (one per message); elsewhere section fields
+
+_MENTION = re.compile(r"<@([UW][A-Z0-9]{2,30})(?:\|[^>]*)?>")
+_CELL_MARKUP = re.compile(r"<@([UW][A-Z0-9]{2,30})>|\*([^*\n]+)\*|`([^`\n]+)`")
+_NUMERIC = re.compile(r"^[~≈]?[-+]?\$?\d[\d,.]*(?:[ /%x]|$)")
+
+Names = Callable[[str], str]
+
+
+def no_names(user: str) -> str:
+    return user
+
+
+def named(text: str, names: Names | None) -> str:
+    """Mentions as ``@display name`` for plain text, where Slack shows ``<@U123>`` as typed (headers,
+    buttons, confirm dialogs, modal labels)."""
+    lookup = names or no_names
+    return _MENTION.sub(lambda m: "@" + lookup(m.group(1)), text)
 
 
 def clip(text: str, limit: int) -> str:
@@ -86,41 +110,92 @@ def fields_blocks(part: Fields) -> list[dict[str, Any]]:
     return blocks
 
 
-def table_lines(part: Table) -> list[str]:
-    """Fixed-width rows (header first): monospace is the only table Slack messages have."""
-    rows = [[str(c) for c in row] for row in part.rows]
-    widths = [len(c) for c in part.columns]
-    for row in rows:
-        for i, cell in enumerate(row[: len(widths)]):
-            widths[i] = min(max(widths[i], len(cell)), 40)
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            clip(c, widths[i]).ljust(widths[i]) for i, c in enumerate(cells[: len(widths)])
-        ).rstrip()
-
-    return [line(list(part.columns))] + [line(r) for r in rows]
+def _align(column: list[str]) -> str:
+    """Right for a column of numbers and money ("$1.20", "12/30", "3.1 h"; "-" is no value), else left."""
+    values = [c for c in column if c.strip() not in ("", "-")]
+    return "right" if values and all(_NUMERIC.match(c) for c in values) else "left"
 
 
-def table_blocks(part: Table) -> list[dict[str, Any]]:
-    lines = table_lines(part)
-    head, body = lines[0], lines[1:]
-    budget = MAX_SECTION_TEXT - 10 - len(head)
+def _rich_text(text: str, style: dict[str, bool] | None = None) -> dict[str, Any]:
+    element: dict[str, Any] = {"type": "text", "text": text}
+    if style:
+        element["style"] = style
+    return element
+
+
+def cell(text: str, *, bold: bool = False) -> dict[str, Any]:
+    """One table cell: ``raw_text``, or ``rich_text`` when it holds our markup (a mention, *bold*, `code`),
+    so a person shows as their name (a ``user`` element) and never as an id."""
+    text = clip(str(text), MAX_CELL_TEXT) or " "
+    if not bold and not _CELL_MARKUP.search(text):
+        return {"type": "raw_text", "text": text}
+    base = {"bold": True} if bold else None
+    elements: list[dict[str, Any]] = []
+    pos = 0
+    for match in _CELL_MARKUP.finditer(text):
+        if match.start() > pos:
+            elements.append(_rich_text(text[pos : match.start()], base))
+        user, strong, code = match.groups()
+        if user:
+            elements.append({"type": "user", "user_id": user})
+        elif strong:
+            elements.append(_rich_text(strong, {"bold": True}))
+        else:
+            elements.append(_rich_text(code, {**(base or {}), "code": True}))
+        pos = match.end()
+    if pos < len(text):
+        elements.append(_rich_text(text[pos:], base))
+    return {"type": "rich_text", "elements": [{"type": "rich_text_section", "elements": elements}]}
+
+
+def table_block(part: Table) -> list[dict[str, Any]]:
+    """A Block Kit ``table``: a bold header row, at most 99 data rows of at most 20 cells; numbers right."""
+    columns = list(part.columns)[:MAX_TABLE_CELLS]
+    width = len(columns)
+    rows = [([str(c) for c in row] + [""] * width)[:width] for row in part.rows]
+    shown = rows[: MAX_TABLE_ROWS - 1]
+    block: dict[str, Any] = {
+        "type": "table",
+        "rows": [[cell(c, bold=True) for c in columns]] + [[cell(c or "-") for c in row] for row in shown],
+        "column_settings": [
+            {"align": _align([row[i] for row in shown]), "is_wrapped": True} for i in range(width)
+        ],
+    }
     blocks: list[dict[str, Any]] = []
     if part.title:
         blocks.append({"type": "section", "text": _mrkdwn(f"*{part.title}*", MAX_SECTION_TEXT)})
-    chunk: list[str] = []
-    size = 0
-    for row in body or [""]:
-        row = clip(row, budget)
-        if chunk and size + len(row) + 1 > budget:
+    blocks.append(block)
+    if len(rows) > len(shown):
+        blocks.append(
+            {"type": "context", "elements": [_mrkdwn(f"{len(rows) - len(shown)} more rows not shown", 200)]}
+        )
+    return blocks
+
+
+def table_as_sections(part: Table) -> list[dict[str, Any]]:
+    """A table where a ``table`` block cannot go (App Home, modals, a message's second table): two columns
+    as a grid of section fields, wider ones as one line per row under a line naming the columns."""
+    rows = [[str(c) or "-" for c in row] for row in part.rows]
+    blocks: list[dict[str, Any]] = []
+    if part.title:
+        blocks.append({"type": "section", "text": _mrkdwn(f"*{part.title}*", MAX_SECTION_TEXT)})
+    if len(part.columns) == 2:
+        items = [f"*{part.columns[0]}*", f"*{part.columns[1]}*"] + [c for row in rows for c in row[:2]]
+        for i in range(0, len(items), MAX_FIELDS):
             blocks.append(
-                {"type": "section", "text": _mrkdwn("```" + "\n".join([head, *chunk]) + "```", 3000)}
+                {"type": "section", "fields": [_mrkdwn(t, MAX_FIELD_TEXT) for t in items[i : i + MAX_FIELDS]]}
             )
-            chunk, size = [], 0
-        chunk.append(row)
-        size += len(row) + 1
-    blocks.append({"type": "section", "text": _mrkdwn("```" + "\n".join([head, *chunk]) + "```", 3000)})
+        return blocks
+    blocks.append({"type": "context", "elements": [_mrkdwn(" · ".join(part.columns), MAX_CONTEXT_TEXT)]})
+    lines = [" · ".join(row) for row in rows] or ["-"]
+    chunk: list[str] = []
+    for line in lines:
+        line = clip(line, MAX_SECTION_TEXT // 2)
+        if chunk and len("\n".join([*chunk, line])) > MAX_SECTION_TEXT:
+            blocks.append({"type": "section", "text": _mrkdwn("\n".join(chunk), MAX_SECTION_TEXT)})
+            chunk = []
+        chunk.append(line)
+    blocks.append({"type": "section", "text": _mrkdwn("\n".join(chunk), MAX_SECTION_TEXT)})
     return blocks
 
 
@@ -182,19 +257,20 @@ def image_blocks(part: Image) -> list[dict[str, Any]]:
     return [block]
 
 
-def part_blocks(part: object) -> list[dict[str, Any]]:
+def part_blocks(part: object, *, table: bool = True, names: Names | None = None) -> list[dict[str, Any]]:
+    """The blocks of one part; ``table`` says whether a Table may be a ``table`` block here."""
     if isinstance(part, Header):
-        return header_block(part)
+        return header_block(Header(named(part.text, names)))
     if isinstance(part, Text):
         return text_blocks(part)
     if isinstance(part, Fields):
         return fields_blocks(part)
     if isinstance(part, Table):
-        return table_blocks(part)
+        return table_block(part) if table else table_as_sections(part)
     if isinstance(part, Context):
         return context_blocks(part)
     if isinstance(part, Buttons):
-        return actions_blocks(part)
+        return actions_blocks(Buttons([_named_button(b, names) for b in part.buttons]))
     if isinstance(part, Image):
         return image_blocks(part)
     if isinstance(part, Divider):
@@ -202,9 +278,24 @@ def part_blocks(part: object) -> list[dict[str, Any]]:
     return []
 
 
-def to_blocks(reply: Reply, *, max_blocks: int = MAX_BLOCKS) -> list[dict[str, Any]]:
-    """All blocks of a reply; past the cap, middle blocks give way (header and buttons are kept)."""
-    blocks = [b for p in reply.parts for b in part_blocks(p)]
+def _named_button(button: Button, names: Names | None) -> Button:
+    confirm = button.confirm
+    if confirm is not None:
+        confirm = Confirm(named(confirm.title, names), named(confirm.text, names), confirm.ok, confirm.deny)
+    return Button(named(button.label, names), button.action, button.value, button.style, confirm)
+
+
+def to_blocks(
+    reply: Reply, *, max_blocks: int = MAX_BLOCKS, surface: str = "message", names: Names | None = None
+) -> list[dict[str, Any]]:
+    """All blocks of a reply; past the cap, middle blocks give way (header and buttons are kept). The first
+    table of a message is a ``table`` block (Slack takes one per message); others are section fields."""
+    blocks: list[dict[str, Any]] = []
+    tables = 1 if surface in TABLE_SURFACES else 0
+    for part in reply.parts:
+        as_table = isinstance(part, Table) and tables > 0
+        tables -= as_table
+        blocks.extend(part_blocks(part, table=as_table, names=names))
     if len(blocks) <= max_blocks:
         return blocks
     actions = [b for b in blocks if b["type"] == "actions"][: max_blocks // 2]
@@ -215,13 +306,16 @@ def to_blocks(reply: Reply, *, max_blocks: int = MAX_BLOCKS) -> list[dict[str, A
     return others[:room] + [note] + actions
 
 
-def to_message(reply: Reply) -> dict[str, Any]:
+def to_message(reply: Reply, *, names: Names | None = None) -> dict[str, Any]:
     """Keyword arguments for chat.postMessage / chat.update / respond(): ``text`` and ``blocks``."""
-    return {"text": clip(reply.text(), MAX_FALLBACK), "blocks": to_blocks(reply)}
+    return {"text": clip(reply.text(), MAX_FALLBACK), "blocks": to_blocks(reply, names=names)}
 
 
-def to_home_view(reply: Reply) -> dict[str, Any]:
-    return {"type": "home", "blocks": to_blocks(reply, max_blocks=MAX_BLOCKS_VIEW)}
+def to_home_view(reply: Reply, *, names: Names | None = None) -> dict[str, Any]:
+    return {
+        "type": "home",
+        "blocks": to_blocks(reply, max_blocks=MAX_BLOCKS_VIEW, surface="home", names=names),
+    }
 
 
 MAX_MODAL_TITLE = 24
@@ -290,8 +384,15 @@ def violations(payload: dict[str, Any], *, max_blocks: int | None = None) -> lis
             problems.append(f"modal {key} > {MAX_MODAL_TITLE}")
     if blocks and not payload.get("text") and payload.get("type") not in ("home", "modal"):
         problems.append("blocks without a text fallback")
+    tables = [b for b in blocks if b.get("type") == "table"]
+    if tables and payload.get("type") in ("home", "modal"):
+        problems.append(f"a table block in a {payload['type']} view")
+    if len(tables) > 1:
+        problems.append(f"{len(tables)} table blocks in one message")
     for i, block in enumerate(blocks):
         kind = block.get("type")
+        if kind == "table":
+            problems.extend(f"block {i}: {p}" for p in table_problems(block))
         if len(block.get("block_id", "")) > MAX_ACTION_ID:
             problems.append(f"block {i}: block_id too long")
         if kind == "header" and _text_len(block.get("text")) > MAX_HEADER:
@@ -328,4 +429,55 @@ def violations(payload: dict[str, Any], *, max_blocks: int | None = None) -> lis
                         problems.append(f"block {i}: confirm title > {MAX_CONFIRM_TITLE}")
                     if _text_len(confirm.get("text")) > MAX_CONFIRM_TEXT:
                         problems.append(f"block {i}: confirm text > {MAX_CONFIRM_TEXT}")
+    return problems
+
+
+def _cell_problem(cell: Any) -> str | None:
+    kind = cell.get("type") if isinstance(cell, dict) else None
+    if kind == "raw_text":
+        text = cell.get("text")
+        if not isinstance(text, str) or not text:
+            return "raw_text cell without text"
+        return f"cell text > {MAX_CELL_TEXT}" if len(text) > MAX_CELL_TEXT else None
+    if kind == "raw_number":
+        return None if isinstance(cell.get("number"), int | float) else "raw_number cell without number"
+    if kind == "rich_text":
+        sections = cell.get("elements") or []
+        if not sections or any(not (s.get("elements") or []) for s in sections):
+            return "empty rich_text cell"
+        for section in sections:
+            for element in section["elements"]:
+                if element.get("type") == "user" and not element.get("user_id"):
+                    return "user element without user_id"
+                if element.get("type") == "text" and not element.get("text"):
+                    return "empty text element"
+        return None
+    return f"cell of type {kind!r}"
+
+
+def table_problems(block: dict[str, Any]) -> list[str]:
+    """A table block's shape: 1-100 rows of 1-20 cells, all rows as wide, known cell types, <= 20 column
+    settings (left/center/right)."""
+    rows = block.get("rows") or []
+    problems: list[str] = []
+    if not rows:
+        problems.append("table without rows")
+    if len(rows) > MAX_TABLE_ROWS:
+        problems.append(f"{len(rows)} table rows > {MAX_TABLE_ROWS}")
+    widths = {len(row) for row in rows}
+    if len(widths) > 1:
+        problems.append(f"table rows of different widths {sorted(widths)}")
+    if any(w > MAX_TABLE_CELLS or w == 0 for w in widths):
+        problems.append(f"table row with 0 or more than {MAX_TABLE_CELLS} cells")
+    for row in rows:
+        for c in row:
+            problem = _cell_problem(c)
+            if problem:
+                problems.append(problem)
+                break
+    settings = block.get("column_settings") or []
+    if len(settings) > MAX_TABLE_CELLS:
+        problems.append(f"{len(settings)} column settings > {MAX_TABLE_CELLS}")
+    if any(s and s.get("align") not in (None, "left", "center", "right") for s in settings):
+        problems.append("column align not left/center/right")
     return problems

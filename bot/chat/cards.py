@@ -422,7 +422,7 @@ def _job_row(job: JobView, *, detailed: bool) -> list[str]:
     row = [
         esc(job.job_id),
         _state(job),
-        esc(job.owner),
+        mention(job.owner),
         esc(f"{job.model} {job.method}"),
         esc(f"{job.provider} {job.gpu or ''} x{job.gpu_count or 1}") if job.provider else "-",
         f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step),
@@ -460,20 +460,23 @@ def job_line(job: JobView) -> str:
     )
 
 
-def _spend_rows(lines: list[SpendLine]) -> list[list[str]]:
+def _spend_rows(lines: list[SpendLine], *, people: bool = False) -> list[list[str]]:
+    """Spend lines as rows; ``people``: the keys are user ids, shown as the people they are."""
     rows = []
     for line in lines[:25]:
         budget = money(line.budget) if line.budget is not None else "-"
         used = f"{line.amount / line.budget:.0%}" if line.budget else "-"
-        rows.append([esc(line.key), money(line.amount), budget, used])
+        rows.append([mention(line.key) if people else esc(line.key), money(line.amount), budget, used])
     return rows
 
 
 def spend_reply(report: SpendReport, *, user: str | None = None, title: str | None = None) -> Reply:
-    # the user a person typed: named, never mentioned (a typed `<@U...>` must not ping anyone)
-    scope = f" for {esc(user)}" if user else ""
-    heading = title or f"Spend {esc(report.period)}{scope}: {money(report.total)}"
-    reply = Reply(fallback=f"{heading} (since {report.start:%Y-%m-%d})")
+    """Spend of a period by user, provider and job, against budgets. The user a person typed is shown by
+    name in the header (plain text: it cannot ping) and as the escaped id in the fallback."""
+    total = money(report.total)
+    heading = title or f"Spend {esc(report.period)}{f' for {mention(user)}' if user else ''}: {total}"
+    fallback = title or f"Spend {esc(report.period)}{f' for {esc(user)}' if user else ''}: {total}"
+    reply = Reply(fallback=f"{fallback} (since {report.start:%Y-%m-%d})")
     reply.add(Header(heading))
     reply.add(Context([f"{report.start:%Y-%m-%d %H:%M} to {report.end:%Y-%m-%d %H:%M} UTC"]))
     for name, lines in (
@@ -482,7 +485,8 @@ def spend_reply(report: SpendReport, *, user: str | None = None, title: str | No
         ("By job", report.by_job),
     ):
         if lines:
-            reply.add(Table([name.split()[-1], "spend", "budget", "used"], _spend_rows(lines), title=name))
+            rows = _spend_rows(lines, people=name == "By user")
+            reply.add(Table([name.split()[-1], "spend", "budget", "used"], rows, title=name))
     if not (report.by_user or report.by_provider or report.by_job):
         reply.add(Text("Nothing spent in this period."))
     return reply
@@ -510,7 +514,7 @@ def volumes_reply(volumes: list[VolumeView], *, limit: int | None = MAX_VOLUME_R
             money(v.cost_per_month),
             money(v.cost_so_far),
             v.idle_since.strftime("%Y-%m-%d") if v.idle_since else "in use",
-            esc(v.owner or "-") if v.tracked else "untracked",
+            (mention(v.owner) if v.owner else "-") if v.tracked else "untracked",
         ]
         for v in shown
     ]
@@ -569,7 +573,7 @@ def budgets_reply(budgets: list[BudgetView]) -> Reply:
             fallback="No budgets set.",
         )
     rows = [
-        [esc(b.scope), esc(b.name)]
+        [esc(b.scope), mention(b.name) if b.scope == "user" else esc(b.name)]
         + [money(b.daily), money(b.spent_today), money(b.monthly), money(b.spent_month)]
         for b in budgets[:40]
     ]

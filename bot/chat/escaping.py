@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,30}$")  # Slack user ids (U..., W... on Enterprise Grid)
+USER_ID = re.compile(r"^[UW][A-Z0-9]{2,30}$")  # Slack user ids (U..., W... on Enterprise Grid)
 
 
 def esc(text: object) -> str:
@@ -29,7 +29,7 @@ def mention(user: str | None) -> str:
     """A live @-mention for a real Slack user id; anything else (console names) as escaped plain text."""
     if not user:
         return "someone"
-    if _USER_ID.match(user):
+    if USER_ID.match(user):
         return f"<@{user}>"
     return "@" + esc(user)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.chat import cards
+from bot.chat.blockkit import Names, no_names
 from bot.chat.escaping import esc, mention
 from bot.chat.grammar import (
     ApproveCmd,
@@ -144,8 +145,11 @@ class ChatHandlers:
         job_options: dict[str, Any] | None = None,
         sources: SourcePolicy | None = None,
         files: Any = None,
+        names: Names | None = None,
     ) -> None:
         self.engine = engine
+        # Display names for where a mention does not render (bot/chat/people.py in Slack; ids elsewhere).
+        self.names: Names = names or no_names
         # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
         self.sources = sources if sources is not None else _default_sources()
         self.files = files

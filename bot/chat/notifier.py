@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bot.chat import cards
-from bot.chat.blockkit import to_message
-from bot.chat.escaping import esc
+from bot.chat.blockkit import Names, to_message
+from bot.chat.escaping import esc, mention
 from bot.chat.replies import Context, Fields, Header, Reply, Table, Text
 from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView
 from bot.engine.events import EngineEvent, EngineEventKind
@@ -139,13 +139,9 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
             ("By provider", _pairs(d.get("by_provider"))),
         ):
             if pairs:
-                reply.add(
-                    Table(
-                        [title.split()[-1], "spend"],
-                        [[esc(k), cards.money(v)] for k, v in pairs],
-                        title=title,
-                    )
-                )
+                show = mention if title == "By user" else esc
+                rows = [[show(k), cards.money(v)] for k, v in pairs]
+                reply.add(Table([title.split()[-1], "spend"], rows, title=title))
         if event.message:
             reply.add(Context([esc(event.message)]))
     reply.public = True
@@ -177,9 +173,11 @@ class SlackNotifier:
         chart_every_s: float = 300.0,
         chart_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        names: Names | None = None,
     ) -> None:
         self.engine = engine
         self.client = client
+        self.names = names  # display names where mentions do not render (bot/chat/people.py)
         self.summary_channel = summary_channel
         self.admins = admins or []
         self.approval_above = approval_above
@@ -268,7 +266,11 @@ class SlackNotifier:
                 self._post(self.summary_channel, summary_reply(event, self.engine))
 
     def _post(self, channel: str, reply: Reply, thread_ts: str | None = None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"channel": channel, "unfurl_links": False, **to_message(reply)}
+        kwargs: dict[str, Any] = {
+            "channel": channel,
+            "unfurl_links": False,
+            **to_message(reply, names=self.names),
+        }
         if thread_ts:
             kwargs["thread_ts"] = thread_ts
         return self.client.chat_postMessage(**kwargs).data  # type: ignore[no-any-return]
@@ -296,7 +298,8 @@ class SlackNotifier:
     def _update_card(self, job: JobView) -> None:
         if not (job.channel and job.thread_ts):
             return
-        self.client.chat_update(channel=job.channel, ts=job.thread_ts, **to_message(cards.job_card(job)))
+        message = to_message(cards.job_card(job), names=self.names)
+        self.client.chat_update(channel=job.channel, ts=job.thread_ts, **message)
         self._last_update[job.job_id] = self.clock()
         self._pending.discard(job.job_id)
 

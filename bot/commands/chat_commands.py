@@ -127,14 +127,18 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     from bot.web import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bot.chat.people import People
+
     settings, engine, chat = _runtime(serving=True)
     admins = sorted(chat.permissions.admins)
+    chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
     notifier = SlackNotifier(
         engine,
         make_sync_client(settings),
         summary_channel=settings.summary_channel,
         admins=admins,
         approval_above=settings.approval_above_usd,
+        names=chat.names,
     )
     notifier.attach(engine.bus).start()
     secret = settings.slack_signing_secret.get_secret_value() if settings.slack_signing_secret else None

@@ -21,6 +21,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.chat.handlers import ChatHandlers
 from bot.chat.notifier import SlackNotifier
+from bot.chat.people import People
 from bot.chat.permissions import Permissions
 from bot.chat.slack import build_app, make_async_client, make_sync_client
 from bot.settings import Settings
@@ -141,6 +142,7 @@ def slack_stack(engine: FakeEngine) -> Iterator[SlackStack]:
         settings = Settings(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_API_URL=slack.api_url)
         bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
         sync_client = make_sync_client(settings)
+        chat.names = People.slack(sync_client)  # as `tunebot serve` does: users.info, cached
         notifier = SlackNotifier(
             engine,
             sync_client,
@@ -148,6 +150,7 @@ def slack_stack(engine: FakeEngine) -> Iterator[SlackStack]:
             admins=["U_ADMIN"],
             update_every_s=1.0,
             chart_every_s=0.0,
+            names=chat.names,
         )
         notifier.attach(engine.bus).start()
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.chat import cards
 from bot.chat.blockkit import MAX_BLOCKS, to_blocks, to_home_view, to_message, violations
 from bot.chat.replies import Button, Buttons, Confirm, Context, Fields, Header, Reply, Table, Text
+from bot.engine.api import SpendLine, SpendReport
 
 from .fake_engine import make_estimate
 
@@ -91,3 +94,88 @@ def test_fuzz_any_reply_renders_valid(parts) -> None:
     msg = to_message(Reply(parts=parts))
     assert violations(msg) == []
     assert msg["text"]
+
+
+def _table(message: dict) -> dict:
+    (table,) = [b for b in message["blocks"] if b["type"] == "table"]
+    return table
+
+
+def _cell_text(cell: dict) -> str:
+    if cell["type"] == "raw_text":
+        return cell["text"]
+    return "".join(
+        e.get("text") or f"<user {e.get('user_id')}>" for s in cell["elements"] for e in s["elements"]
+    )
+
+
+def test_offers_are_a_table_block_with_a_header_row_and_numbers_on_the_right() -> None:
+    from slack_sdk.models.blocks import Block
+
+    msg = to_message(cards.estimate_reply(make_estimate(n_offers=400), estimate_id="e1", launching=True))
+    table = _table(msg)
+    header = [_cell_text(c) for c in table["rows"][0]]
+    assert header == cards.OFFER_COLUMNS
+    assert all(c["type"] == "rich_text" for c in table["rows"][0])  # bold header cells
+    assert 2 <= len(table["rows"]) <= 100 and {len(r) for r in table["rows"]} == {len(header)}
+    align = {h: s["align"] for h, s in zip(header, table["column_settings"], strict=True)}
+    assert align["$/h"] == align["total"] == align["#"] == "right" and align["provider"] == "left"
+    assert "```" not in str(msg["blocks"])  # no monospace tables any more
+    assert Block.parse(table).to_dict()["type"] == "table"  # slack_sdk's own model reads it back
+    assert violations(msg) == []
+
+
+def test_people_in_table_cells_are_user_elements_and_one_table_per_message() -> None:
+    report = SpendReport(
+        period="month",
+        start=datetime(2026, 12, 1, tzinfo=UTC),
+        end=datetime(2026, 12, 3, tzinfo=UTC),
+        total=3.0,
+        by_user=[SpendLine(key="UALICE0001", amount=2.0, budget=10.0)],
+        by_provider=[SpendLine(key="vast", amount=3.0)],
+        by_job=[SpendLine(key="j1", amount=3.0)],
+    )
+    msg = to_message(cards.spend_reply(report))
+    table = _table(msg)  # the first table is a table block, the others section fields (one per message)
+    person = table["rows"][1][0]
+    assert person["type"] == "rich_text"
+    assert person["elements"][0]["elements"] == [{"type": "user", "user_id": "UALICE0001"}]
+    assert "vast" in str(msg["blocks"]) and violations(msg) == []
+    # App Home has no table blocks: the same reply as section fields, the person as a mention
+    view = to_home_view(cards.spend_reply(report))
+    assert not [b for b in view["blocks"] if b["type"] == "table"] and violations(view) == []
+    assert "<@UALICE0001>" in str(view["blocks"])
+
+
+def test_plain_text_places_show_names_instead_of_mentions() -> None:
+    reply = cards.spend_reply(
+        SpendReport(
+            period="week",
+            start=datetime(2026, 12, 1, tzinfo=UTC),
+            end=datetime(2026, 12, 3, tzinfo=UTC),
+            total=1.0,
+            by_user=[],
+            by_provider=[],
+            by_job=[],
+        ),
+        user="UBOB00002",
+    )
+    names = {"UBOB00002": "Bob Stone"}.get
+    header = to_message(reply, names=lambda u: names(u) or u)["blocks"][0]
+    assert header["text"]["text"] == "Spend week for @Bob Stone: $1.00"
+    assert to_message(reply)["blocks"][0]["text"]["text"] == "Spend week for @UBOB00002: $1.00"
+
+
+def test_violations_catch_bad_tables() -> None:
+    raw = {"type": "raw_text", "text": "x"}
+    ragged = {"type": "table", "rows": [[raw, raw], [raw]]}
+    assert any("different widths" in p for p in violations({"text": "t", "blocks": [ragged]}))
+    tall = {"type": "table", "rows": [[raw]] * 101}
+    assert any("101 table rows" in p for p in violations({"text": "t", "blocks": [tall]}))
+    wide = {"type": "table", "rows": [[raw] * 21]}
+    assert any("more than 20 cells" in p for p in violations({"text": "t", "blocks": [wide]}))
+    ok = {"type": "table", "rows": [[raw]]}
+    assert any("2 table blocks" in p for p in violations({"text": "t", "blocks": [ok, ok]}))
+    assert any("table block in a home" in p for p in violations({"type": "home", "blocks": [ok]}))
+    odd = {"type": "table", "rows": [[{"type": "mrkdwn", "text": "x"}]]}
+    assert any("cell of type 'mrkdwn'" in p for p in violations({"text": "t", "blocks": [odd]}))

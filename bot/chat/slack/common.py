@@ -9,11 +9,12 @@ Web API) and returns at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from logging import Logger
 from typing import Any, TypeVar
 
-from bot.chat.blockkit import to_message
+from bot.chat.blockkit import Names, to_message
 from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.replies import Reply, error_reply
 
@@ -40,9 +41,15 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
-async def send(respond: Any, reply: Reply, *, replace_original: bool = False) -> None:
+async def send(
+    respond: Any, reply: Reply, *, replace_original: bool = False, names: Names | None = None
+) -> None:
+    """The reply through the response_url; rendered in a thread when names are looked up (users.info)."""
+    message = (
+        await in_thread(functools.partial(to_message, names=names), reply) if names else to_message(reply)
+    )
     await respond(
-        **to_message(reply),
+        **message,
         response_type="in_channel" if reply.public else "ephemeral",
         replace_original=replace_original,
     )
@@ -67,8 +74,10 @@ def after_ack(
     logger: Logger,
     what: str,
     replace: Callable[[Reply], bool] | bool = False,
+    names: Names | None = None,
 ) -> None:
-    """Run ``fn(*args)`` in a thread after the ack and send its reply; failures get a friendly line."""
+    """Run ``fn(*args)`` in a thread after the ack and send its reply (people by ``names`` where mentions
+    do not render); failures get a friendly line."""
 
     async def run() -> None:
         try:
@@ -76,7 +85,7 @@ def after_ack(
             await asyncio.sleep(AFTER_ACK_DELAY_S)
             reply = await in_thread(fn, *args)
             again = replace(reply) if callable(replace) else replace
-            await send(respond, reply, replace_original=again)
+            await send(respond, reply, replace_original=again, names=names)
         except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details
             logger.exception("%s failed after the ack", what)
             try:

@@ -49,8 +49,18 @@ def button(
         args = [action.get("value", "")]
         if id_prefix is not None:
             args.append(action["action_id"].removeprefix(id_prefix))
-        call = getattr(chat_of(context), method)
-        after_ack(call, *args, actor_of(body), respond=respond, logger=logger, what=what, replace=replace)
+        chat = chat_of(context)
+        call = getattr(chat, method)
+        after_ack(
+            call,
+            *args,
+            actor_of(body),
+            respond=respond,
+            logger=logger,
+            what=what,
+            replace=replace,
+            names=chat.names,
+        )
 
     listener.__name__ = f"{method}_button"
     return listener

@@ -29,4 +29,13 @@ async def tune_callback(
         await ack(**to_message(chat.handle(parsed, actor)))
         return
     await ack(text=quick, response_type="ephemeral")
-    after_ack(chat.handle, parsed, actor, respond=respond, logger=logger, what="/tune", replace=True)
+    after_ack(
+        chat.handle,
+        parsed,
+        actor,
+        respond=respond,
+        logger=logger,
+        what="/tune",
+        replace=True,
+        names=chat.names,
+    )

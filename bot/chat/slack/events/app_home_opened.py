@@ -21,8 +21,8 @@ async def app_home_opened_callback(
 
     async def publish() -> None:
         try:
-            reply = await in_thread(chat.home, user)
-            await client.views_publish(user_id=user, view=to_home_view(reply))
+            view = await in_thread(lambda: to_home_view(chat.home(user), names=chat.names))
+            await client.views_publish(user_id=user, view=view)
         except Exception:  # noqa: BLE001
             logger.exception("could not publish the App Home of %s", user)
 
