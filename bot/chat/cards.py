@@ -184,7 +184,7 @@ def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
     m, mem, t, s = estimate.model, estimate.memory, estimate.time, estimate.speed
     return [
         (
-            "Memory per GPU",
+            "Memory (host RAM)" if s.gpu == "cpu" else "Memory per GPU",
             span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
             + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
         ),

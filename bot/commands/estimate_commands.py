@@ -131,7 +131,9 @@ def _print_catalog(offers: list[Offer], notes: list[str], source: str, as_of: ob
     from bot.planner.gpus import GPUS
 
     when = f" as of {as_of:%Y-%m-%d %H:%M}" if hasattr(as_of, "strftime") else ""
-    table = Table(title=f"GPU offers ({source}{when})", title_justify="left")
+    table = Table(title=f"GPU offers ({source}{when})", title_justify="left",
+                  caption="memory GB = 10^9 bytes (a card sold as A100 40GB has 40 GiB = 42.9 GB)",
+                  caption_justify="left")
     for col in (
         "provider",
         "gpu",
@@ -152,7 +154,7 @@ def _print_catalog(offers: list[Offer], notes: list[str], source: str, as_of: ob
             o.provider,
             label,
             str(o.gpu_count),
-            f"{o.gpu_memory_gb:.0f}",
+            f"{o.gpu_memory_gb:.1f}",
             "interruptible" if o.interruptible else "on-demand",
             f"{o.price_per_hour:.2f}",
             f"{o.price_per_hour / o.gpu_count:.2f}",

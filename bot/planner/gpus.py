@@ -8,6 +8,7 @@ it is the L40S's AD102 chip, so the L40S figure scaled by its higher clocks is u
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from bot.planner.errors import BadRequestError
@@ -68,17 +69,74 @@ ALIASES = {
 }
 
 
+_NOISE = re.compile(r"nvidia|geforce|tesla|quadro|[^a-z0-9]")
+_MEM = re.compile(r"(\d+)\s*gb", re.IGNORECASE)
+
+
+def _compact(name: str) -> str:
+    return _NOISE.sub("", name.lower())
+
+
+def canonical(name: str | None, memory_gb: float | None = None) -> str | None:
+    """The canonical name of a card however it is spelled (providers' names, what people type), or None.
+
+    Vast "RTX 4090", RunPod "NVIDIA GeForce RTX 4090", Lambda "A100 (40 GB SXM4)", TensorDock
+    "geforcertx4090-pcie-24gb", a person's "RTX4090" or "rtx_4090". The memory (given, or read from the
+    name) tells A100 40GB from 80GB. Cards not planned for (T4, A10, L4, the Turing "RTX 6000", H100 NVL,
+    Grace superchips) are None.
+    """
+    if not name:
+        return None
+    c = _compact(name)
+    if memory_gb is None:
+        found = _MEM.search(name)
+        memory_gb = float(found.group(1)) if found else None
+    if "gh200" in c or "gb200" in c:
+        return None  # Grace superchips: different machines
+    if "h200" in c:
+        return "h200"
+    if "h100" in c:
+        if "nvl" in c or (memory_gb is not None and memory_gb > 85):
+            return None  # H100 NVL (94 GB): a different card
+        return "h100-80gb"
+    if "a100" in c:
+        if memory_gb is not None:
+            return "a100-80gb" if memory_gb >= 60 else "a100-40gb"
+        return "a100-80gb" if "80" in c else "a100-40gb"
+    if "l40s" in c:
+        return "l40s"
+    if "6000ada" in c:
+        return "rtx-6000-ada"
+    if "a6000" in c:
+        return "rtx-a6000"
+    if re.search(r"4090(?!d)", c):
+        return "rtx-4090"
+    if "3090" in c:
+        return "rtx-3090"
+    return None
+
+
 def known(name: str) -> GPU | None:
     """The GPU (or the local CPU) for a canonical name, None when unknown."""
     return GPUS.get(name) or (CPU if name == "cpu" else None)
 
 
+# What people type, compacted (lower case, no spaces, dashes, underscores, "nvidia"/"geforce"): the canonical
+# names, the labels and the aliases above.
+_TYPED = {
+    **{_compact(g.label): g.name for g in GPUS.values()},
+    **{_compact(alias): name for alias, name in ALIASES.items()},
+    **{_compact(g.name): g.name for g in GPUS.values()},
+    "cpu": "cpu",
+}
+
+
 def gpu(name: str) -> GPU:
-    """The GPU for a canonical name (or a common alias); BadRequestError listing the names otherwise."""
-    key = name.strip().lower().replace("_", "-").replace(" ", "-")
-    key = ALIASES.get(key, ALIASES.get(key.replace("rtx-", ""), key))
-    if key in GPUS:
-        return GPUS[key]
-    if key == "cpu":
-        return CPU
-    raise BadRequestError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+    """The GPU for a name as people and providers write it (``rtx-4090``, ``RTX4090``, ``RTX 4090``,
+    ``rtx_4090``, ``4090``, ``H100``, ``A100 80GB``, ``NVIDIA GeForce RTX 4090``); BadRequestError listing
+    the names otherwise."""
+    key = _TYPED.get(_compact(name)) or canonical(name)
+    found = known(key) if key else None
+    if found is None:
+        raise BadRequestError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or cpu)")
+    return found

@@ -115,7 +115,7 @@ class MemoryResult:
     @property
     def torch_reserved_gb(self) -> float:
         """What torch.cuda.max_memory_reserved() reports: all of it but the CUDA context."""
-        return (self.per_gpu_bytes - self.breakdown["cuda_context"]) / GB
+        return (self.per_gpu_bytes - self.breakdown.get("cuda_context", 0.0)) / GB
 
     def breakdown_gb(self) -> dict[str, float]:
         return {k: round(v / GB, 3) for k, v in self.breakdown.items()}

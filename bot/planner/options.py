@@ -151,6 +151,13 @@ def parse_format(text: str) -> str:
     return format_named(text).value
 
 
+def parse_gpu(text: str) -> str:
+    """`RTX4090`, `rtx_4090`, `RTX 4090`, `4090`, `H100`, `A100 80GB` -> canonical (rtx-4090, ...)."""
+    from bot.planner.gpus import gpu  # pure table
+
+    return gpu(parse_text(text)).name
+
+
 def parse_repo(text: str) -> str:
     repo = text.strip()
     if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", repo) or len(repo) > 200:
@@ -237,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
                                             aliases={"adamw_torch": "adamw", "adamw-8bit": "adamw_8bit"}),
            "adamw, adamw_8bit or paged_adamw_8bit", "AdamW_8bit", aliases=("optim",)),
     Option("gpus", "gpus", parse_int, "GPUs per offer (FSDP shards across them)", "2", group="offers"),
-    Option("gpu", "gpu", lambda v: parse_text(v).lower(), "only this GPU (rtx-4090, a100-80gb, ...)",
+    Option("gpu", "gpu", parse_gpu, "only this GPU (rtx-4090, a100-80gb, ...)",
            "A100-80GB", group="offers"),
     Option("interruptible", "interruptible", parse_interruptible, "yes|spot, no|on-demand, or any",
            "spot", flag=True, aliases=("spot",), group="offers"),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from bot.planner.architectures import Architecture
 from bot.planner.calibration import Calibration, Correction, Measurement
 from bot.planner.calibration import build as build_calibration
 from bot.planner.errors import BadRequestError, PlanningError
-from bot.planner.gpus import GPUS
+from bot.planner.gpus import CPU, GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
@@ -42,6 +43,15 @@ def _tokens(req: EstimateRequest) -> tuple[int, str]:
         tokens, _, source = count_tokens(req.dataset, req.model)
         return tokens, source
     return DEFAULT_TOKENS, "default"
+
+
+def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryResult:
+    """Memory of the runner on a CPU (the local provider): everything in fp32 (runner/model.py), in host RAM,
+    with no CUDA context or NCCL buffers."""
+    cpu_req = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"})
+    mem = estimate_memory(arch, cpu_req, gpus)
+    breakdown = {k: v for k, v in mem.breakdown.items() if k != "cuda_context"}
+    return replace(mem, per_gpu_bytes=sum(breakdown.values()), breakdown=breakdown)
 
 
 def _fits_anywhere(mem_gb: float, gpus: list[str]) -> str | None:
@@ -203,6 +213,8 @@ def estimate(
         return memory_result(n).per_gpu_gb
 
     def memory_on(g: str, n: int) -> float:
+        if g == CPU.name:
+            return on_cpu(arch, req, n).per_gpu_gb
         return _corrected_memory(memory_result(n), correction(g))
 
     speed_memo: dict[tuple[str, int], float] = {}
@@ -219,7 +231,7 @@ def estimate(
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
     job = JobShape(
         memory_gb=memory_gb,
-        memory_on=memory_on if calibration else None,
+        memory_on=memory_on,
         memory_upper=MEMORY_RATIO[1],
         hours_low_high=hours_range(1.0),
         hours=hours,
@@ -243,6 +255,9 @@ def estimate(
     speed = _corrected_speed(estimate_speed(arch, req, device), corr)
     steps = optimizer_steps(tokens, req.epochs, req)
     time_hours = steps * speed.step_seconds / 3600.0
+    cpu = headline == CPU.name
+    if cpu:  # the runner on this machine's CPU: fp32, host RAM, no CUDA context
+        mem = on_cpu(arch, req, req.gpus)
     mem_gb = _corrected_memory(mem, corr)
     breakdown = mem.breakdown_gb()
     if corr is not None and corr.memory_runs:
@@ -253,8 +268,14 @@ def estimate(
     assumptions = [
         f"model: {arch.name} from the {source}{shared}; {arch.parameters:,} parameters"
         + (f" ({arch.active_parameters:,} active per token, {arch.experts} experts)" if arch.experts else ""),
-        f"peak reserved memory per GPU at the {mem.peak_phase}; CUDA context included; "
-        f"offers must fit with {SAFETY_MARGIN:.0%} to spare",
+        (
+            f"peak memory of the training process in host RAM at the {mem.peak_phase} (on a CPU the runner "
+            "trains in fp32; no CUDA context)"
+            if cpu
+            else f"peak reserved memory per GPU at the {mem.peak_phase}; CUDA context included; "
+            f"offers must fit with {SAFETY_MARGIN:.0%} to spare"
+        )
+        + "; GB = 10^9 bytes (a card sold as 24 GB has 24 GiB = 25.8 GB)",
         f"speed on {device.label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token at "
         f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
         + (", compiled" if req.compile else "")
