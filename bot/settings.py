@@ -85,6 +85,8 @@ class Settings(BaseSettings):
 
     # Engine.
     approval_above_usd: float = Field(50.0, alias="TUNEBOT_APPROVAL_ABOVE")
+    # The largest max_cost (spend cap) a job may ask for at all; above it the request is refused.
+    max_cost_limit_usd: float = Field(10_000.0, gt=0, alias="TUNEBOT_MAX_COST_LIMIT")
     heartbeat_timeout_s: float = Field(600.0, alias="TUNEBOT_HEARTBEAT_TIMEOUT")
     idle_stop_minutes: float = Field(30.0, alias="TUNEBOT_IDLE_STOP_MINUTES")
     retry_budget: int = Field(5, alias="TUNEBOT_RETRY_BUDGET")

@@ -48,6 +48,9 @@ class Job(SQLModel, table=True):
     estimated_cost: float | None = None
     estimated_hours: float | None = None
     max_cost: float | None = None
+    # The spend accepted for the job: by a person, its cap; automatically, the lower of its cap and the
+    # approval amount. A launch never rents an offer projected above it without asking again.
+    approved_cost: float | None = None
     checkpoint_minutes: float | None = None
 
     idempotency_key: str | None = Field(default=None, unique=True, max_length=200)

@@ -593,13 +593,22 @@ def help_reply(topic: str | None = None) -> Reply:
     return reply
 
 
-def approval_request(job: JobView, *, approvers: list[str], threshold: float) -> Reply:
+def approval_request(
+    job: JobView, *, approvers: list[str], threshold: float, reason: str | None = None
+) -> Reply:
+    """Approve / Reject for a job waiting for approval; ``reason``: why it is asked again (a fallback)."""
     who = " ".join(mention(a) for a in approvers) or "an admin"
-    text = (
-        f":bell: {who}: {mention(job.owner)} asks to launch job *{esc(job.job_id)}* "
-        f"({esc(job.model)} {esc(job.method)}), "
-        f"estimated *{money(job.estimated_cost)}*, above the {money(threshold)} approval amount."
-    )
+    if reason:
+        text = (
+            f":bell: {who}: job *{esc(job.job_id)}* of {mention(job.owner)} ({esc(job.model)} "
+            f"{esc(job.method)}) needs approval again: {esc(reason)}."
+        )
+    else:
+        text = (
+            f":bell: {who}: {mention(job.owner)} asks to launch job *{esc(job.job_id)}* "
+            f"({esc(job.model)} {esc(job.method)}), estimated *{money(job.estimated_cost)}*, may spend up to "
+            f"*{money(job.max_cost)}*, above the {money(threshold)} approval amount."
+        )
     reply = Reply(
         fallback=f"Approval needed for job {esc(job.job_id)} ({money(job.estimated_cost)})", public=True
     )

@@ -354,9 +354,10 @@ class ChatHandlers:
 
     def _launched(self, job: JobView, choice: str) -> Reply:
         if job.state == JobState.PENDING_APPROVAL:
+            above = cards.money(self.permissions.approval_above)
             return text_reply(
-                f":hourglass: Job *{esc(job.job_id)}* is estimated at {cards.money(job.estimated_cost)}, "
-                f"above the {cards.money(self.permissions.approval_above)} approval amount: "
+                f":hourglass: Job *{esc(job.job_id)}* may spend up to {cards.money(job.max_cost)} (estimated "
+                f"{cards.money(job.estimated_cost)}), above the {above} approval amount: "
                 "an admin has been asked to approve it.",
                 kind="warning",
             )
@@ -381,7 +382,8 @@ class ChatHandlers:
 
     def _approve(self, job_id: str, actor: Actor) -> Reply:
         job = self.engine.get_job(job_id)
-        decision = self.permissions.can_approve(actor.user, job.owner)
+        at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
+        decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)
         if not decision:
             raise PermissionDenied(decision.reason)
         if job.state != JobState.PENDING_APPROVAL:
@@ -396,7 +398,8 @@ class ChatHandlers:
 
     def _reject(self, job_id: str, actor: Actor) -> Reply:
         job = self.engine.get_job(job_id)
-        decision = self.permissions.can_approve(actor.user, job.owner)
+        at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
+        decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)
         if not decision:
             raise PermissionDenied(decision.reason)
         if job.state != JobState.PENDING_APPROVAL:

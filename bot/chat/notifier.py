@@ -346,7 +346,10 @@ class SlackNotifier:
         job = self._ensure_thread(event) or (self.engine.get_job(event.job_id) if event.job_id else None)
         if job is None:
             return
-        reply = cards.approval_request(job, approvers=self.admins, threshold=self.approval_above)
+        reason = event.data.get("reason")
+        reply = cards.approval_request(
+            job, approvers=self.admins, threshold=self.approval_above, reason=str(reason) if reason else None
+        )
         if job.channel:
             self._post(job.channel, reply, thread_ts=job.thread_ts)
         for admin in self.admins:

@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
+from bot.engine import approval, staging
 from bot.engine import finish as finish_mod
 from bot.engine import offers as offers_mod
-from bot.engine import staging
 from bot.engine import states as S
 from bot.engine.api import EngineError, JobView, PermissionDenied
 from bot.engine.context import EngineContext
@@ -67,6 +67,7 @@ def view(ctx: EngineContext, job_id: str) -> JobView:
 
 def create(
     ctx: EngineContext,
+    policy: Permissions,
     request: EstimateRequest,
     est: Estimate,
     *,
@@ -117,8 +118,14 @@ def create(
     )
     spec_overrides = deep_merge(fields, spec_overrides or {})
     now = ctx.now()
-    cap = max_cost or request.max_cost or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
-    needs_approval = chosen.total_cost > ctx.settings.approval_above_usd
+    explicit = approval.checked_cap(
+        max_cost if max_cost is not None else request.max_cost, ctx.settings.max_cost_limit_usd
+    )
+    cap = explicit or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
+    stake = approval.at_stake(chosen.total_cost, explicit)
+    needs_approval = policy.needs_approval(stake)
+    threshold = policy.approval_above
+    auto_accepted = None if needs_approval else approval.accepted(cap, by_person=False, threshold=threshold)
     job_id = uuid.uuid4().hex[:12]
     job = Job(
         id=job_id,
@@ -145,6 +152,7 @@ def create(
         created_at=now,
         updated_at=now,
         approved_by=None if needs_approval else "auto",
+        approved_cost=auto_accepted,
     )
     with ctx.session() as s:
         s.add(job)
@@ -178,14 +186,18 @@ def create(
         price_per_hour=chosen.price_per_hour,
     )
     if needs_approval:
+        what = (
+            f"may spend up to {money(explicit)} (max_cost; estimated {money(chosen.total_cost)})"
+            if explicit is not None and explicit > chosen.total_cost
+            else f"is estimated at {money(chosen.total_cost)}"
+        )
         ctx.publish(
             EngineEventKind.approval_needed,
             job_id,
-            f"Job {job_id} is estimated at "
-            f"{money(chosen.total_cost)}, above {money(ctx.settings.approval_above_usd)}: it needs "
-            f"approval by someone other than {user}.",
+            f"Job {job_id} {what}, above {money(threshold)}: it needs approval by someone other than {user}.",
             job=job,
             estimated_cost=chosen.total_cost,
+            at_stake=stake,
         )
     elif auto_launch:
         launch(ctx, job_id, user=user)
@@ -196,7 +208,7 @@ def approve(
     ctx: EngineContext, policy: Permissions, job_id: str, *, approver: str, auto_launch: bool = True
 ) -> JobView:
     job = load(ctx, job_id)
-    decision = policy.can_approve(approver, job.owner)
+    decision = policy.can_approve(approver, job.owner, amount=max(job.estimated_cost or 0, job.max_cost or 0))
     if not decision:
         raise PermissionDenied(decision.reason)
     with ctx.session() as s:
@@ -208,6 +220,8 @@ def approve(
             actor=approver,
             now=ctx.now(),
             approved_by=approver,
+            approved_cost=approval.accepted(job.max_cost, by_person=True, threshold=policy.approval_above),
+            message=None,
         )
     if not ok:
         current = view(ctx, job_id)

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
+from bot.engine import approval
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
 from bot.engine.jobspec import deep_merge, plan_of, spec_fields
+from bot.engine.spend import job_spend
 from bot.money import money
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
@@ -323,6 +325,10 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
         offers = candidate_offers(
             job, avoid=(f"{last_preempted.provider}:{last_preempted.offer_id}" if last_preempted else None)
         )
+        spent = job_spend(s, job_id, eng.now())
+    # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py).
+    approved_key, limit, done = offer_key(job.offer), approval.ceiling(job), approval.done_fraction(job)
+    held: list[approval.Proposal] = []
     reasons: list[str] = []
     price_refused = False
     for ranked in offers:
@@ -340,6 +346,16 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
         except ProviderError as exc:
             reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
             continue
+        if offer_key(ranked) != approved_key:
+            ratio = live.price_per_hour / accepted if accepted > 0 else 1.0
+            total = float(ranked.get("total_cost") or 0.0)
+            projected = approval.projected_cost(spent=spent, done=done, total_cost=total, price_ratio=ratio)
+            if projected > limit + 1e-9:
+                held.append(approval.Proposal(ranked, projected, live.price_per_hour))
+                reasons.append(
+                    f"{ranked['provider']} {ranked['gpu']}: projects {money(projected)}, above {money(limit)}"
+                )
+                continue
         token = secrets.token_urlsafe(32)
         try:
             spec = build_spec(eng, job, ranked, token)
@@ -390,8 +406,15 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             s.execute(update(Job).where(Job.id == job_id).values(token_hash=token_hash(token)))
             s.commit()
         return _commit_running(eng, job_id, claim_id, row, ranked, price)
-    # Nothing launched: a price rise stops the job with its reason; capacity waits for the next tick.
+    # Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
+    # capacity waits for the next tick.
     message = "; ".join(reasons) or "no offer to launch on"
+    if held:
+        cheapest = min(held, key=lambda p: p.projected)
+        why = "the approved offer cannot be rented now" if job.started_at is None else "relaunching"
+        if approval.ask_again(eng, job, cheapest, why=why, actor=actor):
+            log.warning("launch of %s held for approval: %s", job_id, message)
+            return False
     now = eng.now()
     with eng.session() as s:
         if price_refused and all("no capacity" not in r for r in reasons):

@@ -61,11 +61,16 @@ class Permissions:
             return Decision(False, "launching in this channel is limited to its allow list; ask an admin")
         return Decision(True)
 
-    def needs_approval(self, estimated_cost: float | None) -> bool:
-        return estimated_cost is not None and estimated_cost > self.approval_above
+    def needs_approval(self, amount: float | None) -> bool:
+        """Whether a job that may cost ``amount`` (the higher of its estimate and explicit max_cost, or a
+        pricier fallback's projection; bot/engine/approval.py) needs a person's approval."""
+        return amount is not None and amount > self.approval_above
 
-    def can_approve(self, user: str, owner: str) -> Decision:
-        if user == owner:
+    def can_approve(self, user: str, owner: str, *, amount: float | None = None) -> Decision:
+        """Approve (or reject) a job waiting for approval. ``amount``: what it may cost (the higher of its
+        estimate and cap); the owner may confirm only an amount they could have launched unapproved
+        (a fallback held only because it is above the job's own cap)."""
+        if user == owner and (amount is None or self.needs_approval(amount)):
             return Decision(False, "you cannot approve your own job; another admin has to")
         if self.admins and not self.is_admin(user):
             return Decision(False, "only admins approve jobs")

@@ -195,6 +195,7 @@ class Engine:
             raise EngineError("a dataset is needed to launch a fine-tune (dataset=PATH or URI)")
         return jobs.create(
             self.ctx,
+            self.permissions,
             request,
             estimate or self.estimate(request),
             user=user,

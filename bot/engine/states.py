@@ -37,7 +37,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     PENDING_APPROVAL: frozenset({APPROVED, CANCELLED}),
     APPROVED: frozenset({LAUNCHING, CANCELLED}),
     # launching -> recovering: the launch failed transiently (capacity, price); retried on a tick.
-    LAUNCHING: frozenset({RUNNING, RECOVERING, FAILED, STOPPED, CANCELLED}),
+    # launching -> pending_approval: only a pricier offer than the approved one is left (asked again).
+    LAUNCHING: frozenset({RUNNING, RECOVERING, FAILED, STOPPED, CANCELLED, PENDING_APPROVAL}),
     RUNNING: frozenset({RECOVERING, SUCCEEDED, FAILED, STOPPED}),
     RECOVERING: frozenset({LAUNCHING, RUNNING, FAILED, STOPPED, SUCCEEDED}),
 }

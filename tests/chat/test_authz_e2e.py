@@ -149,3 +149,34 @@ def test_a_member_cannot_delete_volumes_that_are_not_theirs(make_stack, dataset:
     assert "deleted volume" in text and cloud.deleted_volumes == ["ckpt"]
     (prod,) = stack.engine.volumes()
     assert (prod.volume_id, prod.tracked, prod.owner) == ("prod", False, None)
+
+
+def test_max_cost_is_approved_like_the_spend_it_allows(make_stack, dataset: Path) -> None:
+    """a9605e4: approval compared only the estimate; `max_cost=$1000000` on a cents job launched at once."""
+    stack = make_stack()
+    text = stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset} max_cost=$1000000", user=MALLORY)
+    assert "above this bot's limit" in text and "TUNEBOT_MAX_COST_LIMIT" in text, text
+    text = stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset} max_cost=$900", user=MALLORY)
+    assert "may spend up to $900.00" in text and "approve" in text, text
+    (job,) = stack.engine.list_jobs()
+    assert job.state == "pending_approval" and stack.cloud.creates == 0
+
+
+def test_a_pricier_fallback_waits_for_approval_in_the_thread(make_stack, dataset: Path) -> None:
+    """a9605e4: the chosen offer had no capacity, so the launch rented a $60/h H100 without asking."""
+    cheap = FakeProvider("vast", price=0.40)
+    h100 = FakeProvider("runpod", price=60.0, gpu="h100-80gb")
+    stack = make_stack(clouds=[cheap, h100])
+    cheap.capacity = False
+    text = stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset}")
+    (job,) = stack.engine.list_jobs()
+    assert h100.creates == 0 and job.state == "pending_approval", (text, job)
+    assert stack.notifier.drain()
+    thread = [c.body for c in stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == job.thread_ts]
+    ask = next(m for m in thread if "approve_job" in str(m.get("blocks")))
+    assert "needs approval again" in str(ask["blocks"]) and "h100-80gb" in str(ask["blocks"])
+    text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=MALLORY)))
+    assert "only admins approve" in text and h100.creates == 0
+    text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=ADMIN)))
+    assert "approved" in text
+    assert stack.engine.get_job(job.job_id).provider == "runpod" and h100.creates == 1

@@ -54,3 +54,33 @@ def test_cli_refuses_to_delete_a_volume_tunebot_never_created(cli_env, vast, mon
     assert "77" in vast.volumes
     listed = runner.invoke(app, ["volumes"])
     assert listed.exit_code == 0 and "company-prod-db" in listed.output and "untracked" in listed.output
+
+
+def console_session(engine):  # type: ignore[no-untyped-def]
+    """`tunebot console` on a real engine: the operator's own door, answering like Slack."""
+    import io
+
+    from rich.console import Console
+
+    from bot.chat.console import ConsoleNotifier, ConsoleSession
+    from bot.chat.handlers import ChatHandlers
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=200, force_terminal=False, color_system=None)
+    ConsoleNotifier(engine, console).attach(engine.bus)
+    return ConsoleSession(ChatHandlers(engine), console, user="me"), buf
+
+
+def test_console_refuses_an_unbounded_max_cost_and_asks_approval_for_a_large_one(make_engine):
+    from .conftest import TRAIN_JSONL
+    from .fakes import FakeProvider
+
+    cloud = FakeProvider("vast", price=0.40)
+    eng = make_engine(providers={"vast": cloud})
+    session, buf = console_session(eng)
+    words = f"launch Llama-3.1-8B method=qlora dataset={TRAIN_JSONL}"
+    session.run([f"{words} max_cost=$1000000", "cheapest", f"{words} max_cost=$900", "cheapest"])
+    out = buf.getvalue()
+    assert "above this bot's limit" in out and "may spend up to $900.00" in out, out
+    (job,) = eng.list_jobs()
+    assert job.state == "pending_approval" and cloud.creates == 0
