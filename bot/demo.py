@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bot.chat.charts import loss_chart
+from bot.chat.charts import training_chart
 from bot.chat.console import ConsoleNotifier, ConsoleSession
 from bot.chat.handlers import ChatHandlers
 from bot.chat.permissions import Permissions
@@ -217,13 +217,15 @@ class Demo:
         self.idle_volume()
         session.run(["volumes"])
 
-        chart = loss_chart(job.losses, self.workdir / f"loss-{job_id}.png", title=f"job {job_id} loss")
+        series = self.engine.series(job_id)
+        chart = training_chart(series, self.workdir / f"loss-{job_id}.png")
         self.step("Done")
-        first = job.losses[0][1] if job.losses else float("nan")
-        last = job.losses[-1][1] if job.losses else float("nan")
+        first = series.train[0] if series.train else (0, float("nan"))
+        last = series.train[-1] if series.train else (0, float("nan"))
         self.console.print(
-            f"job {job_id}: {job.state}, {job.step} steps, loss {first:.3f} -> {last:.3f}, "
-            f"{job.preemptions} preemption(s), cost ${job.spend:.4f}\n"
+            f"job {job_id}: {job.state}, {job.step} steps, loss {first[1]:.3f} (step {first[0]}) -> "
+            f"{last[1]:.3f} (step {last[0]}), {len(series.train)} points, {job.preemptions} preemption(s) "
+            f"marked at step {', '.join(map(str, series.preemptions)) or '-'}, cost ${job.spend:.4f}\n"
             f"adapter    {job.output_uri}\nloss chart {chart}",
             highlight=False,
         )

@@ -205,6 +205,20 @@ class EventKind(StrEnum):
 TERMINAL_EVENTS = frozenset({EventKind.finished, EventKind.failed, EventKind.plateau})
 
 
+MAX_EVENT_POINTS = 512  # chart points one event carries (runner: thin_points keeps the newest)
+
+
+def thin_points(points: list[Any], limit: int = MAX_EVENT_POINTS) -> list[Any]:
+    """At most ``limit`` points, evenly spread, the newest kept (a fast run's steps between two reports)."""
+    if len(points) <= limit:
+        return list(points)
+    stride = -(-len(points) // limit)
+    kept = points[::stride]
+    if kept[-1] is not points[-1]:
+        kept = kept[: limit - 1] + [points[-1]]
+    return kept
+
+
 class RunnerEvent(BaseModel):
     """One thing that happened in a run; `seq` increases strictly within a job, across resumes."""
 
@@ -219,6 +233,11 @@ class RunnerEvent(BaseModel):
     epoch: float | None = None
     loss: float | None = None
     learning_rate: float | None = None
+    # Every optimizer step since the previous event as [step, train loss, learning rate], and the eval losses
+    # measured since then as [step, eval loss]: the job's chart draws every step from step 1, not only the
+    # steps a report happened to land on. NaN travels as null.
+    points: list[tuple[int, float | None, float | None]] | None = Field(None, max_length=MAX_EVENT_POINTS)
+    evals: list[tuple[int, float | None]] | None = Field(None, max_length=MAX_EVENT_POINTS)
     tokens_per_second: float | None = None
     tokens_seen: int | None = None
     eta_seconds: float | None = None

@@ -39,6 +39,7 @@ from runner.spec import (
     JobSpec,
     Method,
     RunSummary,
+    thin_points,
 )
 
 MAX_GRAD_NORM = 1.0  # gradient clipping, as in most fine-tuning recipes
@@ -113,6 +114,9 @@ class Trainer:
         self.fsdp = False
         self.session_started = time.time()
         self.meter: Any = None  # runner/measure.RunMeter: what the planner's calibration learns from
+        # The chart's data since the last event: (step, loss, lr) of every step, (step, eval loss) of evals.
+        self.points: list[tuple[int, float, float]] = []
+        self.evals: list[tuple[int, float]] = []
 
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
@@ -315,6 +319,7 @@ class Trainer:
                 state.train_seconds = session_train_seconds + time.monotonic() - session_start
 
                 lr = self.scheduler.get_last_lr()[0]
+                self.points.append((state.step, loss, lr))
                 epoch_f = state.epoch + state.micro_batch / max(1, n_micro)
                 if self.wandb is not None:
                     self.wandb.log({"train/loss": loss, "train/lr": lr, "train/epoch": epoch_f,
@@ -411,6 +416,7 @@ class Trainer:
     def _eval_now(self, step: int) -> float:
         loss = self.evaluate()
         self.state.eval_loss = loss
+        self.evals.append((step, loss))
         if self.wandb is not None:
             self.wandb.log({"eval/loss": loss}, step=step)
         return loss
@@ -541,6 +547,12 @@ class Trainer:
         fields.setdefault("tokens_seen", self.state.tokens_seen)
         if self.state.last_loss is not None:
             fields.setdefault("loss", self.state.last_loss)
+        if self.points:  # every step since the last event rides along (the chart's data)
+            fields.setdefault("points", thin_points(self.points))
+            self.points = []
+        if self.evals:
+            fields.setdefault("evals", thin_points(self.evals))
+            self.evals = []
         try:
             self.reporter.emit(kind, **fields)
         except Exception as exc:  # reporting must never stop training

@@ -324,22 +324,27 @@ class SlackNotifier:
             self._chart(job, final=event.kind in FINAL)
 
     def _chart(self, job: JobView, *, final: bool) -> None:
-        if len(job.losses) < 2:
-            return
         now = self.clock()
         if not final and now - self._last_chart.get(job.job_id, -1e9) < self.chart_every_s:
             return
+        series = self.engine.series(job.job_id)
+        if len(series.train) < 2:
+            return
         self._last_chart[job.job_id] = now
-        from bot.chat.charts import loss_chart
+        from bot.chat.charts import chart_title, training_chart
 
-        path = loss_chart(job.losses, self.chart_dir / f"{job.job_id}-loss.png", title=f"{job.job_id} loss")
+        path = training_chart(series, self.chart_dir / f"{job.job_id}-training.png")
+        marks = f", {len(series.preemptions)} preemption(s) marked" if series.preemptions else ""
         self.client.files_upload_v2(
             file=str(path),
             filename=path.name,
             channel=job.channel,
             thread_ts=job.thread_ts,
-            title=f"Loss of {job.job_id} at step {job.step}",
-            alt_txt=f"Training loss curve of job {job.job_id}",
+            title=f"{chart_title(series)}: step {series.step}",
+            alt_txt=(
+                f"Train{' and eval' if series.eval else ''} loss of job {job.job_id} against step, from step "
+                f"{series.train[0][0]} to {series.train[-1][0]}, learning rate on the right axis{marks}"
+            ),
         )
 
     def _approval(self, event: EngineEvent) -> None:

@@ -55,6 +55,26 @@ class JobView(BaseModel):
     losses: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss) for charts
 
 
+class JobSeries(BaseModel):
+    """What a job's chart draws: every reported step's train loss and learning rate, the eval losses, and
+    the steps where it was preempted and where it resumed (engine/series.py)."""
+
+    job_id: str
+    model: str
+    method: str
+    provider: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    interruptible: bool = False
+    step: int = 0
+    max_steps: int | None = None
+    train: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss), every step reported
+    eval: list[tuple[int, float]] = Field(default_factory=list)  # (step, eval loss)
+    lr: list[tuple[int, float]] = Field(default_factory=list)  # (step, learning rate)
+    preemptions: list[int] = Field(default_factory=list)  # steps
+    resumes: list[int] = Field(default_factory=list)  # steps a relaunched run resumed from
+
+
 class SpendLine(BaseModel):
     key: str  # user, provider or job id
     amount: float
@@ -112,6 +132,8 @@ class EngineAPI(Protocol):
     def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView: ...
 
     def get_job(self, job_id: str) -> JobView: ...
+
+    def series(self, job_id: str) -> JobSeries: ...
 
     def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]: ...
 

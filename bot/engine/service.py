@@ -25,13 +25,14 @@ from sqlalchemy import select, update
 from sqlmodel import Session
 
 from bot.engine import budgets as budgets_mod
-from bot.engine import jobs, monitor, reports, supervise
+from bot.engine import jobs, monitor, reports, series, supervise
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
     EngineError,
+    JobSeries,
     JobView,
     SpendReport,
     VolumeView,
@@ -222,6 +223,10 @@ class Engine:
 
     def get_job(self, job_id: str) -> JobView:
         return jobs.view(self.ctx, job_id)
+
+    def series(self, job_id: str) -> JobSeries:
+        """The job's chart data: every step's loss and learning rate, evals, preemptions, resumes."""
+        return series.job_series(self.ctx, job_id)
 
     def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
         return reports.list_jobs(self.ctx, user=user, active_only=active_only)

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from bot.engine.api import BudgetView, EngineError, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.api import BudgetView, EngineError, JobSeries, JobView, SpendLine, SpendReport, VolumeView
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 from bot.planner.errors import UnknownModelError
 from bot.planner.request import EstimateRequest
@@ -102,6 +102,7 @@ class FakeEngine:
         self.keys: dict[str, str] = {}
         self.create_calls: list[dict] = []
         self.threads: dict[str, tuple[str, str]] = {}
+        self.marks: dict[str, dict] = {}  # job id -> JobSeries fields (eval, lr, preemptions, resumes)
         self.volume_list: list[VolumeView] = [
             VolumeView(
                 provider="runpod",
@@ -194,6 +195,24 @@ class FakeEngine:
             return self.jobs[job_id]
         except KeyError:
             raise EngineError(f"no job {job_id}") from None
+
+    def series(self, job_id: str) -> JobSeries:
+        """The job's losses as its chart data, with the marks a test put in ``self.marks[job_id]``."""
+        job = self.get_job(job_id)
+        marks = self.marks.get(job_id, {})
+        return JobSeries(
+            job_id=job_id,
+            model=job.model,
+            method=job.method,
+            provider=job.provider,
+            gpu=job.gpu,
+            gpu_count=job.gpu_count,
+            interruptible=job.interruptible,
+            step=job.step,
+            max_steps=job.max_steps,
+            train=list(job.losses),
+            **marks,
+        )
 
     def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
         return [j for j in self.jobs.values() if user is None or j.owner == user]

@@ -57,6 +57,8 @@ def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
         "llama-8b-checkpoints",
         "$14.00/month",
         "Delete | Keep",
+        "(step 1) ->",  # the chart's data starts at the first step, not at the first report
+        "1 preemption(s) marked at step",
     ):
         assert needle in out, needle
     assert "Traceback" not in out

@@ -206,6 +206,7 @@ def test_thread_card_throttled_milestones_and_chart(slack_stack: SlackStack) -> 
     assert stack.slack.of("upload") and stack.slack.of("upload")[0].raw.startswith(b"\x89PNG")
     complete = uploads[-1].body
     assert complete.get("thread_ts") == ts and complete.get("channel_id") == channel
+    assert "Llama-3.1-8B · lora · a100-80gb x1: step 30" in str(complete["files"])  # model, method, GPU
 
 
 def test_alerts_summary_reminders_and_approval(slack_stack: SlackStack) -> None:

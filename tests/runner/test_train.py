@@ -57,3 +57,33 @@ def test_checkpoints_on_any_fsspec_uri_and_an_in_process_resume(runner_job: Call
     import fsspec
 
     assert fsspec.filesystem("memory").exists("/tunebot-test/out/mem/adapter_model.safetensors")
+
+
+def test_every_step_reaches_the_chart_from_step_1_with_eval_and_learning_rate(
+    runner_job: Callable[..., Any],
+) -> None:
+    """Reports land every few seconds, but each event carries the steps since the last one: the chart gets
+    every step's loss and learning rate from step 1, and each eval loss at its step."""
+    spec = runner_job(max_steps=12, seq_len=128, grad_accum=1, report={"every_seconds": 3600},
+                      dataset={"eval_fraction": 0.2}, plateau={"enabled": False, "every_steps": 4})
+    summary, code = run(spec)
+    assert code == EXIT_OK and summary.steps == 12
+    events = parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())
+    progress = [e for e in events if e.kind.value == "progress"]
+    assert [e.step for e in progress] == [12]  # one report only (the last step), yet:
+    steps = [p[0] for e in events for p in e.points or []]
+    assert steps == list(range(1, 13))
+    rates = [lr for e in events for _, _, lr in e.points or []]
+    assert all(loss is not None for e in events for _, loss, _ in e.points or [])
+    assert max(rates) > 0 and rates[-1] < max(rates)  # the schedule, as trained (warmup, then cosine)
+    evals = [s for e in events for s, _ in e.evals or []]
+    assert evals == [4, 8, 12]
+
+
+def test_thin_points_keeps_the_newest_and_the_cap() -> None:
+    from runner.spec import MAX_EVENT_POINTS, thin_points
+
+    points = [(i, 1.0, 0.1) for i in range(1, 2001)]
+    thinned = thin_points(points)
+    assert len(thinned) <= MAX_EVENT_POINTS and thinned[0][0] == 1 and thinned[-1][0] == 2000
+    assert thin_points(points[:10]) == points[:10]
