@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     approval_above_usd: float = Field(50.0, alias="TUNEBOT_APPROVAL_ABOVE")
     # The largest max_cost (spend cap) a job may ask for at all; above it the request is refused.
     max_cost_limit_usd: float = Field(10_000.0, gt=0, alias="TUNEBOT_MAX_COST_LIMIT")
+    # Jobs one person may have running (or about to) at once; 0 = no limit. More are refused at create;
+    # an approved one waits for a slot.
+    max_running_per_user: int = Field(4, ge=0, le=10_000, alias="TUNEBOT_MAX_RUNNING_PER_USER")
+    # The team of jobs launched from the console and the CLI (Slack jobs take the workspace's team id):
+    # what team budgets are set for (`budget set team NAME ...`).
+    default_team: str = Field("local", min_length=1, max_length=64, alias="TUNEBOT_TEAM")
     heartbeat_timeout_s: float = Field(600.0, alias="TUNEBOT_HEARTBEAT_TIMEOUT")
     idle_stop_minutes: float = Field(30.0, alias="TUNEBOT_IDLE_STOP_MINUTES")
     retry_budget: int = Field(5, alias="TUNEBOT_RETRY_BUDGET")

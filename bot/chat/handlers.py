@@ -62,6 +62,7 @@ class Actor:
     user: str
     channel: str | None = None
     operator: bool = False  # the console's person runs the bot: may name local paths (sources.py)
+    team: str | None = None  # the Slack workspace (team budgets); None: the engine's TUNEBOT_TEAM
 
 
 def launch_part(estimate: Estimate) -> bytes:
@@ -338,6 +339,7 @@ class ChatHandlers:
                 max_cost=stored.request.max_cost,
                 channel=actor.channel or stored.channel,
                 idempotency_key=f"estimate:{estimate_id}",
+                team=actor.team,
                 **self.job_options,
                 **self._estimate_kwarg(stored),
             )

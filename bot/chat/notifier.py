@@ -255,7 +255,9 @@ class SlackNotifier:
             self._milestone(event)
         elif kind == K.budget_alert:
             alert = Reply(parts=[Text(f":moneybag: {esc(event.message)}")], fallback=esc(event.message))
-            if event.user:
+            if event.job_id and event.channel and event.thread_ts:  # a job stopping: its thread says why
+                self._post(event.channel, alert, thread_ts=event.thread_ts)
+            elif event.user:
                 self._dm(event.user, alert)
             elif self.summary_channel:  # a team budget: tell the channel
                 self._post(self.summary_channel, alert)

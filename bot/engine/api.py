@@ -125,6 +125,7 @@ class EngineAPI(Protocol):
         max_cost: float | None = None,
         channel: str | None = None,
         idempotency_key: str | None = None,
+        team: str | None = None,  # whose team budget covers it (default: TUNEBOT_TEAM)
     ) -> JobView: ...
 
     def approve(self, job_id: str, *, approver: str) -> JobView: ...

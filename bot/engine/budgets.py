@@ -1,21 +1,29 @@
-"""Per-user and per-team daily and monthly budgets, with alerts at 80, 90 and 100 percent.
+"""Per-user and per-team daily and monthly budgets: alerts at 80 and 90 percent, a stop at 100.
 
 Each level fires once per budget period: the alert row's unique key (scope, name, period, level)
 is the guard, so two scheduler passes (or two replicas) never send the same alert twice.
+
+At 100% a budget is spent: new launches it covers are refused (bot/engine/admission.py, with the
+budget's name and who can raise it) and its running jobs are asked to stop gracefully (they checkpoint
+first, the existing stop path) on every check until the budget is raised or the period ends. A job is
+covered by its owner's user budget and its team's team budget (``jobs.team``: the Slack workspace, or
+TUNEBOT_TEAM for the console and the CLI).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from bot.engine.events import EngineEvent, EngineEventKind
-from bot.engine.spend import period_bounds
+from bot.engine.jobstate import ACTIVE
+from bot.engine.spend import period_bounds, roll_up_recent
 from bot.money import money
-from store.models import Budget, BudgetAlert, SpendEntry
+from store.models import Budget, BudgetAlert, Job, SpendEntry
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -42,8 +50,106 @@ def budgeted(eng: EngineContext) -> tuple[set[str], set[str]]:
     return {n for sc, n in rows if sc == "user"}, {n for sc, n in rows if sc == "team"}
 
 
+@dataclass(frozen=True)
+class Spent:
+    """A budget at (or past) 100% in its current period."""
+
+    scope: str  # user | team
+    name: str
+    period: str  # daily | monthly
+    amount: float
+    limit: float
+
+    def describe(self) -> str:
+        word = "today" if self.period == "daily" else "this month"
+        return (
+            f"{self.scope} {self.name}'s {self.period} budget of {money(self.limit)} is spent "
+            f"({money(self.amount)} {word})"
+        )
+
+    def how_to_raise(self, who: str) -> str:
+        return f"{who} can raise it: `budget set {self.scope} {self.name} {self.period}=AMOUNT`"
+
+
+def spent_budgets(
+    eng: EngineContext, *, owner: str | None = None, team: str | None = None, roll_up: bool = True
+) -> list[Spent]:
+    """The budgets at 100% that cover this owner and team (all budgets when both are None).
+
+    ``roll_up``: first bring their ledger lines up to now (only theirs), so a refusal is never a minute
+    late."""
+    with eng.session() as s:
+        q = select(Budget)
+        if owner is not None or team is not None:
+            q = q.where(
+                or_(
+                    and_(Budget.scope == "user", Budget.name == (owner or "")),
+                    and_(Budget.scope == "team", Budget.name == (team or "")),
+                )
+            )
+        budgets = list(s.execute(q).scalars())
+    if not budgets:
+        return []
+    if roll_up and (owner is not None or team is not None):
+        roll_up_recent(eng, scope=({owner} - {None}, {team} - {None}))  # type: ignore[arg-type]
+    now = eng.now()
+    out: list[Spent] = []
+    with eng.session() as s:
+        for b in budgets:
+            for period, key in (("daily", "today"), ("monthly", "month")):
+                limit = getattr(b, period)
+                if not limit:
+                    continue
+                start, end = period_bounds(key, now)
+                amount = spent(s, b.scope, b.name, start, end)
+                if amount >= limit:
+                    out.append(Spent(b.scope, b.name, period, amount, limit))
+    return out
+
+
+def stop_covered(eng: EngineContext, budgets: list[Spent]) -> list[str]:
+    """Ask every active job these spent budgets cover to stop after a checkpoint; returns their ids."""
+    from bot.engine import jobs
+
+    if not budgets:
+        return []
+    who = eng.policy.who_raises_budgets()
+    stopped: list[str] = []
+    with eng.session() as s:
+        users = {b.name for b in budgets if b.scope == "user"}
+        teams = {b.name for b in budgets if b.scope == "team"}
+        rows = s.execute(
+            select(Job.id, Job.owner, Job.team).where(
+                Job.state.in_(sorted(ACTIVE)),
+                Job.stop_requested_at.is_(None),
+                or_(Job.owner.in_(sorted(users)), Job.team.in_(sorted(teams))),
+            )
+        ).all()
+    for job_id, owner, team in rows:
+        covering = next(b for b in budgets if (b.scope, b.name) in (("user", owner), ("team", team)))
+        message = (
+            f"Job {job_id} is stopping after a checkpoint: {covering.describe()}. "
+            f"{covering.how_to_raise(who)}."
+        )
+        jobs.request_stop(eng, job_id, reason="budget", actor="budget")
+        eng.publish(
+            EngineEventKind.budget_alert,
+            job_id,
+            message,
+            scope=covering.scope,
+            name=covering.name,
+            period=covering.period,
+            level=100,
+            spent=round(covering.amount, 4),
+            limit=covering.limit,
+        )
+        stopped.append(job_id)
+    return stopped
+
+
 def check(eng: EngineContext) -> list[EngineEvent]:
-    """Raise the alerts that the current spend has crossed (call after a spend roll-up)."""
+    """Raise the alerts that the current spend has crossed (call after a spend roll-up), and stop the
+    running jobs of every budget at 100%."""
     now = eng.now()
     d = datetime.fromtimestamp(now, UTC)
     periods = {
@@ -89,16 +195,22 @@ def check(eng: EngineContext) -> list[EngineEvent]:
                 events.append(_event(b, attr, level, amount, limit, now))
     for ev in events:
         eng.bus.publish(ev)
+    stop_covered(eng, spent_budgets(eng, roll_up=False))
     return events
 
 
 def _event(b: Budget, attr: str, level: int, amount: float, limit: float, now: float) -> EngineEvent:
     word = "today" if attr == "daily" else "this month"
+    spent_note = (
+        " New launches it covers are refused and its running jobs stop after a checkpoint until it is raised."
+        if level >= 100
+        else ""
+    )
     return EngineEvent(
         kind=EngineEventKind.budget_alert,
         user=b.name if b.scope == "user" else None,
         message=f"{b.scope.capitalize()} {b.name} has spent {money(amount)} of the {attr} budget "
-        f"{money(limit)} {word} ({level}%).",
+        f"{money(limit)} {word} ({level}%).{spent_note}",
         data={
             "scope": b.scope,
             "name": b.name,

@@ -23,6 +23,7 @@ from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 if TYPE_CHECKING:
     from sqlalchemy import Engine as SAEngine
 
+    from bot.engine.permissions import Permissions
     from bot.providers.base import Provider
     from bot.settings import Settings
     from store.models import Job
@@ -65,6 +66,16 @@ class EngineContext:
     clock: Callable[[], float] = time.time
     limits: Limits = field(default_factory=Limits)
     memory: ProcessMemory = field(default_factory=ProcessMemory)
+    permissions: Permissions | None = None  # the policy (default: from the settings)
+
+    @property
+    def policy(self) -> Permissions:
+        """Who may do what (bot/engine/permissions.py): the steps that decide alone (a launch) ask it."""
+        if self.permissions is not None:
+            return self.permissions
+        from bot.engine.permissions import Permissions
+
+        return Permissions.from_settings(self.settings)
 
     def now(self) -> float:
         return float(self.clock())

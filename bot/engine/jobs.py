@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from bot.engine import approval, staging
+from bot.engine import admission, approval, staging
 from bot.engine import finish as finish_mod
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
@@ -80,7 +80,12 @@ def create(
     spec_overrides: dict[str, Any] | None = None,
     auto_launch: bool = True,
 ) -> JobView:
-    """Create a job with the chosen offer's price locked; launches at once unless approval is needed."""
+    """Create a job with the chosen offer's price locked; launches at once unless approval is needed.
+
+    Refused before anything is staged when a budget covering the owner or the team is spent, or when the
+    owner already runs as many jobs as one person may (bot/engine/admission.py)."""
+    team = team or ctx.settings.default_team
+    admission.check_budgets(ctx, owner=user, team=team)
     fitting = offers_mod.launchable(est.offers, ctx.providers)
     if not fitting:
         elsewhere = sorted({o.provider for o in est.offers if o.fits})
@@ -106,6 +111,17 @@ def create(
         chosen = offers_mod.pick(fitting, choice)
     if chosen is None:
         raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+    explicit = approval.checked_cap(
+        max_cost if max_cost is not None else request.max_cost, ctx.settings.max_cost_limit_usd
+    )
+    cap = explicit or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
+    stake = approval.at_stake(chosen.total_cost, explicit)
+    needs_approval = policy.needs_approval(stake)
+    threshold = policy.approval_above
+    auto_accepted = None if needs_approval else approval.accepted(cap, by_person=False, threshold=threshold)
+    if not needs_approval:  # fail fast, before staging; decided again under the owner's lock below
+        with ctx.session() as s:
+            admission.check_running(ctx, s, owner=user)
     # Before anything is rented: data checked, storage reachable, local inputs staged (staging.py).
     plan = plan_of(request, est.training)
     prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting)
@@ -118,14 +134,6 @@ def create(
     )
     spec_overrides = deep_merge(fields, spec_overrides or {})
     now = ctx.now()
-    explicit = approval.checked_cap(
-        max_cost if max_cost is not None else request.max_cost, ctx.settings.max_cost_limit_usd
-    )
-    cap = explicit or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
-    stake = approval.at_stake(chosen.total_cost, explicit)
-    needs_approval = policy.needs_approval(stake)
-    threshold = policy.approval_above
-    auto_accepted = None if needs_approval else approval.accepted(cap, by_person=False, threshold=threshold)
     job_id = uuid.uuid4().hex[:12]
     job = Job(
         id=job_id,
@@ -155,6 +163,13 @@ def create(
         approved_cost=auto_accepted,
     )
     with ctx.session() as s:
+        if not needs_approval:
+            admission.lock_owner(s, user)  # count and insert in one transaction per person
+            try:
+                admission.check_running(ctx, s, owner=user)
+            except EngineError:
+                s.rollback()
+                raise
         s.add(job)
         S.audit(
             s,

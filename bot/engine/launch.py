@@ -159,7 +159,10 @@ def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, An
 
 
 def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
-    """approved|recovering -> launching; returns the claim id, or None when someone else has it."""
+    """approved|recovering -> launching; returns the claim id, or None when someone else has it, or when
+    the launch may not happen now (a spent budget ends the job, the per-user limit makes it wait)."""
+    if not _admitted(eng, job_id, actor=actor):
+        return None
     now = eng.now()
     claim_id = uuid.uuid4().hex
     with eng.session() as s:
@@ -197,6 +200,43 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
             retry_count=retry,
         )
     return claim_id if ok else None
+
+
+def _admitted(eng: EngineContext, job_id: str, *, actor: str) -> bool:
+    """Budgets and the running limit, asked before the claim (bot/engine/admission.py)."""
+    from bot.engine import admission
+
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+    if job is None or job.state not in (S.APPROVED, S.RECOVERING):
+        return True  # the claim itself says no
+    blocker = admission.launch_blocker(eng, job)
+    if blocker is None:
+        return True
+    kind, why = blocker
+    now = eng.now()
+    with eng.session() as s:
+        if kind == "limit":  # wait in approved; say so once
+            if job.message != why:
+                s.execute(update(Job).where(Job.id == job_id, Job.state == S.APPROVED).values(message=why))
+                s.commit()
+            return False
+        final = S.CANCELLED if job.state == S.APPROVED else S.STOPPED
+        if S.transition(
+            s,
+            job_id,
+            job.state,
+            final,
+            actor=actor,
+            now=now,
+            reason="budget",
+            stop_reason="budget",
+            message=why[:1000],
+            finished_at=now,
+        ):
+            text = f"Job {job_id} not launched: {why}."
+            eng.publish(EngineEventKind.stopped, job_id, text, reason="budget", state=final)
+    return False
 
 
 def reclaim_stale(eng: EngineContext, job_id: str, *, actor: str, force: bool) -> str | None:

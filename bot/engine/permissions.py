@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from bot.settings import Settings
 
+MAX_RUNNING_PER_USER = 4  # the settings' default (TUNEBOT_MAX_RUNNING_PER_USER)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -40,6 +42,7 @@ class Permissions:
     admins: frozenset[str] = frozenset()
     channel_allow: dict[str, frozenset[str]] = field(default_factory=dict)
     approval_above: float = 50.0
+    max_running_per_user: int = MAX_RUNNING_PER_USER
 
     @classmethod
     def from_settings(cls, settings: Settings, *, extra_admins: tuple[str, ...] = ()) -> Permissions:
@@ -48,6 +51,7 @@ class Permissions:
             admins=frozenset(admins),
             channel_allow=_parse_allow(settings.channel_allow),
             approval_above=settings.approval_above_usd,
+            max_running_per_user=settings.max_running_per_user,
         )
 
     def is_admin(self, user: str) -> bool:
@@ -94,6 +98,23 @@ class Permissions:
         if (owner and user == owner) or self.is_admin(user):
             return Decision(True)
         return Decision(False, "only the volume's owner or an admin may do that")
+
+    def can_run_another(self, user: str, running: int) -> Decision:
+        """Start one more job while ``running`` of the user's are running or about to (0 = no limit)."""
+        limit = self.max_running_per_user
+        if limit and running >= limit:
+            return Decision(
+                False,
+                f"{user} already has {running} job(s) running or starting, the most one person may run at "
+                f"once ({limit}, TUNEBOT_MAX_RUNNING_PER_USER); stop one or wait for one to end",
+            )
+        return Decision(True)
+
+    def who_raises_budgets(self) -> str:
+        """Who can raise a spent budget, for the refusal that names it."""
+        if self.admins:
+            return f"an admin ({', '.join(sorted(self.admins))})"
+        return "anyone (no TUNEBOT_ADMINS is set)"
 
     def can_set_budget(self, user: str) -> Decision:
         if not self.admins or self.is_admin(user):

@@ -88,8 +88,8 @@ class Engine:
             clock=clock,
             limits=Limits(),
             memory=ProcessMemory(),
+            permissions=permissions or Permissions.from_settings(settings),
         )
-        self.permissions = permissions or Permissions.from_settings(settings)
         self.local_workdir = local_workdir
         self.auto_launch = True  # create_job/approve launch at once; otherwise the next tick does
 
@@ -103,6 +103,16 @@ class Engine:
     memory = property(lambda self: self.ctx.memory)
     process_id = property(lambda self: self.ctx.memory.process_id)
     own_claims = property(lambda self: self.ctx.memory.own_claims)
+
+    @property
+    def permissions(self) -> Permissions:
+        return self.ctx.policy
+
+    policy = permissions  # the context's name, for steps handed the facade itself
+
+    @permissions.setter
+    def permissions(self, policy: Permissions) -> None:
+        self.ctx = replace(self.ctx, permissions=policy)
 
     def _limit(name: str) -> property:  # type: ignore[misc]
         def get(self: Engine) -> float:

@@ -134,10 +134,18 @@ class FakeEngine:
         return make_estimate(request.model, request.method, self.n_offers)
 
     def create_job(
-        self, request, *, user, choice="cheapest", max_cost=None, channel=None, idempotency_key=None
+        self,
+        request,
+        *,
+        user,
+        choice="cheapest",
+        max_cost=None,
+        channel=None,
+        idempotency_key=None,
+        team=None,
     ):
         with self._lock:
-            self.create_calls.append({"user": user, "choice": choice, "key": idempotency_key})
+            self.create_calls.append({"user": user, "choice": choice, "key": idempotency_key, "team": team})
             if idempotency_key and idempotency_key in self.keys:
                 return self.jobs[self.keys[idempotency_key]]
             estimate = make_estimate(request.model, request.method, self.n_offers)

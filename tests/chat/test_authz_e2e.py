@@ -6,6 +6,7 @@ uvicorn, the fake Slack Web API), on the real Engine (SQLite, real planner) with
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from engine.fakes import FakeProvider
 from fakes.slack_api import FakeSlack, UvicornThread
+from sqlalchemy import select
 
 from bot.chat.handlers import ChatHandlers
 from bot.chat.notifier import SlackNotifier
@@ -180,3 +182,29 @@ def test_a_pricier_fallback_waits_for_approval_in_the_thread(make_stack, dataset
     text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=ADMIN)))
     assert "approved" in text
     assert stack.engine.get_job(job.job_id).provider == "runpod" and h100.creates == 1
+
+
+def test_budgets_stop_and_refuse_and_the_running_limit_holds_in_slack(make_stack, dataset: Path) -> None:
+    """a9605e4: `team` was never set (team budgets saw nothing), a user at 2,350% of budget still launched,
+    and one user ran 12 jobs at once."""
+    from store.models import Job
+
+    stack = make_stack(TUNEBOT_MAX_RUNNING_PER_USER="2")
+    launch = f"Llama-3.1-8B method=qlora dataset={dataset}"
+    for _ in range(2):
+        assert "Launching job" in stack.launch(launch)
+    text = stack.launch(launch)
+    assert "already has 2 job(s) running" in text and "TUNEBOT_MAX_RUNNING_PER_USER" in text, text
+    assert stack.cloud.creates == 2
+    with stack.engine.session() as s:
+        assert {t for (t,) in s.execute(select(Job.team))} == {"T1"}  # the signed payload's workspace
+    # The workspace's budget is spent: every member's launch is refused, naming it and who raises it.
+    assert "Budget for team" in stack.said(
+        lambda: stack.command("budget set team T1 daily=$0.000001", user=ADMIN)
+    )
+    time.sleep(0.05)  # a few cents of spend at $0.40/h
+    text = stack.launch(launch, user=MALLORY)
+    assert "team T1's daily budget" in text and "is spent" in text and "an admin (U_ADMIN)" in text, text
+    assert stack.cloud.creates == 2
+    stack.engine.tick()  # the running jobs it covers stop (after a checkpoint where the host can)
+    assert {j.stop_reason for j in stack.engine.list_jobs()} == {"budget"}

@@ -84,3 +84,41 @@ def test_console_refuses_an_unbounded_max_cost_and_asks_approval_for_a_large_one
     assert "above this bot's limit" in out and "may spend up to $900.00" in out, out
     (job,) = eng.list_jobs()
     assert job.state == "pending_approval" and cloud.creates == 0
+
+
+def test_cli_launch_is_refused_by_a_spent_budget_with_who_can_raise_it(cli_env, tmp_path):
+    """a9605e4: a user at 2,350% of their daily budget still launched (budgets only alerted)."""
+    from bot.engine.service import Engine
+    from bot.engine.spend import day_start
+    from bot.settings import get_settings
+    from store.models import SpendEntry
+
+    from .conftest import TRAIN_JSONL
+
+    eng = Engine(get_settings())
+    eng.set_budget("user", "mallory", daily=1.0, monthly=None, user="root")
+    with eng.session() as s:  # $23.50 already spent today: 2,350% of the budget
+        now = eng.now()
+        s.add(
+            SpendEntry(
+                source="instance:0",
+                kind="compute",
+                owner="mallory",
+                team="local",
+                provider="vast",
+                period_start=day_start(now),
+                seconds=3600,
+                rate_per_hour=23.5,
+                amount=23.5,
+                updated_at=now,
+            )
+        )
+        s.commit()
+    eng.close()
+    out = CliRunner().invoke(app, ["launch", "Llama-3.2-1B", "--dataset", TRAIN_JSONL, "--user", "mallory"])
+    assert out.exit_code == 2, out.output
+    assert "mallory's daily budget of $1.00 is spent ($23.50 today)" in " ".join(out.output.split())
+    assert "an admin (root) can raise it" in " ".join(out.output.split()) and "Traceback" not in out.output
+    eng = Engine(get_settings())
+    assert eng.list_jobs() == []
+    eng.close()

@@ -74,7 +74,10 @@ def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
     eng.set_budget("user", "alice", daily=100.0, monthly=None, user="admin")
     eng.set_budget("team", "ml", daily=None, monthly=1000.0, user="admin")
     rec = Recorder(eng.bus)
-    eng.create_job(request(), user="alice", team="ml", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
+    job = eng.create_job(
+        request(), user="alice", team="ml", estimate=estimate_for(p, hours=0.001), max_cost=10_000
+    )
+    eng.approve(job.job_id, approver="admin")  # a $10,000 cap needs approval
     seen = []
     for step in (50, 31, 5, 4, 11, 30, 30):  # cumulative: 50, 81, 86, 90, 101, 131, 161 seconds = dollars
         clock.advance(step)
@@ -87,12 +90,16 @@ def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
             ]
         )
     alerts = [
-        (e.data["scope"], e.data["period"], e.data["level"]) for e in rec.events if e.kind == "budget_alert"
+        (e.data["scope"], e.data["period"], e.data["level"])
+        for e in rec.events
+        if e.kind == "budget_alert" and e.job_id is None
     ]
     assert alerts == [("user", "daily", 80), ("user", "daily", 90), ("user", "daily", 100)]
+    # At 100% the job stopped (issue 19: budgets no longer only alert): spend stays where it was then.
+    assert eng.get_job(job.job_id).stop_reason == "budget"
     b = {(v.scope, v.name): v for v in eng.budgets()}
-    assert b[("user", "alice")].spent_today == pytest.approx(161.0, abs=1e-6)
-    assert b[("team", "ml")].spent_month == pytest.approx(161.0, abs=1e-6)
+    assert b[("user", "alice")].spent_today == pytest.approx(101.0, abs=1e-6)
+    assert b[("team", "ml")].spent_month == pytest.approx(101.0, abs=1e-6)
 
 
 def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, clock):
@@ -100,11 +107,12 @@ def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, 
     eng = make_engine(providers={"p": p})
     eng.set_budget("user", "bob", daily=10.0, monthly=None, user="admin")
     rec = Recorder(eng.bus)
-    eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
+    job = eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
+    eng.approve(job.job_id, approver="admin")
     clock.advance(20)
     eng.tick()
     eng.tick()
-    levels = sorted(e.data["level"] for e in rec.events if e.kind == "budget_alert")
+    levels = sorted(e.data["level"] for e in rec.events if e.kind == "budget_alert" and e.job_id is None)
     assert levels == [80, 90, 100]
 
 

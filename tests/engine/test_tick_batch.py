@@ -36,7 +36,8 @@ class Counting:
 def five_jobs(make_engine, fake):  # type: ignore[no-untyped-def]
     counting = Counting(fake)
     eng = make_engine(providers={fake.name: counting})
-    jobs = [eng.create_job(request(), user="alice", estimate=estimate_for(fake)) for _ in range(5)]
+    # five people: one person may run only TUNEBOT_MAX_RUNNING_PER_USER (4) jobs at once
+    jobs = [eng.create_job(request(), user=f"user{k}", estimate=estimate_for(fake)) for k in range(5)]
     counting.lists, counting.statuses = 0, []
     return eng, counting, jobs
 

@@ -27,10 +27,13 @@ def chat_of(context: Any) -> ChatHandlers:
 
 
 def actor_of(body: dict[str, Any]) -> Actor:
-    """The acting user and channel of a slash command or an interactivity payload."""
+    """The acting user, channel and workspace of a slash command or an interactivity payload: only from the
+    signed request itself, never from a button's value (team budgets are keyed by the workspace's id)."""
     user = body.get("user_id") or (body.get("user") or {}).get("id") or "unknown"
     channel = body.get("channel_id") or (body.get("channel") or {}).get("id")
-    return Actor(str(user), channel)
+    team = body.get("team_id") or (body.get("team") or {}).get("id")
+    team = team or (body.get("user") or {}).get("team_id")
+    return Actor(str(user), channel, team=str(team) if team else None)
 
 
 AFTER_ACK_DELAY_S = 0.1  # bench/slack_ack.py: a burst's p99 ack drops by about a fifth with it
