@@ -6,7 +6,7 @@ tests render exactly the same content.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC
 
 from bot.chat.escaping import esc, mention
 from bot.chat.grammar import COMMAND_USAGE, KEYS_HELP, usage_for
@@ -15,7 +15,6 @@ from bot.chat.replies import (
     Buttons,
     Confirm,
     Context,
-    Divider,
     Fields,
     Header,
     Part,
@@ -544,26 +543,29 @@ def volume_reminder(volume: VolumeView, *, message: str = "") -> Reply:
     if not volume.tracked:  # the provider's, not tunebot's: no buttons that would be refused anyway
         reply.add(Context([UNTRACKED_VOLUMES]))
         return reply
-    ref = f"{volume.provider}:{volume.volume_id}"
-    reply.add(
-        Buttons(
-            [
-                Button(
-                    "Delete",
-                    "volume_delete",
-                    ref,
-                    style="danger",
-                    confirm=Confirm(
-                        "Delete this volume?",
-                        f"{esc(volume.name)} ({volume.size_gb:g} GB) and its data are deleted for good.",
-                        ok="Delete",
-                    ),
-                ),
-                Button("Keep", "volume_keep", ref),
-            ]
-        )
-    )
+    reply.add(volume_buttons(volume))
     return reply
+
+
+def volume_buttons(volume: VolumeView) -> Buttons:
+    """Delete (confirmed) and Keep for one volume; the value names it as `provider:volume id`."""
+    ref = f"{volume.provider}:{volume.volume_id}"
+    return Buttons(
+        [
+            Button(
+                "Delete",
+                "volume_delete",
+                ref,
+                style="danger",
+                confirm=Confirm(
+                    "Delete this volume?",
+                    f"{esc(volume.name)} ({volume.size_gb:g} GB) and its data are deleted for good.",
+                    ok="Delete",
+                ),
+            ),
+            Button("Keep", "volume_keep", ref),
+        ]
+    )
 
 
 def budgets_reply(budgets: list[BudgetView]) -> Reply:
@@ -631,29 +633,4 @@ def approval_request(
             ]
         )
     )
-    return reply
-
-
-def home_reply(
-    user: str, jobs: list[JobView], month: SpendReport, budgets: list[BudgetView], *, is_admin: bool = False
-) -> Reply:
-    """App Home: the user's jobs and month-to-date spend against their budget."""
-    mine = next((line for line in month.by_user if line.key == user), None)
-    spent = mine.amount if mine else 0.0
-    budget = next((b for b in budgets if b.scope == "user" and b.name == user), None)
-    reply = Reply(fallback="tunebot home")
-    reply.add(Header("tunebot"))
-    fields = [("Your spend this month", money(spent)), ("Team spend this month", money(month.total))]
-    if budget and budget.monthly:
-        fields.append(("Your monthly budget", f"{money(budget.monthly)} ({spent / budget.monthly:.0%} used)"))
-    reply.add(Fields(fields), Divider())
-    active = [j for j in jobs if j.state in ACTIVE_STATES]
-    reply.add(Text(f"*Your jobs* ({len(active)} active, {len(jobs)} total)"))
-    for job in jobs[:15]:
-        reply.add(Text(job_line(job)))
-    if not jobs:
-        reply.add(Text("No jobs yet. Try `/tune estimate Llama-3.1-8B method=qlora`."))
-    reply.add(Context([f"updated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · `/tune help` for commands"]))
-    if is_admin:
-        reply.add(Buttons([Button("Set a budget", "open_budget_modal", "budget")]))
     return reply

@@ -74,6 +74,13 @@ class LaunchCmd(Command):
 
 
 @dataclass(frozen=True)
+class LaunchFormCmd(Command):
+    """`launch` alone: Slack opens the launch form (chat/launch_form.py); the terminal asks for a MODEL."""
+
+    name: ClassVar[str] = "launch"
+
+
+@dataclass(frozen=True)
 class StatusCmd(Command):
     name: ClassVar[str] = "status"
     job_id: str | None = None
@@ -264,7 +271,7 @@ def parse(text: str) -> Command:
     if name in ("estimate", "est"):
         return EstimateCmd(request=_request("estimate", args))
     if name == "launch":
-        return LaunchCmd(request=_request("launch", args))
+        return LaunchCmd(request=_request("launch", args)) if args else LaunchFormCmd()
     if name == "status":
         return StatusCmd(job_id=_job_arg("status", args, required=False))
     if name == "jobs":

@@ -22,6 +22,7 @@ from typing import Any
 
 from bot.chat import cards
 from bot.chat.blockkit import Names, no_names
+from bot.chat.dashboard import home_reply
 from bot.chat.escaping import esc, mention
 from bot.chat.grammar import (
     ApproveCmd,
@@ -33,12 +34,14 @@ from bot.chat.grammar import (
     HelpCmd,
     JobsCmd,
     LaunchCmd,
+    LaunchFormCmd,
     ParseError,
     SpendCmd,
     StatusCmd,
     StopCmd,
     VolumesCmd,
     parse,
+    usage_for,
 )
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
@@ -244,6 +247,8 @@ class ChatHandlers:
     def _dispatch(self, command: Command, actor: Actor) -> Reply:
         if isinstance(command, EstimateCmd):
             return self._estimate(self._checked_sources(command.request, actor), actor, launching=False)
+        if isinstance(command, LaunchFormCmd):  # Slack opens a form instead; here a MODEL is needed
+            raise ParseError("`launch` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for("launch"))
         if isinstance(command, LaunchCmd):
             decision = self.permissions.can_launch(actor.user, actor.channel)
             if not decision:
@@ -308,6 +313,26 @@ class ChatHandlers:
             if use != value:
                 updates[role] = use
         return request.model_copy(update=updates) if updates else request
+
+    def form_estimate(
+        self, request: EstimateRequest, actor: Actor
+    ) -> tuple[str | None, Estimate | None, Reply]:
+        """The launch form's estimate, checked and stored as a typed one is (its id launches it):
+        (estimate id, estimate, reply), or (None, None, the friendly refusal)."""
+        found: list[tuple[str, Estimate]] = []
+
+        def run() -> Reply:
+            decision = self.permissions.can_launch(actor.user, actor.channel)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            checked = self._checked_sources(request, actor)
+            estimate = self.engine.estimate(checked)
+            stored = StoredEstimate.of(checked, estimate, actor.user, actor.channel)
+            found.append((self.store.put(stored), estimate))
+            return text_reply("estimated")
+
+        reply = self._safely(run)
+        return (*found[0], reply) if found else (None, None, reply)
 
     def _estimate(self, request: EstimateRequest, actor: Actor, *, launching: bool) -> Reply:
         estimate = self.engine.estimate(request)
@@ -492,8 +517,4 @@ class ChatHandlers:
         return reply
 
     def _home(self, user: str) -> Reply:
-        jobs = self.engine.list_jobs(user=user)
-        month = self.engine.spend("month")
-        return cards.home_reply(
-            user, jobs, month, self.engine.budgets(), is_admin=self.permissions.is_admin(user)
-        )
+        return home_reply(self.engine.dashboard(user))

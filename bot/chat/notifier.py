@@ -41,6 +41,8 @@ MILESTONES = {
     K.link,
 }
 FINAL = {K.plateau, K.finished, K.failed, K.stopped}
+# A job's state changed: App Home (its owner's, the admins') shows something else now.
+HOME_CHANGES = {K.job_created, K.approval_needed, K.job_started, K.preempted, K.recovered} | FINAL
 CHART_AT = {K.checkpoint, K.preempted, K.recovered} | FINAL
 
 
@@ -174,9 +176,11 @@ class SlackNotifier:
         chart_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         names: Names | None = None,
+        home: Any = None,
     ) -> None:
         self.engine = engine
         self.client = client
+        self.home = home  # slack/home.HomePublisher: App Home refreshed when a job changes state
         self.names = names  # display names where mentions do not render (bot/chat/people.py)
         self.summary_channel = summary_channel
         self.admins = admins or []
@@ -243,6 +247,8 @@ class SlackNotifier:
     # ---- rendering ---------------------------------------------------------------------------------
     def process(self, event: EngineEvent) -> None:
         kind = event.kind
+        if self.home is not None and kind in HOME_CHANGES:
+            self.home.changed(event.user)
         if kind == K.job_created:
             self._ensure_thread(event)
         elif kind == K.approval_needed:

@@ -132,6 +132,9 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     settings, engine, chat = _runtime(serving=True)
     admins = sorted(chat.permissions.admins)
     chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
+    from bot.chat.slack.home import HomePublisher
+
+    home = HomePublisher(chat, make_sync_client(settings), admins=admins).start()
     notifier = SlackNotifier(
         engine,
         make_sync_client(settings),
@@ -139,13 +142,16 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
         admins=admins,
         approval_above=settings.approval_above_usd,
         names=chat.names,
+        home=home,
     )
     notifier.attach(engine.bus).start()
     secret = settings.slack_signing_secret.get_secret_value() if settings.slack_signing_secret else None
     from bot.chat.slack.files import SlackFiles
 
     chat.files = SlackFiles.from_settings(settings, make_sync_client(settings))  # dataset=slack:F...
-    bolt = build_app(chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode)
+    bolt = build_app(
+        chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode, home=home
+    )
     web = create_app(bolt_app=None if socket_mode else bolt, record_runner_event=engine.record_runner_event)
     scheduler = _start_scheduler(engine, settings)
     server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="info", access_log=False))
@@ -165,6 +171,7 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     finally:
         scheduler()
         notifier.stop()
+        home.stop()
         engine.close()
     return 0
 

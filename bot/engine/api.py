@@ -113,6 +113,38 @@ class BudgetView(BaseModel):
     spent_month: float = 0.0
 
 
+class SpendPace(BaseModel):
+    """A person's or a team's month: spent so far, projected at the recent pace, the budget, and the
+    dollars per hour their running instances and volumes cost right now."""
+
+    scope: Literal["user", "team"]
+    name: str
+    month_to_date: float = 0.0
+    projected_month: float = 0.0
+    budget: float | None = None  # monthly
+    per_hour_now: float = 0.0
+
+
+class Dashboard(BaseModel):
+    """App Home: what one person sees (engine/dashboard.py). Admins see everyone's running jobs, every
+    person and team and every idle volume; a member sees their own."""
+
+    user: str
+    is_admin: bool
+    at: datetime
+    month_start: datetime
+    days_in_month: int
+    mine: list[JobView] = Field(default_factory=list)  # the person's recent jobs, newest first
+    running: list[JobView] = Field(default_factory=list)  # active jobs (everyone's for admins)
+    per_hour_now: float = 0.0  # $/h of what is running now (GPUs and volumes), in this view's scope
+    month_to_date: float = 0.0
+    projected_month: float = 0.0
+    people: list[SpendPace] = Field(default_factory=list)
+    teams: list[SpendPace] = Field(default_factory=list)
+    idle_volumes: list[VolumeView] = Field(default_factory=list)
+    manageable: list[str] = Field(default_factory=list)  # "provider:volume_id" this person may delete/keep
+
+
 class EngineAPI(Protocol):
     def estimate(self, request: EstimateRequest) -> Estimate: ...
 
@@ -135,6 +167,8 @@ class EngineAPI(Protocol):
     def get_job(self, job_id: str) -> JobView: ...
 
     def series(self, job_id: str) -> JobSeries: ...
+
+    def dashboard(self, user: str) -> Dashboard: ...
 
     def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]: ...
 

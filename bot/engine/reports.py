@@ -77,26 +77,27 @@ def spend(
         )
 
 
+def volume_view(r: VolumeRecord, now: float) -> VolumeView:
+    return VolumeView(
+        provider=r.provider,
+        volume_id=r.volume_id,
+        name=r.name,
+        size_gb=r.size_gb,
+        price_per_gb_month=r.price_per_gb_month,
+        cost_per_month=r.size_gb * r.price_per_gb_month,
+        cost_so_far=round(volumes_mod.cost_so_far(r, now), 4),
+        idle_since=ts(r.idle_since),
+        owner=r.owner,
+        tracked=r.tracked,
+    )
+
+
 def volumes(ctx: EngineContext) -> list[VolumeView]:
     volumes_mod.sync(ctx)
     now = ctx.now()
     with ctx.session() as s:
         rows = list(s.execute(select(VolumeRecord).where(VolumeRecord.deleted_at.is_(None))).scalars())
-    return [
-        VolumeView(
-            provider=r.provider,
-            volume_id=r.volume_id,
-            name=r.name,
-            size_gb=r.size_gb,
-            price_per_gb_month=r.price_per_gb_month,
-            cost_per_month=r.size_gb * r.price_per_gb_month,
-            cost_so_far=round(volumes_mod.cost_so_far(r, now), 4),
-            idle_since=ts(r.idle_since),
-            owner=r.owner,
-            tracked=r.tracked,
-        )
-        for r in rows
-    ]
+    return [volume_view(r, now) for r in rows]
 
 
 def budgets(ctx: EngineContext) -> list[BudgetView]:

@@ -25,12 +25,14 @@ from sqlalchemy import select, update
 from sqlmodel import Session
 
 from bot.engine import budgets as budgets_mod
+from bot.engine import dashboard as dashboard_mod
 from bot.engine import jobs, monitor, reports, series, supervise
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
+    Dashboard,
     EngineError,
     JobSeries,
     JobView,
@@ -233,6 +235,10 @@ class Engine:
 
     def get_job(self, job_id: str) -> JobView:
         return jobs.view(self.ctx, job_id)
+
+    def dashboard(self, user: str) -> Dashboard:
+        """App Home's figures for ``user`` (admins: the whole team), from the store only."""
+        return dashboard_mod.dashboard(self.ctx, self.permissions, user)
 
     def series(self, job_id: str) -> JobSeries:
         """The job's chart data: every step's loss and learning rate, evals, preemptions, resumes."""

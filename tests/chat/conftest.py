@@ -24,6 +24,7 @@ from bot.chat.notifier import SlackNotifier
 from bot.chat.people import People
 from bot.chat.permissions import Permissions
 from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.chat.slack.home import HomePublisher
 from bot.settings import Settings
 from bot.web import create_app
 
@@ -53,6 +54,7 @@ class SlackStack:
     notifier: SlackNotifier
     url: str
     http: httpx.Client
+    home: HomePublisher | None = None
 
     def command(
         self,
@@ -140,9 +142,10 @@ def slack_stack(engine: FakeEngine) -> Iterator[SlackStack]:
             engine, Permissions(admins=frozenset({"U_ADMIN"})), secrets=[BOT_TOKEN, SIGNING_SECRET]
         )
         settings = Settings(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_API_URL=slack.api_url)
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
         sync_client = make_sync_client(settings)
         chat.names = People.slack(sync_client)  # as `tunebot serve` does: users.info, cached
+        home = HomePublisher(chat, sync_client, admins=["U_ADMIN"], min_interval_s=1.0, spacing_s=0.05)
+        home.start()
         notifier = SlackNotifier(
             engine,
             sync_client,
@@ -151,7 +154,9 @@ def slack_stack(engine: FakeEngine) -> Iterator[SlackStack]:
             update_every_s=1.0,
             chart_every_s=0.0,
             names=chat.names,
+            home=home,
         )
+        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET, home=home)
         notifier.attach(engine.bus).start()
 
         def record(job_id: str, token: str, payload: dict) -> bool:
@@ -159,5 +164,6 @@ def slack_stack(engine: FakeEngine) -> Iterator[SlackStack]:
 
         web = create_app(bolt_app=bolt, record_runner_event=record)
         with UvicornThread(web) as server, httpx.Client(timeout=20) as http:
-            yield SlackStack(slack, engine, chat, notifier, server.url, http)
+            yield SlackStack(slack, engine, chat, notifier, server.url, http, home)
         notifier.stop()
+        home.stop()

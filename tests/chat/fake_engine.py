@@ -7,7 +7,17 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from bot.engine.api import BudgetView, EngineError, JobSeries, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.api import (
+    BudgetView,
+    Dashboard,
+    EngineError,
+    JobSeries,
+    JobView,
+    SpendLine,
+    SpendPace,
+    SpendReport,
+    VolumeView,
+)
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 from bot.planner.errors import UnknownModelError
 from bot.planner.request import EstimateRequest
@@ -102,6 +112,7 @@ class FakeEngine:
         self.keys: dict[str, str] = {}
         self.create_calls: list[dict] = []
         self.threads: dict[str, tuple[str, str]] = {}
+        self.admins = {"U_ADMIN", "UADMIN003"}
         self.marks: dict[str, dict] = {}  # job id -> JobSeries fields (eval, lr, preemptions, resumes)
         self.volume_list: list[VolumeView] = [
             VolumeView(
@@ -220,6 +231,36 @@ class FakeEngine:
             max_steps=job.max_steps,
             train=list(job.losses),
             **marks,
+        )
+
+    def dashboard(self, user: str) -> Dashboard:
+        """Admins (``self.admins``) see every active job, person and volume; others their own."""
+        admin = user in self.admins
+        active = [j for j in self.jobs.values() if j.state in ("launching", "running", "recovering")]
+        people = [
+            SpendPace(
+                scope="user", name=o, month_to_date=10.0, projected_month=31.0, budget=40.0, per_hour_now=0.4
+            )
+            for o in sorted({j.owner for j in self.jobs.values()} | {user})
+        ]
+        now = datetime.now(UTC)
+        return Dashboard(
+            user=user,
+            is_admin=admin,
+            at=now,
+            month_start=now.replace(day=1),
+            days_in_month=31,
+            mine=[j for j in self.jobs.values() if j.owner == user][::-1],
+            running=active if admin else [j for j in active if j.owner == user],
+            per_hour_now=0.4 * len(people) if admin else 0.4,
+            month_to_date=12.5 if admin else 10.0,
+            projected_month=40.0 if admin else 31.0,
+            people=people if admin else [p for p in people if p.name == user],
+            teams=[SpendPace(scope="team", name="ml", month_to_date=12.5, projected_month=40.0, budget=100.0)]
+            if admin
+            else [],
+            idle_volumes=[v for v in self.volume_list if admin or v.owner == user],
+            manageable=[f"{v.provider}:{v.volume_id}" for v in self.volume_list if admin or v.owner == user],
         )
 
     def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:

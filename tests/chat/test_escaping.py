@@ -14,14 +14,15 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from bot.chat import cards
-from bot.chat.blockkit import to_message
+from bot.chat.blockkit import to_home_view, to_message
+from bot.chat.dashboard import home_reply
 from bot.chat.escaping import esc, live_tokens, mention, unescape
 from bot.chat.grammar import ParseError, parse
 from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.notifier import milestone_text
 from bot.chat.replies import error_reply
 from bot.chat.terminal import render
-from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.api import BudgetView, Dashboard, JobView, SpendLine, SpendPace, SpendReport, VolumeView
 from bot.engine.events import EngineEvent, EngineEventKind
 
 from .fake_engine import FakeEngine, make_estimate
@@ -105,11 +106,20 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         cards.jobs_reply([job(text)], title="Your jobs"),
         cards.jobs_reply([job(text, stop_reason=text)], title="Jobs", detailed=True, limit=None),
         cards.approval_request(job(text), approvers=["U0ADMIN"], threshold=50),
-        cards.home_reply(
-            "U0OWNER",
-            [job(text)],
-            SpendReport(period="month", start=NOW, end=NOW, total=1.0, by_user=[], by_provider=[], by_job=[]),
-            [],
+        home_reply(
+            Dashboard(
+                user="U0OWNER",
+                is_admin=True,
+                at=NOW,
+                month_start=NOW,
+                days_in_month=31,
+                mine=[job(text)],
+                running=[job(text).model_copy(update={"state": "running"})],
+                people=[SpendPace(scope="user", name=text, month_to_date=1.0)],
+                teams=[SpendPace(scope="team", name=text, month_to_date=1.0)],
+                idle_volumes=[volume(text, owner=text)],
+                manageable=["vast:v1"],
+            )
         ),
         cards.spend_reply(
             SpendReport(
@@ -142,6 +152,7 @@ def test_no_renderer_lets_user_text_become_a_live_token(text: str) -> None:
         assert_no_live_user_tokens({"text": line})
     for reply in replies:
         assert_no_live_user_tokens(to_message(reply))
+        assert_no_live_user_tokens(to_home_view(reply))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

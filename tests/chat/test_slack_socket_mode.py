@@ -207,3 +207,22 @@ def test_a_429_on_views_publish_is_retried_after_retry_after(socket_stack: Socke
     stack.slack.wait_for("views.publish", 1, timeout=15)
     calls = [c for c in stack.slack.calls if c.method == "views.publish"]
     assert [c.status for c in calls] == [429, 200] and calls[1].at - calls[0].at >= 0.95
+
+
+def test_launch_form_from_the_command_to_a_launched_job(socket_stack: SocketStack) -> None:
+    from .test_launch_form import DATA, submission
+
+    stack = socket_stack
+    ack = stack.command("launch")
+    assert ack["envelope_id"] and not ack.get("payload")  # acked empty: the form opens instead
+    view = stack.slack.wait_for("views.open")[0].body["view"]
+    typed = {"model": "Llama-3.1-8B", "dataset": DATA, "method": "lora"}
+    first = stack.socket.ack(stack.socket.send("interactive", submission(view, user=ALICE, **typed)))
+    assert first["payload"]["response_action"] == "update"
+    estimated = stack.slack.wait_for("views.update")[0].body["view"]
+    assert not violations(estimated) and estimated["submit"]["text"] == "Launch"
+    launch = submission(estimated, user=ALICE, **typed, offer="cheapest")
+    stack.socket.ack(stack.socket.send("interactive", launch))
+    done = stack.slack.wait_for("views.update", 2)[1].body["view"]
+    assert done["title"]["text"] == "Launched" and stack.engine.jobs["j1"].owner == ALICE
+    assert stack.slack.wait_for("chat.postMessage")[0].body["channel"] == "C1"

@@ -22,7 +22,7 @@ from slack_sdk.web import WebClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.handlers import ChatHandlers
-from bot.chat.slack import actions, commands, events, views
+from bot.chat.slack import actions, commands, events, shortcuts, views
 from bot.settings import Settings
 
 DEFAULT_API_URL = "https://slack.com/api/"
@@ -88,7 +88,9 @@ def build_app(
     client: AsyncWebClient,
     signing_secret: str | None,
     socket_mode: bool = False,
+    home: Any = None,
 ) -> AsyncApp:
+    """``home``: a slack/home.HomePublisher, told when a person opens App Home (it refreshes it later)."""
     app = AsyncApp(
         client=client,
         signing_secret=signing_secret or "",
@@ -100,6 +102,7 @@ def build_app(
     @app.middleware
     async def provide_chat(context: Any, next: Any) -> None:  # noqa: A002 - bolt's argument name
         context["chat"] = chat
+        context["home"] = home
         await next()
 
     seen = SeenEvents()
@@ -116,5 +119,6 @@ def build_app(
     commands.register(app)
     actions.register(app)
     events.register(app)
+    shortcuts.register(app)
     views.register(app)
     return app

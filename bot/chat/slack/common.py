@@ -70,6 +70,21 @@ async def drain_background(timeout: float = 10.0) -> None:
         await asyncio.wait(list(_background), timeout=timeout)
 
 
+def dm_responder(client: Any, user: str, *, home: Any = None) -> Callable[..., Awaitable[None]]:
+    """A respond()-like sender for clicks without a response_url (buttons in App Home): the outcome goes
+    to the person by DM, and their Home is published again (it shows what changed)."""
+
+    async def respond(**message: Any) -> None:
+        message.pop("response_type", None)
+        message.pop("replace_original", None)
+        opened = await client.conversations_open(users=user)
+        await client.chat_postMessage(channel=opened["channel"]["id"], unfurl_links=False, **message)
+        if home is not None:
+            await in_thread(home.publish, user)
+
+    return respond
+
+
 def after_ack(
     fn: Callable[..., Reply],
     *args: Any,

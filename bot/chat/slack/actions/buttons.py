@@ -17,9 +17,10 @@ from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.replies import Reply
-from bot.chat.slack.common import actor_of, after_ack, chat_of
+from bot.chat.slack.common import actor_of, after_ack, chat_of, dm_responder
 
 Listener = Callable[..., Awaitable[None]]
 
@@ -44,6 +45,7 @@ def button(
         respond: AsyncRespond,
         context: Any,
         logger: Logger,
+        client: AsyncWebClient,
     ) -> None:
         await ack()
         args = [action.get("value", "")]
@@ -51,10 +53,13 @@ def button(
             args.append(action["action_id"].removeprefix(id_prefix))
         chat = chat_of(context)
         call = getattr(chat, method)
+        actor = actor_of(body)
+        if not body.get("response_url"):  # clicked in App Home: no message to answer
+            respond = dm_responder(client, actor.user, home=context.get("home"))  # type: ignore[assignment]
         after_ack(
             call,
             *args,
-            actor_of(body),
+            actor,
             respond=respond,
             logger=logger,
             what=what,

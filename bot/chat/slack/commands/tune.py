@@ -7,15 +7,22 @@ from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.blockkit import to_message
-from bot.chat.grammar import ParseError, parse
+from bot.chat.grammar import LaunchFormCmd, ParseError, parse
 from bot.chat.replies import error_reply
 from bot.chat.slack.common import actor_of, after_ack, chat_of
+from bot.chat.slack.views.launch_form import open_launch_form
 
 
 async def tune_callback(
-    ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond, context: Any, logger: Logger
+    ack: AsyncAck,
+    command: dict[str, Any],
+    respond: AsyncRespond,
+    context: Any,
+    logger: Logger,
+    client: AsyncWebClient,
 ) -> None:
     chat = chat_of(context)
     actor = actor_of(command)
@@ -23,6 +30,10 @@ async def tune_callback(
         parsed = parse(command.get("text") or "")
     except ParseError as exc:
         await ack(**to_message(error_reply(exc.message, exc.usage)))
+        return
+    if isinstance(parsed, LaunchFormCmd):  # `/tune launch` alone: the launch form
+        await ack()
+        await open_launch_form(client, command["trigger_id"], channel=command.get("channel_id"))
         return
     quick = chat.quick_ack(parsed)
     if quick is None:  # fast, engine-free commands answer in the ack

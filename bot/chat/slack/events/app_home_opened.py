@@ -1,4 +1,4 @@
-"""App Home: the user's jobs and month-to-date spend, published on every open."""
+"""App Home (the team's dashboard, chat/dashboard.py), published on every open."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ async def app_home_opened_callback(
         return
     user = event.get("user", "")
     chat = chat_of(context)
+    if context.get("home") is not None:
+        context["home"].opened(user)  # from now on it is refreshed when a job changes state
 
     async def publish() -> None:
         try:
