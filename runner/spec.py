@@ -147,7 +147,7 @@ class JobSpec(_Strict):
     micro_batch_size: int = Field(1, ge=1, le=4096)
     grad_accum: int = Field(1, ge=1, le=65536)
     epochs: float = Field(Defaults.epochs, gt=0, le=1000)
-    max_steps: int | None = Field(None, ge=1)  # overrides epochs when set
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/steps.py)
     learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)

@@ -191,14 +191,21 @@ class Trainer:
                                 pad_id=self.tokenizer.pad_token_id or 0, mask_dtype=self.dtype)
 
         self.batches_for = batches
-        first = batches(data.train, 0)
-        per_rank = len(first) // group.world
-        self.steps_per_epoch = per_rank // spec.grad_accum
+        # The run's length from the arithmetic the planner priced it with (runner/steps.py).
+        from runner.steps import run_length
+
+        self.length = run_length([len(e) for e in data.train], [len(e) for e in data.eval],
+                                 seq_len=spec.seq_len, micro_batch_size=spec.micro_batch_size,
+                                 grad_accum=spec.grad_accum, processes=group.world, packing=spec.packing,
+                                 seed=spec.seed, epochs=spec.epochs, max_steps=spec.max_steps,
+                                 plateau=spec.plateau)
+        self.steps_per_epoch = self.length.steps_per_epoch
         if self.steps_per_epoch == 0:
             raise InvalidJob(
-                f"the dataset makes {len(first)} micro-batches, fewer than grad_accum x processes "
-                f"({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower grad_accum")
-        self.max_steps = spec.max_steps or max(1, math.ceil(spec.epochs * self.steps_per_epoch))
+                f"the dataset makes {self.length.epoch.micro_batches} micro-batches, fewer than grad_accum x "
+                f"processes ({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower "
+                "grad_accum")
+        self.max_steps = self.length.steps
         strategy = spec.strategy(group.world)
         if group.main:
             tokens_per_step = spec.tokens_per_step * group.world
@@ -207,6 +214,7 @@ class Trainer:
                   f"{len(data.train)}, eval {len(data.eval)}")
             print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
                   f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
+            print(f"length: {self.length.describe()}")
             print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
                   f"device {group.device}, dtype {self.dtype}, method {spec.method.value}, "
                   f"sharding {strategy}", flush=True)
@@ -305,7 +313,7 @@ class Trainer:
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
             mine = epoch_batches[group.rank::group.world] if group.distributed else epoch_batches
-            n_micro = (len(mine) // spec.grad_accum) * spec.grad_accum
+            n_micro = self.steps_per_epoch * spec.grad_accum  # the same on every process (runner/steps.py)
             while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
                 step_started = time.monotonic()
@@ -417,6 +425,8 @@ class Trainer:
         loss = self.evaluate()
         self.state.eval_loss = loss
         self.evals.append((step, loss))
+        if self.group is not None and self.group.main:
+            print(f"eval loss {loss:.4f} at step {step}", flush=True)
         if self.wandb is not None:
             self.wandb.log({"eval/loss": loss}, step=step)
         return loss

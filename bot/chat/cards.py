@@ -188,7 +188,11 @@ def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
             + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
         ),
         ("Compute time", span(hours(t.hours), t.hours_range, hours) + f" on {esc(s.gpu)} x{s.gpus}"),
-        ("Tokens", f"{count(t.tokens)} x {t.epochs:g} epoch(s) = {t.steps} steps ({esc(t.token_source)})"),
+        (
+            "Tokens",
+            f"{count(t.tokens)} x {t.epochs:.3g} epoch(s) = {t.steps} steps ({esc(t.token_source)})"
+            + (f"; {t.evaluations} eval passes ({hours(t.eval_hours)})" if t.evaluations else ""),
+        ),
         (
             "Throughput",
             span(f"{count(s.tokens_per_second)} tokens/s", s.tokens_per_second_range, count)
@@ -230,7 +234,7 @@ def _speed_line(estimate: Estimate) -> str:
     return (
         f"*Speed* on {esc(s.gpu)} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
         f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
-        f"x {t.epochs:g} epochs = {t.hours:.2f} h{hours_span}"
+        f"x {t.epochs:.3g} epochs = {t.hours:.2f} h{hours_span}"
     )
 
 

@@ -8,10 +8,12 @@ from datetime import datetime
 from bot.planner.architectures import Architecture
 from bot.planner.calibration import Calibration, Correction, Measurement
 from bot.planner.calibration import build as build_calibration
+from bot.planner.data_plan import plan_data
 from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import CPU, GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
+from bot.planner.length import RunTime
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
 from bot.planner.models import resolve, table_lookup
 from bot.planner.offer import Offer
@@ -20,9 +22,9 @@ from bot.planner.ranges import MEMORY_RATIO, hours_range, memory_range, speed_ra
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
-from bot.planner.speed import SpeedResult, estimate_speed, optimizer_steps
+from bot.planner.speed import SpeedResult, estimate_speed
 from bot.planner.tokens import count_tokens
-from bot.planner.training import training_plan
+from bot.planner.training import dataset_format, training_plan
 
 DEFAULT_TOKENS = 10_000_000
 
@@ -36,13 +38,18 @@ def _check(req: EstimateRequest) -> None:
         raise BadRequestError(f"LoRA rank {req.lora_r} is absurd; ranks of 4-256 are usual")
 
 
-def _tokens(req: EstimateRequest) -> tuple[int, str]:
+def _run_time(arch: Architecture, req: EstimateRequest) -> RunTime:
+    """The run's length: the dataset counted with the runner's own rules when the model's tokenizer is at
+    hand, else tokens= / the character approximation / the default, every row assumed full."""
     if req.tokens:
-        return req.tokens, "tokens="
+        return RunTime(arch, req, tokens=req.tokens, token_source="tokens=", data=None)
     if req.dataset:
+        data = plan_data(req, dataset_format(req.dataset, req.dataset_format))
+        if data is not None:
+            return RunTime(arch, req, tokens=sum(data.train_lengths), token_source=data.source, data=data)
         tokens, _, source = count_tokens(req.dataset, req.model)
-        return tokens, source
-    return DEFAULT_TOKENS, "default"
+        return RunTime(arch, req, tokens=tokens, token_source=source, data=None)
+    return RunTime(arch, req, tokens=DEFAULT_TOKENS, token_source="default", data=None)
 
 
 def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryResult:
@@ -196,7 +203,8 @@ def estimate(
         offers = snapshot_offers()
         prices_as_of = prices_as_of or snapshot_as_of()
     mem = estimate_memory(arch, req)
-    tokens, token_source = _tokens(req)
+    run = _run_time(arch, req)
+    run.check(req.gpus)
 
     memo: dict[int, MemoryResult] = {req.gpus: mem}
     calibration = calibration or Calibration()
@@ -222,9 +230,8 @@ def estimate(
     def hours(g: str, n: int) -> float:
         key = (g, n)
         if key not in speed_memo:
-            s = _corrected_speed(estimate_speed(arch, req, known_device(g), n), correction(g))
-            steps = optimizer_steps(tokens, req.epochs, req, n)
-            speed_memo[key] = steps * s.step_seconds / 3600.0
+            corr_g = correction(g)
+            speed_memo[key] = run.timing(known_device(g), n, lambda s: _corrected_speed(s, corr_g)).hours
         return speed_memo[key]
 
     full = req.method == "full"
@@ -252,9 +259,8 @@ def estimate(
         headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS)) or "h200"
     device = lookup_gpu(headline)
     corr = correction(headline)
-    speed = _corrected_speed(estimate_speed(arch, req, device), corr)
-    steps = optimizer_steps(tokens, req.epochs, req)
-    time_hours = steps * speed.step_seconds / 3600.0
+    timing = run.timing(device, req.gpus, lambda s: _corrected_speed(s, corr))
+    speed, steps, time_hours = timing.speed, timing.steps, timing.hours
     cpu = headline == CPU.name
     if cpu:  # the runner on this machine's CPU: fp32, host RAM, no CUDA context
         mem = on_cpu(arch, req, req.gpus)
@@ -280,12 +286,14 @@ def estimate(
         f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
         + (", compiled" if req.compile else "")
         + ")",
-        f"tokens: {tokens:,} per epoch ({token_source}); steps = ceil(tokens x epochs / (batch x seq x "
-        "grad_accum x GPUs)): packing assumed, every sequence full",
+        f"length: {timing.describe} (counted with the {run.token_source}); steps= is the number of optimizer "
+        "steps trained (the data repeats as needed), else steps = ceil(epochs x steps per epoch)"
+        + (f"; eval passes add {timing.eval_seconds / 60:.1f} min" if timing.evaluations else ""),
         "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
         "interval; storage covers the model download and two checkpoints; egress the result download",
     ]
-    assumptions.append(_method_note(arch, req, mem))
+    noted = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"}) if cpu else req
+    assumptions.append(_method_note(arch, noted, mem))
     lo, hi = MEMORY_RATIO
     assumptions.append(
         f"ranges: memory x{lo:.2f}-{hi:.2f}, speed and time from the spread of the planner's errors on "
@@ -306,7 +314,7 @@ def estimate(
         assumptions.append(
             "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
         )
-    if token_source == "default":
+    if run.token_source == "default":
         assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
     sugg = [] if n_fit else suggestions(arch, req, offers)
     plan = training_plan(arch, req, sharding=mem.sharding)
@@ -343,12 +351,17 @@ def estimate(
             calibration=corr.describe() if corr else None,
         ),
         time=TimeEstimate(
-            tokens=tokens,
-            epochs=req.epochs,
+            tokens=timing.tokens_per_epoch,
+            epochs=round(timing.epochs, 4),
             steps=steps,
             hours=round(time_hours, 4),
-            token_source=token_source,
+            token_source=run.token_source,
             hours_range=[round(v, 4) for v in hours_range(time_hours)],
+            steps_per_epoch=timing.steps_per_epoch,
+            evaluations=timing.evaluations,
+            eval_tokens=timing.eval_tokens,
+            eval_hours=round(timing.eval_seconds / 3600.0, 6),
+            length=timing.describe,
         ),
         offers=ranked,
         assumptions=assumptions,

@@ -49,12 +49,20 @@ class SpeedEstimate(BaseModel):
 
 
 class TimeEstimate(BaseModel):
-    tokens: int  # tokens per epoch
-    epochs: float
-    steps: int  # optimizer steps in total
-    hours: float  # compute hours on --gpu (without preemption overhead)
-    token_source: str  # "tokens=" | "tokenizer" | "chars/4 approximation" | "default"
+    tokens: int  # tokens per epoch (non-pad, as the runner counts them)
+    epochs: float  # passes over the data the steps make (steps= decides when given)
+    steps: int  # optimizer steps in total: exactly what the runner trains
+    hours: float  # compute hours on --gpu, eval passes included (without preemption overhead)
+    token_source: str  # "runner's tokenizer, template and packing" | "tokens=" | "chars/4 approximation"...
     hours_range: list[float] | None = None  # [low, high]
+    # The run's length as the runner computes it (runner/steps.py): steps per epoch (None without a counted
+    # dataset), eval passes and the tokens of one, the hours they take (included in `hours`), and the runner's
+    # own "length:" line.
+    steps_per_epoch: int | None = None
+    evaluations: int = 0
+    eval_tokens: int = 0
+    eval_hours: float = 0.0
+    length: str | None = None
 
 
 class RankedOffer(BaseModel):

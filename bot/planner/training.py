@@ -78,7 +78,8 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
     decay = f", weight decay {plan.weight_decay:g}" if plan.weight_decay else ""
     pairs.append(("learning rate", f"{plan.learning_rate:g} {plan.lr_scheduler}, "
                                    f"warmup {plan.warmup_ratio:.0%}{decay}"))
-    length = f"{plan.epochs:g} epoch(s)" + (f", at most {plan.max_steps} steps" if plan.max_steps else "")
+    length = (f"{plan.max_steps} steps (steps=: the data repeats or is cut to fit)" if plan.max_steps
+              else f"{plan.epochs:g} epoch(s)")
     pairs.append(("length", length))
     gpus = f" x {plan.gpus} GPUs ({plan.sharding})" if plan.gpus > 1 else ""
     pairs.append(("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum "

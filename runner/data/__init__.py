@@ -1,12 +1,27 @@
-"""The runner's data pipeline: read jsonl (any fsspec URI), check, tokenize with loss masks, pack, batch."""
+"""The runner's data pipeline: read jsonl (any fsspec URI), check, tokenize with loss masks, pack, batch.
+
+Tokenizing, fitting to seq_len, splitting and planning batches (tokenize.py, prepare.py, packing.py,
+example.py) are pure Python: the bot imports them to count what the runner will train, and must never import
+torch. Only the tensors (batching.py, masks.py) need torch, so those names are imported on first use.
+"""
 
 from __future__ import annotations
 
-from runner.data.batching import Batch, Batches, label_tokens_in, make_batches, tokens_in
+from typing import Any
+
 from runner.data.example import IGNORE_INDEX, Example
-from runner.data.masks import block_causal_mask, cast_mask
 from runner.data.prepare import DataStats, PreparedData, prepare
 from runner.records import DatasetError
+
+_TENSORS = {
+    "Batch": "runner.data.batching",
+    "Batches": "runner.data.batching",
+    "label_tokens_in": "runner.data.batching",
+    "make_batches": "runner.data.batching",
+    "tokens_in": "runner.data.batching",
+    "block_causal_mask": "runner.data.masks",
+    "cast_mask": "runner.data.masks",
+}
 
 __all__ = [
     "IGNORE_INDEX",
@@ -23,3 +38,11 @@ __all__ = [
     "prepare",
     "tokens_in",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TENSORS:
+        import importlib
+
+        return getattr(importlib.import_module(_TENSORS[name]), name)
+    raise AttributeError(f"module 'runner.data' has no attribute {name!r}")

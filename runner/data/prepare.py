@@ -6,12 +6,14 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from runner.data.example import IGNORE_INDEX, Example
 from runner.data.tokenize import encode_record
 from runner.records import DatasetError, Record, read_records
 from runner.spec import JobSpec
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,9 +48,18 @@ def prepare(spec: JobSpec, tokenizer: Any, *,
     The eval split is a seeded shuffle of the kept examples, so a resumed run sees the same split.
     """
     uri = spec.dataset.uri
+    return prepare_records(read_records(uri, spec.dataset.format) if records is None else records, tokenizer,
+                           seq_len=spec.seq_len, overlong=spec.dataset.overlong,
+                           eval_fraction=spec.dataset.eval_fraction, seed=spec.seed, uri=uri)
+
+
+def prepare_records(records: Iterable[tuple[int, Record]], tokenizer: Any, *, seq_len: int, overlong: str,
+                    eval_fraction: float, seed: int, uri: str | None = None) -> PreparedData:
+    """What ``prepare`` does once the records are read: the same function for the runner and for the
+    planner, which counts with it what the runner will train (pure: no torch)."""
     stats = DataStats()
     examples: list[Example] = []
-    for line, record in (read_records(uri, spec.dataset.format) if records is None else records):
+    for line, record in records:
         stats.records += 1
         try:
             ids, labels = encode_record(record, tokenizer)
@@ -56,18 +67,17 @@ def prepare(spec: JobSpec, tokenizer: Any, *,
             if exc.uri is None:
                 raise DatasetError(str(exc), uri=uri, line=line) from None
             raise
-        example = fit_example(ids, labels, line, seq_len=spec.seq_len, overlong=spec.dataset.overlong,
-                              stats=stats)
+        example = fit_example(ids, labels, line, seq_len=seq_len, overlong=overlong, stats=stats)
         if example is not None:
             examples.append(example)
     if stats.records == 0:
         raise DatasetError("dataset is empty: no records to train on", uri=uri)
     if not examples:
         raise DatasetError(
-            f"no usable records: all {stats.records} were dropped (longer than seq_len={spec.seq_len} "
-            f"with overlong={spec.dataset.overlong!r}, or without tokens to train on)", uri=uri,
+            f"no usable records: all {stats.records} were dropped (longer than seq_len={seq_len} "
+            f"with overlong={overlong!r}, or without tokens to train on)", uri=uri,
         )
-    train, evaluation = split(examples, spec.dataset.eval_fraction, seed=spec.seed)
+    train, evaluation = split(examples, eval_fraction, seed=seed)
     stats.examples = len(examples)
     stats.tokens = sum(len(e) for e in examples)
     stats.trainable_tokens = sum(e.trainable_tokens for e in examples)
@@ -94,8 +104,9 @@ def fit_example(ids: list[int], labels: list[int], line: int, *, seq_len: int, o
     return example
 
 
-def split(examples: list[Example], eval_fraction: float, *, seed: int) -> tuple[list[Example], list[Example]]:
-    """Deterministic train/eval split; at least one example stays in train."""
+def split(examples: list[T], eval_fraction: float, *, seed: int) -> tuple[list[T], list[T]]:
+    """Deterministic train/eval split; at least one example stays in train. It depends only on the number of
+    examples and the seed, so the planner splits token lengths exactly as the runner splits examples."""
     if eval_fraction <= 0 or len(examples) < 2:
         return list(examples), []
     order = list(range(len(examples)))

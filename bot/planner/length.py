@@ -1,0 +1,116 @@
+"""How long the run takes on a GPU: its steps and eval passes (runner/steps.py's rules) times the roofline's
+time for micro-batches as wide as the runner will really make them.
+
+With a dataset and the model's tokenizer (bot/planner/data_plan.py) the steps, tokens and eval passes are
+exactly the runner's, and a micro-step is priced at the mean width of its rows (packed rows fill up to
+seq_len, unpacked ones pad to the longest of their micro-batch). With ``tokens=`` (or the character
+approximation) every row is assumed full. Eval passes are forward-only over the whole eval split on every
+GPU: the forward share of a training micro-step's FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bot.planner.architectures import Architecture
+from bot.planner.data_plan import DataPlan
+from bot.planner.errors import BadRequestError
+from bot.planner.gpus import GPU
+from bot.planner.request import EstimateRequest
+from bot.planner.speed import SpeedResult, estimate_speed, flops_per_token
+
+
+@dataclass(frozen=True)
+class Timing:
+    steps: int
+    steps_per_epoch: int | None  # None without a dataset (tokens= or the approximation)
+    epochs: float  # steps / steps per epoch: what the run really covers
+    tokens_per_epoch: int
+    evaluations: int
+    eval_tokens: int  # one eval pass
+    train_seconds: float
+    eval_seconds: float
+    speed: SpeedResult  # of a training micro-step as wide as the runner's rows
+    describe: str  # the runner's own "length:" line (or the rule applied to tokens=)
+
+    @property
+    def hours(self) -> float:
+        return (self.train_seconds + self.eval_seconds) / 3600.0
+
+
+def forward_share(arch: Architecture, req: EstimateRequest) -> float:
+    """A forward pass's share of a training micro-step's FLOPs (eval runs forward only, no recompute)."""
+    attention = (2.0 if req.attn != "eager" else 4.0) * req.seq_len * arch.q_dim * arch.layers
+    fwd = 2.0 * arch.matmul_parameters + attention
+    return min(1.0, fwd / flops_per_token(arch, req))
+
+
+class RunTime:
+    """The steps and time of one request on any (GPU, count): the data is counted once, lengths per count."""
+
+    def __init__(self, arch: Architecture, req: EstimateRequest, *, tokens: int, token_source: str,
+                 data: DataPlan | None) -> None:
+        self.arch, self.req, self.tokens, self.token_source, self.data = arch, req, tokens, token_source, data
+        self._lengths: dict[int, Any] = {}
+
+    def length(self, gpus: int) -> Any:
+        """runner.steps.RunLength on ``gpus`` processes (None without a counted dataset)."""
+        if self.data is None:
+            return None
+        if gpus not in self._lengths:
+            self._lengths[gpus] = self.data.length(self.req, gpus)
+        return self._lengths[gpus]
+
+    def check(self, gpus: int) -> None:
+        """The runner's refusal, before anything is rented: a dataset too small for one optimizer step."""
+        length = self.length(gpus)
+        if length is not None and length.steps_per_epoch == 0:
+            raise BadRequestError(
+                f"the dataset makes {length.epoch.micro_batches} micro-batches, fewer than grad_accum x GPUs "
+                f"({self.req.grad_accum} x {gpus}): not one optimizer step; add data or lower grad_accum")
+
+    def timing(self, device: GPU, gpus: int,
+               correct: Callable[[SpeedResult], SpeedResult] = lambda s: s) -> Timing:
+        req, arch = self.req, self.arch
+        length = self.length(gpus)
+        if length is not None:
+            steps, per_epoch, epochs = length.steps, length.steps_per_epoch, length.epochs
+            width, tokens, describe = length.epoch.width or req.seq_len, length.epoch.real, length.describe()
+        else:
+            per_step = req.batch_size * req.seq_len * req.grad_accum * gpus
+            from runner.steps import total_steps
+
+            steps = total_steps(max(1, math.ceil(self.tokens / per_step)), req.epochs, req.max_steps)
+            per_epoch = None
+            epochs = steps * per_step / self.tokens if req.max_steps else req.epochs
+            width, tokens = req.seq_len, self.tokens
+            rule = f"steps={req.max_steps}" if req.max_steps else f"{req.epochs:g} epoch(s)"
+            describe = f"{steps:,} steps ({rule}) of {per_step:,} tokens, every row full"
+        wide = req if width == req.seq_len else req.model_copy(update={"seq_len": width})
+        speed = correct(estimate_speed(arch, wide, device, gpus))
+        if length is not None and speed.step_seconds > 0:
+            # what the runner reports: real (non-pad) tokens per second
+            real = length.epoch.real / max(length.epoch.padded, 1)
+            speed = replace(speed, tokens_per_second=speed.tokens_per_second * real)
+        evals, eval_tokens, eval_seconds = 0, 0, 0.0
+        if length is not None and length.evaluations:
+            evals, eval_tokens = length.evaluations, length.eval_pass.real
+            ereq = req.model_copy(update={"seq_len": length.eval_pass.width, "gradient_checkpointing": False,
+                                          "grad_accum": 1})
+            micro = correct(estimate_speed(arch, ereq, device, gpus)).micro_step_seconds
+            eval_seconds = evals * length.eval_pass.micro_batches * micro * forward_share(arch, ereq)
+        return Timing(
+            steps=steps,
+            steps_per_epoch=per_epoch,
+            epochs=epochs,
+            tokens_per_epoch=tokens,
+            evaluations=evals,
+            eval_tokens=eval_tokens,
+            train_seconds=steps * speed.step_seconds,
+            eval_seconds=eval_seconds,
+            speed=speed,
+            describe=describe,
+        )
