@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     summary_time: str = Field("09:00", alias="TUNEBOT_SUMMARY_TIME")
     summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ")
     admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
+    # Where Slack launches may happen: "C1,C2" (and "dm" for direct messages); when set, every other channel
+    # and DM is refused. Unset: anywhere (bot/engine/permissions.py).
+    allowed_channels: str = Field("", alias="TUNEBOT_ALLOWED_CHANNELS")
     # Who may launch in a channel: "C1=U1|U2;C2=U3" (channels not listed: everyone). Admins always may.
     channel_allow: str = Field("", alias="TUNEBOT_CHANNEL_ALLOW")
     # What a Slack user may point the bot at (bot/planner/sources.py): local paths only inside this folder

@@ -68,6 +68,12 @@ class Actor:
     team: str | None = None  # the Slack workspace (team budgets); None: the engine's TUNEBOT_TEAM
 
 
+def _where(actor: Actor, fallback: str | None = None) -> str | None:
+    """The channel a launch comes from. A Slack request always names one; only the operator's console
+    launches from nowhere (None), so a channel-less request from anyone else is "" (on no allow list)."""
+    return actor.channel or fallback or (None if actor.operator else "")
+
+
 def launch_part(estimate: Estimate) -> bytes:
     """What a launch button needs of an estimate, packed: the fitting offers (keys, prices, labels, the
     fallbacks a job may relaunch on) and the training plan; the rejected offers and notes stay behind.
@@ -250,7 +256,7 @@ class ChatHandlers:
         if isinstance(command, LaunchFormCmd):  # Slack opens a form instead; here a MODEL is needed
             raise ParseError("`launch` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for("launch"))
         if isinstance(command, LaunchCmd):
-            decision = self.permissions.can_launch(actor.user, actor.channel)
+            decision = self.permissions.can_launch(actor.user, _where(actor))
             if not decision:
                 raise PermissionDenied(decision.reason)
             return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
@@ -345,7 +351,8 @@ class ChatHandlers:
         stored = self.store.get(estimate_id)
         if stored is None:
             return error_reply("This estimate has expired; run the estimate again.")
-        decision = self.permissions.can_launch(actor.user, actor.channel or stored.channel)
+        channel = _where(actor, stored.channel)
+        decision = self.permissions.can_launch(actor.user, channel)
         if not decision:
             raise PermissionDenied(decision.reason)
         with stored.lock:  # a double click waits here, then sees the job of the first click
@@ -362,7 +369,7 @@ class ChatHandlers:
                 user=actor.user,
                 choice=choice,
                 max_cost=stored.request.max_cost,
-                channel=actor.channel or stored.channel,
+                channel=channel,
                 idempotency_key=f"estimate:{estimate_id}",
                 team=actor.team,
                 **self.job_options,

@@ -130,6 +130,8 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     from bot.chat.people import People
 
     settings, engine, chat = _runtime(serving=True)
+    for warning in chat.permissions.startup_warnings():  # who may approve, where members may launch
+        logging.getLogger("tunebot").warning(warning)
     admins = sorted(chat.permissions.admins)
     chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
     from bot.chat.slack.home import HomePublisher

@@ -84,6 +84,9 @@ def create(
 
     Refused before anything is staged when a budget covering the owner or the team is spent, or when the
     owner already runs as many jobs as one person may (bot/engine/admission.py)."""
+    decision = policy.can_launch(user, channel)  # where (TUNEBOT_ALLOWED_CHANNELS) and who (CHANNEL_ALLOW)
+    if not decision:
+        raise PermissionDenied(decision.reason)
     team = team or ctx.settings.default_team
     admission.check_budgets(ctx, owner=user, team=team)
     fitting = offers_mod.launchable(est.offers, ctx.providers)
@@ -139,7 +142,7 @@ def create(
         id=job_id,
         owner=user,
         team=team,
-        channel=channel,
+        channel=channel or None,
         state=S.PENDING_APPROVAL if needs_approval else S.APPROVED,
         request=request.model_dump(mode="json"),
         choice=choice,

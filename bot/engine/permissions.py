@@ -3,11 +3,21 @@
 The engine enforces it on every call (whatever the surface: Slack, console, CLI) and the chat layer
 asks the same object first so that it can answer with the reason instead of an error.
 
-Admins come from TUNEBOT_ADMINS; per-channel allow lists from TUNEBOT_CHANNEL_ALLOW
-("C1=U1|U2;C2=U3": only those users launch in those channels, everyone elsewhere). Nobody approves
-their own job. Where admins are configured, only admins approve and set budgets; an install with
-no admins at all (one person on the CLI or the console) lets anyone else approve and anyone set
-budgets. The engine itself ("engine") may always stop a job.
+Where jobs may be launched:
+- TUNEBOT_ALLOWED_CHANNELS ("C1,C2", deny by default): when set, Slack launches happen only in the listed
+  channels; every other channel, direct messages and group DMs are refused (add ``dm`` to the list to
+  allow direct messages with the bot). Admins are bound by it too: it says where jobs and their threads
+  live. Unset: any channel and any DM (the start-up warnings say so).
+- TUNEBOT_CHANNEL_ALLOW ("C1=U1|U2;C2=U3"): who may launch in a listed channel (admins always may);
+  channels it does not list follow TUNEBOT_ALLOWED_CHANNELS.
+- A launch with no channel at all (``None``) is the operator's: the console and the CLI. A Slack request
+  always names its channel (the chat passes "" where it somehow does not, which no list contains).
+
+Admins come from TUNEBOT_ADMINS. Nobody approves their own job. Where admins are configured, only admins
+approve and set budgets; an install with no admins at all (one person on the CLI or the console) lets
+anyone else approve and anyone set budgets, and says so at start (``startup_warnings``). Deleting or
+keeping a volume: only one tunebot tracks, by its owner or an admin. The engine itself ("engine") may
+always stop a job. Spending limits: TUNEBOT_APPROVAL_ABOVE, TUNEBOT_MAX_RUNNING_PER_USER.
 """
 
 from __future__ import annotations
@@ -28,6 +38,19 @@ class Decision:
         return self.allowed
 
 
+DM = "dm"  # in TUNEBOT_ALLOWED_CHANNELS: direct messages with the bot are allowed too
+
+
+def _parse_channels(text: str) -> frozenset[str] | None:
+    """TUNEBOT_ALLOWED_CHANNELS: None when unset (no channel list), else the ids (and ``dm``)."""
+    ids = frozenset(c.strip() for c in text.replace(";", ",").split(",") if c.strip())
+    return ids or None
+
+
+def _is_dm(channel: str) -> bool:
+    return channel.startswith("D")  # Slack's direct-message conversation ids
+
+
 def _parse_allow(text: str) -> dict[str, frozenset[str]]:
     rules: dict[str, frozenset[str]] = {}
     for chunk in text.replace(",", ";").split(";"):
@@ -41,6 +64,7 @@ def _parse_allow(text: str) -> dict[str, frozenset[str]]:
 class Permissions:
     admins: frozenset[str] = frozenset()
     channel_allow: dict[str, frozenset[str]] = field(default_factory=dict)
+    allowed_channels: frozenset[str] | None = None  # None: every channel and DM; else deny by default
     approval_above: float = 50.0
     max_running_per_user: int = MAX_RUNNING_PER_USER
 
@@ -50,6 +74,7 @@ class Permissions:
         return cls(
             admins=frozenset(admins),
             channel_allow=_parse_allow(settings.channel_allow),
+            allowed_channels=_parse_channels(settings.allowed_channels),
             approval_above=settings.approval_above_usd,
             max_running_per_user=settings.max_running_per_user,
         )
@@ -58,12 +83,40 @@ class Permissions:
         return user in self.admins
 
     def can_launch(self, user: str, channel: str | None) -> Decision:
+        """Launch from this channel (None: the operator's console or CLI, not Slack)."""
+        if channel is None:
+            return Decision(True)
+        if self.allowed_channels is not None:
+            listed = channel in self.allowed_channels or (DM in self.allowed_channels and _is_dm(channel))
+            if not listed:
+                where = "in direct messages" if _is_dm(channel) or not channel else "in this channel"
+                return Decision(
+                    False,
+                    f"launching {where} is not allowed here (TUNEBOT_ALLOWED_CHANNELS lists where jobs "
+                    "may be launched); launch from one of those channels or ask an admin",
+                )
         if self.is_admin(user):
             return Decision(True)
-        allowed = self.channel_allow.get(channel or "")
+        allowed = self.channel_allow.get(channel)
         if allowed is not None and user not in allowed:
             return Decision(False, "launching in this channel is limited to its allow list; ask an admin")
         return Decision(True)
+
+    def startup_warnings(self) -> list[str]:
+        """What an operator should know at start about who may do what (logged by `tunebot serve`)."""
+        out = []
+        if not self.admins:
+            out.append(
+                "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it, anyone may set "
+                "budgets and nobody may approve a public Hub push; set it to the Slack user ids of the "
+                "people who approve spending"
+            )
+        if self.allowed_channels is None:
+            out.append(
+                "TUNEBOT_ALLOWED_CHANNELS is not set: members may launch jobs from any channel and from "
+                "direct messages; list the channels (and `dm` to allow direct messages) to deny the rest"
+            )
+        return out
 
     def needs_approval(self, amount: float | None) -> bool:
         """Whether a job that may cost ``amount`` (the higher of its estimate and explicit max_cost, or a

@@ -208,3 +208,18 @@ def test_budgets_stop_and_refuse_and_the_running_limit_holds_in_slack(make_stack
     assert stack.cloud.creates == 2
     stack.engine.tick()  # the running jobs it covers stop (after a checkpoint where the host can)
     assert {j.stop_reason for j in stack.engine.list_jobs()} == {"budget"}
+
+
+def test_an_allow_list_denies_dms_and_unlisted_channels(make_stack, dataset: Path) -> None:
+    """a9605e4: the channel allow list let direct messages (and every unlisted channel) launch."""
+    stack = make_stack(TUNEBOT_ALLOWED_CHANNELS="C_ML", TUNEBOT_CHANNEL_ALLOW="C_ML=U_ALICE|U_MALLORY")
+    launch = f"launch Llama-3.1-8B method=qlora dataset={dataset}"
+    for channel in ("D0MALLORY", "C_RANDOM"):
+        text = stack.said(lambda channel=channel: stack.command(launch, user=MALLORY, channel=channel))
+        assert "is not allowed here" in text and "TUNEBOT_ALLOWED_CHANNELS" in text, text
+        # The estimate's own Launch button, clicked where it was posted: refused by the engine's rule too.
+        eid = stack.estimate(f"Llama-3.1-8B method=qlora dataset={dataset}", user=MALLORY, channel=channel)
+        click = stack.action_payload("launch_cheapest", eid, user=MALLORY, channel=channel)
+        assert "is not allowed here" in stack.said(lambda click=click: stack.click(click))
+    assert stack.cloud.creates == 0 and stack.engine.list_jobs() == []
+    assert "Launching job" in stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset}", channel="C_ML")

@@ -122,3 +122,59 @@ def test_cli_launch_is_refused_by_a_spent_budget_with_who_can_raise_it(cli_env, 
     eng = Engine(get_settings())
     assert eng.list_jobs() == []
     eng.close()
+
+
+@pytest.mark.slow
+def test_serve_warns_at_start_when_no_admin_is_configured(tmp_path):
+    """a9605e4: with no TUNEBOT_ADMINS anyone but the owner approved, and `tunebot serve` said nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from fakes.slack_api import FakeSlack
+
+    from .test_replicas import free_port
+
+    def serve(**extra: str) -> str:
+        port = free_port()
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("TUNEBOT_", "SLACK_", "DATABASE_URL"))
+        }
+        env.update(
+            TUNEBOT_DATA_DIR=str(tmp_path / f"serve{port}"),
+            SLACK_BOT_TOKEN="xoxb-warn-test",
+            SLACK_SIGNING_SECRET="warn-secret",
+            SLACK_API_URL=slack.api_url,
+            **extra,
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "serve", "--http", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        return " ".join(out.decode("utf-8", "replace").split())
+
+    with FakeSlack() as slack:
+        bare = serve()
+        assert "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it" in bare, bare[
+            -2000:
+        ]
+        assert "TUNEBOT_ALLOWED_CHANNELS is not set" in bare
+        configured = serve(TUNEBOT_ADMINS="U_BOSS", TUNEBOT_ALLOWED_CHANNELS="C_ML")
+        assert "TUNEBOT_ADMINS is not set" not in configured and "Uvicorn running" in configured, configured[
+            -2000:
+        ]
