@@ -187,6 +187,7 @@ def test_from_each_entry_point_to_a_running_job(slack_stack: SlackStack, entry: 
     job = stack.engine.jobs["j1"]
     assert job.owner == ALICE and job.model == "Llama-3.1-8B" and job.method == "qlora"
     assert stack.engine.create_calls[-1]["choice"] == "safest"
+    assert stack.engine.create_calls[-1]["team"] == "T1"  # the signed payload's workspace: team budgets
     # the job's thread: in the channel where it was launched (or the one picked)
     channel = "C1" if in_channel else "C_TEAM"
     assert stack.notifier.drain()

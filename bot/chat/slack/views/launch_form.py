@@ -23,7 +23,7 @@ from bot.chat.launch_form import (
     parse_form,
     read_values,
 )
-from bot.chat.slack.common import chat_of, in_thread, spawn
+from bot.chat.slack.common import actor_of, chat_of, in_thread, spawn
 from bot.planner.request import EstimateRequest
 
 
@@ -53,7 +53,8 @@ async def launch_form_callback(
     logger: Logger,
 ) -> None:
     chat = chat_of(context)
-    user = str((body.get("user") or {}).get("id") or "unknown")
+    who = actor_of(body)  # the signed payload's user and workspace (team budgets)
+    user = who.user
     values = read_values(view)
     state = FormState.loads(view.get("private_metadata"))
     request, errors = parse_form(values)
@@ -64,7 +65,7 @@ async def launch_form_callback(
     view_id = str(view.get("id"))
     if state.estimate_id and state.fingerprint == current and values.get(OFFER):
         await ack(response_action="update", view=message_view("Launching", ":hourglass: Launching…"))
-        spawn(_launch(chat, client, logger, view_id, user, state, values))
+        spawn(_launch(chat, client, logger, view_id, user, state, values, team=who.team))
         return
     asks = _asks_channel(view)
     estimating = form_view(
@@ -118,6 +119,8 @@ async def _launch(
     user: str,
     state: FormState,
     values: dict[str, str],
+    *,
+    team: str | None = None,
 ) -> None:
     try:
         channel = values.get(CHANNEL) or state.channel
@@ -125,7 +128,7 @@ async def _launch(
             opened = await client.conversations_open(users=user)
             channel = opened["channel"]["id"]
         reply = await in_thread(
-            chat.launch, state.estimate_id or "", values.get(OFFER, ""), Actor(user, channel)
+            chat.launch, state.estimate_id or "", values.get(OFFER, ""), Actor(user, channel, team=team)
         )
         title = "Launched" if reply.kind in ("success", "warning") else "Not launched"
         where = f"\nThe job's thread is in <#{channel}>." if reply.kind == "success" else ""
