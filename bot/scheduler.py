@@ -1,5 +1,5 @@
-"""Periodic work (tick, reconcile, spend roll-up, daily summary, volume reminders, catalog refresh)
-with exactly one leader among several bot processes.
+"""Periodic work (tick, reconcile, spend roll-up, daily summary, weekly report, volume reminders, catalog
+refresh) with exactly one leader among several bot processes.
 
 Leadership: on PostgreSQL a session advisory lock held on a dedicated connection (it dies with the
 process, so a standby's next try succeeds); on SQLite a lease row with an expiry renewed by the
@@ -56,19 +56,22 @@ _registry_lock = threading.Lock()
 
 @dataclass
 class Task:
-    """A periodic task: every ``every_s`` seconds, or daily at ``at`` ("HH:MM") in ``timezone``."""
+    """A periodic task: every ``every_s`` seconds, or daily at ``at`` ("HH:MM") in ``timezone``; with
+    ``weekday`` ("mon".."sun") weekly, on that day at ``at``."""
 
     fn: Callable[[], Any]
     every_s: float | None = None
     at: str | None = None
     timezone: str = "UTC"
+    weekday: str | None = None
 
     def period_key(self, now: float) -> str:
         if self.every_s:
             return str(int(now // self.every_s))
         from zoneinfo import ZoneInfo
 
-        return datetime.fromtimestamp(now, ZoneInfo(self.timezone)).strftime("%Y-%m-%d")
+        when = datetime.fromtimestamp(now, ZoneInfo(self.timezone))
+        return when.strftime("%G-W%V") if self.weekday else when.strftime("%Y-%m-%d")
 
 
 def default_tasks(engine: Engine, *, tick_every_s: float | None = None) -> dict[str, Task]:
@@ -87,6 +90,18 @@ def default_tasks(engine: Engine, *, tick_every_s: float | None = None) -> dict[
         "volume_reminders": Task(engine.volume_reminders, every_s=3600.0),
         "catalog_refresh": Task(refresh_catalog, every_s=max(s.catalog_ttl_s, 60.0)),
         "daily_summary": Task(engine.daily_summary, at=s.summary_time, timezone=s.summary_timezone),
+        **(
+            {
+                "weekly_report": Task(
+                    engine.weekly_report,
+                    at=s.summary_time,
+                    timezone=s.summary_timezone,
+                    weekday=s.weekly_report_day,
+                )
+            }
+            if s.weekly_report_day
+            else {}
+        ),
     }
 
 
@@ -230,7 +245,9 @@ class Scheduler:
                 grace = max(1, int(task.every_s))
             else:
                 hour, minute = (int(x) for x in (task.at or "09:00").split(":"))
-                trigger = CronTrigger(hour=hour, minute=minute, timezone=task.timezone)
+                trigger = CronTrigger(
+                    day_of_week=task.weekday, hour=hour, minute=minute, timezone=task.timezone
+                )
                 grace = 3600
             aps.add_job(
                 "bot.scheduler:run_task",

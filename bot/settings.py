@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from platformdirs import user_data_dir
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The runner image GPU hosts pull: the Dockerfile, built and pushed under this name for each release
@@ -32,6 +32,9 @@ def default_runner_image() -> str:
         return f"{RUNNER_IMAGE_REPO}:{version('tunebot')}"
     except PackageNotFoundError:
         return f"{RUNNER_IMAGE_REPO}:latest"
+
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class CloudAccess(BaseModel):
@@ -110,6 +113,9 @@ class Settings(BaseSettings):
     summary_channel: str | None = Field(None, alias="TUNEBOT_SUMMARY_CHANNEL")
     summary_time: str = Field("09:00", alias="TUNEBOT_SUMMARY_TIME")
     summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ")
+    # The weekly report (who launched, approved and stopped what; estimates against actual costs; idle
+    # volumes; budgets): posted on this day at TUNEBOT_SUMMARY_TIME; "off" for none.
+    weekly_report_day: str | None = Field("mon", alias="TUNEBOT_WEEKLY_REPORT_DAY")
     admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
     # Where Slack launches may happen: "C1,C2" (and "dm" for direct messages); when set, every other channel
     # and DM is refused. Unset: anywhere (bot/engine/permissions.py).
@@ -122,6 +128,16 @@ class Settings(BaseSettings):
     chat_data_dir: Path | None = Field(None, alias="TUNEBOT_CHAT_DATA_DIR")
     chat_storage_prefixes: str = Field("", alias="TUNEBOT_CHAT_STORAGE_PREFIXES")
     slack_max_file_mb: float = Field(512.0, gt=0, alias="TUNEBOT_SLACK_MAX_FILE_MB")
+
+    @field_validator("weekly_report_day", mode="before")
+    @classmethod
+    def _weekday(cls, value: Any) -> str | None:
+        text = str(value or "").strip().lower()[:3]
+        if text in ("", "off", "no", "non"):
+            return None
+        if text not in WEEKDAYS:
+            raise ValueError(f"TUNEBOT_WEEKLY_REPORT_DAY: a day (mon..sun) or off, not {value!r}")
+        return text
 
     @model_validator(mode="before")
     @classmethod

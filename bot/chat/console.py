@@ -22,7 +22,8 @@ from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.notifier import MILESTONES, K, milestone_text, summary_reply, volume_from_event
 from bot.chat.replies import Buttons, Reply, error_reply
 from bot.chat.terminal import markup, render
-from bot.engine.api import EngineAPI
+from bot.chat.weekly import weekly_reply
+from bot.engine.api import EngineAPI, WeeklyReport
 from bot.engine.events import EngineEvent
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class ConsoleNotifier:
                 self.console.print(markup(f":floppy_disk: {event.message}"), highlight=False)
         elif kind == K.daily_summary:
             render(summary_reply(event, self.engine), self.console)
+        elif kind == K.weekly_report:
+            render(weekly_reply(WeeklyReport.model_validate(event.data.get("report") or {})), self.console)
 
 
 def _answers(buttons: list[Any]) -> dict[str, str]:

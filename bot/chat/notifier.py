@@ -23,7 +23,8 @@ from bot.chat import cards
 from bot.chat.blockkit import Names, to_message
 from bot.chat.escaping import esc, mention
 from bot.chat.replies import Context, Fields, Header, Reply, Table, Text
-from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView
+from bot.chat.weekly import weekly_reply
+from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView, WeeklyReport
 from bot.engine.events import EngineEvent, EngineEventKind
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,8 @@ class SlackNotifier:
         elif kind == K.daily_summary:
             if self.summary_channel:
                 self._post(self.summary_channel, summary_reply(event, self.engine))
+        elif kind == K.weekly_report:
+            self._weekly(event)
 
     def _post(self, channel: str, reply: Reply, thread_ts: str | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -353,6 +356,37 @@ class SlackNotifier:
                 f"Train{' and eval' if series.eval else ''} loss of job {job.job_id} against step, from step "
                 f"{series.train[0][0]} to {series.train[-1][0]}, learning rate on the right axis{marks}"
             ),
+        )
+
+    def _weekly(self, event: EngineEvent) -> None:
+        """The weekly report to the summary channel, and its spend-per-day chart (people by name) under it."""
+        channel = self.summary_channel or event.channel
+        if not channel:
+            return
+        report = WeeklyReport.model_validate(event.data.get("report") or {})
+        posted = self._post(channel, weekly_reply(report))
+        if not report.daily_by_person or report.total <= 0:
+            return
+        from bot.chat.charts import spend_chart
+
+        days = [d[5:] for d in report.days]  # "12-01"
+        monthly = sum(b.monthly or 0.0 for b in report.budgets if b.scope == "team")
+        path = spend_chart(
+            self.chart_dir / f"spend-{report.days[0]}.png",
+            days,
+            report.daily_by_person,
+            names=self.names,
+            budget_per_day=monthly / 30 if monthly else None,
+            title=f"Spend per day, {report.days[0]} to {report.days[-1]}: ${report.total:,.2f}",
+        )
+        people = ", ".join((self.names or str)(p) for p in report.daily_by_person)
+        self.client.files_upload_v2(
+            file=str(path),
+            filename=path.name,
+            channel=channel,
+            thread_ts=posted.get("ts"),
+            title=f"Spend per day {report.days[0]} to {report.days[-1]}",
+            alt_txt=f"Stacked bars of spend per day by person ({people}) with the running total"[:1000],
         )
 
     def _approval(self, event: EngineEvent) -> None:

@@ -145,6 +145,51 @@ class Dashboard(BaseModel):
     manageable: list[str] = Field(default_factory=list)  # "provider:volume_id" this person may delete/keep
 
 
+class AuditEntry(BaseModel):
+    """Who did what (the audit log, as people say it)."""
+
+    at: datetime
+    actor: str  # a user id, or "engine" for what the bot did on its own (budget, idle, price stops)
+    action: Literal[
+        "launched", "approved", "rejected", "cancelled", "stopped", "deleted volume", "kept volume",
+        "set budget",
+    ]
+    job_id: str | None = None
+    target: str | None = None  # the job's model and method, the volume, the budget
+    detail: str | None = None  # the reason, the amount
+
+
+class FinishedJob(BaseModel):
+    """A job that ended in the period: what was estimated against what it cost and took."""
+
+    job_id: str
+    owner: str
+    model: str
+    method: str
+    state: str
+    stop_reason: str | None = None
+    provider: str | None = None
+    gpu: str | None = None
+    estimated_cost: float | None = None
+    actual_cost: float = 0.0
+    estimated_hours: float | None = None
+    actual_hours: float = 0.0  # billed instance hours (start-up and relaunches included)
+
+
+class WeeklyReport(BaseModel):
+    """The weekly report to the summary channel (engine/weekly.py); the chat renders it."""
+
+    start: datetime
+    end: datetime
+    total: float = 0.0
+    days: list[str] = Field(default_factory=list)  # "2026-11-30", one per day of the period
+    daily_by_person: dict[str, list[float]] = Field(default_factory=dict)  # user -> spend per day
+    actions: list[AuditEntry] = Field(default_factory=list)
+    finished: list[FinishedJob] = Field(default_factory=list)
+    idle_volumes: list[VolumeView] = Field(default_factory=list)
+    budgets: list[BudgetView] = Field(default_factory=list)
+
+
 class EngineAPI(Protocol):
     def estimate(self, request: EstimateRequest) -> Estimate: ...
 

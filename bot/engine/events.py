@@ -34,6 +34,7 @@ class EngineEventKind(StrEnum):
     budget_alert = "budget_alert"
     idle_volume = "idle_volume"
     daily_summary = "daily_summary"
+    weekly_report = "weekly_report"  # data {"report": WeeklyReport as JSON}
 
 
 class EngineEvent(BaseModel):

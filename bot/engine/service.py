@@ -38,6 +38,7 @@ from bot.engine.api import (
     JobView,
     SpendReport,
     VolumeView,
+    WeeklyReport,
 )
 from bot.engine.context import EngineContext, Limits, ProcessMemory
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
@@ -354,6 +355,12 @@ class Engine:
     def volume_reminders(self) -> list[EngineEvent]:
         volumes_mod.sync(self.ctx)
         return volumes_mod.reminders(self.ctx)
+
+    def weekly_report(self) -> WeeklyReport:
+        """The last seven days for the summary channel (published as a weekly_report event)."""
+        from bot.engine.weekly import weekly_report
+
+        return weekly_report(self.ctx)
 
     def daily_summary(self, *, day: str = "yesterday") -> EngineEvent:
         from bot.engine.summary import daily_summary

@@ -131,6 +131,28 @@ def test_default_tasks_cover_the_periodic_work(engine):
         "volume_reminders",
         "catalog_refresh",
         "daily_summary",
+        "weekly_report",
     }
     assert tasks["daily_summary"].at == engine.settings.summary_time
     assert tasks["reconcile"].every_s == engine.settings.reconcile_every_s
+    weekly = tasks["weekly_report"]
+    assert (weekly.weekday, weekly.at, weekly.fn) == ("mon", engine.settings.summary_time, engine.weekly_report)
+
+
+def test_a_weekly_task_runs_once_per_iso_week(db_url: str):
+    calls: list[str] = []
+    monday = 1_764_547_200.0 + 9 * 3600  # 2025-12-01 09:00 UTC, a Monday
+    now = [monday]
+    tasks = {"weekly": Task(lambda: calls.append("w"), at="09:00", weekday="mon")}
+    sched = Scheduler(db_url=db_url, tasks=tasks, clock=lambda: now[0], lease_s=3.0)
+    try:
+        assert sched.run_once("weekly")
+        now[0] += 3 * 86400  # Thursday, same week
+        assert not sched.run_once("weekly")
+        now[0] += 4 * 86400  # the next Monday
+        assert sched.run_once("weekly") and calls == ["w", "w"]
+        sched._start_jobs()
+        job = sched._aps.get_job("weekly")
+        assert str(job.trigger.fields[4]) == "mon"  # CronTrigger(day_of_week=mon, ...)
+    finally:
+        sched.stop()
