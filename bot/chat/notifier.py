@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slack_sdk.errors import SlackApiError
+
 from bot.chat import cards
 from bot.chat.blockkit import Names, to_message
 from bot.chat.escaping import esc, mention
@@ -45,6 +47,7 @@ FINAL = {K.plateau, K.finished, K.failed, K.stopped}
 # A job's state changed: App Home (its owner's, the admins') shows something else now.
 HOME_CHANGES = {K.job_created, K.approval_needed, K.job_started, K.preempted, K.recovered} | FINAL
 CHART_AT = {K.checkpoint, K.preempted, K.recovered} | FINAL
+NOT_POSTABLE = ("not_in_channel", "channel_not_found", "is_archived")
 
 
 def milestone_text(event: EngineEvent, job: JobView | None) -> str:
@@ -301,10 +304,26 @@ class SlackNotifier:
         channel = job.channel or event.channel
         if not channel:
             return None  # a console job: nowhere to post
-        posted = self._post(channel, cards.job_card(job))
+        try:  # in the channel where it was launched: the team sees the job, its card and its thread
+            posted = self._post(channel, cards.job_card(job))
+        except SlackApiError as exc:
+            if (exc.response or {}).get("error") not in NOT_POSTABLE:
+                raise
+            channel, posted = self._thread_in_dm(job, channel)
         self.engine.set_thread(job.job_id, channel=posted.get("channel") or channel, thread_ts=posted["ts"])
         self._last_update[job.job_id] = self.clock()
         return self.engine.get_job(job.job_id)
+
+    def _thread_in_dm(self, job: JobView, channel: str) -> tuple[str, dict[str, Any]]:
+        """The bot may not post where the job was launched (a private channel it was not invited to): the
+        thread goes to the owner's DM, with a line saying how to share it next time."""
+        dm = self.client.conversations_open(users=job.owner)["channel"]["id"]
+        note = (
+            f":information_source: I cannot post in <#{channel}> (invite tunebot there to share jobs with "
+            f"the channel), so job *{esc(job.job_id)}*'s thread is here."
+        )
+        self._post(dm, Reply(parts=[Text(note)], fallback=note))
+        return dm, self._post(dm, cards.job_card(job))
 
     def _update_card(self, job: JobView) -> None:
         if not (job.channel and job.thread_ts):
