@@ -46,88 +46,266 @@ class CloudAccess(BaseModel):
 
 
 class Settings(BaseSettings):
+    """Every knob, with its environment variable and a description: the README's settings table is generated
+    from these (scripts/settings_doc.py; tests/test_settings_doc.py keeps them equal)."""
+
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
 
-    data_dir: Path = Field(default_factory=default_data_dir, alias="TUNEBOT_DATA_DIR")
-    database_url: str | None = Field(None, alias="DATABASE_URL")
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        alias="TUNEBOT_DATA_DIR",
+        description="the bot's folder: the SQLite store, calibration, Slack uploads (default: the user's "
+        "data folder)",
+    )
+    database_url: str | None = Field(
+        None,
+        alias="DATABASE_URL",
+        description="the store: a PostgreSQL URL; unset, a SQLite file in TUNEBOT_DATA_DIR",
+    )
 
     # Cloud keys and base URLs, one entry per cloud module (bot/providers/<cloud>.py declares the names:
     # VAST_API_KEY / VAST_API_URL, RUNPOD_..., LAMBDA_... and LAMBDA_SSH_KEY_NAME, TENSORDOCK_...; the
     # URLs point tests at fake servers on 127.0.0.1). Filled by _read_clouds.
     clouds: dict[str, CloudAccess] = Field(default_factory=dict, alias="TUNEBOT_INTERNAL_CLOUDS")
-    provider_timeout_s: float = Field(20.0, alias="TUNEBOT_PROVIDER_TIMEOUT")
-    catalog_ttl_s: float = Field(300.0, alias="TUNEBOT_CATALOG_TTL")
-    # How long a live listing waits for all clouds together; a cloud still silent then is priced from
-    # its dated snapshot, with a note (`tunebot gpus --live`, estimates).
-    catalog_deadline_s: float = Field(8.0, gt=0, alias="TUNEBOT_CATALOG_DEADLINE")
-    price_tolerance: float = Field(0.10, alias="TUNEBOT_PRICE_TOLERANCE")  # launch stops above +10%
-    min_reliability: float = Field(0.95, alias="TUNEBOT_MIN_RELIABILITY")
-    runner_image: str = Field(default_factory=default_runner_image, alias="TUNEBOT_RUNNER_IMAGE")
-    # The runner image has flash-attn (built with --build-arg FLASH_ATTN=1); attn=flash is refused otherwise.
-    runner_flash_attention: bool = Field(False, alias="TUNEBOT_RUNNER_FLASH_ATTN")
-    # The local provider (the runner on this machine's CPU): None = on for the console, demo and CLI, off
-    # in `tunebot serve`; true/false forces it. It is never offered for a job longer than local_max_hours.
-    local_provider: bool | None = Field(None, alias="TUNEBOT_LOCAL_PROVIDER")
-    local_max_hours: float = Field(1.0, alias="TUNEBOT_LOCAL_MAX_HOURS")
+    provider_timeout_s: float = Field(
+        20.0, alias="TUNEBOT_PROVIDER_TIMEOUT", description="seconds a cloud API request may take"
+    )
+    catalog_ttl_s: float = Field(
+        300.0, alias="TUNEBOT_CATALOG_TTL", description="seconds live prices are reused"
+    )
+    catalog_deadline_s: float = Field(
+        8.0,
+        gt=0,
+        alias="TUNEBOT_CATALOG_DEADLINE",
+        description="seconds a live listing waits for all clouds together; a cloud still silent then is "
+        "priced from its dated snapshot, with a note",
+    )
+    price_tolerance: float = Field(
+        0.10,
+        alias="TUNEBOT_PRICE_TOLERANCE",
+        description="a launch stops if the live price rose more than this fraction over the estimate's",
+    )
+    min_reliability: float = Field(
+        0.95,
+        alias="TUNEBOT_MIN_RELIABILITY",
+        description="offers whose host reliability (as the cloud reports it, 0-1) is below this are not "
+        "ranked",
+    )
+    runner_image: str = Field(
+        default_factory=default_runner_image,
+        alias="TUNEBOT_RUNNER_IMAGE",
+        description="the runner image GPU hosts pull (default ghcr.io/tunebot/tunebot-runner:<this version>)",
+    )
+    runner_flash_attention: bool = Field(
+        False,
+        alias="TUNEBOT_RUNNER_FLASH_ATTN",
+        description="the runner image has flash-attention 2 (--build-arg FLASH_ATTN=1); attn=flash is "
+        "refused otherwise",
+    )
+    local_provider: bool | None = Field(
+        None,
+        alias="TUNEBOT_LOCAL_PROVIDER",
+        description="the local CPU provider (the runner on this machine): unset, on for the console, demo "
+        "and CLI and off in `tunebot serve`; 1/0 forces it",
+    )
+    local_max_hours: float = Field(
+        1.0,
+        alias="TUNEBOT_LOCAL_MAX_HOURS",
+        description="the local provider is offered only for jobs this short",
+    )
 
     # Secrets passed to runners as environment variables, never in specs or messages.
-    hf_token: SecretStr | None = Field(None, alias="HF_TOKEN")
-    hf_endpoint: str | None = Field(None, alias="HF_ENDPOINT")  # a Hub mirror / enterprise endpoint
-    wandb_api_key: SecretStr | None = Field(None, alias="WANDB_API_KEY")
-    wandb_project: str = Field("tunebot", alias="WANDB_PROJECT")
-    wandb_entity: str | None = Field(None, alias="WANDB_ENTITY")
+    hf_token: SecretStr | None = Field(
+        None,
+        alias="HF_TOKEN",
+        description="Hugging Face token: gated models and Hub pushes (passed to runners)",
+    )
+    hf_endpoint: str | None = Field(
+        None, alias="HF_ENDPOINT", description="a Hub mirror or enterprise endpoint"
+    )
+    wandb_api_key: SecretStr | None = Field(
+        None,
+        alias="WANDB_API_KEY",
+        description="W&B key: runs log online, the run link goes to the job's thread",
+    )
+    wandb_project: str = Field("tunebot", alias="WANDB_PROJECT", description="the W&B project of the runs")
+    wandb_entity: str | None = Field(
+        None, alias="WANDB_ENTITY", description="the W&B entity (team) of the runs"
+    )
     # Object storage for checkpoints and staged inputs (TUNEBOT_CHECKPOINT_URI): the runner gets these as
     # environment variables of its instance. AWS_ENDPOINT_URL points at any S3-compatible store.
-    aws_access_key_id: SecretStr | None = Field(None, alias="AWS_ACCESS_KEY_ID")
-    aws_secret_access_key: SecretStr | None = Field(None, alias="AWS_SECRET_ACCESS_KEY")
-    aws_session_token: SecretStr | None = Field(None, alias="AWS_SESSION_TOKEN")
-    aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_DEFAULT_REGION", "AWS_REGION"))
-    aws_endpoint_url: str | None = Field(None, alias="AWS_ENDPOINT_URL")
-    # Names of other environment variables to hand to runners (credentials of other stores, proxies).
-    runner_env_names: str = Field("", alias="TUNEBOT_RUNNER_ENV")
+    aws_access_key_id: SecretStr | None = Field(
+        None,
+        alias="AWS_ACCESS_KEY_ID",
+        description="object storage key (staging inputs, reading progress; runners)",
+    )
+    aws_secret_access_key: SecretStr | None = Field(
+        None, alias="AWS_SECRET_ACCESS_KEY", description="object storage secret"
+    )
+    aws_session_token: SecretStr | None = Field(
+        None, alias="AWS_SESSION_TOKEN", description="object storage session token (temporary credentials)"
+    )
+    aws_region: str | None = Field(
+        None,
+        validation_alias=AliasChoices("AWS_DEFAULT_REGION", "AWS_REGION"),
+        description="object storage region",
+    )
+    aws_endpoint_url: str | None = Field(
+        None, alias="AWS_ENDPOINT_URL", description="an S3-compatible store's endpoint (R2, MinIO, ...)"
+    )
+    runner_env_names: str = Field(
+        "",
+        alias="TUNEBOT_RUNNER_ENV",
+        description="names of further environment variables to pass to runners (other stores' credentials, "
+        "proxies)",
+    )
 
     # Engine.
-    approval_above_usd: float = Field(50.0, alias="TUNEBOT_APPROVAL_ABOVE")
-    # The largest max_cost (spend cap) a job may ask for at all; above it the request is refused.
-    max_cost_limit_usd: float = Field(10_000.0, gt=0, alias="TUNEBOT_MAX_COST_LIMIT")
-    # Jobs one person may have running (or about to) at once; 0 = no limit. More are refused at create;
-    # an approved one waits for a slot.
-    max_running_per_user: int = Field(4, ge=0, le=10_000, alias="TUNEBOT_MAX_RUNNING_PER_USER")
-    # The team of jobs launched from the console and the CLI (Slack jobs take the workspace's team id):
-    # what team budgets are set for (`budget set team NAME ...`).
-    default_team: str = Field("local", min_length=1, max_length=64, alias="TUNEBOT_TEAM")
-    heartbeat_timeout_s: float = Field(600.0, alias="TUNEBOT_HEARTBEAT_TIMEOUT")
-    idle_stop_minutes: float = Field(30.0, alias="TUNEBOT_IDLE_STOP_MINUTES")
-    retry_budget: int = Field(5, alias="TUNEBOT_RETRY_BUDGET")
-    reconcile_every_s: float = Field(60.0, alias="TUNEBOT_RECONCILE_EVERY")
-    volume_idle_days: float = Field(3.0, alias="TUNEBOT_VOLUME_IDLE_DAYS")
-    checkpoint_base_uri: str | None = Field(None, alias="TUNEBOT_CHECKPOINT_URI")
-    public_url: str | None = Field(None, alias="TUNEBOT_PUBLIC_URL")  # for runner push events
-    report_every_s: float = Field(30.0, gt=0, alias="TUNEBOT_REPORT_EVERY")  # runner progress cadence
+    approval_above_usd: float = Field(
+        50.0,
+        alias="TUNEBOT_APPROVAL_ABOVE",
+        description="jobs that may cost more than this many dollars (the higher of the estimate and "
+        "max_cost) need someone else's approval; a fallback offer projected above what was accepted asks "
+        "again",
+    )
+    max_cost_limit_usd: float = Field(
+        10_000.0,
+        gt=0,
+        alias="TUNEBOT_MAX_COST_LIMIT",
+        description="the largest max_cost (spend cap) a job may ask for; above it the request is refused",
+    )
+    max_running_per_user: int = Field(
+        4,
+        ge=0,
+        le=10_000,
+        alias="TUNEBOT_MAX_RUNNING_PER_USER",
+        description="jobs one person may run (or be starting) at once; 0 = no limit. More are refused at "
+        "create; an approved one waits for a slot",
+    )
+    default_team: str = Field(
+        "local",
+        min_length=1,
+        max_length=64,
+        alias="TUNEBOT_TEAM",
+        description="the team of console and CLI jobs (Slack jobs take the workspace's id): what `budget "
+        "set team NAME` covers",
+    )
+    heartbeat_timeout_s: float = Field(
+        600.0,
+        alias="TUNEBOT_HEARTBEAT_TIMEOUT",
+        description="seconds without a word from a running job before it counts as preempted and is "
+        "relaunched",
+    )
+    idle_stop_minutes: float = Field(
+        30.0,
+        alias="TUNEBOT_IDLE_STOP_MINUTES",
+        description="a running instance whose runner reports nothing for this long is stopped (reason "
+        "idle)",
+    )
+    retry_budget: int = Field(
+        5,
+        alias="TUNEBOT_RETRY_BUDGET",
+        description="relaunches after preemptions before a job fails (retry budget)",
+    )
+    reconcile_every_s: float = Field(
+        60.0,
+        alias="TUNEBOT_RECONCILE_EVERY",
+        description="seconds between comparing every cloud's instances with the database (adopt, terminate "
+        "strays)",
+    )
+    volume_idle_days: float = Field(
+        3.0,
+        alias="TUNEBOT_VOLUME_IDLE_DAYS",
+        description="a volume unused this many days is idle: reminders with Delete / Keep, App Home, weekly "
+        "report",
+    )
+    checkpoint_base_uri: str | None = Field(
+        None,
+        alias="TUNEBOT_CHECKPOINT_URI",
+        description="where checkpoints, outputs and staged inputs go (any fsspec URI, e.g. "
+        "s3://bucket/tunebot); cloud jobs need object storage here",
+    )
+    public_url: str | None = Field(
+        None,
+        alias="TUNEBOT_PUBLIC_URL",
+        description="the bot's public URL: runners push events to /runner/events; unset, the bot pulls them",
+    )
+    report_every_s: float = Field(
+        30.0, gt=0, alias="TUNEBOT_REPORT_EVERY", description="seconds between a runner's progress reports"
+    )
 
     # Slack.
-    slack_bot_token: SecretStr | None = Field(None, alias="SLACK_BOT_TOKEN")
-    slack_app_token: SecretStr | None = Field(None, alias="SLACK_APP_TOKEN")
-    slack_signing_secret: SecretStr | None = Field(None, alias="SLACK_SIGNING_SECRET")
-    slack_api_url: str | None = Field(None, alias="SLACK_API_URL")
-    summary_channel: str | None = Field(None, alias="TUNEBOT_SUMMARY_CHANNEL")
-    summary_time: str = Field("09:00", alias="TUNEBOT_SUMMARY_TIME")
-    summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ")
-    # The weekly report (who launched, approved and stopped what; estimates against actual costs; idle
-    # volumes; budgets): posted on this day at TUNEBOT_SUMMARY_TIME; "off" for none.
-    weekly_report_day: str | None = Field("mon", alias="TUNEBOT_WEEKLY_REPORT_DAY")
-    admins: str = Field("", alias="TUNEBOT_ADMINS")  # comma-separated user ids
-    # Where Slack launches may happen: "C1,C2" (and "dm" for direct messages); when set, every other channel
-    # and DM is refused. Unset: anywhere (bot/engine/permissions.py).
-    allowed_channels: str = Field("", alias="TUNEBOT_ALLOWED_CHANNELS")
-    # Who may launch in a channel: "C1=U1|U2;C2=U3" (channels not listed: everyone). Admins always may.
-    channel_allow: str = Field("", alias="TUNEBOT_CHANNEL_ALLOW")
-    # What a Slack user may point the bot at (bot/planner/sources.py): local paths only inside this folder
-    # (unset: none), URIs only under these comma-separated prefixes (e.g. "s3://team-bucket/datasets/"),
-    # files uploaded to Slack up to this size. The console and the CLI (the operator) are not limited.
-    chat_data_dir: Path | None = Field(None, alias="TUNEBOT_CHAT_DATA_DIR")
-    chat_storage_prefixes: str = Field("", alias="TUNEBOT_CHAT_STORAGE_PREFIXES")
-    slack_max_file_mb: float = Field(512.0, gt=0, alias="TUNEBOT_SLACK_MAX_FILE_MB")
+    slack_bot_token: SecretStr | None = Field(
+        None, alias="SLACK_BOT_TOKEN", description="the bot token (xoxb-...)"
+    )
+    slack_app_token: SecretStr | None = Field(
+        None,
+        alias="SLACK_APP_TOKEN",
+        description="the app-level token for Socket Mode (xapp-..., connections:write)",
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        None,
+        alias="SLACK_SIGNING_SECRET",
+        description="the signing secret for HTTP mode (`tunebot serve --http`)",
+    )
+    slack_api_url: str | None = Field(
+        None,
+        alias="SLACK_API_URL",
+        description="Web API base URL (default https://slack.com/api/; tests: a fake)",
+    )
+    summary_channel: str | None = Field(
+        None,
+        alias="TUNEBOT_SUMMARY_CHANNEL",
+        description="channel id for the daily summary, the weekly report and idle-volume reminders",
+    )
+    summary_time: str = Field(
+        "09:00",
+        alias="TUNEBOT_SUMMARY_TIME",
+        description="when the daily summary (and weekly report) is posted",
+    )
+    summary_timezone: str = Field("UTC", alias="TUNEBOT_SUMMARY_TZ", description="the time zone of that time")
+    weekly_report_day: str | None = Field(
+        "mon",
+        alias="TUNEBOT_WEEKLY_REPORT_DAY",
+        description="the day of the weekly report (who launched, approved and stopped what; estimates "
+        "against actual costs; idle volumes; budgets), or off",
+    )
+    admins: str = Field(
+        "",
+        alias="TUNEBOT_ADMINS",
+        description="comma-separated Slack user ids who approve and stop others' jobs, set budgets and "
+        "delete anyone's tracked volumes; unset, anyone but the owner approves (`serve` warns)",
+    )
+    allowed_channels: str = Field(
+        "",
+        alias="TUNEBOT_ALLOWED_CHANNELS",
+        description="where Slack launches may happen: C1,C2 (add dm for direct messages); when set, every "
+        "other channel and DM is refused, admins included. Unset: anywhere (`serve` warns)",
+    )
+    channel_allow: str = Field(
+        "",
+        alias="TUNEBOT_CHANNEL_ALLOW",
+        description="who may launch in a listed channel: C1=U1|U2;C2=U3 (other channels: everyone; admins "
+        "always)",
+    )
+    chat_data_dir: Path | None = Field(
+        None,
+        alias="TUNEBOT_CHAT_DATA_DIR",
+        description="the one folder on the bot's host whose files Slack users may name; unset, no local "
+        "paths from Slack (the console and CLI may name any)",
+    )
+    chat_storage_prefixes: str = Field(
+        "",
+        alias="TUNEBOT_CHAT_STORAGE_PREFIXES",
+        description="comma-separated URI prefixes Slack users may name (e.g. s3://team-bucket/datasets/); "
+        "other URIs are refused, hf:// always allowed",
+    )
+    slack_max_file_mb: float = Field(
+        512.0,
+        gt=0,
+        alias="TUNEBOT_SLACK_MAX_FILE_MB",
+        description="the largest Slack upload used as a dataset (dataset=slack:F...)",
+    )
 
     @field_validator("weekly_report_day", mode="before")
     @classmethod

@@ -1,4 +1,4 @@
-"""The job states (DESIGN.md contract 4): one StrEnum for the engine, the store, the chat and the CLI.
+"""The job states (docs/ARCHITECTURE.md, Jobs): one StrEnum for the engine, the store, the chat and the CLI.
 
 A module without imports, so that anything may use it without loading the database layer. Which
 transitions exist is bot/engine/states.py's; which states count as what is here.
