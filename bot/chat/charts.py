@@ -157,7 +157,6 @@ def spend_figure(
         days, running, color="#333333", marker="o", linewidth=1.5, label="total so far", gid="total"
     )
     total_ax.set_ylabel("$ total")
-    total_ax.set_ylim(bottom=0)
     if budget_per_day:
         total_ax.plot(
             days,
@@ -165,9 +164,10 @@ def spend_figure(
             color=PREEMPTED,
             linestyle="--",
             linewidth=1,
-            label="budget",
+            label="budget pace",
             gid="budget",
         )
+    total_ax.set_ylim(bottom=0)
     handles, labels = ax.get_legend_handles_labels()
     more_h, more_l = total_ax.get_legend_handles_labels()
     ax.legend(handles + more_h, labels + more_l, loc="upper left", fontsize=8, framealpha=0.85)

@@ -56,13 +56,17 @@ def weekly_reply(report: WeeklyReport) -> Reply:
     title = f"Weekly report {first} to {last}: {money(report.total)}"
     reply = Reply(fallback=title, public=True)
     reply.add(Header(title))
-    estimated = sum(j.estimated_cost or 0.0 for j in report.finished)
-    actual = sum(j.actual_cost for j in report.finished if j.estimated_cost is not None)
+    done = [j for j in report.finished if j.state == "succeeded" and j.estimated_cost is not None]
+    estimated = sum(j.estimated_cost or 0.0 for j in done)  # jobs that ran to their end: comparable
+    actual = sum(j.actual_cost for j in done)
     idle_cost = sum(v.cost_per_month for v in report.idle_volumes)
     fields = [
         ("Spent", money(report.total)),
         ("Jobs finished", str(len(report.finished))),
-        ("Estimated vs actual", f"{money(estimated)} vs {money(actual)} ({_delta(estimated, actual)})"),
+        (
+            "Estimated vs actual (completed)",
+            f"{money(estimated)} vs {money(actual)} ({_delta(estimated, actual)})" if done else "-",
+        ),
         ("Idle volumes", f"{len(report.idle_volumes)} ({money(idle_cost)}/month)"),
     ]
     reply.add(Fields(fields))

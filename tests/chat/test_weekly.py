@@ -102,7 +102,7 @@ def test_the_report_reads_as_people_and_fits_block_kit() -> None:
     assert {"type": "user", "user_id": BOB} in j2[1]["elements"][0]["elements"]
     assert [c.get("text") for c in j2[4:7]] == ["$60.00", "$25.50", "-57%"]
     assert "old-ckpts" in blocks and "$14.00/month" in blocks and "Budgets used" in blocks
-    assert "$63.20 vs $28.40 (-55%)" in blocks  # estimated vs actual, over the finished jobs
+    assert "$3.20 vs $2.90 (-9%)" in blocks  # estimated vs actual over the jobs that ran to their end
 
 
 def test_the_notifier_posts_it_with_the_spend_chart_by_name(slack_stack: SlackStack) -> None:
