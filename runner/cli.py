@@ -30,6 +30,10 @@ def _note_sigterm(signum: int, _frame: Any) -> None:
 
 
 def _print_summary(summary: RunSummary) -> None:
+    from runner.redact import scrub, secret_values
+
+    if summary.message:  # the local provider shows this line's message to people
+        summary.message = scrub(summary.message, secret_values())
     sys.stdout.flush()
     print(summary.model_dump_json(), flush=True)
 

@@ -26,6 +26,7 @@ import fsspec
 import httpx
 from fsspec.implementations.local import LocalFileSystem
 
+from runner.redact import scrub, secret_values
 from runner.spec import EventKind, JobSpec, RunnerEvent, parse_progress, progress_uri
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Reporter:
         self._seq = start_seq
         self._start_seq = start_seq
         self._url = spec.report.callback_url
+        self._secrets = secret_values(extra=[spec.report.token])  # never in a message (runner/redact.py)
         self._retries = max(1, retries)
         self._backoff = backoff
         # progress.json follows the job's own reporting cadence, at most every 5 s by default.
@@ -88,6 +90,8 @@ class Reporter:
 
     def emit(self, kind: EventKind, **fields: Any) -> RunnerEvent:
         """Number and queue an event; returns at once whatever the state of the receiver."""
+        if fields.get("message"):
+            fields["message"] = scrub(fields["message"], self._secrets)
         with self._lock:
             event = RunnerEvent(job_id=self.job_id, seq=self._seq, kind=EventKind(kind), **fields)
             self._seq += 1

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from bot.engine import approval
+from bot.engine import approval, instance_env
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
@@ -35,6 +35,8 @@ from bot.providers.base import (
     PriceChangedError,
     ProviderError,
     job_label,
+    redact,
+    redacting,
 )
 from runner.spec import JobSpec
 from store.db import insert_for
@@ -130,18 +132,10 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
 
 
 def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:
-    """The instance's environment: the spec, and the secrets the runner needs (never in the spec)."""
+    """The instance's environment: the spec and only the secrets this job needs (engine/instance_env.py)."""
     from bot.engine.staging import storage_env
 
-    settings = eng.settings
-    env = {"TUNEBOT_JOB_SPEC": spec.model_dump_json(), **storage_env(settings)}
-    if settings.hf_token:
-        env["HF_TOKEN"] = settings.hf_token.get_secret_value()
-    if settings.hf_endpoint:
-        env["HF_ENDPOINT"] = settings.hf_endpoint
-    if settings.wandb_api_key:
-        env["WANDB_API_KEY"] = settings.wandb_api_key.get_secret_value()
-    return env
+    return instance_env.runner_env(eng.settings, spec, storage=storage_env(eng.settings))
 
 
 def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, Any]]:
@@ -419,23 +413,26 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                         EngineEventKind.failed, job_id, f"Job {job_id} failed: invalid job spec: {problem}"
                     )
             return False
+        env = runner_env(eng, spec)
+        hidden = [*instance_env.secret_values(env, spec), *eng.settings.secrets()]
         try:
             req = LaunchRequest(
                 job_id=job_id,
                 offer=live,
                 image=eng.settings.runner_image,
-                env=runner_env(eng, spec),
+                env=env,
                 bid_per_hour=live.price_per_hour if live.interruptible else None,
             )
             with eng.session() as s:  # before the create call: the fallback start of billing
                 s.execute(update(Job).where(Job.id == job_id).values(launch_requested_at=eng.now()))
                 s.commit()
-            inst = ensure_launched(provider, req)
+            with redacting(hidden):  # a provider error that echoes the request names none of them
+                inst = ensure_launched(provider, req)
         except CapacityError as exc:
-            reasons.append(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})")
+            reasons.append(redact(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})", hidden))
             continue
         except ProviderError as exc:
-            reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+            reasons.append(redact(f"{ranked['provider']}: {type(exc).__name__}: {exc}", hidden))
             continue
         crashpoint("launch.after_provider_create")
         price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour

@@ -12,12 +12,17 @@ Error hierarchy (translated once, at each client's HTTP boundary, with ``raise X
     └── ProviderDownError    connection errors, timeouts, 5xx after retries
 
 Messages never contain API keys: clients build messages from status codes and provider error
-codes, and ``redact`` scrubs anything that slipped through.
+codes, and ``redact`` scrubs anything that slipped through - including, inside ``redacting(values)``,
+every value a launch hands to the instance (a provider error body that echoes the create request
+would otherwise carry the runner's storage keys and tokens into job messages).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -197,9 +202,30 @@ class Provider(Protocol):
         """Current $/h across our running instances where the API reports it, else None."""
 
 
+_IN_FLIGHT: ContextVar[tuple[str, ...]] = ContextVar("tunebot_in_flight_secrets", default=())
+
+
+@contextmanager
+def redacting(values: Iterable[str | None]) -> Iterator[None]:
+    """Inside the block, ``redact`` also scrubs these values (what a launch passes to an instance)."""
+    token = _IN_FLIGHT.set((*_IN_FLIGHT.get(), *(v for v in values if v)))
+    try:
+        yield
+    finally:
+        _IN_FLIGHT.reset(token)
+
+
+def _forms(secret: str) -> list[str]:
+    """A value as it may come back: raw, JSON-escaped (a body echoing a JSON request), with escaped '/'."""
+    escaped = json.dumps(secret)[1:-1]
+    return list(dict.fromkeys([secret, escaped, escaped.replace("/", "\\/")]))
+
+
 def redact(text: str, secrets: Sequence[str | None]) -> str:
-    """Replace every secret value in text; used on every message built from provider responses."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
+    """Replace every secret value in text (and those of the enclosing ``redacting`` blocks); used on every
+    message built from provider responses. Longer values first, so one that contains another goes whole."""
+    values = {s for s in (*secrets, *_IN_FLIGHT.get()) if s and len(s) >= 4}
+    for secret in sorted(values, key=len, reverse=True):
+        for form in _forms(secret):
+            text = text.replace(form, "***")
     return text

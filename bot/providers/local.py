@@ -36,23 +36,34 @@ from bot.providers.base import (
     NotFoundError,
     OfferQuery,
     Volume,
+    redact,
 )
 from bot.providers.common import finish_search
 
 DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-c", "from runner.cli import main; main()")
-# The bot's own secrets never reach a runner process (the runner gets what LaunchRequest.env carries).
-BOT_ONLY_ENV = frozenset(
+# What a runner process inherits from the bot's environment: an allow-list (the system, Python, caches and
+# the ML libraries' offline/thread switches), never the bot's secrets. Everything else it needs comes in
+# LaunchRequest.env, as on a rented host (the spec, storage credentials, HF_TOKEN when the job needs it).
+INHERITED_ENV = frozenset(
     {
-        "VAST_API_KEY",
-        "RUNPOD_API_KEY",
-        "LAMBDA_API_KEY",
-        "TENSORDOCK_API_KEY",
-        "SLACK_BOT_TOKEN",
-        "SLACK_APP_TOKEN",
-        "SLACK_SIGNING_SECRET",
-        "DATABASE_URL",
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+        "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+        "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+        "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+        "TRANSFORMERS_CACHE", "HF_HUB_DISABLE_TELEMETRY", "TORCH_HOME", "TOKENIZERS_PARALLELISM",
+        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "WANDB_MODE", "WANDB_DIR",
+        "WANDB_SILENT", "MPLBACKEND", "TUNEBOT_CPU_PROCESSES",
     }
 )
+_PUBLIC_ENV = frozenset({"TUNEBOT_JOB_SPEC", "HF_ENDPOINT", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"})
+INHERITED_PREFIXES = ("LC_", "TUNEBOT_TEST_")  # locale; the runner's test hooks (runner/checkpoint.py)
+
+
+def inherited_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The part of the bot's environment a local runner process gets (an allow-list)."""
+    return {k: v for k, v in environ.items() if k in INHERITED_ENV or k.startswith(INHERITED_PREFIXES)}
+
+
 FORGET_TERMINATED_AFTER_S = 7 * 24 * 3600.0  # terminated records kept a week (status answers "terminated")
 KILLED_EXIT_CODE = 137  # recorded when the grace period ran out and we had to SIGKILL
 
@@ -119,6 +130,7 @@ class LocalProvider:
         self._state_path = self.workdir / "instances.json"
         self._lock_path = self.workdir / "instances.lock"
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
+        self._hidden: dict[str, list[str]] = {}  # instance id -> the values it got, scrubbed from its words
 
     # -- state file (shared by every LocalProvider on this workdir, across processes) ---------------
     @contextlib.contextmanager
@@ -241,9 +253,8 @@ class LocalProvider:
             folder = self.instance_dir(instance_id)
             folder.mkdir(parents=True, exist_ok=True)
             command = list(request.command or self.runner_command)
-            base_env = {k: v for k, v in os.environ.items() if k not in BOT_ONLY_ENV}
             env = {
-                **base_env,
+                **inherited_env(os.environ),
                 **self.extra_env,
                 **request.env,
                 "TUNEBOT_EXIT_FILE": str(self.exit_code_path(instance_id)),
@@ -267,6 +278,7 @@ class LocalProvider:
                         f"local: cannot start the runner: {exc.strerror}", provider=self.name
                     ) from exc
             self._children[proc.pid] = proc
+            self._hidden[instance_id] = [v for k, v in request.env.items() if k not in _PUBLIC_ENV and v]
             rec = {
                 "instance_id": instance_id,
                 "label": request.label,
@@ -382,7 +394,12 @@ class LocalProvider:
                 state[instance_id]["terminated_at"] = time.time()
 
     def exit_message(self, instance_id: str) -> str | None:
-        """Why the runner ended, in its own words: the summary line's message, else its last error line."""
+        """Why the runner ended, in its own words (with none of the values it was given)."""
+        said = self._last_words(instance_id)
+        return redact(said, self._hidden.get(instance_id, [])) if said else said
+
+    def _last_words(self, instance_id: str) -> str | None:
+        """The summary line's message, else the runner's last error line."""
         try:
             lines = [ln.strip() for ln in self.log_path(instance_id).read_text(errors="replace").splitlines()]
         except OSError:

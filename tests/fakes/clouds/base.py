@@ -9,6 +9,7 @@ Usage (any test, fixture or bench)::
         fake.inject("500"); fake.inject("timeout"); fake.inject("reset")
         fake.inject("create_fails")            # the create succeeds, then the response is a 500
         fake.inject("capacity")                # the cloud's own "no capacity" answer to a create
+        fake.inject("echo")                    # a create refused with the request's env echoed in the error
         fake.chaos(0.1, seed=7)                # a random fault on 10% of requests from now on
         fake.preempt(instance_id)              # outbid / host failure, in the cloud's own shape
         fake.delay_s = 10.0                    # a slow cloud: every answer takes 10 s
@@ -33,9 +34,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-FAULT_KINDS = ("429", "429_retry_after", "500", "502", "503", "timeout", "reset", "create_fails", "capacity")
+FAULT_KINDS = ("429", "429_retry_after", "500", "502", "503", "timeout", "reset", "create_fails", "capacity",
+               "echo")
 CANNED = "response"  # inject_response(): a canned answer (the cloud's own error shapes)
-CREATE_ONLY = frozenset({"create_fails", "capacity"})
+CREATE_ONLY = frozenset({"create_fails", "capacity", "echo"})
 
 
 @dataclass
@@ -361,6 +363,8 @@ class FakeCloud:
             return self._fault_response(fault)
         if fault is not None and fault.kind == "capacity":
             return self.capacity_response(req)
+        if fault is not None and fault.kind == "echo":
+            return self.echo_response(req)
         with self.lock:
             response = self.route(req, op)
         if fault is not None and fault.kind == "create_fails":
@@ -372,6 +376,16 @@ class FakeCloud:
 
     def capacity_response(self, req: Request) -> Response:  # pragma: no cover - per cloud
         raise NotImplementedError
+
+    def echo_response(self, req: Request) -> Response:
+        """A create refused by a validator that quotes what it was sent, environment first (seen in the
+        wild: "invalid env: KEY=value, ...")."""
+        body = req.body if isinstance(req.body, dict) else {}
+        env = body.get("env") if isinstance(body.get("env"), dict) else {}
+        quoted = ", ".join(f"{k}={v}" for k, v in env.items() if k != "TUNEBOT_JOB_SPEC")
+        spec = str(env.get("TUNEBOT_JOB_SPEC", ""))
+        return Response(400, {"success": False, "error": "invalid_args",
+                              "msg": f"invalid env: {quoted}; spec {spec}; request {json.dumps(body)}"})
 
     # -- shared state helpers --------------------------------------------------------------------------
     def new_id(self) -> str:
