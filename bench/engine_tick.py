@@ -39,9 +39,11 @@ from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
 from bench.engine_seed import backend, bench_database, bulk_insert, cloud_fleet  # noqa: E402
+from bot.engine.integrity import job_key  # noqa: E402
 from bot.engine.monitor import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
+from runner.integrity import EVENT, sign  # noqa: E402
 from runner.spec import RunnerEvent, progress_uri  # noqa: E402
 from store.models import Instance, Job, RunnerEventRecord  # noqa: E402
 
@@ -49,17 +51,25 @@ TARGET_S = 2.0
 REPEATS = 3
 
 
+KEYS: dict[str, bytes] = {}  # job id -> its integrity key (what its runner signs with)
+
+
 def event(job_id: str, seq: int, ts: float) -> dict:
+    """A runner event as the runner writes it: signed with the job's key (runner/integrity.py)."""
     kind = "started" if seq == 0 else "progress"
-    return RunnerEvent(
-        job_id=job_id,
-        seq=seq,
-        kind=kind,
-        step=seq * 10,
-        max_steps=10_000,
-        loss=2.0 - seq / 1000,
-        timestamp=ts,
-    ).model_dump(mode="json")
+    return sign(
+        KEYS[job_id],
+        EVENT,
+        RunnerEvent(
+            job_id=job_id,
+            seq=seq,
+            kind=kind,
+            step=seq * 10,
+            max_steps=10_000,
+            loss=2.0 - seq / 1000,
+            timestamp=ts,
+        ).model_dump(mode="json"),
+    )
 
 
 def write_progress(path: Path, job_id: str, events: list[dict]) -> None:
@@ -94,6 +104,7 @@ def main() -> None:
         def with_progress(job_id: str) -> dict:
             """The runner's progress object for this job, and the job's fields after those events."""
             ckpt = tmp / "jobs" / job_id / "checkpoints"
+            KEYS[job_id] = job_key(engine.ctx, job_id)
             evs = [event(job_id, q, now - 600 + q) for q in range(args.events)]
             path = Path(progress_uri(str(ckpt)))
             write_progress(path, job_id, evs)

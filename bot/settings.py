@@ -159,6 +159,12 @@ class Settings(BaseSettings):
         description="names of further environment variables to pass to runners (other stores' credentials, "
         "proxies)",
     )
+    secret_key: SecretStr | None = Field(
+        None,
+        alias="TUNEBOT_SECRET_KEY",
+        description="master key of the per-job integrity keys runners sign their events and checkpoints with "
+        "(docs/security.md); unset: one is made once and kept in the database",
+    )
 
     # Engine.
     approval_above_usd: float = Field(
@@ -361,6 +367,7 @@ class Settings(BaseSettings):
             self.slack_bot_token,
             self.slack_app_token,
             self.slack_signing_secret,
+            self.secret_key,
         ]
         return [v.get_secret_value() for v in values if v is not None]
 

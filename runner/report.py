@@ -6,8 +6,10 @@ threads: a sender that POSTs it (bearer token, short timeout, a few retries with
 event is dropped; while the receiver is down each event gets a single try) and a writer that rewrites
 ``<checkpoint uri>/progress.json`` (throttled for ``progress`` events, at once for the others). The
 progress object is what a bot without a public URL pulls, so it is the durable record: on a resume
-the writer first reads the old object back and keeps its events. The token never appears in logs,
-exceptions or reprs.
+the writer first reads the old object back and keeps its events (only those signed with this job's key).
+Every event pushed or written carries its MAC (runner/integrity.py): the bot ignores what this job's key
+did not sign, whoever could write the object. The token and the key never appear in logs, exceptions or
+reprs.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import fsspec
 import httpx
 from fsspec.implementations.local import LocalFileSystem
 
+from runner.integrity import EVENT, key_from_env, sign, verify
 from runner.redact import scrub, secret_values
-from runner.spec import EventKind, JobSpec, RunnerEvent, parse_progress, progress_uri
+from runner.spec import EventKind, JobSpec, RunnerEvent, progress_uri, readable_events
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class Reporter:
         self._start_seq = start_seq
         self._url = spec.report.callback_url
         self._secrets = secret_values(extra=[spec.report.token])  # never in a message (runner/redact.py)
+        self._key = key_from_env()  # signs every event (runner/integrity.py)
         self._retries = max(1, retries)
         self._backoff = backoff
         # progress.json follows the job's own reporting cadence, at most every 5 s by default.
@@ -147,7 +151,7 @@ class Reporter:
     def _deliver(self, event: RunnerEvent) -> None:
         assert self._client is not None and self._url is not None
         attempts = 1 if self._receiver_down else self._retries
-        body = event.model_dump(mode="json")
+        body = sign(self._key, EVENT, event.model_dump(mode="json"))
         problem = ""
         for attempt in range(attempts):
             if attempt:
@@ -209,26 +213,58 @@ class Reporter:
         """On a resume, keep the events already in the progress object (those before ``start_seq``)."""
         if self._start_seq == 0:
             return
-        try:
-            with fsspec.open(self.progress_uri, "rb") as handle:
-                previous = [e for e in parse_progress(handle.read()) if e.seq < self._start_seq]
-        except FileNotFoundError:
+        items = read_signed_events(self.progress_uri, self._key)
+        if items is None:
             return
-        except Exception as exc:  # noqa: BLE001 - an unreadable old object must not stop the run
-            log.warning("could not read the previous progress object: %s", type(exc).__name__)
-            return
+        previous = [e for e in readable_events(items) if e.seq < self._start_seq]
         with self._lock:
             merged = previous + list(self._events)
             self._events = deque(merged[-KEEP_EVENTS:], maxlen=KEEP_EVENTS)
 
     def _write(self, events: list[RunnerEvent], last_seq: int) -> None:
         payload = {"job_id": self.job_id, "updated": time.time(), "last_seq": last_seq,
-                   "events": [e.model_dump(mode="json") for e in events]}
+                   "events": [sign(self._key, EVENT, e.model_dump(mode="json")) for e in events]}
         data = json.dumps(payload).encode()
         try:
             write_atomically(self.progress_uri, data)
         except Exception as exc:  # noqa: BLE001 - reporting never stops training
             log.warning("could not write the progress object: %s: %s", type(exc).__name__, exc)
+
+
+MAX_PROGRESS_BYTES = 4 << 20  # the runner writes 200 events (~100 KB); anything far larger is not its own
+
+
+def read_signed_events(uri: str, key: bytes | None) -> list[dict[str, Any]] | None:
+    """The event objects of a progress object that this job's key signed (all of them without a key);
+    None when there is none or it cannot be read."""
+    try:
+        with fsspec.open(uri, "rb") as handle:
+            raw = handle.read(MAX_PROGRESS_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - an unreadable old object must not stop the run
+        log.warning("could not read the previous progress object: %s", type(exc).__name__)
+        return None
+    if len(raw) > MAX_PROGRESS_BYTES:
+        log.warning("the previous progress object is over %d bytes: not this runner's; ignored",
+                    MAX_PROGRESS_BYTES)
+        return None
+    try:
+        obj = json.loads(raw)
+        items = obj["events"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(items, list):
+        return None
+    return [i for i in items if isinstance(i, dict) and (key is None or verify(key, EVENT, i))]
+
+
+def next_seq_in_progress(spec: JobSpec) -> int:
+    """The seq after the newest signed event of the progress object (0 when there is none): a run killed
+    after its newest checkpoint may have reported events after it."""
+    items = read_signed_events(progress_uri(spec.checkpoint.uri), key_from_env())
+    seqs = [i["seq"] for i in items or [] if isinstance(i.get("seq"), int) and i.get("job_id") == spec.job_id]
+    return max(seqs, default=-1) + 1
 
 
 def write_atomically(uri: str, data: bytes) -> None:

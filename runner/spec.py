@@ -200,6 +200,7 @@ class EventKind(StrEnum):
     finished = "finished"
     failed = "failed"
     preempted = "preempted"
+    warning = "warning"  # something the person should know (a checkpoint skipped because it did not verify)
 
 
 TERMINAL_EVENTS = frozenset({EventKind.finished, EventKind.failed, EventKind.plateau})

@@ -604,13 +604,8 @@ def _point_adapter_at(folder: Path, base: str | None) -> None:
 
 
 def _next_seq_in_progress(spec: JobSpec) -> int:
-    """After the newest checkpoint's seq, the progress object may know later events (a SIGKILL after them)."""
-    import fsspec
+    """After the newest checkpoint's seq, the progress object may know later events (a SIGKILL after them);
+    only events signed with this job's key count (runner/report.py)."""
+    from runner.report import next_seq_in_progress
 
-    from runner.spec import progress_uri
-
-    try:
-        with fsspec.open(progress_uri(spec.checkpoint.uri), "rb") as handle:
-            return int(json.loads(handle.read()).get("last_seq", -1)) + 1
-    except Exception:  # no progress object yet, or unreadable: the checkpoint's seq is all we know
-        return 0
+    return next_seq_in_progress(spec)

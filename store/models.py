@@ -265,3 +265,14 @@ class CalibrationRun(SQLModel, table=True):
     device_memory_used_gb: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+
+
+class BotSecret(SQLModel, table=True):
+    """A secret the bot's replicas share, made once (bot/engine/integrity.py: the master key the per-job
+    integrity keys derive from, when TUNEBOT_SECRET_KEY is not set)."""
+
+    __tablename__ = "bot_secrets"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: str = Field(max_length=256)
+    created_at: float

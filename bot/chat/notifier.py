@@ -42,6 +42,7 @@ MILESTONES = {
     K.failed,
     K.stopped,
     K.link,
+    K.warning,
 }
 FINAL = {K.plateau, K.finished, K.failed, K.stopped}
 # A job's state changed: App Home (its owner's, the admins') shows something else now.
@@ -85,6 +86,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
             + (f" Adapter: `{esc(out)}`" if out else "")
             + note
         )
+    if event.kind == K.warning:
+        return f":warning: {msg}"
     if event.kind == K.link:
         return f":bar_chart: {esc(d.get('name') or 'Link')}: {esc(d.get('url') or '') or msg}"
     if event.kind == K.failed:

@@ -55,6 +55,8 @@ class ProcessMemory:
     rolled_up_once: bool = False
     rolled_sources: set[str] = field(default_factory=set)  # ledger sources whose older lines are written
     calibration: Any = None  # (stamp, Calibration) of bot/engine/calibration.py
+    job_master_key: bytes | None = None  # bot/engine/integrity.py (read once)
+    integrity_reported: set[str] = field(default_factory=set)  # jobs told about refused runner data
 
 
 @dataclass(frozen=True)

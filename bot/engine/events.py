@@ -31,6 +31,7 @@ class EngineEventKind(StrEnum):
     failed = "failed"
     stopped = "stopped"
     link = "link"  # a page about the job (the W&B run): data {url, name}
+    warning = "warning"  # something about the job people should know (runner data refused, storage unscoped)
     budget_alert = "budget_alert"
     idle_volume = "idle_volume"
     daily_summary = "daily_summary"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from bot.engine import approval, instance_env
+from bot.engine import approval, instance_env, integrity
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
@@ -135,7 +135,12 @@ def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:
     """The instance's environment: the spec and only the secrets this job needs (engine/instance_env.py)."""
     from bot.engine.staging import storage_env
 
-    return instance_env.runner_env(eng.settings, spec, storage=storage_env(eng.settings))
+    return instance_env.runner_env(
+        eng.settings,
+        spec,
+        storage=storage_env(eng.settings),
+        job_key=integrity.job_key(eng, spec.job_id).hex(),  # signs its events and manifests
+    )
 
 
 def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, Any]]:

@@ -5,6 +5,11 @@ against the stored hash). Pull: the runner also writes every event to ``progress
 checkpoints, which the bot reads with fsspec (a bot in Socket Mode has no public URL). Both paths go
 through ``ingest``, which keeps an event once per (job, seq), under the job's row lock (processes too).
 
+Whatever the path, an event counts only when the job's own key signed it (bot/engine/integrity.py:
+another job's host that can write this job's progress object forges nothing), only while the job is not
+final, within the size caps, and with its links pointing where this job's may; what is refused is told
+once in the job's thread.
+
 Preemption is read from the provider's status (preempted, stopped, exited with 75, gone) and, as a
 fallback, from missing heartbeats: a running instance with no event for ``heartbeat_timeout_s``.
 """
@@ -17,16 +22,19 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from bot.engine import integrity
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
-from bot.engine.launch import token_hash
+from bot.engine.launch import storage_root, token_hash
 from bot.providers.base import Instance, InstanceStatus, NotFoundError, ProviderError
+from runner.integrity import EVENT, verify
 from runner.spec import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -62,6 +70,24 @@ def token_ok(job: Job, token: str | None) -> bool:
     return hmac.compare_digest(token_hash(token), job.token_hash)
 
 
+def receive_pushed(eng: EngineContext, job: Job, payload: dict[str, Any] | bytes | str) -> bool:
+    """A pushed event of a job whose token matched: stored when the job is not final and the job's key
+    signed it; False otherwise (what was refused is told once in the thread)."""
+    if job.state in S.FINAL:
+        return False
+    if not isinstance(payload, dict):
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            return False
+    events, refused = integrity.signed_events(integrity.job_key(eng, job.id), job.id, [payload])
+    integrity.report_refused(eng, job.id, refused)
+    if not events:
+        return False
+    ingest(eng, job.id, events)
+    return True
+
+
 def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> int:
     """Store new events (dedupe by seq), update the job's progress and publish; returns how many were new."""
     events = sorted((e for e in events if e.job_id == job_id), key=lambda e: e.seq)
@@ -74,14 +100,20 @@ def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> in
         known = _known(s, job_id, seqs)
     if not any(_is_new(e, known.get(e.seq)) for e in events):
         return 0  # a re-read progress object with nothing new: no lock taken
+    refused: Counter[str] = Counter()
     with eng.session() as s:
         # Two supervisors (or a push and a pull) on one job take turns from here to the commit: the
         # second one reads the first one's rows as known, so it stores and posts nothing twice.
         job = S.lock_job(s, job_id)
-        if job is None:
-            return 0
+        if job is None or job.state in S.FINAL:
+            return 0  # a final job's outcome is settled: nothing a runner says changes it
+        events, refused["link"] = _bounded(eng, job, events)
         known = _known(s, job_id, seqs)
         for e in events:
+            if e.seq >= integrity.MAX_STORED_EVENTS:  # moves the job's progress, without a row
+                if _applies_unstored(e, job):
+                    new.append(e)
+                continue
             old = known.get(e.seq)
             if not _is_new(e, old):
                 continue
@@ -110,8 +142,33 @@ def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> in
             s.rollback()
             return 0
         owner_job = job
+    integrity.report_refused(eng, job_id, refused)
     _announce(eng, owner_job, new)
     return len(new)
+
+
+def _bounded(eng: EngineContext, job: Any, events: list[RunnerEvent]) -> tuple[list[RunnerEvent], int]:
+    """The events cut to their caps, with every link that does not point where this job's may dropped;
+    how many links were dropped."""
+    expected = None  # most events carry no link: where this job's may point is worked out on the first
+    out, dropped = [], 0
+    for e in events:
+        e = integrity.cap_event(e)
+        if e.output_uri or e.checkpoint_uri or e.wandb_url or e.hub_url:
+            if expected is None:
+                expected = integrity.expected_of(eng, job, f"{storage_root(eng, job.id)}/output")
+            e, n = integrity.check_links(e, expected)
+            dropped += n
+        out.append(e)
+    return out, dropped
+
+
+def _applies_unstored(e: RunnerEvent, job: Any) -> bool:
+    """Past the stored-events cap an event is not kept as a row; it still moves the job's progress when it
+    is newer than what was applied (a terminal event always, until the job has an outcome)."""
+    if e.kind.value in TERMINAL:
+        return job.outcome is None
+    return e.seq > job.last_event_seq
 
 
 def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> None:
@@ -127,6 +184,8 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
                 url=e.wandb_url,
                 name="W&B run",
             )
+        if e.kind is EventKind.warning and e.message:
+            eng.publish(EngineEventKind.warning, job_id, f"Job {job_id}: {e.message}", job=owner_job)
         if e.kind.value in TERMINAL and e.metrics:
             from bot.engine.calibration import record_run
 
@@ -195,17 +254,18 @@ def read_progress(uri: str) -> list[RunnerEvent]:
 def read_raw(uri: str) -> bytes | None:
     """The progress object's bytes, or None when it is not there (yet). A plain path is read without
     fsspec: a tick reads one object per running job, and fsspec's per-call overhead is most of it."""
+    limit = integrity.MAX_PROGRESS_BYTES + 1  # a larger object is not the runner's: not read further
     if "://" not in uri or uri.startswith("file://"):
         try:
             with open(uri.removeprefix("file://"), "rb") as fh:
-                return fh.read()
+                return fh.read(limit)
         except OSError:
             return None
     import fsspec
 
     try:
         with fsspec.open(uri, "rb") as fh:
-            return fh.read()
+            return fh.read(limit)
     except (FileNotFoundError, OSError):
         return None
 
@@ -221,7 +281,9 @@ def pull(eng: EngineContext, job: Job) -> int:
 
 def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None) -> int:
     """Ingest one progress object's bytes (already-ingested objects and events are skipped)."""
-    parsed = _new_events(eng, job_id, raw)
+    refused: Counter[str] = Counter()
+    parsed = _new_events(eng, job_id, raw, refused=refused)
+    integrity.report_refused(eng, job_id, refused)
     if parsed is None:
         return 0
     items, window = parsed
@@ -248,7 +310,12 @@ def parse_window(text: str | None) -> Window | None:
 
 
 def _new_events(
-    eng: EngineContext, job_id: str, raw: bytes | None, stored: str | None = None
+    eng: EngineContext,
+    job_id: str,
+    raw: bytes | None,
+    stored: str | None = None,
+    *,
+    refused: Counter[str] | None = None,
 ) -> tuple[list[dict[str, Any]], Window] | None:
     """The event objects of a progress object that have not been stored yet as far as the last read
     knows, and the object's window to remember once they are stored. None: nothing to do (no object,
@@ -259,15 +326,25 @@ def _new_events(
     by whichever process stored it. The runner keeps its last 200 events in the object; an event
     whose seq lies inside the last read's window and is not newer than that read's newest event was
     in that read, which was stored: skipped here. A resumed run renumbering from its checkpoint
-    writes *newer* events under known seqs; those pass and are checked against the stored ones."""
+    writes *newer* events under known seqs; those pass and are checked against the stored ones.
+
+    Only items this job's key signed count, for the window too (bot/engine/integrity.py): a forged item
+    with a huge seq or a future timestamp would otherwise hide the job's real events; the others are
+    counted in ``refused``."""
     if raw is None:
+        return None
+    refused = Counter() if refused is None else refused
+    if len(raw) > integrity.MAX_PROGRESS_BYTES:
+        refused["object_too_large"] += 1
         return None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
     seen = eng.memory.progress_seen.get(job_id) or parse_window(stored)
     if seen is not None and seen[0] == digest:
         eng.memory.progress_seen[job_id] = seen
         return None
-    items = _tail(raw, seen) if seen is not None else None
+    key = integrity.job_key(eng, job_id)
+    items = _tail(raw, seen, key) if seen is not None else None
+    whole = items is None
     if items is None:
         try:
             obj = _loads(raw)
@@ -276,24 +353,23 @@ def _new_events(
                 raise TypeError
         except (ValueError, TypeError, KeyError):
             return None
-        first = min(
-            (i["seq"] for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)), default=0
-        )
-        last = -1
+    signed: list[dict[str, Any]] = []
+    for item in items:  # each item's MAC checked once, here
+        if not isinstance(item, dict):
+            continue
+        why = integrity.refusal(key, item)
+        if why:
+            refused[why] += 1
+        elif _plain(item):
+            signed.append(item)  # (signed, but not the runner's plain shape: nothing a runner writes)
+    if whole:
+        first, last = min((i["seq"] for i in signed), default=0), -1
     else:  # the object slid forward from the previous read: its older events were in that read
         first, last = seen[1], seen[2]  # type: ignore[index]
     newest = seen[3] if seen is not None else 0.0
     out: list[dict[str, Any]] = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        seq, ts = item.get("seq"), item.get("timestamp")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(ts, int | float):
-            try:  # not the runner's plain shape: kept only if it validates, in its normal form
-                item = RunnerEvent.model_validate(item).model_dump(mode="json")
-            except ValueError:
-                continue
-            seq, ts = item["seq"], item["timestamp"]
+    for item in signed:
+        seq, ts = item["seq"], item["timestamp"]
         last, newest = max(last, seq), max(newest, float(ts))
         if seen is not None and seen[1] <= seq <= seen[2] and ts <= seen[3]:
             continue  # in the previous read, which was stored
@@ -304,6 +380,11 @@ def _new_events(
     return out, (digest, first, last, newest)
 
 
+def _plain(item: dict[str, Any]) -> bool:
+    seq, ts = item.get("seq"), item.get("timestamp")
+    return isinstance(seq, int) and not isinstance(seq, bool) and isinstance(ts, int | float) and seq >= 0
+
+
 def _valid_events(job_id: str, items: list[dict[str, Any]]) -> list[RunnerEvent]:
     """This job's readable events among the items, in seq order."""
     return [e for e in readable_events(items) if e.job_id == job_id]
@@ -312,7 +393,7 @@ def _valid_events(job_id: str, items: list[dict[str, Any]]) -> list[RunnerEvent]
 _EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
 
 
-def _tail(raw: bytes, seen: tuple) -> list[dict[str, Any]] | None:
+def _tail(raw: bytes, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
     """The events after the last one the previous read had, parsed from the end of the object without
     decoding the rest (a long run's object holds 200 events, ~70 KB; usually one or two are new).
     None when the object does not look as expected: the caller parses all of it."""
@@ -337,6 +418,7 @@ def _tail(raw: bytes, seen: tuple) -> list[dict[str, Any]] | None:
             and isinstance(ts, int | float)
             and seen[1] <= seq <= seen[2]
             and ts <= seen[3]
+            and verify(key, EVENT, item)  # only the job's own event marks where the last read ended
         ):
             out.reverse()
             return out  # this one and everything before it were in the previous read
@@ -378,7 +460,9 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             if stamp is not None and known is not None and known[:2] == stamp and now - known[2] < 60:
                 continue
         raw = raws[jid] if jid in raws else read_raw(uri)
-        parsed = _new_events(eng, jid, raw, stored_windows.get(jid))
+        refused: Counter[str] = Counter()
+        parsed = _new_events(eng, jid, raw, stored_windows.get(jid), refused=refused)
+        integrity.report_refused(eng, jid, refused)
         if parsed is not None:
             batch[jid], windows[jid] = parsed
         if jid not in raws and stamp is not None:
@@ -439,6 +523,9 @@ _PROGRESS_COLUMNS = (
     Job.outcome,
     Job.message,
     Job.progress_window,
+    Job.state,
+    Job.checkpoint_uri,
+    Job.spec_overrides,
 )
 
 
@@ -456,6 +543,7 @@ def ingest_many(
     now = eng.now()
     single: dict[str, list[RunnerEvent]] = {}
     new_by_job: dict[str, list[RunnerEvent]] = {}
+    links: dict[str, int] = {}  # links dropped per job
     jobs: dict[str, Any] = {}  # plain rows of the progress columns
     with eng.session() as s:
         ids = sorted(batch)
@@ -490,10 +578,13 @@ def ingest_many(
                 stored = {(jid, seq): float(ts or 0.0) for jid, seq, ts in s.execute(q)}
             for jid in chunk:
                 job = jobs.get(jid)
-                if job is None:
-                    continue
+                if job is None or job.state in S.FINAL:
+                    continue  # a final job's outcome is settled
                 fresh = []
                 for item in batch[jid]:
+                    if item["seq"] >= integrity.MAX_STORED_EVENTS:  # past the cap: the exact path decides
+                        single[jid] = _valid_events(jid, batch[jid])
+                        break
                     old = stored.get((jid, item["seq"]))
                     if old is None:
                         fresh.append(item)
@@ -502,7 +593,8 @@ def ingest_many(
                         single[jid] = _valid_events(jid, batch[jid])
                         break
                 if jid not in single and fresh:
-                    events = _valid_events(jid, fresh)
+                    events, dropped = _bounded(eng, job, _valid_events(jid, fresh))
+                    links[jid] = dropped
                     if events:
                         new_by_job[jid] = events
         rows: list[dict[str, Any]] = []
@@ -538,6 +630,9 @@ def ingest_many(
             new_by_job = {}
     changed = set(new_by_job)
     written = {jid for jid in new_by_job if windows.get(jid)}
+    for jid, n in links.items():
+        if jid in new_by_job:
+            integrity.report_refused(eng, jid, Counter(link=n))
     for jid, new in new_by_job.items():
         job = jobs[jid]
         if any(e.kind.value in TERMINAL and e.metrics for e in new):

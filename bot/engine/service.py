@@ -51,7 +51,6 @@ from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 from bot.providers.base import OfferQuery, Provider, ProviderError
 from bot.settings import Settings, get_settings
-from runner.spec import RunnerEvent
 from store.db import make_engine, migrate, normalize_url
 from store.models import Job
 
@@ -289,22 +288,13 @@ class Engine:
     def record_runner_event(
         self, job_id: str, token: str | None, payload: dict[str, Any] | bytes | str
     ) -> bool:
-        """A pushed RunnerEvent; False (and nothing stored) unless the job's bearer token matches."""
+        """A pushed RunnerEvent; False (and nothing stored) unless the job's bearer token matches, the job is
+        not final and the job's key signed the event (bot/engine/integrity.py)."""
         with self.session() as s:
             job = s.get(Job, job_id)
         if job is None or not monitor.token_ok(job, token):
             return False
-        try:
-            if isinstance(payload, dict):
-                event = RunnerEvent.model_validate(payload)
-            else:
-                event = RunnerEvent.model_validate_json(payload)
-        except ValueError:
-            return False
-        if event.job_id != job_id:
-            return False
-        monitor.ingest(self.ctx, job_id, [event])
-        return True
+        return monitor.receive_pushed(self.ctx, job, payload)
 
     # --- the loop -------------------------------------------------------------------------------
     def tick(self) -> int:

@@ -49,7 +49,7 @@ STEPS = 6
 # model took 0.4 s on a quiet machine, less than the runner's first progress line (every 0.5 s).
 STEPS_A = 150
 CARRIED = {"TUNEBOT_JOB_SPEC", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-           "AWS_ENDPOINT_URL", "HF_TOKEN", "HF_ENDPOINT"}
+           "AWS_ENDPOINT_URL", "HF_TOKEN", "HF_ENDPOINT", "TUNEBOT_JOB_KEY"}
 HOST_BASE = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONUNBUFFERED", "TUNEBOT_SANDBOX_DENY"}
 
 

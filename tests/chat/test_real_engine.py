@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from engine.fakes import FakeProvider
+from fakes.runner_events import signed
 from fakes.slack_api import FakeSlack, UvicornThread
 
 from bot.chat.blockkit import violations
@@ -123,7 +124,7 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
             "step": 19,
             "max_steps": 20,
             "loss": 1.1,
-            "checkpoint_uri": "/ckpt/19",
+            "checkpoint_uri": spec["checkpoint"]["uri"] + "/checkpoint-19",
         },
         {
             "job_id": job.job_id,
@@ -132,18 +133,20 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
             "step": 20,
             "max_steps": 20,
             "loss": 1.0,
-            "output_uri": "/out/adapter",
+            "output_uri": spec["output_uri"],
         },
     ]
-    for ev in events:
-        assert stack.http.post(url, json=ev, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    for ev in events:  # as the job's runner sends them: signed with the job's key
+        auth = {"Authorization": f"Bearer {token}"}
+        assert stack.http.post(url, json=signed(engine, ev), headers=auth).status_code == 200
     engine.tick()
     assert stack.notifier.drain(20)
     job = engine.get_job(job.job_id)
     assert job.state == "succeeded"
     thread = [c.body for c in stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == job.thread_ts]
     text = " | ".join(m["text"] for m in thread)
-    assert "Checkpoint saved at step 19" in text and "Finished at step 20" in text and "/out/adapter" in text
+    assert "Checkpoint saved at step 19" in text and "Finished at step 20" in text
+    assert spec["output_uri"] in text
     assert "cost *$" in text
     updates = stack.slack.of("chat.update")
     assert 1 <= len(updates) <= 8  # 21 progress events, throttled, plus milestone edits

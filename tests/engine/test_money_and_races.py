@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from fakes.runner_events import signed
 from sqlalchemy import select
 
 from bot.engine.spend import billed_seconds
@@ -76,7 +77,7 @@ def _drive(path: str, eng, fake: FakeProvider, clock, settings: Settings) -> str
         eng.record_runner_event(
             job.job_id,
             _spec(fake).report.token,
-            {"job_id": job.job_id, "seq": 1, "kind": "plateau", "step": 5, "timestamp": 1000.0},
+            signed(eng, {"job_id": job.job_id, "seq": 1, "kind": "plateau", "step": 5, "timestamp": 1000.0}),
         )
     elif path == "stopped":
         eng.stop(job.job_id, user="alice")
@@ -199,7 +200,7 @@ def test_two_supervisors_on_one_job_store_and_post_each_event_once(make_engine, 
     events: list[dict] = []
     rounds, per_round = 12, 25
     for _ in range(rounds):
-        events += [_ev(job.job_id, len(events) + k) for k in range(per_round)]
+        events += [signed(a, _ev(job.job_id, len(events) + k)) for k in range(per_round)]
         tmp = progress.with_suffix(".tmp")
         tmp.write_text(json.dumps({"events": events}))
         tmp.replace(progress)

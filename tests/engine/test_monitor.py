@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes.runner_events import signed
 from sqlalchemy import func, select
 
 from bot.providers.base import InstanceStatus
@@ -24,16 +25,22 @@ def _ev(job_id: str, seq: int, kind: str = "progress", **kw) -> dict:  # noqa: A
     return {"job_id": job_id, "seq": seq, "kind": kind, "step": kw.pop("step", seq), **kw}
 
 
+def _sev(engine, job_id: str, seq: int, kind: str = "progress", **kw) -> dict:  # noqa: ANN001, ANN003
+    """An event as the job's runner sends it: signed with the job's key."""
+    return signed(engine, _ev(job_id, seq, kind, **kw))
+
+
 def test_push_needs_the_job_token_and_dedupes_by_seq(engine, fake):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     token = _token(fake)
-    assert not engine.record_runner_event(job.job_id, "wrong", _ev(job.job_id, 1, loss=2.0))
-    assert not engine.record_runner_event(job.job_id, None, _ev(job.job_id, 1, loss=2.0))
-    assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, 1, loss=2.0, max_steps=10))
-    assert engine.record_runner_event(job.job_id, token, json.dumps(_ev(job.job_id, 1, loss=2.0)))  # repeat
-    assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, 2, loss=1.5))
-    assert not engine.record_runner_event(job.job_id, token, _ev("other-job", 3))
+    assert not engine.record_runner_event(job.job_id, "wrong", _sev(engine, job.job_id, 1, loss=2.0))
+    assert not engine.record_runner_event(job.job_id, None, _sev(engine, job.job_id, 1, loss=2.0))
+    assert engine.record_runner_event(job.job_id, token, _sev(engine, job.job_id, 1, loss=2.0, max_steps=10))
+    again = json.dumps(_sev(engine, job.job_id, 1, loss=2.0))
+    assert engine.record_runner_event(job.job_id, token, again)  # repeat
+    assert engine.record_runner_event(job.job_id, token, _sev(engine, job.job_id, 2, loss=1.5))
+    assert not engine.record_runner_event(job.job_id, token, _sev(engine, "other-job", 3))
     with engine.session() as s:
         n = s.execute(select(func.count()).select_from(RunnerEventRecord)).scalar_one()
     assert n == 2
@@ -49,7 +56,7 @@ def test_pull_reads_progress_json(engine, fake):
     ckpt.mkdir(parents=True, exist_ok=True)
     from runner.spec import progress_uri
 
-    events = [_ev(job.job_id, i, loss=3.0 - i / 10) for i in range(5)]
+    events = [_sev(engine, job.job_id, i, loss=3.0 - i / 10) for i in range(5)]
     Path(progress_uri(str(ckpt))).write_text(json.dumps({"events": events}))
     engine.tick()
     assert engine.get_job(job.job_id).step == 4
@@ -59,11 +66,13 @@ def test_finished_event_finishes_the_job_and_terminates(engine, fake, clock):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     token = _token(fake)
+    spec = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    out = spec.output_uri + "/adapter"  # under the job's own output prefix
     clock.advance(1800)
-    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 1, "finished", output_uri="/out/adapter"))
+    engine.record_runner_event(job.job_id, token, _sev(engine, job.job_id, 1, "finished", output_uri=out))
     engine.tick()
     view = engine.get_job(job.job_id)
-    assert view.state == "succeeded" and view.output_uri == "/out/adapter"
+    assert view.state == "succeeded" and view.output_uri == out
     assert fake.live() == []
     assert view.spend == pytest.approx(0.5, abs=1e-6)
     assert "finished" in rec.kinds()
@@ -72,7 +81,7 @@ def test_finished_event_finishes_the_job_and_terminates(engine, fake, clock):
 def test_plateau_stops_with_output(engine, fake):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    engine.record_runner_event(job.job_id, _token(fake), _ev(job.job_id, 1, "plateau"))
+    engine.record_runner_event(job.job_id, _token(fake), _sev(engine, job.job_id, 1, "plateau"))
     engine.tick()
     view = engine.get_job(job.job_id)
     assert view.state == "stopped" and view.stop_reason == "plateau" and view.output_uri
@@ -108,7 +117,7 @@ def test_preemption_from_provider_status_relaunches(engine, fake, status, code):
 
 def test_missing_heartbeat_counts_as_preemption(engine, fake, clock):
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    engine.record_runner_event(job.job_id, _token(fake), _ev(job.job_id, 1))
+    engine.record_runner_event(job.job_id, _token(fake), _sev(engine, job.job_id, 1))
     clock.advance(599)
     engine.tick()
     assert engine.get_job(job.job_id).preemptions == 0
@@ -157,12 +166,14 @@ def test_resumed_run_renumbering_from_its_checkpoint_is_not_lost(engine, fake):
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     token = _token(fake)
     for seq in range(1, 6):
-        assert engine.record_runner_event(job.job_id, token, _ev(job.job_id, seq, timestamp=100.0 + seq))
+        pushed = _sev(engine, job.job_id, seq, timestamp=100.0 + seq)
+        assert engine.record_runner_event(job.job_id, token, pushed)
     # After a resume the runner numbers again from its checkpoint's seq (3), with newer timestamps.
-    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 3, "started", step=3, timestamp=200.0))
-    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 4, "finished", step=4, timestamp=201.0))
+    for seq, kind, ts in ((3, "started", 200.0), (4, "finished", 201.0)):
+        event = _sev(engine, job.job_id, seq, kind, step=seq, timestamp=ts)
+        engine.record_runner_event(job.job_id, token, event)
     # A retried push of an old event changes nothing.
-    engine.record_runner_event(job.job_id, token, _ev(job.job_id, 4, "progress", step=4, timestamp=104.0))
+    engine.record_runner_event(job.job_id, token, _sev(engine, job.job_id, 4, step=4, timestamp=104.0))
     engine.tick()
     view = engine.get_job(job.job_id)
     assert view.state == "succeeded"

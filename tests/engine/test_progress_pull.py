@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from fakes.runner_events import signed_all
 from sqlalchemy import select
 
 from runner.spec import RunnerEvent, progress_uri
@@ -15,9 +16,11 @@ from store.models import Job, RunnerEventRecord
 from .conftest import Recorder, estimate_for, request
 
 
-def write(path: Path, job_id: str, events: list[dict], **dumps) -> None:  # type: ignore[no-untyped-def]
-    """The object as runner/report.py writes it (json.dumps of this payload), atomically."""
-    payload = {"job_id": job_id, "updated": time.time(), "last_seq": events[-1]["seq"], "events": events}
+def write(engine, path: Path, job_id: str, events: list[dict], **dumps) -> None:  # type: ignore[no-untyped-def]
+    """The object as runner/report.py writes it (json.dumps of this payload, each event signed with the
+    job's key), atomically."""
+    payload = {"job_id": job_id, "updated": time.time(), "last_seq": events[-1]["seq"],
+               "events": signed_all(engine, events)}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, **dumps))
     tmp.replace(path)
@@ -54,12 +57,12 @@ def test_each_event_is_stored_and_announced_once_across_reads_and_restarts(engin
     job_id, other = two_running_jobs(engine, fake)
     path = progress_path(engine, job_id)
     events = [ev(job_id, q) for q in range(5)]
-    write(path, job_id, events)
+    write(engine, path, job_id, events)
     engine.tick()
     engine.tick()  # the same object again: nothing new
     assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3, 4] and stored(engine, other) == []
     events += [ev(job_id, 5), ev(job_id, 6)]
-    write(path, job_id, events)
+    write(engine, path, job_id, events)
     engine.tick()
     assert [q for q, _ in stored(engine, job_id)] == list(range(7))
     view = engine.get_job(job_id)
@@ -76,10 +79,11 @@ def test_a_resumed_run_renumbering_in_its_object_is_not_lost(engine, fake):
     job_id, _ = two_running_jobs(engine, fake)
     path = progress_path(engine, job_id)
     old = [ev(job_id, q, ts=100.0 + q) for q in range(1, 6)]
-    write(path, job_id, old)
+    write(engine, path, job_id, old)
     engine.tick()
     # The resumed runner keeps the events before its checkpoint (seq 3) and numbers again from there.
-    write(path, job_id, old[:2] + [ev(job_id, 3, "started", ts=200.0), ev(job_id, 4, "finished", ts=201.0)])
+    resumed = [ev(job_id, 3, "started", ts=200.0), ev(job_id, 4, "finished", ts=201.0)]
+    write(engine, path, job_id, old[:2] + resumed)
     engine.tick()
     assert stored(engine, job_id) == [
         (1, "progress"),
@@ -95,10 +99,10 @@ def test_an_object_in_another_layout_is_read_whole(engine, fake):
     job_id, _ = two_running_jobs(engine, fake)
     path = progress_path(engine, job_id)
     events = [ev(job_id, q) for q in range(3)]
-    write(path, job_id, events)
+    write(engine, path, job_id, events)
     engine.tick()
     events.append(ev(job_id, 3))
-    write(path, job_id, events, indent=2)  # not the runner's own layout: no tail shortcut
+    write(engine, path, job_id, events, indent=2)  # not the runner's own layout: no tail shortcut
     engine.tick()
     assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3]
 
@@ -117,8 +121,8 @@ def test_a_restarted_engine_does_not_check_what_it_had_read_again_and_misses_not
     job_id, other = two_running_jobs(engine, fake)
     path, path2 = progress_path(engine, job_id), progress_path(engine, other)
     events = [ev(job_id, q) for q in range(30)]
-    write(path, job_id, events)
-    write(path2, other, [ev(other, q) for q in range(3)])
+    write(engine, path, job_id, events)
+    write(engine, path2, other, [ev(other, q) for q in range(3)])
     engine.tick()
     with engine.session() as s:
         assert all(s.get(Job, j).progress_window for j in (job_id, other))
@@ -132,7 +136,7 @@ def test_a_restarted_engine_does_not_check_what_it_had_read_again_and_misses_not
 
     # The runner went on while no bot was up: after the next restart only those events are new.
     events += [ev(job_id, 30), ev(job_id, 31)]
-    write(path, job_id, events)
+    write(engine, path, job_id, events)
     again = make_engine()
     rec = Recorder(again.bus)
     again.tick()
@@ -141,6 +145,7 @@ def test_a_restarted_engine_does_not_check_what_it_had_read_again_and_misses_not
 
     # A resumed run renumbering from its checkpoint, read first by yet another process, is not lost.
     write(
+        engine,
         path,
         job_id,
         events[:20] + [ev(job_id, 20, "started", ts=5000.0), ev(job_id, 21, "finished", ts=5001.0)],
@@ -154,7 +159,7 @@ def test_a_restarted_engine_does_not_check_what_it_had_read_again_and_misses_not
 def test_a_stored_window_that_is_not_ours_means_reading_the_object_whole(engine, fake):
     job_id, _ = two_running_jobs(engine, fake)
     path = progress_path(engine, job_id)
-    write(path, job_id, [ev(job_id, q) for q in range(3)])
+    write(engine, path, job_id, [ev(job_id, q) for q in range(3)])
     with engine.session() as s:
         s.get(Job, job_id).progress_window = "garbage from an older bot"
         s.commit()
@@ -165,7 +170,7 @@ def test_a_stored_window_that_is_not_ours_means_reading_the_object_whole(engine,
 def test_the_engine_forgets_the_progress_objects_of_jobs_that_ended(engine, fake):
     job_id, other = two_running_jobs(engine, fake)
     for j in (job_id, other):
-        write(progress_path(engine, j), j, [ev(j, 0, "started")])
+        write(engine, progress_path(engine, j), j, [ev(j, 0, "started")])
     engine.tick()
     assert {job_id, other} <= engine.ctx.memory.progress_seen.keys()
     engine.stop(job_id, user="alice")

@@ -1,0 +1,239 @@
+"""What the bot accepts from a runner: only what that job's key signed, within bounds, linking where expected.
+
+A rented host is hostile (../shared/docs/security.md), and storage may be shared with other jobs' hosts.
+So:
+
+- **Per-job keys.** ``job_key(ctx, job_id)`` = HMAC-SHA256(master key, "tunebot job key v1" + job id). The
+  master key is ``TUNEBOT_SECRET_KEY`` where set (then no job key can be recomputed from the database);
+  else one is made at first use and kept in ``bot_secrets``, so every replica derives the same keys. A
+  derived key needs no column and no storage per job, and the database holds no job's key in plain when
+  the setting is used. The instance gets its key as ``TUNEBOT_JOB_KEY`` (never in the spec or a message).
+- **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC
+  (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the job's
+  thread (``report_refused``). Events for a final job are refused on both paths (monitor.ingest).
+- **Caps**: an event over ``MAX_EVENT_BYTES`` is refused; messages, URIs and metrics are cut to their caps;
+  a progress object over ``MAX_PROGRESS_BYTES`` is not read; a job stores at most ``MAX_STORED_EVENTS``
+  events (later ones still move its progress, without a row each).
+- **Links**: an event's output and checkpoint URIs must lie under the job's own prefixes, its W&B URL on
+  W&B, its Hub URL on the repo the job was told to push to; anything else is dropped (and told).
+
+The checks on one event are pure (``check_links``, ``cap_event``), tested directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from runner.integrity import EVENT, canonical, verify
+from runner.spec import RunnerEvent, readable_events
+
+if TYPE_CHECKING:
+    from bot.engine.context import EngineContext
+
+log = logging.getLogger(__name__)
+
+KEY_PURPOSE = b"tunebot job key v1\0"
+MASTER_NAME = "job-keys"
+MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (the runner's are ~0.5 KB)
+MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: ~100 KB)
+MAX_STORED_EVENTS = 20_000  # rows per job: seq 0 .. 19,999 (a week of progress every 30 s)
+MAX_MESSAGE = 2000
+MAX_URI = 1024
+MAX_METRICS = 32
+WANDB_HOSTS = ("wandb.ai",)
+
+REASONS = {
+    "unsigned": "not signed with this job's key (someone else wrote to its storage)",
+    "too_large": f"over {MAX_EVENT_BYTES // 1024} KB",
+    "object_too_large": f"a progress object over {MAX_PROGRESS_BYTES >> 20} MB",
+    "link": "a link outside this job's storage, W&B or its Hub repo (dropped)",
+}
+
+
+# ---- keys ---------------------------------------------------------------------------------------------
+
+
+def master_key(ctx: EngineContext) -> bytes:
+    """The bot's master key (TUNEBOT_SECRET_KEY, else the one kept in the database), read once."""
+    mem = ctx.memory
+    if mem.job_master_key is not None:
+        return mem.job_master_key
+    configured = ctx.settings.secret_key
+    if configured is not None and configured.get_secret_value():
+        key = hashlib.sha256(configured.get_secret_value().encode()).digest()
+    else:
+        key = _stored_master(ctx)
+    mem.job_master_key = key
+    return key
+
+
+def _stored_master(ctx: EngineContext) -> bytes:
+    from store.db import insert_for
+    from store.models import BotSecret
+
+    with ctx.session() as s:
+        row = s.get(BotSecret, MASTER_NAME)
+        if row is None:  # first use: made once; replicas starting together converge on one row
+            stmt = insert_for(s, BotSecret).values(name=MASTER_NAME, value=secrets.token_hex(32),
+                                                   created_at=ctx.now())
+            s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            s.commit()
+            row = s.get(BotSecret, MASTER_NAME)
+        assert row is not None
+        return bytes.fromhex(row.value)
+
+
+def job_key(ctx: EngineContext, job_id: str) -> bytes:
+    """This job's integrity key (what its instance gets as TUNEBOT_JOB_KEY, in hex)."""
+    return hmac.new(master_key(ctx), KEY_PURPOSE + job_id.encode(), hashlib.sha256).digest()
+
+
+# ---- events -------------------------------------------------------------------------------------------
+
+
+def refusal(key: bytes, item: Any) -> str | None:
+    """Why an event object does not count ("too_large", "unsigned"), None when it does: within the size
+    cap and signed with ``key``. Its canonical bytes are made once, for both checks. Pure."""
+    try:
+        body = canonical(item)
+    except (TypeError, ValueError, AttributeError):
+        return "unsigned"
+    if len(body) > MAX_EVENT_BYTES:
+        return "too_large"
+    return None if verify(key, EVENT, item, body) else "unsigned"
+
+
+def signed_events(key: bytes, job_id: str, items: Iterable[Any]) -> tuple[list[RunnerEvent], Counter[str]]:
+    """The readable events of this job among ``items`` that the job's key signed, in seq order, and the
+    count of the others by reason. Pure."""
+    refused: Counter[str] = Counter()
+    good: list[Any] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        why = refusal(key, item)
+        if why:
+            refused[why] += 1
+        else:
+            good.append(item)
+    return [e for e in readable_events(good) if e.job_id == job_id], refused
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Where a job's events may point: its own prefixes, W&B, the Hub repo it was told to push to."""
+
+    output_prefix: str
+    checkpoint_prefix: str | None = None
+    hub_repo: str | None = None
+    hub_base: str = "https://huggingface.co"
+    wandb_hosts: tuple[str, ...] = WANDB_HOSTS
+
+
+def _under(uri: str, prefix: str | None) -> bool:
+    if not prefix:
+        return False
+    prefix = prefix.rstrip("/")
+    if ".." in uri.split("/") or "%2e" in uri.lower():
+        return False
+    return uri == prefix or uri.startswith(prefix + "/")
+
+
+def _https_on(url: str, hosts: Iterable[str]) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    host = (parts.hostname or "").lower()
+    return parts.scheme == "https" and not parts.username and any(
+        host == h or host.endswith("." + h) for h in hosts)
+
+
+def check_links(event: RunnerEvent, expected: Expected) -> tuple[RunnerEvent, int]:
+    """The event with every link that does not point where this job's may dropped; how many were. Pure."""
+    drop: dict[str, None] = {}
+    if event.output_uri and not _under(event.output_uri, expected.output_prefix):
+        drop["output_uri"] = None
+    if event.checkpoint_uri and not _under(event.checkpoint_uri, expected.checkpoint_prefix):
+        drop["checkpoint_uri"] = None
+    if event.wandb_url and not _https_on(event.wandb_url, expected.wandb_hosts):
+        drop["wandb_url"] = None
+    if event.hub_url:
+        repo_url = f"{expected.hub_base.rstrip('/')}/{expected.hub_repo}" if expected.hub_repo else None
+        if repo_url is None or not _under(event.hub_url, repo_url):
+            drop["hub_url"] = None
+    return (event.model_copy(update=drop) if drop else event), len(drop)
+
+
+def cap_event(event: RunnerEvent) -> RunnerEvent:
+    """The event with its free-text and link fields cut to their caps and at most MAX_METRICS metrics."""
+    update: dict[str, Any] = {}
+    if event.message and len(event.message) > MAX_MESSAGE:
+        update["message"] = event.message[:MAX_MESSAGE]
+    for name in ("output_uri", "checkpoint_uri", "wandb_url", "hub_url"):
+        value = getattr(event, name)
+        if value and len(value) > MAX_URI:
+            update[name] = None
+    if event.metrics and (len(event.metrics) > MAX_METRICS or any(len(k) > 64 for k in event.metrics)):
+        update["metrics"] = {k: v for k, v in list(event.metrics.items())[:MAX_METRICS] if len(k) <= 64}
+    return event.model_copy(update=update) if update else event
+
+
+def expected_of(ctx: EngineContext, job: Any, default_output: str) -> Expected:
+    """Where this job's events may point (``job``: a Job row, or a plain row with its columns;
+    ``default_output``: the output URI a launch gives it when the job does not name one)."""
+    overrides = getattr(job, "spec_overrides", None) or {}
+    push = overrides.get("push_to_hub") if isinstance(overrides, dict) else None
+    hub = (ctx.settings.hf_endpoint or "https://huggingface.co").rstrip("/")
+    return Expected(
+        output_prefix=(overrides.get("output_uri") if isinstance(overrides, dict) else None)
+        or default_output,
+        checkpoint_prefix=job.checkpoint_uri,
+        hub_repo=push.get("repo") if isinstance(push, dict) else None,
+        hub_base=hub,
+    )
+
+
+# ---- telling people ----------------------------------------------------------------------------------
+
+
+def report_refused(ctx: EngineContext, job_id: str, refused: Counter[str]) -> None:
+    """Tell the job's thread, once per job (across restarts and replicas: an audit row), that runner data
+    was refused and why; log every time."""
+    refused = Counter({k: n for k, n in refused.items() if n})
+    if not refused:
+        return
+    what = "; ".join(f"{n} {REASONS.get(k, k)}" for k, n in sorted(refused.items()))
+    log.warning("job %s: runner data refused: %s", job_id, what)
+    if job_id in ctx.memory.integrity_reported:
+        return
+    ctx.memory.integrity_reported.add(job_id)
+    from sqlalchemy import select
+
+    from bot.engine import states as S
+    from bot.engine.events import EngineEventKind
+    from store.models import AuditLog
+
+    with ctx.session() as s:
+        told = s.execute(
+            select(AuditLog.id).where(AuditLog.job_id == job_id, AuditLog.action == "runner-data-refused")
+        ).first()
+        if told is not None:
+            return
+        S.audit(s, actor="engine", action="runner-data-refused", job_id=job_id, at=ctx.now(),
+                refused=dict(refused))
+        s.commit()
+    ctx.publish(
+        EngineEventKind.warning,
+        job_id,
+        f"Job {job_id}: ignored runner data: {what}. The job goes on with what its own runner reported.",
+        refused=dict(refused),
+    )
