@@ -9,12 +9,17 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
         rng_state_<rank>.pth                             python, numpy, torch and CUDA RNG per rank
         trainer_state.json                               step, data position, tokens, plateau, seq, W&B id
         job.json                                         the spec the checkpoint was made with
+        manifest.json                                    names, sizes, SHA-256, signed (runner/manifest.py)
         COMPLETE                                         written LAST: only a checkpoint with it is used
     <uri>/progress.json                                  written by runner.report (latest RunnerEvent)
 
 A checkpoint is written to a local staging folder first, then uploaded file by file with COMPLETE last.
 The previous complete checkpoint stays until the new one has its marker; then the oldest are pruned to
 `keep`, and incomplete leftovers of killed saves are removed.
+
+A resume loads nothing that can run code: weights from safetensors, metadata from JSON, optimizer,
+scheduler and RNG states with ``torch.load(weights_only=True)`` (tensors and plain containers only), and
+only after the checkpoint's signed manifest verified every file (``fetch_verified``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Any
 import fsspec
 import numpy as np
 import torch
+
+from runner import manifest
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -66,9 +73,12 @@ class TrainState:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values (so it loads with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -77,8 +87,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -175,7 +187,7 @@ def read_weights(ckpt_dir: Path, model: Any) -> None:
 
 
 def read_optimizer(ckpt_dir: Path, wrapped: Any, optimizer: torch.optim.Optimizer, *, fsdp: bool) -> None:
-    saved = torch.load(ckpt_dir / "optimizer.pt", weights_only=False)
+    saved = torch.load(ckpt_dir / "optimizer.pt", weights_only=True)  # tensors and containers only
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -187,11 +199,11 @@ def read_optimizer(ckpt_dir: Path, wrapped: Any, optimizer: torch.optim.Optimize
 
 def read_rest(ckpt_dir: Path, *, scheduler: Any, rank: int = 0) -> TrainState:
     """Scheduler, this rank's RNG and the trainer state."""
-    scheduler.load_state_dict(torch.load(ckpt_dir / "scheduler.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(ckpt_dir / "scheduler.pt", weights_only=True))
     rng_path = ckpt_dir / f"rng_state_{rank}.pth"
     if not rng_path.exists():  # resumed with more processes than saved it: share rank 0's stream
         rng_path = ckpt_dir / "rng_state_0.pth"
-    set_rng_state(torch.load(rng_path, weights_only=False))
+    set_rng_state(torch.load(rng_path, weights_only=True))
     return TrainState.from_dict(json.loads((ckpt_dir / STATE_FILE).read_text(encoding="utf-8")))
 
 
@@ -235,11 +247,38 @@ class CheckpointStore:
         return steps[-1] if steps else None
 
     def download(self, step: int, local_dir: Path) -> Path:
+        """Every plain file of a checkpoint (a checkpoint written before manifests, without a key)."""
         local_dir.mkdir(parents=True, exist_ok=True)
-        for remote in self.fs.find(self._path(step)):
+        for remote in self.fs.ls(self._path(step), detail=False):
             name = remote.rstrip("/").rsplit("/", 1)[-1]
-            self.fs.get_file(remote, str(local_dir / name))
+            if manifest.SAFE_NAME.match(name) and self.fs.isfile(remote):
+                self.fs.get_file(remote, str(local_dir / name))
         return local_dir
+
+    def read_small(self, step: int, name: str, limit: int) -> bytes | None:
+        """A small file of a checkpoint (at most ``limit`` bytes read), None when it is not there."""
+        try:
+            with self.fs.open(f"{self._path(step)}/{name}", "rb") as fh:
+                return fh.read(limit)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def download_file(self, step: int, name: str, into: Path, size: int) -> None:
+        """One file of a checkpoint, only when it has the size its manifest says (else nothing is fetched)."""
+        remote = f"{self._path(step)}/{name}"
+        try:
+            found = self.fs.size(remote)
+        except FileNotFoundError:
+            raise manifest.ManifestError(f"{name} is missing") from None
+        if found != size:
+            raise manifest.ManifestError(f"{name} has {found} bytes, the manifest says {size}")
+        self.fs.get_file(remote, str(into))
+
+    def fetch_verified(self, *, job_id: str, key: bytes | None) -> manifest.Fetched:
+        """The newest complete checkpoint whose signed manifest verifies, downloaded; what was skipped."""
+        return manifest.fetch_verified(self.complete_steps(), read=self.read_small,
+                                       download=self.download_file, job_id=job_id, key=key,
+                                       legacy=self.download)
 
     def upload(self, local_dir: Path, step: int) -> str:
         """Upload a staged checkpoint, COMPLETE last; return its URI."""
@@ -259,9 +298,11 @@ class CheckpointStore:
         os.unlink(fh.name)
         return self.uri_of(step)
 
-    def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest `keep` complete checkpoints and every incomplete leftover."""
-        listed = self._listed()
+    def prune(self, keep: int, upto: int | None = None) -> list[int]:
+        """Delete all but the newest `keep` complete checkpoints and every incomplete leftover. With ``upto``
+        (the step just saved) folders of later steps are left alone and not counted: they are not this
+        run's (a resume skipped them), and counting them could prune the run's own checkpoints."""
+        listed = {s: ok for s, ok in self._listed().items() if upto is None or s <= upto}
         complete = sorted(s for s, ok in listed.items() if ok)
         doomed = [s for s, ok in listed.items() if not ok] + complete[:-keep]
         for step in doomed:

@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from runner import checkpoint as ckpt
+from runner import manifest
 from runner.distributed import Group, setup, wrap
+from runner.integrity import key_from_env
 from runner.spec import (
     EXIT_BAD_SPEC,
     EXIT_FAILED,
@@ -117,6 +119,7 @@ class Trainer:
         # The chart's data since the last event: (step, loss, lr) of every step, (step, eval loss) of evals.
         self.points: list[tuple[int, float, float]] = []
         self.evals: list[tuple[int, float]] = []
+        self.key = key_from_env()  # this job's integrity key (runner/integrity.py); None when run by hand
 
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
@@ -230,11 +233,14 @@ class Trainer:
                   flush=True)
         self.trainable_names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         self.store = ckpt.CheckpointStore(spec.checkpoint.uri)
-        resume_step = self.store.newest_complete()
-        resume_dir = Path(tempfile.mkdtemp(prefix="tunebot-resume-")) if resume_step is not None else None
+        # Only a checkpoint whose signed manifest verifies is loaded (runner/manifest.py); others are told.
+        fetched = self.store.fetch_verified(job_id=spec.job_id, key=self.key)  # every rank loads it
+        resume_step, resume_dir = fetched.step, fetched.folder
+        for skipped in fetched.skipped if group.main else []:
+            print(f"note: ignored {skipped}", flush=True)
+            self.emit(EventKind.warning, message=f"ignored {skipped}")
         try:
             if resume_dir is not None:
-                self.store.download(resume_step, resume_dir)
                 ckpt.read_weights(resume_dir, self.model)  # before wrapping: plain parameter names
             self.ddp_model = wrap(self.model, group, strategy)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
@@ -473,8 +479,9 @@ class Trainer:
                 ckpt.write_local(local, weights=weights, optimizer_state=optim,
                                  scheduler=self.scheduler, state=self.state, rng_states=rngs,
                                  spec_json=self.spec.redacted().model_dump_json(indent=2))
+                manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
                 uri = self.store.upload(local, self.state.step)
-            self.store.prune(self.spec.checkpoint.keep)
+            self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
             print(f"checkpoint saved: {uri}", flush=True)
         group.barrier()
         return uri
