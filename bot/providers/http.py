@@ -160,8 +160,22 @@ class HttpClient:
             self.redact(f"{self.provider}: {message}"), provider=self.provider, retry_after=retry_after
         )
 
+    def scrubbed(self, response: httpx.Response) -> httpx.Response:
+        """The response with every secret taken out of its body, before anyone cuts the body short (a value
+        cut in half by a 200-character excerpt would no longer be recognised, and half a key is a leak)."""
+        text = response.text
+        clean = self.redact(text)
+        if clean == text:
+            return response
+        dropped = ("content-encoding", "content-length")  # the new body is plain and of another length
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in dropped}
+        return httpx.Response(
+            response.status_code, headers=headers, content=clean.encode(), request=response.request
+        )
+
     def error_from_response(self, response: httpx.Response) -> ProviderError:
         """The typed error for a failed response: the provider's mapper first, then the status code."""
+        response = self.scrubbed(response)
         if self._error_mapper is not None:
             mapped = self._error_mapper(response)
             if mapped is not None:
