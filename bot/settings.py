@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from platformdirs import user_data_dir
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from runner.reading import ReadLimits
 
 # The runner image GPU hosts pull: the Dockerfile, built and pushed under this name for each release
 # (README: "Cloud quick start"; scripts/runner-image.sh). Set TUNEBOT_RUNNER_IMAGE to your own push.
@@ -313,6 +316,24 @@ class Settings(BaseSettings):
         description="the largest Slack upload used as a dataset (dataset=slack:F...)",
     )
 
+    # Bounded work for untrusted input (docs/security.md). The bot reads datasets people point it at (to
+    # estimate, to check before renting) in fixed chunks: an estimate samples the first records/bytes and
+    # scales up by the share of the file read; a longer line, a compressed file that expands more than
+    # the ratio, or a read slower than the deadline is refused with a message naming the setting.
+    dataset_sample_records: int = Field(10_000, gt=0, alias="TUNEBOT_DATASET_SAMPLE_RECORDS")
+    dataset_sample_mb: float = Field(64.0, gt=0, alias="TUNEBOT_DATASET_SAMPLE_MB")
+    dataset_max_line_mb: float = Field(8.0, gt=0, alias="TUNEBOT_DATASET_MAX_LINE_MB")
+    dataset_max_ratio: float = Field(100.0, gt=1, alias="TUNEBOT_DATASET_MAX_RATIO")
+    dataset_read_seconds: float = Field(30.0, gt=0, alias="TUNEBOT_DATASET_READ_SECONDS")
+    # Slow chat commands (estimates, launches: dataset reads, Hub fetches, Slack downloads) run on their own
+    # bounded pool, at most this many per person at once, answered "too slow" after the deadline, so one
+    # person's estimates never hold up another's `/tune jobs`.
+    slow_workers: int = Field(4, gt=0, alias="TUNEBOT_SLOW_WORKERS")
+    slow_per_user: int = Field(2, gt=0, alias="TUNEBOT_SLOW_PER_USER")
+    slow_deadline_s: float = Field(120.0, gt=0, alias="TUNEBOT_SLOW_DEADLINE")
+    # Largest request body /slack/events and /runner/events read (413 above it, before reading it).
+    http_max_body_kb: int = Field(1024, gt=0, alias="TUNEBOT_HTTP_MAX_BODY_KB")
+
     @field_validator("weekly_report_day", mode="before")
     @classmethod
     def _weekday(cls, value: Any) -> str | None:
@@ -370,6 +391,23 @@ class Settings(BaseSettings):
             self.secret_key,
         ]
         return [v.get_secret_value() for v in values if v is not None]
+
+    def dataset_limits(self) -> ReadLimits:
+        """What one read of a dataset someone pointed the bot at may cost (runner/reading.py)."""
+        from runner.reading import ReadLimits
+
+        return ReadLimits(
+            sample_records=self.dataset_sample_records,
+            sample_bytes=int(self.dataset_sample_mb * (1 << 20)),
+            max_line_bytes=int(self.dataset_max_line_mb * (1 << 20)),
+            max_ratio=self.dataset_max_ratio,
+            seconds=self.dataset_read_seconds,
+            settings={
+                "line": "TUNEBOT_DATASET_MAX_LINE_MB",
+                "ratio": "TUNEBOT_DATASET_MAX_RATIO",
+                "seconds": "TUNEBOT_DATASET_READ_SECONDS",
+            },
+        )
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -17,20 +17,8 @@ from typing import Any
 
 import fsspec
 
+from runner.reading import DatasetError, LineReader, ReadLimits
 from runner.spec import DatasetFormat
-
-
-class DatasetError(ValueError):
-    """The dataset cannot be used as given (malformed record, empty after filtering, unreadable)."""
-
-    def __init__(self, message: str, *, uri: str | None = None, line: int | None = None) -> None:
-        where = ""
-        if uri is not None:
-            where = f"{uri}:{line}: " if line is not None else f"{uri}: "
-        super().__init__(f"{where}{message}")
-        self.uri = uri
-        self.line = line
-
 
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
@@ -99,6 +87,8 @@ def parse_record(text: str, fmt: DatasetFormat, *, uri: str = "<record>", line: 
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise fail(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise fail("invalid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise fail(f"expected a JSON object, got {type(obj).__name__}")
 
@@ -215,46 +205,35 @@ class DatasetCheck:
 
 
 def check_dataset(uri: str, fmt: DatasetFormat | str | None = None, *,
-                  limit: int | None = None) -> DatasetCheck:
+                  limit: int | None = None, limits: ReadLimits | None = None) -> DatasetCheck:
     """Read a jsonl dataset (any fsspec URI), find its format from the first record when ``fmt`` is None,
-    and check every record (up to ``limit``) with the rules of ``parse_record``; DatasetError names the
-    first bad line."""
+    and check every record (up to ``limit``, within ``limits``: runner/reading.py) with the rules of
+    ``parse_record``; DatasetError names the first bad line (or the limit that was hit)."""
     chosen = format_named(fmt) if isinstance(fmt, str) else fmt
-    records = 0
-    complete = True
-    try:
-        with fsspec.open(uri, "rt", encoding="utf-8", compression="infer") as stream:
-            for number, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                if chosen is None:
-                    try:
-                        first = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DatasetError(f"invalid JSON ({exc.msg} at column {exc.colno})", uri=uri,
-                                           line=number) from None
-                    chosen = detect_format(first)
-                    if chosen is None:
-                        # the record's own keys are not quoted: a file that is no dataset keeps its secrets
-                        what = f"{len(first)} key(s)" if isinstance(first, dict) else type(first).__name__
-                        raise DatasetError(
-                            f"cannot tell the format from the first record ({what}): expected alpaca "
-                            "(instruction, "
-                            "output), messages, prompt_completion (prompt, completion) or text", uri=uri,
-                            line=number)
-                parse_record(line, chosen, uri=uri, line=number)
-                records += 1
-                if limit is not None and records >= limit:
-                    complete = False
-                    break
-    except DatasetError:
-        raise
-    except FileNotFoundError as exc:
-        raise DatasetError("dataset not found", uri=uri) from exc
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"not UTF-8 text ({exc.reason})", uri=uri) from exc
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"cannot read dataset ({type(exc).__name__}: {exc})", uri=uri) from exc
-    if records == 0 or chosen is None:
+    bounds = (limits or ReadLimits()).with_records(limit)
+    reader = LineReader(uri, bounds)
+    for number, line in reader:
+        if chosen is None:
+            chosen = format_of_first(line, uri=uri, line=number)
+        parse_record(line, chosen, uri=uri, line=number)
+    if reader.records == 0 or chosen is None:
         raise DatasetError("dataset is empty: no records to train on", uri=uri)
-    return DatasetCheck(uri=uri, format=chosen, records=records, complete=complete)
+    return DatasetCheck(uri=uri, format=chosen, records=reader.records, complete=reader.stopped is None)
+
+
+def format_of_first(text: str, *, uri: str, line: int) -> DatasetFormat:
+    """The format of a dataset from its first record's keys (never quoting them: a file that is no
+    dataset keeps its secrets)."""
+    try:
+        first = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"invalid JSON ({exc.msg} at column {exc.colno})", uri=uri, line=line) from None
+    except RecursionError:
+        raise DatasetError("invalid JSON (nested too deeply)", uri=uri, line=line) from None
+    chosen = detect_format(first)
+    if chosen is None:
+        what = f"{len(first)} key(s)" if isinstance(first, dict) else type(first).__name__
+        raise DatasetError(
+            f"cannot tell the format from the first record ({what}): expected alpaca (instruction, output), "
+            "messages, prompt_completion (prompt, completion) or text", uri=uri, line=line)
+    return chosen

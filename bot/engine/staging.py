@@ -31,6 +31,7 @@ from bot.planner.result import RankedOffer, TrainingPlan
 
 if TYPE_CHECKING:
     from bot.settings import Settings
+    from runner.reading import ReadLimits
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,13 @@ def _has_weights(folder: Path) -> bool:
     return any(p.suffix in (".safetensors", ".bin") for p in folder.rglob("*") if p.is_file())
 
 
-def check_dataset(uri: str, fmt: str | None) -> str:
-    """Read the dataset with the runner's rules; its format. EngineError naming the first bad line."""
+def check_dataset(uri: str, fmt: str | None, limits: ReadLimits | None = None) -> str:
+    """Read the dataset with the runner's rules, bounded (``limits``: TUNEBOT_DATASET_*); its format.
+    EngineError naming the first bad line or the limit hit."""
     from runner.records import DatasetError, check_dataset
 
     try:
-        found = check_dataset(uri, fmt, limit=CHECK_RECORDS)
+        found = check_dataset(uri, fmt, limit=CHECK_RECORDS, limits=limits)
     except DatasetError as exc:
         raise EngineError(f"the dataset cannot be trained on: {exc}") from None
     return found.format.value
@@ -164,7 +166,7 @@ def prepare(
     remote = [o for o in fitting if not shares_disk(providers.get(o.provider))]
     chosen_remote = not shares_disk(providers.get(chosen.provider))
     refuse_unsupported(request, plan, settings, remote=chosen_remote)
-    fmt = check_dataset(dataset, plan.dataset_format)
+    fmt = check_dataset(dataset, plan.dataset_format, settings.dataset_limits())
     notes: list[str] = []
     offers = list(fitting)
     root = settings.checkpoint_base_uri or ""
@@ -229,12 +231,41 @@ def stage_file(path: Path, root: str) -> str:
     return target
 
 
+def folder_files(folder: Path) -> list[Path]:
+    """The files of a model folder to upload (dotfiles left out). A symbolic link is followed only when it
+    stays inside the folder (or, for a Hugging Face cache snapshot, inside its repo's ``blobs/``); any other
+    link is refused, naming it, so that no file outside the folder is uploaded to the bucket."""
+    root = folder.resolve()
+    inside = [root]
+    if root.parent.name == "snapshots":  # ~/.cache/huggingface/hub/models--org--name/snapshots/<rev>/
+        inside.append(root.parent.parent / "blobs")
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        here = Path(dirpath)
+        for name in [*dirnames, *filenames]:
+            path = here / name
+            if not path.is_symlink():
+                if name in filenames and not name.startswith("."):
+                    files.append(path)
+                continue
+            shown = path.relative_to(folder).as_posix()
+            target = path.resolve()
+            if not any(target.is_relative_to(base) for base in inside):
+                raise EngineError(
+                    f"{shown} in the model folder is a symbolic link to something outside it: refused "
+                    "(links are never followed out of a staged folder; copy the file in instead)"
+                )
+            if target.is_file() and not name.startswith("."):
+                files.append(path)  # a link inside the folder: its content, under the link's name
+    return sorted(files)
+
+
 def stage_folder(folder: Path, root: str) -> str:
     """Upload a model folder under ``<root>/inputs/models/<name>-<digest>/`` (files already there of the
     same size are skipped); the digest covers every file's name and content."""
     import fsspec
 
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = folder_files(folder)
     h = hashlib.sha256()
     for p in files:
         h.update(p.relative_to(folder).as_posix().encode())

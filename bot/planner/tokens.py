@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.planner.errors import BadRequestError
+
+if TYPE_CHECKING:
+    from runner.reading import ReadLimits
 
 CHARS_PER_TOKEN = 4.0
 TEMPLATE_TOKENS = {"alpaca": 30, "messages": 6, "prompt_completion": 2, "text": 1}  # per example / message
@@ -67,9 +70,21 @@ def local_tokenizer(model: str) -> Any | None:
         return None
 
 
-def count_tokens(path: str, model: str) -> tuple[int, int, str]:
-    """(tokens, examples, source) for a jsonl dataset (a local file or any fsspec URI such as s3://);
-    source says how the tokens were counted."""
+def dataset_limits() -> ReadLimits:
+    """The bot's bounds on reading a dataset (TUNEBOT_DATASET_*: bot/settings.py)."""
+    from bot.settings import get_settings
+
+    return get_settings().dataset_limits()
+
+
+def count_tokens(path: str, model: str, limits: ReadLimits | None = None) -> tuple[int, int, str]:
+    """(tokens, examples, source) for a jsonl dataset (a local file or any fsspec URI such as s3://, gzip
+    and the other compressions inferred from the name); source says how the tokens were counted.
+
+    The read is bounded (``limits``, default the settings'): past the sample's records or bytes the counts
+    are scaled up by the share of the file read, and the source says so."""
+    from runner.reading import DatasetError, LineReader
+
     remote = "://" in path and not path.startswith("file://")
     file = Path(path.removeprefix("file://")).expanduser()
     if not remote and not file.is_file():
@@ -78,36 +93,34 @@ def count_tokens(path: str, model: str) -> tuple[int, int, str]:
     total = 0.0
     examples = 0
     fmt: str | None = None
+    reader = LineReader(path if remote else str(file), limits or dataset_limits())
     try:
-        import fsspec
-
-        opened = fsspec.open(path, "rt", encoding="utf-8", compression="infer") if remote else file.open(
-            encoding="utf-8"
-        )
-        with opened as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    raise BadRequestError(f"{path}:{lineno} is not valid JSON") from None
-                if not isinstance(row, dict):
-                    raise BadRequestError(f"{path}:{lineno} is not a JSON object")
-                fmt = fmt or detect_format(row)
-                texts, extra = _texts(row, fmt)
-                if tok is not None:
-                    total += sum(len(tok.encode(t, add_special_tokens=False).ids) for t in texts) + extra
-                else:
-                    total += sum(len(t) for t in texts) / CHARS_PER_TOKEN + extra
-                examples += 1
-    except UnicodeDecodeError:
-        raise BadRequestError(f"{path} is not UTF-8 text") from None
-    except FileNotFoundError:
-        raise BadRequestError(f"dataset {path} does not exist") from None
-    except OSError as exc:  # a remote store that refuses or cannot be reached
-        raise BadRequestError(f"cannot read dataset {path}: {type(exc).__name__}: {exc}") from None
+        for lineno, line in reader:
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise BadRequestError(f"{path}:{lineno} is not valid JSON") from None
+            if not isinstance(row, dict):
+                raise BadRequestError(f"{path}:{lineno} is not a JSON object")
+            fmt = fmt or detect_format(row)
+            texts, extra = _texts(row, fmt)
+            if tok is not None:
+                total += sum(len(tok.encode(t, add_special_tokens=False).ids) for t in texts) + extra
+            else:
+                total += sum(len(t) for t in texts) / CHARS_PER_TOKEN + extra
+            examples += 1
+    except DatasetError as exc:  # unreadable, not UTF-8, missing, or over a limit (the message names it)
+        raise BadRequestError(f"cannot read dataset: {exc}") from None
     if examples == 0:
         raise BadRequestError(f"dataset {path} has no examples")
     source = "tokenizer" if tok is not None else "chars/4 approximation"
+    if reader.stopped is not None:
+        share = reader.fraction_read()
+        if not share:
+            raise BadRequestError(
+                f"dataset {path}: its size is unknown, so the first {examples:,} records cannot be scaled "
+                "up; give tokens= instead"
+            )
+        total, examples = total / share, max(examples, round(examples / share))
+        source += f", from the first {reader.records:,} records ({share:.0%} of the file), scaled up"
     return max(1, int(round(total))), examples, source

@@ -33,21 +33,20 @@ def dataset_format(path: str, given: str) -> str:
         return given
     import json
 
-    import fsspec
-
+    from bot.planner.tokens import dataset_limits
+    from runner.reading import DatasetError, read_lines
     from runner.records import detect_format
 
-    try:
-        with fsspec.open(path, "rt", encoding="utf-8", compression="infer") as stream:
-            first = next((line for line in stream if line.strip()), None)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BadRequestError(f"cannot read dataset {path}: {exc}") from None
+    try:  # the first record only, read in bounded chunks (a 300 MB first line is refused, not held)
+        first = next(read_lines(path, dataset_limits().with_records(1)), None)
+    except DatasetError as exc:
+        raise BadRequestError(f"cannot read dataset: {exc}") from None
     if first is None:
         raise BadRequestError(f"dataset {path} has no examples")
     try:
-        fmt = detect_format(json.loads(first))
-    except json.JSONDecodeError:
-        raise BadRequestError(f"{path}:1 is not valid JSON") from None
+        fmt = detect_format(json.loads(first[1]))
+    except (json.JSONDecodeError, RecursionError):
+        raise BadRequestError(f"{path}:{first[0]} is not valid JSON") from None
     if fmt is None:
         raise BadRequestError(
             f"{path}:1: cannot tell the dataset format from its keys; expected alpaca (instruction, output), "

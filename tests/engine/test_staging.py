@@ -316,3 +316,55 @@ def test_a_dataset_already_in_object_storage_is_counted_checked_and_used_in_plac
     spec, _ = launched_spec(cloud)
     assert spec.dataset.uri == uri and spec.dataset.format.value == "messages"  # not copied again
     eng.close()
+
+
+def test_a_symlink_out_of_a_staged_model_folder_is_refused_and_nothing_outside_is_uploaded(
+        tmp_path: Path, tiny: Path, s3_bucket: str) -> None:
+    import shutil
+
+    import fsspec
+
+    secret = tmp_path / "bot-home" / ".aws" / "credentials"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("[default]\naws_secret_access_key = PLANTED-SECRET\n")
+    model = tmp_path / "model"
+    shutil.copytree(tiny / "model", model)
+    (model / "notes.txt").symlink_to(secret)  # a file link out of the folder
+    cloud = FakeProvider("vast", kind="container")
+    eng = make_engine(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
+    data = write_jsonl(tmp_path / "chat.jsonl", CHAT)
+    req = EstimateRequest(model=str(model), dataset=str(data), lora_targets=["q", "v"])
+    with pytest.raises(EngineError, match=r"notes.txt in the model folder is a symbolic link to something "
+                                          r"outside it: refused"):
+        eng.create_job(req, user="mallory", estimate=planned(eng, req, cloud))
+    (model / "notes.txt").unlink()
+    (model / "extra").symlink_to(secret.parent, target_is_directory=True)  # a folder link out of it
+    with pytest.raises(EngineError, match="extra in the model folder is a symbolic link"):
+        eng.create_job(req, user="mallory", estimate=planned(eng, req, cloud))
+    assert not cloud.launch_requests
+    fs = fsspec.filesystem("s3")
+    uploaded = [fs.cat(p) for p in fs.find(f"{s3_bucket}/tunebot")]
+    assert not any(b"PLANTED-SECRET" in blob for blob in uploaded)
+    # links that stay inside the folder are uploaded under their own names
+    (model / "extra").unlink()
+    (model / "tokenizer-copy.json").symlink_to(model / "tokenizer.json")
+    job = eng.create_job(req, user="alice", estimate=planned(eng, req, cloud))
+    assert job.state == "running", job.message
+    spec, _ = launched_spec(cloud)
+    assert fs.cat(f"{spec.base_model}/tokenizer-copy.json") == (model / "tokenizer.json").read_bytes()
+    eng.close()
+
+
+def test_a_hugging_face_cache_snapshot_stages_through_its_blob_links(tmp_path: Path, tiny: Path) -> None:
+    from bot.engine.staging import folder_files
+
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for source in sorted((tiny / "model").iterdir()):
+        blob = repo / "blobs" / f"sha-{source.name}"
+        blob.write_bytes(source.read_bytes())
+        (snapshot / source.name).symlink_to(Path("../../blobs") / blob.name)
+    names = [p.name for p in folder_files(snapshot)]
+    assert names == sorted(p.name for p in (tiny / "model").iterdir())

@@ -120,9 +120,12 @@ class FakeSlack:
         *,
         user: str = "U_ALICE",
         channels: tuple[str, ...] = (),
+        content_encoding: str | None = None,
     ) -> None:
-        """A file "uploaded to Slack": files.info describes it, its private URL serves ``content``."""
+        """A file "uploaded to Slack": files.info describes it, its private URL serves ``content`` (as it is,
+        with ``Content-Encoding: <content_encoding>`` when given: a client that decodes it gets more)."""
         self.files[file_id] = {
+            "_encoding": content_encoding,
             "id": file_id,
             "name": name,
             "size": len(content),
@@ -293,6 +296,8 @@ class FakeSlack:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/octet-stream")
                     self.send_header("Content-Length", str(len(data)))
+                    if file.get("_encoding"):
+                        self.send_header("Content-Encoding", file["_encoding"])
                     self.end_headers()
                     self.wfile.write(data)
                 elif kind == "api":

@@ -75,30 +75,44 @@ class SlackFiles:
         target = self.folder / file_id / name
         if target.is_file() and target.stat().st_size == size:
             return target
-        self._download(url, target, file_id)
+        self._download(url, target, file_id, size)
         return target
 
-    def _download(self, url: str, target: Path, file_id: str) -> None:
+    def _download(self, url: str, target: Path, file_id: str, size: int) -> None:
+        """Stream the file's bytes as stored to disk, never more than Slack said it holds nor the size
+        limit. No transfer encoding is accepted: a client that decodes gzip expands each network chunk
+        whole, so 299 KB sent gzip-encoded would arrive as a 300 MB file (and a 300 MB line in memory)."""
         import httpx
 
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         got = 0
+        cap = min(self.max_bytes, size) if size > 0 else self.max_bytes
         try:
             with httpx.stream(
                 "GET",
                 url,
-                headers={"Authorization": f"Bearer {self.token}"},
+                headers={"Authorization": f"Bearer {self.token}", "Accept-Encoding": "identity"},
                 timeout=self.timeout_s,
                 follow_redirects=False,
             ) as resp:
                 if resp.status_code != 200:
                     raise SourceError(f"Slack file {file_id}: download refused (HTTP {resp.status_code})")
+                encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise SourceError(
+                        f"Slack file {file_id}: the download came {encoding[:20]}-encoded, not as the file's "
+                        "own bytes; upload the file itself (as .jsonl.gz to have it compressed)"
+                    )
                 with partial.open("wb") as out:
-                    for chunk in resp.iter_bytes(CHUNK):
+                    for chunk in resp.iter_raw(CHUNK):
                         got += len(chunk)
-                        if got > self.max_bytes:
-                            raise SourceError(f"Slack file {file_id}: larger than the limit")
+                        if got > cap:
+                            raise SourceError(
+                                f"Slack file {file_id}: the download is larger than "
+                                + (f"the {size:,} bytes Slack lists for it" if cap == size else "the limit")
+                                + " (TUNEBOT_SLACK_MAX_FILE_MB)"
+                            )
                         out.write(chunk)
         except httpx.HTTPError as exc:
             partial.unlink(missing_ok=True)
