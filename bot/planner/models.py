@@ -14,6 +14,7 @@ import difflib
 import json
 import os
 import re
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -119,14 +120,58 @@ def _hub_offline() -> bool:
     )
 
 
-def fetch_hub_config(hub_id: str, *, timeout: float = 5.0) -> tuple[dict[str, Any], str] | None:
-    """config.json of a hub repo: from the disk cache, else fetched; None when unavailable."""
+# A real config.json is a few KB (the largest multimodal ones ~100 KB): anything bigger is not one, and is
+# neither read whole nor cached.
+MAX_CONFIG_BYTES = 2 << 20
+FETCH_DEADLINE_S = 15.0  # the whole fetch, however slowly the server trickles bytes
+# (keys, smallest, largest) of the dimensions the planner multiplies: a fetched config outside them is no
+# model it can price (and a 10^12 hidden size would only make absurd numbers).
+DIMENSIONS: tuple[tuple[tuple[str, ...], int, int], ...] = (
+    (("hidden_size", "n_embd", "n_embed", "d_model"), 1, 1 << 17),
+    (("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"), 1, 4096),
+    (("num_attention_heads", "n_head", "num_heads", "num_key_value_heads"), 1, 4096),
+    (("head_dim", "d_kv"), 1, 1 << 13),
+    (("intermediate_size", "ffn_dim", "d_ff", "moe_intermediate_size"), 1, 1 << 20),
+    (("shared_expert_intermediate_size",), 0, 1 << 20),
+    (("vocab_size",), 1, 1 << 24),
+    (("num_local_experts", "num_experts", "n_routed_experts"), 0, 1 << 16),
+    (("num_experts_per_tok", "moe_topk"), 0, 1 << 10),
+)
+
+
+def check_dimensions(cfg: dict[str, Any], name: str) -> None:
+    """PlanningError when a config's dimensions are not whole numbers in a model's range."""
+    for part in (cfg, cfg.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for keys, low, high in DIMENSIONS:
+            for key in keys:
+                value = part.get(key)
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    shown = repr(value)[:40]
+                    raise PlanningError(
+                        f"{name}: config.json has {key}={shown}, outside {low}..{high:,}: not a model the "
+                        "planner can price"
+                    )
+
+
+def fetch_hub_config(
+    hub_id: str, *, timeout: float = 5.0, max_bytes: int = MAX_CONFIG_BYTES
+) -> tuple[dict[str, Any], str] | None:
+    """config.json of a hub repo: from the disk cache, else fetched; None when unavailable. The response is
+    read in chunks up to ``max_bytes`` (its Content-Length checked first) and cached only when it is a
+    config within the bounds; PlanningError for one that is not."""
     cache = _cache_dir() / (hub_id.replace("/", "--") + ".json")
-    if cache.is_file():
-        try:
-            return json.loads(cache.read_text()), "hub cache"
-        except (OSError, json.JSONDecodeError):
-            pass
+    try:
+        if cache.is_file() and cache.stat().st_size <= max_bytes:
+            cached = json.loads(cache.read_text())
+            if isinstance(cached, dict):
+                check_dimensions(cached, hub_id)
+                return cached, "hub cache"
+    except (OSError, ValueError, RecursionError):
+        pass  # unreadable or out of bounds: fetched again
     if _hub_offline():
         return None
     import httpx
@@ -136,23 +181,39 @@ def fetch_hub_config(hub_id: str, *, timeout: float = 5.0) -> tuple[dict[str, An
     token = os.environ.get("HF_TOKEN")
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    too_big = PlanningError(
+        f"{hub_id}: its config.json is larger than {max_bytes >> 20} MiB, which no model config is"
+    )
+    deadline = time.monotonic() + FETCH_DEADLINE_S
+    body = bytearray()
     try:
-        resp = httpx.get(
+        with httpx.stream(
+            "GET",
             f"{base}/{hub_id}/resolve/main/config.json",
             headers=headers,
             timeout=timeout,
             follow_redirects=True,
-        )
+        ) as resp:
+            if resp.status_code != 200:
+                return None
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise too_big
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise too_big
+                if time.monotonic() > deadline:
+                    return None
     except httpx.HTTPError:
         return None
-    if resp.status_code != 200:
-        return None
     try:
-        cfg = resp.json()
-    except ValueError:
+        cfg = json.loads(bytes(body))
+    except (ValueError, RecursionError):
         return None
     if not isinstance(cfg, dict):
         return None
+    check_dimensions(cfg, hub_id)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(cfg))

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from bot.planner.errors import BadRequestError
 
@@ -64,7 +65,48 @@ class SourcePolicy:
 
 def _prefix(text: str) -> str:
     text = text.strip()
-    return text if text.endswith("/") else text + "/"
+    text = text if text.endswith("/") else text + "/"
+    try:
+        return canonical_uri(text, "TUNEBOT_CHAT_STORAGE_PREFIXES")
+    except SourceError:
+        return text  # compared as written; a URI with tricks is refused before any comparison
+
+
+# Escapes that read as a path separator, a dot, an escape or NUL once a server or client decodes them:
+# `%2e%2e` passes a textual `..` check and then climbs out of the prefix (yarl, nginx, S3 gateways decode).
+_TRICKY_ESCAPE = re.compile(r"%(?:2e|2f|5c|25|00)", re.IGNORECASE)
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def canonical_uri(value: str, what: str) -> str:
+    """The URI as a store reads it (scheme and host lower-cased, default port dropped, the path's other
+    escapes decoded), for comparing with a prefix; SourceError for anything that could read differently to
+    this check and to the store: encoded dots, slashes, backslashes or `%`, backslashes, `.`/`..` or empty
+    path segments, user info, escapes that are not UTF-8."""
+    if "\\" in value:
+        raise SourceError(f"{what}: backslashes are not allowed in a URI")
+    if _TRICKY_ESCAPE.search(value):
+        raise SourceError(f"{what}: percent-encoded `.`, `/`, `\\` or `%` are not allowed in a URI")
+    parts = urlsplit(value)
+    if "@" in parts.netloc:
+        raise SourceError(f"{what}: user names or passwords are not allowed in a URI")
+    try:
+        path = unquote(parts.path, errors="strict")
+    except UnicodeDecodeError:
+        raise SourceError(f"{what}: the URI has escapes that are not UTF-8 text") from None
+    segments = path.split("/")[1:]
+    if any(seg in (".", "..") for seg in segments) or "" in segments[:-1]:
+        raise SourceError(f"{what}: `.`, `..` or empty (`//`) path segments are not allowed in a URI")
+    scheme_ = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port
+    except ValueError:
+        raise SourceError(f"{what}: the URI's port is not a number from 0 to 65535") from None
+    if port is not None and str(port) != _DEFAULT_PORTS.get(scheme_):
+        host += f":{port}"
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{scheme_}://{host}{path}{query}"
 
 
 def check_text(value: str, what: str) -> None:
@@ -148,8 +190,10 @@ def check_source(
     if policy is None or kind == "slack_file":
         return kind, value
     if kind in ("name", "hub"):
-        if scheme(value) == "hf" and ".." in value.split("/"):
-            raise SourceError(f"{what}: `..` is not allowed in a URI")
+        if scheme(value) == "hf":
+            if ".." in value.split("/"):
+                raise SourceError(f"{what}: `..` is not allowed in a URI")
+            canonical_uri(value, what)  # no encoded dots or slashes either
         if scheme(value) != "hf" and _exists_quietly(exists, value):
             # the planner would read this relative path from the bot's working folder
             raise SourceError(
@@ -160,7 +204,8 @@ def check_source(
     if kind == "uri":
         if ".." in value.split("://", 1)[1].split("/"):
             raise SourceError(f"{what}: `..` is not allowed in a URI")
-        if any(value.startswith(p) for p in policy.storage_prefixes):
+        canonical = canonical_uri(value, what)
+        if any(canonical.startswith(p) for p in policy.storage_prefixes):
             return kind, value
         allowed = ", ".join(policy.storage_prefixes) or "none are configured (TUNEBOT_CHAT_STORAGE_PREFIXES)"
         raise SourceError(

@@ -16,6 +16,10 @@ class FakeHub:
     url: str
     configs: dict[str, dict] = field(default_factory=dict)
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
+    # repo -> (bytes, declare Content-Length): a config.json of that many bytes (whitespace, then {}),
+    # streamed; ``sent`` counts what the client took before it hung up
+    huge: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -27,6 +31,9 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             hub.requests.append((self.path, self.headers.get("Authorization")))
             repo = self.path.removesuffix("/resolve/main/config.json").strip("/")
+            if repo in hub.huge:
+                self._huge(repo, *hub.huge[repo])
+                return
             if repo in hub.configs and self.path.endswith("/resolve/main/config.json"):
                 body = json.dumps(hub.configs[repo]).encode()
                 self.send_response(200)
@@ -38,6 +45,24 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
                 self.send_response(404)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+        def _huge(self, repo: str, size: int, declare: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if declare:
+                self.send_header("Content-Length", str(size + 2))
+            self.end_headers()
+            hub.sent[repo] = 0
+            block = b" " * (1 << 16)
+            try:
+                while hub.sent[repo] < size:
+                    part = block[: size - hub.sent[repo]]
+                    self.wfile.write(part)
+                    hub.sent[repo] += len(part)
+                self.wfile.write(b"{}")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
 
         def log_message(self, *args: object) -> None:
             pass

@@ -104,3 +104,39 @@ def test_unreachable_hub_falls_back_to_the_table(monkeypatch: pytest.MonkeyPatch
     assert resolve("Qwen/Qwen2.5-7B-Instruct")[1] == "built-in table"
     with pytest.raises(UnknownModelError):
         resolve("acme/not-in-table")
+
+
+@pytest.mark.parametrize("declare", [True, False], ids=["content-length", "no-content-length"])
+def test_a_huge_hub_config_is_refused_without_reading_or_caching_it(
+    fake_hub: FakeHub, declare: bool
+) -> None:
+    from bot.planner.models import MAX_CONFIG_BYTES, _cache_dir
+
+    fake_hub.huge["acme/huge"] = (300 << 20, declare)  # 300 MB of JSON whitespace, then {}
+    with pytest.raises(PlanningError, match="larger than 2 MiB, which no model config is"):
+        resolve("acme/huge")
+    assert fake_hub.sent["acme/huge"] < 32 << 20  # the rest was never taken (before: all 300 MB, held)
+    assert not (_cache_dir() / "acme--huge.json").exists()
+    assert MAX_CONFIG_BYTES == 2 << 20
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hidden_size", 10**12), ("num_hidden_layers", -1), ("vocab_size", 1.5), ("num_attention_heads", True),
+     ("intermediate_size", "4096"), ("num_local_experts", 10**9)],
+)
+def test_hub_config_dimensions_are_validated_and_bad_ones_never_cached(
+    fake_hub: FakeHub, key: str, value: object
+) -> None:
+    from bot.planner.models import _cache_dir
+
+    fake_hub.configs["acme/odd"] = {**TINY, key: value}
+    with pytest.raises(PlanningError, match=f"config.json has {key}=.*outside"):
+        resolve("acme/odd")
+    assert not (_cache_dir() / "acme--odd.json").exists()
+    # a cache file planted by an older version is checked the same way and fetched again
+    cache = _cache_dir() / "acme--odd.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({**TINY, key: value}))
+    fake_hub.configs["acme/odd"] = TINY
+    assert resolve("acme/odd")[1] == "hub"
