@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
+from bot.engine.ids import is_job_id, shown
 from bot.planner import options
 from bot.planner.request import EstimateRequest
 
@@ -42,7 +43,6 @@ parse_bool = options.parse_bool
 parse_interruptible = options.parse_interruptible
 _MENTION = re.compile(r"^<@([A-Z0-9]+)(?:\|[^>]*)?>$")
 _SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 class ParseError(Exception):
@@ -189,8 +189,8 @@ def _job_arg(name: str, args: list[str], *, required: bool) -> str | None:
         return None
     if len(args) > 1:
         raise ParseError(f"`{name}` takes one JOB id, got {len(args)} words", usage_for(name))
-    if not JOB_ID.match(args[0]):
-        raise ParseError(f"`{args[0][:80]}` is not a job id", usage_for(name))
+    if not is_job_id(args[0]):  # the engine's own shape (bot/engine/ids.py)
+        raise ParseError(f"{shown(args[0])} is not a job id", usage_for(name))
     return args[0]
 
 

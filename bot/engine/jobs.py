@@ -21,6 +21,7 @@ from bot.engine import states as S
 from bot.engine.api import EngineError, JobView, PermissionDenied
 from bot.engine.context import EngineContext
 from bot.engine.events import EngineEventKind
+from bot.engine.ids import check_job_id
 from bot.engine.jobspec import deep_merge, plan_of, spec_fields
 from bot.engine.launch import claim, launch_job, storage_root
 from bot.engine.permissions import Permissions
@@ -37,6 +38,7 @@ DEFAULT_CAP_FACTOR = 2.0  # a job without an explicit cap may spend twice its es
 
 
 def load(ctx: EngineContext, job_id: str) -> Job:
+    check_job_id(job_id)  # before the lookup: a NUL is an error on PostgreSQL, not a miss
     with ctx.session() as s:
         job = s.get(Job, job_id)
     if job is None:

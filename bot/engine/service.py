@@ -42,7 +42,8 @@ from bot.engine.api import (
 )
 from bot.engine.context import EngineContext, Limits, ProcessMemory
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
-from bot.engine.launch import launch_job, reclaim_stale
+from bot.engine.ids import check_job_id, is_job_id
+from bot.engine.launch import launch_job, reclaim_stale, token_hash
 from bot.engine.permissions import Permissions
 from bot.engine.reconcile import ReconcileReport
 from bot.engine.reconcile import reconcile as reconcile_pass
@@ -248,6 +249,7 @@ class Engine:
         return reports.list_jobs(self.ctx, user=user, active_only=active_only)
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None:
+        check_job_id(job_id)
         with self.session() as s:
             s.execute(update(Job).where(Job.id == job_id).values(channel=channel, thread_ts=thread_ts))
             s.commit()
@@ -285,11 +287,20 @@ class Engine:
         )
 
     # --- runner events --------------------------------------------------------------------------
+    def runner_token_job(self, token: str) -> str | None:
+        """The job a runner's bearer token was made for (None: none); /runner/events asks this before it
+        reads a body, so an unknown token costs one lookup and no bytes."""
+        digest = token_hash(token)
+        with self.session() as s:
+            return s.execute(select(Job.id).where(Job.token_hash == digest).limit(1)).scalars().first()
+
     def record_runner_event(
         self, job_id: str, token: str | None, payload: dict[str, Any] | bytes | str
     ) -> bool:
         """A pushed RunnerEvent; False (and nothing stored) unless the job's bearer token matches, the job is
         not final and the job's key signed the event (bot/engine/integrity.py)."""
+        if not is_job_id(job_id):  # before the lookup: a NUL is an error on PostgreSQL, not a miss
+            return False
         with self.session() as s:
             job = s.get(Job, job_id)
         if job is None or not monitor.token_ok(job, token):
