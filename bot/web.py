@@ -1,8 +1,12 @@
 """One ASGI app (Starlette): POST /slack/events, POST /runner/events, GET /healthz.
 
-/slack/events goes to bolt's AsyncSlackRequestHandler (signature checked there: 401 when wrong or
-older than 5 minutes). /runner/events takes a runner's RunnerEvent with the job's bearer token and
-hands it to ``Engine.record_runner_event``; a bad token is 401, and the token never reaches a log.
+Nothing is read or parsed before it is authenticated and known to be small (docs/security.md, HTTP
+hygiene). Each POST first checks its authentication header (format, and for runners the token's value)
+and Content-Length; a body over the cap (TUNEBOT_HTTP_MAX_BODY_KB) is 413 without being buffered, a
+chunked one included (the read stops at the cap). /slack/events then verifies Slack's signature over the
+body (401 when wrong or older than 5 minutes) before bolt parses it; /runner/events parses the
+RunnerEvent and hands it to ``Engine.record_runner_event``. Malformed or deeply nested JSON is a 400,
+never a 500; the token never reaches a log, and what a client sent is logged only quoted (``repr``).
 """
 
 from __future__ import annotations
@@ -10,60 +14,177 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bot.engine.ids import is_job_id, shown
+
 log = logging.getLogger(__name__)
 
 RecordRunnerEvent = Callable[[str, str, dict[str, Any]], bool]
+RunnerTokenJob = Callable[[str], "str | None"]  # the job a bearer token belongs to, None for none
+
+MAX_BODY_BYTES = 1 << 20  # Slack's payloads are well under 1 MB; a RunnerEvent is a few KB
+SLACK_SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
+SLACK_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+BEARER_TOKEN = re.compile(r"[A-Za-z0-9_\-.~+/]{16,512}={0,2}")  # secrets.token_urlsafe and the like
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the cap (declared or actual)."""
+
+
+class BadLength(Exception):
+    """Content-Length is not a number."""
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The body, read in the server's chunks and never more than ``cap`` bytes of it: BodyTooLarge as soon
+    as the declared length or the bytes received go over (the rest is never read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise BadLength
+        if int(declared) > cap:
+            raise BodyTooLarge
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise BodyTooLarge
+    return bytes(body)
+
+
+def declared_too_large(request: Request, cap: int) -> bool:
+    declared = request.headers.get("content-length", "").strip()
+    return declared.isdigit() and int(declared) > cap
+
+
+def parse_json(text: bytes | str) -> Any:
+    """JSON, or ValueError for anything that is not (nested too deeply included)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def slack_body_ok(body: bytes, content_type: str) -> bool:
+    """Whether bolt can parse the body: JSON, or a form whose ``payload`` (if any) is JSON."""
+    try:
+        text = body.decode("utf-8")
+        if content_type.startswith("application/json"):
+            parse_json(text)
+        else:
+            payload = parse_qs(text, keep_blank_values=True).get("payload")
+            if payload:
+                parse_json(payload[0])
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return False
+    return True
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    # Connection: close for refusals before the body was read: the rest of it is never wanted.
+    headers = {"Connection": "close"} if status in (401, 413) else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def create_app(
-    *, bolt_app: Any | None = None, record_runner_event: RecordRunnerEvent | None = None
+    *,
+    bolt_app: Any | None = None,
+    record_runner_event: RecordRunnerEvent | None = None,
+    runner_token_job: RunnerTokenJob | None = None,
+    signing_secret: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
-    handler = None
+    """The app. ``signing_secret`` defaults to the bolt app's own (HTTP mode needs one: ValueError without);
+    ``runner_token_job`` lets /runner/events refuse an unknown token before reading the body."""
+    verifier = None
     if bolt_app is not None:
-        from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
+        from slack_sdk.signature import SignatureVerifier
 
-        handler = AsyncSlackRequestHandler(bolt_app)
+        # bolt keeps the secret it verifies with; the same one is checked here, before bolt parses anything
+        secret = signing_secret or getattr(bolt_app, "_signing_secret", "") or ""
+        if not secret.strip():
+            raise ValueError("HTTP mode needs SLACK_SIGNING_SECRET: without it no request can be verified")
+        verifier = SignatureVerifier(secret)
 
     async def slack_events(request: Request) -> Response:
-        if handler is None:
-            return JSONResponse({"error": "Slack is not configured"}, status_code=404)
-        return await handler.handle(request)
+        if bolt_app is None or verifier is None:
+            return _error(404, "Slack is not configured")
+        from slack_bolt.adapter.starlette.async_handler import to_async_bolt_request, to_starlette_response
+
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        if not (SLACK_TIMESTAMP.fullmatch(timestamp) and SLACK_SIGNATURE.fullmatch(signature)):
+            return _error(401, "missing or malformed Slack signature")
+        if abs(verifier.clock.now() - int(timestamp)) > 60 * 5:
+            return _error(401, "stale Slack request")
+        try:
+            body = await read_body(request, max_body_bytes)
+        except BodyTooLarge:
+            return _error(413, f"body over {max_body_bytes:,} bytes")
+        except BadLength:
+            return _error(400, "bad Content-Length")
+        if not verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
+            return _error(401, "invalid Slack signature")
+        if not slack_body_ok(body, request.headers.get("content-type", "")):
+            return _error(400, "body is not a Slack payload")
+        bolt_response = await bolt_app.async_dispatch(to_async_bolt_request(request, body))
+        return to_starlette_response(bolt_response)
 
     async def runner_events(request: Request) -> Response:
         if record_runner_event is None:
-            return JSONResponse({"error": "no engine"}, status_code=503)
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return JSONResponse({"error": "missing bearer token"}, status_code=401)
+            return _error(503, "no engine")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not BEARER_TOKEN.fullmatch(token):
+            return _error(401, "missing or malformed bearer token")
+        if declared_too_large(request, max_body_bytes):
+            return _error(413, f"body over {max_body_bytes:,} bytes")
+        owner = None
+        if runner_token_job is not None:
+            owner = await asyncio.to_thread(runner_token_job, token)
+            if owner is None:
+                return _error(401, "invalid token")
         try:
-            payload = json.loads(await request.body())
+            raw = await read_body(request, max_body_bytes)
+        except BodyTooLarge:
+            return _error(413, f"body over {max_body_bytes:,} bytes")
+        except BadLength:
+            return _error(400, "bad Content-Length")
+        try:
+            payload = parse_json(raw)
         except ValueError:
-            return JSONResponse({"error": "body is not JSON"}, status_code=400)
-        if not isinstance(payload, dict) or not isinstance(payload.get("job_id"), str):
-            return JSONResponse({"error": "expected a RunnerEvent object with job_id"}, status_code=400)
+            return _error(400, "body is not JSON")
+        job_id = payload.get("job_id") if isinstance(payload, dict) else None
+        if not isinstance(job_id, str):
+            return _error(400, "expected a RunnerEvent object with job_id")
+        if not is_job_id(job_id):  # before any lookup: no NUL to the database, no newline to a log
+            return _error(400, "job_id is not a job id")
+        if owner is not None and job_id != owner:
+            return _error(401, "invalid token")
         try:
-            ok = await asyncio.to_thread(record_runner_event, payload["job_id"], token.strip(), payload)
-        except ValueError as exc:  # a malformed event: the runner should not retry it
-            return JSONResponse({"error": f"invalid event: {type(exc).__name__}"}, status_code=400)
+            ok = await asyncio.to_thread(record_runner_event, job_id, token, payload)
+        except (ValueError, RecursionError) as exc:  # a malformed event: the runner should not retry it
+            return _error(400, f"invalid event: {type(exc).__name__}")
         except Exception:  # noqa: BLE001 - the runner retries; the log says why
-            log.exception("could not record a runner event for job %s", payload.get("job_id"))
-            return JSONResponse({"error": "could not record the event"}, status_code=500)
+            log.exception("could not record a runner event for job %s", shown(job_id))
+            return _error(500, "could not record the event")
         if not ok:
-            return JSONResponse({"error": "invalid token"}, status_code=401)
+            return _error(401, "invalid token")
         return JSONResponse({"ok": True})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(
-            {"ok": True, "slack": handler is not None, "engine": record_runner_event is not None}
+            {"ok": True, "slack": bolt_app is not None, "engine": record_runner_event is not None}
         )
 
     return Starlette(

@@ -23,6 +23,23 @@ Slack is not configured, so there is nothing to serve yet. To connect Slack (doc
 Meanwhile the same commands work in this terminal: tunebot console"""
 
 
+EMPTY_SECRET = """\
+SLACK_SIGNING_SECRET is set but empty: tunebot would accept requests it cannot verify, so it does not start.
+Copy the Signing Secret from your app's Basic Information page (https://api.slack.com/apps), then
+  export SLACK_SIGNING_SECRET=...;  tunebot serve --http
+or use Socket Mode (SLACK_APP_TOKEN) instead of --http (docs/slack-setup.md)."""
+
+
+def _secret_set(secret) -> bool:  # type: ignore[no-untyped-def]
+    return secret is not None and bool(secret.get_secret_value().strip())
+
+
+def listen_host(settings) -> str:  # type: ignore[no-untyped-def]
+    """Where `tunebot serve` listens: this machine only (127.0.0.1), in Socket Mode too, unless
+    TUNEBOT_PUBLIC_URL says the bot is reached from outside (runner events, Slack's HTTP requests)."""
+    return "0.0.0.0" if (settings.public_url or "").strip() else "127.0.0.1"
+
+
 def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore[no-untyped-def]
     from bot.chat.handlers import ChatHandlers
     from bot.chat.permissions import Permissions
@@ -87,22 +104,29 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(
             3000, min=1, max=65535, help="Port of /slack/events, /runner/events, /healthz."
         ),
-        host: str = typer.Option("0.0.0.0", help="Interface to listen on."),
+        host: str | None = typer.Option(
+            None,
+            help="Interface to listen on (default 127.0.0.1; all interfaces when TUNEBOT_PUBLIC_URL is set).",
+        ),
     ) -> None:
         """Run the Slack bot (Socket Mode with SLACK_APP_TOKEN, or --http) and the runner event endpoint."""
         from bot.settings import get_settings
 
         settings = get_settings()
         socket_mode = not http and settings.slack_app_token is not None
+        if http and settings.slack_bot_token is not None and not _secret_set(settings.slack_signing_secret):
+            if settings.slack_signing_secret is not None:  # set, but empty: no request could be verified
+                typer.echo(EMPTY_SECRET, err=True)
+                raise typer.Exit(2)
         ready = settings.slack_bot_token is not None and (
-            socket_mode or (http and settings.slack_signing_secret is not None)
+            socket_mode or (http and _secret_set(settings.slack_signing_secret))
         )
         if not ready:
             typer.echo(SLACK_HELP, err=True)
             if sys.stdin.isatty() and typer.confirm("Start the console now?", default=True):
                 raise typer.Exit(_run_console("console"))
             raise typer.Exit(2)
-        raise typer.Exit(_serve(host, port, socket_mode=socket_mode))
+        raise typer.Exit(_serve(host or listen_host(settings), port, socket_mode=socket_mode))
 
     @app.command("demo")
     def demo_cmd(
@@ -154,7 +178,20 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     bolt = build_app(
         chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode, home=home
     )
-    web = create_app(bolt_app=None if socket_mode else bolt, record_runner_event=engine.record_runner_event)
+    web = create_app(
+        bolt_app=None if socket_mode else bolt,
+        record_runner_event=engine.record_runner_event,
+        runner_token_job=engine.runner_token_job,
+        signing_secret=secret,
+        max_body_bytes=settings.http_max_body_kb << 10,
+    )
+    if host in ("127.0.0.1", "localhost", "::1") and not socket_mode:
+        logging.getLogger(__name__).warning(
+            "listening on %s:%d only: Slack and remote runners reach it through a reverse proxy on this "
+            "machine, or set TUNEBOT_PUBLIC_URL (or --host) to listen on every interface",
+            host,
+            port,
+        )
     scheduler = _start_scheduler(engine, settings)
     server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="info", access_log=False))
 
