@@ -45,7 +45,9 @@ from bot.chat.grammar import (
 )
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
+from bot.chat.slowwork import SlowWork
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
+from bot.engine.ids import check_job_id
 from bot.engine.jobstate import JobState
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
@@ -140,6 +142,12 @@ def _default_sources() -> SourcePolicy:
     return SourcePolicy.from_settings(get_settings())
 
 
+def _default_slow() -> SlowWork:
+    from bot.settings import get_settings
+
+    return SlowWork.from_settings(get_settings())
+
+
 def _friendly_errors() -> tuple[type[BaseException], ...]:
     return (ParseError, PlanningError, EngineError)
 
@@ -156,6 +164,7 @@ class ChatHandlers:
         sources: SourcePolicy | None = None,
         files: Any = None,
         names: Names | None = None,
+        slow: SlowWork | None = None,
     ) -> None:
         self.engine = engine
         # Display names for where a mention does not render (bot/chat/people.py in Slack; ids elsewhere).
@@ -163,6 +172,8 @@ class ChatHandlers:
         # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
         self.sources = sources if sources is not None else _default_sources()
         self.files = files
+        # The pool slow commands run on in Slack (bot/chat/slowwork.py): one person never blocks another.
+        self.slow = slow if slow is not None else _default_slow()
         # Extra keyword arguments for Engine.create_job beyond EngineAPI (the demo's spec_overrides).
         self.job_options = dict(job_options or {})
         # The engine's own policy unless one is given (the chat asks it first for a friendlier answer).
@@ -184,14 +195,14 @@ class ChatHandlers:
     def cancel_estimate(self, estimate_id: str, actor: Actor) -> Reply:
         return self._safely(lambda: self._cancel(estimate_id, actor))
 
-    def approve(self, job_id: str, actor: Actor) -> Reply:
-        return self._safely(lambda: self._approve(job_id, actor))
+    def approve(self, job_id: str, actor: Actor) -> Reply:  # a button's value: checked before any lookup
+        return self._safely(lambda: self._approve(check_job_id(job_id), actor))
 
     def reject(self, job_id: str, actor: Actor) -> Reply:
-        return self._safely(lambda: self._reject(job_id, actor))
+        return self._safely(lambda: self._reject(check_job_id(job_id), actor))
 
     def stop(self, job_id: str, actor: Actor) -> Reply:
-        return self._safely(lambda: self._stop(job_id, actor))
+        return self._safely(lambda: self._stop(check_job_id(job_id), actor))
 
     def volume_action(self, ref: str, action: str, actor: Actor) -> Reply:
         return self._safely(lambda: self._volume(ref, action, actor))
@@ -205,6 +216,11 @@ class ChatHandlers:
         words += [f"daily={daily}"] if daily.strip() else []
         words += [f"monthly={monthly}"] if monthly.strip() else []
         return self._safely(lambda: self._dispatch(parse(" ".join(shlex.quote(w) for w in words)), actor))
+
+    @staticmethod
+    def is_slow(command: Command) -> bool:
+        """Commands that read datasets, the Hub or every cloud: they run on ``self.slow``."""
+        return isinstance(command, EstimateCmd | LaunchCmd | GpusCmd)
 
     @staticmethod
     def quick_ack(command: Command) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from bot.chat.blockkit import Names, to_message
 from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.replies import Reply, error_reply
+from bot.chat.slowwork import SlowWork
 
 T = TypeVar("T")
 _background: set[asyncio.Task[Any]] = set()  # strong references until the tasks finish
@@ -93,15 +94,18 @@ def after_ack(
     what: str,
     replace: Callable[[Reply], bool] | bool = False,
     names: Names | None = None,
+    slow: SlowWork | None = None,
+    user: str = "",
 ) -> None:
     """Run ``fn(*args)`` in a thread after the ack and send its reply (people by ``names`` where mentions
-    do not render); failures get a friendly line."""
+    do not render); failures get a friendly line. Slow work (``slow``: estimates, launches) runs on that
+    pool for ``user``, never on the shared executor."""
 
     async def run() -> None:
         try:
             # A burst of commands gets all its acks out before the first one's slow part starts.
             await asyncio.sleep(AFTER_ACK_DELAY_S)
-            reply = await in_thread(fn, *args)
+            reply = await (slow.run(fn, *args, user=user) if slow is not None else in_thread(fn, *args))
             again = replace(reply) if callable(replace) else replace
             await send(respond, reply, replace_original=again, names=names)
         except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details

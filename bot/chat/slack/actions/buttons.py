@@ -35,8 +35,10 @@ def button(
     *,
     id_prefix: str | None = None,
     replace: Callable[[Reply], bool] | bool = False,
+    slow: bool = False,
 ) -> Listener:
-    """A block_actions listener calling ``chat.<method>(value[, action id minus id_prefix], actor)``."""
+    """A block_actions listener calling ``chat.<method>(value[, action id minus id_prefix], actor)``
+    (``slow``: on the chat's pool for slow work, see bot/chat/slowwork.py)."""
 
     async def listener(
         ack: AsyncAck,
@@ -65,6 +67,8 @@ def button(
             what=what,
             replace=replace,
             names=chat.names,
+            slow=chat.slow if slow else None,
+            user=actor.user,
         )
 
     listener.__name__ = f"{method}_button"
@@ -73,7 +77,7 @@ def button(
 
 BUTTONS: dict[str | re.Pattern[str], Listener] = {
     re.compile(r"^launch_(cheapest|safest|fastest)$"): button(
-        "launch", "launch", id_prefix="launch_", replace=True
+        "launch", "launch", id_prefix="launch_", replace=True, slow=True  # stages and checks the dataset
     ),
     "cancel_estimate": button("cancel_estimate", "cancel", replace=True),
     "approve_job": button("approve", "approve", replace=lambda reply: reply.kind == "success"),

@@ -40,6 +40,7 @@ async def tune_callback(
         await ack(**to_message(chat.handle(parsed, actor)))
         return
     await ack(text=quick, response_type="ephemeral")
+    slow = chat.slow if chat.is_slow(parsed) else None  # estimates on their own pool: never block others
     after_ack(
         chat.handle,
         parsed,
@@ -49,4 +50,6 @@ async def tune_callback(
         what="/tune",
         replace=True,
         names=chat.names,
+        slow=slow,
+        user=actor.user,
     )
