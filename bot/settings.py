@@ -237,7 +237,8 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         None,
         alias="TUNEBOT_PUBLIC_URL",
-        description="the bot's public URL: runners push events to /runner/events; unset, the bot pulls them",
+        description="the bot's public URL: runners push events to /runner/events; unset, the bot pulls them, "
+        "and `tunebot serve` listens on 127.0.0.1 only (Socket Mode too; --host overrides)",
     )
     report_every_s: float = Field(
         30.0, gt=0, alias="TUNEBOT_REPORT_EVERY", description="seconds between a runner's progress reports"
@@ -316,23 +317,67 @@ class Settings(BaseSettings):
         description="the largest Slack upload used as a dataset (dataset=slack:F...)",
     )
 
-    # Bounded work for untrusted input (docs/security.md). The bot reads datasets people point it at (to
-    # estimate, to check before renting) in fixed chunks: an estimate samples the first records/bytes and
-    # scales up by the share of the file read; a longer line, a compressed file that expands more than
-    # the ratio, or a read slower than the deadline is refused with a message naming the setting.
-    dataset_sample_records: int = Field(10_000, gt=0, alias="TUNEBOT_DATASET_SAMPLE_RECORDS")
-    dataset_sample_mb: float = Field(64.0, gt=0, alias="TUNEBOT_DATASET_SAMPLE_MB")
-    dataset_max_line_mb: float = Field(8.0, gt=0, alias="TUNEBOT_DATASET_MAX_LINE_MB")
-    dataset_max_ratio: float = Field(100.0, gt=1, alias="TUNEBOT_DATASET_MAX_RATIO")
-    dataset_read_seconds: float = Field(30.0, gt=0, alias="TUNEBOT_DATASET_READ_SECONDS")
-    # Slow chat commands (estimates, launches: dataset reads, Hub fetches, Slack downloads) run on their own
-    # bounded pool, at most this many per person at once, answered "too slow" after the deadline, so one
-    # person's estimates never hold up another's `/tune jobs`.
-    slow_workers: int = Field(4, gt=0, alias="TUNEBOT_SLOW_WORKERS")
-    slow_per_user: int = Field(2, gt=0, alias="TUNEBOT_SLOW_PER_USER")
-    slow_deadline_s: float = Field(120.0, gt=0, alias="TUNEBOT_SLOW_DEADLINE")
-    # Largest request body /slack/events and /runner/events read (413 above it, before reading it).
-    http_max_body_kb: int = Field(1024, gt=0, alias="TUNEBOT_HTTP_MAX_BODY_KB")
+    # Bounded work for untrusted input (docs/slack-setup.md, "Limits on what the bot reads"): datasets are
+    # read in chunks (runner/reading.py), slow commands on their own pool (bot/chat/slowwork.py).
+    dataset_sample_records: int = Field(
+        10_000,
+        gt=0,
+        alias="TUNEBOT_DATASET_SAMPLE_RECORDS",
+        description="an estimate counts tokens on at most this many records of a dataset and scales up by "
+        "the share of the file read (the card says so)",
+    )
+    dataset_sample_mb: float = Field(
+        64.0,
+        gt=0,
+        alias="TUNEBOT_DATASET_SAMPLE_MB",
+        description="the most of a dataset (MB, decompressed) one estimate or pre-launch check reads; past "
+        "it the count is scaled from the sample",
+    )
+    dataset_max_line_mb: float = Field(
+        8.0,
+        gt=0,
+        alias="TUNEBOT_DATASET_MAX_LINE_MB",
+        description="a dataset record (one jsonl line) longer than this many MB is refused, never held",
+    )
+    dataset_max_ratio: float = Field(
+        100.0,
+        gt=1,
+        alias="TUNEBOT_DATASET_MAX_RATIO",
+        description="a compressed dataset (.gz, .bz2, .xz, .zip) expanding more than this many times is "
+        "refused (a compression bomb)",
+    )
+    dataset_read_seconds: float = Field(
+        30.0,
+        gt=0,
+        alias="TUNEBOT_DATASET_READ_SECONDS",
+        description="seconds one read of a dataset may take before it is refused",
+    )
+    slow_workers: int = Field(
+        4,
+        gt=0,
+        alias="TUNEBOT_SLOW_WORKERS",
+        description="threads for slow Slack commands (estimates, launches: dataset reads, Hub and Slack "
+        "downloads), apart from the rest, so nobody's /tune jobs waits behind them",
+    )
+    slow_per_user: int = Field(
+        2,
+        gt=0,
+        alias="TUNEBOT_SLOW_PER_USER",
+        description="slow commands one person runs at once; more wait their turn (8 at most)",
+    )
+    slow_deadline_s: float = Field(
+        120.0,
+        gt=0,
+        alias="TUNEBOT_SLOW_DEADLINE",
+        description="seconds after which a slow command is answered \"took too long\" whatever it is doing",
+    )
+    http_max_body_kb: int = Field(
+        1024,
+        gt=0,
+        alias="TUNEBOT_HTTP_MAX_BODY_KB",
+        description="the largest body /slack/events and /runner/events read (KB); bigger is 413 before it is "
+        "read, and nothing is parsed before its Slack signature or runner token checks out",
+    )
 
     @field_validator("weekly_report_day", mode="before")
     @classmethod
