@@ -16,9 +16,11 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from bot.chat.replies import Reply, error_reply
+
+T = TypeVar("T")
 
 
 class SlowWork:
@@ -89,12 +91,12 @@ class SlowWork:
                 del self._running[user]
             self._wake_one(user)
 
-    async def run(self, fn: Callable[..., Reply], *args: Any, user: str) -> Reply:
+    async def call(self, fn: Callable[..., T], *args: Any, user: str) -> T:
         """``fn(*args)`` on the pool for ``user``, once they have fewer than ``per_user`` running (later ones
-        wait their turn without a thread); a "too slow" answer after the deadline, counted from the request
-        (their slot is given back only when the work really ends)."""
+        wait their turn without a thread); SlowWorkRefused when they have too many waiting or after the
+        deadline, counted from the request (their slot is given back only when the work really ends)."""
 
-        async def turn() -> Reply:
+        async def turn() -> T:
             await self._slot(user)
             try:
                 future = self._executor.submit(fn, *args)
@@ -107,18 +109,29 @@ class SlowWork:
         try:
             return await asyncio.wait_for(turn(), self.deadline_s)
         except _TooMany:
-            return error_reply(
+            raise SlowWorkRefused(
                 f"You already have {self.per_user} estimates or launches running and "
                 f"{self.waiting_per_user} waiting; try again when they have answered (TUNEBOT_SLOW_PER_USER)."
-            )
+            ) from None
         except TimeoutError:
-            return error_reply(
+            raise SlowWorkRefused(
                 f"This took longer than {self.deadline_s:g} s and was given up (TUNEBOT_SLOW_DEADLINE). "
                 "A large dataset or a slow store: give tokens= instead of the dataset, or try again later."
-            )
+            ) from None
+
+    async def run(self, fn: Callable[..., Reply], *args: Any, user: str) -> Reply:
+        """``call`` for a chat handler: a refusal becomes the person's reply."""
+        try:
+            return await self.call(fn, *args, user=user)
+        except SlowWorkRefused as exc:
+            return error_reply(str(exc))
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SlowWorkRefused(Exception):
+    """Not run, or given up: the person's message says why and which setting governs it."""
 
 
 class _TooMany(Exception):

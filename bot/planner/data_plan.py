@@ -8,7 +8,8 @@ as for configs). It is loaded as a ``PreTrainedTokenizerFast``: transformers wit
 imports torch). Records beyond MAX_EXACT_RECORDS are not all tokenized: an evenly spaced sample is, and the
 others' lengths follow from their characters by the sample's tokens-per-character fit (as the source says).
 
-None (the caller falls back to bot/planner/tokens.py's approximation) when no tokenizer can be had.
+None (the caller falls back to bot/planner/tokens.py's approximation) when no tokenizer can be had, or when
+the dataset is larger than what one estimate reads (TUNEBOT_DATASET_SAMPLE_MB: the approximation samples).
 """
 
 from __future__ import annotations
@@ -65,14 +66,22 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
     tokenizer = tokenizer_for(req.model)
     if tokenizer is None:
         return None
+    from bot.planner.tokens import dataset_limits
     from runner.data.prepare import DataStats, fit_example, split
     from runner.data.tokenize import encode_record
-    from runner.records import DatasetError, DatasetFormat, read_records
+    from runner.reading import LineReader
+    from runner.records import DatasetError, DatasetFormat, parse_record
 
+    # Read bounded (runner/reading.py: line cap, compression ratio, deadline, TUNEBOT_DATASET_SAMPLE_MB);
+    # a dataset larger than the sample is counted by tokens.py's approximation, scaled from its sample.
+    reader = LineReader(req.dataset, dataset_limits().with_records(None))
     try:
-        records = list(read_records(req.dataset, DatasetFormat(fmt)))
+        records = [(line, parse_record(text, DatasetFormat(fmt), uri=req.dataset, line=line))
+                   for line, text in reader]
     except DatasetError as exc:
         raise BadRequestError(str(exc)) from None
+    if reader.stopped is not None:
+        return None
     if not records:
         raise BadRequestError(f"dataset {req.dataset} has no examples")
     n = len(records)

@@ -9,6 +9,7 @@ import pytest
 from fakes.hub import FakeHub
 
 from bot.planner import data_plan, estimate
+from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
 
 
@@ -67,3 +68,28 @@ def test_a_large_dataset_is_sampled_and_scaled_by_characters(
     sampled = estimate(_request(str(tiny / "model"), tiny))
     assert sampled.time.token_source.startswith("runner's tokenizer on 80 of 400 records")
     assert sampled.time.tokens == pytest.approx(exact.time.tokens, rel=0.05)
+
+
+def test_a_dataset_beyond_what_an_estimate_reads_is_approximated_from_a_sample(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner-exact count holds every record in memory: only up to TUNEBOT_DATASET_SAMPLE_MB; past it
+    the estimate samples (bounded) and says so. A record over the line cap is refused either way."""
+    from bot.settings import get_settings
+
+    exact = estimate(_request(str(tiny / "model"), tiny))
+    size = (tiny / "data.jsonl").stat().st_size
+    monkeypatch.setenv("TUNEBOT_DATASET_SAMPLE_MB", str(size / 4 / 2**20))
+    monkeypatch.setenv("TUNEBOT_DATASET_MAX_LINE_MB", str(4096 / 2**20))
+    get_settings.cache_clear()
+    try:
+        sampled = estimate(_request(str(tiny / "model"), tiny))
+        long = tmp_path / "long.jsonl"
+        long.write_text((tiny / "data.jsonl").read_text().splitlines()[0] + "\n"
+                        + '{"text": "' + "x" * 5000 + '"}\n')
+        with pytest.raises(BadRequestError, match="long.jsonl:2: a line is longer than 4,096 bytes"):
+            estimate(EstimateRequest(model=str(tiny / "model"), dataset=str(long), seq_len=256, gpu="cpu"))
+    finally:
+        get_settings.cache_clear()
+    assert "scaled up" in sampled.time.token_source and "of the file" in sampled.time.token_source
+    assert sampled.time.tokens == pytest.approx(exact.time.tokens, rel=0.35)  # chars/4 against the tokenizer

@@ -23,7 +23,9 @@ from bot.chat.launch_form import (
     parse_form,
     read_values,
 )
-from bot.chat.slack.common import actor_of, chat_of, in_thread, spawn
+from bot.chat.replies import error_reply
+from bot.chat.slack.common import actor_of, chat_of, spawn
+from bot.chat.slowwork import SlowWorkRefused
 from bot.planner.request import EstimateRequest
 
 
@@ -91,7 +93,10 @@ async def _estimate(
 ) -> None:
     try:
         actor = Actor(user, values.get(CHANNEL) or state.channel)
-        estimate_id, estimate, reply = await in_thread(chat.form_estimate, request, actor)
+        try:  # on the slow pool (bot/chat/slowwork.py), like /tune estimate
+            estimate_id, estimate, reply = await chat.slow.call(chat.form_estimate, request, actor, user=user)
+        except SlowWorkRefused as exc:
+            estimate_id, estimate, reply = None, None, error_reply(str(exc))
         if estimate is None:
             view = form_view(
                 values, state=FormState(channel=state.channel), ask_channel=asks, status=reply.text()[:2000]
@@ -127,9 +132,9 @@ async def _launch(
         if not channel:  # a global shortcut or App Home, no channel picked: the owner's DM with the bot
             opened = await client.conversations_open(users=user)
             channel = opened["channel"]["id"]
-        reply = await in_thread(
-            chat.launch, state.estimate_id or "", values.get(OFFER, ""), Actor(user, channel, team=team)
-        )
+        actor = Actor(user, channel, team=team)
+        offer = values.get(OFFER, "")
+        reply = await chat.slow.run(chat.launch, state.estimate_id or "", offer, actor, user=user)
         title = "Launched" if reply.kind in ("success", "warning") else "Not launched"
         where = f"\nThe job's thread is in <#{channel}>." if reply.kind == "success" else ""
         await client.views_update(view_id=view_id, view=message_view(title, reply.text() + where))
