@@ -1,12 +1,13 @@
 """One ASGI app (Starlette): POST /slack/events, POST /runner/events, GET /healthz.
 
-Nothing is read or parsed before it is authenticated and known to be small (docs/security.md, HTTP
-hygiene). Each POST first checks its authentication header (format, and for runners the token's value)
-and Content-Length; a body over the cap (TUNEBOT_HTTP_MAX_BODY_KB) is 413 without being buffered, a
-chunked one included (the read stops at the cap). /slack/events then verifies Slack's signature over the
-body (401 when wrong or older than 5 minutes) before bolt parses it; /runner/events parses the
-RunnerEvent and hands it to ``Engine.record_runner_event``. Malformed or deeply nested JSON is a 400,
-never a 500; the token never reaches a log, and what a client sent is logged only quoted (``repr``).
+Nothing is read or parsed before it is authenticated and known to be small (docs/slack-setup.md,
+"Limits on what the bot reads"). Each POST first checks its authentication header (format, and for
+runners the token's value) and Content-Length; a body over the cap (TUNEBOT_HTTP_MAX_BODY_KB) is 413
+without being buffered, a chunked one included (the read stops at the cap). /slack/events then verifies
+Slack's signature over the body (401 when wrong or older than 5 minutes) before bolt parses it;
+/runner/events parses the RunnerEvent and hands it to ``Engine.record_runner_event``. Malformed or deeply
+nested JSON is a 400, never a 500; the token never reaches a log, and what a client sent is logged only
+quoted (``repr``).
 """
 
 from __future__ import annotations
