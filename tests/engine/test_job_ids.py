@@ -11,6 +11,7 @@ import logging
 
 import httpx
 import pytest
+from fakes.runner_events import signed
 from fakes.slack_api import UvicornThread
 from typer.testing import CliRunner
 
@@ -62,7 +63,8 @@ def test_runner_events_with_a_hostile_job_id_are_400_and_log_nothing_raw(
                 resp = httpx.post(server.url + "/runner/events", content=json.dumps(event),
                                   headers={"Authorization": f"Bearer {token}"}, timeout=10)
                 assert resp.status_code in (400, 401), (bad, resp.status_code, resp.text)
-            good = {"job_id": job.job_id, "seq": 1, "kind": "progress", "step": 1, "timestamp": 1000.0}
+            good = signed(engine, {"job_id": job.job_id, "seq": 1, "kind": "progress", "step": 1,
+                                   "timestamp": 1000.0})
             resp = httpx.post(server.url + "/runner/events", json=good,
                               headers={"Authorization": f"Bearer {token}"}, timeout=10)
             assert resp.status_code == 200, resp.text
