@@ -56,7 +56,7 @@ def test_preempted_twice_resumed_twice_finishes_with_exact_spend(tmp_path: Path)
         req,
         user="alice",
         estimate=make_estimate([local.offer()], hours=0.01),
-        max_cost=1000.0,
+        max_cost=10.0,
         spec_overrides=overrides,
     )
     assert job.state == "running", job.message

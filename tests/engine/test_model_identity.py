@@ -71,7 +71,7 @@ def test_launching_an_instruct_model_trains_that_model(
                               plateau=False, gpus=1)
         est = eng.estimate(req)
         assert est.training is not None and est.training.base_model == INSTRUCT
-        job = eng.create_job(req, user="alice", estimate=est, max_cost=1000.0,
+        job = eng.create_job(req, user="alice", estimate=est, max_cost=10.0,
                              spec_overrides={"report": {"every_seconds": 0.2}})
         deadline = time.time() + 240
         while time.time() < deadline:
