@@ -142,7 +142,8 @@ class Demo:
         self.local.preempt(instances[0].instance_id, 20.0)
         return True
 
-    def idle_volume(self) -> None:
+    def record_idle_volume(self) -> None:
+        """A volume left over from an earlier job, idle for 5 days (the provider listing, simulated)."""
         from store.models import VolumeRecord
 
         now = self.engine.now()
@@ -161,6 +162,12 @@ class Demo:
                 )
             )
             s.commit()
+
+    def summary_and_reminders(self) -> None:
+        """The daily summary, then the reminders about the idle volumes it counts (the volume exists before
+        the summary, so its "Idle volumes" line and the reminder that follows speak of the same volume)."""
+        self.record_idle_volume()
+        self.engine.daily_summary(day="today")
         self.engine.volume_reminders()
 
     # ---- the script ------------------------------------------------------------------------------
@@ -213,8 +220,7 @@ class Demo:
         session.run([f"status {job_id}", "spend today"])
 
         self.step("7. The daily spend summary and an idle-volume reminder")
-        self.engine.daily_summary(day="today")
-        self.idle_volume()
+        self.summary_and_reminders()
         session.run(["volumes"])
 
         series = self.engine.series(job_id)

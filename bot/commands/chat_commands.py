@@ -58,11 +58,10 @@ def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore
 
 
 def _run_console(user: str) -> int:
-    from rich.console import Console
-
     from bot.chat.console import PROMPT, ConsoleNotifier, ConsoleSession, Ticker
+    from bot.chat.terminal import cli_console
 
-    console = Console()
+    console = cli_console()  # piped: tables neither wrap at 80 columns nor cut job ids
     settings, engine, chat = _runtime(user)
     ConsoleNotifier(engine, console, progress_every_s=5.0).attach(engine.bus)
     engine.resume_all()

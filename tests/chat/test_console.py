@@ -86,8 +86,12 @@ def test_events_are_printed(engine: FakeEngine) -> None:
     assert "80% of $5 today" in out
 
 
-def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "120"}
+def run_cli(
+    args: list[str], tmp_path: Path, stdin: str = "", *, columns: str | None = "120"
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "COLUMNS": columns or ""}
+    if columns is None:
+        env.pop("COLUMNS")
     for key in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
         env.pop(key, None)
     return subprocess.run(
@@ -210,3 +214,30 @@ def test_cli_serve_http_answers_signed_commands(tmp_path: Path) -> None:
                 out, _ = proc.communicate()
         assert "Traceback" not in out, out[-3000:]
         assert "xoxb-serve-test" not in out and "FAKE-SIGNING-SECRET" not in out
+
+
+def test_cli_console_piped_keeps_tables_whole(tmp_path: Path) -> None:
+    """Piped (no terminal, no COLUMNS), `tunebot console` neither wraps its tables at 80 columns nor cuts a
+    job id or a model name: a script grepping the output finds each job's row on one line."""
+    from store.db import make_engine, migrate
+    from store.models import Job
+
+    url = f"sqlite:///{tmp_path / 'data' / 'tunebot.db'}"
+    (tmp_path / "data").mkdir()
+    migrate(url)
+    db = make_engine(url)
+    from sqlmodel import Session
+
+    with Session(db) as s:
+        for n, job_id in enumerate(("3f9a0c1b2d4e", "7b8c9d0e1f2a")):
+            s.add(Job(id=job_id, owner="console", state="stopped", stop_reason="budget",
+                      request={"model": "meta-llama/Llama-3.1-8B-Instruct", "method": "qlora"},
+                      offer={}, provider="vast", gpu="rtx-4090", gpu_count=1, spend=0.123 + n,
+                      max_cost=2.0, created_at=1.0 + n, updated_at=1.0 + n))
+        s.commit()
+    db.dispose()
+    proc = run_cli(["console"], tmp_path, "jobs all\nexit\n", columns=None)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for job_id in ("3f9a0c1b2d4e", "7b8c9d0e1f2a"):
+        row = next((line for line in proc.stdout.splitlines() if job_id in line), "")
+        assert "meta-llama/Llama-3.1-8B-Instruct qlora" in row and "stopped (budget)" in row, proc.stdout

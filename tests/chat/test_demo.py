@@ -74,3 +74,36 @@ def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
     } - {None, "***"}
     for secret in [*FAKE_SECRETS.values(), *tokens]:
         assert secret not in out, f"secret {secret[:6]}... leaked"
+
+
+def test_demo_summary_counts_the_idle_volume_its_reminder_names(tmp_path: Path) -> None:
+    """Step 7 of the demo: the daily summary's idle-volume count and the reminder after it agree (the
+    summary used to say "Idle volumes: 0" right before reminding about an idle volume)."""
+    import io
+
+    from rich.console import Console
+
+    from bot.chat.console import ConsoleNotifier
+    from bot.demo import Demo
+    from bot.engine.service import Engine
+    from bot.providers.local import LocalProvider
+    from bot.settings import Settings
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=160, force_terminal=False, color_system=None)
+    demo = Demo(console, tmp_path)
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
+    demo.local = LocalProvider(workdir=tmp_path / "local")
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    demo.engine = Engine(settings, db_url=db_url, providers={"local": demo.local})
+    demo.notifier = ConsoleNotifier(demo.engine, console).attach(demo.engine.bus)
+    try:
+        demo.summary_and_reminders()
+    finally:
+        demo.engine.close()
+    out = " ".join(buf.getvalue().split())
+    summary = out.index("Daily spend summary")
+    reminder = out.index("Volume llama-8b-checkpoints")
+    assert summary < reminder, out
+    assert "Idle volumes: 1 ($14.00/month)" in out[summary:reminder], out
+    assert "Idle volumes: 0" not in out
