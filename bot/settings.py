@@ -135,6 +135,13 @@ class Settings(BaseSettings):
     wandb_entity: str | None = Field(
         None, alias="WANDB_ENTITY", description="the W&B entity (team) of the runs"
     )
+    wandb_mode: str | None = Field(
+        None,
+        alias="WANDB_MODE",
+        description="offline: runners log W&B files kept with the checkpoints (`wandb sync` them later; no "
+        "key needed); disabled: no W&B. A W&B that does not answer costs a run seconds, not minutes: it "
+        "logs offline and the job's thread says so",
+    )
     # Object storage for checkpoints and staged inputs (TUNEBOT_CHECKPOINT_URI): the runner gets these as
     # environment variables of its instance. AWS_ENDPOINT_URL points at any S3-compatible store.
     aws_access_key_id: SecretStr | None = Field(

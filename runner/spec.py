@@ -246,6 +246,7 @@ class RunnerEvent(BaseModel):
     output_uri: str | None = None
     message: str | None = None
     wandb_url: str | None = None  # the W&B run page (on `started` when logging online)
+    wandb_note: str | None = None  # on `started`: W&B did not answer, the run logs offline (and where)
     hub_url: str | None = None  # where the output was pushed (on the terminal event)
     timestamp: float = Field(default_factory=time.time)
     # What this run measured (terminal events; see runner/measure.py): max_memory_reserved_gb,

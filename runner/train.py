@@ -308,7 +308,8 @@ class Trainer:
         assert group is not None and self.max_steps is not None
         resumed = f"resumed from {self.resumed_from}" if self.resumed_from else None
         self.emit(EventKind.started, message=resumed,
-                  wandb_url=self.wandb.url if self.wandb is not None else None)
+                  wandb_url=self.wandb.url if self.wandb is not None else None,
+                  wandb_note=self._wandb_note())
         from runner.measure import RunMeter
 
         self.meter = RunMeter(group.device)
@@ -590,9 +591,18 @@ class Trainer:
             metrics=self.meter.result() if self.meter is not None else None,
         )
 
+    def _wandb_note(self) -> str | None:
+        """What the thread should know about W&B: it did not answer, so this run logs offline (and where)."""
+        if self.wandb is None or not self.wandb.note:
+            return None
+        from runner.wandb_log import sync_hint
+
+        return f"{self.wandb.note}; {sync_hint(self.spec.checkpoint.uri)}"
+
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
+            self.wandb.save_offline(self.spec.checkpoint.uri)  # offline runs outlive the instance
         if self.reporter is not None:
             self.reporter.close()
         if self.group is not None:

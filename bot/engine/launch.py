@@ -112,7 +112,7 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
         },
         "wandb": {
             "run_id": job.id,
-            "mode": "online" if settings.wandb_api_key else "disabled",
+            "mode": wandb_mode(settings),
             "project": settings.wandb_project,
             "entity": settings.wandb_entity,
         },
@@ -129,6 +129,16 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
     spec["job_id"] = job.id
     spec["report"]["token"] = token
     return JobSpec.model_validate(spec)
+
+
+def wandb_mode(settings: Any) -> str:
+    """online with a WANDB_API_KEY, unless WANDB_MODE says offline or disabled (offline works without one)."""
+    asked = (settings.wandb_mode or "").strip().lower()
+    if asked == "disabled":
+        return "disabled"
+    if asked in ("offline", "dryrun"):
+        return "offline"
+    return "online" if settings.wandb_api_key else "disabled"
 
 
 def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:

@@ -186,6 +186,15 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
             )
         if e.kind is EventKind.warning and e.message:
             eng.publish(EngineEventKind.warning, job_id, f"Job {job_id}: {e.message}", job=owner_job)
+        if e.kind is EventKind.started and e.wandb_note and not _wandb_noted(eng, job_id, e.seq):
+            eng.publish(  # once per job: every resume would say the same while W&B stays away
+                EngineEventKind.link,
+                job_id,
+                e.wandb_note,
+                job=owner_job,
+                url=None,
+                name="Weights & Biases",
+            )
         if e.kind.value in TERMINAL and e.metrics:
             from bot.engine.calibration import record_run
 
@@ -214,6 +223,19 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
             tokens_per_second=e.tokens_per_second,
             checkpoint_uri=e.checkpoint_uri,
         )
+
+
+def _wandb_noted(eng: EngineContext, job_id: str, seq: int) -> bool:
+    """Whether an earlier run of the job already told its thread that W&B logs offline."""
+    with eng.session() as s:
+        payloads = s.execute(
+            select(RunnerEventRecord.payload).where(
+                RunnerEventRecord.job_id == job_id,
+                RunnerEventRecord.kind == EventKind.started.value,
+                RunnerEventRecord.seq != seq,
+            )
+        ).scalars()
+        return any(isinstance(p, dict) and p.get("wandb_note") for p in payloads)
 
 
 def _known(s: Any, job_id: str, seqs: list[int]) -> dict[int, RunnerEventRecord]:
