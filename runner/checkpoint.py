@@ -4,7 +4,9 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
 
     <uri>/checkpoint-<step>/
         adapter_model.safetensors | model.safetensors   trainable weights (adapter for LoRA/QLoRA)
-        | trainable.safetensors                          (FSDP: trainable parameters by name)
+        | trainable.safetensors                          (FSDP LoRA: trainable parameters by name)
+        adapter_config.json | config.json, tokenizer     what makes the folder loadable by peft /
+                                                         transformers on its own (runner/loadable.py)
         optimizer.pt  scheduler.pt                       torch state dicts
         rng_state_<rank>.pth                             python, numpy, torch and CUDA RNG per rank
         trainer_state.json                               step, data position, tokens, plateau, seq, W&B id
@@ -129,7 +131,9 @@ def checkpoint_weights(model: Any, wrapped: Any, *, fsdp: bool,
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         full = get_model_state_dict(wrapped, options=full_state_options())
-        return TRAINABLE_FILE, _unshared({k: v for k, v in full.items() if k in trainable_names})
+        # A full fine-tune's trainable weights are the whole model: model.safetensors, loadable as it is.
+        name = TRAINABLE_FILE if _is_peft(model) else MODEL_FILE
+        return name, _unshared({k: v for k, v in full.items() if k in trainable_names})
     if _is_peft(model):
         from peft import get_peft_model_state_dict
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import shutil
 import signal
 import sys
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from runner import checkpoint as ckpt
-from runner import manifest
+from runner import loadable, manifest
 from runner.distributed import Group, setup, wrap
 from runner.integrity import key_from_env
 from runner.spec import (
@@ -480,6 +479,10 @@ class Trainer:
                 ckpt.write_local(local, weights=weights, optimizer_state=optim,
                                  scheduler=self.scheduler, state=self.state, rng_states=rngs,
                                  spec_json=self.spec.redacted().model_dump_json(indent=2))
+                # Every checkpoint is also a result people can load (a stopped job's is all there is).
+                loadable.add_loadable_files(local, self.model, self.tokenizer,
+                                            trainable=weights[1] if self.fsdp else None,
+                                            base_name=self.spec.base_model_name)
                 manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
                 uri = self.store.upload(local, self.state.step)
             self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
@@ -505,7 +508,7 @@ class Trainer:
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
                 local = Path(tmp)
                 save_final(self.model, self.tokenizer, local, state_dict=full_state)
-                _point_adapter_at(local, self.spec.base_model_name)
+                loadable.point_adapter_at(local, self.spec.base_model_name)
                 cost = self._cost()
                 summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,
                            "tokens": self.state.tokens_seen, "final_loss": self.state.last_loss,
@@ -608,16 +611,6 @@ class Trainer:
         if self.group is not None:
             self.group.close()
 
-
-
-def _point_adapter_at(folder: Path, base: str | None) -> None:
-    """peft writes the local base folder into adapter_config.json; the name people load it by is better."""
-    path = folder / "adapter_config.json"
-    if base is None or not path.is_file() or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", base):
-        return  # only a hub id is a name others can load the base by
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["base_model_name_or_path"] = base
-    path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def _next_seq_in_progress(spec: JobSpec) -> int:

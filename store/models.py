@@ -60,8 +60,11 @@ class Job(SQLModel, table=True):
     claimed_at: float | None = None
     retry_count: int = 0
     preemptions: int = 0
-    checkpoint_uri: str | None = None
-    output_uri: str | None = None
+    checkpoint_uri: str | None = None  # the job's checkpoint folder (every run of it resumes from there)
+    output_uri: str | None = None  # the final output, once the runner saved one (finished, plateau)
+    # The newest complete checkpoint (a loadable adapter or model): a stopped or failed job's result.
+    last_checkpoint_uri: str | None = None
+    last_checkpoint_step: int | None = None
 
     outcome: str | None = None  # the runner's terminal event: finished | plateau | failed
     last_event_seq: int = -1

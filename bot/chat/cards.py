@@ -23,7 +23,8 @@ from bot.chat.replies import (
     Text,
 )
 from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
-from bot.engine.jobstate import OPEN
+from bot.engine.jobstate import OPEN, resumable
+from bot.engine.results import how_to_load
 from bot.money import money
 from bot.planner.result import Estimate, RankedOffer
 from bot.planner.training import describe as describe_plan
@@ -365,7 +366,24 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
     ]
     if job.output_uri:
         fields.append(("Output", f"`{esc(job.output_uri)}`"))
+    elif job.checkpoint_uri:  # a stopped or failed job's result; a running job's newest save
+        fields.append(("Checkpoint", f"`{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})"))
     return fields
+
+
+def result_hints(job: JobView) -> list[str]:
+    """How to use what a stopped or failed job left: load its checkpoint, resume it, or clone it."""
+    if not resumable(job.state, job.stop_reason):
+        return []
+    job_id = esc(job.job_id)
+    if job.checkpoint_uri:
+        load = how_to_load(job.method, job.model, job.checkpoint_uri)
+        first = f"Load the checkpoint: `{esc(load)}`"
+        go_on = f"`resume {job_id} [max_cost=$X]` continues from it"
+    else:
+        first = "No checkpoint was saved"
+        go_on = f"`resume {job_id} [max_cost=$X]` starts it again"
+    return [f"{first} · {go_on} · `clone {job_id} key=value ...` relaunches it with changes"]
 
 
 def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
@@ -379,6 +397,9 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     reply.add(Fields(job_fields(job)))
     if job.message:
         reply.add(Context([esc(job.message)]))
+    hints = result_hints(job)
+    if hints:
+        reply.add(Context(hints))
     updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     reply.add(Context([f"updated {updated}"]))
     if with_buttons and job.state in ACTIVE_STATES:
@@ -397,7 +418,31 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
                 ]
             )
         )
+    elif with_buttons and hints:
+        reply.add(Buttons([Button("Resume", "resume_job", job.job_id, style="primary")]))
     return reply
+
+
+def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
+    """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first."""
+    job_id = esc(job.job_id)
+    if job.state == "pending_approval":
+        return Reply(
+            parts=[Text(f":hourglass: Job *{job_id}* resumes with a cap of {money(job.max_cost)}, above the "
+                        f"{money(approval_above)} approval amount: an admin has been asked to approve it.")],
+            fallback=f"Job {job_id} awaits approval to resume",
+            kind="warning",
+        )
+    if job.message and job.state not in ("approved", "launching", "running", "recovering"):
+        return Reply(parts=[Text(esc(job.message))], fallback=esc(job.message))
+    where = (f"from `{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})" if job.checkpoint_uri
+             else "from the beginning (no checkpoint was saved)")
+    return Reply(
+        parts=[Text(f":arrow_forward: Resuming job *{job_id}* {where}; it is {esc(job.state)}, spend so far "
+                    f"{money(job.spend)} of max {money(job.max_cost)}. Progress goes to its thread.")],
+        fallback=f"Resuming job {job_id}",
+        kind="success",
+    )
 
 
 def jobs_reply(
@@ -448,6 +493,9 @@ def _job_notes(job: JobView) -> list[str]:
     notes = [f"`{esc(job.job_id)}` {esc(job.message)}"] if job.message else []
     if job.output_uri:
         notes.append(f"`{esc(job.job_id)}` output: `{esc(job.output_uri)}`")
+    elif job.checkpoint_uri and resumable(job.state, job.stop_reason):
+        where = f"`{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})"
+        notes.append(f"`{esc(job.job_id)}` checkpoint: {where}")
     return notes
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bot.chat import cards
-from bot.chat.grammar import ApproveCmd, LaunchCmd, ParseError, parse
+from bot.chat.grammar import ApproveCmd, CloneCmd, LaunchCmd, ParseError, parse
 from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.notifier import MILESTONES, K, milestone_text, summary_reply, volume_from_event
 from bot.chat.replies import Buttons, Reply, error_reply
@@ -164,7 +164,7 @@ class ConsoleSession:
         else:
             reply = self.chat.handle(command, self.actor)
         self.say(reply)
-        if isinstance(command, LaunchCmd) and reply.buttons:
+        if isinstance(command, LaunchCmd | CloneCmd) and reply.buttons:
             return self._confirm(reply, stream)
         return reply
 

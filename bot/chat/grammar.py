@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import ValidationError
@@ -24,6 +24,8 @@ COMMAND_USAGE: dict[str, str] = {
     "status": "status [JOB]",
     "jobs": "jobs [mine|all]",
     "stop": "stop JOB",
+    "resume": "resume JOB [max_cost=$X]",
+    "clone": "clone JOB [key=value ...]",
     "approve": "approve JOB",
     "spend": "spend [today|week|month] [@user]",
     "volumes": "volumes",
@@ -99,6 +101,24 @@ class StopCmd(Command):
 
 
 @dataclass(frozen=True)
+class ResumeCmd(Command):
+    """Continue a stopped or failed job from its newest checkpoint (a higher cap with max_cost=)."""
+
+    name: ClassVar[str] = "resume"
+    job_id: str
+    max_cost: float | None = None
+
+
+@dataclass(frozen=True)
+class CloneCmd(Command):
+    """Relaunch a job with some options changed: estimated, priced and launched like `launch`."""
+
+    name: ClassVar[str] = "clone"
+    job_id: str
+    changes: dict[str, Any] = field(default_factory=dict)  # EstimateRequest fields (the options table's)
+
+
+@dataclass(frozen=True)
 class ApproveCmd(Command):
     name: ClassVar[str] = "approve"
     job_id: str
@@ -144,7 +164,7 @@ class HelpCmd(Command):
 
 def usage_for(name: str) -> str:
     line = "/tune " + COMMAND_USAGE[name]
-    return line + ("\n" + KEYS_HELP if name in ("estimate", "launch") else "")
+    return line + ("\n" + KEYS_HELP if name in ("estimate", "launch", "clone") else "")
 
 
 def _split(text: str) -> list[str]:
@@ -192,6 +212,24 @@ def _job_arg(name: str, args: list[str], *, required: bool) -> str | None:
     if not is_job_id(args[0]):  # the engine's own shape (bot/engine/ids.py)
         raise ParseError(f"{shown(args[0])} is not a job id", usage_for(name))
     return args[0]
+
+
+def _resume(args: list[str]) -> ResumeCmd:
+    if not args or "=" in args[0]:
+        raise ParseError("`resume` needs a JOB id first (see `jobs`)", usage_for("resume"))
+    job_id = _job_arg("resume", args[:1], required=True) or ""
+    values = _key_values("resume", args[1:])
+    if set(values) - {"max_cost"}:
+        raise ParseError("`resume` takes only max_cost=$X (to change anything else, `clone` the job)",
+                         usage_for("resume"))
+    return ResumeCmd(job_id=job_id, max_cost=values.get("max_cost"))
+
+
+def _clone(args: list[str]) -> CloneCmd:
+    if not args or "=" in args[0]:
+        raise ParseError("`clone` needs a JOB id first (see `jobs`)", usage_for("clone"))
+    job_id = _job_arg("clone", args[:1], required=True) or ""
+    return CloneCmd(job_id=job_id, changes=_key_values("clone", args[1:]))
 
 
 def _user_ref(text: str) -> str | None:
@@ -282,6 +320,10 @@ def parse(text: str) -> Command:
         return StopCmd(job_id=_job_arg("stop", args, required=True) or "")
     if name == "approve":
         return ApproveCmd(job_id=_job_arg("approve", args, required=True) or "")
+    if name in ("resume", "continue"):
+        return _resume(args)
+    if name == "clone":
+        return _clone(args)
     if name == "spend":
         return _spend(args)
     if name == "volumes":

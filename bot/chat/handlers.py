@@ -28,6 +28,7 @@ from bot.chat.grammar import (
     ApproveCmd,
     BudgetSetCmd,
     BudgetShowCmd,
+    CloneCmd,
     Command,
     EstimateCmd,
     GpusCmd,
@@ -36,6 +37,7 @@ from bot.chat.grammar import (
     LaunchCmd,
     LaunchFormCmd,
     ParseError,
+    ResumeCmd,
     SpendCmd,
     StatusCmd,
     StopCmd,
@@ -204,6 +206,10 @@ class ChatHandlers:
     def stop(self, job_id: str, actor: Actor) -> Reply:
         return self._safely(lambda: self._stop(check_job_id(job_id), actor))
 
+    def resume(self, job_id: str, actor: Actor) -> Reply:
+        """The card's Resume button: `resume JOB` with the job's cap."""
+        return self._safely(lambda: self._resume(job_id, None, actor))
+
     def volume_action(self, ref: str, action: str, actor: Actor) -> Reply:
         return self._safely(lambda: self._volume(ref, action, actor))
 
@@ -228,6 +234,8 @@ class ChatHandlers:
         if isinstance(command, EstimateCmd | LaunchCmd):
             r = command.request
             return f":hourglass: Estimating {esc(r.model[:200])} {r.method}…"
+        if isinstance(command, CloneCmd):
+            return f":hourglass: Estimating a clone of job {esc(command.job_id)}…"
         if isinstance(command, HelpCmd):
             return None
         return ":hourglass: Working on it…"
@@ -287,6 +295,14 @@ class ChatHandlers:
             return cards.jobs_reply(jobs, title="All jobs" if user is None else "Your jobs")
         if isinstance(command, StopCmd):
             return self._stop(command.job_id, actor)
+        if isinstance(command, ResumeCmd):
+            return self._resume(command.job_id, command.max_cost, actor)
+        if isinstance(command, CloneCmd):
+            decision = self.permissions.can_launch(actor.user, actor.channel)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            request = self.engine.clone_request(command.job_id, command.changes)
+            return self._estimate(self._checked_sources(request, actor), actor, launching=True)
         if isinstance(command, ApproveCmd):
             return self._approve(command.job_id, actor)
         if isinstance(command, SpendCmd):
@@ -471,6 +487,11 @@ class ChatHandlers:
             f":octagonal_sign: Stopping job *{esc(job.job_id)}* ({esc(job.state)}); spend so far "
             f"{cards.money(job.spend)}."
         )
+
+    def _resume(self, job_id: str, max_cost: float | None, actor: Actor) -> Reply:
+        """Ask the engine to continue the job (it checks the owner, the cap and approval)."""
+        job = self.engine.resume(job_id, user=actor.user, max_cost=max_cost, channel=actor.channel)
+        return cards.resumed_reply(job, approval_above=self.permissions.approval_above)
 
     def _volume(self, ref: str, action: str, actor: Actor) -> Reply:
         provider, sep, volume_id = ref.partition(":")

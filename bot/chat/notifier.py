@@ -41,6 +41,7 @@ MILESTONES = {
     K.finished,
     K.failed,
     K.stopped,
+    K.resumed,
     K.link,
     K.warning,
 }
@@ -88,6 +89,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         )
     if event.kind == K.warning:
         return f":warning: {msg}"
+    if event.kind == K.resumed:
+        return f":arrow_forward: {msg}"
     if event.kind == K.link:
         return f":bar_chart: {esc(d.get('name') or 'Link')}: {esc(d.get('url') or '') or msg}"
     if event.kind == K.failed:

@@ -40,6 +40,7 @@ _EMOJI = {
     ":octagonal_sign:": "■",
     ":wastebasket:": "🗑",
     ":bell:": "🔔",
+    ":arrow_forward:": "▶",
 }
 
 

@@ -1,4 +1,5 @@
-"""`tunebot launch | jobs | approve | stop | spend | reconcile | volumes`: the job engine on the command line.
+"""`tunebot launch | jobs | approve | stop | resume | clone | spend | reconcile | volumes`: the job engine on
+the command line.
 
 Each command builds an ``Engine`` on the configured database (SQLite in the data folder by default)
 and providers (the local one always). Heavy imports happen inside the commands. Bad input gets a
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -83,13 +84,20 @@ def _launch(
     wait: bool = False,
 ) -> None:
     from bot.commands.request_cli import build_request
+
+    req = build_request(model, pairs)
+    _create(req, choice=choice, user=user, team=team, key=key, wait=wait)
+
+
+def _create(req: Any, *, choice: str, user: str | None, team: str | None, key: str | None, wait: bool,
+            engine: Any = None) -> None:
+    """Create (and launch) the job for a request, print its card, then follow it with ``wait``."""
     from bot.engine.api import EngineError
     from bot.planner.errors import PlanningError
 
-    req = build_request(model, pairs)
     if not req.dataset:
         _fail("a dataset is needed to launch: --dataset PATH or dataset=PATH (a jsonl file or URI)")
-    engine = _engine()
+    engine = engine or _engine()
     try:
         view = engine.create_job(
             req, user=_user(user), choice=choice, max_cost=req.max_cost, idempotency_key=key, team=team
@@ -100,6 +108,11 @@ def _launch(
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
+    _follow(engine, view, wait)
+
+
+def _follow(engine: Any, view: JobView, wait: bool) -> None:
+    """With ``wait``: tick the engine and print each change until the job ends; then close the engine."""
     try:
         while wait and view.state not in FINAL_STATES + (JobState.PENDING_APPROVAL,):
             time.sleep(2.0)
@@ -116,15 +129,70 @@ def _launch(
         engine.close()
 
 
-def _launch_command():  # type: ignore[no-untyped-def]
-    import inspect
+def resume_command(
+    job_id: str = typer.Argument(..., help="The stopped or failed job to continue."),
+    max_cost: str | None = typer.Option(
+        None, "--max-cost", "--budget", help="A new spend cap for the whole job, e.g. '$5' (a budget-stopped "
+        "job needs a higher one; above the approval amount it needs approval).", show_default=False),
+    user: str | None = typer.Option(None, "--user", help="Who asks (default: $USER)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
+) -> None:
+    """Continue a stopped or failed job from its newest checkpoint (same job, same cap unless --max-cost)."""
+    from bot.engine.api import EngineError
 
-    from bot.commands.request_cli import request_command
+    cap = None
+    if max_cost is not None:
+        from bot.planner.options import parse_money
+
+        try:
+            cap = parse_money(max_cost)
+        except ValueError as exc:
+            _fail(f"max_cost (--max-cost): {exc}")
+    engine = _engine()
+    try:
+        view = engine.resume(job_id, user=_user(user), max_cost=cap)
+    except EngineError as exc:
+        engine.close()
+        _fail(str(exc))
+    from bot.chat.cards import resumed_reply
+
+    _show(resumed_reply(view, approval_above=engine.permissions.approval_above))
+    _print_job(view)
+    if view.state == JobState.PENDING_APPROVAL:
+        _approval_hint(view.job_id)
+    _follow(engine, view, wait)
+
+
+def _clone(
+    job_id: str,
+    pairs: list[tuple[str, str]],
+    *,
+    choice: str = "cheapest",
+    user: str | None = None,
+    team: str | None = None,
+    key: str | None = None,
+    wait: bool = False,
+) -> None:
+    from bot.commands.request_cli import parse_pairs
+    from bot.engine.api import EngineError
+
+    changes = parse_pairs(pairs)
+    engine = _engine()
+    try:
+        req = engine.clone_request(job_id, changes)
+    except EngineError as exc:
+        engine.close()
+        _fail(str(exc))
+    _create(req, choice=choice, user=user, team=team, key=key, wait=wait, engine=engine)
+
+
+def _job_options():  # type: ignore[no-untyped-def]
+    import inspect
 
     def param(name: str, annotation: object, default: object) -> inspect.Parameter:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
-    extra = [
+    return [
         param("choice", str, typer.Option("cheapest", "--choice",
                                           help="cheapest, safest, fastest or an offer key.")),
         param("user", str | None, typer.Option(None, "--user", help="Who asks (default: $USER).")),
@@ -134,9 +202,26 @@ def _launch_command():  # type: ignore[no-untyped-def]
         param("wait", bool, typer.Option(False, "--wait",
                                          help="Follow the job here until it ends (ticks every 2 s).")),
     ]
+
+
+def _clone_command():  # type: ignore[no-untyped-def]
+    from bot.commands.request_cli import request_command
+
+    return request_command(
+        _clone,
+        _job_options(),
+        "Relaunch a job with changes: its options, with the ones given here changed (the same options as "
+        "`tunebot launch`), estimated and priced again, launched as a new job.",
+        first=("job_id", "The job to clone (any state)."),
+    )
+
+
+def _launch_command():  # type: ignore[no-untyped-def]
+    from bot.commands.request_cli import request_command
+
     return request_command(
         _launch,
-        extra,
+        _job_options(),
         "Launch a fine-tune on the chosen offer (price locked now; approval above the configured amount). "
         "The same options as `tunebot estimate` and /tune; max_cost is the job's spend cap (default: 2x the "
         "estimate).",
@@ -295,6 +380,8 @@ def register(app: typer.Typer) -> None:
     app.command("jobs")(jobs_command)
     app.command("approve")(approve_command)
     app.command("stop")(stop_command)
+    app.command("resume")(resume_command)
+    app.command("clone")(_clone_command())
     app.command("spend")(spend_command)
     app.command("reconcile")(reconcile_command)
     app.command("volumes")(volumes_command)

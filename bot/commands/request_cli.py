@@ -39,17 +39,21 @@ def _parameter(option: Option) -> inspect.Parameter:
                              annotation=annotation)
 
 
+MODEL_HELP = "Hub id, short name (llama-3.1-8b), config.json or model folder."
+
+
 def request_command(
-    body: Callable[..., None], extra: list[inspect.Parameter], doc: str
+    body: Callable[..., None], extra: list[inspect.Parameter], doc: str, *,
+    first: tuple[str, str] = ("model", MODEL_HELP),
 ) -> Callable[..., None]:
-    """A typer command: MODEL, then key=value words, the option flags, and the command's own ``extra``.
+    """A typer command: MODEL (or ``first``: name, help), then key=value words, the option flags, and the
+    command's own ``extra``.
 
     ``body(model, pairs, **extra)`` gets the options as (key, text) pairs in the order given.
     """
     params = [
-        inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
-                          default=typer.Argument(..., help="Hub id, short name (llama-3.1-8b), config.json "
-                                                           "or model folder.")),
+        inspect.Parameter(first[0], inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
+                          default=typer.Argument(..., help=first[1])),
         inspect.Parameter("words", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[str] | None,
                           default=typer.Argument(None, metavar="[KEY=VALUE]...",
                                                  help="Options written as in /tune: tokens=20M seq=4k ...")),
@@ -75,12 +79,30 @@ def request_command(
                 _fail(f"`{word}` is not a key=value option (options: --help)")
             key, _, raw = word.partition("=")
             pairs.append((key, raw))
-        body(kwargs.pop("model"), pairs, **kwargs)
+        body(kwargs.pop(first[0]), pairs, **kwargs)
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = doc
     return command
+
+
+def parse_pairs(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The options as EstimateRequest fields; a clear message and exit code 2 on bad input."""
+    from bot.planner import options
+
+    try:
+        values = options.parse_values(pairs)
+    except options.OptionError as exc:
+        _fail(_cli_message(exc.key, exc.message))
+    if values.get("dataset") is not None:
+        from bot.planner.sources import SourceError, check_source
+
+        try:  # the operator may name any path, but not one no file system takes (NUL, over-long names)
+            check_source(values["dataset"], "dataset", None)
+        except SourceError as exc:
+            _fail(str(exc))
+    return values
 
 
 def build_request(model: str, pairs: list[tuple[str, str]]) -> Any:
@@ -90,16 +112,11 @@ def build_request(model: str, pairs: list[tuple[str, str]]) -> Any:
     from bot.planner import options
     from bot.planner.request import EstimateRequest
 
-    try:
-        values = options.parse_values(pairs)
-    except options.OptionError as exc:
-        _fail(_cli_message(exc.key, exc.message))
+    values = parse_pairs(pairs)
     from bot.planner.sources import SourceError, check_source
 
-    try:  # the operator may name any path, but not one no file system takes (NUL, over-long names)
+    try:
         check_source(model, "model", None)
-        if values.get("dataset") is not None:
-            check_source(values["dataset"], "dataset", None)
     except SourceError as exc:
         _fail(str(exc))
     try:

@@ -9,7 +9,7 @@ takes the acting user (for permissions and the audit log) and, where a person ma
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -46,7 +46,11 @@ class JobView(BaseModel):
     loss: float | None = None
     eta_seconds: float | None = None
     preemptions: int = 0
-    output_uri: str | None = None
+    output_uri: str | None = None  # the final output (finished, plateau); None otherwise
+    # The newest complete checkpoint: a loadable PEFT adapter (full: a model); a stopped or failed job's
+    # result, and where `resume` continues from.
+    checkpoint_uri: str | None = None
+    checkpoint_step: int | None = None
     channel: str | None = None
     thread_ts: str | None = None
     created_at: datetime
@@ -208,6 +212,12 @@ class EngineAPI(Protocol):
     def approve(self, job_id: str, *, approver: str) -> JobView: ...
 
     def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView: ...
+
+    def resume(
+        self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None
+    ) -> JobView: ...
+
+    def clone_request(self, job_id: str, changes: dict[str, Any]) -> EstimateRequest: ...
 
     def get_job(self, job_id: str) -> JobView: ...
 

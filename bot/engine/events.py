@@ -30,6 +30,7 @@ class EngineEventKind(StrEnum):
     finished = "finished"
     failed = "failed"
     stopped = "stopped"
+    resumed = "resumed"  # a stopped or failed job continues (`resume`): data {checkpoint_uri, max_cost}
     link = "link"  # a page about the job (the W&B run): data {url, name}
     warning = "warning"  # something about the job people should know (runner data refused, storage unscoped)
     budget_alert = "budget_alert"

@@ -120,15 +120,14 @@ def finish(
         job = s.get(Job, job_id)
         if job is None or job.state in S.FINAL:
             return False
+    result = _result_fields(eng, job, final, reason)  # reads storage: before any lock is taken
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state in S.FINAL:
+            return False
         # Record the decision (and the output) before touching the instance, so that an engine
         # restarted after a crash in this sequence finishes the same way instead of "recovering".
-        fields: dict[str, object] = {}
-        if job.output_uri is None and final in (S.SUCCEEDED, S.STOPPED):
-            from bot.engine.launch import storage_root
-
-            fields["output_uri"] = (job.spec_overrides or {}).get("output_uri") or (
-                f"{storage_root(eng, job_id)}/output"
-            )
+        fields: dict[str, object] = dict(result)
         outcome = {S.SUCCEEDED: "finished", S.FAILED: "failed"}.get(final)
         if final == S.STOPPED and reason == "plateau":
             outcome = "plateau"
@@ -186,13 +185,14 @@ def finish(
         kind = EngineEventKind.plateau if reason == "plateau" else EngineEventKind.stopped
     assert kind is not None
     note = f" {owner_job.message}." if owner_job.message and kind in _DONE else ""
+    output = f" Output: {owner_job.output_uri}." if owner_job.output_uri else ""
+    left = "" if kind in _DONE else _checkpoint_sentence(owner_job)
     text = {
-        EngineEventKind.finished: f"Job {job_id} finished. Output: {owner_job.output_uri}. "
+        EngineEventKind.finished: f"Job {job_id} finished.{output} Spend {money(spend)}.{note}",
+        EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau.{output} "
         f"Spend {money(spend)}.{note}",
-        EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau. Output: {owner_job.output_uri}. "
-        f"Spend {money(spend)}.{note}",
-        EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend {money(spend)}.",
-        EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend {money(spend)}.",
+        EngineEventKind.failed: f"Job {job_id} failed: {message or reason}. Spend {money(spend)}.{left}",
+        EngineEventKind.stopped: f"Job {job_id} stopped ({reason}). Spend {money(spend)}.{left}",
     }[kind]
     eng.publish(
         kind,
@@ -202,10 +202,44 @@ def finish(
         spend=round(spend, 6),
         reason=reason,
         output_uri=owner_job.output_uri,
+        checkpoint_uri=owner_job.last_checkpoint_uri,
+        checkpoint_step=owner_job.last_checkpoint_step,
         state=final,
         note=owner_job.message if kind in _DONE else None,
     )
     return True
+
+
+def _result_fields(eng: EngineContext, job: Job, final: str, reason: str | None) -> dict[str, object]:
+    """What the job leaves, confirmed on its storage: the output folder the runner reported (or, when its
+    event was missed, the usual one if it is there), and the newest complete checkpoint. Never a folder
+    that does not exist: a stopped or failed job has no output, its checkpoint is its result."""
+    from bot.engine import results
+
+    fields: dict[str, object] = {}
+    if job.output_uri is None and (final == S.SUCCEEDED or (final == S.STOPPED and reason == "plateau")):
+        from bot.engine.launch import storage_root
+
+        usual = (job.spec_overrides or {}).get("output_uri") or f"{storage_root(eng, job.id)}/output"
+        if results.exists(usual):
+            fields["output_uri"] = usual
+    newest = results.newest_checkpoint(job.checkpoint_uri)
+    if newest is not None:
+        fields.update(last_checkpoint_uri=newest.uri, last_checkpoint_step=newest.step)
+    elif job.last_checkpoint_uri and not results.exists(job.last_checkpoint_uri):
+        fields.update(last_checkpoint_uri=None, last_checkpoint_step=None)  # announced, then pruned or lost
+    return fields
+
+
+def _checkpoint_sentence(job: Job) -> str:
+    """' Latest checkpoint: URI (step N): a loadable adapter; `resume JOB` continues from it.' or ''."""
+    if not job.last_checkpoint_uri:
+        return " No checkpoint was saved."
+    what = "a loadable model" if (job.request or {}).get("method") == "full" else "a loadable PEFT adapter"
+    return (
+        f" Latest checkpoint: {job.last_checkpoint_uri} (step {job.last_checkpoint_step}), {what}; "
+        f"`resume {job.id}` continues from it."
+    )
 
 
 _DONE = (EngineEventKind.finished, EngineEventKind.plateau)

@@ -28,3 +28,9 @@ FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobS
 # Not finished yet, awaiting approval included: what a person calls an active job (the chat's "your
 # active jobs", `tunebot jobs --active`, the Stop button).
 OPEN = frozenset(JobState) - FINAL
+
+
+def resumable(state: str, stop_reason: str | None) -> bool:
+    """A job `resume` can continue: stopped (by its owner, its budget, idleness, a price rise) or failed. A
+    plateau stop ended on purpose with its output saved; a cancelled job never ran (clone it instead)."""
+    return state == JobState.FAILED or (state == JobState.STOPPED and stop_reason != "plateau")

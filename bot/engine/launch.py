@@ -526,7 +526,8 @@ def _commit_running(
             )
         if job.started_at is None:
             fields["started_at"] = now
-        recovered = job.retry_count > 0 or job.preemptions > 0
+        # a relaunch after a preemption, or a resumed job (it has a checkpoint to continue from)
+        recovered = job.retry_count > 0 or job.preemptions > 0 or job.last_checkpoint_uri is not None
         ok = False
         if job.state == S.LAUNCHING and job.claim_id == claim_id:
             res = s.execute(

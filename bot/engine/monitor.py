@@ -548,6 +548,8 @@ _PROGRESS_COLUMNS = (
     Job.state,
     Job.checkpoint_uri,
     Job.spec_overrides,
+    Job.last_checkpoint_uri,
+    Job.last_checkpoint_step,
 )
 
 
@@ -667,6 +669,12 @@ def ingest_many(
     return changed, written
 
 
+def _in_folder(uri: str | None, job: Job) -> bool:
+    """A checkpoint the runner announced lies in the job's own checkpoint folder (never elsewhere)."""
+    folder = (job.checkpoint_uri or "").rstrip("/")
+    return bool(uri and folder and uri.startswith(folder + "/checkpoint-") and ".." not in uri)
+
+
 def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
     """The job's progress columns after these new events (in seq order: the newest information wins)."""
     f: dict[str, Any] = {
@@ -678,9 +686,13 @@ def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
         "output_uri": job.output_uri,
         "outcome": job.outcome,
         "message": job.message,
+        "last_checkpoint_uri": job.last_checkpoint_uri,
+        "last_checkpoint_step": job.last_checkpoint_step,
     }
     for e in new:
         f["last_step"] = e.step
+        if e.kind in (EventKind.checkpoint, EventKind.preempted) and _in_folder(e.checkpoint_uri, job):
+            f["last_checkpoint_uri"], f["last_checkpoint_step"] = e.checkpoint_uri, e.step
         if e.max_steps:
             f["max_steps"] = e.max_steps
         if e.loss is not None:

@@ -234,6 +234,28 @@ class Engine:
     def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView:
         return jobs.stop(self.ctx, self.permissions, job_id, user=user, reason=reason)
 
+    def resume(
+        self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None
+    ) -> JobView:
+        """Continue a stopped or failed job from its newest checkpoint (bot/engine/resume.py)."""
+        from bot.engine import resume as resume_mod
+
+        return resume_mod.resume(
+            self.ctx,
+            self.permissions,
+            job_id,
+            user=user,
+            max_cost=max_cost,
+            channel=channel,
+            auto_launch=self.auto_launch,
+        )
+
+    def clone_request(self, job_id: str, changes: dict[str, Any]) -> EstimateRequest:
+        """A job's request with some options changed, to estimate and launch as a new job."""
+        from bot.engine import resume as resume_mod
+
+        return resume_mod.clone_request(self.ctx, job_id, changes)
+
     def get_job(self, job_id: str) -> JobView:
         return jobs.view(self.ctx, job_id)
 

@@ -41,6 +41,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     LAUNCHING: frozenset({RUNNING, RECOVERING, FAILED, STOPPED, CANCELLED, PENDING_APPROVAL}),
     RUNNING: frozenset({RECOVERING, SUCCEEDED, FAILED, STOPPED}),
     RECOVERING: frozenset({LAUNCHING, RUNNING, FAILED, STOPPED, SUCCEEDED}),
+    # `resume`: a stopped or failed job runs again from its checkpoint (bot/engine/resume.py)
+    STOPPED: frozenset({APPROVED, PENDING_APPROVAL}),
+    FAILED: frozenset({APPROVED, PENDING_APPROVAL}),
 }
 
 

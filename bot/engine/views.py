@@ -37,6 +37,8 @@ def job_view(
         eta_seconds=job.eta_seconds,
         preemptions=job.preemptions,
         output_uri=job.output_uri,
+        checkpoint_uri=job.last_checkpoint_uri,
+        checkpoint_step=job.last_checkpoint_step,
         channel=job.channel,
         thread_ts=job.thread_ts,
         created_at=ts(job.created_at),

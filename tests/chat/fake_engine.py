@@ -13,6 +13,7 @@ from bot.engine.api import (
     EngineError,
     JobSeries,
     JobView,
+    PermissionDenied,
     SpendLine,
     SpendPace,
     SpendReport,
@@ -208,6 +209,21 @@ class FakeEngine:
         state = "cancelled" if job.state == "pending_approval" else "stopped"
         self.jobs[job_id] = job = job.model_copy(update={"state": state, "stop_reason": reason})
         return job
+
+    def resume(self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None):
+        job = self.get_job(job_id)
+        if job.state not in ("stopped", "failed") or job.stop_reason == "plateau":
+            raise EngineError(f"job {job_id} is {job.state}: only a stopped or failed job can be resumed")
+        if user != job.owner:
+            raise PermissionDenied(f"only {job.owner} or an admin can resume job {job_id}")
+        cap = job.max_cost if max_cost is None else max_cost
+        self.jobs[job_id] = job = job.model_copy(update={"state": "running", "stop_reason": None,
+                                                          "max_cost": cap})
+        return job
+
+    def clone_request(self, job_id: str, changes: dict) -> EstimateRequest:
+        job = self.get_job(job_id)
+        return EstimateRequest(model=job.model, method=job.method, **changes)
 
     def get_job(self, job_id: str) -> JobView:
         try:

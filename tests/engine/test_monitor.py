@@ -81,10 +81,12 @@ def test_finished_event_finishes_the_job_and_terminates(engine, fake, clock):
 def test_plateau_stops_with_output(engine, fake):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    engine.record_runner_event(job.job_id, _token(fake), _sev(engine, job.job_id, 1, "plateau"))
+    out = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).output_uri
+    plateau = _sev(engine, job.job_id, 1, "plateau", output_uri=out)
+    engine.record_runner_event(job.job_id, _token(fake), plateau)
     engine.tick()
     view = engine.get_job(job.job_id)
-    assert view.state == "stopped" and view.stop_reason == "plateau" and view.output_uri
+    assert view.state == "stopped" and view.stop_reason == "plateau" and view.output_uri == out
     assert "plateau" in rec.kinds()
 
 

@@ -3,6 +3,8 @@ many times the job is resumed while W&B stays away."""
 
 from __future__ import annotations
 
+from fakes.runner_events import signed
+
 from runner.spec import JobSpec
 
 from .conftest import Recorder, estimate_for, request
@@ -17,8 +19,9 @@ def test_offline_wandb_note_is_posted_once_per_job(engine, fake):
     token = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
     first = {"job_id": job.job_id, "seq": 0, "kind": "started", "timestamp": 1000.0, "wandb_note": NOTE}
     again = {**first, "seq": 7, "timestamp": 2000.0, "message": "resumed from .../checkpoint-6"}
-    assert engine.record_runner_event(job.job_id, token, first)
-    assert engine.record_runner_event(job.job_id, token, again)  # a resumed run, still without W&B
+    assert engine.record_runner_event(job.job_id, token, signed(engine, first))
+    # a resumed run, still without W&B
+    assert engine.record_runner_event(job.job_id, token, signed(engine, again))
     notes = [e for e in rec.events if e.kind == "link"]
     assert len(notes) == 1, [e.message for e in notes]
     assert notes[0].message == NOTE and notes[0].data["name"] == "Weights & Biases"

@@ -42,6 +42,12 @@ def test_two_cpu_processes_train_lora_sharded_and_save_one_checkpoint_on_sigterm
     ckpt = Path(spec.checkpoint.uri) / f"checkpoint-{steps[0]}"
     assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
     assert (ckpt / "trainable.safetensors").exists()  # the adapters gathered from the FSDP shards
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    # ... and the same checkpoint is a PEFT adapter people can load by itself
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec.base_model), str(ckpt))
+    assert sum(1 for n, _ in model.named_parameters() if "lora_" in n) > 0
     assert sum(1 for line in proc.lines if line.startswith("{")) == 1  # only rank 0 prints the summary
 
 
@@ -58,8 +64,14 @@ def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_
     assert losses[-1] < losses[0] - 0.5, losses
 
     (step,) = CheckpointStore(spec.checkpoint.uri).complete_steps()
-    assert (Path(spec.checkpoint.uri) / f"checkpoint-{step}" / "trainable.safetensors").exists()
+    ckpt = Path(spec.checkpoint.uri) / f"checkpoint-{step}"
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists()
     from transformers import AutoModelForCausalLM
+
+    # the checkpoint is itself a whole model transformers loads
+    from_checkpoint = AutoModelForCausalLM.from_pretrained(str(ckpt))
+    assert sum(p.numel() for p in from_checkpoint.parameters()) == sum(
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(spec.base_model).parameters())
 
     # The gathered (unsharded) weights: a loadable model with every parameter, not one rank's shard.
     trained = AutoModelForCausalLM.from_pretrained(spec.output_uri)

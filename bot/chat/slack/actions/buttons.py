@@ -5,7 +5,8 @@ the volume verb) and whether the reply replaces the card it was clicked on, so t
 shape and a table. Launch: the estimate id in the button, one job per estimate however many clicks.
 Approve / Reject: admins only, never one's own job; the request card is replaced by the outcome, a
 refusal goes to the clicker only. Stop: the owner or an admin; the card itself is updated by the
-notifier on the stopped event, the clicker gets a line. Delete / Keep on an idle-volume reminder.
+notifier on the stopped event, the clicker gets a line. Resume (a stopped or failed job's card): the same
+rules as `/tune resume JOB`. Delete / Keep on an idle-volume reminder.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ BUTTONS: dict[str | re.Pattern[str], Listener] = {
     "approve_job": button("approve", "approve", replace=lambda reply: reply.kind == "success"),
     "reject_job": button("reject", "reject", replace=_public),
     "stop_job": button("stop", "stop"),
+    "resume_job": button("resume", "resume"),
     re.compile(r"^volume_(delete|keep)$"): button(
         "volume_action", "volume action", id_prefix="volume_", replace=_public
     ),

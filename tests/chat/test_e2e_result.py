@@ -1,0 +1,217 @@
+"""Every ending leaves a result, end to end: real tiny training on this CPU through the chat commands, the
+real engine and the local provider.
+
+- A job stopped by its owner half-way: its card points at its newest checkpoint, which peft loads on the
+  base model; `resume JOB` continues the same job to its last step, the loss going on from where it was.
+- A job stopped by its budget: `resume JOB` alone is refused with the cap that would let it finish;
+  `resume JOB max_cost=...` continues it to the end, its spend counting both runs.
+- `clone JOB steps=... lr=...` relaunches it with the changes, estimated and priced again.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.chat.handlers import Actor, ChatHandlers
+from bot.chat.permissions import Permissions
+from bot.chat.replies import Buttons, Reply
+from bot.chat.terminal import cli_console, render
+from bot.engine.jobstate import FINAL
+
+MAX_STEPS = 30
+# The job's training options, as a person types them; only the cadence of checkpoints and reports is the
+# test's own (seconds instead of minutes).
+OPTIONS = ("seq=256 batch=4 accum=1 r=8 alpha=16 lr=1e-2 warmup=5% scheduler=cosine "
+           f"steps={MAX_STEPS} seed=0 plateau=no checkpointing=no")
+CADENCE = {"checkpoint": {"every_minutes": 0.03, "keep": 2}, "report": {"every_seconds": 0.3}}
+ALICE = Actor("alice", None, operator=True)
+
+
+def text(reply: Reply) -> str:
+    buf = io.StringIO()
+    render(reply, cli_console(buf))
+    return " ".join(buf.getvalue().split())
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        from bot.engine.service import Engine
+        from bot.providers.local import LocalProvider
+        from bot.settings import Settings
+        from runner.tiny import make_tiny
+
+        tiny = make_tiny(tmp / "tiny", seed=0).parent
+        self.model, self.data = tiny / "model", tiny / "data.jsonl"
+        # $50/h makes seconds of CPU cost cents: enough for a cap to bite mid-run
+        self.local = LocalProvider(workdir=tmp / "local", price_per_hour=50.0,
+                                   extra_env={"PYTHONUNBUFFERED": "1"})
+        settings = Settings(TUNEBOT_DATA_DIR=str(tmp / "data"), TUNEBOT_RECONCILE_EVERY=1.0,
+                            TUNEBOT_HEARTBEAT_TIMEOUT=300, TUNEBOT_APPROVAL_ABOVE=50.0)
+        db_url = f"sqlite:///{tmp / 'db.sqlite'}"
+        self.engine = Engine(settings, db_url=db_url, providers={"local": self.local})
+        self.chat = ChatHandlers(self.engine, Permissions(approval_above=50.0),
+                                 job_options={"spec_overrides": CADENCE})
+
+    def say(self, line: str) -> Reply:
+        return self.chat.handle_text(line, ALICE)
+
+    def launch(self, line: str) -> str:
+        """`launch ...` (or `clone ...`), then the cheapest offer's button; the new job's id."""
+        reply = self.say(line)
+        buttons = [b for p in reply.parts if isinstance(p, Buttons) for b in p.buttons]
+        assert buttons, text(reply)
+        launched = self.chat.launch(buttons[0].value, "cheapest", ALICE)
+        assert launched.kind == "success", text(launched)
+        return next(j.job_id for j in self.engine.list_jobs(user="alice"))  # newest first
+
+    def until(self, done: Callable[[], bool], what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.engine.tick()
+            if done():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def job(self, job_id: str) -> Any:
+        return self.engine.get_job(job_id)
+
+    def close(self) -> None:
+        for inst in self.local.list_instances():
+            self.local.terminate(inst.instance_id)
+        self.engine.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _loads_with_peft(base: Path, checkpoint: str) -> int:
+    """PeftModel.from_pretrained on the base, as the card says; the number of adapter tensors loaded."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)), checkpoint)
+    saved = load_file(f"{checkpoint}/adapter_model.safetensors")
+    params = {n.replace(".default.", "."): p for n, p in model.named_parameters() if "lora_" in n}
+    assert saved and all(torch.equal(params[n].detach(), t) for n, t in saved.items())
+    return len(saved)
+
+
+def _losses(world: World, job_id: str) -> list[tuple[int, float]]:
+    return world.job(job_id).losses
+
+
+@pytest.mark.slow
+def test_stopped_by_its_owner_then_resumed_to_the_end(world: World) -> None:
+    job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
+    world.until(lambda: world.job(job_id).checkpoint_step is not None and world.job(job_id).step >= 8,
+                "a checkpoint past step 8")
+    stop = world.say(f"stop {job_id}")
+    assert "Stopping job" in text(stop)
+    world.until(lambda: world.job(job_id).state in FINAL, "the stop")
+    stopped = world.job(job_id)
+    assert stopped.state == "stopped" and stopped.stop_reason == "user", stopped.message
+    assert stopped.output_uri is None and stopped.checkpoint_uri
+    assert 0 < stopped.checkpoint_step < MAX_STEPS
+    card = text(world.say(f"status {job_id}"))
+    assert f"Checkpoint {stopped.checkpoint_uri} (step {stopped.checkpoint_step})" in card
+    assert f"resume {job_id}" in card and "PeftModel.from_pretrained" in card
+    assert _loads_with_peft(world.model, stopped.checkpoint_uri) > 0  # the result, usable as it is
+    before = _losses(world, job_id)
+
+    resumed = world.say(f"resume {job_id}")
+    assert f"Resuming job {job_id} from {stopped.checkpoint_uri}" in text(resumed), text(resumed)
+    world.until(lambda: world.job(job_id).state in FINAL, "the end of the resumed run")
+    done = world.job(job_id)
+    assert done.state == "succeeded" and done.step == MAX_STEPS, _audit(world, job_id)
+    assert done.output_uri and Path(done.output_uri, "adapter_model.safetensors").is_file()
+    # The loss goes on from where the stopped run left it, not from an untrained model's.
+    losses = _losses(world, job_id)
+    first_loss, last_before = before[0][1], before[-1][1]
+    after = [loss for step, loss in losses if step > stopped.checkpoint_step]
+    assert after and after[0] < first_loss - 0.5 * (first_loss - last_before), (before, losses)
+    assert after[-1] < last_before
+    logs = [world.local.log_path(i).read_text() for i in _instance_ids(world, job_id)]
+    assert len(logs) == 2 and f"resumed from {stopped.checkpoint_uri}" in logs[1]
+
+
+@pytest.mark.slow
+def test_stopped_by_its_budget_then_resumed_with_a_higher_cap(world: World) -> None:
+    from sqlalchemy import update
+
+    from store.models import Job
+
+    job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
+    world.until(lambda: world.job(job_id).checkpoint_step is not None and world.job(job_id).step >= 8,
+                "a checkpoint past step 8")
+    # The cap is reached now: lowered to what the job has spent (how long a CPU run takes on a shared
+    # machine is not predictable enough to pick a cap it reaches half-way).
+    cap = round(world.job(job_id).spend, 4)
+    with world.engine.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(max_cost=cap))
+        s.commit()
+    world.until(lambda: world.job(job_id).state in FINAL, "the budget stop")
+    stopped = world.job(job_id)
+    assert stopped.state == "stopped" and stopped.stop_reason == "budget", stopped
+    assert stopped.step < MAX_STEPS and stopped.checkpoint_uri, stopped
+    assert _loads_with_peft(world.model, stopped.checkpoint_uri) > 0
+    refused = text(world.say(f"resume {job_id}"))
+    hint = f"cap: resume it with a higher cap, e.g. resume {job_id} max_cost=$"
+    assert hint in refused, refused
+    assert world.job(job_id).state == "stopped"
+    resumed = text(world.say(f"resume {job_id} max_cost=$10"))
+    assert "Resuming job" in resumed and "of max $10.00" in resumed, resumed
+    world.until(lambda: world.job(job_id).state in FINAL, "the end of the resumed run")
+    done = world.job(job_id)
+    assert done.state == "succeeded" and done.step == MAX_STEPS, done.message
+    assert done.spend > stopped.spend  # one job: both runs' spend, under the new cap
+    assert done.max_cost == 10.0
+
+
+@pytest.mark.slow
+def test_clone_relaunches_with_changes(world: World) -> None:
+    job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
+    world.say(f"stop {job_id}")  # a job in any state may be cloned; this one need not use the CPU
+    clone_id = world.launch(f"clone {job_id} steps=12 lr=5e-3")
+    assert clone_id != job_id
+    world.until(lambda: world.job(clone_id).state in FINAL, "the clone")
+    clone = world.job(clone_id)
+    assert clone.state == "succeeded" and clone.step == 12 and clone.max_steps == 12, clone.message
+    import json
+
+    spec = json.loads(Path(clone.output_uri, "job.json").read_text())
+    assert spec["learning_rate"] == 5e-3 and spec["max_steps"] == 12 and spec["lora"]["r"] == 8
+
+
+def _instance_ids(world: World, job_id: str) -> list[str]:
+    from sqlalchemy import select
+
+    from store.models import Instance
+
+    with world.engine.session() as s:
+        rows = s.execute(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id)).scalars()
+        return [r.provider_instance_id for r in rows]
+
+
+def _audit(world: World, job_id: str) -> str:
+    from sqlalchemy import select
+
+    from store.models import AuditLog
+
+    with world.engine.session() as s:
+        rows = s.execute(select(AuditLog).where(AuditLog.job_id == job_id).order_by(AuditLog.id)).scalars()
+        return "\n".join(f"{r.action} {r.actor} {r.details}" for r in rows)
