@@ -81,14 +81,14 @@ def test_a_slack_user_cannot_make_the_bot_read_host_files(world, command: str) -
     text = text_of(reply)
     assert reply.kind == "error", text
     assert "data folder" in text or "not allowed" in text
-    for leaked in ("root:", "is not valid JSON", "PLANTED", "hunter2", "unrecognised", "Traceback"):
+    for leaked in ("root:", "is not valid JSON", "PLANTED", "hunter2", "cannot tell the dataset format", "Traceback"):
         assert leaked not in text
 
 
 def test_a_file_inside_the_data_folder_that_is_no_dataset_is_refused_without_its_keys(world) -> None:
     chat, _, _ = world
     text = text_of(chat.handle_text("estimate llama-3.1-8b dataset=creds.jsonl", ALICE))
-    assert "unrecognised dataset" in text and "PLANTED" not in text and "hunter2" not in text
+    assert "cannot tell the dataset format" in text and "PLANTED" not in text and "hunter2" not in text
 
 
 def test_a_dataset_inside_the_data_folder_is_estimated(world) -> None:
@@ -103,7 +103,7 @@ def test_the_console_operator_keeps_local_paths(world) -> None:
     operator = Actor("console", None, operator=True)
     text = text_of(chat.handle_text(f"estimate llama-3.1-8b dataset={tmp}/planted.jsonl", operator))
     assert "data folder" not in text
-    assert "unrecognised dataset" in text and "PLANTED" not in text  # still no content quoted
+    assert "cannot tell the dataset format" in text and "PLANTED" not in text  # still no content quoted
 
 
 def test_a_file_uploaded_to_slack_is_fetched_with_the_bot_token(world) -> None:
