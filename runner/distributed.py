@@ -186,14 +186,16 @@ def setup(gpus: int) -> Group:
     return Group(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
-def wrap(model: Any, group: Group, strategy: str) -> Any:
+def wrap(model: Any, group: Group, strategy: str, *, mixed: bool = False) -> Any:
     """The model wrapped for ``strategy`` (JobSpec.strategy: "none", "ddp" or "fsdp").
 
     FSDP: FULL_SHARD, transformer-block auto-wrap, use_orig_params=False. For LoRA/QLoRA peft's own
     policy (``peft.utils.other.fsdp_auto_wrap_policy``, what ``accelerate launch`` with FSDP uses for peft
     models) also gives every trainable Linear its own FSDP unit, so no flat parameter mixes trainable and
     frozen tensors and the adapters keep their dtype; weights, gradients and optimizer states are sharded,
-    as the planner prices every method on more than one GPU.
+    as the planner prices every method on more than one GPU. ``mixed`` (a full fine-tune with fp32 master
+    weights): FSDP's MixedPrecision gathers the units in bf16 and reduces gradients in fp32, so the traffic
+    and the unsharded units are 16-bit, as priced (bot/planner/speed.py, memory.py).
     """
     if not group.distributed or strategy == "none":
         return model
@@ -215,5 +217,13 @@ def wrap(model: Any, group: Group, strategy: str) -> Any:
     else:
         layer_classes = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
+    precision = None
+    if mixed:
+        import torch
+        from torch.distributed.fsdp import MixedPrecision
+
+        precision = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                   buffer_dtype=torch.bfloat16)
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                use_orig_params=False, device_id=group.device, limit_all_gathers=True)
+                use_orig_params=False, device_id=group.device, limit_all_gathers=True,
+                mixed_precision=precision)

@@ -1,12 +1,15 @@
 """Loading the base model and tokenizer, and making it trainable by method (full, LoRA, QLoRA).
 
-Dtypes: on CUDA the base weights are bfloat16 (full fine-tuning trains bf16 weights; LoRA adapters train on
-a bf16 base; QLoRA computes in bf16 over NF4 weights). On CPU everything is float32, because bf16 matmuls
-on CPU are slow and numerically coarser, and CPU runs exist for tests and demos only.
+Dtypes (runner.spec.Defaults.precision_for): a full fine-tune on CUDA keeps fp32 master weights and runs its
+forward under bf16 autocast (mixed precision; precision=bf16 asks for pure bf16 weights, fp32 for fp32
+compute); LoRA adapters (fp32, peft's default) train on a bf16 base; QLoRA computes in bf16 over NF4
+weights. On CPU everything is float32, because bf16 matmuls on CPU are slow and numerically coarser, and CPU
+runs exist for tests and demos only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -105,8 +108,24 @@ def attn_implementation(spec: JobSpec, device: torch.device) -> str:
     return spec.attn
 
 
-def compute_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def compute_dtype(device: torch.device, precision: str = "bf16") -> torch.dtype:
+    """The dtype activations are computed in: bf16 on CUDA (also under mixed precision's autocast)."""
+    return torch.bfloat16 if device.type == "cuda" and precision != "fp32" else torch.float32
+
+
+def weights_dtype(spec: JobSpec, device: torch.device) -> torch.dtype:
+    """The dtype the model is loaded in: fp32 master weights for a mixed-precision full fine-tune (the
+    forward runs under autocast, see ``uses_autocast``) or with precision fp32; else bf16 on CUDA, fp32 on
+    CPU."""
+    precision = spec.resolved_precision
+    if device.type != "cuda" or precision == "fp32" or (precision == "mixed" and spec.method is Method.full):
+        return torch.float32
+    return torch.bfloat16
+
+
+def uses_autocast(spec: JobSpec, device: torch.device) -> bool:
+    """fp32 master weights, bf16 matmuls: the full fine-tune's default on CUDA (runner.spec.Defaults)."""
+    return device.type == "cuda" and spec.method is Method.full and spec.resolved_precision == "mixed"
 
 
 def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bool = False,
@@ -115,8 +134,9 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
     ``target_modules``, default the spec's)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = compute_dtype(device)
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation(spec, device)}
+    dtype = compute_dtype(device, spec.resolved_precision)
+    kwargs: dict[str, Any] = {"dtype": weights_dtype(spec, device),
+                              "attn_implementation": attn_implementation(spec, device)}
     if spec.method is Method.qlora:
         from transformers import BitsAndBytesConfig
 
@@ -170,10 +190,11 @@ def trainable_parameters(model: Any) -> tuple[int, int]:
 
 
 def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
-               state_dict: dict[str, Any] | None = None) -> None:
+               state_dict: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
     """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers.
 
-    ``state_dict``: the full weights gathered from FSDP shards. For an adapter its LoRA tensors are taken
+    ``dtype``: the dtype a whole model is written in (bf16 after mixed precision). ``state_dict``: the full
+    weights gathered from FSDP shards. For an adapter its LoRA tensors are taken
     from it by name and written in peft's format (the adapter name dropped from the keys, as
     ``get_peft_model_state_dict`` does): peft's own helper walks the module tree, which FSDP has rewrapped,
     and found nothing (an empty adapter).
@@ -187,6 +208,15 @@ def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
                    for k, v in state_dict.items() if "lora_" in k and f".{name}." in k}
         save_file(adapter, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
         model.peft_config[name].save_pretrained(str(out_dir))
+    elif dtype is not None and not hasattr(model, "peft_config"):
+        # A mixed-precision full fine-tune trained fp32 master weights; the model people load is bf16 (half
+        # the download, what the planner prices as the output). Checkpoints keep fp32 for an exact resume.
+        state = model.state_dict() if state_dict is None else state_dict
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        model.save_pretrained(str(out_dir), state_dict=state)
+        config = json.loads((out_dir / "config.json").read_text())
+        config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     elif state_dict is not None:  # gathered from FSDP shards
         model.save_pretrained(str(out_dir), state_dict=state_dict)
     else:

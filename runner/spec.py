@@ -32,7 +32,14 @@ class Defaults:
     lora_r = 16
     lora_alpha_per_r = 2  # alpha = 2 x r when not given (the usual LoRA choice)
     lora_dropout = 0.0  # peft's default; > 0 keeps a dropout copy of each adapted input (priced)
-    learning_rate = 2e-4
+    learning_rate = 2e-4  # LoRA / QLoRA: adapters start at zero and need a large rate
+    full_learning_rate = 2e-5  # full fine-tuning moves every weight: 1e-5 to 5e-5 is the usual range
+    # How the trained weights are held on a GPU: a full fine-tune keeps fp32 master weights (and fp32 grads
+    # and AdamW states) and computes in bf16 under autocast ("mixed", 16-18 B/param); LoRA / QLoRA train fp32
+    # adapters on a bf16 base ("bf16": peft's own mixed precision). "bf16" for a full fine-tune is pure
+    # bf16 (8 B/param, updates below bf16's resolution are lost); "fp32" computes in fp32. CPU: all fp32.
+    full_precision = "mixed"
+    adapter_precision = "bf16"
     lr_scheduler = "cosine"
     warmup_ratio = 0.03
     weight_decay = 0.0
@@ -46,6 +53,14 @@ class Defaults:
     plateau_evaluations = 50  # the detector looks max_steps / 50 times (every 10 steps at least)
     plateau_warmup = 0.10  # no decision in the first 10% of the steps
     hub_private = True
+
+    @staticmethod
+    def learning_rate_for(method: str) -> float:
+        return Defaults.full_learning_rate if method == "full" else Defaults.learning_rate
+
+    @staticmethod
+    def precision_for(method: str) -> str:
+        return Defaults.full_precision if method == "full" else Defaults.adapter_precision
 
 
 class Method(StrEnum):
@@ -148,11 +163,15 @@ class JobSpec(_Strict):
     grad_accum: int = Field(1, ge=1, le=65536)
     epochs: float = Field(Defaults.epochs, gt=0, le=1000)
     max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/steps.py)
+    # Not given: Defaults.learning_rate_for(method) (2e-4 for adapters, 2e-5 for a full fine-tune).
     learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
     weight_decay: float = Field(Defaults.weight_decay, ge=0)
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
+    # None: Defaults.precision_for(method) ("mixed" for full: fp32 master weights + bf16 autocast; "bf16" for
+    # adapters on a bf16 base). See Defaults.full_precision.
+    precision: Literal["mixed", "bf16", "fp32"] | None = None
     packing: bool = True
     gradient_checkpointing: bool = True
     attn: Literal["eager", "sdpa", "flash"] = "sdpa"
@@ -174,7 +193,16 @@ class JobSpec(_Strict):
     def _known_version(self) -> JobSpec:
         if self.version > SPEC_VERSION:
             raise ValueError(f"JobSpec version {self.version} is newer than this runner ({SPEC_VERSION})")
+        if "learning_rate" not in self.model_fields_set:  # past __setattr__: still "not given"
+            self.__dict__["learning_rate"] = Defaults.learning_rate_for(self.method.value)
         return self
+
+    @property
+    def resolved_precision(self) -> str:
+        """"mixed", "bf16" or "fp32": as given, else the method's default (Defaults.precision_for)."""
+        if self.precision is None:
+            return Defaults.precision_for(self.method.value)
+        return "bf16" if self.precision == "mixed" and self.method is not Method.full else self.precision
 
     def redacted(self) -> JobSpec:
         """A copy without the report token, for everything written to disk, W&B or the output."""

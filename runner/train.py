@@ -181,9 +181,10 @@ class Trainer:
             raise InvalidJob(str(exc)) from None
         self.data, self.stats = data, data.stats
 
-        from runner.model import compute_dtype
+        from runner.model import compute_dtype, uses_autocast
 
-        self.dtype = compute_dtype(group.device)
+        self.dtype = compute_dtype(group.device, spec.resolved_precision)
+        self.autocast = uses_autocast(spec, group.device)
         attn = "flash" if spec.attn == "flash" and group.device.type == "cuda" else (
             "sdpa" if spec.attn == "flash" else spec.attn)
 
@@ -217,8 +218,9 @@ class Trainer:
             print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
                   f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
             print(f"length: {self.length.describe()}")
+            mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
             print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
-                  f"device {group.device}, dtype {self.dtype}, method {spec.method.value}, "
+                  f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
                   f"sharding {strategy}", flush=True)
 
         # 3. The weights.
@@ -241,7 +243,7 @@ class Trainer:
         try:
             if resume_dir is not None:
                 ckpt.read_weights(resume_dir, self.model)  # before wrapping: plain parameter names
-            self.ddp_model = wrap(self.model, group, strategy)
+            self.ddp_model = wrap(self.model, group, strategy, mixed=self.autocast)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
             self.optimizer = self._optimizer()
@@ -398,10 +400,11 @@ class Trainer:
             context = model.no_sync() if group.distributed and not sync_now and hasattr(model, "no_sync") \
                 else contextlib.nullcontext()
             with context:
-                logits = model(**inputs, use_cache=False).logits
-                summed = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                         labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
-                del logits  # autograd keeps what the loss needs; the bf16 logits need not outlive it
+                with self._precision():  # the forward and the loss; backward runs outside autocast
+                    logits = model(**inputs, use_cache=False).logits
+                    summed = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                             labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+                    del logits  # autograd keeps what the loss needs; the bf16 logits need not outlive it
                 # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
                 (summed * group.world / label_tokens).backward()
             loss_sum += summed.detach().double().cpu()
@@ -414,6 +417,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         (total,) = group.all_sum([float(loss_sum)])
         return total / label_tokens, int(tokens)
+
+    def _precision(self) -> Any:
+        """bf16 autocast over fp32 master weights (a mixed-precision full fine-tune), else nothing."""
+        if getattr(self, "autocast", False):
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _plateau_says_stop(self, step: int, train_loss: float) -> bool:
         """Feed the detector: the training loss every step, or the eval loss every ``every_steps`` steps
@@ -446,7 +455,8 @@ class Trainer:
         for batch in self.batches_for(self.data.eval, 0):
             inputs = {k: v.to(self.group.device) for k, v in batch.items()}
             labels = inputs.pop("labels")
-            logits = self.ddp_model(**inputs, use_cache=False).logits
+            with self._precision():
+                logits = self.ddp_model(**inputs, use_cache=False).logits
             total += float(F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                            labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"))
             count += batch.num_label_tokens
@@ -507,7 +517,8 @@ class Trainer:
 
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
                 local = Path(tmp)
-                save_final(self.model, self.tokenizer, local, state_dict=full_state)
+                save_final(self.model, self.tokenizer, local, state_dict=full_state,
+                           dtype=torch.bfloat16 if self.autocast else None)
                 loadable.point_adapter_at(local, self.spec.base_model_name)
                 cost = self._cost()
                 summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,

@@ -224,6 +224,7 @@ HF_CASES = [  # (label, planner request); the trace builds the same model and st
         dict(
             model="meta-llama/Llama-3.2-3B",
             method="full",
+            precision="bf16",  # traced as pure bf16 weights (tunebot's own default for full is mixed)
             batch_size=4,
             seq_len=768,
             gradient_checkpointing=False,
@@ -267,6 +268,7 @@ HF_CASES = [  # (label, planner request); the trace builds the same model and st
         dict(
             model="meta-llama/Llama-3.2-1B",
             method="full",
+            precision="bf16",  # traced as pure bf16 weights (tunebot's own default for full is mixed)
             batch_size=2,
             seq_len=1024,
             gradient_checkpointing=True,

@@ -141,6 +141,8 @@ def estimate_reply(
     if detailed:
         reply.add(Text(_model_line(estimate)))
     reply.add(Fields(_estimate_fields(estimate)))
+    for warning in estimate.warnings:
+        reply.add(Text(f":warning: {esc(warning)}"))
     if detailed:
         reply.add(_memory_table(estimate), Text(_speed_line(estimate)))
         if estimate.speed.calibration:

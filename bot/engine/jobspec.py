@@ -56,6 +56,7 @@ def spec_fields(
         "epochs": plan.epochs,
         "max_steps": plan.max_steps,
         "learning_rate": plan.learning_rate,
+        "precision": plan.precision,
         "lr_scheduler": plan.lr_scheduler,
         "warmup_ratio": plan.warmup_ratio,
         "weight_decay": plan.weight_decay,

@@ -16,6 +16,13 @@ from bot.planner.errors import BadRequestError
 MIB = 1024**2
 
 
+# PCIe x16, one direction, what a transfer really reaches (~80% of 16 / 32 / 64 GB/s for gen 3 / 4 / 5).
+PCIE_GBS = {3: 12.5, 4: 25.0, 5: 50.0}
+# GeForce cards have peer-to-peer over PCIe disabled by the driver: NCCL stages every transfer through host
+# memory (SHM transport), which about halves what a GPU exchanges with its peers.
+NO_P2P = 0.5
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -25,33 +32,48 @@ class GPU:
     dense_tflops: float
     matmul_tflops: float
     kind: str  # "consumer" | "workstation" | "datacenter" | "cpu"
-    interconnect_gbs: float  # per-GPU bandwidth to its peers (NVLink or PCIe), for FSDP
+    interconnect_gbs: float  # per-GPU bandwidth to its peers for FSDP's collectives: NVLink, else PCIe
+    host_link_gbs: float = PCIE_GBS[4]  # PCIe to the host (paged optimizer states, offload)
+    link: str = ""  # what the peers talk over, for the estimate's assumptions
 
 
 def _gpu(
-    name: str, label: str, mib: int, bw: float, dense: float, matmul: float, kind: str, link: float
+    name: str, label: str, mib: int, bw: float, dense: float, matmul: float, kind: str, *, pcie: int,
+    nvlink: float = 0.0, p2p: bool = True,
 ) -> GPU:
-    return GPU(name, label, mib * MIB / 1e9, bw, dense, matmul, kind, link)
+    """A card from its spec sheet: ``nvlink`` GB/s per GPU (0: none, the peers talk over PCIe gen ``pcie``,
+    directly or, without ``p2p``, through host memory)."""
+    host = PCIE_GBS[pcie]
+    if nvlink:
+        peers, link = nvlink, f"NVLink ({nvlink:g} GB/s per GPU)"
+    else:
+        peers = host * (1.0 if p2p else NO_P2P)
+        via = "" if p2p else ", no peer-to-peer: via host memory"
+        link = f"PCIe {pcie}.0 x16 ({peers:g} GB/s per GPU{via})"
+    return GPU(name, label, mib * MIB / 1e9, bw, dense, matmul, kind, peers, host, link)
 
 
+# Consumer cards (RTX 3090/4090) in cloud boxes have no NVLink (the 3090's two-card bridge is rarely fitted)
+# and no PCIe peer-to-peer; workstation cards (A6000, 6000 Ada, L40S) talk over PCIe directly; A100 / H100 /
+# H200 here are the SXM boards on NVLink (300 and 450 GB/s per direction per GPU).
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        _gpu("rtx-3090", "RTX 3090", 24576, 936, 71, 71, "consumer", 25),
-        _gpu("rtx-4090", "RTX 4090", 24564, 1008, 165, 165, "consumer", 25),
-        _gpu("rtx-a6000", "RTX A6000", 49140, 768, 155, 123, "workstation", 25),
-        _gpu("rtx-6000-ada", "RTX 6000 Ada", 49140, 960, 364, 270, "workstation", 25),
-        _gpu("l40s", "L40S", 46068, 864, 362, 269, "workstation", 25),
-        _gpu("a100-40gb", "A100 40GB", 40960, 1555, 312, 246, "datacenter", 300),
-        _gpu("a100-80gb", "A100 80GB", 81920, 2039, 312, 265, "datacenter", 300),
-        _gpu("h100-80gb", "H100 80GB SXM", 81559, 3350, 989, 790, "datacenter", 450),
-        _gpu("h200", "H200", 143771, 4800, 989, 790, "datacenter", 450),
+        _gpu("rtx-3090", "RTX 3090", 24576, 936, 71, 71, "consumer", pcie=4, p2p=False),
+        _gpu("rtx-4090", "RTX 4090", 24564, 1008, 165, 165, "consumer", pcie=4, p2p=False),
+        _gpu("rtx-a6000", "RTX A6000", 49140, 768, 155, 123, "workstation", pcie=4),
+        _gpu("rtx-6000-ada", "RTX 6000 Ada", 49140, 960, 364, 270, "workstation", pcie=4),
+        _gpu("l40s", "L40S", 46068, 864, 362, 269, "workstation", pcie=4),
+        _gpu("a100-40gb", "A100 40GB", 40960, 1555, 312, 246, "datacenter", pcie=4, nvlink=300),
+        _gpu("a100-80gb", "A100 80GB", 81920, 2039, 312, 265, "datacenter", pcie=4, nvlink=300),
+        _gpu("h100-80gb", "H100 80GB SXM", 81559, 3350, 989, 790, "datacenter", pcie=5, nvlink=450),
+        _gpu("h200", "H200", 143771, 4800, 989, 790, "datacenter", pcie=5, nvlink=450),
     )
 }
 
 # The local provider runs the runner on this machine's CPU (demos, tests): memory comes from the offer
 # (host RAM), speed from a modest bf16 rate. Not in GPUS, which lists the cards clouds sell.
-CPU = GPU("cpu", "CPU (this machine)", 0.0, 20, 1.0, 0.5, "cpu", 10)
+CPU = GPU("cpu", "CPU (this machine)", 0.0, 20, 1.0, 0.5, "cpu", 10, 10, "gloo over host memory")
 
 ALIASES = {
     "3090": "rtx-3090",

@@ -266,7 +266,7 @@ def estimate_memory(
     elif req.precision == "fp32":
         weights = 4.0 * n
     elif full and req.precision == "mixed":
-        weights = 6.0 * n  # fp32 master + the bf16 copies autocast caches for the step
+        weights = 4.0 * n  # fp32 master weights; autocast's bf16 copies are counted below, where they live
     else:
         weights = 2.0 * n
     weights /= shard
@@ -322,6 +322,17 @@ def estimate_memory(
         biggest = max(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
         stored += biggest * NF4_DEQUANT_BYTES[nf4_dequant_path(req)]
     logits = tokens * arch.vocab * _logit_bytes(arch, req)
+    # Mixed precision on one GPU (the runner: fp32 weights, forward under torch.autocast): each matmul uses a
+    # bf16 copy of its weight, which autograd keeps for the input gradient. Without checkpointing all of them
+    # are alive when backward starts; under checkpointing a block's copies are dropped with its activations
+    # (autocast's cache is cleared when the forward leaves autocast) and remade while it is recomputed, so
+    # only the lm_head's survives the forward. Under FSDP the gathered units are bf16 already.
+    casts = block_casts = 0.0
+    if full and req.precision == "mixed" and n_gpus == 1:
+        block_casts = 2.0 * max(sum(lin.params for lin in g.linears) for g in arch.groups)
+        head = 2.0 * arch.vocab * arch.hidden
+        casts = head if req.gradient_checkpointing else 2.0 * arch.matmul_parameters
+    stored += casts
     if n_gpus > 1:
         # FSDP all-gathers the current block, prefetches the next and frees the previous one only
         # when the communication stream is done with it: coef.fsdp_units unsharded blocks in flight.
@@ -343,13 +354,13 @@ def estimate_memory(
     # one block's working set are never alive together.
     phases = {
         "start of backward": {"gradients": persistent_grads, "activations": stored, "logits": logits},
-        "end of backward": {"gradients": grads, "activations": per_layer, "logits": 0.0},
+        "end of backward": {"gradients": grads, "activations": per_layer + block_casts, "logits": 0.0},
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
     }
     if req.gradient_checkpointing:
         phases["recompute of the last layer"] = {
             "gradients": persistent_grads,
-            "activations": stored + per_layer,
+            "activations": stored + per_layer + block_casts,
             "logits": 0.0,
         }
     frag = FRAGMENTATION["packed" if req.packing else "variable"]

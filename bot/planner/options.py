@@ -227,6 +227,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("eval", "eval_split", parse_fraction, "held-out share of the data (plateau then watches it)", "5%",
            aliases=("eval_split", "eval_fraction"), group="training"),
     Option("seed", "seed", parse_int, "seed of the data order, eval split and init", "7", group="training"),
+    Option("precision", "precision", choice("mixed", "bf16", "fp32"),
+           "full fine-tune weights: mixed (fp32 master + bf16 compute), bf16 (pure: half the memory, small "
+           "updates lost) or fp32", "bf16", group="training"),
     Option("plateau", "plateau", parse_bool, "stop when the loss stops improving", "no", flag=True,
            group="training"),
     Option("patience", "plateau_patience", parse_int, "plateau: looks without improvement before stopping",

@@ -25,6 +25,7 @@ from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimat
 from bot.planner.speed import SpeedResult, estimate_speed
 from bot.planner.tokens import count_tokens
 from bot.planner.training import dataset_format, training_plan
+from runner.spec import Defaults
 
 DEFAULT_TOKENS = 10_000_000
 
@@ -86,7 +87,7 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
                 out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
                 break
     if req.method != "qlora":
-        where, m = fits(req.model_copy(update={"method": "qlora"}))
+        where, m = fits(req.for_method("qlora"))
         if where:
             out.append(f"QLoRA: {suggest('method', 'qlora')} needs {m:.1f} GB on one {where}")
     if not req.gradient_checkpointing:
@@ -113,6 +114,30 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
     return out
 
 
+def risk_warnings(req: EstimateRequest) -> list[str]:
+    """Settings the person chose that are known to go wrong, said on the card (the defaults never are)."""
+    out: list[str] = []
+    if req.method == "full" and req.learning_rate > 1e-4:
+        out.append(
+            f"learning rate {req.learning_rate:g} is a LoRA rate: a full fine-tune moves every weight and "
+            "usually uses 1e-5 to 5e-5 "
+            f"({suggest('learning_rate', Defaults.full_learning_rate)} is the default); this high a rate can "
+            "wreck what the model already knew"
+        )
+    if req.method == "full" and req.precision == "bf16":
+        out.append(
+            "pure bf16 full fine-tune: weight updates smaller than bf16's resolution (about 1/256 of a "
+            "weight) are rounded away, so training stalls as the learning rate decays; precision=mixed (the "
+            "default) keeps fp32 master weights, at 16 instead of 8 bytes per parameter"
+        )
+    if req.method != "full" and req.learning_rate < 1e-5:
+        out.append(
+            f"learning rate {req.learning_rate:g} is very low for LoRA adapters, which start at zero "
+            f"({suggest('learning_rate', Defaults.learning_rate)} is the default): they may barely move"
+        )
+    return out
+
+
 def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) -> str:
     kept = arch.parameters - arch.block_linear_params
     if req.method == "qlora":
@@ -127,8 +152,8 @@ def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) ->
     else:
         text = {
             "bf16": "full fine-tune in pure bf16 (weights 2 + grads 2 + AdamW states 4 B/param)",
-            "mixed": "full fine-tune in mixed precision (fp32 master weights + bf16 copies, fp32 grads, "
-            "fp32 AdamW: ~18 B/param)",
+            "mixed": "full fine-tune in mixed precision (fp32 master weights 4 + fp32 grads 4 + fp32 AdamW 8 "
+            "= 16 B/param, plus the bf16 copies autocast makes while they are in use)",
             "fp32": "full fine-tune in fp32 (16 B/param)",
         }[req.precision]
     if req.method != "full":
@@ -286,7 +311,9 @@ def estimate(
         f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
         + (", compiled" if req.compile else "")
         + ")",
-        f"length: {timing.describe} (counted with the {run.token_source}); steps= is the number of optimizer "
+        f"length: {timing.describe} ("
+        + (f"counted with the {run.token_source}" if run.data else f"tokens: {run.token_source}")
+        + "); steps= is the number of optimizer "
         "steps trained (the data repeats as needed), else steps = ceil(epochs x steps per epoch)"
         + (f"; eval passes add {timing.eval_seconds / 60:.1f} min" if timing.evaluations else ""),
         "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
@@ -304,7 +331,8 @@ def estimate(
     if req.gpus > 1:
         assumptions.append(
             f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
-            "activations and logits per GPU, three unsharded blocks in flight"
+            "activations and logits per GPU, three unsharded blocks in flight; the GPUs talk over "
+            f"{device.link or 'their interconnect'}"
         )
     if req.gpus > 1 and req.optimizer != "adamw":
         assumptions.append(
@@ -369,4 +397,5 @@ def estimate(
         prices_as_of=prices_as_of,
         prices_source=prices_source,
         training=plan,
+        warnings=risk_warnings(req),
     )

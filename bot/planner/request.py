@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runner.spec import Defaults
 
@@ -38,7 +38,7 @@ class EstimateRequest(BaseModel):
     packing: bool = True
     max_cost: float | None = Field(None, gt=0)
     # Training hyperparameters: they do not change memory or speed, but they reach the runner unchanged.
-    learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
+    learning_rate: float = Field(None, gt=0, lt=1)  # type: ignore[assignment]  # None: by method (Defaults)
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
     weight_decay: float = Field(Defaults.weight_decay, ge=0, le=10)
@@ -52,7 +52,10 @@ class EstimateRequest(BaseModel):
     merge: bool = False
     # Techniques and precisions beyond the defaults (the defaults are the plain Hugging Face path:
     # Trainer + PEFT, bf16 weights, no compile). Published rows that used them set them explicitly.
-    precision: Literal["bf16", "mixed", "fp32"] = "bf16"  # bf16: pure bf16; mixed: fp32 master + autocast
+    # mixed: fp32 master weights + bf16 autocast (a full fine-tune's default, what the runner does); bf16:
+    # pure bf16 weights (full) or a bf16 frozen base (LoRA/QLoRA: their default; "mixed" means the same
+    # there); fp32: fp32 compute. Not given: Defaults.precision_for(method).
+    precision: Literal["bf16", "mixed", "fp32"] = Field(None)  # type: ignore[assignment]
     adapter_dtype: Literal["fp32", "bf16"] = "fp32"  # PEFT keeps adapters in fp32; torchtune in bf16
     double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
     # QLoRA: what turns the 16-bit checkpoint into NF4 on the GPU (bot/planner/load_phase.py); None = the
@@ -77,6 +80,23 @@ class EstimateRequest(BaseModel):
     # torch's own default when fused is not asked for (the HF Trainer's adamw_torch before torch 2.8);
     # "for-loop" = torch < 2.0's default.
     optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
+
+    @model_validator(mode="after")
+    def _method_defaults(self) -> EstimateRequest:
+        """The learning rate and precision the runner uses for this method when they are not given."""
+        # Written past pydantic's __setattr__ so model_fields_set still tells what the person gave (warnings).
+        if self.learning_rate is None:
+            self.__dict__["learning_rate"] = Defaults.learning_rate_for(self.method)
+        if self.precision is None:
+            self.__dict__["precision"] = Defaults.precision_for(self.method)
+        elif self.precision == "mixed" and self.method != "full":
+            self.__dict__["precision"] = "bf16"  # fp32 adapters on a 16-bit base: peft's mixed precision
+        return self
+
+    def for_method(self, method: str) -> EstimateRequest:
+        """This request with another method and that method's defaults where the person gave none."""
+        data = self.model_dump(exclude_unset=True)
+        return EstimateRequest(**{**data, "method": method})
 
     @property
     def alpha(self) -> int:

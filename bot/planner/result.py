@@ -112,6 +112,7 @@ class TrainingPlan(BaseModel):
     epochs: float
     max_steps: int | None = None
     learning_rate: float
+    precision: str = "bf16"  # mixed | bf16 | fp32 (runner.spec.Defaults.precision_for)
     lr_scheduler: str
     warmup_ratio: float
     weight_decay: float
@@ -143,3 +144,4 @@ class Estimate(BaseModel):
     prices_as_of: datetime | None = None
     prices_source: str = "snapshot"
     training: TrainingPlan | None = None  # what the runner gets (None only in hand-made estimates)
+    warnings: list[str] = Field(default_factory=list)  # risky settings the person chose (the card shows them)

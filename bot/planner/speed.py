@@ -22,7 +22,8 @@ the GPU's own rates, so it rises with tokens per micro-step (fixed costs are spr
 - CPU dispatch: eager PyTorch launches every op from Python; on a GPU launches run ahead of the kernels, so a
   micro-step takes the longer of the two (small models at short sequences are dispatch-bound); on a CPU
   the costs add up;
-- FSDP all-gathers and reduce-scatters over the GPU interconnect, overlapped with compute.
+- FSDP all-gathers and reduce-scatters over the GPU interconnect, overlapped with compute: NVLink on the
+  SXM boards, PCIe on the others (GeForce cards without peer-to-peer: through host memory; planner/gpus.py).
 
 The few efficiencies (MATMUL_EFF, ATTN_EFF, EW_SCALE, COMPILED_EW, DEQUANT_BYTES for torchao) are fitted on
 the published tokens/s rows and checked by leaving one source out (bench/planner_crossval.py;
@@ -229,7 +230,10 @@ def estimate_speed(
         gathers = 3.0 if req.gradient_checkpointing else 2.0
         wbytes = arch.parameters * (0.55 if req.method == "qlora" else 2.0)
         trainable = trainable_parameters(arch, req)
-        comm = (gathers * wbytes + 2.0 * trainable) * (n_gpus - 1) / n_gpus / (gpu.interconnect_gbs * 1e9)
+        # gradients reduce-scattered in fp32 after mixed precision (the runner's FSDP MixedPrecision)
+        grad_bytes = 4.0 if req.method == "full" and req.precision != "bf16" else 2.0
+        link = gpu.interconnect_gbs * 1e9
+        comm = (gathers * wbytes + grad_bytes * trainable) * (n_gpus - 1) / n_gpus / link
         compute = max(compute, comm)
     trainable_local = trainable_parameters(arch, req) / n_gpus
     opt_bytes, grad_bytes = _optimizer_bytes_per_param(req)
@@ -242,7 +246,7 @@ def estimate_speed(
         mem = estimate_memory(arch, req, n_gpus)
         paged = mem.offloaded.get("optimizer (paged, may spill to CPU)", 0.0)
         room = max(0.0, gpu.memory_gb * 1e9 - mem.per_gpu_bytes)
-        optimizer += 2.0 * max(0.0, paged - room) / (gpu.interconnect_gbs * 1e9)
+        optimizer += 2.0 * max(0.0, paged - room) / (gpu.host_link_gbs * 1e9)
     step = req.grad_accum * compute + optimizer
     tps = req.grad_accum * tokens_micro * n_gpus / step
     fpt = (linear_flops + attn_flops) / tokens_micro

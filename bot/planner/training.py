@@ -74,6 +74,9 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
         targets = as_text(plan.lora_targets)
         pairs.append(("LoRA", f"r {plan.lora_r}, alpha {plan.lora_alpha}, dropout {plan.lora_dropout:g}, "
                               f"targets {targets}"))
+    if plan.method == "full":
+        pairs.append(("precision", {"mixed": "mixed (fp32 master weights, bf16 compute)", "bf16": "pure bf16",
+                                    "fp32": "fp32"}.get(plan.precision, plan.precision)))
     decay = f", weight decay {plan.weight_decay:g}" if plan.weight_decay else ""
     pairs.append(("learning rate", f"{plan.learning_rate:g} {plan.lr_scheduler}, "
                                    f"warmup {plan.warmup_ratio:.0%}{decay}"))
@@ -115,6 +118,7 @@ def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
         epochs=req.epochs,
         max_steps=req.max_steps,
         learning_rate=req.learning_rate,
+        precision=req.precision,
         lr_scheduler=req.lr_scheduler,
         warmup_ratio=req.warmup_ratio,
         weight_decay=req.weight_decay,

@@ -28,8 +28,11 @@ class Row:
 # torchtune README: batch 2, packed to 2048, torch.compile, activation checkpointing, chunked CE
 # (the Llama 3 recipes' default loss), adapters in bf16; LoRA r=8 on q, v, output and MLP; full
 # fine-tune with PagedAdamW8bit and optimizer-in-backward.
+# Every published full fine-tune here trained pure bf16 weights (torchtune's dtype: bf16; PEFT's benchmark in
+# bf16); tunebot's own default for full is mixed precision (runner.spec.Defaults.full_precision).
 _TT = dict(
     stack="torchtune",
+    precision="bf16",
     batch_size=2,
     seq_len=2048,
     compile=True,
@@ -45,6 +48,7 @@ _TT_FULL = dict(_TT, method="full", optimizer="paged_adamw_8bit", optimizer_in_b
 # adds one technique to the previous one.
 _T3 = dict(
     stack="torchtune",
+    precision="bf16",
     model="meta-llama/Llama-3.2-3B",
     method="full",
     batch_size=2,
@@ -83,6 +87,7 @@ _T2 = dict(
 )
 # PEFT MetaMathQA benchmark: L40S, Llama-3.2-3B pure bf16, batch 4, max length 768, variable lengths.
 _PEFT = dict(
+    precision="bf16",
     optimizer_impl="foreach",  # the benchmark's torch.optim.AdamW without fused=True
     model="meta-llama/Llama-3.2-3B",
     batch_size=4,

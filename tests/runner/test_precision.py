@@ -1,0 +1,105 @@
+"""Full fine-tuning defaults: mixed precision (fp32 master weights, grads and AdamW states, bf16 compute under
+autocast) at a full fine-tune's learning rate, priced with the bytes per parameter the runner allocates; risky
+overrides are said on the card."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bot.chat.blockkit import to_blocks
+from bot.chat.cards import estimate_reply
+from bot.engine.jobspec import spec_fields
+from bot.planner import estimate
+from bot.planner.architectures import from_config
+from bot.planner.memory import estimate_memory
+from bot.planner.request import EstimateRequest
+from runner.model import uses_autocast, weights_dtype
+from runner.spec import Defaults, JobSpec
+
+CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+def _spec(**fields: Any) -> JobSpec:
+    return JobSpec.model_validate({"job_id": "p", "base_model": "m", "dataset": {"uri": "d.jsonl"},
+                                   "checkpoint": {"uri": "c"}, "output_uri": "o", **fields})
+
+
+def test_a_full_fine_tune_defaults_to_fp32_master_weights_and_a_full_ft_rate() -> None:
+    full = _spec(method="full")
+    assert (full.learning_rate, full.resolved_precision) == (Defaults.full_learning_rate, "mixed")
+    assert Defaults.full_learning_rate == 2e-5
+    assert weights_dtype(full, CUDA) == torch.float32 and uses_autocast(full, CUDA)
+    pure = _spec(method="full", precision="bf16", learning_rate=1e-4)
+    assert pure.learning_rate == 1e-4
+    assert weights_dtype(pure, CUDA) == torch.bfloat16 and not uses_autocast(pure, CUDA)
+    lora = _spec(method="lora")
+    assert lora.learning_rate == 2e-4
+    assert weights_dtype(lora, CUDA) == torch.bfloat16 and not uses_autocast(lora, CUDA)
+    assert weights_dtype(full, CPU) == torch.float32 and not uses_autocast(full, CPU)  # CPU: all fp32
+
+
+def test_the_estimate_hands_the_runner_what_it_priced() -> None:
+    est = estimate(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
+    assert est.training is not None
+    assert (est.training.precision, est.training.learning_rate) == ("mixed", 2e-5)
+    spec = _spec(**{k: v for k, v in spec_fields(est.training).items() if k not in ("dataset",)})
+    assert (spec.resolved_precision, spec.learning_rate) == ("mixed", 2e-5)
+    n = est.model.parameters
+    b = est.memory.breakdown_gb  # the peak is the end of backward: every fp32 gradient alive
+    assert [round(b[k] * 1e9 / n, 2) for k in ("weights", "gradients", "optimizer")] == [4.0, 4.0, 8.0]
+    pure = estimate(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000, precision="bf16"))
+    b = pure.memory.breakdown_gb  # what a9605e4 priced by default: 2 + 4 B/param besides the gradients
+    assert [round(b[k] * 1e9 / n, 2) for k in ("weights", "optimizer")] == [2.0, 4.0]
+
+
+def test_risky_overrides_are_warned_on_the_card_and_defaults_are_not() -> None:
+    default = estimate(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
+    assert default.warnings == []
+    risky = estimate(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000,
+                                     learning_rate=2e-4, precision="bf16"))
+    assert len(risky.warnings) == 2
+    assert "0.0002 is a LoRA rate" in risky.warnings[0] and "pure bf16" in risky.warnings[1]
+    blocks = str(to_blocks(estimate_reply(risky, estimate_id=None)))
+    assert ":warning: learning rate 0.0002 is a LoRA rate" in blocks and ":warning: pure bf16" in blocks
+    lora = estimate(EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, learning_rate=2e-4))
+    assert lora.warnings == []
+
+
+@pytest.mark.slow
+def test_the_bytes_per_parameter_priced_are_the_ones_the_runner_allocates(
+    runner_job: Callable[..., Any],
+) -> None:
+    """The runner's full fine-tune holds fp32 weights, fp32 gradients and two fp32 AdamW states per parameter
+    (on a GPU the same: mixed precision keeps fp32 masters); the planner's breakdown says the same bytes."""
+    from runner.train import Preemption, Trainer
+
+    spec = runner_job(method="full", max_steps=1)
+    trainer = Trainer(spec, Preemption())
+    try:
+        trainer.setup()
+        micro = [trainer.batches_for(trainer.data.train, 0)[i] for i in range(spec.grad_accum)]
+        grads: list[int] = []
+        hook = [p.register_post_accumulate_grad_hook(lambda p: grads.append(p.grad.element_size()))
+                for p in trainer.params]
+        trainer._step(micro)
+        for h in hook:
+            h.remove()
+        params = sum(p.numel() for p in trainer.params)
+        weight_bytes = sum(p.numel() * p.element_size() for p in trainer.params)
+        state_bytes = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values()
+                          for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    finally:
+        trainer.close()
+    config = Path(spec.base_model) / "config.json"
+    arch = from_config(__import__("json").loads(config.read_text()), str(config))
+    mem = estimate_memory(arch, EstimateRequest(model=str(config), method="full", seq_len=spec.seq_len))
+    priced = {k: mem.breakdown[k] / arch.parameters for k in ("weights", "optimizer")}
+    assert params == arch.parameters
+    assert weight_bytes / params == priced["weights"] == 4.0
+    assert state_bytes / params == priced["optimizer"] == 8.0
+    assert set(grads) == {4}  # gradients in the weights' dtype: fp32, as priced (4 B/param at the peak)
