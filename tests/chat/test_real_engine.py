@@ -154,3 +154,35 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
     assert stack.slack.of("files.completeUploadExternal")
     for message in stack.slack.messages():
         assert violations(message) == []
+
+
+def test_launch_form_and_app_home_on_the_real_engine(real_stack, tmp_path: Path) -> None:
+    """The launch form priced by the real planner and launched by the real engine; then App Home from the
+    engine's own dashboard for an admin, the owner and another member."""
+    from .test_app_home import open_home, text
+    from .test_launch_form import ALICE, submission
+
+    stack, engine, cloud = real_stack
+    data = tmp_path / "chat.jsonl"
+    record = {"instruction": "Say hi.", "input": "", "output": "Hi there! " * 20}
+    data.write_text("\n".join(json.dumps(record) for _ in range(100)) + "\n")
+    assert stack.command("launch", user=ALICE).status_code == 200
+    view = stack.slack.wait_for("views.open")[0].body["view"]
+    typed = {"model": "Llama-3.1-8B", "dataset": str(data), "method": "qlora", "seq": "2k", "max_cost": "$20"}
+    assert stack.click(submission(view, **typed)).json()["response_action"] == "update"
+    estimated = stack.slack.wait_for("views.update", timeout=30)[0].body["view"]
+    assert estimated["submit"]["text"] == "Launch" and "vast" in json.dumps(estimated["blocks"])
+    stack.click(submission(estimated, **typed, offer="cheapest"))
+    done = stack.slack.wait_for("views.update", 2, timeout=30)[1].body["view"]
+    assert done["title"]["text"] == "Launched", done
+    (job,) = engine.list_jobs()
+    assert job.owner == ALICE and job.state == "running" and cloud.creates == 1 and job.max_cost == 20.0
+    assert stack.notifier.drain()
+    assert stack.slack.of("chat.postMessage")[0].body["channel"] == "C1"
+
+    admin = text(open_home(stack, "U_ADMIN"))
+    assert "team dashboard" in admin and f"*{job.job_id}* <@{ALICE}>" in admin and "on vast" in admin
+    owner = text(open_home(stack, ALICE))
+    assert "*Your running jobs* (1)" in owner and job.job_id in owner
+    member = text(open_home(stack, "UBOB00002"))
+    assert "*Your running jobs* (0)" in member and job.job_id not in member
