@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fakes.runner_events import signed
+
 from bot.engine.series import EventRow, fold
 from bot.providers.base import InstanceStatus
 from runner.spec import JobSpec
@@ -67,7 +69,7 @@ def test_the_engine_serves_the_series_of_a_preempted_and_resumed_job(engine, fak
             "timestamp": 1000.0 + seq,
             **kw,
         }
-        assert engine.record_runner_event(job.job_id, token, event)
+        assert engine.record_runner_event(job.job_id, token, signed(engine, event))
 
     send(0, "started", 0)
     send(1, "progress", 4, loss=2.5, learning_rate=2e-4, points=[[s, 3.0 - s / 4, 2e-4] for s in range(1, 5)])

@@ -4,6 +4,7 @@ spend per day by person, idle volumes and budgets, published as a typed report f
 from __future__ import annotations
 
 import pytest
+from fakes.runner_events import signed
 
 from bot.engine.api import WeeklyReport
 from bot.engine.permissions import Permissions
@@ -50,7 +51,7 @@ def test_a_week_of_work_in_one_report(make_engine, fake, clock) -> None:  # noqa
     engine.set_budget("user", "alice", daily=None, monthly=100.0, user="boss")
     clock.advance(1800)
     finished = {"job_id": cheap.job_id, "seq": 1, "kind": "finished", "step": 10, "output_uri": "/out/a"}
-    assert engine.record_runner_event(cheap.job_id, token, finished)
+    assert engine.record_runner_event(cheap.job_id, token, signed(engine, finished))
     engine.tick()
     engine.stop(big.job_id, user="bob")
     engine.tick()
