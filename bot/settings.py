@@ -198,6 +198,13 @@ class Settings(BaseSettings):
         description="jobs one person may run (or be starting) at once; 0 = no limit. More are refused at "
         "create; an approved one waits for a slot",
     )
+    hub_namespaces: str = Field(
+        "",
+        alias="TUNEBOT_HUB_NAMESPACES",
+        description="the Hub users / organizations tunebot may create repos in (acme,acme-research); unset, "
+        "push_to_hub is refused. A push never goes into a repo the job did not create; public=yes needs an "
+        "admin's approval",
+    )
     default_team: str = Field(
         "local",
         min_length=1,

@@ -6,18 +6,70 @@ model, the Hugging Face Hub.
   in the bucket and on the Hub.
 - ``merge_adapter``: the base model in 16-bit with the adapter merged in (``<output>/merged``), loaded on
   the CPU so that it never competes with training for GPU memory (it needs the 16-bit model in host RAM).
-- ``push_folder``: ``HfApi(endpoint=HF_ENDPOINT, token=HF_TOKEN)``: create the repo (private by default),
-  upload the folder in one commit; returns the repo's URL.
+- ``push_folder``: ``HfApi(endpoint=HF_ENDPOINT, token=HF_TOKEN)``: create the repo (private unless the
+  spec says public, which the bot allows only with an admin's approval) and claim it with a marker file
+  naming the job (``.tunebot/job-<id>.json``); a repo that already exists is pushed to only when it holds
+  this job's marker (a resumed job pushing again), never over a repo the job did not create. The folder
+  goes up in one commit, with ``job.json`` and ``training_summary.json`` in their public form: no storage
+  URI, local path, report address or W&B account (``public_spec``, ``public_summary``); returns the URL.
+
+Whatever is pushed names inputs as others can find them: a Hub id or ``hf://`` path as is, a local path
+or a private storage URI by its last part only (``public_name``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from runner.spec import HubSpec, JobSpec, Method
+
+MARKER_DIR = ".tunebot"
+PRIVATE_FILES = ("job.json", "training_summary.json")  # replaced by their public form in a push
+
+
+class PushRefused(Exception):
+    """The repo exists and this job did not create it: nothing is pushed."""
+
+
+def marker_path(job_id: str) -> str:
+    return f"{MARKER_DIR}/job-{job_id}.json"
+
+
+def public_name(value: str | None) -> str | None:
+    """How a pushed file names an input: a Hub id, a name or an ``hf://`` path as is; a path on some disk
+    or a URI of private storage by its last part (the bucket layout and the hosts' folders stay private)."""
+    if not value:
+        return value
+    if value.startswith("hf://"):
+        return value
+    if "://" in value or value.startswith(("/", ".", "~")) or "\\" in value:
+        return value.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1] or "-"
+    return value
+
+
+def public_spec(spec: JobSpec) -> dict[str, Any]:
+    """job.json as pushed: what was trained and how, without where anything lives or reports to."""
+    data = json.loads(spec.redacted().model_dump_json())
+    for key in ("checkpoint", "report", "output_uri", "wandb"):
+        data.pop(key, None)
+    data["base_model"] = public_name(spec.base_model_name or spec.base_model)
+    data["base_model_name"] = data["base_model"]
+    dataset = data["dataset"]
+    dataset["uri"] = public_name(spec.dataset.name or spec.dataset.uri)
+    dataset["name"] = dataset["uri"]
+    return data
+
+
+def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """training_summary.json as pushed: a resumed run says from which step, not from which folder."""
+    out = dict(summary)
+    if out.get("resumed_from"):
+        out["resumed_from"] = public_name(str(out["resumed_from"]))
+    return out
 
 
 def _money(value: float | None) -> str:
@@ -40,7 +92,8 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
                eval_loss: float | None, tokens: int, train_seconds: float, data: dict[str, Any] | None,
                cost: float | None) -> str:
     """README.md for the output folder (and the Hub repo)."""
-    base = spec.base_model_name or spec.base_model
+    base = public_name(spec.base_model_name or spec.base_model) or "-"
+    dataset_name = public_name(spec.dataset.name or spec.dataset.uri)
     adapter = spec.method is not Method.full
     tags = ["tunebot", spec.method.value, *(["peft", "lora"] if adapter else [])]
     hub_id = re.fullmatch(r"[\w.\-]+/[\w.\-]+", base) is not None  # the Hub's base_model must be a repo
@@ -86,7 +139,7 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
         "",
         "## Data",
         "",
-        f"- dataset: `{spec.dataset.format.value}` records from `{spec.dataset.name or spec.dataset.uri}`",
+        f"- dataset: `{spec.dataset.format.value}` records from `{dataset_name}`",
         f"- records: {data.get('records', '-')} (truncated to the sequence length: "
         f"{data.get('truncated', 0)}, "
         f"dropped: {data.get('dropped', 0)}); train examples {data.get('train_examples', '-')}, "
@@ -130,12 +183,76 @@ def merge_adapter(adapter_dir: Path, model_dir: Path, out_dir: Path, *, dtype: A
     AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out_dir))
 
 
-def push_folder(folder: Path, hub: HubSpec, *, message: str) -> str:
-    """Upload ``folder`` to the Hub repo (created if missing); returns its URL. HF_TOKEN and HF_ENDPOINT
-    come from the environment."""
-    from huggingface_hub import HfApi
+def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> str:
+    """Upload ``folder`` to the Hub repo this job creates (or created before a resume); returns its URL.
+    Raises PushRefused when the repo exists without this job's marker. HF_TOKEN and HF_ENDPOINT come from
+    the environment."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
 
     api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None)
-    url = api.create_repo(hub.repo, private=hub.private, exist_ok=True, repo_type="model")
-    api.upload_folder(folder_path=str(folder), repo_id=hub.repo, repo_type="model", commit_message=message)
+    marker = marker_path(spec.job_id)
+    try:
+        url = api.create_repo(hub.repo, private=hub.private, exist_ok=False, repo_type="model")
+    except HfHubHTTPError as exc:
+        if exc.response is None or exc.response.status_code != 409:
+            raise
+        if not _holds_marker(api, hub.repo, marker):
+            raise PushRefused(
+                f"{hub.repo} already exists and this job did not create it; tunebot never pushes over a repo "
+                "it did not create: choose a new repo name"
+            ) from None
+        url = api.create_repo(hub.repo, private=hub.private, exist_ok=True, repo_type="model")
+    else:  # claim it at once: a job resumed after a preemption finds its own marker
+        claim = json.dumps({"job_id": spec.job_id, "created_by": "tunebot"}).encode()
+        api.upload_file(path_or_fileobj=claim, path_in_repo=marker, repo_id=hub.repo, repo_type="model",
+                        commit_message=f"tunebot job {spec.job_id}: repo created")
+    public = {"job.json": json.dumps(public_spec(spec), indent=2)}
+    summary = folder / "training_summary.json"
+    if summary.is_file():
+        public["training_summary.json"] = json.dumps(
+            public_summary(json.loads(summary.read_text(encoding="utf-8"))), indent=2)
+    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    for name, path in files.items():  # configs that name the base model's folder (adapter_config.json, ...)
+        text = _public_config(path) if name.endswith(".json") and name not in PRIVATE_FILES else None
+        if text is not None:
+            public[name] = text
+    operations = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
+        for name, path in files.items()
+        if name not in PRIVATE_FILES and name not in public
+    ]
+    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode())
+                   for name, text in public.items()]
+    api.create_commit(repo_id=hub.repo, repo_type="model", operations=operations, commit_message=message)
     return str(url)
+
+
+PATH_KEYS = ("base_model_name_or_path", "_name_or_path", "name_or_path")
+
+
+def _public_config(path: Path) -> str | None:
+    """A small JSON config with the base model's path in it, rewritten with public names (else None)."""
+    if path.stat().st_size > 1_000_000:
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    changed = {k: public_name(v) for k, v in config.items() if k in PATH_KEYS and isinstance(v, str)}
+    if all(config[k] == v for k, v in changed.items()):
+        return None
+    return json.dumps({**config, **changed}, indent=2, sort_keys=True)
+
+
+def _holds_marker(api: Any, repo: str, marker: str) -> bool:
+    """Whether the existing repo carries this job's marker (it created the repo before a resume)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        info = api.model_info(repo)
+    except HfHubHTTPError:
+        return False
+    return any(getattr(s, "rfilename", None) == marker for s in info.siblings or [])

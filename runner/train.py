@@ -546,7 +546,8 @@ class Trainer:
                 if self.spec.push_to_hub is not None:
                     try:
                         self.hub_url = outputs.push_folder(
-                            local, self.spec.push_to_hub, message=f"tunebot job {self.spec.job_id}: {status}")
+                            local, self.spec.push_to_hub, self.spec,
+                            message=f"tunebot job {self.spec.job_id}: {status}")
                         print(f"pushed to the Hub: {self.hub_url}", flush=True)
                     except Exception as exc:  # the output still goes to output_uri below
                         self.publish_problem = f"not pushed to the Hub ({type(exc).__name__}: {exc})"[:500]

@@ -652,12 +652,13 @@ def help_reply(topic: str | None = None) -> Reply:
 def approval_request(
     job: JobView, *, approvers: list[str], threshold: float, reason: str | None = None
 ) -> Reply:
-    """Approve / Reject for a job waiting for approval; ``reason``: why it is asked again (a fallback)."""
+    """Approve / Reject for a job waiting for approval; ``reason``: why, where the amount is not it (a
+    pricier fallback asked again, a public Hub push)."""
     who = " ".join(mention(a) for a in approvers) or "an admin"
     if reason:
         text = (
             f":bell: {who}: job *{esc(job.job_id)}* of {mention(job.owner)} ({esc(job.model)} "
-            f"{esc(job.method)}) needs approval again: {esc(reason)}."
+            f"{esc(job.method)}) needs approval: {esc(reason)}."
         )
     else:
         text = (

@@ -116,19 +116,25 @@ def create(
         chosen = offers_mod.pick(fitting, choice)
     if chosen is None:
         raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+    plan = plan_of(request, est.training)
+    public_push = bool(plan.push_to_hub) and not plan.hub_private
+    if plan.push_to_hub:  # only into the allowed namespaces; public only with an admin's approval
+        decision = policy.can_push_to_hub(user, plan.push_to_hub, public=public_push)
+        if not decision:
+            raise PermissionDenied(decision.reason)
     explicit = approval.checked_cap(
         max_cost if max_cost is not None else request.max_cost, ctx.settings.max_cost_limit_usd
     )
     cap = explicit or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
     stake = approval.at_stake(chosen.total_cost, explicit)
-    needs_approval = policy.needs_approval(stake)
+    admin_push = public_push and policy.public_push_needs_approval(user)
+    needs_approval = policy.needs_approval(stake) or admin_push
     threshold = policy.approval_above
     auto_accepted = None if needs_approval else approval.accepted(cap, by_person=False, threshold=threshold)
     if not needs_approval:  # fail fast, before staging; decided again under the owner's lock below
         with ctx.session() as s:
             admission.check_running(ctx, s, owner=user)
     # Before anything is rented: data checked, storage reachable, local inputs staged (staging.py).
-    plan = plan_of(request, est.training)
     prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting)
     fitting = prepared.offers
     fields = spec_fields(
@@ -205,7 +211,17 @@ def create(
         max_cost=cap,
         price_per_hour=chosen.price_per_hour,
     )
-    if needs_approval:
+    if admin_push and not policy.needs_approval(stake):
+        ctx.publish(
+            EngineEventKind.approval_needed,
+            job_id,
+            f"Job {job_id} pushes its result to the public Hub repo {plan.push_to_hub}: an admin other than "
+            f"{user} approves public pushes.",
+            job=job,
+            estimated_cost=chosen.total_cost,
+            reason=f"it pushes its result to the public Hub repo {plan.push_to_hub}",
+        )
+    elif needs_approval:
         what = (
             f"may spend up to {money(explicit)} (max_cost; estimated {money(chosen.total_cost)})"
             if explicit is not None and explicit > chosen.total_cost
@@ -228,7 +244,13 @@ def approve(
     ctx: EngineContext, policy: Permissions, job_id: str, *, approver: str, auto_launch: bool = True
 ) -> JobView:
     job = load(ctx, job_id)
-    decision = policy.can_approve(approver, job.owner, amount=max(job.estimated_cost or 0, job.max_cost or 0))
+    push = (job.spec_overrides or {}).get("push_to_hub") or {}
+    decision = policy.can_approve(
+        approver,
+        job.owner,
+        amount=max(job.estimated_cost or 0, job.max_cost or 0),
+        public_push=bool(push) and push.get("private") is False,
+    )
     if not decision:
         raise PermissionDenied(decision.reason)
     with ctx.session() as s:

@@ -18,6 +18,10 @@ approve and set budgets; an install with no admins at all (one person on the CLI
 anyone else approve and anyone set budgets, and says so at start (``startup_warnings``). Deleting or
 keeping a volume: only one tunebot tracks, by its owner or an admin. The engine itself ("engine") may
 always stop a job. Spending limits: TUNEBOT_APPROVAL_ABOVE, TUNEBOT_MAX_RUNNING_PER_USER.
+
+Hub pushes go only to the namespaces in TUNEBOT_HUB_NAMESPACES (unset: none), into a repo the job creates
+(the runner refuses an existing one, runner/outputs.py); a public repo needs an admin's approval (an
+admin's own job is approved by launching it), so none where no admin is configured.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class Permissions:
     allowed_channels: frozenset[str] | None = None  # None: every channel and DM; else deny by default
     approval_above: float = 50.0
     max_running_per_user: int = MAX_RUNNING_PER_USER
+    hub_namespaces: frozenset[str] = frozenset()  # where Hub repos may be created; empty: no pushes
 
     @classmethod
     def from_settings(cls, settings: Settings, *, extra_admins: tuple[str, ...] = ()) -> Permissions:
@@ -77,6 +82,7 @@ class Permissions:
             allowed_channels=_parse_channels(settings.allowed_channels),
             approval_above=settings.approval_above_usd,
             max_running_per_user=settings.max_running_per_user,
+            hub_namespaces=frozenset(n.strip() for n in settings.hub_namespaces.split(",") if n.strip()),
         )
 
     def is_admin(self, user: str) -> bool:
@@ -111,6 +117,11 @@ class Permissions:
                 "budgets and nobody may approve a public Hub push; set it to the Slack user ids of the "
                 "people who approve spending"
             )
+        if not self.hub_namespaces:
+            out.append(
+                "TUNEBOT_HUB_NAMESPACES is not set: push_to_hub is refused; list the Hub users or "
+                "organizations tunebot may create repos in"
+            )
         if self.allowed_channels is None:
             out.append(
                 "TUNEBOT_ALLOWED_CHANNELS is not set: members may launch jobs from any channel and from "
@@ -123,15 +134,45 @@ class Permissions:
         pricier fallback's projection; bot/engine/approval.py) needs a person's approval."""
         return amount is not None and amount > self.approval_above
 
-    def can_approve(self, user: str, owner: str, *, amount: float | None = None) -> Decision:
+    def can_approve(
+        self, user: str, owner: str, *, amount: float | None = None, public_push: bool = False
+    ) -> Decision:
         """Approve (or reject) a job waiting for approval. ``amount``: what it may cost (the higher of its
         estimate and cap); the owner may confirm only an amount they could have launched unapproved
-        (a fallback held only because it is above the job's own cap)."""
-        if user == owner and (amount is None or self.needs_approval(amount)):
+        (a fallback held only because it is above the job's own cap). ``public_push``: the job makes a
+        public Hub repo, which only an admin approves, never the owner."""
+        if user == owner and (amount is None or self.needs_approval(amount) or public_push):
             return Decision(False, "you cannot approve your own job; another admin has to")
+        if public_push and not self.is_admin(user):
+            return Decision(False, "only an admin approves a public Hub push")
         if self.admins and not self.is_admin(user):
             return Decision(False, "only admins approve jobs")
         return Decision(True)
+
+    def can_push_to_hub(self, user: str, repo: str, *, public: bool) -> Decision:
+        """Push a job's result to this Hub repo: only into TUNEBOT_HUB_NAMESPACES; public only where an
+        admin can approve it (``public_push_needs_approval``)."""
+        namespace = repo.split("/", 1)[0]
+        if not self.hub_namespaces:
+            return Decision(
+                False,
+                "pushing to the Hub is off: the operator lists the Hub users or organizations tunebot may "
+                "create repos in with TUNEBOT_HUB_NAMESPACES",
+            )
+        if namespace.lower() not in {n.lower() for n in self.hub_namespaces}:
+            allowed = ", ".join(sorted(self.hub_namespaces))
+            return Decision(
+                False, f"tunebot pushes only to {allowed} (TUNEBOT_HUB_NAMESPACES), not to {namespace}"
+            )
+        if public and not self.admins:
+            return Decision(
+                False, "a public Hub repo needs an admin's approval, and no admin is set (TUNEBOT_ADMINS)"
+            )
+        return Decision(True)
+
+    def public_push_needs_approval(self, owner: str) -> bool:
+        """A public Hub repo is an admin's decision: another admin approves a member's job."""
+        return not self.is_admin(owner)
 
     def can_stop(self, user: str, owner: str) -> Decision:
         if user in (owner, ENGINE) or self.is_admin(user):

@@ -176,7 +176,7 @@ def test_a_pricier_fallback_waits_for_approval_in_the_thread(make_stack, dataset
     assert stack.notifier.drain()
     thread = [c.body for c in stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == job.thread_ts]
     ask = next(m for m in thread if "approve_job" in str(m.get("blocks")))
-    assert "needs approval again" in str(ask["blocks"]) and "h100-80gb" in str(ask["blocks"])
+    assert "not rented unless someone approves it" in str(ask["blocks"]) and "h100-80gb" in str(ask["blocks"])
     text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=MALLORY)))
     assert "only admins approve" in text and h100.creates == 0
     text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=ADMIN)))
@@ -223,3 +223,19 @@ def test_an_allow_list_denies_dms_and_unlisted_channels(make_stack, dataset: Pat
         assert "is not allowed here" in stack.said(lambda click=click: stack.click(click))
     assert stack.cloud.creates == 0 and stack.engine.list_jobs() == []
     assert "Launching job" in stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset}", channel="C_ML")
+
+
+def test_members_push_only_to_the_configured_hub_namespaces(make_stack, dataset: Path) -> None:
+    """a9605e4: any member pushed to any Hub repo the operator's token could write, and made it public."""
+    stack = make_stack(HF_TOKEN="hf_operator_token", TUNEBOT_HUB_NAMESPACES="acme")
+    base = f"Llama-3.1-8B method=qlora dataset={dataset}"
+    text = stack.launch(f"{base} push_to_hub=victim-org/prod-model public=yes", user=MALLORY)
+    assert "pushes only to acme (TUNEBOT_HUB_NAMESPACES), not to victim-org" in text, text
+    assert stack.cloud.creates == 0 and stack.engine.list_jobs() == []
+    text = stack.launch(f"{base} push_to_hub=acme/mallory-model public=yes", user=MALLORY)
+    (job,) = stack.engine.list_jobs()
+    assert job.state == "pending_approval" and stack.cloud.creates == 0, text
+    text = stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=ALICE)))
+    assert "Not allowed: only admins approve" in text and stack.cloud.creates == 0
+    stack.said(lambda: stack.click(stack.action_payload("approve_job", job.job_id, user=ADMIN)))
+    assert stack.engine.get_job(job.job_id).state == "running" and stack.cloud.creates == 1

@@ -146,6 +146,7 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
             TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
             TUNEBOT_MIN_RELIABILITY=0.0,
             HF_TOKEN=HF_TOKEN,
+            TUNEBOT_HUB_NAMESPACES="acme",  # where pushes may go (issue 19)
             HF_ENDPOINT=hub.url,
             SLACK_BOT_TOKEN=BOT_TOKEN,
             SLACK_API_URL=slack.api_url,
@@ -208,7 +209,7 @@ def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, 
 
     for job_id in (a, b, c):
         view = world.engine.get_job(job_id)
-        assert view.state == "succeeded", (view.state, view.message, world.hosts.log(
+        assert view.state == "succeeded", (view.state, view.stop_reason, view.message, world.hosts.log(
             world.instances(job_id)[-1].provider_instance_id)[-3000:])
         for inst in world.instances(job_id):
             assert_clean_host(world, inst.provider_instance_id)

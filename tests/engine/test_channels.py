@@ -51,5 +51,8 @@ def test_start_up_warnings_say_who_may_approve_and_where_members_launch():
     text = " ".join(bare.startup_warnings())
     assert "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it" in text
     assert "TUNEBOT_ALLOWED_CHANNELS is not set" in text and "direct messages" in text
-    configured = Permissions.from_settings(Settings(TUNEBOT_ADMINS="U1", TUNEBOT_ALLOWED_CHANNELS="C1"))
+    assert "TUNEBOT_HUB_NAMESPACES is not set: push_to_hub is refused" in text
+    configured = Permissions.from_settings(
+        Settings(TUNEBOT_ADMINS="U1", TUNEBOT_ALLOWED_CHANNELS="C1", TUNEBOT_HUB_NAMESPACES="acme")
+    )
     assert configured.startup_warnings() == []

@@ -196,7 +196,7 @@ def test_s3_storage_without_keys_is_refused(
     ("update", "env", "refusal"),
     [
         ({"attn": "flash"}, {}, "TUNEBOT_RUNNER_FLASH_ATTN"),
-        ({"push_to_hub": "acme/x"}, {}, "HF_TOKEN"),
+        ({"push_to_hub": "acme/x"}, {"TUNEBOT_HUB_NAMESPACES": "acme"}, "HF_TOKEN"),
         ({"stack": "unsloth"}, {}, "estimate-only"),
         ({"compile": True}, {}, "estimate-only"),
         ({"method": "full", "merge": True}, {}, "drop merge"),
@@ -280,7 +280,7 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
 
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
     fake = FakeProvider("fake")
-    eng = make_engine(tmp_path, fake, HF_TOKEN="hf_secret_token_9999")
+    eng = make_engine(tmp_path, fake, HF_TOKEN="hf_secret_token_9999", TUNEBOT_HUB_NAMESPACES="acme")
     rec = Recorder(eng.bus)
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data), push_to_hub="acme/llama-lora")
     job = eng.create_job(req, user="alice", estimate=planned(eng, req, fake))
