@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.spec import EXIT_FAILED, EXIT_PREEMPTED
+from runner.spec import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED
 
 CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to end by themselves
@@ -53,15 +53,42 @@ def _free_port() -> int:
 def launch(spec_json: str, processes: int, *, sigterm_seen: bool = False) -> int:
     """Run `processes` workers of this runner on this machine; return rank 0's exit code.
 
-    Only rank 0 writes to stdout (the summary line stays the last line); other ranks' stdout is dropped
-    and their stderr kept. SIGTERM and SIGINT are forwarded to every worker.
+    A rank out of GPU memory stops the run at once (the others wait in a collective) and the workers start
+    again one back-off level further (runner/oom.py: smaller micro-batches, then checkpointing), from the
+    newest checkpoint; past the last level the run exits EXIT_OUT_OF_MEMORY.
     """
+    from runner import oom
+
+    level = int(os.environ.get(oom.LEVEL_ENV, "0") or 0)
+    while True:
+        code = _launch_once(spec_json, processes, sigterm_seen=sigterm_seen, level=level)
+        if code != EXIT_OUT_OF_MEMORY:
+            return code
+        following, where, now = oom.next_level(spec_json, level)
+        if following is None:
+            from runner.spec import RunSummary
+
+            message = f"out of GPU memory at {where} on every rank's share; needs a GPU with more memory"
+            oom.report(spec_json, "out_of_memory", message)
+            print(RunSummary(status="out_of_memory", message=message).model_dump_json(), flush=True)
+            return EXIT_OUT_OF_MEMORY
+        message = f"out of GPU memory at {where}; restarting the {processes} processes at {now}"
+        print(f"note: {message}", flush=True)
+        oom.report(spec_json, "progress", message)
+        level = following
+
+
+def _launch_once(spec_json: str, processes: int, *, sigterm_seen: bool, level: int) -> int:
+    """One start of the workers. Only rank 0 writes to stdout (the summary line stays the last line); other
+    ranks' stdout is dropped and their stderr kept. SIGTERM and SIGINT are forwarded to every worker."""
+    from runner import oom
+
     port = _free_port()
     workers: list[subprocess.Popen[bytes]] = []
     for rank in range(processes):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(processes),
                    LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TUNEBOT_JOB_SPEC=spec_json, **{WORKER_ENV: "1"})
+                   TUNEBOT_JOB_SPEC=spec_json, **{WORKER_ENV: "1", oom.LEVEL_ENV: str(level)})
         stdout = None if rank == 0 else subprocess.DEVNULL
         workers.append(subprocess.Popen([sys.executable, "-m", "runner.cli"], env=env, stdout=stdout))
 
@@ -78,6 +105,13 @@ def launch(spec_json: str, processes: int, *, sigterm_seen: bool = False) -> int
         first_failure: float | None = None
         while any(worker.poll() is None for worker in workers):
             failed = [w for w in workers if w.poll() not in (None, 0, EXIT_PREEMPTED)]
+            if any(w.poll() == EXIT_OUT_OF_MEMORY for w in failed):  # the others wait in a collective
+                for worker in workers:
+                    if worker.poll() is None:
+                        worker.kill()
+                for worker in workers:
+                    worker.wait()
+                return EXIT_OUT_OF_MEMORY
             if failed and first_failure is None:
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_SECONDS:

@@ -182,6 +182,14 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
     return get_peft_model(model, lora)
 
 
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing turned on in a loaded (possibly peft-wrapped) model, as load_model would have:
+    the out-of-memory back-off's last step before asking for a bigger GPU (runner/oom.py)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "peft_config"):  # frozen embeddings: checkpointed blocks need an input that wants grad
+        model.enable_input_require_grads()
+
+
 def trainable_parameters(model: Any) -> tuple[int, int]:
     """(trainable, total) parameter counts, printed at start so the user sees what is trained."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -23,6 +23,18 @@ EXIT_OK = 0  # finished (max steps/epochs reached, or stopped on a plateau)
 EXIT_FAILED = 1  # training failed; the summary line says why
 EXIT_BAD_SPEC = 2  # the spec or the dataset is invalid; nothing was trained
 EXIT_PREEMPTED = 75  # SIGTERM received: the current step finished, a checkpoint was saved (EX_TEMPFAIL)
+# Out of GPU memory even at micro-batch 1 with activation checkpointing on (runner/oom.py): the bot relaunches
+# on an offer with more memory per GPU (bot/engine/grow.py). Nothing was lost: checkpoints are as they were.
+EXIT_OUT_OF_MEMORY = 76
+
+# The runner's chunked cross-entropy (runner/loss.py) computes at most this many logits at once; the planner
+# prices a chunk of chunk_tokens(vocab) tokens instead of the whole sequence's logits.
+CHUNK_LOGIT_ELEMENTS = 2**24
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Label tokens per chunk of the chunked loss: 130 with Llama 3's 128,256 entries, 524 with 32,000."""
+    return max(1, CHUNK_LOGIT_ELEMENTS // max(1, vocab))
 
 
 class Defaults:
@@ -53,6 +65,9 @@ class Defaults:
     plateau_evaluations = 50  # the detector looks max_steps / 50 times (every 10 steps at least)
     plateau_warmup = 0.10  # no decision in the first 10% of the steps
     hub_private = True
+    # The loss: "chunked" (runner/loss.py: never the whole sequence's logits at once), "plain" (the model's
+    # logits upcast to fp32, as the Hugging Face Trainer does) or "liger" (Liger's fused kernel, CUDA).
+    loss = "chunked"
 
     @staticmethod
     def learning_rate_for(method: str) -> float:
@@ -175,6 +190,7 @@ class JobSpec(_Strict):
     packing: bool = True
     gradient_checkpointing: bool = True
     attn: Literal["eager", "sdpa", "flash"] = "sdpa"
+    loss: Literal["chunked", "plain", "liger"] = Defaults.loss  # type: ignore[assignment]
     gpus: int = Field(1, ge=0, le=1024)  # 0 = CPU
     # How several processes share the model: "fsdp" (weights, gradients and optimizer states sharded, what
     # the planner prices for every method on > 1 GPU), "ddp" (a full copy per process) or "auto" (= fsdp).
@@ -229,9 +245,13 @@ class EventKind(StrEnum):
     failed = "failed"
     preempted = "preempted"
     warning = "warning"  # something the person should know (a checkpoint skipped because it did not verify)
+    # Out of memory at every back-off level (runner/oom.py): the job needs a GPU with more memory.
+    out_of_memory = "out_of_memory"
 
 
-TERMINAL_EVENTS = frozenset({EventKind.finished, EventKind.failed, EventKind.plateau})
+TERMINAL_EVENTS = frozenset(
+    {EventKind.finished, EventKind.failed, EventKind.plateau, EventKind.out_of_memory}
+)
 
 
 MAX_EVENT_POINTS = 512  # chart points one event carries (runner: thin_points keeps the newest)
@@ -285,7 +305,7 @@ class RunnerEvent(BaseModel):
 class RunSummary(BaseModel):
     """The runner's last line of stdout: one JSON object."""
 
-    status: Literal["finished", "plateau", "preempted", "failed", "invalid"]
+    status: Literal["finished", "plateau", "preempted", "failed", "invalid", "out_of_memory"]
     steps: int = 0
     max_steps: int | None = None
     tokens: int = 0

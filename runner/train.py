@@ -25,16 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from runner import checkpoint as ckpt
 from runner import loadable, manifest
 from runner.distributed import Group, setup, wrap
 from runner.integrity import key_from_env
+from runner.oom import OutOfMemory
 from runner.spec import (
     EXIT_BAD_SPEC,
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_OUT_OF_MEMORY,
     EXIT_PREEMPTED,
     EventKind,
     JobSpec,
@@ -80,6 +81,14 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
         trainer.setup()
         status = trainer.train()
         return trainer.summary(status, started), {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
+    except OutOfMemory as exc:  # runner/oom.py: every level tried; the bot relaunches on a bigger GPU
+        message = f"{exc}; needs a GPU with more memory"
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        if trainer.group is None or not trainer.group.distributed:  # several: the launcher says it
+            trainer.emit(EventKind.out_of_memory, message=message[:2000], metrics=trainer.metrics())
+        summary = trainer.summary("out_of_memory", started)
+        summary.message = message[:2000]
+        return summary, EXIT_OUT_OF_MEMORY
     except InvalidJob as exc:
         # The runner's own error line reaches the person who asked (a `failed` event, then the summary).
         trainer.emit(EventKind.failed, message=f"invalid job: {exc}"[:2000])
@@ -150,6 +159,12 @@ class Trainer:
             raise InvalidJob(str(exc)) from None
         if not records:
             raise InvalidJob(f"{spec.dataset.uri}: dataset is empty: no records to train on")
+        if spec.loss == "liger":
+            from runner.loss import liger_available
+
+            if group.device.type != "cuda" or not liger_available():
+                raise InvalidJob("loss=liger needs CUDA and the liger-kernel package (Triton); use "
+                                 "loss=chunked (the default: as little memory, plain torch)")
         if spec.attn == "flash" and group.device.type == "cuda" and not has_flash_attention():
             raise InvalidJob("attn=flash needs the flash-attn package, which this runner image does not "
                              "have; use attn=sdpa, or build the image with FLASH_ATTN=1 "
@@ -246,6 +261,13 @@ class Trainer:
             self.ddp_model = wrap(self.model, group, strategy, mixed=self.autocast)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
+            self.head_loss = self._loss_for(first)
+            from runner import oom
+
+            self.checkpointing = spec.gradient_checkpointing
+            self.oom_levels = oom.levels(spec.micro_batch_size, spec.gradient_checkpointing)
+            self.oom_level = oom.start_level(spec.micro_batch_size, spec.gradient_checkpointing)
+            self._apply_level()
             self.optimizer = self._optimizer()
             from transformers import get_scheduler
 
@@ -275,6 +297,25 @@ class Trainer:
             self.wandb = WandbLog()
             self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
                                                        spec.redacted().model_dump(mode="json"))
+
+    def _loss_for(self, batches: Any) -> Any:
+        """The loss as the spec asks (runner/loss.py), checked against the model's own logits on a short slice
+        of the first batch: a head that does more than the loss knows trains with the plain loss."""
+        from runner.loss import HeadLoss, check_against_plain
+
+        assert self.group is not None
+        head_loss = HeadLoss(self.model, self.spec.loss, self.model.config)
+        if head_loss.kind != "plain" and len(batches):
+            inputs = {k: v.to(self.group.device) for k, v in batches[0].items()}
+            labels = inputs.pop("labels")
+            problem = check_against_plain(head_loss, self.ddp_model, inputs, labels)
+            if problem:
+                head_loss.remove()
+                if self.group.main:
+                    print(f"note: {problem}; training with the plain loss", flush=True)
+        if self.group.main:
+            print(f"loss: {head_loss.kind} cross-entropy", flush=True)
+        return head_loss
 
     def _optimizer(self) -> torch.optim.Optimizer:
         spec = self.spec
@@ -380,34 +421,53 @@ class Trainer:
         notes = ["stopped: the loss stopped improving"] if status == "plateau" else []
         if self.publish_problem:
             notes.append(self.publish_problem)
-        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, metrics=self.meter.result(),
+        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, metrics=self.metrics(),
                   message="; ".join(notes) or None)
         return status
 
     def _step(self, micro: list[Any]) -> tuple[float, int]:
-        """One optimizer step over `grad_accum` micro-batches; returns (mean loss per label token, tokens)."""
+        """One optimizer step over `grad_accum` micro-batches; returns (mean loss per label token, tokens).
+
+        Out of memory: the same step again at the next back-off level (runner/oom.py), or OutOfMemory."""
+        from runner import oom
+
+        while True:
+            try:
+                return self._accumulate(micro)
+            except Exception as exc:
+                if not oom.is_out_of_memory(exc):
+                    raise
+                problem = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            # Outside the except clause: the error's traceback (and the step's tensors it holds) is gone.
+            self._back_off(problem)
+
+    def _accumulate(self, micro: list[Any]) -> tuple[float, int]:
+        from runner import oom
+
         assert self.group is not None
-        group, model = self.group, self.ddp_model
+        group, model, level = self.group, self.ddp_model, self.oom_levels[self.oom_level]
         model.train()
         label_tokens, tokens = group.all_sum([float(sum(b.num_label_tokens for b in micro)),
                                               float(sum(b.num_tokens for b in micro))])
         label_tokens = max(label_tokens, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64)
-        for index, batch in enumerate(micro):
+        # Each micro-batch split into level.parts micro-steps: the loss is summed over the same label tokens
+        # and divided by the same count, so the gradient is the one of the unsplit step.
+        pieces = [piece for batch in micro for piece in oom.split_rows(batch, level.parts)]
+        for index, batch in enumerate(pieces):
             inputs = {k: v.to(group.device) for k, v in batch.items()}
             labels = inputs.pop("labels")
-            sync_now = index == len(micro) - 1
+            oom.maybe_inject(labels.numel(), level.checkpointing)
+            sync_now = index == len(pieces) - 1
             context = model.no_sync() if group.distributed and not sync_now and hasattr(model, "no_sync") \
                 else contextlib.nullcontext()
             with context:
                 with self._precision():  # the forward and the loss; backward runs outside autocast
-                    logits = model(**inputs, use_cache=False).logits
-                    summed = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                             labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
-                    del logits  # autograd keeps what the loss needs; the bf16 logits need not outlive it
+                    summed = self.head_loss(model, inputs, labels)  # runner/loss.py
                 # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
                 (summed * group.world / label_tokens).backward()
             loss_sum += summed.detach().double().cpu()
+            del inputs, labels, summed
         if self.fsdp:  # the norm over all shards
             model.clip_grad_norm_(MAX_GRAD_NORM)
         else:
@@ -423,6 +483,36 @@ class Trainer:
         if getattr(self, "autocast", False):
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def _back_off(self, problem: str) -> None:
+        """After an out-of-memory error: drop the step's partial gradients and move one level on
+        (runner/oom.py); OutOfMemory when none is left, or when several processes must restart together (the
+        launcher does that)."""
+        from runner import oom
+
+        assert self.group is not None
+        spec, group = self.spec, self.group
+        self.optimizer.zero_grad(set_to_none=True)
+        oom.release(group.device)
+        current = self.oom_levels[self.oom_level]
+        where = current.describe(spec.micro_batch_size, spec.grad_accum)
+        if group.distributed or self.oom_level + 1 >= len(self.oom_levels):
+            raise oom.OutOfMemory(f"out of GPU memory at {where}: {problem}")
+        self.oom_level += 1
+        self._apply_level()
+        now = self.oom_levels[self.oom_level].describe(spec.micro_batch_size, spec.grad_accum)
+        message = f"out of GPU memory at {where}; retrying the step at {now} (the same effective batch)"
+        print(f"note: {message}", flush=True)
+        self.emit(EventKind.progress, message=message)
+
+    def _apply_level(self) -> None:
+        """Turn activation checkpointing on when the current level asks for it and the spec had it off."""
+        level = self.oom_levels[self.oom_level]
+        if level.checkpointing and not self.checkpointing:
+            from runner.model import enable_checkpointing
+
+            enable_checkpointing(self.model)
+            self.checkpointing = True
 
     def _plateau_says_stop(self, step: int, train_loss: float) -> bool:
         """Feed the detector: the training loss every step, or the eval loss every ``every_steps`` steps
@@ -456,9 +546,7 @@ class Trainer:
             inputs = {k: v.to(self.group.device) for k, v in batch.items()}
             labels = inputs.pop("labels")
             with self._precision():
-                logits = self.ddp_model(**inputs, use_cache=False).logits
-            total += float(F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                           labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"))
+                total += float(self.head_loss(self.ddp_model, inputs, labels))
             count += batch.num_label_tokens
         self.ddp_model.train()
         return total / max(count, 1)
@@ -603,7 +691,7 @@ class Trainer:
             output_uri=self.output_uri,
             records_truncated=self.stats.truncated if self.stats is not None else 0,
             records_dropped=self.stats.dropped if self.stats is not None else 0,
-            metrics=self.meter.result() if self.meter is not None else None,
+            metrics=self.metrics(),
         )
 
     def _wandb_note(self) -> str | None:
@@ -613,6 +701,20 @@ class Trainer:
         from runner.wandb_log import sync_hint
 
         return f"{self.wandb.note}; {sync_hint(self.spec.checkpoint.uri)}"
+
+    def metrics(self) -> dict[str, float | None] | None:
+        """What this run measured (runner/measure.py) and the configuration it measured it at: after an
+        out-of-memory back-off that is not the spec's (the calibration records the one that ran)."""
+        if self.meter is None:
+            return None
+        out = self.meter.result()
+        levels = getattr(self, "oom_levels", None)
+        if levels:
+            level = levels[self.oom_level]
+            out["micro_batch_size"] = float(max(1, self.spec.micro_batch_size // level.parts))
+            out["grad_accum"] = float(self.spec.grad_accum * level.parts)
+            out["gradient_checkpointing"] = 1.0 if level.checkpointing else 0.0
+        return out
 
     def close(self) -> None:
         if self.wandb is not None:
