@@ -64,6 +64,7 @@ def spec_fields(
         "packing": plan.packing,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "attn": plan.attn,
+        "loss": plan.loss,
         # The planner prices every method on several GPUs as FSDP-sharded (bot/planner/memory.py).
         "sharding": "fsdp",
         "plateau": {"enabled": plan.plateau, "patience": plan.plateau_patience},

@@ -14,8 +14,9 @@ test build Cases from them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Case:
     kind: str  # "memory" | "speed"
     measured: float
     predict: Callable[[Sequence[float]], float]  # coefficient vector -> predicted figure
+    classes: tuple[str, ...] = ()  # the range classes the row belongs to (bot/planner/ranges.py)
 
 
 @dataclass(frozen=True)
@@ -167,3 +169,105 @@ def summarize(errors: Sequence[float]) -> Summary:
         p10_ratio=quantile(ratios, 0.10),
         p90_ratio=quantile(ratios, 0.90),
     )
+
+
+# ---- ranges from held-out errors, per class
+# ------------------------------------------------------------------
+
+
+def t_quantile(p: float, dof: float) -> float:
+    """Student's t quantile (exact for 1 and 2 degrees of freedom, Cornish-Fisher beyond: within 0.3% of the
+    tables from 3 on)."""
+    if dof <= 1:
+        return math.tan(math.pi * (p - 0.5))
+    if dof <= 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = NormalDist().inv_cdf(p)
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, sd
+
+
+def prediction_range(
+    ratios: Sequence[float], pooled: Sequence[float], q: float = 0.95
+) -> tuple[float, float]:
+    """The (1-q, q) prediction interval of the next measured/predicted ratio of a class, from the held-out
+    ratios of its rows: the class's own mean shift, a spread never narrower than every row's together, and
+    Student's t for the rows it rests on (a class of three rows gets a wide range, as it should).
+
+    On log ratios: mean_c +- t(q, dof) * s * sqrt(1 + 1/n_c), s = max(sd_c, sd_all), dof of the sd used."""
+    logs = [math.log(r) for r in ratios]
+    every = [math.log(r) for r in pooled]
+    _, sd_all = _mean_sd(every)
+    mean_c, sd_c = _mean_sd(logs)
+    n = len(logs)
+    if n >= 3 and sd_c > sd_all:
+        s, dof = sd_c, n - 1
+    else:
+        s, dof = sd_all, len(every) - 1
+    half = t_quantile(q, dof) * s * math.sqrt(1 + 1 / n)
+    return math.exp(mean_c - half), math.exp(mean_c + half)
+
+
+def held_ratio(h: Held) -> float:
+    """measured / held-out predicted: what to multiply the estimate by."""
+    return h.case.measured / h.held_out
+
+
+def class_ranges(
+    held: Sequence[Held], classes: Iterable[str], q: float = 0.95
+) -> dict[str, tuple[float, float]]:
+    """Per class ("all" = every row), the prediction range of measured/predicted from the held-out errors."""
+    pooled = [held_ratio(h) for h in held]
+    out = {"all": prediction_range(pooled, pooled, q)}
+    for name in classes:
+        mine = [held_ratio(h) for h in held if name in h.case.classes]
+        if mine:
+            out[name] = prediction_range(mine, pooled, q)
+    return out
+
+
+def ratio_for(ranges: dict[str, tuple[float, float]], classes: Iterable[str]) -> tuple[float, float]:
+    """The range of a request in several classes: the widest of its classes' (and of "all")."""
+    chosen = [ranges["all"]] + [ranges[c] for c in classes if c in ranges]
+    return min(r[0] for r in chosen), max(r[1] for r in chosen)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    n: int
+    under_top: int  # measured at or under the predicted top
+    by_class: dict[str, tuple[int, int]]  # class -> (under top, rows)
+
+    @property
+    def share(self) -> float:
+        return self.under_top / self.n if self.n else math.nan
+
+
+def nested_coverage(held: Sequence[Held], classes: Sequence[str], q: float = 0.95) -> Coverage:
+    """How often the measured figure is under the top of its range when the ranges, too, were built without
+    the row's source: for each source, class ranges from the other sources' held-out errors, checked on it."""
+    under, by_class = 0, {c: [0, 0] for c in ("all", *classes)}
+    for source in dict.fromkeys(h.case.source for h in held):
+        rest = [h for h in held if h.case.source != source]
+        if not rest:
+            continue
+        ranges = class_ranges(rest, classes, q)
+        for h in held:
+            if h.case.source != source:
+                continue
+            top = ratio_for(ranges, h.case.classes)[1]
+            ok = held_ratio(h) <= top
+            under += ok
+            for c in ("all", *h.case.classes):
+                if c in by_class:
+                    by_class[c][0] += ok
+                    by_class[c][1] += 1
+    n = sum(1 for h in held if any(x.case.source != h.case.source for x in held))
+    return Coverage(n, under, {c: (v[0], v[1]) for c, v in by_class.items() if v[1]})

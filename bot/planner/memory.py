@@ -64,6 +64,7 @@ Calibration constants (few, each a physical quantity):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from bot.planner.architectures import Architecture
@@ -81,6 +82,8 @@ CUDA_CONTEXT_GB = 1.2
 NCCL_BUFFERS_GB = 0.5
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.12}
+# Which Linear layers of a block read the same input (q, k, v the attention norm's output; gate, up the MLP's)
+INPUT_OF = {"q": 0, "k": 0, "v": 0, "gate": 1, "up": 1, "o": 2, "down": 3}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
@@ -91,7 +94,7 @@ class MemoryCoefficients:
 
     # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
     # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 4.25
+    fsdp_units: float = 5.09
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -127,7 +130,9 @@ def trainable_parameters(arch: Architecture, req: EstimateRequest) -> int:
     return arch.lora_parameters(req.lora_r, req.lora_targets)
 
 
-def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) -> float:
+def _activation_bytes_per_token_layer(
+    arch: Architecture, req: EstimateRequest, gpus: int | None = None
+) -> float:
     """Bytes saved for backward per token in one block (no checkpointing).
 
     Counted tensor by tensor for a Llama-style block: q, k, v and the attention output (attention
@@ -140,23 +145,42 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
     elem = 4.0 if req.precision == "fp32" else 2.0
     h, q_dim, ffn = arch.hidden, arch.q_dim, arch.ffn_per_token
     full = req.method == "full"
+    attn_elem = mlp_elem = elem
+    if fp32_residual(req, gpus or req.gpus):
+        # bitsandbytes' Linear4bit returns its output in its input's dtype (bitsandbytes/nn/modules.py,
+        # Linear4bit.forward: `out.to(inp_dtype)`), and with the fp32 residual stream every projection's input
+        # is fp32: q, k, v, the MLP's gate and up, SiLU's input and the product are fp32 tensors, saved as
+        # such. Under autocast the attention kernel gets (and saves) bf16 copies; nothing casts the MLP back.
+        mlp_elem = 4.0
+        attn_elem = 2.0 if req.autocast else 4.0
     # q, k, v kept for the attention backward; HF sdpa/eager and torchtune repeat k, v to all heads.
     kv = arch.kv_dim if req.attn == "flash" else q_dim
-    elems = q_dim + 2 * kv + q_dim  # q, k, v and the attention output
+    block = (q_dim + 2 * kv + q_dim) * attn_elem  # q, k, v and the attention output
     if arch.gated_mlp:
-        elems += (2 if req.compile else 3) * ffn  # gate, up (and silu(gate) unless fused)
+        block += (2 if req.compile else 3) * ffn * mlp_elem  # gate, up (and silu(gate) unless fused)
     else:
-        elems += ffn  # activation input
+        block += ffn * mlp_elem  # activation input
+    elems = 0
     adapter_bytes = 0.0
     if full:
         elems += h + q_dim + h + ffn  # inputs of q/k/v, o (contiguous copy), gate/up, down
     else:
         fp32_adapters = req.adapter_dtype == "fp32" or req.precision == "fp32"
+        # An fp32 input needs no cast (peft's _cast_input_dtype returns it as is): adapters reading the same
+        # input (q, k and v; gate and up) then save one tensor between them, not a copy each.
+        fp32_inputs = req.precision == "fp32" or fp32_residual(req, gpus or 1)
+        shared = fp32_adapters and not req.autocast and fp32_inputs
+        inputs_seen: set[tuple[int, int]] = set()
         adapted: set[str] = set()
         for lin in arch.lora_targets(req.lora_targets):
             per_token = lin.active if lin.count > 1 else 1  # experts: only the routed ones see a token
             adapted.update(lin.roles)
-            if fp32_adapters:
+            if shared and lin.count == 1:
+                source = (lin.d_in, INPUT_OF.get(lin.roles[0], 3))
+                new_input = source not in inputs_seen
+                inputs_seen.add(source)
+                adapter_bytes += 4.0 * ((lin.d_in if new_input else 0) + req.lora_r)
+            elif fp32_adapters:
                 copy = 2.0 if req.autocast and req.precision != "fp32" else 4.0
                 adapter_bytes += per_token * copy * (lin.d_in + req.lora_r)
             else:
@@ -179,7 +203,7 @@ def _activation_bytes_per_token_layer(arch: Architecture, req: EstimateRequest) 
         norm_bytes += norms * h * norm_elem  # Gemma scales by (1 + w) in fp32: w's gradient keeps that too
     if arch.model_type in QK_NORM_MODELS:
         norm_bytes += (q_dim + arch.kv_dim) * norm_elem  # q_norm / k_norm inputs
-    per_layer = elems * elem + norm_bytes + adapter_bytes
+    per_layer = block + elems * elem + norm_bytes + adapter_bytes
     if req.attn == "eager":
         per_layer += arch.heads * req.seq_len * 6.0  # scores bf16 + fp32 softmax output, per token
         if arch.config.get("attn_logit_softcapping"):
@@ -241,6 +265,64 @@ def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
     if kind in ("plain", "legacy") and arch.config.get("final_logit_softcapping"):
         extra = 4.0  # Gemma 2's tanh soft-capping: two more bf16 copies (scaled logits, saved tanh output)
     return LOGIT_BYTES[kind] * factor + extra
+
+
+# The runner's chunked loss (runner/loss.py), at its worst moment: a chunk's log-softmax output, its gradient
+# and log_softmax_backward's output alive together (the recomputed bf16 logits and their fp32 upcast are freed
+# as the recompute goes: nothing saves them), per token of the chunk and vocabulary entry.
+CHUNK_BYTES = 12.0
+
+
+def loss_path_bytes(arch: Architecture, req: EstimateRequest, tokens: int) -> float:
+    """Bytes of the loss path at the start of backward (the logits, their copies and gradients).
+
+    plain: every token's logits, LOGIT_BYTES per entry (transformers' ForCausalLMLoss: bf16 logits, the fp32
+    upcast, the log-softmax output, its gradient). chunked (the runner's default, runner/loss.py): one chunk
+    of runner.spec.chunk_tokens(vocab) label tokens at a time, plus the gathered label positions' hidden
+    states and their gradient. liger (LigerFusedLinearCrossEntropyLoss,
+    liger_kernel/ops/fused_linear_cross_entropy.py): chunks of next_power_of_2(ceil(tokens / ceil(vocab /
+    hidden))) tokens, the fp32 logits of one chunk with the gradient written in place, and the input gradient
+    it builds in the forward."""
+    from runner.spec import chunk_tokens
+
+    elem = 4.0 if req.precision == "fp32" else 2.0
+    if req.loss == "chunked":
+        rows = min(tokens, chunk_tokens(arch.vocab))
+        extra = 4.0 if arch.config.get("final_logit_softcapping") else 0.0
+        return rows * arch.vocab * (CHUNK_BYTES + extra) + 2.0 * tokens * arch.hidden * elem
+    if req.loss == "liger":
+        chunks = max(1, math.ceil(arch.vocab / arch.hidden))
+        rows = min(tokens, 1 << max(0, math.ceil(tokens / chunks) - 1).bit_length())
+        return rows * arch.vocab * 4.0 + 2.0 * tokens * arch.hidden * elem
+    return tokens * arch.vocab * _logit_bytes(arch, req)
+
+
+def fsdp_terms(
+    arch: Architecture, req: EstimateRequest, gpus: int, coef: MemoryCoefficients
+) -> dict[str, float]:
+    """What FSDP (torch.distributed.fsdp, FSDP1) adds per GPU beside the shards.
+
+    gathered: FSDP all-gathers the current unit, prefetches the next (BACKWARD_PRE, limit_all_gathers) and
+    frees the previous one only when the communication stream is done with it: coef.fsdp_units unsharded
+    blocks in flight (the one fitted memory coefficient). frozen_gradients: with use_orig_params=True and a
+    unit that holds frozen and trainable tensors (whole blocks wrapped around LoRA adapters), the
+    FlatParameter requires grad and FSDP gives all of it a gradient, the frozen part as zeros
+    (torch/distributed/fsdp/fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
+    higher than expected (namely, equivalent to not freezing those parameters)"): every block's shard of
+    gradients stays until the optimizer step, and one unsharded block gradient is reduce-scattered at a time.
+    peft's wrap policy (the runner's) gives adapters their own units and avoids it."""
+    block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
+    elem = 2.0 if req.precision != "fp32" else 4.0
+    gathered = coef.fsdp_units * block * elem
+    if req.method == "qlora":
+        gathered *= NF4_BYTES / 2.0
+    frozen = 0.0
+    if req.method != "full" and req.fsdp_wrap == "blocks" and req.fsdp_orig_params:
+        others = arch.parameters - arch.block_linear_params - arch.embedding_params  # norms, biases, routers
+        base = arch.block_linear_params * (NF4_BYTES if req.method == "qlora" else elem) + others * elem
+        unit = block * (NF4_BYTES if req.method == "qlora" else elem)
+        frozen = base / gpus + unit
+    return {"gathered": gathered, "frozen_gradients": frozen}
 
 
 def estimate_memory(
@@ -308,7 +390,7 @@ def estimate_memory(
         step_temp = min(trainable, largest) * 8.0
 
     # Activations and logits, per GPU.
-    per_layer = _activation_bytes_per_token_layer(arch, req) * tokens
+    per_layer = _activation_bytes_per_token_layer(arch, req, n_gpus) * tokens
     resid = (4.0 if req.precision != "bf16" or fp32_residual(req, n_gpus) else 2.0) * arch.hidden * tokens
     if req.gradient_checkpointing:
         inputs = arch.layers * resid
@@ -321,7 +403,7 @@ def estimate_memory(
     if req.method == "qlora":
         biggest = max(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
         stored += biggest * NF4_DEQUANT_BYTES[nf4_dequant_path(req)]
-    logits = tokens * arch.vocab * _logit_bytes(arch, req)
+    logits = loss_path_bytes(arch, req, tokens)
     # Mixed precision on one GPU (the runner: fp32 weights, forward under torch.autocast): each matmul uses a
     # bf16 copy of its weight, which autograd keeps for the input gradient. Without checkpointing all of them
     # are alive when backward starts; under checkpointing a block's copies are dropped with its activations
@@ -334,19 +416,23 @@ def estimate_memory(
         casts = head if req.gradient_checkpointing else 2.0 * arch.matmul_parameters
     stored += casts
     if n_gpus > 1:
-        # FSDP all-gathers the current block, prefetches the next and frees the previous one only
-        # when the communication stream is done with it: coef.fsdp_units unsharded blocks in flight.
-        block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
-        gathered = coef.fsdp_units * block * (2.0 if req.precision != "fp32" else 4.0)
-        if req.method == "qlora":
-            gathered *= NF4_BYTES / 2.0
-        weights += gathered
+        fsdp = fsdp_terms(arch, req, n_gpus, coef)
+        weights += fsdp["gathered"]
+        grads += fsdp["frozen_gradients"]
+        if req.fsdp_cpu_offload:
+            offloaded["sharded weights, gradients and optimizer (CPU)"] = weights - fsdp["gathered"] + grads \
+                + optimizer
+            weights, grads, optimizer, adapters = fsdp["gathered"], 0.0, 0.0, 0.0
 
     # With accumulation the gradients live through the next forward; without, backward starts by
     # producing the lm_head's gradient while the logits are still alive.
     first_grad = (
         arch.vocab * arch.hidden * param_bytes / shard if full and not req.optimizer_in_backward else 0.0
     )
+    if full and req.loss != "plain":
+        # Each chunk's lm_head gradient is summed into the one autograd accumulates: one more head-sized
+        # tensor.
+        first_grad *= 2.0
     persistent_grads = grads if req.grad_accum > 1 else min(grads, first_grad)
     # Under checkpointing the loss's backward (logits, their fp32 copies and gradients) runs and frees before
     # the last block's forward is recomputed (torch/utils/checkpoint.py: a checkpointed block recomputes when

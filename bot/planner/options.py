@@ -243,6 +243,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("packing", "packing", parse_bool, "pack short examples into full rows", "no", flag=True),
     Option("attn", "attn", choice("eager", "sdpa", "flash"), "attention kernel: eager, sdpa or flash", "SDPA",
            aliases=("attention",)),
+    Option("loss", "loss", choice("chunked", "plain", "liger"),
+           "cross-entropy: chunked (default, least memory), plain, or liger (CUDA kernels)", "plain"),
     Option("optimizer", "optimizer", choice("adamw", "adamw_8bit", "paged_adamw_8bit",
                                             aliases={"adamw_torch": "adamw", "adamw-8bit": "adamw_8bit"}),
            "adamw, adamw_8bit or paged_adamw_8bit", "AdamW_8bit", aliases=("optim",)),

@@ -18,7 +18,14 @@ from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
 from bot.planner.models import resolve, table_lookup
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
-from bot.planner.ranges import MEMORY_RATIO, hours_range, memory_range, speed_range
+from bot.planner.ranges import (
+    hours_range,
+    memory_classes,
+    memory_range,
+    memory_ratio,
+    speed_range,
+    speed_ratio,
+)
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
@@ -62,8 +69,8 @@ def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryRes
     return replace(mem, per_gpu_bytes=sum(breakdown.values()), breakdown=breakdown)
 
 
-def _fits_anywhere(mem_gb: float, gpus: list[str]) -> str | None:
-    best = [g for g in gpus if mem_gb * MEMORY_RATIO[1] * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
+def _fits_anywhere(mem_gb: float, gpus: list[str], upper: float) -> str | None:
+    best = [g for g in gpus if mem_gb * upper * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
     return min(best, key=lambda g: GPUS[g].memory_gb) if best else None
 
 
@@ -74,7 +81,7 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
 
     def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
         m = estimate_memory(arch, r, gpus).per_gpu_gb
-        return _fits_anywhere(m, sold), m
+        return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
 
     if req.gpu:
         where, m = fits(req)
@@ -261,11 +268,12 @@ def estimate(
 
     full = req.method == "full"
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
+    mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
     job = JobShape(
         memory_gb=memory_gb,
         memory_on=memory_on,
-        memory_upper=MEMORY_RATIO[1],
-        hours_low_high=hours_range(1.0),
+        memory_upper=mem_ratio[1],
+        hours_low_high=hours_range(1.0, speed_ratios),
         hours=hours,
         checkpoint_gb=mem.checkpoint_bytes / GB,
         download_gb=mem.download_bytes / GB,
@@ -281,7 +289,7 @@ def estimate(
     elif fitting:
         headline = fitting[0].gpu
     else:
-        headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS)) or "h200"
+        headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS), mem_ratio[1]) or "h200"
     device = lookup_gpu(headline)
     corr = correction(headline)
     timing = run.timing(device, req.gpus, lambda s: _corrected_speed(s, corr))
@@ -321,10 +329,12 @@ def estimate(
     ]
     noted = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"}) if cpu else req
     assumptions.append(_method_note(arch, noted, mem))
-    lo, hi = MEMORY_RATIO
+    lo, hi = mem_ratio
+    classes = ", ".join(memory_classes(req)) or "no special class"
     assumptions.append(
-        f"ranges: memory x{lo:.2f}-{hi:.2f}, speed and time from the spread of the planner's errors on "
-        "published sources it was not fitted on (p10-p90, leave one source out); offers must fit the top"
+        f"ranges: memory x{lo:.2f}-{hi:.2f} ({classes}), speed x{speed_ratios[0]:.2f}-{speed_ratios[1]:.2f}: "
+        "90% prediction intervals from the planner's errors on published sources it was not fitted on (leave "
+        "one source out, per class of job); offers must fit the top"
     )
     if corr is not None:
         assumptions.append(corr.describe())
@@ -365,7 +375,7 @@ def estimate(
             breakdown_gb=breakdown,
             gpus=req.gpus,
             sharding=mem.sharding,
-            per_gpu_gb_range=[round(v, 3) for v in memory_range(mem_gb)],
+            per_gpu_gb_range=[round(v, 3) for v in memory_range(mem_gb, mem_ratio)],
         ),
         speed=SpeedEstimate(
             gpu=headline,
@@ -374,7 +384,7 @@ def estimate(
             step_seconds=round(speed.step_seconds, 4),
             mfu=round(speed.mfu, 4),
             flops_per_token=speed.flops_per_token,
-            tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second)],
+            tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second, speed_ratios)],
             calibrated_runs=corr.speed_runs if corr else 0,
             calibration=corr.describe() if corr else None,
         ),
@@ -384,7 +394,7 @@ def estimate(
             steps=steps,
             hours=round(time_hours, 4),
             token_source=run.token_source,
-            hours_range=[round(v, 4) for v in hours_range(time_hours)],
+            hours_range=[round(v, 4) for v in hours_range(time_hours, speed_ratios)],
             steps_per_epoch=timing.steps_per_epoch,
             evaluations=timing.evaluations,
             eval_tokens=timing.eval_tokens,

@@ -1,27 +1,82 @@
-"""Ranges around the point estimates: the spread of the planner's errors on sources it was not fitted on.
+"""Ranges around the point estimates: how far off the planner was on published sources it was not fitted on,
+per class of job where the classes differ, never the in-sample spread.
 
 bench/planner_crossval.py holds each published source out in turn, refits the few coefficients on the others
-and predicts the held-out rows; the 10th and 90th percentiles of measured/predicted over all held-out rows are
-these ratios (tests/planner/test_crossval.py recomputes them and fails when they drift from what is written
-here). A range is the point estimate times them: on a table the planner never saw, about four rows in five
-fall inside. Whether an offer fits is judged on the upper end of the memory range, with the safety margin on
-top.
+and predicts the held-out rows. Per class (several GPUs, a quantized base, long sequences for memory; several
+GPUs, quantized, short sequences for speed) the held-out measured/predicted ratios give a 90% prediction
+interval (bot/planner/crossval.prediction_range: the class's own mean shift, a spread never narrower than
+every row's, and Student's t for the few rows a class rests on). A job in several classes gets the widest of
+them and of "all". Whether an offer fits is judged on the top of its memory range (the 95% one-sided bound),
+with the safety margin on top. The figures below are what that computation gives
+(tests/planner/test_crossval.py recomputes them and fails when they drift); bench/planner_crossval.py also
+checks how often the top holds when the ranges, too, are built without the row's source.
 """
 
 from __future__ import annotations
 
-MEMORY_RATIO = (0.900, 1.112)  # p10, p90 of measured / predicted peak memory, held-out sources
-SPEED_RATIO = (0.851, 1.180)  # p10, p90 of measured / predicted tokens per second, held-out sources
+from bot.planner.crossval import ratio_for
+from bot.planner.request import EstimateRequest
+
+Q = 0.95  # the top of a range is the one-sided 95% prediction bound; the bottom the 5% one
+LONG_SEQUENCE = 4096  # memory class "long": tokens per sequence from here on (the loss path grows with them)
+SHORT_SEQUENCE = 1024  # speed class "short": fixed per-step costs weigh most up to here
+MEMORY_CLASSES = ("multi-gpu", "quantized", "long")
+SPEED_CLASSES = ("multi-gpu", "quantized", "short")
+
+# measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
+MEMORY_RANGES: dict[str, tuple[float, float]] = {
+    "all": (0.880, 1.173),
+    "multi-gpu": (0.704, 1.428),
+    "quantized": (0.872, 1.198),
+    "long": (0.882, 1.185),
+}
+SPEED_RANGES: dict[str, tuple[float, float]] = {
+    "all": (0.656, 1.404),
+    "multi-gpu": (0.664, 1.641),
+    "quantized": (0.695, 1.631),
+    "short": (0.481, 1.188),
+}
 
 
-def memory_range(gb: float) -> tuple[float, float]:
-    return gb * MEMORY_RATIO[0], gb * MEMORY_RATIO[1]
+def memory_classes(req: EstimateRequest, gpus: int | None = None) -> tuple[str, ...]:
+    n = gpus or req.gpus
+    out = ["multi-gpu"] if n > 1 else []
+    if req.method == "qlora":
+        out.append("quantized")
+    if req.seq_len >= LONG_SEQUENCE:
+        out.append("long")
+    return tuple(out)
 
 
-def speed_range(tokens_per_second: float) -> tuple[float, float]:
-    return tokens_per_second * SPEED_RATIO[0], tokens_per_second * SPEED_RATIO[1]
+def speed_classes(req: EstimateRequest, gpus: int | None = None) -> tuple[str, ...]:
+    n = gpus or req.gpus
+    out = ["multi-gpu"] if n > 1 else []
+    if req.method == "qlora":
+        out.append("quantized")
+    if req.seq_len <= SHORT_SEQUENCE:
+        out.append("short")
+    return tuple(out)
 
 
-def hours_range(hours: float) -> tuple[float, float]:
+def memory_ratio(req: EstimateRequest, gpus: int | None = None) -> tuple[float, float]:
+    """(low, high) multipliers of the memory estimate for this request; offers must fit the high one."""
+    return ratio_for(MEMORY_RANGES, memory_classes(req, gpus))
+
+
+def speed_ratio(req: EstimateRequest, gpus: int | None = None) -> tuple[float, float]:
+    return ratio_for(SPEED_RANGES, speed_classes(req, gpus))
+
+
+def memory_range(gb: float, ratio: tuple[float, float] = MEMORY_RANGES["all"]) -> tuple[float, float]:
+    return gb * ratio[0], gb * ratio[1]
+
+
+def speed_range(
+    tokens_per_second: float, ratio: tuple[float, float] = SPEED_RANGES["all"]
+) -> tuple[float, float]:
+    return tokens_per_second * ratio[0], tokens_per_second * ratio[1]
+
+
+def hours_range(hours: float, ratio: tuple[float, float] = SPEED_RANGES["all"]) -> tuple[float, float]:
     """Compute time moves inversely with speed: the fast end of the speed range is the short end here."""
-    return hours / SPEED_RATIO[1], hours / SPEED_RATIO[0]
+    return hours / ratio[1], hours / ratio[0]

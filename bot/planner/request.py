@@ -26,6 +26,10 @@ class EstimateRequest(BaseModel):
     grad_accum: int = Field(1, ge=1, le=65536)
     gradient_checkpointing: bool = True
     attn: Literal["eager", "sdpa", "flash"] = "sdpa"
+    # The runner's loss (runner/loss.py): "chunked" never holds the whole sequence's logits; "plain" is the
+    # model's logits upcast to fp32 (the Hugging Face Trainer, and every published stack's own path, which the
+    # flags below refine); "liger" Liger's fused kernel. Priced by bot/planner/memory.loss_path_bytes.
+    loss: Literal["chunked", "plain", "liger"] = Defaults.loss  # type: ignore[assignment]
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
     gpus: int = Field(1, ge=1, le=1024)
     gpu: str | None = None  # canonical GPU name for speed/time (default: best fitting)
@@ -65,6 +69,13 @@ class EstimateRequest(BaseModel):
     compile: bool = False  # torch.compile / fused kernels (torchtune, Unsloth)
     chunked_ce: bool = False  # chunked cross-entropy (logits never fully upcast to fp32)
     optimizer_in_backward: bool = False  # optimizer step fused into backward: no full gradient buffer
+    # FSDP on several GPUs, as the runner does it by default (runner/distributed.py): peft's wrap policy
+    # (every adapter its own unit), use_orig_params=False, nothing offloaded. Published runs that wrapped
+    # whole blocks with use_orig_params=True (frozen and trainable tensors in one flat parameter) or offloaded
+    # to the CPU say so (bot/planner/memory.fsdp_terms).
+    fsdp_wrap: Literal["peft", "blocks"] = "peft"
+    fsdp_orig_params: bool = False
+    fsdp_cpu_offload: bool = False
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
     autocast: bool = True  # forward under torch.autocast (Trainer bf16=True): fp32 adapters see bf16 copies
     qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32

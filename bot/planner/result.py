@@ -118,6 +118,7 @@ class TrainingPlan(BaseModel):
     weight_decay: float
     optimizer: str
     attn: str
+    loss: str = "chunked"  # chunked | plain | liger (runner/loss.py)
     gradient_checkpointing: bool
     packing: bool
     gpus: int

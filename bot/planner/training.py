@@ -124,6 +124,7 @@ def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
         weight_decay=req.weight_decay,
         optimizer=req.optimizer,
         attn=req.attn,
+        loss=req.loss,
         gradient_checkpointing=req.gradient_checkpointing,
         packing=req.packing,
         gpus=req.gpus,

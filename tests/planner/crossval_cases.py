@@ -9,6 +9,7 @@ from bot.planner.crossval import Case
 from bot.planner.gpus import gpu
 from bot.planner.memory import FITTED_MEMORY, MemoryCoefficients, estimate_memory
 from bot.planner.models import resolve
+from bot.planner.ranges import memory_classes, speed_classes
 from bot.planner.request import EstimateRequest
 from bot.planner.speed import FITTED, SpeedCoefficients, estimate_speed
 
@@ -75,6 +76,7 @@ def memory_cases(guidance: bool = False) -> list[Case]:
                 "memory",
                 row.memory_gb,
                 lambda x, row=row: memory_value(row, memory_coef(x)),
+                memory_classes(_resolved(row)[1]),
             )
         )
     return out
@@ -92,6 +94,7 @@ def speed_cases() -> list[Case]:
                 "speed",
                 row.tokens_per_second,
                 lambda x, row=row: speed_value(row, speed_coef(x)),
+                speed_classes(_resolved(row)[1]),
             )
         )
     return out

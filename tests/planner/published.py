@@ -24,6 +24,11 @@ class Row:
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Every published stack computes its loss from the model's logits (its own path, which chunked_ce,
+        # compile, legacy_logits and loss_upcast describe), not with the runner's chunked loss.
+        self.request.setdefault("loss", "plain")
+
 
 # torchtune README: batch 2, packed to 2048, torch.compile, activation checkpointing, chunked CE
 # (the Llama 3 recipes' default loss), adapters in bf16; LoRA r=8 on q, v, output and MLP; full
@@ -224,6 +229,27 @@ ROWS: list[Row] = [
         "a100-80gb",
         35.6,
     ),
+    Row(
+        "peft docs llama-2-70b qlora fsdp 2 gpus cpu offload",
+        # The same run with FSDP's CPU offload of the parameters (accelerate's fsdp_offload_params: true): the
+        # shards, their gradients and the optimizer live in CPU memory; the GPU keeps the units in flight, the
+        # activations and the logits.
+        dict(
+            model="meta-llama/Llama-2-70b-hf",
+            method="qlora",
+            gpus=2,
+            batch_size=2,
+            seq_len=2048,
+            gradient_checkpointing=True,
+            attn="flash",
+            lora_r=8,
+            lora_targets="all-linear",
+            qlora_upcast=True,
+            fsdp_cpu_offload=True,
+        ),
+        "a100-80gb",
+        19.6,
+    ),
     # QLoRA paper: fine-tuning footprints (batch 1, r=64 on all linear layers, length 512).
     Row(
         "qlora paper 65B",
@@ -294,6 +320,7 @@ def source_of(row_id: str) -> str:
 # Unsloth's "minimum VRAM" guidance, read as Unsloth's stack (fused kernels, chunked loss, offloaded
 # checkpoints, 8-bit AdamW) at its default max_seq_length 2048 and batch 1, as torch reports it.
 UNSLOTH_REQUEST = dict(
+    loss="plain",  # Unsloth's own (chunked_ce, compiled), not the runner's
     stack="unsloth",
     batch_size=1,
     seq_len=2048,

@@ -166,8 +166,12 @@ def _saved(model) -> int:
         return t
 
     ids = torch.randint(0, DIMS["vocab_size"], (BATCH, SEQ))
+    # One padded position: a mask, as the runner always has (packing or padding), so SDPA repeats k and v to
+    # every head (transformers' use_gqa_in_sdpa: native GQA only without a mask), as the planner counts.
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        model(input_ids=ids, attention_mask=mask, labels=ids)
     return sum(seen.values())
 
 
