@@ -33,7 +33,7 @@ ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40
 MAX_VOLUME_ROWS = 40
-OFFER_COLUMNS = ["#", "provider", "gpu", "type", "$/h", "hours", "total", "label"]
+OFFER_COLUMNS = ["#", "provider", "gpu", "memory", "type", "$/h", "hours", "total", "label"]
 # Rejections that only say the offer is not what was asked (another GPU count, type or class): the
 # detailed view counts them instead of listing them.
 ASKED_FILTERS = ("gpu_count", "gpu", "class")
@@ -90,11 +90,22 @@ def _kind(o: RankedOffer) -> str:
     return "spot" if o.interruptible else "on-demand"
 
 
+def memory_margin(o: RankedOffer) -> str:
+    """'needs 18-22 GB of 24' per GPU (the memory range against the card), flagged when the top is within 10%
+    of the card: the runner would then back off (smaller micro-batches) or move to a bigger GPU."""
+    if not o.memory_need_gb:
+        return "-"
+    low, high = o.memory_need_gb
+    text = f"needs {low:.1f}-{high:.1f} GB of {o.memory_capacity_gb or o.gpu_memory_gb:.1f}"
+    return text + " :warning: tight" if o.memory_tight else text
+
+
 def _offer_row(i: int, o: RankedOffer) -> list[str]:
     return [
         str(i),
         esc(o.provider),
         esc(f"{o.gpu} x{o.gpu_count}"),
+        memory_margin(o),
         _kind(o),
         money(o.price_per_hour),
         hours(o.hours),
@@ -169,6 +180,9 @@ def estimate_reply(
             reply.add(Context([f"{len(estimate.offers) - len(shown)} more offers not shown"]))
     else:
         reply.add(Text(":warning: No offers to show."))
+    tight = tight_warning(estimate)
+    if tight:
+        reply.add(Context([tight]))
     if not fitting and estimate.suggestions:
         reply.add(Text("*Nothing fits. Try:*\n" + "\n".join(f"• {esc(s)}" for s in estimate.suggestions[:8])))
     reply.add(*_assumptions(estimate, detailed=detailed))
@@ -180,6 +194,20 @@ def estimate_reply(
     elif fitting and launching:
         reply.add(Context(["No offer here can be launched by this bot: " + esc(_offer_note(fitting[0]))]))
     return reply
+
+
+def tight_warning(estimate: Estimate) -> str | None:
+    """A warning when a recommended offer's memory range tops out within 10% of its GPU's memory."""
+    picks = [o for o in estimate.offers if o.fits and o.labels and o.memory_tight and o.memory_need_gb]
+    if not picks:
+        return None
+    o = picks[0]
+    return (
+        f":warning: {esc(o.gpu)} ({', '.join(o.labels)}) is tight: the job needs up to "
+        f"{o.memory_need_gb[1]:.1f} of its {o.memory_capacity_gb or o.gpu_memory_gb:.1f} GB. If it runs out, "
+        "the runner halves the micro-batch (same results, slower) and, failing that, the job moves to a GPU "
+        "with more memory."
+    )
 
 
 def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:

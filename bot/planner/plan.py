@@ -273,6 +273,7 @@ def estimate(
         memory_gb=memory_gb,
         memory_on=memory_on,
         memory_upper=mem_ratio[1],
+        memory_lower=mem_ratio[0],
         hours_low_high=hours_range(1.0, speed_ratios),
         hours=hours,
         checkpoint_gb=mem.checkpoint_bytes / GB,

@@ -24,6 +24,7 @@ from bot.planner.preemption import ScalarMath, expected_wall_hours
 from bot.planner.result import RankedOffer
 
 SAFETY_MARGIN = 0.05  # peak memory must fit with 5% to spare
+TIGHT_SHARE = 0.90  # a fitting offer whose top of the memory range passes 90% of the card is flagged tight
 DISK_GBS = 0.5  # checkpoint write/read speed, GB/s (network volumes and NVMe overlays)
 CHECKPOINT_FIXED_S = 20.0  # serialization and sync overhead per checkpoint
 BOOT_HOURS = 4.0 / 60  # instance boot + image pull, for offers that do not say
@@ -56,6 +57,7 @@ class JobShape:
     output_gb: float
     memory_on: Callable[[str, int], float] | None = None  # per (gpu, count) when a calibration moves it
     memory_upper: float = 1.0  # the upper end of the memory range, as a ratio: what "fits" is judged on
+    memory_lower: float = 1.0  # the lower end, shown with it ("needs 18-22 GB of 24")
     hours_low_high: tuple[float, float] = (1.0, 1.0)  # the compute-time range as ratios (cost ranges)
 
     @property
@@ -290,6 +292,9 @@ def rank_offers(
                 egress_cost=round(float(res["egress"][i]), 4),
                 preemption_cost=round(float(res["preempt"][i]), 4),
                 total_cost_range=_cost_range(total[i], float(res["egress"][i]), job.hours_low_high),
+                memory_need_gb=[round(per[i][0] * r, 2) for r in (job.memory_lower, job.memory_upper)],
+                memory_capacity_gb=round(per[i][1], 2),
+                memory_tight=category[i] == 0 and per[i][0] * job.memory_upper > TIGHT_SHARE * per[i][1],
                 checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
                 fits=category[i] == 0,
                 rejected_by=REJECTED_BY.get(category[i]),

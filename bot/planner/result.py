@@ -81,6 +81,11 @@ class RankedOffer(BaseModel):
     preemption_cost: float = 0.0
     total_cost_range: list[float] | None = None  # [low, high]: the compute-time range priced the same way
     checkpoint_minutes: float | None = None  # Young/Daly interval for interruptible offers
+    # [low, high] GB per GPU the job needs on this offer's GPU (the memory range; "fits" is judged on the high
+    # end plus the safety margin), and whether that high end is within TIGHT_SHARE of the card's memory.
+    memory_need_gb: list[float] | None = None
+    memory_capacity_gb: float | None = None  # the card's memory as the fit is judged (GB = 1e9 bytes)
+    memory_tight: bool = False
     fits: bool
     reason: str  # why it was rejected, or why it is recommended
     labels: list[str] = Field(default_factory=list)  # "cheapest" | "fastest" | "safest"

@@ -186,3 +186,17 @@ def test_fits_is_judged_on_the_upper_end_of_the_memory_range() -> None:
     ranged, _, _ = rank_offers(card, JobShape(memory_gb=lambda n: 23.0, memory_upper=1.111, **base), gpus=1)
     assert point[0].fits
     assert not ranged[0].fits and ranged[0].rejected_by == "memory" and "up to 25.6" in ranged[0].reason
+
+
+def test_each_offer_carries_its_memory_need_range_and_a_tight_flag_near_the_card() -> None:
+    """Issue 21: 21.5 GB with a range of x0.9-1.1 needs 19.35-23.65 GB; on an RTX 4090 (25.76 GB) the top
+    passes 90% of the card (tight, yet it fits with the 5% margin); on an L40S (48.3 GB) it is not tight."""
+    cards = [offer("vast", "rtx-4090", 0.3, memory=24), offer("runpod", "l40s", 0.8, memory=48)]
+    base = dict(hours=lambda g, n: 1.0, checkpoint_gb=1.0, download_gb=16.0, output_gb=0.2)
+    shape = JobShape(memory_gb=lambda n: 21.5, memory_lower=0.9, memory_upper=1.1, **base)
+    ranked, n_fit, _ = rank_offers(cards, shape, gpus=1)
+    by_gpu = {o.gpu: o for o in ranked}
+    assert n_fit == 2
+    assert by_gpu["rtx-4090"].memory_need_gb == [19.35, 23.65] and by_gpu["rtx-4090"].memory_tight
+    assert by_gpu["rtx-4090"].memory_capacity_gb == 25.76
+    assert by_gpu["l40s"].memory_need_gb == [19.35, 23.65] and not by_gpu["l40s"].memory_tight
