@@ -62,14 +62,19 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                 *, scale: float = 1.0, softcap: float = 0.0, chunk: int | None = None) -> torch.Tensor:
+                 *, scale: float = 1.0, softcap: float = 0.0, chunk: int | None = None,
+                 select: bool = True) -> torch.Tensor:
     """Summed next-token cross-entropy of ``hidden`` ([b, s, h], the head's input) against ``labels``
     ([b, s]), computed chunk by chunk over the label positions; no more than one chunk's logits are alive at
     a time, in forward and in backward."""
     targets = labels[:, 1:]
-    keep = targets != IGNORE_INDEX
-    picked = hidden[:, :-1][keep]  # [n, h]: only the positions that carry loss get logits
-    wanted = targets[keep]
+    if select:
+        keep = targets != IGNORE_INDEX
+        picked = hidden[:, :-1][keep]  # [n, h]: only the positions that carry loss get logits
+        wanted = targets[keep]
+    else:  # every position (ignored ones add zero): no data-dependent shape, e.g. on the meta device
+        picked = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        wanted = targets.reshape(-1)
     n = picked.shape[0]
     if n == 0:
         return hidden.sum() * 0.0  # nothing to learn here, but backward must still reach the graph
@@ -126,10 +131,12 @@ class HeadLoss:
 
     Use: ``loss = head_loss(model, inputs, labels)`` - one forward, the summed loss back."""
 
-    def __init__(self, model: Any, kind: str, config: Any, *, chunk: int | None = None) -> None:
+    def __init__(self, model: Any, kind: str, config: Any, *, chunk: int | None = None,
+                 select: bool = True) -> None:
         self.kind = kind
         self.scale, self.softcap = head_transform(config)
         self.chunk = chunk
+        self.select = select  # False: logits for every position (tracing on the meta device)
         self._labels: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
         self._handle = None
@@ -142,7 +149,7 @@ class HeadLoss:
         hidden = args[0]
         weight, bias = module.weight, getattr(module, "bias", None)
         fn: Callable[..., torch.Tensor] = liger_loss if self.kind == "liger" else chunked_loss
-        extra = {"chunk": self.chunk} if self.kind == "chunked" else {}
+        extra = {"chunk": self.chunk, "select": self.select} if self.kind == "chunked" else {}
         self._loss = fn(hidden, weight, bias, self._labels, scale=self.scale, softcap=self.softcap, **extra)
         return (hidden[..., :0, :],) + tuple(args[1:])  # the head's own matmul gets nothing to do
 

@@ -287,6 +287,20 @@ HF_CASES = [  # (label, planner request); the trace builds the same model and st
         ),
     ),
 ]
+HF_CASES += [  # the runner's chunked loss (runner/loss.py): what the planner prices for tunebot's own jobs
+    (
+        "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt, chunked",
+        dict(model="meta-llama/Llama-3.1-8B", method="lora", lora_r=16, batch_size=1, seq_len=16384,
+             gradient_checkpointing=True, loss="chunked"),
+    ),
+    (
+        "Llama-3.2-1B full bf16, 2 x 1024, ckpt, chunked",
+        dict(model="meta-llama/Llama-3.2-1B", method="full", batch_size=2, seq_len=1024,
+             gradient_checkpointing=True, loss="chunked"),
+    ),
+]
+for _, _request in HF_CASES:
+    _request.setdefault("loss", "plain")  # transformers' own loss (the model's logits, ForCausalLMLoss)
 
 
 def _sdpa_like_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -333,9 +347,17 @@ def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) ->
             optimizer = torch.optim.AdamW(
                 [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=False, foreach=True
             )
+            head = None
+            if request.get("loss", "plain") != "plain":  # the runner's own loss (runner/loss.py)
+                from runner.loss import HeadLoss
+
+                head = HeadLoss(model, request["loss"], model.config, select=False)
             for length in lengths or [request["seq_len"]] * steps:
                 ids = torch.zeros(request["batch_size"], length, dtype=torch.long, device="meta")
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                if head is not None:
+                    loss = head(model, {"input_ids": ids}, ids)
+                else:
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                 loss.backward()
                 del loss
                 optimizer.step()

@@ -36,6 +36,7 @@ MILESTONES = {
     K.job_started,
     K.checkpoint,
     K.preempted,
+    K.out_of_memory,
     K.recovered,
     K.plateau,
     K.finished,
@@ -73,6 +74,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         return f":warning: Preempted at step {step}: " + (
             msg or "the instance was reclaimed; relaunching and resuming from the last checkpoint."
         )
+    if event.kind == K.out_of_memory:  # what happened and what the bigger GPU costs (bot/engine/grow.py)
+        return f":arrow_up: Out of GPU memory at step {step}: {msg}"
     if event.kind == K.recovered:
         return ":white_check_mark: Recovered: " + (msg or f"resumed from step {step}.")
     if event.kind == K.plateau:

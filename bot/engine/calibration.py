@@ -63,11 +63,18 @@ def record_run(eng: EngineContext, job: Job, event: RunnerEvent) -> bool:
     metrics = event.metrics or {}
     if not job.gpu or not any(metrics.get(k) for k in MEASURED):
         return False
+    request = dict(job.request or {})
+    # After an out-of-memory back-off (runner/oom.py) the run measured another configuration than the
+    # request's: record the one that ran, so the planner is compared with what it would have said for it.
+    for key, field, cast in (("micro_batch_size", "batch_size", int), ("grad_accum", "grad_accum", int),
+                             ("gradient_checkpointing", "gradient_checkpointing", bool)):
+        if metrics.get(key) is not None:
+            request[field] = cast(metrics[key])
     try:
         m = Measurement(
             gpu=job.gpu,
             gpus=job.gpu_count or 1,
-            request=dict(job.request or {}),
+            request=request,
             max_memory_reserved_gb=metrics.get("max_memory_reserved_gb") or None,
             device_memory_used_gb=metrics.get("device_memory_used_gb") or None,
             tokens_per_second=metrics.get("tokens_per_second") or None,

@@ -25,6 +25,7 @@ class EngineEventKind(StrEnum):
     progress = "progress"
     checkpoint = "checkpoint"
     preempted = "preempted"
+    out_of_memory = "out_of_memory"  # out of GPU memory: moved to a bigger GPU, or asking (engine/grow.py)
     recovered = "recovered"
     plateau = "plateau"
     finished = "finished"

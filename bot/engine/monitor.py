@@ -61,7 +61,9 @@ log = logging.getLogger(__name__)
 # 75: the runner saved and exited on SIGTERM; 143/137: killed by SIGTERM/SIGKILL from outside (a reclaim
 # that came before the runner's handler was installed, or after its grace) - both worth a relaunch.
 PREEMPTED_EXIT_CODES = frozenset({EXIT_PREEMPTED, 128 + 15, 128 + 9})
-TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value}
+TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value,
+            EventKind.out_of_memory.value}
+MEASURED = {EventKind.finished.value, EventKind.plateau.value}  # runs whose metrics teach the planner
 
 
 def token_ok(job: Job, token: str | None) -> bool:
@@ -195,7 +197,7 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
                 url=None,
                 name="Weights & Biases",
             )
-        if e.kind.value in TERMINAL and e.metrics:
+        if e.kind.value in MEASURED and e.metrics:
             from bot.engine.calibration import record_run
 
             try:
@@ -659,7 +661,7 @@ def ingest_many(
             integrity.report_refused(eng, jid, Counter(link=n))
     for jid, new in new_by_job.items():
         job = jobs[jid]
-        if any(e.kind.value in TERMINAL and e.metrics for e in new):
+        if any(e.kind.value in MEASURED and e.metrics for e in new):
             with eng.session() as s:
                 job = s.get(Job, jid) or job  # the measurements need the whole row
         _announce(eng, job, new)

@@ -39,7 +39,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # launching -> recovering: the launch failed transiently (capacity, price); retried on a tick.
     # launching -> pending_approval: only a pricier offer than the approved one is left (asked again).
     LAUNCHING: frozenset({RUNNING, RECOVERING, FAILED, STOPPED, CANCELLED, PENDING_APPROVAL}),
-    RUNNING: frozenset({RECOVERING, SUCCEEDED, FAILED, STOPPED}),
+    # running -> pending_approval: out of memory, and the bigger GPU costs more than the cap
+    # (bot/engine/grow.py)
+    RUNNING: frozenset({RECOVERING, SUCCEEDED, FAILED, STOPPED, PENDING_APPROVAL}),
     RECOVERING: frozenset({LAUNCHING, RUNNING, FAILED, STOPPED, SUCCEEDED}),
     # `resume`: a stopped or failed job runs again from its checkpoint (bot/engine/resume.py)
     STOPPED: frozenset({APPROVED, PENDING_APPROVAL}),

@@ -25,6 +25,7 @@ from bot.engine.context import EngineContext
 from bot.engine.launch import launch_job, reclaim_stale
 from bot.engine.recovery import mark_preempted, relaunch
 from bot.engine.states import JobState
+from runner.spec import EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -112,6 +113,7 @@ class Do(StrEnum):
     preempt = "preempt"  # running -> recovering (``reason``), end the instance (``gone``), relaunch
     stop = "stop"  # ask for a graceful stop (``reason``: budget)
     stop_now = "stop_now"  # ask for the stop and end the job at once (``reason``: idle)
+    grow = "grow"  # out of GPU memory at every back-off level: a bigger GPU within the cap, or ask (grow.py)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
         return Action(Do.take_over)
     if job.state != JobState.RUNNING:
         return NOTHING
+    if job.outcome == EventKind.out_of_memory.value and job.stop_requested_at is None:
+        return Action(Do.grow, reason="out of memory", message=job.message)
     if job.outcome in OUTCOME_STATE:  # the runner said how it ended; a failure carries its own words
         final, reason = OUTCOME_STATE[job.outcome]
         return Action(Do.finish, final, reason, job.message if final == JobState.FAILED else None)
@@ -148,6 +152,8 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
     if v in ENDED and job.stop_requested_at is not None:
         return Action(Do.finish, JobState.STOPPED, job.stop_reason)  # the stop we asked for
     if v == "exited":
+        if code == EXIT_OUT_OF_MEMORY:  # the exit code alone (its event may not have been read yet)
+            return Action(Do.grow, reason="out of memory")
         if code == 0:
             return Action(Do.finish, JobState.SUCCEEDED, "finished")
         return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
@@ -203,6 +209,10 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
     elif action.do is Do.stop:
         log.info("job %s: projected spend reaches its cap; stopping", job.id)
         jobs.request_stop(ctx, job.id, reason=action.reason or "budget", actor="engine")
+    elif action.do is Do.grow:
+        from bot.engine.grow import grow
+
+        grow(ctx, job.id, said=action.message)
     elif action.do is Do.stop_now:
         jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine")
         finish_mod.finish(ctx, job.id, JobState.STOPPED, reason=action.reason)

@@ -94,7 +94,7 @@ class MemoryCoefficients:
 
     # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
     # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 5.09
+    fsdp_units: float = 4.33
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -209,6 +209,22 @@ def _activation_bytes_per_token_layer(
         if arch.config.get("attn_logit_softcapping"):
             per_layer += arch.heads * req.seq_len * 2.0  # Gemma 2's tanh-capped scores
     return per_layer
+
+
+def forward_transient_bytes(arch: Architecture, req: EstimateRequest) -> float:
+    """Per token, what a block's forward holds at its busiest moment beyond what it saves for backward.
+
+    peft's LoRA Linear computes `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/
+    layer.py, Linear.forward): with fp32 adapters and no autocast the adapter's output and its scaled copy are
+    fp32 rows as wide as the layer's output, alive with the base layer's bf16 output (then the fp32 sum
+    replaces them): 10 bytes per output feature of the widest adapted Linear (gate/up: the MLP width). Under
+    autocast, or with bf16 adapters, those copies are 16-bit (6). Shows when nothing larger competes: under
+    checkpointing with a chunked loss the recompute of the last block is the peak, not the logits."""
+    if req.method == "full":
+        return 0.0
+    widest = max((lin.d_out for lin in arch.lora_targets(req.lora_targets)), default=0)
+    fp32 = (req.adapter_dtype == "fp32" or req.precision == "fp32") and not req.autocast
+    return widest * (10.0 if fp32 else 6.0)
 
 
 def nf4_dequant_path(req: EstimateRequest) -> str:
@@ -443,10 +459,17 @@ def estimate_memory(
         "end of backward": {"gradients": grads, "activations": per_layer + block_casts, "logits": 0.0},
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
     }
+    transient = forward_transient_bytes(arch, req) * tokens
     if req.gradient_checkpointing:
         phases["recompute of the last layer"] = {
             "gradients": persistent_grads,
-            "activations": stored + per_layer + block_casts,
+            "activations": stored + per_layer + block_casts + transient,
+            "logits": 0.0,
+        }
+    else:  # the last block's forward: everything saved so far, and its own temporaries
+        phases["forward of the last layer"] = {
+            "gradients": persistent_grads,
+            "activations": stored + transient,
             "logits": 0.0,
         }
     frag = FRAGMENTATION["packed" if req.packing else "variable"]

@@ -25,10 +25,10 @@ SPEED_CLASSES = ("multi-gpu", "quantized", "short")
 
 # measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
 MEMORY_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.880, 1.173),
-    "multi-gpu": (0.704, 1.428),
-    "quantized": (0.872, 1.198),
-    "long": (0.882, 1.185),
+    "all": (0.877, 1.170),
+    "multi-gpu": (0.694, 1.385),
+    "quantized": (0.877, 1.178),
+    "long": (0.882, 1.186),
 }
 SPEED_RANGES: dict[str, tuple[float, float]] = {
     "all": (0.656, 1.404),

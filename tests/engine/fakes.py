@@ -35,9 +35,11 @@ class FakeProvider:
         volumes: bool = False,
         kind: str = "process",
         gpu_count: int = 1,
+        memory_gb: float = 24,
     ) -> None:
         self.name = name
         self.gpu_count = gpu_count
+        self.memory_gb = memory_gb
         self.capabilities = Capabilities(interruptible=interruptible, volumes=volumes, kind=kind)
         self.price = price
         self.live_price: float | None = None
@@ -59,7 +61,7 @@ class FakeProvider:
             offer_id=f"{self.name}-1",
             gpu=self.gpu,
             gpu_count=self.gpu_count,
-            gpu_memory_gb=24,
+            gpu_memory_gb=self.memory_gb,
             price_per_hour=self.price if self.live_price is None else self.live_price,
             interruptible=self.interruptible,
             reliability=0.99,

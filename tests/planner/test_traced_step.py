@@ -26,6 +26,9 @@ CASES = {
     "Qwen3-4B LoRA q,v r=8, 2 x 512, no ckpt",
     "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt",
     "Llama-3.2-1B full bf16, 2 x 1024, ckpt",
+    # issue 21: the runner's chunked loss, as priced (a chunk of logits, not the sequence's)
+    "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt, chunked",
+    "Llama-3.2-1B full bf16, 2 x 1024, ckpt, chunked",
 }
 
 
@@ -63,12 +66,12 @@ def test_planner_matches_traced_hugging_face_steps() -> None:
         assert m.torch_reserved_gb == pytest.approx(needed, rel=tolerance), (
             f"{label}: planner {m.torch_reserved_gb:.2f} vs needed {needed:.2f}"
         )
-        if "16384" in label:
+        if "16384" in label and "chunked" not in label:
             # Counting the recomputed layer together with the logits (the old rule) overshoots the trace's
             # peak.
             together = m.torch_reserved_gb + _layer_working_set(arch, req) / 1e9
             assert together > allocated * 1.03 and m.torch_reserved_gb < allocated * 1.03
-        if "full" in label:
+        if "full" in label and "chunked" not in label:
             # Without the foreach temporary the planner would fall below what the step allocates.
             loop = estimate_memory(arch, req.model_copy(update={"optimizer_impl": "for-loop"}))
             assert loop.torch_reserved_gb < allocated * 0.95 < m.torch_reserved_gb

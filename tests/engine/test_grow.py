@@ -1,0 +1,109 @@
+"""Out of GPU memory after the runner's own back-off (runner/oom.py): the engine relaunches the job on the
+cheapest offer with more memory per GPU when that stays within the job's cap, else it asks in the thread, with
+what happened and what it costs (bot/engine/grow.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.engine.grow import choose
+from bot.providers.base import InstanceStatus
+from runner.spec import EXIT_OUT_OF_MEMORY, JobSpec
+
+from .conftest import Recorder, request
+from .fakes import FakeProvider, make_estimate
+
+OOM = "out of GPU memory at micro-batch 1 x grad_accum 8, activation checkpointing on: CUDA out of memory"
+
+
+def _offer(provider: str, memory: float, total: float, count: int = 1) -> dict:
+    return {"provider": provider, "offer_id": provider, "gpu": "g", "gpu_count": count,
+            "gpu_memory_gb": memory, "total_cost": total, "fits": True}
+
+
+def test_choose_the_cheapest_bigger_card_and_check_the_cap() -> None:
+    failed = _offer("small", 24, 1.0)
+    offers = [failed, _offer("same", 24, 0.5), _offer("big", 80, 6.0), _offer("mid", 48, 3.0),
+              _offer("two", 48, 2.0, count=2)]
+    within = choose(failed, offers, spent=1.5, max_cost=5.0, approved_estimate=1.0)
+    assert within.offer["provider"] == "mid" and [o["provider"] for o in within.bigger] == ["mid", "big"]
+    assert within.cost == pytest.approx(4.5) and within.within_cap
+    over = choose(failed, offers, spent=2.5, max_cost=5.0, approved_estimate=1.0)
+    assert over.offer["provider"] == "mid" and not over.within_cap and over.cap == 5.0
+    no_cap = choose(failed, offers, spent=0.0, max_cost=None, approved_estimate=1.0)  # the approved estimate
+    assert no_cap.cap == 1.0 and not no_cap.within_cap
+    assert choose(_offer("big", 80, 6.0), offers, spent=0.0, max_cost=99.0, approved_estimate=1.0).offer is None
+
+
+@pytest.fixture
+def clouds() -> tuple[FakeProvider, FakeProvider]:
+    return (FakeProvider("small", price=0.5, gpu="rtx-4090", memory_gb=24),
+            FakeProvider("big", price=2.0, gpu="a100-80gb", memory_gb=80))
+
+
+def _start(make_engine, clouds, **create):  # type: ignore[no-untyped-def]
+    small, big = clouds
+    engine = make_engine(providers={small.name: small, big.name: big})
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=make_estimate([small.offer(), big.offer()]),
+                            **create)
+    assert job.state == "running" and small.creates == 1 and big.creates == 0
+    token = JobSpec.model_validate_json(small.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
+    return engine, rec, job, token
+
+
+def _out_of_memory(engine, job, token) -> None:  # type: ignore[no-untyped-def]
+    event = {"job_id": job.job_id, "seq": 3, "kind": "out_of_memory", "step": 0, "message": OOM,
+             "timestamp": 1000.0}
+    assert engine.record_runner_event(job.job_id, token, event)
+
+
+def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(
+        make_engine, clouds, clock):  # type: ignore[no-untyped-def]
+    small, big = clouds
+    engine, rec, job, token = _start(make_engine, clouds, max_cost=5.0)
+    clock.advance(600)  # 10 minutes on the small card: $0.08
+    _out_of_memory(engine, job, token)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "running" and view.provider == "big" and view.gpu == "a100-80gb"
+    assert big.creates == 1 and small.live() == []  # the card that ran out is gone, one instance runs
+    first = JobSpec.model_validate_json(small.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    second = JobSpec.model_validate_json(big.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    assert first.checkpoint.uri == second.checkpoint.uri  # it resumes where it was
+    said = next(e.message for e in rec.events if e.kind == "out_of_memory")
+    assert "ran out of GPU memory on small rtx-4090" in said and "micro-batch 1" in said
+    assert "Relaunching on big a100-80gb x1 (on-demand, 80 GB per GPU)" in said
+    assert "expected total $2.08" in said and "within the cap $5.00" in said
+    engine.tick()  # the old outcome does not grow it again
+    assert big.creates == 1 and engine.get_job(job.job_id).state == "running"
+
+
+def test_above_the_cap_it_asks_with_the_cost_and_an_approval_relaunches_it(make_engine, clouds, clock):
+    small, big = clouds
+    engine, rec, job, token = _start(make_engine, clouds, max_cost=1.5)
+    clock.advance(600)
+    _out_of_memory(engine, job, token)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "pending_approval" and big.creates == 0 and small.live() == []  # nothing bills
+    assert view.estimated_cost == pytest.approx(2.08, abs=0.01)
+    said = next(e.message for e in rec.events if e.kind == "out_of_memory")
+    assert "cheapest GPU with more memory is big a100-80gb" in said
+    assert "expected total $2.08" in said and "above the cap $1.50" in said and "Approve" in said
+    assert "approval_needed" in rec.kinds()
+    engine.tick()
+    assert big.creates == 0  # it waits for the person
+    assert engine.approve(job.job_id, approver="bob").state == "running"
+    assert big.creates == 1 and engine.get_job(job.job_id).provider == "big"
+
+
+def test_the_exit_code_alone_is_enough_and_no_bigger_card_fails_with_why(make_engine, clock):
+    small = FakeProvider("small", price=0.5, gpu="rtx-4090", memory_gb=24)
+    engine = make_engine(providers={small.name: small})
+    job = engine.create_job(request(), user="alice", estimate=make_estimate([small.offer()]), max_cost=9.0)
+    small.set_status(next(iter(small.instances)), InstanceStatus.exited, EXIT_OUT_OF_MEMORY)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert view.state == "failed" and "No offer of this estimate has more memory" in (view.message or "")
+    assert small.live() == []
