@@ -32,7 +32,8 @@ def test_choose_the_cheapest_bigger_card_and_check_the_cap() -> None:
     assert over.offer["provider"] == "mid" and not over.within_cap and over.cap == 5.0
     no_cap = choose(failed, offers, spent=0.0, max_cost=None, approved_estimate=1.0)  # the approved estimate
     assert no_cap.cap == 1.0 and not no_cap.within_cap
-    assert choose(_offer("big", 80, 6.0), offers, spent=0.0, max_cost=99.0, approved_estimate=1.0).offer is None
+    biggest = choose(_offer("big", 80, 6.0), offers, spent=0.0, max_cost=99.0, approved_estimate=1.0)
+    assert biggest.offer is None
 
 
 @pytest.fixture
