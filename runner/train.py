@@ -261,7 +261,7 @@ class Trainer:
             self.ddp_model = wrap(self.model, group, strategy, mixed=self.autocast)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
-            self.head_loss = self._loss_for(first)
+            self.head_loss = self._loss_for(batches(data.train, 0))
             from runner import oom
 
             self.checkpointing = spec.gradient_checkpointing

@@ -6,19 +6,23 @@ row per micro-step with checkpointing still does not fit. Then (supervise.decide
 
 - ``choose`` (pure) picks the cheapest of the estimate's fitting offers with more memory per GPU than the card
   that failed (the same GPU count: the plan's sharding stays as priced);
-- within the cap (the job's max_cost, else the estimate that was approved), counting what the job has
-  spent: the job goes running -> recovering with that offer first (and only bigger ones behind it) and
-  relaunches; it resumes from its newest checkpoint;
-- above the cap: running -> pending_approval at the new expected total; the thread says what happened and what
-  it costs, and an approval relaunches it;
+- within what was accepted (bot/engine/approval.py: the approved cost, else the job's max_cost), with the
+  job's projected total there (spent so far + the rest of the run at that offer): the job goes running ->
+  recovering with that offer first (and only bigger ones behind it) and relaunches; it resumes from its
+  newest checkpoint;
+- above it: running -> pending_approval with that offer as the proposal at the new projected total (as
+  approval.ask_again does for a pricier fallback); the thread says what happened and what it costs, and an
+  approval relaunches it;
 - nothing bigger among the offers: the job fails with the runner's words and what would fit instead.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bot.engine import approval
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.finish import finish, open_instances, terminate_instance
@@ -40,15 +44,16 @@ def memory_per_gpu(offer: dict[str, Any]) -> float:
 class Choice:
     offer: dict[str, Any] | None  # the cheapest bigger offer, or None when there is none
     bigger: list[dict[str, Any]]  # every bigger offer, cheapest first (the relaunch's fallbacks)
-    cost: float  # what the job would have cost in all: spent so far + the offer's expected total
-    cap: float | None  # the cap it is checked against
+    cost: float  # the job's projected total there (bot/engine/approval.projected_cost)
+    limit: float  # what was accepted (bot/engine/approval.ceiling): inf when nothing limits it
     within_cap: bool
 
 
-def choose(failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float, max_cost: float | None,
-           approved_estimate: float | None) -> Choice:
-    """The cheapest offer with more memory per GPU than `failed`, with the same GPU count, and whether the job
-    would stay within its cap there (max_cost, else the estimate someone approved)."""
+def choose(failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float, done: float,
+           limit: float) -> Choice:
+    """The cheapest offer with more memory per GPU than `failed`, with the same GPU count, and whether the
+    job's projected total there (spent so far + the rest of the run at that offer) stays within what was
+    accepted."""
     floor = memory_per_gpu(failed)
     count = int(failed.get("gpu_count") or 1)
     bigger = sorted(
@@ -56,12 +61,11 @@ def choose(failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float
          if memory_per_gpu(o) > floor and int(o.get("gpu_count") or 1) == count and o.get("fits", True)),
         key=lambda o: float(o.get("total_cost") or 0.0),
     )
-    cap = max_cost if max_cost is not None else approved_estimate
     if not bigger:
-        return Choice(None, [], spent, cap, False)
+        return Choice(None, [], spent, limit, False)
     best = bigger[0]
-    cost = spent + float(best.get("total_cost") or 0.0)
-    return Choice(best, bigger, cost, cap, cap is not None and cost <= cap + 1e-9)
+    cost = approval.projected_cost(spent=spent, done=done, total_cost=float(best.get("total_cost") or 0.0))
+    return Choice(best, bigger, cost, limit, cost <= limit + 1e-9)
 
 
 def _where(offer: dict[str, Any]) -> str:
@@ -78,8 +82,8 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
         if job is None or job.state != S.RUNNING:
             return False
         spent = job_spend(s, job_id, now)
-        choice = choose(dict(job.offer or {}), list(job.offers or []), spent=spent, max_cost=job.max_cost,
-                        approved_estimate=job.estimated_cost)
+        choice = choose(dict(job.offer or {}), list(job.offers or []), spent=spent,
+                        done=approval.done_fraction(job), limit=approval.ceiling(job))
         failed = _where(dict(job.offer or {}))
         why = said or job.message or "out of GPU memory at micro-batch 1 with activation checkpointing"
     happened = f"Job {job_id} ran out of GPU memory on {failed} even after backing off ({why})."
@@ -90,7 +94,10 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
         return True
     cost_note = (f"expected total {money(choice.cost)} (spent {money(spent)} so far + "
                  f"{money(float(choice.offer.get('total_cost') or 0.0))} there)")
-    cap_note = f"cap {money(choice.cap)}" if choice.cap is not None else "no cap set"
+    cap_note = (f"{money(choice.limit)} accepted" + (f" (cap {money(job.max_cost)})" if job.max_cost else "")
+                if math.isfinite(choice.limit) else "no cap")
+    # The bigger offer becomes the job's offer (what a launch rents without asking again, engine/launch.py):
+    # here it was checked against what was accepted, as approval.py checks any other offer.
     fields = {"offer": choice.offer, "offers": choice.bigger, "outcome": None, "message": None}
     if choice.within_cap:
         with eng.session() as s:
@@ -106,9 +113,12 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
         relaunch(eng, job_id, actor="engine")
         return True
     with eng.session() as s:
-        asked = S.transition(s, job_id, S.RUNNING, S.PENDING_APPROVAL, actor="engine", now=now,
-                             reason="out of memory", approved_by=None, estimated_cost=round(choice.cost, 4),
-                             **fields)
+        asked = S.transition(
+            s, job_id, S.RUNNING, S.PENDING_APPROVAL, actor="engine", now=now, reason="out of memory",
+            approved_by=None, estimated_cost=round(choice.cost, 6), provider=choice.offer["provider"],
+            gpu=choice.offer["gpu"], gpu_count=choice.offer.get("gpu_count"),
+            interruptible=bool(choice.offer.get("interruptible")),
+            price_per_hour=float(choice.offer.get("price_per_hour") or 0.0), **fields)
     if not asked:
         return False
     _close(eng, job_id)

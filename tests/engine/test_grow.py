@@ -25,14 +25,14 @@ def test_choose_the_cheapest_bigger_card_and_check_the_cap() -> None:
     failed = _offer("small", 24, 1.0)
     offers = [failed, _offer("same", 24, 0.5), _offer("big", 80, 6.0), _offer("mid", 48, 3.0),
               _offer("two", 48, 2.0, count=2)]
-    within = choose(failed, offers, spent=1.5, max_cost=5.0, approved_estimate=1.0)
+    within = choose(failed, offers, spent=1.5, done=0.0, limit=5.0)
     assert within.offer["provider"] == "mid" and [o["provider"] for o in within.bigger] == ["mid", "big"]
     assert within.cost == pytest.approx(4.5) and within.within_cap
-    over = choose(failed, offers, spent=2.5, max_cost=5.0, approved_estimate=1.0)
-    assert over.offer["provider"] == "mid" and not over.within_cap and over.cap == 5.0
-    no_cap = choose(failed, offers, spent=0.0, max_cost=None, approved_estimate=1.0)  # the approved estimate
-    assert no_cap.cap == 1.0 and not no_cap.within_cap
-    biggest = choose(_offer("big", 80, 6.0), offers, spent=0.0, max_cost=99.0, approved_estimate=1.0)
+    over = choose(failed, offers, spent=2.5, done=0.0, limit=5.0)
+    assert over.offer["provider"] == "mid" and not over.within_cap and over.limit == 5.0
+    half_done = choose(failed, offers, spent=2.5, done=0.5, limit=5.0)  # only the rest of the run is paid
+    assert half_done.cost == pytest.approx(4.0) and half_done.within_cap
+    biggest = choose(_offer("big", 80, 6.0), offers, spent=0.0, done=0.0, limit=99.0)
     assert biggest.offer is None
 
 
@@ -75,7 +75,7 @@ def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoint
     said = next(e.message for e in rec.events if e.kind == "out_of_memory")
     assert "ran out of GPU memory on small rtx-4090" in said and "micro-batch 1" in said
     assert "Relaunching on big a100-80gb x1 (on-demand, 80 GB per GPU)" in said
-    assert "expected total $2.08" in said and "within the cap $5.00" in said
+    assert "expected total $2.08" in said and "within the $5.00 accepted (cap $5.00)" in said
     engine.tick()  # the old outcome does not grow it again
     assert big.creates == 1 and engine.get_job(job.job_id).state == "running"
 
@@ -91,7 +91,7 @@ def test_above_the_cap_it_asks_with_the_cost_and_an_approval_relaunches_it(make_
     assert view.estimated_cost == pytest.approx(2.08, abs=0.01)
     said = next(e.message for e in rec.events if e.kind == "out_of_memory")
     assert "cheapest GPU with more memory is big a100-80gb" in said
-    assert "expected total $2.08" in said and "above the cap $1.50" in said and "Approve" in said
+    assert "expected total $2.08" in said and "above the $1.50 accepted" in said and "Approve" in said
     assert "approval_needed" in rec.kinds()
     engine.tick()
     assert big.creates == 0  # it waits for the person
