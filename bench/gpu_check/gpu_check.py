@@ -1,5 +1,7 @@
-"""GPU check: measure peak memory and tokens/s of LoRA and QLoRA at two sequence lengths on whatever GPU is
-here, print them next to the planner's estimate, and write them in the `tunebot calibrate import` format.
+"""GPU check: measure peak memory and tokens/s of LoRA and QLoRA at two sequence lengths, with each loss
+the runner has (runner/loss.py: chunked, plain, and Liger's kernel where liger-kernel and Triton are
+installed), on whatever GPU is here, print them next to the planner's estimate, and write them in the
+`tunebot calibrate import` format.
 
 The model is Llama-3.2-1B's architecture from the planner's built-in table (bot/planner/data/models.json) with
 random bf16 weights - nothing is downloaded - so the rows it writes resolve on any tunebot install. Training
@@ -9,7 +11,8 @@ micro-batch 1, torch's default AdamW, and the runner's meter (runner/measure.py:
 steps, peak torch.cuda.max_memory_reserved, device memory in use). Batches are random token ids of full length
 (what packing produces). On a machine without CUDA it says so and exits 0 without writing anything.
 
-    bench/gpu_check/run.sh [--steps 20] [--seq-lens 1024,4096] [--out gpu_check_calibration.csv]
+    bench/gpu_check/run.sh [--steps 20] [--seq-lens 1024,4096] [--losses chunked,plain,liger]
+                           [--out gpu_check_calibration.csv]
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def calibration_rows(gpu: str, results: list[dict[str, Any]]) -> list[dict[str, 
 
     rows = []
     for r in results:
-        row = {**REQUEST, "gpu": gpu, "gpus": 1, "method": r["method"], "seq_len": r["seq_len"]}
+        row = {**REQUEST, "gpu": gpu, "gpus": 1, "method": r["method"], "seq_len": r["seq_len"],
+               "loss": r.get("loss", "plain")}
         for key in ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_second", "mfu"):
             row[key] = r.get(key)
         rows.append({k: row.get(k) for k in import_columns()})
@@ -85,7 +89,9 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
-def planner_figures(gpu: str | None, method: str, seq_len: int) -> dict[str, float] | None:
+def planner_figures(
+    gpu: str | None, method: str, seq_len: int, loss: str = "plain"
+) -> dict[str, float] | None:
     """The planner's physics for the same configuration (torch-reserved GB, tokens/s, MFU)."""
     if gpu is None:
         return None
@@ -95,7 +101,7 @@ def planner_figures(gpu: str | None, method: str, seq_len: int) -> dict[str, flo
     from bot.planner.request import EstimateRequest
     from bot.planner.speed import estimate_speed
 
-    req = EstimateRequest(**REQUEST, method=method, seq_len=seq_len)
+    req = EstimateRequest(**REQUEST, method=method, seq_len=seq_len, loss=loss)
     arch, _ = resolve(MODEL)
     speed = estimate_speed(arch, req, lookup(gpu))
     return {
@@ -105,11 +111,12 @@ def planner_figures(gpu: str | None, method: str, seq_len: int) -> dict[str, flo
     }
 
 
-def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -> dict[str, float | None]:
+def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int,
+          loss_kind: str = "plain") -> dict[str, float | None]:
     import torch
-    import torch.nn.functional as F
 
     from runner import measure
+    from runner.loss import HeadLoss
     from runner.model import load_model
     from runner.spec import JobSpec
 
@@ -139,12 +146,12 @@ def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -
     generator = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
     meter = measure.RunMeter(device, warmup=warmup)
+    head = HeadLoss(model, loss_kind, model.config)  # the runner's loss, as it trains with it
     for _ in range(warmup + steps):
         ids = torch.randint(0, vocab, (1, seq_len), generator=generator).to(device)
         torch.cuda.synchronize()
         started = time.perf_counter()
-        logits = model(input_ids=ids, use_cache=False).logits
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        loss = head(model, {"input_ids": ids}, ids) / (seq_len - 1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -152,7 +159,8 @@ def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int) -
         float(loss)  # the runner reads the loss back every step
         meter.step(seq_len, time.perf_counter() - started)
     result = meter.result()
-    del model, optimizer, params
+    head.remove()
+    del model, optimizer, params, head
     torch.cuda.empty_cache()
     return result
 
@@ -163,6 +171,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--methods", default="lora,qlora")
+    parser.add_argument("--losses", default="chunked,plain,liger",
+                        help="runner losses to measure; liger is skipped where liger-kernel is missing")
     parser.add_argument("--out", type=Path, default=Path("gpu_check_calibration.csv"))
     args = parser.parse_args()
 
@@ -196,27 +206,34 @@ def main() -> int:
         )
         model.save_pretrained(str(model_dir))
         del model
-        for method in args.methods.split(","):
-            for seq_len in (int(s) for s in args.seq_lens.split(",")):
-                measured = train(model_dir, method, seq_len, args.steps, args.warmup)
-                planned = planner_figures(gpu, method, seq_len)
-                row = {"method": method, "seq_len": seq_len, **measured}
-                line = (
-                    f"{method:6s} seq {seq_len:6d}: {measured['tokens_per_second'] or 0:9,.0f} tok/s, "
-                    f"max_memory_reserved {measured['max_memory_reserved_gb'] or 0:6.2f} GB, device used "
-                    f"{measured['device_memory_used_gb'] or 0:6.2f} GB"
+        from runner.loss import liger_available
+
+        losses = [k for k in args.losses.split(",") if k != "liger" or liger_available()]
+        if "liger" in args.losses.split(",") and "liger" not in losses:
+            print("loss=liger skipped: liger-kernel (and Triton) not installed here")
+        for method, seq_len, loss_kind in (
+            (m, int(s), k) for m in args.methods.split(",") for s in args.seq_lens.split(",") for k in losses
+        ):
+            measured = train(model_dir, method, seq_len, args.steps, args.warmup, loss_kind)
+            planned = planner_figures(gpu, method, seq_len, loss_kind)
+            row = {"method": method, "seq_len": seq_len, "loss": loss_kind, **measured}
+            line = (
+                f"{method:6s} seq {seq_len:6d} {loss_kind:7s}: "
+                f"{measured['tokens_per_second'] or 0:9,.0f} tok/s, "
+                f"max_memory_reserved {measured['max_memory_reserved_gb'] or 0:6.2f} GB, device used "
+                f"{measured['device_memory_used_gb'] or 0:6.2f} GB"
+            )
+            if planned:
+                tps, mem = measured["tokens_per_second"] or 0.0, measured["max_memory_reserved_gb"] or 0.0
+                row["mfu"] = round(planned["mfu"] * tps / planned["tokens_per_second"], 4)
+                line += (
+                    f" | planner {planned['tokens_per_second']:9,.0f} tok/s, "
+                    f"{planned['memory_gb']:6.2f} GB"
+                    f" | measured/planned: speed {tps / planned['tokens_per_second']:.2f}, "
+                    f"memory {mem / planned['memory_gb']:.2f}"
                 )
-                if planned:
-                    tps, mem = measured["tokens_per_second"] or 0.0, measured["max_memory_reserved_gb"] or 0.0
-                    row["mfu"] = round(planned["mfu"] * tps / planned["tokens_per_second"], 4)
-                    line += (
-                        f" | planner {planned['tokens_per_second']:9,.0f} tok/s, "
-                        f"{planned['memory_gb']:6.2f} GB"
-                        f" | measured/planned: speed {tps / planned['tokens_per_second']:.2f}, "
-                        f"memory {mem / planned['memory_gb']:.2f}"
-                    )
-                print(line, flush=True)
-                results.append(row)
+            print(line, flush=True)
+            results.append(row)
     if gpu is None:
         print("this GPU is not in the planner's table: no calibration file written")
         return 0

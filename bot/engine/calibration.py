@@ -282,5 +282,6 @@ def import_columns() -> list[str]:
         "gradient_checkpointing",
         "attn",
         "optimizer",
+        "loss",
         *MEASURED,
     ]
