@@ -3,9 +3,10 @@
 Stable keys: model.parameters, memory.per_gpu_gb, memory.breakdown_gb{...},
 speed.tokens_per_second, speed.step_seconds, time.hours,
 offers[] {provider, gpu, gpu_count, interruptible, price_per_hour, hours, total_cost, fits, reason}.
-New keys may be added; these are never renamed or removed. Ranges (issue 11): memory.per_gpu_gb_range,
-speed.tokens_per_second_range, time.hours_range, offers[].total_cost_range, each [low, high] (the p10-p90
-spread of the planner's held-out errors, bot/planner/ranges.py).
+New keys may be added; these are never renamed or removed. Ranges: memory.per_gpu_gb_range,
+speed.tokens_per_second_range, time.hours_range, offers[].total_cost_range, each [low, high] (90% prediction
+intervals of the planner's held-out errors for the job's class, bot/planner/ranges.py); per offer
+memory_need_gb [low, high], memory_capacity_gb and memory_tight (issue 21).
 """
 
 from __future__ import annotations

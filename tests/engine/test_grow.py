@@ -108,3 +108,24 @@ def test_the_exit_code_alone_is_enough_and_no_bigger_card_fails_with_why(make_en
     view = engine.get_job(job.job_id)
     assert view.state == "failed" and "No offer of this estimate has more memory" in (view.message or "")
     assert small.live() == []
+
+
+def test_a_run_that_backed_off_is_recorded_at_the_configuration_that_ran(engine, fake):  # type: ignore[no-untyped-def]
+    """The runner's metrics say the micro-batch, accumulation and checkpointing it trained with after an
+    out-of-memory back-off; the calibration compares the planner with that, not with the request."""
+    from sqlalchemy import select
+
+    from store.models import CalibrationRun
+
+    job = engine.create_job(request(batch_size=4, grad_accum=2, gradient_checkpointing=False), user="alice",
+                            estimate=make_estimate([fake.offer()]))
+    token = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
+    metrics = {"max_memory_reserved_gb": 20.5, "tokens_per_second": 900.0, "micro_batch_size": 1.0,
+               "grad_accum": 8.0, "gradient_checkpointing": 1.0}
+    event = {"job_id": job.job_id, "seq": 5, "kind": "finished", "step": 10, "metrics": metrics,
+             "timestamp": 1000.0}
+    assert engine.record_runner_event(job.job_id, token, event)
+    with engine.session() as s:
+        (row,) = s.execute(select(CalibrationRun)).scalars().all()
+    assert (row.request["batch_size"], row.request["grad_accum"]) == (1, 8)
+    assert row.request["gradient_checkpointing"] is True and row.max_memory_reserved_gb == 20.5
