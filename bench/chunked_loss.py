@@ -74,6 +74,18 @@ def model(vocab: int, seed: int):  # noqa: ANN201
     return LlamaForCausalLM(config)
 
 
+def planner_loss_gb(kind: str, vocab: int, tokens: int) -> float:
+    """The planner's loss-path term for this model and these tokens (planner/memory.loss_path_bytes)."""
+    from bot.planner.architectures import from_config
+    from bot.planner.memory import loss_path_bytes
+    from bot.planner.request import EstimateRequest
+
+    config = model(vocab, seed=0).config.to_dict()
+    arch = from_config({**config, "model_type": "llama"})
+    req = EstimateRequest(model="bench", method="full", precision="fp32", seq_len=tokens, loss=kind)
+    return loss_path_bytes(arch, req, tokens) / GB
+
+
 def step(kind: str, vocab: int, tokens: int) -> tuple[float, float, float, dict[str, torch.Tensor]]:
     """(peak GB of the step, seconds, loss, gradients) for one loss implementation."""
     net = model(vocab, seed=0)
@@ -102,7 +114,7 @@ def main() -> int:
     rows = {kind: step(kind, args.vocab, args.tokens) for kind in ("plain", "chunked")}
     (p_peak, _, p_loss, p_grads), (c_peak, _, c_loss, c_grads) = rows["plain"], rows["chunked"]
     chunk = chunk_tokens(args.vocab)
-    priced = {"plain": 12.0 * args.tokens * args.vocab / GB, "chunked": 18.0 * chunk * args.vocab / GB}
+    priced = {kind: planner_loss_gb(kind, args.vocab, args.tokens) for kind in rows}
     print(f"vocabulary {args.vocab:,}, {args.tokens:,} tokens, fp32 (a chunk: {chunk} tokens)")
     print(f"{'loss':8s} {'peak GB (step)':>15s} {'planner logits GB':>18s} {'seconds':>8s} "
           f"{'loss value':>14s}")

@@ -33,6 +33,19 @@ Stack- and library-dependent mechanisms (issue 11), each from the libraries' cod
   fsdp_units unsharded blocks in flight - the one coefficient fitted on published rows (leave-one-source-out
   checked in bench/planner_crossval.py).
 
+Mechanisms added for issue 21 (named terms below, each with its library pointer):
+- loss_path_bytes: the runner's own loss (runner/loss.py, chunked by default) holds one chunk of logits, not
+  the sequence's; liger's fused kernel likewise; "plain" is every published stack's path. Checked against
+  traced steps of the runner's loss (tests/planner/test_traced_step.py: Llama-3.1-8B LoRA at 16,384 tokens
+  needs 28.9 GB instead of 47.3);
+- forward_transient_bytes: peft's LoRA output and its scaled copy (fp32 without autocast) in the busiest
+  moment of a block's forward, the peak once the logits no longer are (a chunked loss under checkpointing);
+- bitsandbytes' Linear4bit returns fp32 projections on the fp32 residual stream (q, k, v and the MLP saved in
+  fp32), and fp32 inputs need no per-adapter cast copy (_activation_bytes_per_token_layer);
+- fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with trainable
+  ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards;
+- fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES).
+
 Calibration constants (few, each a physical quantity):
 - LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss at their peak. Hugging Face path: 12,
   traced (bench/allocator_replay `trace.py hf`, Llama-3.1-8B at 16,384 tokens: the allocated peak is the
@@ -75,6 +88,7 @@ GB = 1e9
 NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
 LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
+FP32_LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 12.0, "compiled": 12.0, "chunked": 4.0}
 CUDA_CONTEXT_GB = 1.2
 # Each process of a multi-GPU run also holds NCCL's communication buffers outside PyTorch's allocator (4 MiB
 # NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they
@@ -276,11 +290,15 @@ def _logit_bytes(arch: Architecture, req: EstimateRequest) -> float:
         kind = "plain16"
     elif kind == "plain" and req.legacy_logits:
         kind = "legacy"
-    factor = 2.0 if req.precision == "fp32" else 1.0
     extra = 0.0
     if kind in ("plain", "legacy") and arch.config.get("final_logit_softcapping"):
         extra = 4.0  # Gemma 2's tanh soft-capping: two more bf16 copies (scaled logits, saved tanh output)
-    return LOGIT_BYTES[kind] * factor + extra
+    if req.precision == "fp32":
+        # fp32 logits: the upcast is a no-op, and the peak is the same three fp32 tensors (log-softmax output,
+        # its gradient, log_softmax_backward's output): 12 B, not twice the bf16 path's (bench/chunked_loss.py
+        # measures 6.6 GB for 4,096 tokens x 128,256 entries, 12.6 B). Only what was 16-bit doubles.
+        return FP32_LOGIT_BYTES[kind] + 2.0 * extra
+    return LOGIT_BYTES[kind] + extra
 
 
 # The runner's chunked loss (runner/loss.py), at its worst moment: a chunk's log-softmax output, its gradient

@@ -25,10 +25,10 @@ SPEED_CLASSES = ("multi-gpu", "quantized", "short")
 
 # measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
 MEMORY_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.877, 1.170),
+    "all": (0.881, 1.169),
     "multi-gpu": (0.694, 1.385),
-    "quantized": (0.877, 1.178),
-    "long": (0.882, 1.186),
+    "quantized": (0.879, 1.175),
+    "long": (0.884, 1.183),
 }
 SPEED_RANGES: dict[str, tuple[float, float]] = {
     "all": (0.656, 1.404),
