@@ -48,6 +48,18 @@ TABLE = [
         Action(Do.finish, JobState.STOPPED, "plateau"),
     ),
     (
+        "runner out of memory at every back-off level: a bigger GPU (grow.py)",
+        running(outcome="out_of_memory", message="out of GPU memory at micro-batch 1"),
+        seen("running"),
+        Action(Do.grow, reason="out of memory", message="out of GPU memory at micro-batch 1"),
+    ),
+    (
+        "exit code 76 before its event was read: a bigger GPU too",
+        running(),
+        seen("exited", exit_code=76),
+        Action(Do.grow, reason="out of memory"),
+    ),
+    (
         "runner said failed: failed with its own words",
         running(outcome="failed", message="runner: CUDA out of memory"),
         seen("running"),
