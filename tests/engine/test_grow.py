@@ -5,6 +5,7 @@ what happened and what it costs (bot/engine/grow.py)."""
 from __future__ import annotations
 
 import pytest
+from fakes.runner_events import signed
 
 from bot.engine.grow import choose
 from bot.providers.base import InstanceStatus
@@ -56,7 +57,7 @@ def _start(make_engine, clouds, **create):  # type: ignore[no-untyped-def]
 def _out_of_memory(engine, job, token) -> None:  # type: ignore[no-untyped-def]
     event = {"job_id": job.job_id, "seq": 3, "kind": "out_of_memory", "step": 0, "message": OOM,
              "timestamp": 1000.0}
-    assert engine.record_runner_event(job.job_id, token, event)
+    assert engine.record_runner_event(job.job_id, token, signed(engine, event))
 
 
 def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(
@@ -124,7 +125,7 @@ def test_a_run_that_backed_off_is_recorded_at_the_configuration_that_ran(engine,
                "grad_accum": 8.0, "gradient_checkpointing": 1.0}
     event = {"job_id": job.job_id, "seq": 5, "kind": "finished", "step": 10, "metrics": metrics,
              "timestamp": 1000.0}
-    assert engine.record_runner_event(job.job_id, token, event)
+    assert engine.record_runner_event(job.job_id, token, signed(engine, event))
     with engine.session() as s:
         (row,) = s.execute(select(CalibrationRun)).scalars().all()
     assert (row.request["batch_size"], row.request["grad_accum"]) == (1, 8)
