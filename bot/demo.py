@@ -249,7 +249,10 @@ class Demo:
 
 def run_demo(*, workdir: Path | None = None, console: Console | None = None) -> int:
     """Play the demo; returns the process exit code. Its files (chart, adapter) stay in ``workdir``."""
-    console = console or Console(width=None if sys.stdout.isatty() else 110)
+    if console is None:  # piped: lines are not wrapped, tables not squeezed (what scripts and tests read)
+        from bot.chat.terminal import cli_console
+
+        console = Console() if sys.stdout.isatty() else cli_console()
     workdir = Path(tempfile.mkdtemp(prefix="tunebot-demo-")) if workdir is None else Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -38,6 +38,7 @@ from sqlalchemy import text, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
+from bot.engine.watch import LEASE_NAME  # the lease row other processes read: is a supervisor alive?
 from store.db import is_sqlite, make_engine, migrate, normalize_url
 from store.models import SchedulerLease, TaskRun
 
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_KEY = 0x7475_6E62  # advisory lock id of the scheduler leader ("tunb")
-LEASE_NAME = "scheduler"
 JOBSTORE_TABLE = "apscheduler_jobs"
 
 _registry: dict[str, Scheduler] = {}  # holder id -> running scheduler in this process
@@ -172,14 +172,34 @@ class Scheduler:
                 conn.close()
                 return False
             self._lock_conn = conn
+            self._beat()
             return True
         try:  # still holding it? (the lock lives exactly as long as this connection)
             self._lock_conn.execute(text("SELECT 1"))
             self._lock_conn.commit()
-            return True
         except Exception:  # noqa: BLE001 - connection lost: the lock is gone with it
             self._lock_conn = None
             return False
+        self._beat()
+        return True
+
+    def _beat(self) -> None:
+        """PostgreSQL: the advisory lock decides who leads; the lease row, renewed here, tells every other
+        process that a supervisor lives (bot/engine/watch.py: `tunebot launch` warns when none does)."""
+        now = self.clock()
+        try:
+            with Session(self.db) as s:
+                res = s.execute(
+                    update(SchedulerLease)
+                    .where(SchedulerLease.name == LEASE_NAME)
+                    .values(holder=self.holder, expires_at=now + self.lease_s, renewed_at=now)
+                )
+                if res.rowcount != 1:
+                    s.add(SchedulerLease(name=LEASE_NAME, holder=self.holder, expires_at=now + self.lease_s,
+                                         renewed_at=now))
+                s.commit()
+        except Exception:  # noqa: BLE001 - only the signal is late; leadership is the lock's
+            log.warning("scheduler %s could not renew its lease row", self.holder, exc_info=True)
 
     def _renew_lease(self) -> bool:
         now = self.clock()
@@ -217,7 +237,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001
                 pass
             self._lock_conn = None
-        elif is_sqlite(self.db):
+        try:  # the lease row (SQLite: the lease itself; PostgreSQL: the signal) no longer says we live
             with Session(self.db) as s:
                 s.execute(
                     update(SchedulerLease)
@@ -225,6 +245,8 @@ class Scheduler:
                     .values(expires_at=0.0)
                 )
                 s.commit()
+        except Exception:  # noqa: BLE001 - it expires on its own
+            pass
 
     # --- APScheduler ------------------------------------------------------------------------------
     def _start_jobs(self) -> None:

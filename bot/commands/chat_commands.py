@@ -79,10 +79,25 @@ def _run_console(user: str) -> int:
             except (EOFError, KeyboardInterrupt):
                 return
 
-    with Ticker(engine.tick, every_s=2.0):
+    with Ticker(engine.tick, every_s=2.0):  # while it is open, the console supervises its jobs itself
         code = session.run(lines())
+    _left_unwatched(engine, console)
     engine.close()
     return code
+
+
+def _left_unwatched(engine, console) -> None:  # type: ignore[no-untyped-def]
+    """Leaving the console with jobs still active and no supervisor alive: say so (they keep billing)."""
+    from bot.chat.escaping import esc
+    from bot.chat.terminal import markup
+    from bot.engine.jobstate import ACTIVE
+    from bot.engine.watch import UNWATCHED
+
+    active = [j.job_id for j in engine.list_jobs(active_only=True) if j.state in ACTIVE]
+    if active and not engine.supervised():
+        names = ", ".join(esc(j) for j in active[:10])
+        text = markup(f":warning: Still active: {names}. {UNWATCHED}")
+        console.print(text, style="yellow", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from bot.engine.jobstate import FINAL, JobState
+from bot.engine.jobstate import ACTIVE, FINAL, JobState
 
 if TYPE_CHECKING:
     from bot.chat.replies import Reply
@@ -108,7 +108,19 @@ def _create(req: Any, *, choice: str, user: str | None, team: str | None, key: s
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
+    if not wait:
+        _warn_if_unwatched(engine, view)
     _follow(engine, view, wait)
+
+
+def _warn_if_unwatched(engine: Any, view: JobView) -> None:
+    """A job that may rent (or is renting) a machine while no supervisor runs: say so, and what to do."""
+    if view.state not in ACTIVE or engine.supervised():
+        return
+    from bot.chat.replies import text_reply
+    from bot.engine.watch import UNWATCHED
+
+    _show(text_reply(f":warning: {UNWATCHED}", kind="warning"))
 
 
 def _follow(engine: Any, view: JobView, wait: bool) -> None:
@@ -125,6 +137,7 @@ def _follow(engine: Any, view: JobView, wait: bool) -> None:
             view = new
     except KeyboardInterrupt:
         typer.echo("stopped following; the job keeps running (tunebot jobs to check).")
+        _warn_if_unwatched(engine, engine.get_job(view.job_id))
     finally:
         engine.close()
 
@@ -160,6 +173,8 @@ def resume_command(
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
+    if not wait:
+        _warn_if_unwatched(engine, view)
     _follow(engine, view, wait)
 
 
@@ -240,6 +255,9 @@ def jobs_command(
     engine = _engine()
     try:
         views = [engine.get_job(job_id)] if job_id else engine.list_jobs(user=user, active_only=active)
+        running = [v.job_id for v in views if v.state == JobState.RUNNING]
+        if running and engine.follow(running):  # a runner reported its end: the job is ended (terminated)
+            views = [engine.get_job(v.job_id) if v.job_id in running else v for v in views]
     except EngineError as exc:
         _fail(str(exc))
     finally:
@@ -265,7 +283,9 @@ def approve_command(
 
     engine = _engine()
     try:
-        _print_job(engine.approve(job_id, approver=_user(user)))
+        view = engine.approve(job_id, approver=_user(user))
+        _print_job(view)
+        _warn_if_unwatched(engine, view)
     except EngineError as exc:
         _fail(str(exc))
     finally:

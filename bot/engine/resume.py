@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bot.engine import approval, jobs
+from bot.engine import admission, approval, jobs
 from bot.engine import results as results_mod
 from bot.engine import states as S
 from bot.engine.api import EngineError, JobView, PermissionDenied
@@ -101,6 +101,10 @@ def resume(
     problem = why_not_resumable(job)
     if problem:
         raise EngineError(problem)
+    # As for a new job (bot/engine/admission.py): a spent budget refuses it, the running limit too.
+    admission.check_budgets(ctx, owner=job.owner, team=job.team)
+    with ctx.session() as s:
+        admission.check_running(ctx, s, owner=job.owner)
     explicit = approval.checked_cap(max_cost, ctx.settings.max_cost_limit_usd)
     margin = (job.price_per_hour or 0.0) * ctx.settings.reconcile_every_s / 3600.0
     cap = new_cap(job, explicit, margin=margin)

@@ -327,7 +327,45 @@ class Engine:
             job = s.get(Job, job_id)
         if job is None or not monitor.token_ok(job, token):
             return False
-        return monitor.receive_pushed(self.ctx, job, payload)
+        stored = monitor.receive_pushed(self.ctx, job, payload)
+        if stored:
+            self._finish_if_reported(job_id)
+        return stored
+
+    def _finish_if_reported(self, job_id: str) -> None:
+        """A pushed terminal event ends its job now (terminate and confirm), not at the next tick; in a
+        thread, so the runner's request is answered at once (a cloud may take a minute to confirm)."""
+        import threading
+
+        with self.session() as s:
+            job = s.get(Job, job_id)
+        if job is None or job.state != S.RUNNING or job.outcome not in supervise.OUTCOME_STATE:
+            return
+        finishing = self.ctx.memory.finishing
+        if job_id in finishing:
+            return
+        finishing.add(job_id)
+
+        def finish() -> None:
+            try:
+                supervise.finish_reported(self.ctx, [job_id])
+            except Exception:  # noqa: BLE001 - the tick finishes it then
+                log.exception("finishing job %s after its runner's last event failed", job_id)
+            finally:
+                finishing.discard(job_id)
+
+        threading.Thread(target=finish, name=f"finish-{job_id}", daemon=True).start()
+
+    def supervised(self) -> bool:
+        """Whether a supervisor (the scheduler's leader, `tunebot serve`) is alive on this database."""
+        from bot.engine.watch import supervisor
+
+        return supervisor(self.ctx) is not None
+
+    def follow(self, job_ids: list[str]) -> list[str]:
+        """Pull these running jobs' progress and finish those their runner reports ended (the CLI does
+        this, so a finished instance is torn down by whichever process looks first); the ids finished."""
+        return supervise.follow(self.ctx, job_ids)
 
     # --- the loop -------------------------------------------------------------------------------
     def tick(self) -> int:

@@ -397,6 +397,35 @@ def _spent(ctx: EngineContext, job_ids: list[str], open_rows: dict[str, list[Any
     return out
 
 
+def follow(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:
+    """Read these running jobs' progress objects, then finish the ones whose runner said how it ended: a
+    process that is not the supervisor (`tunebot jobs`, the CLI's polling) tears a finished instance down
+    too. Returns the ids finished here."""
+    ids = sorted(set(job_ids))
+    running = Job.state == JobState.RUNNING
+    rows = [r for chunk in _chunks(ids) for r in _load_jobs(ctx, [Job.id.in_(chunk), running])]
+    if rows:
+        monitor.pull_many(ctx, rows)
+    return finish_reported(ctx, [r.id for r in rows])
+
+
+def finish_reported(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:
+    """Finish now the running jobs whose runner's terminal event has been stored, whichever process stored
+    it (the finish terminates and confirms, and does nothing to a job another process already ended).
+    Returns the ids finished here."""
+    ids = sorted(set(job_ids))
+    limits = SupervisionLimits.of(ctx)
+    done: list[str] = []
+    for chunk in _chunks(ids):
+        told = _load_jobs(
+            ctx, [Job.id.in_(chunk), Job.state == JobState.RUNNING, Job.outcome.in_(sorted(OUTCOME_STATE))]
+        )
+        for job in told:
+            _safely(ctx, JobFacts.of(job), None, limits)
+            done.append(job.id)
+    return done
+
+
 def reap(ctx: EngineContext) -> None:
     """Instances still open whose job is final (a terminate that failed earlier): try again."""
     with ctx.session() as s:
@@ -411,4 +440,16 @@ def reap(ctx: EngineContext) -> None:
         finish_mod.terminate_instance(ctx, row, reason="job finished")
 
 
-__all__ = ["Action", "Do", "JobFacts", "Observation", "SupervisionLimits", "apply", "decide", "reap", "tick"]
+__all__ = [
+    "Action",
+    "Do",
+    "JobFacts",
+    "Observation",
+    "SupervisionLimits",
+    "apply",
+    "decide",
+    "finish_reported",
+    "follow",
+    "reap",
+    "tick",
+]

@@ -36,6 +36,15 @@ class CliEngine(FakeEngine):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.ticks: list[JobView] = []  # what each tick turns the followed job into
+        self.supervisor_alive = True  # `tunebot serve` runs on this database
+        self.followed: list[list[str]] = []
+
+    def supervised(self) -> bool:
+        return self.supervisor_alive
+
+    def follow(self, job_ids: list[str]) -> list[str]:
+        self.followed.append(list(job_ids))
+        return []
 
     def create_job(self, request, *, team=None, **kw):  # type: ignore[no-untyped-def, override]
         return super().create_job(request, **kw)
@@ -199,6 +208,17 @@ def test_launch_above_the_approval_amount_says_who_must_approve(engine: CliEngin
     out = cli("launch", "expensive", "--dataset", "data.jsonl", "--tokens", "1000")
     assert "Job j1: pending_approval" in out
     assert "needs approval by someone else: tunebot approve j1 --user <them>" in out
+
+
+def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(engine: CliEngine) -> None:
+    engine.supervisor_alive = False
+    out = " ".join(cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000").split())
+    assert "Job j1: launching" in out
+    assert "No tunebot supervisor is running on this job database" in out
+    assert "Run tunebot serve (the way to run tunebot: docs/deploy.md)" in out and "--wait" in out
+    engine.supervisor_alive = True
+    assert "No tunebot supervisor" not in cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl",
+                                              "--tokens", "1000")
 
 
 def test_approve_and_stop_print_the_job_card(engine: CliEngine) -> None:

@@ -170,3 +170,13 @@ def test_clone_changes_options_through_the_options_table(engine, fake):
         engine.clone_request(job.job_id, {"learning_rate": 5.0})
     with pytest.raises(EngineError, match="no job"):
         engine.clone_request("nope", {})
+
+
+def test_a_spent_budget_refuses_the_resume_like_a_new_job(engine, fake, clock):
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=1.0), max_cost=5.0)
+    clock.advance(1800)
+    engine.stop(job.job_id, user="alice")  # $0.50 spent today
+    engine.set_budget("user", "alice", daily=0.4, monthly=None, user="admin")
+    with pytest.raises(EngineError, match="budget"):
+        engine.resume(job.job_id, user="alice")
+    assert engine.get_job(job.job_id).state == "stopped" and fake.creates == 1
