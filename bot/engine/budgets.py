@@ -20,10 +20,9 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from bot.engine.events import EngineEvent, EngineEventKind
-from bot.engine.jobstate import ACTIVE
 from bot.engine.spend import period_bounds, roll_up_recent
 from bot.money import money
-from store.models import Budget, BudgetAlert, Job, SpendEntry
+from store.models import Budget, BudgetAlert, SpendEntry
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -107,46 +106,6 @@ def spent_budgets(
     return out
 
 
-def stop_covered(eng: EngineContext, budgets: list[Spent]) -> list[str]:
-    """Ask every active job these spent budgets cover to stop after a checkpoint; returns their ids."""
-    from bot.engine import jobs
-
-    if not budgets:
-        return []
-    who = eng.policy.who_raises_budgets()
-    stopped: list[str] = []
-    with eng.session() as s:
-        users = {b.name for b in budgets if b.scope == "user"}
-        teams = {b.name for b in budgets if b.scope == "team"}
-        rows = s.execute(
-            select(Job.id, Job.owner, Job.team).where(
-                Job.state.in_(sorted(ACTIVE)),
-                Job.stop_requested_at.is_(None),
-                or_(Job.owner.in_(sorted(users)), Job.team.in_(sorted(teams))),
-            )
-        ).all()
-    for job_id, owner, team in rows:
-        covering = next(b for b in budgets if (b.scope, b.name) in (("user", owner), ("team", team)))
-        message = (
-            f"Job {job_id} is stopping after a checkpoint: {covering.describe()}. "
-            f"{covering.how_to_raise(who)}."
-        )
-        jobs.request_stop(eng, job_id, reason="budget", actor="budget")
-        eng.publish(
-            EngineEventKind.budget_alert,
-            job_id,
-            message,
-            scope=covering.scope,
-            name=covering.name,
-            period=covering.period,
-            level=100,
-            spent=round(covering.amount, 4),
-            limit=covering.limit,
-        )
-        stopped.append(job_id)
-    return stopped
-
-
 def check(eng: EngineContext) -> list[EngineEvent]:
     """Raise the alerts that the current spend has crossed (call after a spend roll-up), and stop the
     running jobs of every budget at 100%."""
@@ -195,7 +154,6 @@ def check(eng: EngineContext) -> list[EngineEvent]:
                 events.append(_event(b, attr, level, amount, limit, now))
     for ev in events:
         eng.bus.publish(ev)
-    stop_covered(eng, spent_budgets(eng, roll_up=False))
     return events
 
 

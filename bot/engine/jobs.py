@@ -11,10 +11,11 @@ import logging
 import uuid
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from bot.engine import admission, approval, staging
+from bot.engine import budgets as budgets_mod
 from bot.engine import finish as finish_mod
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
@@ -345,3 +346,42 @@ def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) ->
                 log.warning("graceful stop of %s failed: %s", row.provider_instance_id, exc)
     if not any(callable(getattr(ctx.providers.get(r.provider), "preempt", None)) for r in rows):
         finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
+
+
+def stop_covered_by_spent_budgets(ctx: EngineContext) -> list[str]:
+    """Ask every active job that a spent budget covers to stop after a checkpoint; returns their ids.
+
+    Here rather than in budgets.py: stopping is a job step, and budgets must not import jobs (jobs asks
+    admission, which asks budgets)."""
+    spent = budgets_mod.spent_budgets(ctx, roll_up=False)
+    if not spent:
+        return []
+    who = ctx.policy.who_raises_budgets()
+    users = {b.name for b in spent if b.scope == "user"}
+    teams = {b.name for b in spent if b.scope == "team"}
+    with ctx.session() as s:
+        rows = s.execute(
+            select(Job.id, Job.owner, Job.team).where(
+                Job.state.in_(sorted(S.ACTIVE)),
+                Job.stop_requested_at.is_(None),
+                or_(Job.owner.in_(sorted(users)), Job.team.in_(sorted(teams))),
+            )
+        ).all()
+    stopped: list[str] = []
+    for job_id, owner, team in rows:
+        covering = next(b for b in spent if (b.scope, b.name) in (("user", owner), ("team", team)))
+        request_stop(ctx, job_id, reason="budget", actor="budget")
+        ctx.publish(
+            EngineEventKind.budget_alert,
+            job_id,
+            f"Job {job_id} is stopping after a checkpoint: {covering.describe()}. "
+            f"{covering.how_to_raise(who)}.",
+            scope=covering.scope,
+            name=covering.name,
+            period=covering.period,
+            level=100,
+            spent=round(covering.amount, 4),
+            limit=covering.limit,
+        )
+        stopped.append(job_id)
+    return stopped

@@ -380,6 +380,7 @@ class Engine:
             if scope[0] or scope[1]:
                 roll_up_recent(self.ctx, scope=scope)
         budgets_mod.check(self.ctx)
+        jobs.stop_covered_by_spent_budgets(self.ctx)
         return n
 
     def reconcile(self) -> ReconcileReport:
