@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ class DataPlan:
     tokenized: int  # records tokenized exactly (all of them up to MAX_EXACT_RECORDS)
     truncated: int
     dropped: int
+    _plans: dict[tuple[int, int, bool, int], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def source(self) -> str:
@@ -52,12 +53,19 @@ class DataPlan:
     def length(self, req: EstimateRequest, processes: int) -> Any:
         """runner.steps.RunLength of this data for ``req`` on ``processes`` GPUs."""
         from runner.spec import PlateauSpec
-        from runner.steps import run_length
+        from runner.steps import plan_batches, run_length
 
+        key = (req.seq_len, req.batch_size, req.packing, req.seed)
+        if key not in self._plans:  # the batch plans do not depend on the GPU count: made once
+            self._plans[key] = tuple(
+                plan_batches(lengths, seq_len=req.seq_len, micro_batch_size=req.batch_size,
+                             packing=req.packing, seed=req.seed, epoch=0)
+                for lengths in (self.train_lengths, self.eval_lengths))
         return run_length(self.train_lengths, self.eval_lengths, seq_len=req.seq_len,
                           micro_batch_size=req.batch_size, grad_accum=req.grad_accum, processes=processes,
                           packing=req.packing, seed=req.seed, epochs=req.epochs, max_steps=req.max_steps,
-                          plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience))
+                          plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience),
+                          plans=self._plans[key])
 
 
 def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
