@@ -295,7 +295,7 @@ HF_CASES += [  # the runner's chunked loss (runner/loss.py): what the planner pr
     ),
     (
         "Llama-3.2-1B full bf16, 2 x 1024, ckpt, chunked",
-        dict(model="meta-llama/Llama-3.2-1B", method="full", batch_size=2, seq_len=1024,
+        dict(model="meta-llama/Llama-3.2-1B", method="full", precision="bf16", batch_size=2, seq_len=1024,
              gradient_checkpointing=True, loss="chunked"),
     ),
 ]
