@@ -197,7 +197,8 @@ def test_a_job_that_fits_only_on_unconfigured_clouds_says_which_key_to_set(tmp_p
     data.write_text('{"text": "hello world"}\n' * 50)
     local = LocalProvider(workdir=tmp_path / "local")
     eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'e.db'}", providers={"local": local})
-    req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", dataset=str(data))
+    # 8B LoRA: one cloud GPU holds it, this machine's RAM does not (fp32 on the CPU)
+    req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", dataset=str(data))
     with pytest.raises(EngineError, match="no keys for"):
         eng.create_job(req, user="alice")
     assert eng.list_jobs() == [] and local.list_instances() == []
