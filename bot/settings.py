@@ -97,7 +97,17 @@ class Settings(BaseSettings):
     runner_image: str = Field(
         default_factory=default_runner_image,
         alias="TUNEBOT_RUNNER_IMAGE",
-        description="the runner image GPU hosts pull (default ghcr.io/tunebot/tunebot-runner:<this version>)",
+        description="the runner image GPU hosts pull (default ghcr.io/tunebot/tunebot-runner:<this "
+        "version>); checked in its registry before anything is rented",
+    )
+    registry_username: str | None = Field(
+        None,
+        alias="TUNEBOT_REGISTRY_USERNAME",
+        description="a login the bot checks the runner image with (a registry that wants one even to pull); "
+        "unset: anonymous, as hosts pull it",
+    )
+    registry_password: SecretStr | None = Field(
+        None, alias="TUNEBOT_REGISTRY_PASSWORD", description="the password or token of that login"
     )
     runner_flash_attention: bool = Field(
         False,
@@ -440,6 +450,7 @@ class Settings(BaseSettings):
         values = [
             *(access.api_key for access in self.clouds.values()),
             self.hf_token,
+            self.registry_password,
             self.wandb_api_key,
             self.aws_access_key_id,
             self.aws_secret_access_key,

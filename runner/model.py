@@ -56,8 +56,35 @@ def resolve_base_model(base_model: str, *, weights: bool = True, into: Path | No
     from huggingface_hub import snapshot_download
 
     token = os.environ.get("HF_TOKEN") or None
-    patterns = None if weights else list(LIGHT_FILES)
-    return Path(snapshot_download(base_model, token=token, allow_patterns=patterns))
+    if not weights:
+        return Path(snapshot_download(base_model, token=token, allow_patterns=list(LIGHT_FILES)))
+    ignore = unused_weight_files(base_model, token)
+    return Path(snapshot_download(base_model, token=token, ignore_patterns=ignore))
+
+
+# Files transformers never loads for a PyTorch model: other frameworks' weights, the original checkpoints some
+# repos keep beside the converted ones (Llama's original/: another copy of every weight).
+NOT_LOADED = ("original/*", "*.pth", "*.pt", "*.gguf", "*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite",
+              "onnx/*", "coreml/*")
+
+
+def ignored_weight_files(files: list[str]) -> list[str]:
+    """The download's ignore patterns: what is not loaded, and the .bin copies where safetensors exist (the
+    host's disk is sized for one 16-bit copy of the weights, bot/planner/disk.py)."""
+    ignore = list(NOT_LOADED)
+    if any(f.endswith(".safetensors") for f in files):
+        ignore.append("*.bin")
+    return ignore
+
+
+def unused_weight_files(repo_id: str, token: str | None) -> list[str]:
+    try:
+        from huggingface_hub import list_repo_files
+
+        files = list_repo_files(repo_id, token=token)
+    except Exception:  # noqa: BLE001 - without the listing, skip only what is never loaded
+        files = []
+    return ignored_weight_files(files)
 
 
 def linear_module_names(model_dir: Path) -> list[str]:

@@ -80,6 +80,10 @@ class Job(SQLModel, table=True):
     # When the last provider create call was sent: where a provider does not say when it created an
     # instance, billing starts here (an instance adopted after a crash is not billed from its adoption).
     launch_requested_at: float | None = None
+    # Decided before renting (bot/planner/disk.py, bot/engine/preflight.py): the disk every create call asks
+    # for (None: jobs from before; 100 GB), and how long a new instance may take to start the runner.
+    disk_gb: float | None = None
+    start_deadline_s: float | None = None
 
     created_at: float
     updated_at: float

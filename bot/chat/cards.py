@@ -231,7 +231,17 @@ def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
             + (f"; {esc(_calibrated(estimate))}" if s.calibration else ""),
         ),
         ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
+        *([("Disk", _disk_line(estimate))] if estimate.disk is not None else []),
     ]
+
+
+def _disk_line(estimate: Estimate) -> str:
+    """'200 GB asked: weights 141.1 · image 12 · checkpoints 2.5 · ...' (bot/planner/disk.py)."""
+    assert estimate.disk is not None
+    parts = sorted(estimate.disk.breakdown_gb.items(), key=lambda kv: -kv[1])
+    return f"{estimate.disk.gb:.0f} GB asked of each host: " + " · ".join(
+        f"{esc(k)} {v:.1f}" for k, v in parts if v >= 0.05
+    )
 
 
 def _model_line(estimate: Estimate) -> str:

@@ -37,6 +37,7 @@ MILESTONES = {
     K.checkpoint,
     K.preempted,
     K.out_of_memory,
+    K.start_retry,
     K.recovered,
     K.plateau,
     K.finished,
@@ -76,6 +77,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         )
     if event.kind == K.out_of_memory:  # what happened and what the bigger GPU costs (bot/engine/grow.py)
         return f":arrow_up: Out of GPU memory at step {step}: {msg}"
+    if event.kind == K.start_retry:
+        return f":hourglass: {msg}"
     if event.kind == K.recovered:
         return ":white_check_mark: Recovered: " + (msg or f"resumed from step {step}.")
     if event.kind == K.plateau:

@@ -26,6 +26,7 @@ class EngineEventKind(StrEnum):
     checkpoint = "checkpoint"
     preempted = "preempted"
     out_of_memory = "out_of_memory"  # out of GPU memory: moved to a bigger GPU, or asking (engine/grow.py)
+    start_retry = "start_retry"  # an instance never started the runner: terminated, retried once elsewhere
     recovered = "recovered"
     plateau = "plateau"
     finished = "finished"

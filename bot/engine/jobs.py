@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bot.engine import admission, approval, staging
+from bot.engine import admission, approval, preflight, staging
 from bot.engine import budgets as budgets_mod
 from bot.engine import finish as finish_mod
 from bot.engine import offers as offers_mod
@@ -136,7 +136,24 @@ def create(
         with ctx.session() as s:
             admission.check_running(ctx, s, owner=user)
     # Before anything is rented: data checked, storage reachable, local inputs staged (staging.py).
-    prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting)
+    job_id = uuid.uuid4().hex[:12]
+    checked = preflight.Preflight(offers=fitting)
+
+    def checks(offers: list[Any]) -> list[Any]:
+        """The image in its registry, the model's access with HF_TOKEN, the storage keys by a probe."""
+        nonlocal checked
+        checked = preflight.check(
+            ctx.settings,
+            ctx.providers,
+            base_model=plan.base_model,
+            chosen=chosen,
+            offers=offers,
+            job_id=job_id,
+            download_gb=est.disk.breakdown_gb.get("weights", 0.0) if est.disk is not None else 0.0,
+        )
+        return checked.offers
+
+    prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting, checks)
     fitting = prepared.offers
     fields = spec_fields(
         plan,
@@ -146,7 +163,6 @@ def create(
     )
     spec_overrides = deep_merge(fields, spec_overrides or {})
     now = ctx.now()
-    job_id = uuid.uuid4().hex[:12]
     job = Job(
         id=job_id,
         owner=user,
@@ -167,6 +183,8 @@ def create(
         estimated_hours=chosen.hours,
         max_cost=cap,
         checkpoint_minutes=chosen.checkpoint_minutes,
+        disk_gb=est.disk.gb if est.disk is not None else None,
+        start_deadline_s=checked.start_deadline_s,
         idempotency_key=idempotency_key,
         checkpoint_uri=f"{storage_root(ctx, job_id)}/checkpoints",
         created_at=now,
@@ -206,7 +224,8 @@ def create(
         job_id,
         f"Job {job_id} created: {request.model} on "
         f"{chosen.provider} {chosen.gpu} at {money(chosen.price_per_hour)}/h, estimated "
-        f"{money(chosen.total_cost)}, cap {money(cap)}.",
+        f"{money(chosen.total_cost)}, cap {money(cap)}."
+        + "".join(f" Note: {n}." for n in checked.notes),
         job=job,
         estimated_cost=chosen.total_cost,
         max_cost=cap,

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
+DEFAULT_DISK_GB = 100  # jobs created before the disk was sized from the model (bot/planner/disk.py)
 
 
 def token_hash(token: str) -> str:
@@ -153,8 +154,9 @@ def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:
     )
 
 
-def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, Any]]:
-    """The chosen offer first, then the estimate's other fitting offers; a just-preempted offer last."""
+def candidate_offers(job: Job, *, avoid: str | set[str] | None = None) -> list[dict[str, Any]]:
+    """The chosen offer first, then the estimate's other fitting offers; a just-preempted offer and the hosts
+    that never started the runner last."""
     seen: set[str] = set()
     ordered: list[dict[str, Any]] = []
     for o in [job.offer, *(job.offers or [])]:
@@ -163,7 +165,8 @@ def candidate_offers(job: Job, *, avoid: str | None = None) -> list[dict[str, An
             seen.add(k)
             ordered.append(o)
     if avoid:
-        ordered.sort(key=lambda o: f"{o['provider']}:{o['offer_id']}" == avoid)
+        avoided = {avoid} if isinstance(avoid, str) else avoid
+        ordered.sort(key=lambda o: f"{o['provider']}:{o['offer_id']}" in avoided)
     return ordered
 
 
@@ -371,9 +374,15 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             .scalars()
             .first()
         )
-        offers = candidate_offers(
-            job, avoid=(f"{last_preempted.provider}:{last_preempted.offer_id}" if last_preempted else None)
-        )
+        never_started = s.execute(  # bot/engine/startup.py: retried on another host
+            select(InstanceRow.provider, InstanceRow.offer_id).where(
+                InstanceRow.job_id == job_id, InstanceRow.end_reason == "start timeout"
+            )
+        ).all()
+        avoid = {f"{p}:{o}" for p, o in never_started}
+        if last_preempted:
+            avoid.add(f"{last_preempted.provider}:{last_preempted.offer_id}")
+        offers = candidate_offers(job, avoid=avoid)
         spent = job_spend(s, job_id, eng.now())
     # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py).
     approved_key, limit, done = offer_key(job.offer), approval.ceiling(job), approval.done_fraction(job)
@@ -437,6 +446,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                 image=eng.settings.runner_image,
                 env=env,
                 bid_per_hour=live.price_per_hour if live.interruptible else None,
+                disk_gb=int(job.disk_gb or DEFAULT_DISK_GB),
             )
             with eng.session() as s:  # before the create call: the fallback start of billing
                 s.execute(update(Job).where(Job.id == job_id).values(launch_requested_at=eng.now()))

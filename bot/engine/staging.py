@@ -10,6 +10,8 @@ can reach by URI. So, when a job is created:
 - a job that may run on a remote host needs a checkpoint location the host can reach: when
   TUNEBOT_CHECKPOINT_URI is unset (the bot's own disk) or process-local, a cloud job is refused naming the
   setting (a local job keeps only same-host fallbacks);
+- the caller's checks before renting run next (bot/engine/preflight.py: image, model access, storage probe),
+  before anything is uploaded;
 - local dataset files and model folders are uploaded (staged) under ``<TUNEBOT_CHECKPOINT_URI>/inputs/``,
   content-addressed so a second job with the same data uploads nothing;
 - the storage credentials go to the instance as environment variables (``runner_env``), never into the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,8 +163,10 @@ def prepare(
     plan: TrainingPlan,
     chosen: RankedOffer,
     fitting: list[RankedOffer],
+    checks: Callable[[list[RankedOffer]], list[RankedOffer]] | None = None,
 ) -> PreparedJob:
-    """Check a job before it is created; stage its inputs when a remote host may run it."""
+    """Check a job before it is created; stage its inputs when a remote host may run it. ``checks`` (the
+    preflight) sees the offers left after the cheap local checks and may drop some, before any upload."""
     dataset = request.dataset or ""
     remote = [o for o in fitting if not shares_disk(providers.get(o.provider))]
     chosen_remote = not shares_disk(providers.get(chosen.provider))
@@ -187,13 +192,17 @@ def prepare(
         notes.append("cloud fallbacks dropped: TUNEBOT_CHECKPOINT_URI is not object storage")
         remote = []
     base_model = plan.base_model
+    keyless = settings.aws_access_key_id is None and settings.aws_session_token is None
+    if remote and scheme(root) == "s3" and keyless:
+        raise EngineError(
+            f"TUNEBOT_CHECKPOINT_URI is {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY so "
+            "that the runner can write checkpoints there (they reach it as instance environment "
+            "variables)"
+        )
+    if checks is not None:
+        offers = checks(offers)
+        remote = [o for o in offers if not shares_disk(providers.get(o.provider))]
     if remote:
-        if scheme(root) == "s3" and settings.aws_access_key_id is None and settings.aws_session_token is None:
-            raise EngineError(
-                f"TUNEBOT_CHECKPOINT_URI is {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY so "
-                "that the runner can write checkpoints there (they reach it as instance environment "
-                "variables)"
-            )
         if is_local(dataset):
             dataset = stage_file(Path(dataset.removeprefix("file://")).expanduser(), root)
             notes.append(f"dataset staged to {dataset}")

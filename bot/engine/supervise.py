@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from bot.engine import finish as finish_mod
-from bot.engine import jobs, monitor
+from bot.engine import jobs, monitor, startup
 from bot.engine import states as S
 from bot.engine.context import EngineContext
 from bot.engine.launch import launch_job, reclaim_stale
@@ -73,6 +73,9 @@ class JobFacts:
     last_event_at: float | None = None
     started_at: float | None = None
     max_cost: float | None = None
+    # Seconds a new instance may take to start the runner (bot/engine/preflight.py); None: jobs from before,
+    # twice the heartbeat timeout.
+    start_deadline_s: float | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobFacts:
@@ -86,6 +89,7 @@ class JobFacts:
             last_event_at=job.last_event_at,
             started_at=job.started_at,
             max_cost=job.max_cost,
+            start_deadline_s=job.start_deadline_s,
         )
 
 
@@ -114,6 +118,7 @@ class Do(StrEnum):
     stop = "stop"  # ask for a graceful stop (``reason``: budget)
     stop_now = "stop_now"  # ask for the stop and end the job at once (``reason``: idle)
     grow = "grow"  # out of GPU memory at every back-off level: a bigger GPU within the cap, or ask (grow.py)
+    start_failed = "start_failed"  # the instance never started the runner: one retry elsewhere, then failed
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,14 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
         return NOTHING  # nothing is decided on a failed provider call
     assert obs.launched_at is not None
     heard = max(job.last_event_at or 0.0, obs.launched_at)
-    if v == "running":
+    starting = job.last_event_at is None or job.last_event_at < obs.launched_at  # not a word from this host
+    if starting and job.start_deadline_s is not None:
+        # The image pull and the model download take what they take (a 70B model: over an hour): neither the
+        # heartbeat nor the idle rule applies before the runner's first event, the start deadline does.
+        if now - obs.launched_at > job.start_deadline_s:
+            minutes = job.start_deadline_s / 60
+            return Action(Do.start_failed, reason=f"the runner did not start within {minutes:.0f} min")
+    elif v == "running":
         last_activity = job.last_event_at or job.started_at or obs.launched_at
         if now - last_activity > limits.idle_stop_s:
             return Action(Do.stop_now, reason="idle")
@@ -216,6 +228,8 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
     elif action.do is Do.stop_now:
         jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine")
         finish_mod.finish(ctx, job.id, JobState.STOPPED, reason=action.reason)
+    elif action.do is Do.start_failed:
+        startup.start_failed(ctx, job.id, row, why=action.reason or "the runner did not start")
 
 
 def _exit_message(ctx: EngineContext, row: InstanceRow | None) -> str | None:
@@ -240,6 +254,7 @@ _FACT_COLUMNS = (
     Job.last_event_at,
     Job.started_at,
     Job.max_cost,
+    Job.start_deadline_s,
     Job.checkpoint_uri,
     Job.progress_window,
 )

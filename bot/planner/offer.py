@@ -45,6 +45,9 @@ class Offer(BaseModel):
     # Minutes from "launch" to the runner starting (boot + image pull); None = the planner's default for a
     # cloud instance. The local provider starts a process in seconds.
     boot_minutes: float | None = Field(default=None, ge=0)
+    # The most disk a launch on this offer can ask for (GB): Vast's disk_space, Lambda's fixed storage,
+    # TensorDock's max_storage_gb; None where the provider states no limit (RunPod) or in the snapshot.
+    max_disk_gb: float | None = Field(default=None, ge=0)
     source: str = "snapshot"  # "snapshot" | "live"
     as_of: datetime | None = None  # when the price was observed
     raw: dict | None = Field(default=None, repr=False, exclude=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 
 from bot.planner.architectures import Architecture
 from bot.planner.calibration import Calibration, Correction, Measurement
 from bot.planner.calibration import build as build_calibration
 from bot.planner.data_plan import plan_data
+from bot.planner.disk import DiskNeed, disk_need
 from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import CPU, GPUS
 from bot.planner.gpus import gpu as lookup_gpu
@@ -28,7 +30,7 @@ from bot.planner.ranges import (
 )
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
-from bot.planner.result import Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
+from bot.planner.result import DiskEstimate, Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
 from bot.planner.speed import SpeedResult, estimate_speed
 from bot.planner.tokens import count_tokens
 from bot.planner.training import dataset_format, training_plan
@@ -67,6 +69,25 @@ def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryRes
     mem = estimate_memory(arch, cpu_req, gpus)
     breakdown = {k: v for k, v in mem.breakdown.items() if k != "cuda_context"}
     return replace(mem, per_gpu_bytes=sum(breakdown.values()), breakdown=breakdown)
+
+
+def _disk(arch: Architecture, req: EstimateRequest, mem: MemoryResult, tokens: int) -> DiskNeed:
+    """The host's disk for this job (bot/planner/disk.py); a local dataset file counts with its size."""
+    size = None
+    if req.dataset and "://" not in req.dataset:
+        try:
+            size = Path(req.dataset).expanduser().stat().st_size
+        except (OSError, ValueError):
+            size = None
+    return disk_need(
+        parameters=arch.parameters,
+        trainable=mem.trainable,
+        checkpoint_bytes=mem.checkpoint_bytes,
+        method=req.method,
+        merge=req.merge,
+        tokens=tokens,
+        dataset_bytes=size,
+    )
 
 
 def _fits_anywhere(mem_gb: float, gpus: list[str], upper: float) -> str | None:
@@ -269,6 +290,7 @@ def estimate(
     full = req.method == "full"
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
     mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
+    disk = _disk(arch, req, mem, run.tokens)
     job = JobShape(
         memory_gb=memory_gb,
         memory_on=memory_on,
@@ -279,6 +301,7 @@ def estimate(
         checkpoint_gb=mem.checkpoint_bytes / GB,
         download_gb=mem.download_bytes / GB,
         output_gb=output_gb,
+        disk_gb=disk.gb,
     )
     ranked, n_fit, _ = rank_offers(
         offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
@@ -326,7 +349,11 @@ def estimate(
         "steps trained (the data repeats as needed), else steps = ceil(epochs x steps per epoch)"
         + (f"; eval passes add {timing.eval_seconds / 60:.1f} min" if timing.evaluations else ""),
         "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
-        "interval; storage covers the model download and two checkpoints; egress the result download",
+        "interval; storage is the disk asked for; egress the result download",
+        f"disk: {disk.gb:.0f} GB asked on every host ("
+        + ", ".join(f"{k} {v:.1f}" for k, v in disk.breakdown().items())
+        + " GB: one checkpoint at a time on the host, the kept ones in object storage); a host offering "
+        "less is rejected",
     ]
     noted = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"}) if cpu else req
     assumptions.append(_method_note(arch, noted, mem))
@@ -409,4 +436,5 @@ def estimate(
         prices_source=prices_source,
         training=plan,
         warnings=risk_warnings(req),
+        disk=DiskEstimate(gb=disk.gb, breakdown_gb=disk.breakdown()),
     )

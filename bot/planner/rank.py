@@ -2,7 +2,8 @@
 
 For every offer: the per-GPU peak memory for its GPU count (plus SAFETY_MARGIN) against the card's
 memory; the compute hours at the speed of its GPU type and count; storage for the model download and
-two checkpoints while the job runs; egress of the result; and for interruptible offers the expected
+two checkpoints while the job runs (the disk a launch asks for, where the job says: bot/planner/disk.py);
+whether the offer's disk can hold it; egress of the result; and for interruptible offers the expected
 preemption overhead with the Young/Daly checkpoint interval (checkpoint cost from the checkpoint size
 and DISK_GBS, restart from boot (the offer's own boot time where it has one) + model download at the
 host's downlink + checkpoint load).
@@ -34,7 +35,8 @@ HOURS_PER_MONTH = 730.0
 ON_DEMAND_MAX_INTERVAL_H = 2.0  # on-demand hosts fail too: checkpoint at least every 2 hours
 MIN_INTERVAL_H = 5.0 / 60
 VECTOR_MIN = 256  # from this many offers on, use numpy
-REJECTED_BY = {1: "memory", 2: "budget", 3: "class", 4: "gpu_count", 5: "gpu", 6: "unknown_gpu"}
+REJECTED_BY = {1: "memory", 2: "budget", 3: "class", 4: "gpu_count", 5: "gpu", 6: "unknown_gpu", 7: "disk"}
+REJECTION_ORDER = (1, 7, 2, 3, 4, 5, 6)  # which rejected offers are listed first (up to keep_rejected)
 
 # What each label means, as a sort key over (expected total $, wall hours, interruptible, reliability):
 # the offer with the smallest key gets the label. Safest: on-demand first, then the most reliable host,
@@ -59,6 +61,7 @@ class JobShape:
     memory_upper: float = 1.0  # the upper end of the memory range, as a ratio: what "fits" is judged on
     memory_lower: float = 1.0  # the lower end, shown with it ("needs 18-22 GB of 24")
     hours_low_high: tuple[float, float] = (1.0, 1.0)  # the compute-time range as ratios (cost ranges)
+    disk_gb: float = 0.0  # the disk a launch asks for (0: not sized: storage on download + checkpoints)
 
     @property
     def checkpoint_hours(self) -> float:
@@ -89,7 +92,8 @@ def offer_costs(
     plain = work * (1.0 + ckpt_h / xp.maximum(xp.minimum(interval, work), 1e-9)) + restart_h
     compute = plain * price
     preempt = xp.maximum(wall - plain, 0.0) * price
-    storage_cost = (job.download_gb + 2.0 * job.checkpoint_gb) * storage * wall / HOURS_PER_MONTH
+    stored_gb = max(job.disk_gb, job.download_gb + 2.0 * job.checkpoint_gb)  # billed on the disk asked for
+    storage_cost = stored_gb * storage * wall / HOURS_PER_MONTH
     egress_cost = job.output_gb * egress
     return {
         "interval": interval,
@@ -113,6 +117,7 @@ _FIELDS = (
     "gpu",
     "gpu_count",
     "boot_minutes",
+    "max_disk_gb",
 )
 
 
@@ -131,6 +136,7 @@ def _columns(offers: Sequence[Offer]) -> dict[str, list]:
         "boot": [BOOT_HOURS if b is None else b / 60.0 for b in col["boot_minutes"]],
         "gpu": col["gpu"],
         "count": col["gpu_count"],
+        "disk": col["max_disk_gb"],
     }
 
 
@@ -158,7 +164,7 @@ def rank_offers(
         return [], 0, 0
     # Per (gpu, count): memory need, card memory, compute hours.
     cols = _columns(offers)
-    gpu_col, count_col = cols.pop("gpu"), cols.pop("count")
+    gpu_col, count_col, disk_col = cols.pop("gpu"), cols.pop("count"), cols.pop("disk")
     keys = list(zip(gpu_col, count_col, strict=True))
     pairs: dict[tuple[str, int], tuple[float, float, float | None]] = {}
     mem_cache: dict[int, float] = {}
@@ -205,12 +211,15 @@ def rank_offers(
             pair_cat[(g, c)] = 1
         else:
             pair_cat[(g, c)] = 0
-    category = [pair_cat[k] for k in keys]  # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown
+    # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown; 7 disk
+    category = [pair_cat[k] for k in keys]
     spot_col = cols["spot"]
     for i, cat in enumerate(category):
         if cat == 0:
             if interruptible is not None and spot_col[i] != interruptible:
                 category[i] = 3
+            elif disk_col[i] is not None and disk_col[i] < job.disk_gb:
+                category[i] = 7
             elif max_cost is not None and total[i] > max_cost:
                 category[i] = 2
     fit_idx = sorted((i for i in range(n) if category[i] == 0), key=total.__getitem__)
@@ -231,7 +240,7 @@ def rank_offers(
             buckets.setdefault(cat, []).append(i)
     if 1 in buckets:  # memory rejections: the nearest misses first
         buckets[1].sort(key=lambda i: per[i][0] / per[i][1])
-    for cat in sorted(buckets):
+    for cat in sorted(buckets, key=REJECTION_ORDER.index):  # the nearest misses first
         for i in buckets[cat]:
             o = offers[i]
             key = (o.provider, o.gpu, o.gpu_count, o.interruptible)
@@ -271,6 +280,8 @@ def rank_offers(
             return f"{o.gpu_count} GPUs; the request is for {gpus} (use gpus={o.gpu_count})"
         if cat == 5:
             return f"not the requested GPU ({gpu})"
+        if cat == 7:
+            return f"needs {job.disk_gb:.0f} GB of disk; this host offers at most {disk_col[i]:.0f} GB"
         return f"unknown GPU type {o.gpu!r}: no speed figures"
 
     out: list[RankedOffer] = []
@@ -296,6 +307,7 @@ def rank_offers(
                 memory_capacity_gb=round(per[i][1], 2),
                 memory_tight=category[i] == 0 and per[i][0] * job.memory_upper > TIGHT_SHARE * per[i][1],
                 checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
+                max_disk_gb=disk_col[i],
                 fits=category[i] == 0,
                 rejected_by=REJECTED_BY.get(category[i]),
                 reason=reason(i),

@@ -66,6 +66,13 @@ class TimeEstimate(BaseModel):
     length: str | None = None
 
 
+class DiskEstimate(BaseModel):
+    """The disk a launch asks for (GB = 1e9 bytes), passed to every provider's create call."""
+
+    gb: float
+    breakdown_gb: dict[str, float]  # image, weights, checkpoints, data, outputs, headroom
+
+
 class RankedOffer(BaseModel):
     provider: str
     offer_id: str
@@ -90,8 +97,10 @@ class RankedOffer(BaseModel):
     fits: bool
     reason: str  # why it was rejected, or why it is recommended
     labels: list[str] = Field(default_factory=list)  # "cheapest" | "fastest" | "safest"
-    # Why it was rejected, as a key: "memory" | "budget" | "class" | "gpu_count" | "gpu" | "unknown_gpu"
+    # Why it was rejected, as a key: "memory" | "budget" | "class" | "gpu_count" | "gpu" | "unknown_gpu" |
+    # "disk"
     rejected_by: str | None = None
+    max_disk_gb: float | None = None  # the most disk this host offers (None: not stated)
     reliability: float | None = None
     source: str = "snapshot"
 
@@ -152,3 +161,4 @@ class Estimate(BaseModel):
     prices_source: str = "snapshot"
     training: TrainingPlan | None = None  # what the runner gets (None only in hand-made estimates)
     warnings: list[str] = Field(default_factory=list)  # risky settings the person chose (the card shows them)
+    disk: DiskEstimate | None = None  # the host's disk (None only in hand-made estimates)

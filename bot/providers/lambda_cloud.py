@@ -85,6 +85,8 @@ def offers_from_instance_types(data: dict[str, Any], now: datetime | None = None
         gpu = normalize_gpu(name, mem)
         if gpu is None:
             continue
+        gib = (itype.get("specs") or {}).get("storage_gib")  # fixed per type: no disk field at launch
+        max_disk = round(float(gib) * 2**30 / 1e9, 1) if isinstance(gib, int | float) else None
         for region in entry.get("regions_with_capacity_available") or []:  # empty = no capacity now
             try:
                 offers.append(
@@ -99,6 +101,7 @@ def offers_from_instance_types(data: dict[str, Any], now: datetime | None = None
                         reliability=None,
                         location=region.get("description") or region["name"],
                         storage_per_gb_month=FILE_SYSTEM_PRICE_PER_GB_MONTH,
+                        max_disk_gb=max_disk,
                         source="live",
                         as_of=now,
                         raw=entry,

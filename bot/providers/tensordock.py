@@ -112,6 +112,7 @@ def offers_from_locations(
             if price is None:
                 continue
             storage_hr = float((gpu.get("pricing") or {}).get("per_gb_storage_hr") or 0.0)
+            max_storage = (gpu.get("resources") or {}).get("max_storage_gb")
             try:
                 offers.append(
                     Offer(
@@ -125,6 +126,7 @@ def offers_from_locations(
                         reliability=None,
                         location=place or None,
                         storage_per_gb_month=round(storage_hr * 730, 4),
+                        max_disk_gb=float(max_storage) if isinstance(max_storage, int | float) else None,
                         source="live",
                         as_of=now,
                         raw=gpu,

@@ -107,6 +107,7 @@ def _fields(item: dict[str, Any], interruptible: bool, now: datetime | None) -> 
         "storage_per_gb_month": item.get("storage_cost") or 0.0,
         "egress_per_gb": item.get("inet_up_cost") or 0.0,
         "inet_down_mbps": item.get("inet_down"),
+        "max_disk_gb": item.get("disk_space"),  # GB this host can give the instance
         "preemptions_per_hour": VAST_BID_PREEMPTIONS_PER_HOUR if interruptible else 0.0,
         "source": "live",
         "as_of": now,

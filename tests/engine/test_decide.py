@@ -176,6 +176,36 @@ TABLE = [
         Action(Do.preempt, reason="instance stuck in unknown"),
     ),
     (
+        "first start (no word from this host yet) inside its deadline: no heartbeat or idle rule, wait",
+        running(last_event_at=None, started_at=T - 2500, start_deadline_s=7200),
+        seen("running", launched_at=T - 2500),
+        Action(),
+    ),
+    (
+        "first start still provisioning inside its deadline: wait past twice the heartbeat",
+        running(last_event_at=None, start_deadline_s=7200),
+        seen("provisioning", launched_at=T - 5000),
+        Action(),
+    ),
+    (
+        "first start past its deadline: the start failed (retried once elsewhere, not a preemption)",
+        running(last_event_at=None, start_deadline_s=900),
+        seen("provisioning", launched_at=T - 901),
+        Action(Do.start_failed, reason="the runner did not start within 15 min"),
+    ),
+    (
+        "a relaunch downloading the model again: its own start deadline, not the heartbeat",
+        running(last_event_at=T - 4000, start_deadline_s=3600),
+        seen("running", launched_at=T - 3000),
+        Action(),
+    ),
+    (
+        "heard from this host: the heartbeat rule again",
+        running(last_event_at=T - 601, start_deadline_s=3600),
+        seen("running", launched_at=T - 700),
+        Action(Do.preempt, reason="no heartbeat for 600 s"),
+    ),
+    (
         "projected spend reaches the cap within the next period: graceful stop (budget)",
         running(max_cost=5.0),
         seen(spent=4.99, burn_per_hour=1.0),

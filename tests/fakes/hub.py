@@ -11,6 +11,12 @@ visibility; requests without the expected bearer token get 401, like the Hub.
         HfApi(endpoint=hub.url, token="hf_test").upload_folder(...)
         hub.repos["me/model"].files["adapter_config.json"]
         hub.add_folder("meta-llama/Llama-3.2-1B-Instruct", tiny_model_dir)  # then snapshot_download it
+
+Gated models (``hub.add_model("org/name", gated=True, granted={"hf_ok"})``) answer
+``/{repo}/resolve/{revision}/{file}`` the Hub's way, whoever asks: only to a token whose account accepted the
+license (401 without a token, 403 with another, ``X-Error-Code: GatedRepo``); a missing file is 404
+``EntryNotFound``. Any other file asked for without the hub's token is 401 with ``X-Error-Code:
+RepoNotFound``, as the Hub answers for repositories it will not show.
 """
 
 from __future__ import annotations
@@ -50,10 +56,19 @@ class HubRepo:
         return folder
 
 
+@dataclass
+class HubModel:
+    repo_id: str
+    files: dict[str, bytes]
+    gated: bool = False
+    granted: set[str] = field(default_factory=set)  # tokens whose account accepted the license
+
+
 class FakeHub:
     def __init__(self, *, token: str = "hf_fake_token_3c9a") -> None:
         self.token = token
         self.repos: dict[str, HubRepo] = {}
+        self.models: dict[str, HubModel] = {}
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
         self.validated: list[str] = []  # model card headers the client asked to validate
         self.lock = threading.Lock()
@@ -73,21 +88,45 @@ class FakeHub:
             def log_message(self, *args: Any) -> None:
                 return
 
-            def _answer(self, status: int, body: Any) -> None:
+            def _answer(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
                 with hub.lock:
                     hub.requests.append((self.command, self.path, status))
 
+            def _gated_file(self) -> bool:
+                """A file of an add_model() repo, answered per token; False for any other path."""
+                answer = hub.resolve_model_file(self.path.split("?")[0], self.headers.get("Authorization"))
+                if answer is None:
+                    return False
+                status, headers, body = answer
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                with hub.lock:
+                    hub.requests.append((self.command, self.path, status))
+                return True
+
             def _handle(self) -> None:
+                if self.command in ("GET", "HEAD") and self._gated_file():
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 if self.headers.get("Authorization") != f"Bearer {hub.token}":
-                    self._answer(401, {"error": "Invalid credentials in Authorization header"})
+                    # The Hub says which: a repository it will not show this token is "RepoNotFound".
+                    code = {"X-Error-Code": "RepoNotFound"} if "/resolve/" in self.path else {}
+                    self._answer(401, {"error": "Invalid credentials in Authorization header"}, code)
                     return
                 path = self.path.split("?")[0]
                 file = hub.resolve_file(path) if self.command in ("GET", "HEAD") else None
@@ -126,6 +165,38 @@ class FakeHub:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def add_model(self, repo_id: str, *, config: dict[str, Any] | None = None, gated: bool = False,
+                  granted: set[str] | None = None) -> HubModel:
+        """A (gated) model whose files anyone may ask for, answered per token (see the module's docstring)."""
+        files = {"config.json": json.dumps(config or {"model_type": "llama"}).encode()}
+        model = HubModel(repo_id, files, gated=gated, granted=set(granted or ()))
+        with self.lock:
+            self.models[repo_id] = model
+        return model
+
+    def resolve_model_file(
+        self, path: str, authorization: str | None
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        """``/{repo}/resolve/{revision}/{file}`` of an add_model() repo as the Hub answers it, else None."""
+        match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        model = self.models.get(match.group(1)) if match else None
+        if model is None or match is None:
+            return None
+        token = authorization[7:] if authorization and authorization.startswith("Bearer ") else None
+
+        def error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
+            headers = {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}
+            return status, headers, json.dumps({"error": message}).encode()
+
+        if model.gated and token not in model.granted:
+            return error(401 if token is None else 403, "GatedRepo",
+                         f"Access to model {model.repo_id} is restricted. You must have access to it and be "
+                         "authenticated to access it. Please log in.")
+        data = model.files.get(match.group(3))
+        if data is None:
+            return error(404, "EntryNotFound", f"{match.group(3)} does not exist on \"{match.group(2)}\"")
+        return 200, {"Content-Type": "application/octet-stream", "X-Repo-Commit": "0" * 40}, data
 
     def add_folder(self, repo_id: str, folder: Path, *, private: bool = True) -> HubRepo:
         """A repo holding a local folder's files (a model to download with ``snapshot_download``)."""

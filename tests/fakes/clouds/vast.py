@@ -83,7 +83,7 @@ class FakeVast(FakeCloud):
                     "geolocation": rng.choice(CITIES),
                     "inet_down": None if k % 13 == 0 else round(rng.uniform(50, 2000), 1),
                     "inet_up": round(rng.uniform(50, 1000), 1),
-                    "disk_space": rng.choice([50, 100, 200, 500, 1000]),
+                    "disk_space": rng.choice([100, 150, 200, 500, 1000]),
                     "cpu_cores_effective": 8.0 * count,
                     "cpu_ram": 32768 * count,
                     "cuda_max_good": 12.4,
@@ -193,6 +193,9 @@ class FakeVast(FakeCloud):
             return Response(404, {"success": False, "error": "no_such_ask", "msg": f"ask {ask_id} not found"})
         if not body.get("image"):
             return Response(400, {"success": False, "error": "invalid_args", "msg": "image required"})
+        if float(body.get("disk") or 0) > float(ask.get("disk_space") or 0):  # more than the host has
+            msg = f"disk {body.get('disk')} GB exceeds the host's {ask.get('disk_space')} GB"
+            return Response(400, {"success": False, "error": "invalid_args", "msg": msg})
         iid = self.new_id()
         bid = body.get("price")
         too_low = bid is not None and bid < ask["min_bid"]
@@ -214,6 +217,7 @@ class FakeVast(FakeCloud):
             "ssh_host": None,
             "ssh_port": None,
             "start_date": time.time(),
+            "disk_space": body.get("disk"),
             "_polls": 0,
         }
         self.instances[iid] = inst
