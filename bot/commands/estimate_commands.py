@@ -24,26 +24,48 @@ def _fail(message: str) -> NoReturn:
 
 
 def _estimate(
-    model: str, pairs: list[tuple[str, str]], *, as_json: bool = False, calibrated: bool = True
+    model: str,
+    pairs: list[tuple[str, str]],
+    *,
+    as_json: bool = False,
+    calibrated: bool = True,
+    offline: bool = False,
 ) -> None:
+    """Priced like the chat and what `tunebot launch` rents (bot/engine/offers.priced_estimate): live where
+    a cloud key is set, each silent cloud from its dated snapshot with a note; ``offline``: the snapshot."""
     from bot.commands.request_cli import build_request
     from bot.planner import PlanningError, estimate
+    from bot.providers.registry import configured_clouds
+    from bot.settings import get_settings
 
     request = build_request(model, pairs)
     if request.dataset is not None and request.tokens is not None:
         _fail("give either a dataset (--dataset, dataset=) or tokens (--tokens, tokens=), not both")
     if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
         _fail(f"dataset file {request.dataset} does not exist")
+    settings = get_settings()
     calibration = None
     if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
         from bot.engine.calibration import read_snapshot
         from bot.planner.plan import calibrate
-        from bot.settings import get_settings
 
-        measurements = read_snapshot(get_settings().data_dir)
+        measurements = read_snapshot(settings.data_dir)
         calibration = calibrate(measurements) if measurements else None
+    live = [] if offline else configured_clouds(settings)
     try:
-        result = estimate(request, calibration=calibration)
+        if live:
+            from bot.engine.offers import priced_estimate
+            from bot.providers.registry import build_providers
+
+            if not as_json:  # progress: a slow cloud may keep this waiting up to the deadline
+                typer.echo(
+                    f"Asking {', '.join(live)} for live prices (at most {settings.catalog_deadline_s:g} s; "
+                    "--offline for the snapshot)…",
+                    err=True,
+                )
+            result = priced_estimate(settings, build_providers(settings), request, calibration=calibration)
+        else:  # the card says "prices: snapshot as of <date>"
+            result = estimate(request, calibration=calibration)
     except PlanningError as exc:
         _fail(str(exc))
     if as_json:
@@ -62,6 +84,10 @@ def _estimate_command() -> Callable[..., None]:
                           default=typer.Option(True, "--calibrated/--physics-only",
                                                help="Apply what finished runs measured (tunebot calibrate "
                                                     "show), or the physics alone.")),
+        inspect.Parameter("offline", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--offline",
+                                               help="Price from the dated offline snapshot only, without "
+                                                    "asking the clouds whose keys are set.")),
     ]
     return request_command(_estimate, extra, "Estimate memory, time and total cost of a fine-tune, and rank "
                                              "GPU offers. Options as flags or as key=value (like /tune).")

@@ -1,4 +1,4 @@
-"""Which offers of an estimate this engine can launch, and the labels among those.
+"""Which offers of an estimate this engine can launch, and the labels among those; the one priced estimate.
 
 An estimate shows every cloud's prices (live where a key is set, else the dated snapshot), so a person
 sees what a fine-tune would cost everywhere. Only offers of providers configured in this process can be
@@ -8,12 +8,21 @@ elsewhere says what would make it launchable.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+import logging
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from bot.planner.rank import DEFAULT_RELIABILITY, LABEL_KEYS  # the planner's own label criteria
 from bot.planner.result import Estimate, RankedOffer
 from bot.providers.registry import key_env
+
+if TYPE_CHECKING:
+    from bot.planner.calibration import Calibration
+    from bot.planner.request import EstimateRequest
+    from bot.providers.base import Provider
+    from bot.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def _label_key(label: str, o: RankedOffer) -> tuple:
@@ -69,3 +78,38 @@ def for_this_engine(
         offers.append(o.model_copy(update=update))
     assumptions = [*estimate.assumptions, *(f"prices: {n}" for n in notes)]
     return estimate.model_copy(update={"offers": offers, "assumptions": assumptions})
+
+
+def priced_estimate(
+    settings: Settings,
+    providers: Mapping[str, Provider],
+    request: EstimateRequest,
+    *,
+    calibration: Calibration | None = None,
+) -> Estimate:
+    """The estimate every door shows (Slack, the console, `tunebot estimate`, and `tunebot launch` rents its
+    pick): every cloud's offers, live where a key is set and the API answers within TUNEBOT_CATALOG_DEADLINE,
+    else the dated snapshot with a note saying so; labelled among the offers these providers can launch; this
+    machine's CPU only when no cloud is configured or gpu=cpu."""
+    from bot.planner import estimate as plan
+    from bot.providers.base import OfferQuery, ProviderError
+    from bot.providers.catalog import live_catalog
+
+    clouds = {n: p for n, p in providers.items() if n != "local"}
+    catalog = live_catalog(settings, interruptible=request.interruptible, providers=clouds)
+    offers = list(catalog.offers)
+    source = catalog.source
+    local = providers.get("local")
+    if local is not None and (not clouds or request.gpu == "cpu"):
+        query = OfferQuery(gpu_count=request.gpus, interruptible=request.interruptible)
+        try:
+            offers.extend(local.search_offers(query))
+            source = "live" if source == "live" else "mixed"  # this machine's price is always live
+        except ProviderError as exc:
+            log.warning("offers from local unavailable: %s", exc)
+    est = plan(
+        request, offers=offers, prices_source=source, prices_as_of=catalog.as_of, calibration=calibration
+    )
+    when = f" as of {catalog.as_of:%Y-%m-%d %H:%M} UTC" if catalog.as_of else ""
+    live = [f"{name}: live prices{when}" for name in catalog.live_providers]
+    return for_this_engine(est, providers, live + catalog.notes, local_max_hours=settings.local_max_hours)

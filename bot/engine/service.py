@@ -50,7 +50,7 @@ from bot.engine.reconcile import reconcile as reconcile_pass
 from bot.engine.spend import roll_up_recent
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
-from bot.providers.base import OfferQuery, Provider, ProviderError
+from bot.providers.base import Provider
 from bot.settings import Settings, get_settings
 from store.db import make_engine, migrate, normalize_url
 from store.models import Job
@@ -158,33 +158,11 @@ class Engine:
     # --- EngineAPI ------------------------------------------------------------------------------
     def estimate(self, request: EstimateRequest) -> Estimate:
         """Every cloud's offers (live where configured, else the dated snapshot), labelled among those
-        this engine can launch; this machine's CPU only when no cloud is configured or gpu=cpu."""
-        from bot.planner import estimate as plan
-        from bot.providers.catalog import live_catalog
-
-        clouds = {n: p for n, p in self.providers.items() if n != "local"}
-        catalog = live_catalog(self.settings, interruptible=request.interruptible, providers=clouds)
-        offers = list(catalog.offers)
-        source = catalog.source
-        local = self.providers.get("local")
-        if local is not None and (not clouds or request.gpu == "cpu"):
-            query = OfferQuery(gpu_count=request.gpus, interruptible=request.interruptible)
-            try:
-                offers.extend(local.search_offers(query))
-                source = "live" if source == "live" else "mixed"  # this machine's price is always live
-            except ProviderError as exc:
-                log.warning("offers from local unavailable: %s", exc)
+        this engine can launch (bot/engine/offers.priced_estimate: the same for every door)."""
         from bot.engine.calibration import calibration_for
 
-        est = plan(
-            request,
-            offers=offers,
-            prices_source=source,
-            prices_as_of=catalog.as_of,
-            calibration=calibration_for(self.ctx),
-        )
-        return offers_mod.for_this_engine(
-            est, self.providers, catalog.notes, local_max_hours=self.settings.local_max_hours
+        return offers_mod.priced_estimate(
+            self.settings, self.providers, request, calibration=calibration_for(self.ctx)
         )
 
     def create_job(
