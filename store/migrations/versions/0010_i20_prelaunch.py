@@ -5,8 +5,8 @@ to every provider's create call (it was a flat 100 GB). ``start_deadline_s``: ho
 may take to start the runner (image pull + model download at a stated bandwidth + a margin,
 bot/engine/preflight.py) before it is given up on, instead of twice the heartbeat timeout.
 
-Revision ID: 0006_i20
-Revises: 0005_i12
+Revision ID: 0010_i20
+Revises: 0009_i20
 Create Date: 2026-12-04 10:00:00
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_i20"
-down_revision = "0005_i12"
+revision = "0010_i20"
+down_revision = "0009_i20"
 branch_labels = None
 depends_on = None
 
