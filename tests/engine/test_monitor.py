@@ -156,7 +156,8 @@ def test_idle_instance_is_stopped(make_engine, fake, clock, settings):
     eng = make_engine()
     job = eng.create_job(request(), user="alice", estimate=estimate_for(fake))
     # The runner started (before its first event the start deadline applies, not idleness), then went quiet.
-    eng.record_runner_event(job.job_id, _token(fake), _ev(job.job_id, 1, "started", timestamp=clock.t))
+    started = _sev(eng, job.job_id, 1, "started", timestamp=clock.t)
+    assert eng.record_runner_event(job.job_id, _token(fake), started)
     clock.advance(settings.idle_stop_minutes * 60 + 1)
     eng.tick()
     view = eng.get_job(job.job_id)
