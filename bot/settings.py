@@ -185,6 +185,50 @@ class Settings(BaseSettings):
         description="master key of the per-job integrity keys runners sign their events and checkpoints with "
         "(docs/security.md); unset: one is made once and kept in the database",
     )
+    storage_credentials: str = Field(
+        "auto",
+        alias="TUNEBOT_STORAGE_CREDENTIALS",
+        pattern=r"^(auto|assume-role|federation|r2|static)$",
+        description="what a runner gets for object storage: credentials scoped to its job, made per launch "
+        "(assume-role: STS AssumeRole, AWS or MinIO; federation: STS GetFederationToken, AWS; r2: "
+        "Cloudflare's temporary credentials) or static (the bot's own keys: any host reaches every job's "
+        "data; warned at start and on every launch). auto: r2 on an R2 endpoint with CLOUDFLARE_API_TOKEN, "
+        "assume-role with TUNEBOT_STORAGE_ROLE_ARN, federation on AWS, else static",
+    )
+    storage_role_arn: str | None = Field(
+        None,
+        alias="TUNEBOT_STORAGE_ROLE_ARN",
+        description="the role runners' credentials are made from (STS AssumeRole; on MinIO any ARN); its own "
+        "policy caps what the job scope may grant",
+    )
+    storage_credentials_s: int = Field(
+        12 * 3600,
+        ge=10,
+        le=7 * 24 * 3600,
+        alias="TUNEBOT_STORAGE_CREDENTIALS_SECONDS",
+        description="lifetime of a runner's storage credentials (STS: 900 s to the role's maximum, 36 h for "
+        "federation; R2 up to 7 days); the bot renews them at half-life while the job runs",
+    )
+    sts_endpoint_url: str | None = Field(
+        None,
+        alias="TUNEBOT_STS_ENDPOINT_URL",
+        description="the STS endpoint (default: AWS_ENDPOINT_URL when set, e.g. MinIO's, else AWS's)",
+    )
+    cloudflare_api_token: SecretStr | None = Field(
+        None,
+        alias="CLOUDFLARE_API_TOKEN",
+        description="a Cloudflare API token allowed to make R2 temporary credentials (scoped R2 storage)",
+    )
+    cloudflare_api_url: str = Field(
+        "https://api.cloudflare.com/client/v4",
+        alias="CLOUDFLARE_API_URL",
+        description="Cloudflare's API base URL (tests: a fake)",
+    )
+    r2_account_id: str | None = Field(
+        None,
+        alias="TUNEBOT_R2_ACCOUNT_ID",
+        description="the Cloudflare account of the R2 bucket (default: read from AWS_ENDPOINT_URL)",
+    )
 
     # Engine.
     approval_above_usd: float = Field(
@@ -459,6 +503,7 @@ class Settings(BaseSettings):
             self.slack_app_token,
             self.slack_signing_secret,
             self.secret_key,
+            self.cloudflare_api_token,
         ]
         return [v.get_secret_value() for v in values if v is not None]
 

@@ -40,7 +40,7 @@ import fsspec
 import numpy as np
 import torch
 
-from runner import manifest
+from runner import credentials, manifest
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -216,9 +216,18 @@ class CheckpointStore:
 
     def __init__(self, uri: str) -> None:
         self.uri = uri.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
-        self.root = self.root.rstrip("/")
+        self._fs, root = fsspec.core.url_to_fs(self.uri)
+        self._generation = credentials.generation
+        self.root = root.rstrip("/")
         self._uploads = 0
+
+    @property
+    def fs(self) -> Any:
+        """The store's filesystem, made again after renewed storage credentials (runner/credentials.py)."""
+        if self._generation != credentials.generation:
+            self._fs, _ = fsspec.core.url_to_fs(self.uri)
+            self._generation = credentials.generation
+        return self._fs
 
     def uri_of(self, step: int) -> str:
         return f"{self.uri}/checkpoint-{step}"

@@ -26,6 +26,9 @@ EXIT_PREEMPTED = 75  # SIGTERM received: the current step finished, a checkpoint
 # Out of GPU memory even at micro-batch 1 with activation checkpointing on (runner/oom.py): the bot relaunches
 # on an offer with more memory per GPU (bot/engine/grow.py). Nothing was lost: checkpoints are as they were.
 EXIT_OUT_OF_MEMORY = 76
+# Storage credentials about to expire and not renewed (runner/credentials.py): a checkpoint was saved;
+# the bot relaunches with fresh ones.
+EXIT_CREDENTIALS = 77
 
 # The runner's chunked cross-entropy (runner/loss.py) computes at most this many logits at once; the planner
 # prices a chunk of chunk_tokens(vocab) tokens instead of the whole sequence's logits.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -33,6 +34,7 @@ from runner.integrity import key_from_env
 from runner.oom import OutOfMemory
 from runner.spec import (
     EXIT_BAD_SPEC,
+    EXIT_CREDENTIALS,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_OUT_OF_MEMORY,
@@ -56,6 +58,7 @@ class Preemption:
 
     def __init__(self, already: Callable[[], bool] | None = None) -> None:
         self.requested = False
+        self.why = "SIGTERM"
         self._previous: Any = None
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -65,6 +68,11 @@ class Preemption:
     def _handle(self, _signum: int, _frame: Any) -> None:
         if not self.requested:
             print("SIGTERM: finishing the current step, then saving a checkpoint", flush=True)
+        self.requested = True
+
+    def credentials_expiring(self) -> None:
+        """The storage credentials were not renewed in time (runner/credentials.py): save, exit 77."""
+        self.why = "storage credentials expiring"
         self.requested = True
 
     def restore(self) -> None:
@@ -77,10 +85,18 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
     started = time.time()
     preemption = Preemption(sigterm_seen)
     trainer = Trainer(spec, preemption)
+    from runner.credentials import Watcher
+    from runner.distributed import is_worker
+
+    main_process = not is_worker() or os.environ.get("RANK", "0") == "0"
+    watcher = Watcher.start(spec.job_id, preemption.credentials_expiring) if main_process else None
     try:
         trainer.setup()
         status = trainer.train()
-        return trainer.summary(status, started), {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
+        code = {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
+        if status == "preempted" and preemption.why != "SIGTERM":
+            code = EXIT_CREDENTIALS  # the bot relaunches it with fresh credentials
+        return trainer.summary(status, started), code
     except OutOfMemory as exc:  # runner/oom.py: every level tried; the bot relaunches on a bigger GPU
         message = f"{exc}; needs a GPU with more memory"
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -103,6 +119,8 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
         summary.message = message[:2000]
         return summary, EXIT_FAILED
     finally:
+        if watcher is not None:
+            watcher.stop()
         trainer.close()
         preemption.restore()
 
@@ -399,7 +417,8 @@ class Trainer:
                                                     float(plateau_stop)]))
                 if preempted:
                     uri = self.save()
-                    self.emit(EventKind.preempted, checkpoint_uri=uri, message="SIGTERM: saved and exiting")
+                    self.emit(EventKind.preempted, checkpoint_uri=uri,
+                              message=f"{self.preemption.why}: saved and exiting")
                     return "preempted"
                 if plateau_stop:
                     uri = self.save()

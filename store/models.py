@@ -84,6 +84,10 @@ class Job(SQLModel, table=True):
     # for (None: jobs from before; 100 GB), and how long a new instance may take to start the runner.
     disk_gb: float | None = None
     start_deadline_s: float | None = None
+    # The runner's storage credentials (bot/storage/credentials.py): when the current ones were made and
+    # when they expire; the bot renews them at half-life (bot/storage/renewal.py). None: not expiring.
+    credentials_issued_at: float | None = None
+    credentials_expire_at: float | None = None
 
     created_at: float
     updated_at: float

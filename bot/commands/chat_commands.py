@@ -63,6 +63,10 @@ def _run_console(user: str) -> int:
 
     console = cli_console()  # piped: tables neither wrap at 80 columns nor cut job ids
     settings, engine, chat = _runtime(user)
+    from bot.storage.credentials import startup_warning
+
+    if unscoped := startup_warning(settings):  # runners get the bot's own storage keys
+        console.print(f"warning: {unscoped}", style="yellow", markup=False, highlight=False)
     ConsoleNotifier(engine, console, progress_every_s=5.0).attach(engine.bus)
     engine.resume_all()
     interactive = sys.stdin.isatty()
@@ -170,6 +174,10 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     settings, engine, chat = _runtime(serving=True)
     for warning in chat.permissions.startup_warnings():  # who may approve, where members may launch
         logging.getLogger("tunebot").warning(warning)
+    from bot.storage.credentials import startup_warning
+
+    if unscoped := startup_warning(settings):  # runners get the bot's own storage keys
+        logging.getLogger("tunebot").warning(unscoped)
     admins = sorted(chat.permissions.admins)
     chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
     from bot.chat.slack.home import HomePublisher

@@ -38,6 +38,7 @@ from bot.providers.base import (
     redact,
     redacting,
 )
+from bot.storage.credentials import CredentialsError, Issued
 from runner.spec import JobSpec
 from store.db import insert_for
 from store.models import Instance as InstanceRow
@@ -142,16 +143,50 @@ def wandb_mode(settings: Any) -> str:
     return "online" if settings.wandb_api_key else "disabled"
 
 
-def runner_env(eng: EngineContext, spec: JobSpec) -> dict[str, str]:
-    """The instance's environment: the spec and only the secrets this job needs (engine/instance_env.py)."""
+def runner_env(eng: EngineContext, spec: JobSpec, issued: Issued | None = None) -> dict[str, str]:
+    """The instance's environment: the spec and only the secrets this job needs (engine/instance_env.py):
+    storage credentials scoped to the job where ``issued`` is (bot/storage/credentials.py), else the bot's."""
     from bot.engine.staging import storage_env
+    from bot.storage.renewal import credentials_uri
 
+    storage = storage_env(eng.settings)
+    if issued is not None and issued.scoped:
+        storage = {k: v for k, v in storage.items() if k not in STATIC_KEYS}
+        storage.update(issued.env)
+        storage["TUNEBOT_CREDENTIALS_URI"] = credentials_uri(storage_root(eng, spec.job_id))
     return instance_env.runner_env(
         eng.settings,
         spec,
-        storage=storage_env(eng.settings),
+        storage=storage,
         job_key=integrity.job_key(eng, spec.job_id).hex(),  # signs its events and manifests
     )
+
+
+STATIC_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def storage_credentials(eng: EngineContext, spec: JobSpec) -> Issued | None:
+    """The storage credentials of this launch: scoped to the job's folder and inputs, made now (None when
+    the job's storage is not object storage). CredentialsError when the store refuses."""
+    from bot.storage import credentials
+    from bot.storage.scope import scope_for
+
+    root = storage_root(eng, spec.job_id)
+    if not root.startswith("s3://"):
+        return None
+    scope = scope_for(root, dataset=spec.dataset.uri, base_model=spec.base_model)
+    return credentials.issue(eng.settings, scope, name=spec.job_id, now=eng.now())
+
+
+def unscoped_note(eng: EngineContext) -> str:
+    """The launch card's warning when runners get the bot's own storage keys (empty when they do not)."""
+    from bot.storage.credentials import Mode, choose
+
+    base = eng.settings.checkpoint_base_uri or ""
+    if not base.startswith("s3://") or choose(eng.settings)[0] is not Mode.static:
+        return ""
+    return (" Storage is not scoped per job (TUNEBOT_STORAGE_CREDENTIALS, docs/security.md): this job's host "
+            "holds keys to every job's data.")
 
 
 def candidate_offers(job: Job, *, avoid: str | set[str] | None = None) -> list[dict[str, Any]]:
@@ -389,6 +424,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     held: list[approval.Proposal] = []
     reasons: list[str] = []
     price_refused = False
+    issued: Issued | None = None
     for ranked in offers:
         provider = eng.providers.get(ranked["provider"])
         if provider is None:
@@ -437,7 +473,12 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                         EngineEventKind.failed, job_id, f"Job {job_id} failed: invalid job spec: {problem}"
                     )
             return False
-        env = runner_env(eng, spec)
+        if issued is None:
+            try:  # once per launch: the same scope whatever the offer
+                issued = storage_credentials(eng, spec)
+            except CredentialsError as exc:
+                return _no_credentials(eng, job_id, actor, str(exc))
+        env = runner_env(eng, spec, issued)
         hidden = [*instance_env.secret_values(env, spec), *eng.settings.secrets()]
         try:
             req = LaunchRequest(
@@ -465,7 +506,16 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             j = s.get(Job, job_id)
             assert j is not None
             row = record_instance(eng, s, j, inst, price, ranked)
-            s.execute(update(Job).where(Job.id == job_id).values(token_hash=token_hash(token)))
+            expiring = issued is not None and issued.expires_at is not None
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(
+                    token_hash=token_hash(token),
+                    credentials_issued_at=eng.now() if expiring else None,
+                    credentials_expire_at=issued.expires_at if expiring else None,  # type: ignore[union-attr]
+                )
+            )
             s.commit()
         return _commit_running(eng, job_id, claim_id, row, ranked, price)
     # Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
@@ -565,13 +615,27 @@ def _commit_running(
     eng.publish(
         kind,
         job_id,
-        f"Job {job_id} {what} {row.provider} {row.gpu or ''} at {money(row.price_per_hour)}/h.",
+        f"Job {job_id} {what} {row.provider} {row.gpu or ''} at {money(row.price_per_hour)}/h."
+        + unscoped_note(eng),
         provider=row.provider,
         gpu=row.gpu,
         price_per_hour=row.price_per_hour,
         instance_id=row.provider_instance_id,
     )
     return True
+
+
+def _no_credentials(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
+    """The store would not make this launch's storage credentials: nothing is rented; the job waits for the
+    next try (recovering) with the reason."""
+    message = f"launch failed: the runner's storage credentials could not be made: {problem}"[:1000]
+    with eng.session() as s:
+        S.transition(
+            s, job_id, S.LAUNCHING, S.RECOVERING, actor=actor, now=eng.now(), reason="storage credentials",
+            message=message,
+        )
+    log.warning("launch of %s: %s", job_id, message)
+    return False
 
 
 def spec_json_safe(spec: JobSpec) -> str:

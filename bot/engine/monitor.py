@@ -36,6 +36,7 @@ from bot.engine.launch import storage_root, token_hash
 from bot.providers.base import Instance, InstanceStatus, NotFoundError, ProviderError
 from runner.integrity import EVENT, verify
 from runner.spec import (
+    EXIT_CREDENTIALS,
     EXIT_OK,
     EXIT_PREEMPTED,
     EventKind,
@@ -58,9 +59,10 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
 
 log = logging.getLogger(__name__)
 
-# 75: the runner saved and exited on SIGTERM; 143/137: killed by SIGTERM/SIGKILL from outside (a reclaim
-# that came before the runner's handler was installed, or after its grace) - both worth a relaunch.
-PREEMPTED_EXIT_CODES = frozenset({EXIT_PREEMPTED, 128 + 15, 128 + 9})
+# 75: the runner saved and exited on SIGTERM; 77: it saved and exited before its storage credentials
+# expired (not renewed; a relaunch gets fresh ones); 143/137: killed by SIGTERM/SIGKILL from outside (a
+# reclaim that came before the runner's handler was installed, or after its grace) - all worth a relaunch.
+PREEMPTED_EXIT_CODES = frozenset({EXIT_PREEMPTED, EXIT_CREDENTIALS, 128 + 15, 128 + 9})
 TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value,
             EventKind.out_of_memory.value}
 MEASURED = {EventKind.finished.value, EventKind.plateau.value}  # runs whose metrics teach the planner

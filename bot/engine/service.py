@@ -52,6 +52,7 @@ from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 from bot.providers.base import Provider
 from bot.settings import Settings, get_settings
+from bot.storage.renewal import renew_due
 from store.db import make_engine, migrate, normalize_url
 from store.models import Job
 
@@ -350,6 +351,10 @@ class Engine:
         """One pass: launch/relaunch what is due, follow running jobs, caps, idle stops, spend, budgets."""
         n = supervise.tick(self.ctx)
         supervise.reap(self.ctx)
+        try:  # runners' storage credentials past half-life get fresh ones (bot/storage/renewal.py)
+            renew_due(self.ctx)
+        except Exception:  # noqa: BLE001 - the next tick tries again; runners have half a lifetime left
+            log.exception("renewing runners' storage credentials failed")
         last = self.ctx.memory.last_rollup
         if last is None or self.now() - last >= self.ctx.limits.rollup_every_s:
             self.roll_up_spend()

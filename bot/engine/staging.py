@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,13 +204,22 @@ def prepare(
         offers = checks(offers)
         remote = [o for o in offers if not shares_disk(providers.get(o.provider))]
     if remote:
+        # Where a host's credentials cannot read its inputs without also writing them (R2), each job gets
+        # copies of its own: no other job reads what this job's host could change.
+        private = inputs_writable(settings)
         if is_local(dataset):
-            dataset = stage_file(Path(dataset.removeprefix("file://")).expanduser(), root)
+            dataset = stage_file(Path(dataset.removeprefix("file://")).expanduser(), root, private=private)
             notes.append(f"dataset staged to {dataset}")
+        elif private and scheme(dataset) == "s3":
+            dataset = private_copy(dataset, root)
+            notes.append(f"dataset copied to {dataset} (this job's own copy)")
         local_model = Path(plan.base_model.removeprefix("file://")).expanduser()
         if is_local(plan.base_model) and local_model.is_dir():
-            base_model = stage_folder(local_model, root)
+            base_model = stage_folder(local_model, root, private=private)
             notes.append(f"model staged to {base_model}")
+        elif private and scheme(plan.base_model) == "s3":
+            base_model = private_copy(plan.base_model, root, folder=True)
+            notes.append(f"model copied to {base_model} (this job's own copy)")
     return PreparedJob(
         base_model=base_model, dataset_uri=dataset, dataset_format=fmt, offers=offers, notes=notes
     )
@@ -223,16 +233,45 @@ def _digest_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def stage_file(path: Path, root: str) -> str:
-    """Upload a file under ``<root>/inputs/<sha256 prefix>/<name>`` (skipped when already there)."""
+def inputs_writable(settings: Settings) -> bool:
+    """Runners' credentials on this store cannot read inputs without writing them (R2's temporary
+    credentials carry one permission): inputs are then staged per job (bot/storage/scope.py)."""
+    from bot.storage.credentials import Mode, choose
+
+    return choose(settings)[0] is Mode.r2
+
+
+def _private_dir() -> str:
+    return f"private-{uuid.uuid4().hex[:12]}"
+
+
+def private_copy(uri: str, root: str, *, folder: bool = False) -> str:
+    """A copy of an input already in the store, for one job only (a server-side copy)."""
+    import fsspec
+
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    target = f"{root.rstrip('/')}/inputs/{_private_dir()}/{name}"
+    try:
+        fs, src = fsspec.core.url_to_fs(uri)
+        _, dst = fsspec.core.url_to_fs(target)
+        fs.copy(src, dst, recursive=folder)
+    except Exception as exc:  # noqa: BLE001 - storage trouble of any kind: say where and why
+        raise EngineError(f"could not copy {uri} to {target}: {type(exc).__name__}: {exc}") from None
+    return target
+
+
+def stage_file(path: Path, root: str, *, private: bool = False) -> str:
+    """Upload a file under ``<root>/inputs/<sha256 prefix>/<name>`` (skipped when already there); ``private``:
+    under a folder of its own, always uploaded (one job's copy)."""
     import fsspec
 
     if not path.is_file():
         raise EngineError(f"dataset file {path} does not exist")
-    target = f"{root.rstrip('/')}/inputs/{_digest_file(path)[:16]}/{path.name}"
+    where = _private_dir() if private else _digest_file(path)[:16]
+    target = f"{root.rstrip('/')}/inputs/{where}/{path.name}"
     try:
         fs, remote = fsspec.core.url_to_fs(target)
-        if not (fs.exists(remote) and fs.size(remote) == path.stat().st_size):
+        if private or not (fs.exists(remote) and fs.size(remote) == path.stat().st_size):
             fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
             fs.put_file(str(path), remote)
     except Exception as exc:  # noqa: BLE001 - storage trouble of any kind: say where and why
@@ -269,9 +308,10 @@ def folder_files(folder: Path) -> list[Path]:
     return sorted(files)
 
 
-def stage_folder(folder: Path, root: str) -> str:
+def stage_folder(folder: Path, root: str, *, private: bool = False) -> str:
     """Upload a model folder under ``<root>/inputs/models/<name>-<digest>/`` (files already there of the
-    same size are skipped); the digest covers every file's name and content."""
+    same size are skipped); the digest covers every file's name and content. ``private``: under a folder
+    of its own (one job's copy)."""
     import fsspec
 
     files = folder_files(folder)
@@ -280,6 +320,8 @@ def stage_folder(folder: Path, root: str) -> str:
         h.update(p.relative_to(folder).as_posix().encode())
         h.update(_digest_file(p).encode())
     target = f"{root.rstrip('/')}/inputs/models/{folder.name}-{h.hexdigest()[:12]}"
+    if private:
+        target = f"{root.rstrip('/')}/inputs/{_private_dir()}/{folder.name}"
     try:
         fs, remote = fsspec.core.url_to_fs(target)
         for p in files:

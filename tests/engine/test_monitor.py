@@ -95,6 +95,7 @@ def test_plateau_stops_with_output(engine, fake):
     [
         (InstanceStatus.preempted, None),
         (InstanceStatus.exited, 75),
+        (InstanceStatus.exited, 77),  # storage credentials expiring, not renewed: relaunched with fresh ones
         (InstanceStatus.stopped, None),
         (InstanceStatus.terminated, None),
     ],
