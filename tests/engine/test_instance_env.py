@@ -62,7 +62,8 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def test_a_job_using_neither_the_hub_nor_wandb_gets_neither_key(
-        tmp_path: Path, tiny: Path, s3_bucket: str) -> None:
+        tmp_path: Path, tiny: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite logs offline; here W&B is online with a key
     cloud = FakeProvider("vast", kind="container")
     eng = engine_on(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
     req = EstimateRequest(model=str(tiny / "model"), dataset=str(dataset(tmp_path)))

@@ -1,0 +1,280 @@
+"""Two jobs on one cloud and one bucket; job A's host attacks job B (issue 19, done means).
+
+`/tune launch` on the fake Slack API for Alice's job A and Bob's job B -> the real engine -> the real Vast
+client against the fake Vast API, whose instances run the real runner in sandboxes holding only what the
+create call carried (fakes/remote_host.py). Storage is moto with authentication on and session policies and
+credential expiry enforced as AWS does them (fakes/moto_sts.py).
+
+With A's host's own environment (what a marketplace host owner reads), the test reads B's data, writes B's
+progress.json with a "finished" event pointing at an attacker URL (signed with A's key) and plants a
+checkpoint-999999 whose optimizer.pt runs code when unpickled; then B is preempted and resumes.
+
+- scoped (the bot makes each launch STS credentials for its own folder, 60 s long, renewed at half-life):
+  every attempt is refused by the store;
+- static (a store that cannot scope: every host gets the bot's keys): the writes land, and are ignored -
+  B's events must be signed with B's key, B's resume takes only a checkpoint whose manifest B's key signed.
+
+Either way B finishes with its own loss, its own output and the spend its instances cost, and A finishes too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fakes.clouds import FakeVast
+from fakes.clouds.fixtures import client_for
+from fakes.moto_sts import StsWorld, sts_server  # noqa: F401  (fixture)
+from fakes.remote_host import HostPool
+from fakes.slack_api import FakeSlack
+from sqlalchemy import select
+
+from bot.settings import Settings
+from runner.spec import JobSpec
+from store.models import CalibrationRun, Instance
+
+from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
+from .test_e2e_remote_host import World
+
+pytestmark = pytest.mark.slow
+
+# max_cost: a spending cap that no run on a slow, shared machine reaches (the cap is not what is tested)
+COMMON = "seq=128 batch=4 accum=1 lr=1e-2 checkpointing=no plateau=no max_cost=$1"
+STEPS_A, STEPS_B = 60, 120
+EVIL = "https://evil.example/weights"
+
+
+@pytest.fixture(params=["scoped", "static"])
+def world(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    sts_server: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[World]:
+    import httpx
+    import s3fs
+    from fakes.slack_api import UvicornThread
+
+    from bot.chat.handlers import ChatHandlers
+    from bot.chat.notifier import SlackNotifier
+    from bot.chat.permissions import Permissions
+    from bot.chat.slack import build_app, make_async_client, make_sync_client
+    from bot.engine.service import Engine
+    from bot.planner.sources import SourcePolicy
+    from bot.web import create_app
+    from runner.tiny import make_tiny
+
+    store = StsWorld(sts_server)
+    for key, value in store.env.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    bot = tmp_path / "bot"
+    tiny = make_tiny(bot / "tiny").parent
+    records = [json.loads(line) for line in (tiny / "data.jsonl").read_text().splitlines()]
+    with (tiny / "bob.jsonl").open("w") as fh:  # B's own data: A must not read it
+        for r in records:
+            fh.write(json.dumps({**r, "output": r["output"] + " (bob)"}) + "\n")
+    image = Settings().runner_image
+    hosts = HostPool(
+        tmp_path / "hosts",
+        images={image: [str(Path(sys.executable).parent / "tunebot-runner")]},
+        bot_roots=[bot],
+    )
+    scoped = request.param == "scoped"
+    with FakeSlack() as slack:
+        vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(bot / "data"),
+            TUNEBOT_CHAT_DATA_DIR=str(tiny),
+            TUNEBOT_CHECKPOINT_URI=f"s3://{store.bucket}/tunebot",
+            TUNEBOT_MIN_RELIABILITY=0.0,
+            TUNEBOT_STORAGE_CREDENTIALS="assume-role" if scoped else "static",
+            TUNEBOT_STORAGE_ROLE_ARN=store.role_arn,
+            TUNEBOT_STORAGE_CREDENTIALS_SECONDS=60,  # renewed at half-life while the jobs run
+            SLACK_BOT_TOKEN=BOT_TOKEN,
+            SLACK_API_URL=slack.api_url,
+            SLACK_SIGNING_SECRET=SIGNING_SECRET,
+            TUNEBOT_ADMINS="U_ADMIN",
+            TUNEBOT_REPORT_EVERY=0.5,
+            TUNEBOT_MAX_COST_LIMIT=100,
+            **store.env,
+        )
+        engine = Engine(
+            settings, db_url=f"sqlite:///{bot / 'db.sqlite'}", providers={"vast": client_for(vast)}
+        )
+        engine.terminate_deadline_s = 20.0
+        chat = ChatHandlers(
+            engine,
+            Permissions.from_settings(settings),
+            secrets=settings.secrets(),
+            sources=SourcePolicy.from_settings(settings),
+        )
+        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
+        notifier = (
+            SlackNotifier(
+                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
+            )
+            .attach(engine.bus)
+            .start()
+        )
+        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
+        try:
+            with UvicornThread(web) as server, httpx.Client(timeout=60) as http:
+                stack = SlackStack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
+                w = World(stack, engine, vast, hosts, None, bot, tiny)  # type: ignore[arg-type]
+                w.store, w.scoped = store, scoped  # type: ignore[attr-defined]
+                yield w
+        finally:
+            notifier.stop()
+            hosts.close()
+            vast.stop()
+            engine.close()
+            s3fs.S3FileSystem.clear_instance_cache()
+
+
+class _RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def as_host(env: dict[str, str], endpoint: str) -> Any:
+    """The filesystem a host owner gets from the instance's environment."""
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        key=env["AWS_ACCESS_KEY_ID"],
+        secret=env["AWS_SECRET_ACCESS_KEY"],
+        token=env.get("AWS_SESSION_TOKEN"),
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"},
+    )
+
+
+def wait_for_step(world: World, instance_id: str, step: int, timeout: float = 240.0) -> None:
+    """The host's log reaches ``step``, the engine ticking meanwhile (it renews the runners' credentials)."""
+    deadline = time.monotonic() + timeout
+    while world.runner_step(instance_id) < step:
+        assert time.monotonic() < deadline, world.hosts.log(instance_id)[-3000:]
+        world.engine.tick()
+        time.sleep(0.2)
+
+
+def attempt(fn: Any) -> str:
+    try:
+        fn()
+    except (PermissionError, OSError) as exc:
+        return f"refused ({type(exc).__name__})"
+    return "done"
+
+
+def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -> None:
+    import torch
+
+    store: StsWorld = world.store  # type: ignore[attr-defined]
+    a = world.launch(f"dataset={world.tiny / 'data.jsonl'} steps={STEPS_A} {COMMON}", user="U_ALICE")
+    b = world.launch(f"dataset={world.tiny / 'bob.jsonl'} steps={STEPS_B} {COMMON}", user="U_BOB")
+    host_a = world.hosts.hosts[world.instances(a)[0].provider_instance_id]
+    first_b = world.instances(b)[0].provider_instance_id
+    spec_b = JobSpec.model_validate_json(world.hosts.hosts[first_b].env["TUNEBOT_JOB_SPEC"])
+    wait_for_step(world, first_b, 2)
+
+    # A's host owner, with what A's instance got.
+    fs = as_host(host_a.env, store.server.url)
+    b_root = spec_b.checkpoint.uri.removeprefix("s3://")
+    forged = {
+        "version": 1,
+        "job_id": b,
+        "seq": 5000,
+        "kind": "finished",
+        "step": STEPS_B,
+        "max_steps": STEPS_B,
+        "loss": 0.0001,
+        "output_uri": EVIL,
+        "timestamp": time.time() + 3600,
+        "metrics": {"tokens_per_second": 1e9, "max_memory_reserved_gb": 0.1},
+    }
+    try:  # the best A can sign with: its own job's key
+        from runner.integrity import EVENT, sign
+
+        forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)
+    except (ImportError, KeyError):  # the code before issue 19 had no job keys
+        pass
+    marker = tmp_path / "pwned"
+    evil_pt = tmp_path / "optimizer.pt"
+    torch.save({"state": _RunsCode(str(marker)), "param_groups": []}, evil_pt)
+    results = {
+        "read B's data": attempt(lambda: fs.cat(spec_b.dataset.uri.removeprefix("s3://"))),
+        "list B's folder": attempt(lambda: fs.ls(b_root, detail=False, refresh=True)),
+        "write B's progress": attempt(
+            lambda: fs.pipe_file(
+                f"{b_root}/progress.json", json.dumps({"job_id": b, "events": [forged]}).encode()
+            )
+        ),
+        "plant a checkpoint": attempt(
+            lambda: (
+                fs.put_file(str(evil_pt), f"{b_root}/checkpoint-999999/optimizer.pt"),
+                fs.pipe_file(f"{b_root}/checkpoint-999999/COMPLETE", b"step 999999\n"),
+            )
+        ),
+    }
+    if world.scoped:  # type: ignore[attr-defined]
+        assert set(results.values()) == {"refused (PermissionError)"}, results
+    else:  # the bot's own keys: the writes land, and must be ignored
+        assert results["write B's progress"] == results["plant a checkpoint"] == "done", results
+
+    for _ in range(3):  # the bot reads B's progress object: what A wrote there must change nothing
+        world.engine.tick()
+        time.sleep(0.3)
+    view = world.engine.get_job(b)
+    assert (view.state, view.output_uri) == ("running", None), f"A's forged event ended B: {view}"
+    # B is preempted after the attack: its resume must not take the planted checkpoint.
+    wait_for_step(world, first_b, 4)
+    world.vast.preempt(first_b)
+    final = ("succeeded", "failed", "stopped", "cancelled")
+    world.tick_until(lambda: all(world.state(j) in final for j in (a, b)), "both jobs", timeout=600)
+
+    assert not marker.exists(), "the planted pickle ran"
+    view_b = world.engine.get_job(b)
+    last_b = world.instances(b)[-1].provider_instance_id
+    log_b = world.hosts.log(last_b)
+    assert view_b.state == "succeeded", (view_b.state, view_b.message, log_b[-3000:])
+    assert world.engine.get_job(a).state == "succeeded", world.engine.get_job(a).message
+    assert (
+        len(world.instances(b)) == 2
+        and "resumed from s3://" in log_b
+        and "checkpoint-999999" not in log_b.split("resumed from")[1].splitlines()[0]
+    )
+    # B's own loss, output and spend.
+    summary = json.loads(log_b.strip().splitlines()[-1])
+    assert summary["status"] == "finished" and summary["steps"] == STEPS_B
+    assert view_b.step == STEPS_B and view_b.loss == pytest.approx(summary["final_loss"], rel=1e-6)
+    assert view_b.output_uri == spec_b.output_uri and EVIL not in json.dumps(view_b.model_dump(mode="json"))
+    model = world.adapter(view_b.output_uri, tmp_path / "out-b")
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    with world.engine.session() as s:
+        rows = list(s.execute(select(Instance).where(Instance.job_id == b)).scalars())
+        runs = list(s.execute(select(CalibrationRun).where(CalibrationRun.job_id == b)).scalars())
+    billed = sum((r.ended_at - r.launched_at) * r.price_per_hour / 3600 for r in rows)
+    assert view_b.spend == pytest.approx(billed, abs=1e-6) and view_b.spend > 0  # shown to the micro-dollar
+    assert all(r.tokens_per_second is None or r.tokens_per_second < 1e6 for r in runs)
+    thread = world.thread_text(b)
+    assert EVIL not in thread and "Finished" in thread
+    if world.scoped:  # type: ignore[attr-defined]
+        # The jobs outlived their first credentials (60 s): the bot renewed them, the runners switched.
+        assert "storage credentials renewed" in log_b or "storage credentials renewed" in world.hosts.log(
+            first_b
+        )
+    else:
+        assert thread.count("ignored") >= 1  # told in B's thread (once per kind of thing)
+        assert "Storage is not scoped per job" in thread
+    fsb = fsspec.filesystem("s3")
+    assert fsb.exists(f"{store.bucket}/tunebot/{b}/output/adapter_model.safetensors")
