@@ -44,7 +44,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine_on(tmp_path: Path, provider: Any, **env: Any) -> Any:
     from bot.engine.service import Engine
 
-    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), HF_TOKEN=HF, WANDB_API_KEY=WANDB, **env)
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), HF_TOKEN=HF, WANDB_API_KEY=WANDB,
+                        TUNEBOT_HUB_NAMESPACES="acme", **env)
     return Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={provider.name: provider})
 
 

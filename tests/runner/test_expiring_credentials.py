@@ -45,6 +45,7 @@ def renewal(path: Path, *, job_id: str = "j1", expires_at: float, key: bytes = K
 def test_renewed_credentials_are_taken_from_half_life_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TUNEBOT_CREDENTIALS_EXPIRE_AT", "0")  # the switch rewrites it: restored afterwards
     for name, value in {
         "AWS_ACCESS_KEY_ID": "ASIAOLD",
         "AWS_SECRET_ACCESS_KEY": "old",
