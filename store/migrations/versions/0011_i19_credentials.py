@@ -4,8 +4,8 @@ A runner gets storage credentials scoped to its job and short-lived (bot/storage
 renews them at half-life while the job runs (bot/storage/renewal.py): it needs to know, per job, when the
 current ones were made and when they expire.
 
-Revision ID: 0010_i19
-Revises: 0009_i20
+Revision ID: 0011_i19
+Revises: 0010_i20
 Create Date: 2026-12-03 22:00:00
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010_i19"
-down_revision = "0009_i20"
+revision = "0011_i19"
+down_revision = "0010_i20"
 branch_labels = None
 depends_on = None
 
