@@ -225,7 +225,9 @@ def test_flash_attention_launches_when_the_image_has_it(tmp_path: Path, s3_bucke
     eng.close()
 
 
-def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(tmp_path: Path) -> None:
+def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite's offline default asks for less, and wins
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
     fake = FakeProvider("fake")
     eng = make_engine(tmp_path, fake, WANDB_API_KEY="wandb-secret-key-123456", WANDB_ENTITY="acme",

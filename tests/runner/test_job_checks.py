@@ -132,7 +132,10 @@ def test_wandb_runs_online_under_the_project_and_entity_and_the_run_link_is_repo
 
     fake = types.ModuleType("wandb")
     fake.init = lambda **kw: inits.append(kw) or Run()  # type: ignore[attr-defined]
+    fake.Settings = lambda **kw: kw  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite's offline default asks for less, and wins
+    monkeypatch.setattr("runner.wandb_log._unreachable", lambda url: None)  # this fake W&B answers
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1,
                       wandb={"mode": "online", "project": "tunebot", "entity": "acme", "run_id": "job-1"})
     summary, code = run(spec)
