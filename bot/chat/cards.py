@@ -322,9 +322,15 @@ def _checkpoint(o: RankedOffer) -> str:
 
 def _assumptions(estimate: Estimate, *, detailed: bool) -> list[Part]:
     """The assumptions and where the prices come from (all of them, under a heading, when detailed)."""
-    notes = [esc(a) for a in (estimate.assumptions if detailed else estimate.assumptions[:9])]
     when = estimate.prices_as_of.strftime("%Y-%m-%d") if estimate.prices_as_of else "unknown date"
-    notes.append(f"prices: {esc(estimate.prices_source)} as of {when}")
+    source = f"prices: {esc(estimate.prices_source)} as of {when}"
+    if detailed:
+        notes = [esc(a) for a in estimate.assumptions] + [source]
+    else:  # a Slack context holds 10 elements: the first planner notes, then every cloud's price source
+        prices = [a.removeprefix("prices: ") for a in estimate.assumptions if a.startswith("prices: ")]
+        others = [a for a in estimate.assumptions if not a.startswith("prices: ")]
+        notes = [esc(a) for a in others[:7]]
+        notes.append(esc(source + (" (" + "; ".join(prices) + ")" if prices else "")))
     return [Text("*Assumptions:*"), Context(notes)] if detailed else [Context(notes)]
 
 
