@@ -31,7 +31,6 @@ from bot.engine.jobstate import FINAL, JobState
 log = logging.getLogger(__name__)
 
 USER = "you"
-FINAL_STATES = FINAL
 # The tiny job's training settings are ordinary request options (priced, shown on the card, passed on);
 # only the cadence of checkpoints and reports is the demo's own: every few seconds instead of minutes.
 JOB_OPTIONS = (
@@ -196,7 +195,7 @@ class Demo:
         self.tick_until(
             lambda: (
                 self.runner_step(job_id) >= PREEMPT_AT_STEP
-                or self.engine.get_job(job_id).state in FINAL_STATES
+                or self.engine.get_job(job_id).state in FINAL
             ),
             f"step {PREEMPT_AT_STEP}",
         )
@@ -207,14 +206,14 @@ class Demo:
             self.tick_until(
                 lambda: (
                     self.seen(EngineEventKind.recovered, job_id) >= 1
-                    or self.engine.get_job(job_id).state in FINAL_STATES
+                    or self.engine.get_job(job_id).state in FINAL
                 ),
                 "the recovery",
             )
 
         self.step("6. The finish: adapter and cost")
         self.tick_until(
-            lambda: self.engine.get_job(job_id).state in FINAL_STATES, "the finish", timeout_s=120
+            lambda: self.engine.get_job(job_id).state in FINAL, "the finish", timeout_s=120
         )
         job = self.engine.get_job(job_id)
         session.run([f"status {job_id}", "spend today"])

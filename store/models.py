@@ -13,13 +13,6 @@ from typing import Any
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from bot.engine.jobstate import JobState
-
-# The job states live in bot/engine/jobstate.py (a module without imports, so the chat, the CLI and
-# this module share one definition).
-ACTIVE_STATES = (JobState.APPROVED, JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING)
-FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED)
-
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"

@@ -23,13 +23,12 @@ from bot.chat.replies import (
     Text,
 )
 from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
-from bot.engine.jobstate import OPEN, resumable
+from bot.engine.jobstate import ACTIVE, OPEN, resumable
 from bot.engine.results import how_to_load
 from bot.money import money
 from bot.planner.result import Estimate, RankedOffer
 from bot.planner.training import describe as describe_plan
 
-ACTIVE_STATES = OPEN  # the engine's one definition (bot/engine/jobstate.py)
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40
 MAX_VOLUME_ROWS = 40
@@ -406,7 +405,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
         ("Price", f"{money(job.price_per_hour)}/h" if job.price_per_hour is not None else "-"),
         ("Step", progress),
         ("Loss", f"{job.loss:.4f}" if job.loss is not None else "-"),
-        ("ETA", duration(job.eta_seconds) if job.state in ACTIVE_STATES else "-"),
+        ("ETA", duration(job.eta_seconds) if job.state in OPEN else "-"),
         ("Spend", spend),
         ("Preemptions", str(job.preemptions)),
     ]
@@ -448,7 +447,7 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
         reply.add(Context(hints))
     updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     reply.add(Context([f"updated {updated}"]))
-    if with_buttons and job.state in ACTIVE_STATES:
+    if with_buttons and job.state in OPEN:
         reply.add(
             Buttons(
                 [
@@ -479,7 +478,7 @@ def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
             fallback=f"Job {job_id} awaits approval to resume",
             kind="warning",
         )
-    if job.message and job.state not in ("approved", "launching", "running", "recovering"):
+    if job.message and job.state not in ACTIVE:
         return Reply(parts=[Text(esc(job.message))], fallback=esc(job.message))
     where = (f"from `{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})" if job.checkpoint_uri
              else "from the beginning (no checkpoint was saved)")

@@ -50,7 +50,7 @@ from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
 from bot.chat.slowwork import SlowWork
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.engine.ids import check_job_id
-from bot.engine.jobstate import JobState
+from bot.engine.jobstate import OPEN, JobState
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
@@ -480,7 +480,7 @@ class ChatHandlers:
         decision = self.permissions.can_stop(actor.user, job.owner)
         if not decision:
             raise PermissionDenied(decision.reason)
-        if job.state not in cards.ACTIVE_STATES:
+        if job.state not in OPEN:
             return text_reply(f"Job *{esc(job.job_id)}* is already {esc(job.state)}.")
         job = self.engine.stop(job_id, user=actor.user, reason="user")
         return text_reply(

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from bot.chat.replies import Reply
     from bot.engine.api import JobView
 
-FINAL_STATES = tuple(FINAL)
 VOLUME_HINT = "delete one with `tunebot volumes --delete ID --provider PROVIDER` (or --keep ID)"
 
 
@@ -126,11 +125,11 @@ def _warn_if_unwatched(engine: Any, view: JobView) -> None:
 def _follow(engine: Any, view: JobView, wait: bool) -> None:
     """With ``wait``: tick the engine and print each change until the job ends; then close the engine."""
     try:
-        while wait and view.state not in FINAL_STATES + (JobState.PENDING_APPROVAL,):
+        while wait and view.state not in FINAL | {JobState.PENDING_APPROVAL}:
             time.sleep(2.0)
             engine.tick()
             new = engine.get_job(view.job_id)
-            if new.state in FINAL_STATES:
+            if new.state in FINAL:
                 _print_job(new)
             elif (new.step, new.state) != (view.step, view.state):
                 _print_progress(new)

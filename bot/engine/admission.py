@@ -16,17 +16,16 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select, text, update
 
 from bot.engine import budgets as budgets_mod
-from bot.engine.jobstate import JobState
+from bot.engine.jobstate import ACTIVE, RENTING, JobState
 from store.models import Job
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from sqlmodel import Session
 
     from bot.engine.context import EngineContext
     from store.models import Job as JobRow
-
-RUNNING = (JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING)  # renting, or about to
-COUNTED_AT_CREATE = (JobState.APPROVED, *RUNNING)  # an approved job launches at once
 
 
 def lock_owner(session: Session, owner: str) -> None:
@@ -47,7 +46,7 @@ def lock_owner(session: Session, owner: str) -> None:
 
 
 def running_count(
-    session: Session, owner: str, states: tuple[str, ...], *, besides: str | None = None
+    session: Session, owner: str, states: Collection[str], *, besides: str | None = None
 ) -> int:
     q = select(func.count()).select_from(Job).where(Job.owner == owner, Job.state.in_(states))
     if besides is not None:
@@ -81,7 +80,8 @@ def check_running(ctx: EngineContext, session: Session, *, owner: str) -> None:
     """Raise when ``owner`` runs as many jobs as one person may (call under ``lock_owner``)."""
     from bot.engine.api import EngineError
 
-    decision = ctx.policy.can_run_another(owner, running_count(session, owner, COUNTED_AT_CREATE))
+    # An approved job launches at once: it counts as running already.
+    decision = ctx.policy.can_run_another(owner, running_count(session, owner, ACTIVE))
     if not decision:
         raise EngineError(decision.reason)
 
@@ -95,7 +95,7 @@ def launch_blocker(ctx: EngineContext, job: JobRow) -> tuple[str, str] | None:
         return "budget", refusal
     if job.state == JobState.APPROVED:
         with ctx.session() as s:
-            running = running_count(s, job.owner, RUNNING, besides=job.id)
+            running = running_count(s, job.owner, RENTING, besides=job.id)
         decision = ctx.policy.can_run_another(job.owner, running)
         if not decision:
             return "limit", f"waiting to launch: {decision.reason}"

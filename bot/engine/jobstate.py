@@ -28,6 +28,9 @@ FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobS
 # Not finished yet, awaiting approval included: what a person calls an active job (the chat's "your
 # active jobs", `tunebot jobs --active`, the Stop button).
 OPEN = frozenset(JobState) - FINAL
+# Renting a machine, or about to (approved excluded: it has not asked for one yet): what counts against
+# a person's running-job limit while a job launches.
+RENTING = ACTIVE - {JobState.APPROVED}
 
 
 def resumable(state: str, stop_reason: str | None) -> bool:

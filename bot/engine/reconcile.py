@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from bot.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
-ADOPTABLE = (S.LAUNCHING, S.RUNNING, S.RECOVERING, S.APPROVED)
 
 
 @dataclass
@@ -98,7 +97,7 @@ def reconcile(eng: EngineContext) -> ReconcileReport:
     for name, inst, state in plan.adopt:
         adopted = _adopt(eng, name, inst.job_id or "", inst)
         if adopted is None:  # ended, or has another instance by now: a stray or a duplicate
-            plan.strays.append((name, inst, "duplicate" if state in ADOPTABLE else "stray"))
+            plan.strays.append((name, inst, "duplicate" if state in S.ACTIVE else "stray"))
         elif adopted[1]:
             report.adopted.append(inst.instance_id)
     for row, why in plan.terminate:
@@ -166,11 +165,11 @@ def _plan_provider(
         if not inst.job_id:
             continue  # not labelled as ours: never touched
         others = open_by_job.get(inst.job_id, [])
-        if state in ADOPTABLE and not others:
+        if state in S.ACTIVE and not others:
             plan.adopt.append((name, inst, state))
             open_by_job[inst.job_id] = [_OpenRow(-1, name, inst.instance_id, inst.job_id, "", now, now, 0.0)]
             continue
-        why = "duplicate" if state in ADOPTABLE else "stray"
+        why = "duplicate" if state in S.ACTIVE else "stray"
         plan.strays.append((name, inst, why))
     for pid, row in by_pid.items():
         # A row committed after the listing started may simply not be listed yet.
@@ -228,7 +227,7 @@ def _adopt(eng: EngineContext, name: str, job_id: str, inst: Instance) -> tuple[
     """
     with eng.session() as s:
         j = S.lock_job(s, job_id)
-        if j is None or j.state not in ADOPTABLE:
+        if j is None or j.state not in S.ACTIVE:
             s.rollback()
             return None
         open_rows = list(

@@ -44,6 +44,8 @@ def test_awaiting_approval_is_active_for_people_everywhere(engine, fake):
 
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=100.0))
     assert [j.job_id for j in engine.list_jobs(user="alice", active_only=True)] == [job.job_id]
-    assert cards.ACTIVE_STATES == OPEN and JobState.PENDING_APPROVAL in OPEN
+    assert JobState.PENDING_APPROVAL in OPEN
+    card = cards.job_card(engine.get_job(job.job_id))  # the Stop button too, not only `jobs --active`
+    assert "stop_job" in str(card.parts)
     engine.stop(job.job_id, user="alice")
     assert engine.list_jobs(user="alice", active_only=True) == []
