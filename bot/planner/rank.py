@@ -35,8 +35,19 @@ HOURS_PER_MONTH = 730.0
 ON_DEMAND_MAX_INTERVAL_H = 2.0  # on-demand hosts fail too: checkpoint at least every 2 hours
 MIN_INTERVAL_H = 5.0 / 60
 VECTOR_MIN = 256  # from this many offers on, use numpy
-REJECTED_BY = {1: "memory", 2: "budget", 3: "class", 4: "gpu_count", 5: "gpu", 6: "unknown_gpu", 7: "disk"}
-REJECTION_ORDER = (1, 7, 2, 3, 4, 5, 6)  # which rejected offers are listed first (up to keep_rejected)
+# Why an offer is or is not eligible; the first that applies wins (rank_offers' categories).
+FITS, MEMORY, BUDGET, CLASS, GPU_COUNT, OTHER_GPU, UNKNOWN_GPU, DISK = range(8)
+REJECTED_BY = {
+    MEMORY: "memory",
+    BUDGET: "budget",
+    CLASS: "class",
+    GPU_COUNT: "gpu_count",
+    OTHER_GPU: "gpu",
+    UNKNOWN_GPU: "unknown_gpu",
+    DISK: "disk",
+}
+# which rejected offers are listed first (up to keep_rejected)
+REJECTION_ORDER = (MEMORY, DISK, BUDGET, CLASS, GPU_COUNT, OTHER_GPU, UNKNOWN_GPU)
 
 # What each label means, as a sort key over (expected total $, wall hours, interruptible, reliability):
 # the offer with the smallest key gets the label. Safest: on-demand first, then the most reliable host,
@@ -147,6 +158,11 @@ def _cost_range(total: float, egress: float, low_high: tuple[float, float]) -> l
     return [round(egress + (total - egress) * r, 4) for r in low_high]
 
 
+PairKey = tuple[str, int]  # (GPU type, GPU count)
+# (memory need per GPU, card memory, compute hours; None: an unknown GPU)
+Pair = tuple[float, float, float | None]
+
+
 def rank_offers(
     offers: Sequence[Offer],
     job: JobShape,
@@ -162,11 +178,29 @@ def rank_offers(
     n = len(offers)
     if n == 0:
         return [], 0, 0
-    # Per (gpu, count): memory need, card memory, compute hours.
     cols = _columns(offers)
     gpu_col, count_col, disk_col = cols.pop("gpu"), cols.pop("count"), cols.pop("disk")
     keys = list(zip(gpu_col, count_col, strict=True))
-    pairs: dict[tuple[str, int], tuple[float, float, float | None]] = {}
+    pairs = _pair_figures(offers, keys, job)
+    per = [pairs[k] for k in keys]
+    costs = _costs(job, cols, [p[2] if p[2] is not None else 0.0 for p in per])
+    pair_cat = {key: _pair_category(pair, key, job, gpus=gpus, gpu=gpu) for key, pair in pairs.items()}
+    category = _offer_categories(
+        [pair_cat[k] for k in keys], cols["spot"], disk_col, costs.total, job,
+        interruptible=interruptible, max_cost=max_cost,
+    )
+    fit_idx = sorted((i for i in range(n) if category[i] == FITS), key=costs.total.__getitem__)
+    labels = _labels(fit_idx, costs, cols["spot"], cols["rel"])
+    keep = fit_idx[:keep_fits]
+    keep += [i for i in labels if i not in set(keep)]
+    rejected = _rejections_shown(offers, category, per, keep_rejected)
+    table = _Table(offers, job, per, category, labels, costs, disk_col, gpus=gpus, gpu=gpu, max_cost=max_cost)
+    return [table.ranked(i) for i in keep + rejected], len(fit_idx), n - len(fit_idx)
+
+
+def _pair_figures(offers: Sequence[Offer], keys: list[PairKey], job: JobShape) -> dict[PairKey, Pair]:
+    """Memory need, card memory and compute hours once per (GPU type, count): they depend on nothing else."""
+    pairs: dict[PairKey, Pair] = {}
     mem_cache: dict[int, float] = {}
     for i, key in enumerate(keys):
         if key in pairs:
@@ -181,66 +215,95 @@ def rank_offers(
         device = known_device(g)
         cap = device.memory_gb if device and device.memory_gb else offers[i].gpu_memory_gb
         pairs[key] = (need, cap, job.hours(g, c) if device else None)
-    per = [pairs[k] for k in keys]
-    work = [p[2] if p[2] is not None else 0.0 for p in per]
+    return pairs
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """offer_costs' results for every offer: ``parts`` indexed by offer, total and wall as float lists."""
+
+    parts: dict[str, Any]
+    total: list[float]
+    wall: list[float]
+
+
+def _costs(job: JobShape, cols: dict[str, list], work: list[float]) -> _Costs:
+    """The cost formulas over all offers: on numpy arrays from VECTOR_MIN offers on, else on floats."""
+    n = len(work)
     if n >= VECTOR_MIN:
         import numpy as np
 
         arr = {k: np.asarray(v, dtype=bool if k == "spot" else float) for k, v in cols.items()}
         res = offer_costs(np, job, np.asarray(work), **arr)
         res = {k: np.broadcast_to(v, (n,)) for k, v in res.items()}  # indexed only for returned offers
-    else:
-        rows = [offer_costs(ScalarMath, job, work[i], **{k: v[i] for k, v in cols.items()}) for i in range(n)]
-        res = {k: [r[k] for r in rows] for k in rows[0]}
-    if n >= VECTOR_MIN:
-        total, wall = res["total"].tolist(), res["wall"].tolist()
-    else:
-        total, wall = res["total"], res["wall"]
+        return _Costs(res, res["total"].tolist(), res["wall"].tolist())
+    rows = [offer_costs(ScalarMath, job, work[i], **{k: v[i] for k, v in cols.items()}) for i in range(n)]
+    res = {k: [r[k] for r in rows] for k in rows[0]}
+    return _Costs(res, res["total"], res["wall"])
 
-    # Eligibility, with the first reason that applies.
-    # Category per (gpu, count) first (cheap), then per offer only for class and budget.
-    pair_cat: dict[tuple[str, int], int] = {}
-    for (g, c), (need, cap, hours) in pairs.items():
-        if hours is None:
-            pair_cat[(g, c)] = 6
-        elif gpu and g != gpu:
-            pair_cat[(g, c)] = 5
-        elif c != gpus:
-            pair_cat[(g, c)] = 4
-        elif need * job.memory_upper * (1.0 + SAFETY_MARGIN) > cap:
-            pair_cat[(g, c)] = 1
-        else:
-            pair_cat[(g, c)] = 0
-    # 0 fits; 1 memory; 2 budget; 3 class; 4 count; 5 gpu; 6 unknown; 7 disk
-    category = [pair_cat[k] for k in keys]
-    spot_col = cols["spot"]
+
+def _pair_category(pair: Pair, key: PairKey, job: JobShape, *, gpus: int, gpu: str | None) -> int:
+    """What rules out every offer of one (GPU type, count), or FITS (cheap: once per pair)."""
+    need, cap, hours = pair
+    g, c = key
+    if hours is None:
+        return UNKNOWN_GPU
+    if gpu and g != gpu:
+        return OTHER_GPU
+    if c != gpus:
+        return GPU_COUNT
+    if need * job.memory_upper * (1.0 + SAFETY_MARGIN) > cap:
+        return MEMORY
+    return FITS
+
+
+def _offer_categories(
+    category: list[int],
+    spot: list[bool],
+    disk: list[float | None],
+    total: list[float],
+    job: JobShape,
+    *,
+    interruptible: bool | None,
+    max_cost: float | None,
+) -> list[int]:
+    """The pairs' categories refined per offer: capacity class, then the host's disk, then the budget."""
     for i, cat in enumerate(category):
-        if cat == 0:
-            if interruptible is not None and spot_col[i] != interruptible:
-                category[i] = 3
-            elif disk_col[i] is not None and disk_col[i] < job.disk_gb:
-                category[i] = 7
+        if cat == FITS:
+            if interruptible is not None and spot[i] != interruptible:
+                category[i] = CLASS
+            elif disk[i] is not None and disk[i] < job.disk_gb:
+                category[i] = DISK
             elif max_cost is not None and total[i] > max_cost:
-                category[i] = 2
-    fit_idx = sorted((i for i in range(n) if category[i] == 0), key=total.__getitem__)
-    labels: dict[int, list[str]] = {}
-    if fit_idx:
-        rel_col = cols["rel"]
-        for name, sort_key in LABEL_KEYS.items():
-            best = min(fit_idx, key=lambda i: sort_key(total[i], wall[i], spot_col[i], rel_col[i]))
-            labels.setdefault(best, []).append(name)
-    keep = fit_idx[:keep_fits]
-    keep += [i for i in labels if i not in set(keep)]
+                category[i] = BUDGET
+    return category
 
-    rejected: list[int] = []
-    seen: set[tuple] = set()
+
+def _labels(fit_idx: list[int], costs: _Costs, spot: list[bool], rel: list[float]) -> dict[int, list[str]]:
+    """Offer index -> the labels (LABEL_KEYS) it wins among the fitting offers."""
+    labels: dict[int, list[str]] = {}
+    if not fit_idx:
+        return labels
+    for name, sort_key in LABEL_KEYS.items():
+        best = min(fit_idx, key=lambda i: sort_key(costs.total[i], costs.wall[i], spot[i], rel[i]))
+        labels.setdefault(best, []).append(name)
+    return labels
+
+
+def _rejections_shown(
+    offers: Sequence[Offer], category: list[int], per: list[Pair], keep_rejected: int
+) -> list[int]:
+    """Up to ``keep_rejected`` rejected offers, one per (provider, GPU, count, class), in REJECTION_ORDER;
+    memory rejections nearest miss first."""
     buckets: dict[int, list[int]] = {}
     for i, cat in enumerate(category):
         if cat:
             buckets.setdefault(cat, []).append(i)
-    if 1 in buckets:  # memory rejections: the nearest misses first
-        buckets[1].sort(key=lambda i: per[i][0] / per[i][1])
-    for cat in sorted(buckets, key=REJECTION_ORDER.index):  # the nearest misses first
+    if MEMORY in buckets:
+        buckets[MEMORY].sort(key=lambda i: per[i][0] / per[i][1])
+    rejected: list[int] = []
+    seen: set[tuple] = set()
+    for cat in sorted(buckets, key=REJECTION_ORDER.index):
         for i in buckets[cat]:
             o = offers[i]
             key = (o.provider, o.gpu, o.gpu_count, o.interruptible)
@@ -248,72 +311,84 @@ def rank_offers(
                 seen.add(key)
                 rejected.append(i)
                 if len(rejected) >= keep_rejected:
-                    break
-        if len(rejected) >= keep_rejected:
-            break
+                    return rejected
+    return rejected
 
-    def reason(i: int) -> str:
-        o, (need, cap, _) = offers[i], per[i]
-        cat = category[i]
-        if cat == 0:
-            lab = labels.get(i, [])
+
+@dataclass(frozen=True)
+class _Table:
+    """Everything the ranking worked out, by offer index: turned into RankedOffers only for those returned."""
+
+    offers: Sequence[Offer]
+    job: JobShape
+    per: list[Pair]
+    category: list[int]
+    labels: dict[int, list[str]]
+    costs: _Costs
+    disk: list[float | None]
+    gpus: int
+    gpu: str | None
+    max_cost: float | None
+
+    def ranked(self, i: int) -> RankedOffer:
+        o, (need, cap, _), res, job = self.offers[i], self.per[i], self.costs.parts, self.job
+        total, fits = self.costs.total[i], self.category[i] == FITS
+        return RankedOffer(
+            provider=o.provider,
+            offer_id=o.offer_id,
+            gpu=o.gpu,
+            gpu_count=o.gpu_count,
+            gpu_memory_gb=o.gpu_memory_gb,
+            interruptible=o.interruptible,
+            price_per_hour=o.price_per_hour,
+            hours=round(self.costs.wall[i], 4),
+            total_cost=round(total, 4),
+            compute_cost=round(float(res["compute"][i]), 4),
+            storage_cost=round(float(res["storage"][i]), 4),
+            egress_cost=round(float(res["egress"][i]), 4),
+            preemption_cost=round(float(res["preempt"][i]), 4),
+            total_cost_range=_cost_range(total, float(res["egress"][i]), job.hours_low_high),
+            memory_need_gb=[round(need * r, 2) for r in (job.memory_lower, job.memory_upper)],
+            memory_capacity_gb=round(cap, 2),
+            memory_tight=fits and need * job.memory_upper > TIGHT_SHARE * cap,
+            checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
+            max_disk_gb=self.disk[i],
+            fits=fits,
+            rejected_by=REJECTED_BY.get(self.category[i]),
+            reason=self.reason(i),
+            labels=self.labels.get(i, []) if fits else [],
+            reliability=o.reliability,
+            source=o.source,
+        )
+
+    def reason(self, i: int) -> str:
+        """Why offer ``i`` fits (and what it is recommended for) or the first rule that rejects it."""
+        o, (need, cap, _), job = self.offers[i], self.per[i], self.job
+        cat = self.category[i]
+        if cat == FITS:
+            lab = self.labels.get(i, [])
             text = ("recommended: " + ", ".join(lab)) if lab else "fits"
             text += f" ({need:.1f} of {cap:.1f} GB per GPU"
             text += f", up to {need * job.memory_upper:.1f})" if job.memory_upper > 1.0 else ")"
             if o.interruptible:
-                minutes = float(res["interval"][i]) * 60
+                minutes = float(self.costs.parts["interval"][i]) * 60
                 text += (
                     f"; checkpoint every {minutes:.0f} min against {o.preemptions_per_hour:.2f} preemptions/h"
                 )
             return text
-        if cat == 1:
+        if cat == MEMORY:
             upper = f", up to {need * job.memory_upper:.1f}" if job.memory_upper > 1.0 else ""
             margin = f"+{SAFETY_MARGIN:.0%} margin"
             return f"needs {need:.1f} GB per GPU{upper} ({margin}); {o.gpu} has {cap:.1f} GB"
-        if cat == 2:
-            return f"expected ${total[i]:.2f} is above the cost limit ${max_cost:.2f}"
-        if cat == 3:
-            return (
-                "interruptible" if o.interruptible else "on-demand"
-            ) + " (excluded by interruptible=yes|no)"
-        if cat == 4:
-            return f"{o.gpu_count} GPUs; the request is for {gpus} (use gpus={o.gpu_count})"
-        if cat == 5:
-            return f"not the requested GPU ({gpu})"
-        if cat == 7:
-            return f"needs {job.disk_gb:.0f} GB of disk; this host offers at most {disk_col[i]:.0f} GB"
+        if cat == BUDGET:
+            return f"expected ${self.costs.total[i]:.2f} is above the cost limit ${self.max_cost:.2f}"
+        if cat == CLASS:
+            kind = "interruptible" if o.interruptible else "on-demand"
+            return kind + " (excluded by interruptible=yes|no)"
+        if cat == GPU_COUNT:
+            return f"{o.gpu_count} GPUs; the request is for {self.gpus} (use gpus={o.gpu_count})"
+        if cat == OTHER_GPU:
+            return f"not the requested GPU ({self.gpu})"
+        if cat == DISK:
+            return f"needs {job.disk_gb:.0f} GB of disk; this host offers at most {self.disk[i]:.0f} GB"
         return f"unknown GPU type {o.gpu!r}: no speed figures"
-
-    out: list[RankedOffer] = []
-    for i in keep + rejected:
-        o = offers[i]
-        out.append(
-            RankedOffer(
-                provider=o.provider,
-                offer_id=o.offer_id,
-                gpu=o.gpu,
-                gpu_count=o.gpu_count,
-                gpu_memory_gb=o.gpu_memory_gb,
-                interruptible=o.interruptible,
-                price_per_hour=o.price_per_hour,
-                hours=round(wall[i], 4),
-                total_cost=round(total[i], 4),
-                compute_cost=round(float(res["compute"][i]), 4),
-                storage_cost=round(float(res["storage"][i]), 4),
-                egress_cost=round(float(res["egress"][i]), 4),
-                preemption_cost=round(float(res["preempt"][i]), 4),
-                total_cost_range=_cost_range(total[i], float(res["egress"][i]), job.hours_low_high),
-                memory_need_gb=[round(per[i][0] * r, 2) for r in (job.memory_lower, job.memory_upper)],
-                memory_capacity_gb=round(per[i][1], 2),
-                memory_tight=category[i] == 0 and per[i][0] * job.memory_upper > TIGHT_SHARE * per[i][1],
-                checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
-                max_disk_gb=disk_col[i],
-                fits=category[i] == 0,
-                rejected_by=REJECTED_BY.get(category[i]),
-                reason=reason(i),
-                labels=labels.get(i, []) if category[i] == 0 else [],
-                reliability=o.reliability,
-                source=o.source,
-            )
-        )
-    return out, len(fit_idx), n - len(fit_idx)
