@@ -9,20 +9,16 @@ class) with the runs behind it. Bad files exit 2 with the line that is wrong; no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 import typer
+
+from bot.commands.errors import fail
 
 calibrate_app = typer.Typer(
     name="calibrate",
     help="What finished runs measured, and how it moves the estimates.",
     no_args_is_help=True,
 )
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _engine():  # type: ignore[no-untyped-def]
@@ -41,11 +37,11 @@ def import_command(
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"cannot read {file}: {exc}")
+        fail(f"cannot read {file}: {exc}")
     try:
         measurements = parse_import(text, file.name)
     except CalibrationImportError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     eng = _engine()
     try:
         added = add(eng, measurements)

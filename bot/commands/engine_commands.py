@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from bot.commands.errors import fail
 from bot.engine.jobstate import ACTIVE, FINAL, JobState
 
 if TYPE_CHECKING:
@@ -24,18 +25,13 @@ if TYPE_CHECKING:
 VOLUME_HINT = "delete one with `tunebot volumes --delete ID --provider PROVIDER` (or --keep ID)"
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _engine():  # type: ignore[no-untyped-def]
     from bot.engine.service import Engine
 
     try:
         return Engine()
     except Exception as exc:  # noqa: BLE001 - a bad DATABASE_URL or unreachable database
-        _fail(f"cannot open the job database: {type(exc).__name__}: {exc}")
+        fail(f"cannot open the job database: {type(exc).__name__}: {exc}")
 
 
 def _user(user: str | None) -> str:
@@ -95,7 +91,7 @@ def _create(req: Any, *, choice: str, user: str | None, team: str | None, key: s
     from bot.planner.errors import PlanningError
 
     if not req.dataset:
-        _fail("a dataset is needed to launch: --dataset PATH or dataset=PATH (a jsonl file or URI)")
+        fail("a dataset is needed to launch: --dataset PATH or dataset=PATH (a jsonl file or URI)")
     engine = engine or _engine()
     try:
         view = engine.create_job(
@@ -103,7 +99,7 @@ def _create(req: Any, *, choice: str, user: str | None, team: str | None, key: s
         )
     except (EngineError, PlanningError) as exc:
         engine.close()
-        _fail(str(exc))
+        fail(str(exc))
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
@@ -159,13 +155,13 @@ def resume_command(
         try:
             cap = parse_money(max_cost)
         except ValueError as exc:
-            _fail(f"max_cost (--max-cost): {exc}")
+            fail(f"max_cost (--max-cost): {exc}")
     engine = _engine()
     try:
         view = engine.resume(job_id, user=_user(user), max_cost=cap)
     except EngineError as exc:
         engine.close()
-        _fail(str(exc))
+        fail(str(exc))
     from bot.chat.cards import resumed_reply
 
     _show(resumed_reply(view, approval_above=engine.permissions.approval_above))
@@ -196,7 +192,7 @@ def _clone(
         req = engine.clone_request(job_id, changes)
     except EngineError as exc:
         engine.close()
-        _fail(str(exc))
+        fail(str(exc))
     _create(req, choice=choice, user=user, team=team, key=key, wait=wait, engine=engine)
 
 
@@ -258,7 +254,7 @@ def jobs_command(
         if running and engine.follow(running):  # a runner reported its end: the job is ended (terminated)
             views = [engine.get_job(v.job_id) if v.job_id in running else v for v in views]
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         engine.close()
     if as_json:
@@ -286,7 +282,7 @@ def approve_command(
         _print_job(view)
         _warn_if_unwatched(engine, view)
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         engine.close()
 
@@ -299,7 +295,7 @@ def stop_command(job_id: str = typer.Argument(...), user: str | None = typer.Opt
     try:
         _print_job(engine.stop(job_id, user=_user(user)))
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         engine.close()
 
@@ -311,7 +307,7 @@ def spend_command(
 ) -> None:
     """Spend by user, provider and job, from the prices locked at launch."""
     if period not in ("today", "week", "month"):
-        _fail(f"unknown period {period!r}: use today, week or month")
+        fail(f"unknown period {period!r}: use today, week or month")
     engine = _engine()
     try:
         report = engine.spend(period, user=user)  # type: ignore[arg-type]
@@ -365,7 +361,7 @@ def volumes_command(
     from bot.engine.api import EngineError
 
     if (delete or keep) and not provider:
-        _fail("--provider is needed with --delete or --keep")
+        fail("--provider is needed with --delete or --keep")
     engine = _engine()
     try:
         if delete:
@@ -381,7 +377,7 @@ def volumes_command(
             return
         views = engine.volumes()
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         engine.close()
     from bot.chat.cards import volumes_reply

@@ -9,18 +9,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import typer
+
+from bot.commands.errors import fail
 
 if TYPE_CHECKING:
     from bot.planner.offer import Offer
     from bot.planner.result import Estimate
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _estimate(
@@ -40,9 +37,9 @@ def _estimate(
 
     request = build_request(model, pairs)
     if request.dataset is not None and request.tokens is not None:
-        _fail("give either a dataset (--dataset, dataset=) or tokens (--tokens, tokens=), not both")
+        fail("give either a dataset (--dataset, dataset=) or tokens (--tokens, tokens=), not both")
     if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
-        _fail(f"dataset file {request.dataset} does not exist")
+        fail(f"dataset file {request.dataset} does not exist")
     settings = get_settings()
     calibration = None
     if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
@@ -67,7 +64,7 @@ def _estimate(
         else:  # the card says "prices: snapshot as of <date>"
             result = estimate(request, calibration=calibration)
     except PlanningError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
@@ -116,13 +113,13 @@ def gpus_command(
         try:
             name = lookup_gpu(gpu).name
         except PlanningError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     notes: list[str] = []
     if live:
         try:
             from bot.providers.catalog import live_catalog
         except ImportError:
-            _fail("live prices are not available in this installation (bot.providers.catalog missing)")
+            fail("live prices are not available in this installation (bot.providers.catalog missing)")
         from bot.providers.registry import configured_clouds
         from bot.settings import get_settings
 

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
+from bot.commands.errors import fail
 from bot.planner.options import OPTIONS, Option
 
 _PREFIX = "opt_"  # request options' parameter names (never clash with a command's own parameters)
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _parameter(option: Option) -> inspect.Parameter:
@@ -76,7 +72,7 @@ def request_command(
         words = kwargs.pop("words", None) or []
         for word in words:
             if "=" not in word:
-                _fail(f"`{word}` is not a key=value option (options: --help)")
+                fail(f"`{word}` is not a key=value option (options: --help)")
             key, _, raw = word.partition("=")
             pairs.append((key, raw))
         body(kwargs.pop(first[0]), pairs, **kwargs)
@@ -94,14 +90,14 @@ def parse_pairs(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     try:
         values = options.parse_values(pairs)
     except options.OptionError as exc:
-        _fail(_cli_message(exc.key, exc.message))
+        fail(_cli_message(exc.key, exc.message))
     if values.get("dataset") is not None:
         from bot.planner.sources import SourceError, check_source
 
         try:  # the operator may name any path, but not one no file system takes (NUL, over-long names)
             check_source(values["dataset"], "dataset", None)
         except SourceError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     return values
 
 
@@ -118,11 +114,11 @@ def build_request(model: str, pairs: list[tuple[str, str]]) -> Any:
     try:
         check_source(model, "model", None)
     except SourceError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         return EstimateRequest(model=model, **values)
     except ValidationError as exc:
-        _fail("; ".join(_cli_message(key, msg) for key, msg in options.validation_problems(exc)))
+        fail("; ".join(_cli_message(key, msg) for key, msg in options.validation_problems(exc)))
 
 
 def _cli_message(key: str, message: str) -> str:
