@@ -522,16 +522,16 @@ class ChatHandlers:
         raise EngineError(f"unknown volume action {action[:40]!r}")
 
     def _gpus(self, gpu: str | None) -> Reply:
-        """Cheapest offers per GPU: live from the engine where it offers that, else the dated snapshot."""
-        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+        """Cheapest offers per GPU from the engine's price list: live where a cloud's key is set, else the
+        dated snapshot, with each cloud's price source under the table."""
         from bot.planner.gpus import gpu as lookup_gpu
 
         name = lookup_gpu(gpu).name if gpu else None  # PlanningError for unknown names: a friendly reply
-        offers_fn = getattr(self.engine, "offers", None)
-        if callable(offers_fn):
-            offers, source = list(offers_fn(name)), "live"
-        else:
-            offers, source = snapshot_offers(), f"snapshot as of {snapshot_as_of():%Y-%m-%d}"
+        prices = self.engine.price_list(name)
+        offers = list(prices.offers)
+        stamp = "%Y-%m-%d" if prices.source == "snapshot" else "%Y-%m-%d %H:%M UTC"
+        when = f" as of {prices.as_of:{stamp}}" if prices.as_of else ""
+        source = f"{prices.source}{when}"
         if name:
             offers = [o for o in offers if o.gpu == name]
         offers.sort(key=lambda o: (o.price_per_hour / o.gpu_count, o.gpu))
@@ -558,6 +558,8 @@ class ChatHandlers:
         reply.add(Table(["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"], rows, title=title))
         if len(offers) > len(shown):
             reply.add(Context([f"{len(offers) - len(shown)} more offers; `gpus GPU` narrows the list"]))
+        if prices.notes:  # one element: a Slack context holds 10, and a fifth cloud adds a note
+            reply.add(Context(["prices: " + esc("; ".join(prices.notes))]))
         return reply
 
     def _home(self, user: str) -> Reply:

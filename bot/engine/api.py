@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 
@@ -194,8 +195,20 @@ class WeeklyReport(BaseModel):
     budgets: list[BudgetView] = Field(default_factory=list)
 
 
+class PriceList(BaseModel):
+    """Every cloud's GPU offers as `/tune gpus` and `tunebot gpus` show them: live where a key is set and the
+    cloud answered in time, else its dated snapshot, with a note per cloud saying which (engine/offers.py)."""
+
+    offers: list[Offer]
+    notes: list[str] = Field(default_factory=list)
+    source: str = "snapshot"  # "live" | "snapshot" | "mixed"
+    as_of: datetime | None = None
+
+
 class EngineAPI(Protocol):
     def estimate(self, request: EstimateRequest) -> Estimate: ...
+
+    def price_list(self, gpu: str | None = None) -> PriceList: ...
 
     def create_job(
         self,

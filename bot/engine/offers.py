@@ -17,9 +17,11 @@ from bot.planner.result import Estimate, RankedOffer
 from bot.providers.registry import key_env
 
 if TYPE_CHECKING:
+    from bot.engine.api import PriceList
     from bot.planner.calibration import Calibration
     from bot.planner.request import EstimateRequest
     from bot.providers.base import Provider
+    from bot.providers.catalog import LiveCatalog
     from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,27 @@ def for_this_engine(
     return estimate.model_copy(update={"offers": offers, "assumptions": assumptions})
 
 
+def price_list(
+    settings: Settings, providers: Mapping[str, Provider], *, gpu: str | None = None
+) -> PriceList:
+    """Every cloud's offers from the same source as ``priced_estimate``: live from the clouds configured here
+    (within TUNEBOT_CATALOG_DEADLINE), every other cloud from its dated snapshot with a note saying so."""
+    from bot.engine.api import PriceList
+    from bot.providers.catalog import live_catalog
+
+    clouds = {n: p for n, p in providers.items() if n != "local"}
+    catalog = live_catalog(settings, gpu=gpu, providers=clouds)
+    return PriceList(
+        offers=list(catalog.offers), notes=_price_notes(catalog), source=catalog.source, as_of=catalog.as_of
+    )
+
+
+def _price_notes(catalog: LiveCatalog) -> list[str]:
+    """Where each cloud's prices come from ("vast: live prices as of ...", "runpod: no RUNPOD_API_KEY")."""
+    when = f" as of {catalog.as_of:%Y-%m-%d %H:%M} UTC" if catalog.as_of else ""
+    return [f"{name}: live prices{when}" for name in catalog.live_providers] + catalog.notes
+
+
 def priced_estimate(
     settings: Settings,
     providers: Mapping[str, Provider],
@@ -110,6 +133,4 @@ def priced_estimate(
     est = plan(
         request, offers=offers, prices_source=source, prices_as_of=catalog.as_of, calibration=calibration
     )
-    when = f" as of {catalog.as_of:%Y-%m-%d %H:%M} UTC" if catalog.as_of else ""
-    live = [f"{name}: live prices{when}" for name in catalog.live_providers]
-    return for_this_engine(est, providers, live + catalog.notes, local_max_hours=settings.local_max_hours)
+    return for_this_engine(est, providers, _price_notes(catalog), local_max_hours=settings.local_max_hours)

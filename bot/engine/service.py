@@ -36,6 +36,7 @@ from bot.engine.api import (
     EngineError,
     JobSeries,
     JobView,
+    PriceList,
     SpendReport,
     VolumeView,
     WeeklyReport,
@@ -165,6 +166,10 @@ class Engine:
         return offers_mod.priced_estimate(
             self.settings, self.providers, request, calibration=calibration_for(self.ctx)
         )
+
+    def price_list(self, gpu: str | None = None) -> PriceList:
+        """`/tune gpus`: every cloud's offers, live where this engine holds its key (engine/offers.py)."""
+        return offers_mod.price_list(self.settings, self.providers, gpu=gpu)
 
     def create_job(
         self,

@@ -14,6 +14,7 @@ from bot.engine.api import (
     JobSeries,
     JobView,
     PermissionDenied,
+    PriceList,
     SpendLine,
     SpendPace,
     SpendReport,
@@ -30,6 +31,7 @@ from bot.planner.result import (
     SpeedEstimate,
     TimeEstimate,
 )
+from bot.settings import Settings
 
 LEAKY_SECRET = "xoxb-SECRET-IN-EXCEPTION"
 
@@ -144,6 +146,12 @@ class FakeEngine:
         if request.model == "explode":
             raise RuntimeError(f"internal failure with {LEAKY_SECRET}")
         return make_estimate(request.model, request.method, self.n_offers)
+
+    def price_list(self, gpu: str | None = None) -> PriceList:
+        """No cloud configured: every cloud's dated snapshot, each with its note (like the Engine keyless)."""
+        from bot.engine.offers import price_list
+
+        return price_list(Settings(), {}, gpu=gpu)
 
     def create_job(
         self,

@@ -126,9 +126,8 @@ def test_spend_volumes_jobs_status_help(engine: FakeEngine) -> None:
     assert "none" in flat(h.handle_text("jobs", ALICE))
     assert "no job j9" in flat(h.handle_text("status j9", ALICE))
     assert "/tune estimate MODEL" in flat(h.handle_text("help", ALICE))
-    assert "rtx-4090" in flat(h.handle_text("gpus", ALICE)) and "snapshot as of" in flat(
-        h.handle_text("gpus", ALICE)
-    )
+    gpus = flat(h.handle_text("gpus", ALICE))  # no cloud key in the fake engine: the dated snapshot, said so
+    assert "rtx-4090" in gpus and "snapshot as of" in gpus and "vast: no VAST_API_KEY" in gpus
     assert "h100-80gb" in flat(h.handle_text("gpus H100", ALICE))
     assert ":warning:" in flat(h.handle_text("gpus banana", ALICE))
 
