@@ -20,7 +20,14 @@ from bot.engine.api import Dashboard, SpendPace
 from bot.engine.context import EngineContext
 from bot.engine.permissions import Permissions
 from bot.engine.reports import volume_view
-from bot.engine.spend import DAY, MONTH_SECONDS, day_start, job_spend, period_bounds, roll_up_recent
+from bot.engine.spend import (
+    DAY,
+    day_start,
+    job_spend,
+    period_bounds,
+    roll_up_recent,
+    storage_rate_per_hour,
+)
 from bot.engine.views import job_view, ts
 from store.models import Budget, Instance, Job, SpendEntry, VolumeRecord
 
@@ -77,7 +84,7 @@ def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
                 hourly["team"][team] += float(price or 0.0)
         volumes = list(s.execute(select(VolumeRecord).where(VolumeRecord.deleted_at.is_(None))).scalars())
         for v in volumes:
-            per_hour = v.size_gb * v.price_per_gb_month / (MONTH_SECONDS / 3600)
+            per_hour = storage_rate_per_hour(v.size_gb, v.price_per_gb_month)
             if v.owner:
                 hourly["user"][v.owner] += per_hour
         budgets = {(b.scope, b.name): b.monthly for b in s.execute(select(Budget)).scalars()}

@@ -8,13 +8,14 @@ each roll-up rewrites the lines it covers (idempotent: running it twice changes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import or_, select, true
 from sqlmodel import Session
 
+from bot.engine.jobstate import ACTIVE
 from store.models import Instance, Job, SpendEntry, VolumeRecord
 
 if TYPE_CHECKING:
@@ -24,13 +25,32 @@ DAY = 86400.0
 MONTH_SECONDS = 30 * DAY  # storage is priced per GB-month; a month is 30 days here
 
 
-def billed_seconds(inst: Instance, now: float) -> float:
+class Billed(Protocol):
+    """What spend needs of an instance row (an ORM row or a plain query row)."""
+
+    launched_at: float
+    ended_at: float | None
+    price_per_hour: float
+
+
+def cost(start: float, end: float | None, price_per_hour: float, now: float) -> float:
+    """The one spend formula: seconds billed from ``start`` until ``end`` (until ``now`` while it lasts)
+    at the price locked at launch. The job's spend, the cap check, the views and every ledger line use it."""
+    return max(0.0, (end if end is not None else now) - start) * price_per_hour / 3600.0
+
+
+def storage_rate_per_hour(size_gb: float, price_per_gb_month: float) -> float:
+    """A volume's price per hour, billed like an instance (a month is 30 days here)."""
+    return size_gb * price_per_gb_month / (MONTH_SECONDS / 3600.0)
+
+
+def billed_seconds(inst: Billed, now: float) -> float:
     end = inst.ended_at if inst.ended_at is not None else now
     return max(0.0, end - inst.launched_at)
 
 
-def instance_cost(inst: Instance, now: float) -> float:
-    return billed_seconds(inst, now) * inst.price_per_hour / 3600.0
+def instance_cost(inst: Billed, now: float) -> float:
+    return cost(inst.launched_at, inst.ended_at, inst.price_per_hour, now)
 
 
 def job_instances(session: Session, job_id: str) -> list[Instance]:
@@ -47,6 +67,29 @@ def job_spend(session: Session, job_id: str, now: float, rows: list[Instance] | 
     ``rows``: the job's instances just read by the caller (job_instances), not read again."""
     rows = job_instances(session, job_id) if rows is None else rows
     return sum(instance_cost(r, now) for r in rows)
+
+
+def jobs_spend(
+    session: Session, job_ids: Collection[str], now: float, open_rows: Mapping[str, Sequence[Billed]]
+) -> dict[str, float]:
+    """Several jobs' spend at once, as job_spend computes each (the tick's cap check). ``open_rows``: the
+    jobs' open instances the caller already holds; their ended ones are read here in one query (for many
+    jobs, those of every active job, filtered here, instead of thousands of IN-list parameters)."""
+    q = select(Instance.job_id, Instance.launched_at, Instance.ended_at, Instance.price_per_hour).where(
+        Instance.ended_at.is_not(None)
+    )
+    if len(job_ids) > 500:
+        q = q.join(Job, Job.id == Instance.job_id).where(Job.state.in_(sorted(ACTIVE)))
+    else:
+        q = q.where(Instance.job_id.in_(sorted(job_ids)))
+    wanted = set(job_ids)
+    out = dict.fromkeys(job_ids, 0.0)
+    for r in session.execute(q).all():
+        if r.job_id in wanted:
+            out[r.job_id] += instance_cost(r, now)
+    for jid in job_ids:
+        out[jid] += sum(instance_cost(r, now) for r in open_rows.get(jid, ()))
+    return out
 
 
 def day_start(ts: float) -> float:
@@ -69,13 +112,13 @@ def period_bounds(period: str, now: float) -> tuple[float, float]:
     return start.timestamp(), now
 
 
-def _split_by_day(start: float, end: float) -> Iterable[tuple[float, float]]:
-    """(day_start, seconds) pieces of [start, end)."""
+def _split_by_day(start: float, end: float) -> Iterable[tuple[float, float, float]]:
+    """(day_start, piece start, piece end) pieces of [start, end)."""
     t = start
     while t < end:
         d0 = day_start(t)
         piece_end = min(end, d0 + DAY)
-        yield d0, piece_end - t
+        yield d0, t, piece_end
         t = piece_end
 
 
@@ -229,7 +272,7 @@ def roll_up(
             if first_day is None or (rolled is not None and source not in rolled)
             else max(start, first_day)
         )
-        for d0, secs in _split_by_day(lo, end):
+        for d0, t0, t1 in _split_by_day(lo, end):
             wanted[(source, d0)] = {
                 "source": source,
                 "kind": kind,
@@ -238,9 +281,9 @@ def roll_up(
                 "team": who.get("team"),
                 "provider": who.get("provider"),
                 "period_start": d0,
-                "seconds": secs,
+                "seconds": t1 - t0,
                 "rate_per_hour": rate_h,
-                "amount": secs * rate_h / 3600.0,
+                "amount": cost(t0, t1, rate_h, now),
                 "updated_at": now,
             }
 
@@ -259,7 +302,7 @@ def roll_up(
         )
     for v in vols:
         end = v.deleted_at if v.deleted_at is not None else now
-        rate_h = v.size_gb * v.price_per_gb_month / (MONTH_SECONDS / 3600.0)
+        rate_h = storage_rate_per_hour(v.size_gb, v.price_per_gb_month)
         add(
             f"volume:{v.provider}:{v.volume_id}",
             "storage",

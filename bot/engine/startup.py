@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.finish import finish, terminate_instance
 from bot.engine.recovery import relaunch
+from bot.engine.spend import instance_cost
 from bot.money import money
 from store.models import Instance as InstanceRow
 from store.models import Job
@@ -42,18 +43,16 @@ def start_failed(eng: EngineContext, job_id: str, row: InstanceRow | None, *, wh
         if not terminate_instance(eng, row, reason=START_TIMEOUT, actor="monitor"):
             return  # not confirmed gone: the next tick tries again (never two instances for one job)
     with eng.session() as s:
-        failed, paid = s.execute(
-            select(
-                func.count(InstanceRow.id),
-                func.sum(
-                    (InstanceRow.ended_at - InstanceRow.launched_at) * InstanceRow.price_per_hour / 3600.0
-                ),
-            ).where(InstanceRow.job_id == job_id, InstanceRow.end_reason == START_TIMEOUT)
-        ).one()
+        waits = s.execute(
+            select(InstanceRow.launched_at, InstanceRow.ended_at, InstanceRow.price_per_hour).where(
+                InstanceRow.job_id == job_id, InstanceRow.end_reason == START_TIMEOUT
+            )
+        ).all()
+    failed, paid = len(waits), sum(instance_cost(w, eng.now()) for w in waits)
     where = f"{row.provider} {row.gpu or ''}".strip() if row is not None else "its host"
     if failed > MAX_START_RETRIES:
         message = (
-            f"{why} on {failed} hosts ({money(float(paid or 0.0))} paid for the wait), so it was stopped "
+            f"{why} on {failed} hosts ({money(paid)} paid for the wait), so it was stopped "
             "instead of retried: check that hosts can pull TUNEBOT_RUNNER_IMAGE and download the model "
             "(HF_TOKEN), and the runner's log on the provider's console"
         )

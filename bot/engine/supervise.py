@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from bot.engine import finish as finish_mod
 from bot.engine import jobs, monitor, startup
@@ -24,6 +24,7 @@ from bot.engine import states as S
 from bot.engine.context import EngineContext
 from bot.engine.launch import launch_job, reclaim_stale
 from bot.engine.recovery import mark_preempted, relaunch
+from bot.engine.spend import jobs_spend
 from bot.engine.states import JobState
 from runner.spec import EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
@@ -390,26 +391,9 @@ def _open_rows(ctx: EngineContext, job_ids: list[str]) -> dict[str, list[Any]]:
 
 
 def _spent(ctx: EngineContext, job_ids: list[str], open_rows: dict[str, list[Any]]) -> dict[str, float]:
-    """Each job's spend so far: its ended instances summed in SQL, its open ones billed until now."""
-    now = ctx.now()
-    cost = func.sum((InstanceRow.ended_at - InstanceRow.launched_at) * InstanceRow.price_per_hour / 3600.0)
-    q = select(InstanceRow.job_id, cost).where(InstanceRow.ended_at.is_not(None)).group_by(InstanceRow.job_id)
-    if len(job_ids) > 500:  # all running jobs: a join instead of thousands of IN-list parameters
-        q = q.join(Job, Job.id == InstanceRow.job_id).where(Job.state == JobState.RUNNING)
-        wanted = set(job_ids)
-    else:
-        q = q.where(InstanceRow.job_id.in_(job_ids))
-        wanted = None
+    """Each job's spend so far, for the cap check: spend.jobs_spend, the formula of the job's view."""
     with ctx.session() as s:
-        out = {
-            jid: max(0.0, float(v or 0.0)) for jid, v in s.execute(q).all() if wanted is None or jid in wanted
-        }
-    for jid in job_ids:
-        spent = out.get(jid, 0.0)
-        for r in open_rows.get(jid, ()):
-            spent += max(0.0, now - r.launched_at) * r.price_per_hour / 3600.0
-        out[jid] = spent
-    return out
+        return jobs_spend(s, job_ids, ctx.now(), open_rows)
 
 
 def follow(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:

@@ -56,6 +56,42 @@ def test_job_spend_is_sum_of_instances_at_locked_prices(engine, fake, clock):
     assert report.by_job[0].key == job.job_id
 
 
+@pytest.mark.parametrize("other_jobs", [0, 600], ids=["few-jobs", "many-jobs"])
+def test_cap_check_views_and_ledger_agree_on_a_job_with_several_instances(engine, fake, clock, other_jobs):
+    """Two preemptions at three locked prices, the third instance still running: the tick's cap check
+    (for a few jobs and for hundreds, read differently), the job's view and the ledger say one spend."""
+    from bot.engine import supervise
+    from bot.providers.base import InstanceStatus
+
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=50.0)
+    for price in (1.08, 1.04):
+        clock.advance(1000)
+        fake.set_status(fake.live()[0].instance_id, InstanceStatus.preempted)
+        fake.price, fake.live_price = price, None  # the relaunch locks the new price
+        engine.tick()
+    clock.advance(700)
+    with engine.session() as s:
+        q = select(Instance).where(Instance.job_id == job.job_id).order_by(Instance.id)
+        rows = s.execute(q).scalars().all()
+    assert [(r.price_per_hour, r.ended_at is None) for r in rows] == [
+        (1.0, False),
+        (1.08, False),
+        (1.04, True),
+    ]
+    now = clock()
+    by_hand = sum(((r.ended_at or now) - r.launched_at) * r.price_per_hour / 3600 for r in rows)
+    assert by_hand == pytest.approx((1000 + 1000 * 1.08 + 700 * 1.04) / 3600, rel=1e-3)
+
+    ids = [job.job_id, *(f"other-{k}" for k in range(other_jobs))]
+    cap_check = supervise._spent(engine.ctx, ids, {job.job_id: [rows[-1]]})[job.job_id]
+    view = engine.get_job(job.job_id).spend
+    engine.roll_up_spend()
+    ledger = engine.spend("today", user="alice").total
+    assert cap_check == pytest.approx(by_hand, abs=1e-9)
+    assert view == pytest.approx(by_hand, abs=1e-9)
+    assert ledger == pytest.approx(by_hand, abs=1e-9)
+
+
 def test_ledger_splits_across_days(engine, fake, clock):
     clock.t = clock.t + DAY - 1800  # 23:30 UTC
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
