@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from bot.planner import EstimateRequest, estimate
-from bot.planner.catalog import snapshot_offers
 from bot.planner.rank import BOOT_HOURS, DISK_GBS, HOURS_PER_MONTH, JobShape
 from bot.planner.result import RankedOffer
+from bot.providers.snapshot import snapshot_offers
 
 SEED = 20261202
 N_RUNS = 2000

@@ -12,7 +12,7 @@ import statistics
 import time
 
 from bot.planner import EstimateRequest, estimate, plan, rank
-from bot.planner.catalog import snapshot_offers
+from bot.providers.snapshot import snapshot_offers
 
 TARGET_MS = 50.0
 N_OFFERS = 10_000

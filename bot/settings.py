@@ -6,13 +6,12 @@ provider, the terminal chat. Secrets are SecretStr so that they never print by a
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platformdirs import user_data_dir
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -38,21 +37,14 @@ def default_runner_image() -> str:
 
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-
-
-class CloudAccess(BaseModel):
-    """One cloud's key, base URL and extra options, read from the variables its spec names."""
-
-    api_key: SecretStr | None = None
-    api_url: str
-    options: dict[str, str] = Field(default_factory=dict)
+ENV_FILE = ".env"  # read after the environment (bot/providers/registry.py reads the cloud variables too)
 
 
 class Settings(BaseSettings):
     """Every knob, with its environment variable and a description: the README's settings table is generated
     from these (scripts/settings_doc.py; tests/test_settings_doc.py keeps them equal)."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    model_config = SettingsConfigDict(env_file=ENV_FILE, env_file_encoding="utf-8", extra="ignore")
 
     data_dir: Path = Field(
         default_factory=default_data_dir,
@@ -66,10 +58,6 @@ class Settings(BaseSettings):
         description="the store: a PostgreSQL URL; unset, a SQLite file in TUNEBOT_DATA_DIR",
     )
 
-    # Cloud keys and base URLs, one entry per cloud module (bot/providers/<cloud>.py declares the names:
-    # VAST_API_KEY / VAST_API_URL, RUNPOD_..., LAMBDA_... and LAMBDA_SSH_KEY_NAME, TENSORDOCK_...; the
-    # URLs point tests at fake servers on 127.0.0.1). Filled by _read_clouds.
-    clouds: dict[str, CloudAccess] = Field(default_factory=dict, alias="TUNEBOT_INTERNAL_CLOUDS")
     provider_timeout_s: float = Field(
         20.0, alias="TUNEBOT_PROVIDER_TIMEOUT", description="seconds a cloud API request may take"
     )
@@ -457,42 +445,10 @@ class Settings(BaseSettings):
             raise ValueError(f"TUNEBOT_WEEKLY_REPORT_DAY: a day (mon..sun) or off, not {value!r}")
         return text
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_clouds(cls, data: Any) -> Any:
-        """Each discovered cloud's variables, from keyword arguments, the environment, then .env."""
-        if not isinstance(data, dict):
-            return data
-        from bot.providers.registry import cloud_specs
-
-        env_file = cls.model_config.get("env_file")
-        dotenv: dict[str, str | None] = {}
-        if isinstance(env_file, str) and Path(env_file).is_file():
-            from dotenv import dotenv_values
-
-            dotenv = dict(dotenv_values(env_file))
-
-        def value(name: str) -> str | None:
-            for source in (data, os.environ, dotenv):
-                found = source.get(name)
-                if found not in (None, ""):
-                    return str(found)
-            return None
-
-        clouds = {}
-        for name, spec in cloud_specs().items():
-            options = {kw: v for kw, env in spec.options.items() if (v := value(env)) is not None}
-            clouds[name] = {
-                "api_key": value(spec.key_env),
-                "api_url": value(spec.url_env) or spec.default_url,
-                "options": options,
-            }
-        return {**data, "TUNEBOT_INTERNAL_CLOUDS": clouds}  # never from the environment itself
-
     def secrets(self) -> list[str]:
-        """Every secret value, for scrubbing logs and messages."""
+        """Every secret value of these settings, for scrubbing logs and messages (the cloud keys are the
+        registry's: bot/providers/registry.secrets adds them)."""
         values = [
-            *(access.api_key for access in self.clouds.values()),
             self.hf_token,
             self.registry_password,
             self.wandb_api_key,

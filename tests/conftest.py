@@ -15,10 +15,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
-from bot.providers.registry import cloud_specs  # noqa: E402 - after the offline switches above
+from bot.providers.registry import CLOUDS  # noqa: E402 - after the offline switches above
 
 # No cloud key of the person running the tests reaches them (every cloud module's key variable).
-for _key in (*(spec.key_env for spec in cloud_specs().values()), "HF_TOKEN",
+for _key in (*(spec.key_env for spec in CLOUDS.values()), "HF_TOKEN",
              "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET", "DATABASE_URL"):
     os.environ.pop(_key, None)
 

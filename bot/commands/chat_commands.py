@@ -53,7 +53,9 @@ def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore
     engine = Engine(
         settings, local_provider=bool(settings.local_provider) if serving else None, permissions=policy
     )
-    chat = ChatHandlers(engine, policy, secrets=settings.secrets())
+    from bot.providers.registry import secrets
+
+    chat = ChatHandlers(engine, policy, secrets=secrets(settings))
     return settings, engine, chat
 
 

@@ -48,7 +48,7 @@ def _estimate(
 
         measurements = read_snapshot(settings.data_dir)
         calibration = calibrate(measurements) if measurements else None
-    live = [] if offline else configured_clouds(settings)
+    live = [] if offline else configured_clouds()
     try:
         if live:
             from bot.engine.offers import priced_estimate
@@ -124,7 +124,7 @@ def gpus_command(
         from bot.settings import get_settings
 
         settings = get_settings()
-        asking = configured_clouds(settings)
+        asking = configured_clouds()
         if asking:  # progress: a slow cloud may keep this waiting up to the deadline
             typer.echo(
                 f"Asking {', '.join(asking)} for live prices (at most {settings.catalog_deadline_s:g} s)…",
@@ -133,7 +133,7 @@ def gpus_command(
         cat = live_catalog(settings, gpu=name)
         offers, notes, source, as_of = list(cat.offers), list(cat.notes), cat.source, cat.as_of
     else:
-        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+        from bot.providers.snapshot import snapshot_as_of, snapshot_offers
 
         offers, source, as_of = snapshot_offers(), "snapshot", snapshot_as_of()
     if name:

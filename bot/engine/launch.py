@@ -38,6 +38,7 @@ from bot.providers.base import (
     redact,
     redacting,
 )
+from bot.providers.registry import secrets as all_secrets
 from bot.storage.credentials import CredentialsError, Issued
 from runner.spec import JobSpec
 from store.db import insert_for
@@ -479,7 +480,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             except CredentialsError as exc:
                 return _no_credentials(eng, job_id, actor, str(exc))
         env = runner_env(eng, spec, issued)
-        hidden = [*instance_env.secret_values(env, spec), *eng.settings.secrets()]
+        hidden = [*instance_env.secret_values(env, spec), *all_secrets(eng.settings)]
         try:
             req = LaunchRequest(
                 job_id=job_id,

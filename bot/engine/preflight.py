@@ -36,6 +36,7 @@ from bot.engine.staging import is_local, shares_disk, storage_env
 from bot.planner.models import HUB_ID
 from bot.planner.result import RankedOffer
 from bot.providers.base import redact
+from bot.providers.registry import secrets as all_secrets
 
 if TYPE_CHECKING:
     import httpx
@@ -373,7 +374,7 @@ def check(
 
     A failure that concerns only the cloud fallbacks of a job chosen for this machine drops them (a note)."""
     notes: list[str] = []
-    secrets = settings.secrets()
+    secrets = all_secrets(settings)
     remote = [o for o in offers if not shares_disk(providers.get(o.provider))]
     chosen_remote = not shares_disk(providers.get(chosen.provider))
 

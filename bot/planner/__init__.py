@@ -1,7 +1,7 @@
 """The cost planner: what a fine-tune needs (memory, time) and what it costs on each GPU offer.
 
 Public API (others call these): estimate(), EstimateRequest, Estimate, Offer, PlanningError and its
-subclasses, young_daly_interval_hours(), and bot.planner.catalog.snapshot_offers().
+subclasses, young_daly_interval_hours(), and bot.providers.snapshot.snapshot_offers().
 
 The names are loaded on first use (PEP 562), so that importing a light module of the package (the
 request options for the command line, bot/planner/options.py) does not load the whole planner.

@@ -251,7 +251,7 @@ def estimate(
         req = req.model_copy(update={"gpu": lookup_gpu(req.gpu).name})  # aliases -> canonical names
     arch, source = resolve(req.model)
     if offers is None:
-        from bot.planner.catalog import snapshot_as_of, snapshot_offers
+        from bot.providers.snapshot import snapshot_as_of, snapshot_offers  # the callers' to hand in
 
         offers = snapshot_offers()
         prices_as_of = prices_as_of or snapshot_as_of()

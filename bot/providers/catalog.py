@@ -1,4 +1,4 @@
-"""Live GPU catalog: live offers from each cloud merged over the planner's dated offline snapshot.
+"""Live GPU catalog: live offers from each cloud merged over its dated offline snapshot.
 
 A cloud with a key answers live (cached for ``settings.catalog_ttl_s``); a cloud without a key, one
 that is down, or one that has not answered by the deadline (``settings.catalog_deadline_s``) falls back
@@ -23,8 +23,9 @@ from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
 
 from bot.planner.offer import Offer
+from bot.providers import snapshot as dated
 from bot.providers.base import OfferQuery, Provider, ProviderError
-from bot.providers.registry import build_providers, cloud_names, key_env
+from bot.providers.registry import CLOUDS, build_providers, key_env
 
 if TYPE_CHECKING:
     from bot.settings import Settings
@@ -54,14 +55,10 @@ def clear_cache() -> None:
 
 
 def _snapshot() -> tuple[list[Offer], dict[str, date], str | None]:
-    """The snapshot offers and each cloud's snapshot date (bot/planner/catalog.py builds the offers)."""
+    """The snapshot offers and each cloud's snapshot date (bot/providers/snapshot.py builds the offers)."""
     try:
-        from bot.planner import catalog as planner_catalog
-    except ImportError:
-        return [], {}, "the offline snapshot is not available in this build"
-    try:
-        offers = list(planner_catalog.snapshot_offers())
-        dates = planner_catalog.snapshot_dates()
+        offers = list(dated.snapshot_offers())
+        dates = dated.snapshot_dates()
     except Exception as exc:  # a broken snapshot must not break live answers
         return [], {}, f"the offline snapshot could not be read ({type(exc).__name__})"
     return offers, {name: d for name, d in ((n, _as_date(v)) for n, v in dates.items()) if d}, None
@@ -101,9 +98,9 @@ def _resolve_providers(
     if isinstance(providers, Mapping):
         # Ready clients; every cloud missing from the mapping is answered from the snapshot.
         chosen = {name: p for name, p in providers.items() if name != "local"}
-        clouds = cloud_names()
+        clouds = list(CLOUDS)
         return chosen, clouds + [n for n in chosen if n not in clouds]
-    names = cloud_names() if providers is None else [n for n in providers if n != "local"]
+    names = list(CLOUDS) if providers is None else [n for n in providers if n != "local"]
     built = build_providers(settings, include_local=False)
     return {n: p for n, p in built.items() if n in names}, names
 

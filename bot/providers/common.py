@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -20,6 +20,10 @@ from bot.providers.base import (
     ProviderDownError,
 )
 from bot.providers.http import HttpClient, RetryPolicy
+
+if TYPE_CHECKING:
+    from bot.providers.spec import CloudAccess, CloudSpec
+    from bot.settings import Settings
 
 ALIVE_STATUSES = frozenset(
     {
@@ -106,13 +110,9 @@ class CloudProvider:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> Any:
-        """Build the client from this cloud's entry in ``settings.clouds`` (key, URL, options) and its
-        spec's documented rate limit (see bot/providers/spec.py)."""
-        from bot.providers.registry import cloud_spec
-
-        spec = cloud_spec(cls.name)
-        access = settings.clouds[cls.name]
+    def from_spec(cls, spec: CloudSpec, access: CloudAccess, settings: Settings, **kwargs: Any) -> Any:
+        """Build the client from this cloud's spec (its documented rate limit) and its variables as the
+        registry read them (key, URL, options; bot/providers/registry.py)."""
         options = {**access.options, **kwargs}
         options.setdefault("min_interval_s", spec.min_interval_s)
         return cls(

@@ -1,79 +1,101 @@
-"""Which providers exist: every module of this package that declares ``CLOUD``, plus the local provider.
+"""Which clouds exist (``CLOUDS``, an explicit table), their keys from the environment, the providers built.
 
-Discovery is a scan of the package's folder(s) (like SkyPilot's sky/provision/<cloud>/): a cloud module
-ends with ``CLOUD = CloudSpec(...)`` (bot/providers/spec.py) and nothing else needs to know about it:
-settings read its key from ``spec.key_env``, the live catalog asks it, the snapshot prices it, the
-contract test runs against it.
+Each cloud module ends with ``CLOUD = CloudSpec(...)`` (bot/providers/spec.py); ``CLOUDS`` below lists those
+specs, one line per cloud. Everything else takes the cloud set from this table: the live catalog asks the
+clouds in it, the snapshot (bot/providers/snapshot.py) prices them, the README lists their variables, the
+tests start a fake server for each. The cloud variables (``spec.key_env``, ``spec.url_env`` and
+``spec.options``) are read here, from the environment then ``.env``; bot/settings.py knows no cloud.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import bot.providers as package
+from pydantic import SecretStr
+
+from bot.providers import lambda_cloud, runpod, tensordock, vast
 from bot.providers.base import Provider
 from bot.providers.local import LocalProvider
-from bot.providers.spec import CloudSpec
+from bot.providers.spec import CloudAccess, CloudSpec
 
 if TYPE_CHECKING:
     from bot.settings import Settings
 
-_found: tuple[tuple[str, ...], dict[str, CloudSpec]] | None = None
-_lock = threading.Lock()
-
-
-def cloud_specs() -> dict[str, CloudSpec]:
-    """Every cloud's spec by name, in module-name order; rescanned when the package's folders change."""
-    global _found
-    folders = tuple(str(p) for p in package.__path__)
-    with _lock:
-        if _found is None or _found[0] != folders:
-            specs: dict[str, CloudSpec] = {}
-            for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-                if module.name.startswith("_") or module.ispkg:
-                    continue
-                spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "CLOUD", None)
-                if isinstance(spec, CloudSpec):
-                    specs[spec.name] = spec
-            _found = (folders, specs)
-        return dict(_found[1])
+# The clouds, by the provider name offers and jobs carry (module-name order). A new cloud: its module in
+# bot/providers/, its fake in tests/fakes/clouds/, and its CLOUD on one line here (with its import above).
+CLOUDS: dict[str, CloudSpec] = {
+    spec.name: spec
+    for spec in (
+        lambda_cloud.CLOUD,
+        runpod.CLOUD,
+        tensordock.CLOUD,
+        vast.CLOUD,
+    )
+}
 
 
 def cloud_spec(name: str) -> CloudSpec:
     try:
-        return cloud_specs()[name]
+        return CLOUDS[name]
     except KeyError:
-        raise KeyError(f"no cloud module declares {name!r}") from None
-
-
-def cloud_names() -> list[str]:
-    return list(cloud_specs())
+        raise KeyError(f"no cloud named {name!r} in CLOUDS (bot/providers/registry.py)") from None
 
 
 def key_env(name: str) -> str:
     """The environment variable that enables a cloud (VAST_API_KEY, ...)."""
-    spec = cloud_specs().get(name)
+    spec = CLOUDS.get(name)
     return spec.key_env if spec else f"{name.upper()}_API_KEY"
 
 
 def provider_classes() -> dict[str, type[Any]]:
-    """Every provider class by name: the discovered clouds, then "local"."""
-    return {**{name: spec.client for name, spec in cloud_specs().items()}, "local": LocalProvider}
+    """Every provider class by name: the clouds, then "local"."""
+    return {**{name: spec.client for name, spec in CLOUDS.items()}, "local": LocalProvider}
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: PROVIDER_CLASSES follows discovery
-    if name == "PROVIDER_CLASSES":
-        return provider_classes()
-    raise AttributeError(name)
+def _dotenv() -> dict[str, str | None]:
+    from bot.settings import ENV_FILE
+
+    if not Path(ENV_FILE).is_file():
+        return {}
+    from dotenv import dotenv_values
+
+    return dict(dotenv_values(ENV_FILE))
 
 
-def configured_clouds(settings: Settings) -> list[str]:
+def cloud_access(environ: Mapping[str, str] | None = None) -> dict[str, CloudAccess]:
+    """Every cloud's variables, from the environment, then ``.env`` (as bot/settings.py reads its own)."""
+    sources: tuple[Mapping[str, str | None], ...] = (os.environ if environ is None else environ, _dotenv())
+
+    def value(name: str) -> str | None:
+        for source in sources:
+            found = source.get(name)
+            if found not in (None, ""):
+                return str(found)
+        return None
+
+    access = {}
+    for name, spec in CLOUDS.items():
+        key = value(spec.key_env)
+        access[name] = CloudAccess(
+            api_key=SecretStr(key) if key is not None else None,
+            api_url=value(spec.url_env) or spec.default_url,
+            options={kw: v for kw, env in spec.options.items() if (v := value(env)) is not None},
+        )
+    return access
+
+
+def configured_clouds() -> list[str]:
     """The clouds whose API key is set."""
-    return [name for name, access in settings.clouds.items() if access.api_key is not None]
+    return [name for name, access in cloud_access().items() if access.api_key is not None]
+
+
+def secrets(settings: Settings) -> list[str]:
+    """Every secret value the bot holds, the cloud keys included, for scrubbing logs and messages."""
+    keys = [a.api_key.get_secret_value() for a in cloud_access().values() if a.api_key is not None]
+    return [*keys, *settings.secrets()]
 
 
 def build_providers(
@@ -92,8 +114,9 @@ def build_providers(
     if include_local is None:
         include_local = settings.local_provider is not False
     providers: dict[str, Provider] = {}
-    for name in configured_clouds(settings):
-        providers[name] = cloud_spec(name).client.from_settings(settings)
+    for name, access in cloud_access().items():
+        if access.api_key is not None:
+            providers[name] = CLOUDS[name].client.from_spec(CLOUDS[name], access, settings)
     if include_local:
         workdir = Path(local_workdir) if local_workdir else settings.data_dir / "local-provider"
         providers["local"] = LocalProvider(workdir=workdir, **(local_options or {}))

@@ -1,8 +1,8 @@
 """What tunebot knows about a cloud besides its client: declared once, in the cloud's own module.
 
-Every cloud module in ``bot/providers/`` ends with ``CLOUD = CloudSpec(...)``; the registry finds those
-(bot/providers/registry.py), and settings, the live catalog and the dated snapshot read them from there.
-Adding a cloud is adding one module (and its fake server under tests/fakes/clouds/).
+Every cloud module in ``bot/providers/`` ends with ``CLOUD = CloudSpec(...)``; ``CLOUDS`` in
+bot/providers/registry.py lists them, and the registry (the cloud variables), the live catalog and the dated
+snapshot (bot/providers/snapshot.py) read them from there.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import SecretStr
 
 COUNTS = (1, 2, 4, 8)  # the offer sizes a snapshot carries unless a GPU says otherwise
 
@@ -48,4 +50,14 @@ class CloudSpec:
     min_interval_s: float = 0.0
     rate_limit: str = "not documented"
     # Further constructor keywords read from the environment: {"ssh_key_name": "LAMBDA_SSH_KEY_NAME"}.
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CloudAccess:
+    """One cloud's key, base URL and extra constructor options, read by the registry from the variables its
+    spec names (bot/providers/registry.py: cloud_access)."""
+
+    api_key: SecretStr | None
+    api_url: str
     options: Mapping[str, str] = field(default_factory=dict)

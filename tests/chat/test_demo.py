@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.providers.registry import CLOUDS
+
 FAKE_SECRETS = {
-    "VAST_API_KEY": "vast-DEMO-KEY-0a1b2c",
-    "RUNPOD_API_KEY": "runpod-DEMO-KEY-3d4e5f",
-    "LAMBDA_API_KEY": "lambda-DEMO-KEY-6a7b8c",
-    "TENSORDOCK_API_KEY": "tensordock-DEMO-KEY-9d0e1f",
+    **{spec.key_env: f"{name}-DEMO-KEY-{i:02d}b{i:02d}c" for i, (name, spec) in enumerate(CLOUDS.items())},
     "SLACK_BOT_TOKEN": "xoxb-DEMO-BOT-TOKEN-2a3b",
     "SLACK_APP_TOKEN": "xapp-DEMO-APP-TOKEN-4c5d",
     "SLACK_SIGNING_SECRET": "DEMO-SIGNING-SECRET-6e7f",
@@ -27,8 +26,8 @@ FAKE_SECRETS = {
 def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
     env = {**os.environ, **FAKE_SECRETS, "TUNEBOT_DATA_DIR": str(tmp_path / "home"), "COLUMNS": "120"}
     # The demo must not reach the clouds even with keys set: point them at a closed loopback port.
-    for name in ("VAST", "RUNPOD", "LAMBDA", "TENSORDOCK"):
-        env[f"{name}_API_URL"] = "http://127.0.0.1:9/"
+    for spec in CLOUDS.values():
+        env[spec.url_env] = "http://127.0.0.1:9/"
     workdir = tmp_path / "demo"
     started = time.monotonic()
     proc = subprocess.run(

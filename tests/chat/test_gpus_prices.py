@@ -20,7 +20,7 @@ from bot.engine.service import Engine
 from bot.money import money
 from bot.providers import catalog
 from bot.providers.base import OfferQuery
-from bot.providers.registry import cloud_specs
+from bot.providers.registry import CLOUDS
 from bot.settings import Settings
 
 from .test_handlers import flat
@@ -54,7 +54,7 @@ def test_gpus_shows_live_prices_when_the_cloud_keys_are_set(keys_set: dict[str, 
     reply = chat.handle_text("gpus", ALICE)
     text = flat(reply)
     assert "(live as of" in text and "snapshot" not in text, text[:600]
-    for name in cloud_specs():
+    for name in CLOUDS:
         assert f"{name}: live prices as of" in text
     table = next(p for p in reply.parts if isinstance(p, Table))
     live = {
@@ -74,5 +74,5 @@ def test_gpus_shows_live_prices_when_the_cloud_keys_are_set(keys_set: dict[str, 
 def test_gpus_without_keys_says_every_cloud_is_priced_from_its_snapshot(chat) -> None:
     text = flat(chat.handle_text("gpus", ALICE))
     assert "(snapshot as of 2026-" in text
-    for name, spec in cloud_specs().items():
+    for name, spec in CLOUDS.items():
         assert f"{name}: no {spec.key_env}" in text

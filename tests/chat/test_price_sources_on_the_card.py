@@ -6,7 +6,7 @@ from bot.chat.blockkit import to_blocks, violations
 from bot.chat.cards import estimate_reply
 from bot.engine.offers import priced_estimate
 from bot.planner.request import EstimateRequest
-from bot.providers.registry import cloud_names
+from bot.providers.registry import CLOUDS
 from bot.settings import Settings
 
 
@@ -18,5 +18,5 @@ def test_the_compact_card_names_every_clouds_price_source(tmp_path) -> None:
         blocks = to_blocks(reply)
         assert violations({"blocks": blocks, "text": reply.fallback or "estimate"}) == []
         text = str(blocks)
-        for cloud in cloud_names():  # no key set anywhere: each one priced from its dated snapshot, said so
+        for cloud in CLOUDS:  # no key set anywhere: each one priced from its dated snapshot, said so
             assert f"{cloud}: no " in text and "snapshot" in text, (cloud, detailed)

@@ -7,16 +7,14 @@ import logging
 import pytest
 
 from bot.engine.events import EngineEvent, EngineEventKind
+from bot.providers.registry import CLOUDS
 
 from .conftest import BOT_TOKEN, RUNNER_TOKEN, SIGNING_SECRET, SlackStack
 from .fake_engine import LEAKY_SECRET
 from .test_slack_http import estimate_id_from
 
 PROVIDER_KEYS = {
-    "VAST_API_KEY": "vast-FAKE-KEY-11aa22",
-    "RUNPOD_API_KEY": "runpod-FAKE-KEY-33bb44",
-    "LAMBDA_API_KEY": "lambda-FAKE-KEY-55cc66",
-    "TENSORDOCK_API_KEY": "tensordock-FAKE-KEY-77dd88",
+    **{spec.key_env: f"{name}-FAKE-KEY-{i:02d}aa{i:02d}" for i, (name, spec) in enumerate(CLOUDS.items())},
     "HF_TOKEN": "hf_FAKE_TOKEN_99ee00",
     "WANDB_API_KEY": "wandb-FAKE-KEY-aa11bb",
 }

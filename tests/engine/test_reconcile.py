@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from bot.engine.launch import claim
 from bot.providers.base import LaunchRequest, OfferQuery, job_label
+from bot.providers.registry import CLOUDS
 from bot.settings import Settings
 from store.models import Instance
 
@@ -76,10 +77,7 @@ def test_provider_listing_failure_decides_nothing(engine, fake):
     assert engine.get_job(job.job_id).state == "running"
 
 
-CLOUDS = ["vast", "runpod", "lambda", "tensordock"]
-
-
-@pytest.mark.parametrize("cloud", CLOUDS)
+@pytest.mark.parametrize("cloud", list(CLOUDS))
 def test_reconcile_against_fake_cloud_servers(cloud, tmp_path, settings, clock, s3_bucket):
     from fakes.clouds import FAKES
     from fakes.clouds.fixtures import client_for

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from bot.planner import EstimateRequest, PlanningError, estimate
-from bot.planner.catalog import snapshot_offers
 from bot.planner.memory import estimate_memory
 from bot.planner.models import resolve
+from bot.providers.snapshot import snapshot_offers
 
 MODELS = [
     "meta-llama/Llama-3.2-1B",

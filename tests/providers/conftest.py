@@ -21,9 +21,9 @@ from fakes.clouds.fixtures import (  # noqa: F401 - fixtures re-exported for thi
 from bot.planner.offer import Offer
 from bot.providers.base import LaunchRequest, OfferQuery
 from bot.providers.local import LocalProvider
-from bot.providers.registry import cloud_names
+from bot.providers.registry import CLOUDS
 
-ALL_PROVIDERS = (*cloud_names(), "local")  # every discovered cloud (against its fake), and local
+ALL_PROVIDERS = (*CLOUDS, "local")  # every cloud in CLOUDS (against its fake), and local
 
 
 @dataclass

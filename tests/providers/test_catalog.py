@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 import pytest
 from fakes.clouds.fixtures import client_for, use_fake_env
 
-from bot.planner import catalog as planner_catalog
 from bot.providers import catalog
+from bot.providers import snapshot as dated
 from bot.providers.catalog import live_catalog
+from bot.providers.registry import CLOUDS
 from bot.settings import get_settings
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -24,7 +25,7 @@ def _fresh_cache():
 
 
 def _age_phrase() -> str:
-    snap = planner_catalog.snapshot_date()
+    snap = dated.snapshot_date()
     return f"{snap.isoformat()} snapshot ({(NOW.date() - snap).days} days old)"
 
 
@@ -32,7 +33,7 @@ def test_keys_set_and_clouds_up_gives_live_offers_only(fake_clouds) -> None:
     clients = {name: client_for(fake) for name, fake in fake_clouds.items()}
     cat = live_catalog(get_settings(), providers=clients, now=NOW)
     assert cat.source == "live" and cat.notes == [] and cat.as_of == NOW
-    assert {o.provider for o in cat.offers} == {"vast", "runpod", "lambda", "tensordock"}
+    assert {o.provider for o in cat.offers} == set(CLOUDS)
     assert all(o.source == "live" for o in cat.offers)
     prices = [o.price_per_hour for o in cat.offers]
     assert prices == sorted(prices)
@@ -44,22 +45,19 @@ def test_a_cloud_without_a_key_falls_back_to_its_snapshot_with_a_dated_note(fake
     assert cat.source == "mixed" and cat.live_providers == ["vast"]
     assert {o.provider for o in cat.offers if o.source == "live"} == {"vast"}
     snap = {o.provider for o in cat.offers if o.source == "snapshot"}
-    assert snap == {"runpod", "lambda", "tensordock"}
+    assert snap == set(CLOUDS) - {"vast"} and "runpod" in snap
     notes = "\n".join(cat.notes)
-    for name, env in (
-        ("runpod", "RUNPOD_API_KEY"),
-        ("lambda", "LAMBDA_API_KEY"),
-        ("tensordock", "TENSORDOCK_API_KEY"),
-    ):
-        assert f"{name}: no {env} — prices from the {_age_phrase()}" in notes
+    for name, spec in CLOUDS.items():
+        if name != "vast":
+            assert f"{name}: no {spec.key_env} — prices from the {_age_phrase()}" in notes
     assert "vast" not in notes
 
 
 def test_no_keys_at_all_is_the_snapshot_with_a_note_per_cloud() -> None:
     cat = live_catalog(now=NOW)
-    assert cat.source == "snapshot" and len(cat.notes) == 4 and cat.offers
+    assert cat.source == "snapshot" and len(cat.notes) == len(CLOUDS) and cat.offers
     assert all(o.source == "snapshot" for o in cat.offers)
-    assert cat.as_of is not None and cat.as_of.date() == planner_catalog.snapshot_date()
+    assert cat.as_of is not None and cat.as_of.date() == dated.snapshot_date()
     assert any(n.startswith("lambda: no LAMBDA_API_KEY") for n in cat.notes)
 
 

@@ -1,4 +1,4 @@
-"""One contract, every provider: each cloud the registry discovers (against its fake server) and local."""
+"""One contract, every provider: each cloud in CLOUDS (against its fake server) and local."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bot.providers.base import (
     Volume,
 )
 from bot.providers.lifecycle import ensure_launched
-from bot.providers.registry import PROVIDER_CLASSES, cloud_specs
+from bot.providers.registry import CLOUDS, provider_classes
 
 from .conftest import FAKES, Harness
 
@@ -32,9 +32,10 @@ PROTOCOL_METHODS = [
 
 
 def test_every_provider_class_implements_the_whole_protocol() -> None:
-    assert set(PROVIDER_CLASSES) >= {"vast", "runpod", "lambda", "tensordock", "local"}
-    assert set(cloud_specs()) <= set(FAKES), "every cloud module has a fake server in tests/fakes/clouds"
-    for name, cls in PROVIDER_CLASSES.items():
+    classes = provider_classes()
+    assert set(classes) == {*CLOUDS, "local"} and {"vast", "runpod", "lambda", "tensordock"} <= set(CLOUDS)
+    assert set(CLOUDS) <= set(FAKES), "every cloud in CLOUDS has a fake server in tests/fakes/clouds"
+    for name, cls in classes.items():
         missing = [m for m in PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
         assert not missing, f"{name} lacks {missing}"
         assert isinstance(cls.capabilities, Capabilities)
@@ -58,7 +59,7 @@ def test_capabilities_are_declared(harness: Harness) -> None:
         # RunPod withdrew spot; the others never sold it
         assert caps.interruptible == (harness.name == "vast")
     if harness.name != "local":  # the snapshot sells only what the cloud sells
-        snapshot = cloud_specs()[harness.name].snapshot
+        snapshot = CLOUDS[harness.name].snapshot
         assert caps.interruptible or all(g[1] is None for g in snapshot.gpus.values())
 
 

@@ -15,15 +15,14 @@ from bot.providers.base import (
     ProviderDownError,
 )
 from bot.providers.lifecycle import check_price, ensure_launched, ensure_terminated
-
-CLOUDS = ("vast", "runpod", "lambda", "tensordock")
+from bot.providers.registry import CLOUDS
 
 
 def no_sleep(seconds: float) -> None:
     return None
 
 
-@pytest.fixture(params=CLOUDS)
+@pytest.fixture(params=list(CLOUDS))
 def cloud(request: pytest.FixtureRequest):
     fake = FAKES[request.param](timeout_sleep_s=0.3).start()
     try:
@@ -164,7 +163,7 @@ def test_check_price_of_a_vanished_offer_quotes_an_equivalent_one(cloud) -> None
 
 
 def test_check_price_of_a_snapshot_offer_uses_the_cheapest_live_equivalent(cloud) -> None:
-    from bot.planner.catalog import snapshot_offers
+    from bot.providers.snapshot import snapshot_offers
 
     provider, fake = cloud
     live_offers = provider.search_offers(OfferQuery(interruptible=False))

@@ -10,7 +10,7 @@ from fakes.clouds.fixtures import use_fake_env
 from bot.providers.base import OfferQuery, Provider
 from bot.providers.cloud_init import cloud_init_dict, docker_run, env_file_content, user_data
 from bot.providers.local import LocalProvider
-from bot.providers.registry import PROVIDER_CLASSES, build_providers, configured_clouds
+from bot.providers.registry import CLOUDS, build_providers, configured_clouds, provider_classes
 from bot.settings import get_settings
 
 
@@ -26,13 +26,12 @@ def test_every_cloud_with_a_key_is_built_against_its_url(
 ) -> None:
     for fake in fake_clouds.values():
         use_fake_env(monkeypatch, fake)
-    settings = get_settings()
-    assert sorted(configured_clouds(settings)) == ["lambda", "runpod", "tensordock", "vast"]
-    providers = build_providers(settings)
-    assert set(providers) == set(PROVIDER_CLASSES)
+    assert configured_clouds() == list(CLOUDS) == list(fake_clouds)
+    providers = build_providers(get_settings())
+    assert set(providers) == set(provider_classes()) == {*CLOUDS, "local"}
     for name, fake in fake_clouds.items():
         provider = providers[name]
-        assert isinstance(provider, Provider) and isinstance(provider, PROVIDER_CLASSES[name])
+        assert isinstance(provider, Provider) and isinstance(provider, CLOUDS[name].client)
         assert provider.search_offers(OfferQuery()), name
         assert fake.count("search") >= 1
 

@@ -86,13 +86,14 @@ def fake_tensordock() -> Iterator[FakeCloud]:
 
 @pytest.fixture
 def fake_clouds() -> Iterator[dict[str, FakeCloud]]:
-    """All four fakes, started: {"vast": ..., "runpod": ..., "lambda": ..., "tensordock": ...}."""
-    fakes = {
-        "vast": FakeVast().start(),
-        "runpod": FakeRunPod().start(),
-        "lambda": FakeLambda().start(),
-        "tensordock": FakeTensorDock().start(),
-    }
+    """A fake for every cloud in ``CLOUDS``, started, by cloud name ({"lambda": ..., ..., "vast": ...})."""
+    from bot.providers.registry import CLOUDS
+
+    from . import FAKES
+
+    missing = [name for name in CLOUDS if name not in FAKES]
+    assert not missing, f"no fake server in tests/fakes/clouds for {missing}"
+    fakes = {name: FAKES[name]().start() for name in CLOUDS}
     try:
         yield fakes
     finally:

@@ -1,10 +1,10 @@
 """Acme GPU Cloud: a made-up cloud, written the way a new cloud is added to tunebot.
 
-This file is all tunebot needs: dropped into bot/providers/ (tests/providers/test_new_cloud.py puts its
-folder on the package's path instead) it is listed, priced live and from its snapshot, configured from
-ACME_API_KEY / ACME_API_URL and launchable. Its fake server is fake_acme.py, dropped into
-tests/fakes/clouds/ the same way. API: GET /v1/machines (every size, one URL), POST /v1/instances,
-GET /v1/instances[/{id}], DELETE /v1/instances/{id}.
+This file and its line in CLOUDS (bot/providers/registry.py) are all tunebot needs: dropped into
+bot/providers/ (tests/providers/test_new_cloud.py puts its folder on the package's path instead) and listed
+there, it is priced live and from its snapshot, configured from ACME_API_KEY / ACME_API_URL and launchable.
+Its fake server is fake_acme.py, dropped into tests/fakes/clouds/ the same way. API: GET /v1/machines
+(every size, one URL), POST /v1/instances, GET /v1/instances[/{id}], DELETE /v1/instances/{id}.
 """
 
 from __future__ import annotations

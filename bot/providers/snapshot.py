@@ -1,8 +1,9 @@
-"""The dated offline price catalog: what offers cost when no provider is asked.
+"""The dated offline price snapshot: what offers cost when no cloud is asked.
 
 Each cloud module declares its own dated snapshot (``CLOUD.snapshot`` in bot/providers/<cloud>.py,
-bot/providers/spec.py); this module turns them into Offers. The providers area refreshes prices live
-(bot.providers.catalog.live_catalog); the snapshot is the fallback and the default for `tunebot estimate`.
+bot/providers/spec.py); this module turns those of ``CLOUDS`` (bot/providers/registry.py) into Offers. The
+live catalog (bot/providers/catalog.py) falls back to it per cloud; `tunebot estimate --offline` prices
+from it alone.
 An offer of N GPUs costs N x the per-GPU price; storage is $/GB-month, egress $/GB, USD throughout.
 """
 
@@ -10,23 +11,20 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
-
-if TYPE_CHECKING:
-    from bot.providers.spec import Snapshot
+from bot.providers.registry import CLOUDS
+from bot.providers.spec import Snapshot
 
 _built: dict[tuple[tuple[str, int], ...], tuple[Offer, ...]] = {}
 _lock = threading.Lock()
 
 
 def snapshots() -> dict[str, Snapshot]:
-    """Every cloud's snapshot by provider name (from the cloud modules the registry discovers)."""
-    from bot.providers.registry import cloud_specs
-
-    return {name: spec.snapshot for name, spec in cloud_specs().items()}
+    """Every cloud's snapshot by provider name, in ``CLOUDS`` order."""
+    return {name: spec.snapshot for name, spec in CLOUDS.items()}
 
 
 def snapshot_dates() -> dict[str, date]:

@@ -1,18 +1,19 @@
-"""The dated offline price catalog."""
+"""The dated offline price snapshot (bot/providers/snapshot.py)."""
 
 from __future__ import annotations
 
 from datetime import date
 
-from bot.planner.catalog import snapshot_date, snapshot_offers
 from bot.planner.offer import GPU_NAMES
+from bot.providers.registry import CLOUDS
+from bot.providers.snapshot import snapshot_date, snapshot_offers
 
 
 def test_snapshot_is_dated_and_uses_canonical_gpu_names() -> None:
     assert snapshot_date() == date(2026, 11, 20)
     offers = snapshot_offers()
     assert {o.gpu for o in offers} == set(GPU_NAMES)
-    assert {o.provider for o in offers} == {"vast", "runpod", "lambda", "tensordock"}
+    assert {o.provider for o in offers} == set(CLOUDS)  # every cloud has snapshot prices
     assert all(o.source == "snapshot" and o.as_of is not None for o in offers)
 
 
