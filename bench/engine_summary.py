@@ -100,7 +100,7 @@ def main() -> None:
     cold_s = time.perf_counter() - t0
     base_s = median_s(count)
     summary_s = median_s(engine.daily_summary)
-    ev = engine.daily_summary()
+    summary = engine.daily_summary()
     engine.close()
     verdict = "PASS" if summary_s < TARGET_S and cold_s < TARGET_S else "FAIL"
     print(
@@ -111,7 +111,7 @@ def main() -> None:
         f"baseline, COUNT(*) of the jobs: median {base_s * 1000:.1f} ms; "
         f"summary / count = {summary_s / base_s:.0f}x"
     )
-    print(f"summary: {ev.message}")
+    print(f"summary: {summary.model_dump_json()}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from bot.chat.blockkit import Names, to_message
 from bot.chat.escaping import esc, mention
 from bot.chat.replies import Context, Fields, Header, Reply, Table, Text
 from bot.chat.weekly import weekly_reply
-from bot.engine.api import EngineAPI, JobView, SpendReport, VolumeView, WeeklyReport
+from bot.engine.api import DailySummary, EngineAPI, JobView, VolumeView, WeeklyReport
 from bot.engine.events import EngineEvent, EngineEventKind
 
 log = logging.getLogger(__name__)
@@ -120,48 +120,41 @@ def volume_from_event(event: EngineEvent, engine: EngineAPI) -> VolumeView | Non
     return next((v for v in engine.volumes() if v.volume_id == vid), None) if vid else None
 
 
-def _pairs(value: Any) -> list[tuple[str, float]]:
-    out = []
-    for item in value or []:
-        if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], int | float):
-            out.append((str(item[0] or "-"), float(item[1])))
-    return out
+def summary_text(summary: DailySummary) -> str:
+    """The daily summary in one sentence (the message's notification text, and its footer)."""
+    done = ", ".join(f"{n} {state}" for state, n in sorted(summary.finished.items())) or "none"
+    top = ", ".join(f"{line.key} {cards.money(line.amount)}" for line in summary.by_user) or "nobody"
+    return (
+        f"Spend on {summary.day}: {cards.money(summary.spent)} (today so far "
+        f"{cards.money(summary.spent_today)}, month to date {cards.money(summary.spent_month)}). "
+        f"Top: {top}. Jobs finished: {done}. Active: "
+        f"{summary.active}, awaiting approval: {summary.pending_approval}. Idle volumes: "
+        f"{summary.idle_volumes} ({cards.money(summary.idle_volume_cost_per_month)}/month)."
+    )
 
 
 def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
     """The daily summary: yesterday, today, month to date, by user and provider, against budgets."""
-    d = event.data
-    if "total" in d or isinstance(d.get("report"), dict):  # a SpendReport
-        report = SpendReport.model_validate(d.get("report") or d)
-        reply = cards.spend_reply(report, title=f"Daily spend summary: {cards.money(report.total)}")
-    else:
-        day = d.get("day", "yesterday")
-        reply = Reply(fallback=esc(event.message) or "Daily spend summary")
-        reply.add(Header(f"Daily spend summary for {esc(day)}: {cards.money(d.get('spent', 0.0))}"))
-        fields = [
-            ("Today so far", cards.money(d.get("spent_today"))),
-            ("Month to date", cards.money(d.get("spent_month"))),
-            ("Active jobs", str(d.get("active", "-"))),
-            ("Awaiting approval", str(d.get("pending_approval", "-"))),
-        ]
-        if d.get("idle_volumes"):
-            fields.append(
-                (
-                    "Idle volumes",
-                    f"{d['idle_volumes']} ({cards.money(d.get('idle_volume_cost_per_month'))}/month)",
-                )
-            )
-        reply.add(Fields(fields))
-        for title, pairs in (
-            ("By user", _pairs(d.get("by_user"))),
-            ("By provider", _pairs(d.get("by_provider"))),
-        ):
-            if pairs:
-                show = mention if title == "By user" else esc
-                rows = [[show(k), cards.money(v)] for k, v in pairs]
-                reply.add(Table([title.split()[-1], "spend"], rows, title=title))
-        if event.message:
-            reply.add(Context([esc(event.message)]))
+    summary = DailySummary.model_validate(event.data["summary"])
+    text = summary_text(summary)
+    reply = Reply(fallback=esc(text))
+    reply.add(Header(f"Daily spend summary for {esc(summary.day)}: {cards.money(summary.spent)}"))
+    fields = [
+        ("Today so far", cards.money(summary.spent_today)),
+        ("Month to date", cards.money(summary.spent_month)),
+        ("Active jobs", str(summary.active)),
+        ("Awaiting approval", str(summary.pending_approval)),
+    ]
+    if summary.idle_volumes:
+        idle_cost = cards.money(summary.idle_volume_cost_per_month)
+        fields.append(("Idle volumes", f"{summary.idle_volumes} ({idle_cost}/month)"))
+    reply.add(Fields(fields))
+    for title, lines in (("By user", summary.by_user), ("By provider", summary.by_provider)):
+        if lines:
+            show = mention if title == "By user" else esc
+            rows = [[show(line.key), cards.money(line.amount)] for line in lines]
+            reply.add(Table([title.split()[-1], "spend"], rows, title=title))
+    reply.add(Context([esc(text)]))
     reply.public = True
     budgets = engine.budgets()
     if budgets:

@@ -26,7 +26,11 @@ def action_line(entry: AuditEntry) -> str:
         target = f" of {mention((entry.target or '')[5:])}"
     else:
         target = f" {esc(entry.target)}" if entry.target else ""
-    detail = f": {esc(entry.detail)}" if entry.detail else ""
+    said = [entry.detail] if entry.detail else []
+    said += [f"{k} {money(v)}" for k, v in entry.amounts.items()]
+    if entry.days is not None:
+        said.append(f"{entry.days:g} days")
+    detail = f": {esc(', '.join(said))}" if said else ""
     return f"{entry.at:%a %m-%d %H:%M} {who(entry.actor)} {entry.action}{target}{detail}"
 
 

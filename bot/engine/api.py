@@ -161,7 +161,10 @@ class AuditEntry(BaseModel):
     ]
     job_id: str | None = None
     target: str | None = None  # the job's model and method, the volume, the budget
-    detail: str | None = None  # the reason, the amount
+    detail: str | None = None  # the reason, or where a job launched (words; the chat renders figures)
+    # Figures by name, in the order said: {"estimated": 3.2}, {"daily": 5.0, "monthly": 400.0}.
+    amounts: dict[str, float] = Field(default_factory=dict)
+    days: float | None = None  # how long a volume is kept
 
 
 class FinishedJob(BaseModel):
@@ -193,6 +196,22 @@ class WeeklyReport(BaseModel):
     finished: list[FinishedJob] = Field(default_factory=list)
     idle_volumes: list[VolumeView] = Field(default_factory=list)
     budgets: list[BudgetView] = Field(default_factory=list)
+
+
+class DailySummary(BaseModel):
+    """One UTC day's spend for the summary channel (engine/summary.py); the chat renders it."""
+
+    day: str  # "2026-12-01", the day summarized
+    spent: float = 0.0  # on that day
+    spent_today: float = 0.0  # today so far
+    spent_month: float = 0.0  # month to date
+    by_user: list[SpendLine] = Field(default_factory=list)  # the top ten on that day, biggest first
+    by_provider: list[SpendLine] = Field(default_factory=list)
+    finished: dict[str, int] = Field(default_factory=dict)  # jobs finished that day, by final state
+    active: int = 0
+    pending_approval: int = 0
+    idle_volumes: int = 0
+    idle_volume_cost_per_month: float = 0.0
 
 
 class PriceList(BaseModel):

@@ -37,7 +37,7 @@ class EngineEventKind(StrEnum):
     warning = "warning"  # something about the job people should know (runner data refused, storage unscoped)
     budget_alert = "budget_alert"
     idle_volume = "idle_volume"
-    daily_summary = "daily_summary"
+    daily_summary = "daily_summary"  # data {"summary": DailySummary as JSON}
     weekly_report = "weekly_report"  # data {"report": WeeklyReport as JSON}
 
 

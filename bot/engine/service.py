@@ -32,6 +32,7 @@ from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
+    DailySummary,
     Dashboard,
     EngineError,
     JobSeries,
@@ -412,7 +413,8 @@ class Engine:
 
         return weekly_report(self.ctx)
 
-    def daily_summary(self, *, day: str = "yesterday") -> EngineEvent:
+    def daily_summary(self, *, day: str = "yesterday") -> DailySummary:
+        """One day's spend for the summary channel (published as a daily_summary event)."""
         from bot.engine.summary import daily_summary
 
         return daily_summary(self.ctx, day=day)

@@ -1,4 +1,5 @@
-"""The daily spend summary: a few aggregate queries, fast on tens of thousands of jobs."""
+"""The daily spend summary: a few aggregate queries, fast on tens of thousands of jobs, into a typed
+``DailySummary`` (api.py) that the chat renders."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from bot.engine import states as S
+from bot.engine.api import DailySummary, SpendLine
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.spend import DAY, day_start, period_bounds, roll_up_recent
-from bot.money import money
 from store.models import Job, SpendEntry, VolumeRecord
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
 
 
-def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> EngineEvent:
+def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> DailySummary:
     """One UTC day's spend (yesterday for the scheduled post; "today" so far on demand), month to date,
-    by user and provider; jobs by state; idle volumes."""
+    by user and provider; jobs by state; idle volumes. Published as a daily_summary event whose data is
+    {"summary": DailySummary as JSON}: the chat renders it, the engine writes no sentence about it."""
     now = eng.now()
     roll_up_recent(eng)
     today = day_start(now)
@@ -77,32 +79,26 @@ def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> EngineEvent:
                 func.coalesce(func.sum(VolumeRecord.size_gb * VolumeRecord.price_per_gb_month), 0.0),
             ).where(VolumeRecord.deleted_at.is_(None), VolumeRecord.idle_since < idle_cutoff)
         ).one()
-    label = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d")
-    done = ", ".join(f"{n} {state}" for state, n in sorted(finished.items())) or "none"
-    top = ", ".join(f"{u or '-'} {money(float(a))}" for u, a in by_user) or "nobody"
-    message = (
-        f"Spend on {label}: {money(spent_day)} (today so far {money(spent_today)}, month to date "
-        f"{money(spent_month)}). Top: {top}. Jobs finished: {done}. Active: {active}, awaiting approval: "
-        f"{pending}. Idle volumes: {idle_vols} ({money(float(idle_cost))}/month)."
+    summary = DailySummary(
+        day=datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d"),
+        spent=round(spent_day, 4),
+        spent_today=round(spent_today, 4),
+        spent_month=round(spent_month, 4),
+        by_user=[SpendLine(key=u or "-", amount=round(float(a), 4)) for u, a in by_user],
+        by_provider=[SpendLine(key=p or "-", amount=round(float(a), 4)) for p, a in by_provider],
+        finished={str(k): int(n) for k, n in finished.items()},
+        active=active,
+        pending_approval=pending,
+        idle_volumes=int(idle_vols),
+        idle_volume_cost_per_month=round(float(idle_cost), 4),
     )
-    ev = EngineEvent(
-        kind=EngineEventKind.daily_summary,
-        message=message,
-        channel=eng.settings.summary_channel,
-        data={
-            "day": label,
-            "spent": round(spent_day, 4),
-            "spent_today": round(spent_today, 4),
-            "spent_month": round(spent_month, 4),
-            "by_user": [(u, round(float(a), 4)) for u, a in by_user],
-            "by_provider": [(p, round(float(a), 4)) for p, a in by_provider],
-            "finished": finished,
-            "active": active,
-            "pending_approval": pending,
-            "idle_volumes": int(idle_vols),
-            "idle_volume_cost_per_month": round(float(idle_cost), 4),
-        },
-        at=now,
+    eng.bus.publish(
+        EngineEvent(
+            kind=EngineEventKind.daily_summary,
+            message=f"Daily spend summary for {summary.day}",
+            channel=eng.settings.summary_channel,
+            data={"summary": summary.model_dump(mode="json")},
+            at=now,
+        )
     )
-    eng.bus.publish(ev)
-    return ev
+    return summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import func, select
 
@@ -27,31 +27,39 @@ if TYPE_CHECKING:
 MAX_ACTIONS = 200
 
 
-def describe(action: str, actor: str, details: dict[str, Any]) -> tuple[str, str | None] | None:
-    """(kind, detail) of an audit row people care about, or None (launch claims, adoptions, reaping...)."""
+class Said(NamedTuple):
+    """An audit row as people say it: what was done, in words, and its figures (the chat formats them)."""
+
+    action: str
+    detail: str | None = None
+    amounts: dict[str, float] = {}  # noqa: RUF012  (a NamedTuple default, never mutated)
+    days: float | None = None
+
+
+def describe(action: str, actor: str, details: dict[str, Any]) -> Said | None:
+    """What an audit row people care about says, or None (launch claims, adoptions, reaping...)."""
     reason = details.get("reason")
     if action == "create":
         offer = details.get("offer") or {}
         where = " ".join(str(offer[k]) for k in ("provider", "gpu") if offer.get(k))
         total = offer.get("total_cost")
-        cost = f", estimated ${total:,.2f}" if isinstance(total, int | float) else ""
-        return "launched", f"{where}{cost}" or None
+        amounts = {"estimated": float(total)} if isinstance(total, int | float) else {}
+        return Said("launched", where or None, amounts)
     if action.startswith("transition:") and action.endswith("->approved"):
-        return "approved", None
+        return Said("approved")
     if action.startswith("transition:") and action.endswith("->cancelled"):
-        return ("rejected", None) if reason == "rejected" else ("cancelled", reason)
+        return Said("rejected") if reason == "rejected" else Said("cancelled", reason)
     if action == "stop-requested":
-        return "stopped", reason if reason and reason != "user" else None
+        return Said("stopped", reason if reason and reason != "user" else None)
     if action == "volume-delete":
-        return "deleted volume", None
+        return Said("deleted volume")
     if action == "volume-keep":
         days = details.get("days")
-        return "kept volume", f"{days:g} days" if isinstance(days, int | float) else None
+        return Said("kept volume", days=float(days) if isinstance(days, int | float) else None)
     if action == "set-budget":
-        amounts = [
-            f"{k} ${details[k]:,.2f}" for k in ("daily", "monthly") if isinstance(details.get(k), int | float)
-        ]
-        return "set budget", ", ".join(amounts) or None
+        keys = ("daily", "monthly")
+        amounts = {k: float(details[k]) for k in keys if isinstance(details.get(k), int | float)}
+        return Said("set budget", amounts=amounts)
     return None
 
 
@@ -117,15 +125,16 @@ def weekly_report(ctx: EngineContext, *, publish: bool = True) -> WeeklyReport:
         described = describe(row.action, row.actor, row.details or {})
         if described is None:
             continue
-        kind, detail = described
         actions.append(
             AuditEntry(
                 at=ts(row.at),  # type: ignore[arg-type]
                 actor=row.actor,
-                action=kind,  # type: ignore[arg-type]
+                action=described.action,  # type: ignore[arg-type]
                 job_id=row.job_id,
                 target=_target(row, jobs),
-                detail=detail,
+                detail=described.detail,
+                amounts=described.amounts,
+                days=described.days,
             )
         )
     report = WeeklyReport(
@@ -144,7 +153,7 @@ def weekly_report(ctx: EngineContext, *, publish: bool = True) -> WeeklyReport:
             EngineEvent(
                 kind=EngineEventKind.weekly_report,
                 channel=ctx.settings.summary_channel,
-                message=f"Weekly report {report.days[0]} to {report.days[-1]}: ${report.total:,.2f}",
+                message=f"Weekly report {report.days[0]} to {report.days[-1]}",  # figures: the chat's
                 data={"report": report.model_dump(mode="json")},
                 at=now,
             )

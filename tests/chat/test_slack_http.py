@@ -6,6 +6,7 @@ import threading
 import time
 
 from bot.chat.blockkit import violations
+from bot.engine.api import DailySummary, SpendLine
 from bot.engine.events import EngineEvent, EngineEventKind
 
 from .conftest import SlackStack, sign
@@ -215,21 +216,24 @@ def test_alerts_summary_reminders_and_approval(slack_stack: SlackStack) -> None:
     bus.publish(
         EngineEvent(kind=EngineEventKind.budget_alert, user="U_BOB", message="You used 90% of $20 today")
     )
-    summary_data = {
-        "day": "2026-12-01",
-        "spent": 12.5,
-        "spent_today": 1.0,
-        "spent_month": 30.0,
-        "active": 1,
-        "pending_approval": 0,
-        "by_user": [["U_ALICE", 10.0], ["U_BOB", 2.5]],
-        "by_provider": [["vast", 12.5]],
-        "idle_volumes": 1,
-        "idle_volume_cost_per_month": 14.0,
-    }
+    summary = DailySummary(
+        day="2026-12-01",
+        spent=12.5,
+        spent_today=1.0,
+        spent_month=30.0,
+        active=1,
+        pending_approval=0,
+        by_user=[SpendLine(key="U_ALICE", amount=10.0), SpendLine(key="U_BOB", amount=2.5)],
+        by_provider=[SpendLine(key="vast", amount=12.5)],
+        finished={"succeeded": 2},
+        idle_volumes=1,
+        idle_volume_cost_per_month=14.0,
+    )
     bus.publish(
         EngineEvent(
-            kind=EngineEventKind.daily_summary, message="Spend on 2026-12-01: $12.50", data=summary_data
+            kind=EngineEventKind.daily_summary,
+            message="Daily spend summary for 2026-12-01",
+            data={"summary": summary.model_dump(mode="json")},
         )
     )
     vol = stack.engine.volume_list[0]
@@ -245,6 +249,7 @@ def test_alerts_summary_reminders_and_approval(slack_stack: SlackStack) -> None:
     daily = next(m for m in summary if "Spend on 2026-12-01" in m["text"])
     assert "Daily spend summary for 2026-12-01: $12.50" in str(daily["blocks"])
     assert "U_ALICE" in str(daily["blocks"]) and "$30.00" in str(daily["blocks"])
+    assert "Jobs finished: 2 succeeded" in daily["text"] and "$14.00/month" in str(daily["blocks"])
     reminder = next(m for m in summary if "llama-ckpts" in m["text"])
     blocks = str(reminder["blocks"])
     assert "$14.00/month" in blocks and "volume_delete" in blocks and "volume_keep" in blocks

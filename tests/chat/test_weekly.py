@@ -31,13 +31,15 @@ def report() -> WeeklyReport:
                 action="launched",
                 job_id="j1",
                 target="Llama-3.1-8B qlora",
-                detail="vast rtx-4090, estimated $3.20",
+                detail="vast rtx-4090",
+                amounts={"estimated": 3.2},
             ),
             AuditEntry(at=at, actor=ADMIN, action="approved", job_id="j2", target="Qwen2.5-72B lora"),
             AuditEntry(at=at, actor=BOB, action="stopped", job_id="j2", target="Qwen2.5-72B lora"),
             AuditEntry(at=at, actor="engine", action="stopped", job_id="j3", detail="budget"),
+            AuditEntry(at=at, actor=BOB, action="kept volume", target="runpod:v1", days=7.0),
             AuditEntry(
-                at=at, actor=ADMIN, action="set budget", target=f"user {BOB}", detail="monthly $400.00"
+                at=at, actor=ADMIN, action="set budget", target=f"user {BOB}", amounts={"monthly": 400.0}
             ),
         ],
         finished=[
@@ -94,6 +96,7 @@ def test_the_report_reads_as_people_and_fits_block_kit() -> None:
     assert f"<@{ALICE}> launched `j1` (Llama-3.1-8B qlora): vast rtx-4090, estimated $3.20" in blocks
     assert f"<@{ADMIN}> approved `j2`" in blocks and f"<@{BOB}> stopped `j2`" in blocks
     assert "tunebot stopped `j3`: budget" in blocks  # the engine's own stops
+    assert f"<@{BOB}> kept volume runpod:v1: 7 days" in blocks
     assert f"<@{ADMIN}> set budget of <@{BOB}>: monthly $400.00" in blocks
     (table,) = [b for b in message["blocks"] if b["type"] == "table"]  # finished jobs: estimate vs actual
     header = [c["elements"][0]["elements"][0]["text"] for c in table["rows"][0]]

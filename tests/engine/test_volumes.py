@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.engine.api import EngineError, PermissionDenied
+from bot.engine.api import DailySummary, EngineError, PermissionDenied
 from bot.providers.base import Volume
 
 from .conftest import Recorder, estimate_for, request
@@ -131,12 +131,13 @@ def test_daily_summary_reports_yesterday(make_engine, clock):
     eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=100))  # awaiting approval
     clock.advance(DAY)
     rec = Recorder(eng.bus)
-    ev = eng.daily_summary()
-    assert ev.kind == "daily_summary" and rec.events == [ev]
-    assert ev.data["spent"] == pytest.approx(2.0, abs=1e-4)
-    assert ev.data["by_user"][0][0] == "alice"
-    assert ev.data["finished"] == {"stopped": 1} and ev.data["pending_approval"] == 1
-    assert "$2.00" in ev.message
+    summary = eng.daily_summary()
+    assert [e.kind for e in rec.events] == ["daily_summary"]
+    assert DailySummary.model_validate(rec.events[0].data["summary"]) == summary
+    assert summary.spent == pytest.approx(2.0, abs=1e-4)
+    assert [line.key for line in summary.by_user] == ["alice"]
+    assert summary.finished == {"stopped": 1} and summary.pending_approval == 1
+    assert "$" not in rec.events[0].message  # the engine writes no figures; the chat renders them
 
 
 def test_daily_summary_of_today_so_far(make_engine, clock):
@@ -147,9 +148,9 @@ def test_daily_summary_of_today_so_far(make_engine, clock):
     clock.advance(3600)
     eng.stop(job.job_id, user="alice")
     today = eng.daily_summary(day="today")
-    assert today.data["day"] == "2025-12-02" and today.data["spent"] == pytest.approx(2.0, abs=1e-4)
-    assert today.data["spent_today"] == pytest.approx(2.0, abs=1e-4)
-    assert eng.daily_summary().data["spent"] == 0.0  # yesterday: nothing yet
+    assert today.day == "2025-12-02" and today.spent == pytest.approx(2.0, abs=1e-4)
+    assert today.spent_today == pytest.approx(2.0, abs=1e-4)
+    assert eng.daily_summary().spent == 0.0  # yesterday: nothing yet
 
 
 def test_estimate_ranks_the_local_cpu_offer(tmp_path, settings):

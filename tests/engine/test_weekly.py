@@ -22,16 +22,16 @@ from .conftest import Recorder, estimate_for, request
         (
             "create",
             {"offer": {"provider": "vast", "gpu": "rtx-4090", "total_cost": 3.2}},
-            ("launched", "vast rtx-4090, estimated $3.20"),
+            ("launched", "vast rtx-4090", {"estimated": 3.2}, None),
         ),
-        ("transition:pending_approval->approved", {}, ("approved", None)),
-        ("transition:pending_approval->cancelled", {"reason": "rejected"}, ("rejected", None)),
-        ("transition:pending_approval->cancelled", {"reason": "user"}, ("cancelled", "user")),
-        ("stop-requested", {"reason": "user"}, ("stopped", None)),
-        ("stop-requested", {"reason": "budget"}, ("stopped", "budget")),
-        ("volume-delete", {"provider": "runpod", "volume_id": "v1"}, ("deleted volume", None)),
-        ("volume-keep", {"days": 7.0}, ("kept volume", "7 days")),
-        ("set-budget", {"daily": None, "monthly": 400.0}, ("set budget", "monthly $400.00")),
+        ("transition:pending_approval->approved", {}, ("approved", None, {}, None)),
+        ("transition:pending_approval->cancelled", {"reason": "rejected"}, ("rejected", None, {}, None)),
+        ("transition:pending_approval->cancelled", {"reason": "user"}, ("cancelled", "user", {}, None)),
+        ("stop-requested", {"reason": "user"}, ("stopped", None, {}, None)),
+        ("stop-requested", {"reason": "budget"}, ("stopped", "budget", {}, None)),
+        ("volume-delete", {"provider": "runpod", "volume_id": "v1"}, ("deleted volume", None, {}, None)),
+        ("volume-keep", {"days": 7.0}, ("kept volume", None, {}, 7.0)),
+        ("set-budget", {"daily": None, "monthly": 400.0}, ("set budget", None, {"monthly": 400.0}, None)),
         ("transition:approved->launching", {}, None),
         ("adopt", {}, None),
     ],
@@ -80,7 +80,8 @@ def test_a_week_of_work_in_one_report(make_engine, fake, clock) -> None:  # noqa
     assert ("boss", "approved", big.job_id) in said and ("bob", "stopped", big.job_id) in said
     assert ("boss", "set budget", None) in said
     launched = next(a for a in report.actions if a.job_id == cheap.job_id and a.action == "launched")
-    assert launched.detail == "fake rtx-4090, estimated $1.00" and launched.target == "tiny lora"
+    assert launched.detail == "fake rtx-4090" and launched.amounts == {"estimated": pytest.approx(1.0)}
+    assert launched.target == "tiny lora"
     done = {j.job_id: j for j in report.finished}
     assert done[cheap.job_id].state == "succeeded"
     assert done[cheap.job_id].estimated_cost == pytest.approx(1.0)
