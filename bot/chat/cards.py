@@ -21,11 +21,14 @@ from bot.chat.replies import (
     Reply,
     Table,
     Text,
+    text_reply,
 )
-from bot.engine.api import BudgetView, JobView, SpendLine, SpendReport, VolumeView
+from bot.engine.api import BudgetView, JobView, PriceList, SpendLine, SpendReport, VolumeView
 from bot.engine.jobstate import ACTIVE, OPEN, resumable
 from bot.engine.results import how_to_load
 from bot.money import money
+from bot.planner.gpus import GPUS
+from bot.planner.offer import Offer
 from bot.planner.result import Estimate, RankedOffer
 from bot.planner.training import describe as describe_plan
 
@@ -678,6 +681,86 @@ def budgets_reply(budgets: list[BudgetView]) -> Reply:
     ]
     reply = Reply(fallback=f"{len(budgets)} budget(s)")
     reply.add(Header("Budgets"), Table(["scope", "name", "daily", "today", "monthly", "month"], rows))
+    return reply
+
+
+MAX_GPU_ROWS = 25  # `/tune gpus`: the cheapest this many; `gpus GPU` narrows the list
+GPU_MEMORY_NOTE = "memory GB = 10^9 bytes (a card sold as A100 40GB has 40 GiB = 42.9 GB)"
+
+
+def gpu_rows(offers: list[Offer], *, detailed: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The GPU table's columns and rows, for every door: Slack and the console show the compact form, `tunebot
+    gpus` the detailed one (the GPU's label, storage, egress, reliability and preemption rate too)."""
+    if not detailed:
+        columns = ["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"]
+        rows = [
+            [
+                esc(o.provider),
+                esc(o.gpu),
+                str(o.gpu_count),
+                f"{o.gpu_memory_gb:g} GB",
+                "spot" if o.interruptible else "on-demand",
+                f"{money(o.price_per_hour)}/h",
+                money(o.price_per_hour / o.gpu_count),
+            ]
+            for o in offers
+        ]
+        return columns, rows
+    columns = ["provider", "gpu", "n", "memory GB", "class", "$/h", "$/GPU-h", "storage $/GB-mo",
+               "egress $/GB", "reliability", "preempt/h"]
+    rows = [
+        [
+            esc(o.provider),
+            esc(GPUS[o.gpu].label if o.gpu in GPUS else o.gpu),
+            str(o.gpu_count),
+            f"{o.gpu_memory_gb:.1f}",
+            "interruptible" if o.interruptible else "on-demand",
+            f"{o.price_per_hour:.2f}",
+            f"{o.price_per_hour / o.gpu_count:.2f}",
+            f"{o.storage_per_gb_month:.2f}",
+            f"{o.egress_per_gb:.2f}",
+            f"{o.reliability:.3f}" if o.reliability is not None else "-",
+            f"{o.preemptions_per_hour:.2f}" if o.interruptible else "-",
+        ]
+        for o in offers
+    ]
+    return columns, rows
+
+
+def gpus_reply(prices: PriceList, gpu: str | None = None, *, detailed: bool = False) -> Reply:
+    """The GPU price table from the engine's price list (live where a cloud's key is set, else its dated
+    snapshot, each cloud's source said). Compact (Slack, the console): the cheapest per GPU-hour first, at
+    most MAX_GPU_ROWS, the sources in one line. ``detailed`` (`tunebot gpus`): every offer by GPU and size."""
+    offers = [o for o in prices.offers if gpu is None or o.gpu == gpu]
+    if detailed:
+        stamp = "%Y-%m-%d %H:%M"
+    else:  # a snapshot is dated by the day; live prices by the minute
+        stamp = "%Y-%m-%d" if prices.source == "snapshot" else "%Y-%m-%d %H:%M UTC"
+    when = f" as of {prices.as_of:{stamp}}" if prices.as_of else ""
+    if detailed:
+        offers.sort(key=lambda o: (o.gpu, o.gpu_count, o.price_per_hour))
+        reply = Reply(fallback=f"{len(offers)} GPU offers")
+        columns, rows = gpu_rows(offers, detailed=True)
+        reply.add(Table(columns, rows, title=f"GPU offers ({esc(prices.source)}{when})"))
+        reply.add(Context([GPU_MEMORY_NOTE, *(f"note: {esc(n)}" for n in prices.notes)]))
+        if not offers:
+            reply.add(Context(["no offers"]))
+        return reply
+    offers.sort(key=lambda o: (o.price_per_hour / o.gpu_count, o.gpu))
+    for_gpu = f" for {esc(gpu)}" if gpu else ""
+    if not offers:
+        return text_reply(f"No offers{for_gpu} right now.")
+    shown = offers[:MAX_GPU_ROWS]
+    reply = Reply(
+        fallback=f"{len(offers)} offers{for_gpu}; cheapest "
+        f"{esc(shown[0].provider)} {esc(shown[0].gpu)} {money(shown[0].price_per_hour)}/h"
+    )
+    columns, rows = gpu_rows(shown)
+    reply.add(Table(columns, rows, title=f"Cheapest offers{for_gpu} ({esc(prices.source)}{when})"))
+    if len(offers) > len(shown):
+        reply.add(Context([f"{len(offers) - len(shown)} more offers; `gpus GPU` narrows the list"]))
+    if prices.notes:  # one element: a Slack context holds 10, and a fifth cloud adds a note
+        reply.add(Context(["prices: " + esc("; ".join(prices.notes))]))
     return reply
 
 

@@ -46,7 +46,7 @@ from bot.chat.grammar import (
     usage_for,
 )
 from bot.chat.permissions import Permissions
-from bot.chat.replies import Context, Reply, Table, error_reply, text_reply
+from bot.chat.replies import Reply, error_reply, text_reply
 from bot.chat.slowwork import SlowWork
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.engine.ids import check_job_id
@@ -523,44 +523,11 @@ class ChatHandlers:
 
     def _gpus(self, gpu: str | None) -> Reply:
         """Cheapest offers per GPU from the engine's price list: live where a cloud's key is set, else the
-        dated snapshot, with each cloud's price source under the table."""
+        dated snapshot, with each cloud's price source under the table (cards.gpus_reply)."""
         from bot.planner.gpus import gpu as lookup_gpu
 
         name = lookup_gpu(gpu).name if gpu else None  # PlanningError for unknown names: a friendly reply
-        prices = self.engine.price_list(name)
-        offers = list(prices.offers)
-        stamp = "%Y-%m-%d" if prices.source == "snapshot" else "%Y-%m-%d %H:%M UTC"
-        when = f" as of {prices.as_of:{stamp}}" if prices.as_of else ""
-        source = f"{prices.source}{when}"
-        if name:
-            offers = [o for o in offers if o.gpu == name]
-        offers.sort(key=lambda o: (o.price_per_hour / o.gpu_count, o.gpu))
-        if not offers:
-            return text_reply(f"No offers{' for ' + name if name else ''} right now.")
-        shown = offers[:25]
-        rows = [
-            [
-                esc(o.provider),
-                esc(o.gpu),
-                str(o.gpu_count),
-                f"{o.gpu_memory_gb:g} GB",
-                "spot" if o.interruptible else "on-demand",
-                f"{cards.money(o.price_per_hour)}/h",
-                f"{cards.money(o.price_per_hour / o.gpu_count)}",
-            ]
-            for o in shown
-        ]
-        title = f"Cheapest offers{' for ' + name if name else ''} ({source})"
-        reply = Reply(
-            fallback=f"{len(offers)} offers{' for ' + esc(name) if name else ''}; cheapest "
-            f"{esc(shown[0].provider)} {esc(shown[0].gpu)} {cards.money(shown[0].price_per_hour)}/h"
-        )
-        reply.add(Table(["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"], rows, title=title))
-        if len(offers) > len(shown):
-            reply.add(Context([f"{len(offers) - len(shown)} more offers; `gpus GPU` narrows the list"]))
-        if prices.notes:  # one element: a Slack context holds 10, and a fifth cloud adds a note
-            reply.add(Context(["prices: " + esc("; ".join(prices.notes))]))
-        return reply
+        return cards.gpus_reply(self.engine.price_list(name), name)
 
     def _home(self, user: str) -> Reply:
         return home_reply(self.engine.dashboard(user))

@@ -16,7 +16,6 @@ import typer
 from bot.commands.errors import fail
 
 if TYPE_CHECKING:
-    from bot.planner.offer import Offer
     from bot.planner.result import Estimate
 
 
@@ -114,13 +113,9 @@ def gpus_command(
             name = lookup_gpu(gpu).name
         except PlanningError as exc:
             fail(str(exc))
-    notes: list[str] = []
     if live:
-        try:
-            from bot.providers.catalog import live_catalog
-        except ImportError:
-            fail("live prices are not available in this installation (bot.providers.catalog missing)")
-        from bot.providers.registry import configured_clouds
+        from bot.engine.offers import price_list
+        from bot.providers.registry import build_providers, configured_clouds
         from bot.settings import get_settings
 
         settings = get_settings()
@@ -130,70 +125,23 @@ def gpus_command(
                 f"Asking {', '.join(asking)} for live prices (at most {settings.catalog_deadline_s:g} s)…",
                 err=True,
             )
-        cat = live_catalog(settings, gpu=name)
-        offers, notes, source, as_of = list(cat.offers), list(cat.notes), cat.source, cat.as_of
+        prices = price_list(settings, build_providers(settings, include_local=False), gpu=name)
     else:
+        from bot.engine.api import PriceList
         from bot.providers.snapshot import snapshot_as_of, snapshot_offers
 
-        offers, source, as_of = snapshot_offers(), "snapshot", snapshot_as_of()
-    if name:
-        offers = [o for o in offers if o.gpu == name]
-    offers.sort(key=lambda o: (o.gpu, o.gpu_count, o.price_per_hour))
+        prices = PriceList(offers=snapshot_offers(), source="snapshot", as_of=snapshot_as_of())
     if as_json:
         import json
 
+        offers = [o for o in prices.offers if name is None or o.gpu == name]
+        offers.sort(key=lambda o: (o.gpu, o.gpu_count, o.price_per_hour))
         typer.echo(json.dumps([o.model_dump(mode="json") for o in offers], indent=2))
         return
-    _print_catalog(offers, notes, source, as_of)
+    from bot.chat.cards import gpus_reply
+    from bot.chat.terminal import cli_console, render
 
-
-def _print_catalog(offers: list[Offer], notes: list[str], source: str, as_of: object) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from bot.planner.gpus import GPUS
-
-    when = f" as of {as_of:%Y-%m-%d %H:%M}" if hasattr(as_of, "strftime") else ""
-    table = Table(title=f"GPU offers ({source}{when})", title_justify="left",
-                  caption="memory GB = 10^9 bytes (a card sold as A100 40GB has 40 GiB = 42.9 GB)",
-                  caption_justify="left")
-    for col in (
-        "provider",
-        "gpu",
-        "n",
-        "memory GB",
-        "class",
-        "$/h",
-        "$/GPU-h",
-        "storage $/GB-mo",
-        "egress $/GB",
-        "reliability",
-        "preempt/h",
-    ):
-        table.add_column(col, justify="left" if col in ("provider", "gpu", "class") else "right")
-    for o in offers:
-        label = GPUS[o.gpu].label if o.gpu in GPUS else o.gpu
-        table.add_row(
-            o.provider,
-            label,
-            str(o.gpu_count),
-            f"{o.gpu_memory_gb:.1f}",
-            "interruptible" if o.interruptible else "on-demand",
-            f"{o.price_per_hour:.2f}",
-            f"{o.price_per_hour / o.gpu_count:.2f}",
-            f"{o.storage_per_gb_month:.2f}",
-            f"{o.egress_per_gb:.2f}",
-            f"{o.reliability:.3f}" if o.reliability is not None else "-",
-            f"{o.preemptions_per_hour:.2f}" if o.interruptible else "-",
-        )
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 130)
-    console.print(table)
-    for note in notes:
-        console.print(f"[dim]note: {note}[/dim]")
-    if not offers:
-        console.print("no offers")
+    render(gpus_reply(prices, name, detailed=True), cli_console())
 
 
 def register(app: typer.Typer) -> None:

@@ -76,3 +76,64 @@ def test_gpus_without_keys_says_every_cloud_is_priced_from_its_snapshot(chat) ->
     assert "(snapshot as of 2026-" in text
     for name, spec in CLOUDS.items():
         assert f"{name}: no {spec.key_env}" in text
+
+
+def _cli_rows(output: str) -> set[tuple[str, int, str]]:
+    """(provider, GPUs, $/h) of every row of `tunebot gpus`'s table."""
+    rows = set()
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 11 and cells[2].isdigit():
+            rows.add((cells[0], int(cells[2]), cells[5]))
+    return rows
+
+
+def test_tunebot_gpus_and_slack_render_the_same_live_offers(
+    keys_set: dict[str, FakeCloud], chat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from bot.cli import app
+    from bot.settings import get_settings
+
+    monkeypatch.setenv("TUNEBOT_MIN_RELIABILITY", "0")  # as the chat's engine: the same offers on both doors
+    get_settings.cache_clear()
+    result = CliRunner().invoke(app, ["gpus", "--live", "--gpu", "rtx-4090"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in CLOUDS:
+        assert f"note: {name}: live prices as of" in result.output
+    cli = _cli_rows(result.output)
+    reply = chat.handle_text("gpus RTX-4090", ALICE)
+    table = next(p for p in reply.parts if isinstance(p, Table))
+    prices = chat.engine.price_list("rtx-4090")
+    by_row = {(o.provider, o.gpu_count, money(o.price_per_hour)): o for o in prices.offers}
+    slack = [by_row[(r[0], int(r[2]), r[5].removesuffix("/h"))] for r in table.rows]
+    assert slack and all(o.source == "live" for o in slack)
+    assert {(o.provider, o.gpu_count, f"{o.price_per_hour:.2f}") for o in slack} <= cli
+
+
+def test_one_gpu_table_two_forms() -> None:
+    from datetime import UTC, datetime
+
+    from bot.chat.cards import gpu_rows, gpus_reply
+    from bot.engine.api import PriceList
+    from bot.planner.offer import Offer
+
+    offer = Offer(provider="vast", offer_id="1", gpu="h100-80gb", gpu_count=2, gpu_memory_gb=85.52,
+                  price_per_hour=3.8, interruptible=True, reliability=0.97, preemptions_per_hour=0.12,
+                  storage_per_gb_month=0.15, egress_per_gb=0.02)
+    assert gpu_rows([offer]) == (
+        ["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"],
+        [["vast", "h100-80gb", "2", "85.52 GB", "spot", "$3.80/h", "$1.90"]],
+    )
+    columns, rows = gpu_rows([offer], detailed=True)
+    assert dict(zip(columns, rows[0], strict=True)) == {
+        "provider": "vast", "gpu": "H100 80GB SXM", "n": "2", "memory GB": "85.5", "class": "interruptible",
+        "$/h": "3.80", "$/GPU-h": "1.90", "storage $/GB-mo": "0.15", "egress $/GB": "0.02",
+        "reliability": "0.970", "preempt/h": "0.12",
+    }
+    prices = PriceList(offers=[offer], notes=["vast: live prices as of 2026-12-03 10:00 UTC"], source="live",
+                       as_of=datetime(2026, 12, 3, 10, 0, tzinfo=UTC))
+    compact = flat(gpus_reply(prices, "h100-80gb"))
+    assert "(live as of 2026-12-03 10:00 UTC)" in compact and "prices: vast: live prices" in compact
+    assert "No offers for rtx-4090" in flat(gpus_reply(prices, "rtx-4090"))
