@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bot.planner import EstimateRequest, estimate
+from bot.planner import EstimateRequest, plan_request
 from bot.planner.rank import BOOT_HOURS, DISK_GBS, HOURS_PER_MONTH, JobShape
 from bot.planner.result import RankedOffer
 from bot.providers.snapshot import snapshot_offers
@@ -91,7 +91,7 @@ def mean_cost(
 
 def main() -> None:
     catalog = offers()
-    est = estimate(REQ, offers=catalog)
+    est = plan_request(REQ, offers=catalog)
     by_key = {(o.provider, o.offer_id, o.interruptible): o for o in catalog}
     fitting = [o for o in est.offers if o.fits]
     mem_gb = est.memory.breakdown_gb

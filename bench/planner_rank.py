@@ -11,7 +11,7 @@ import random
 import statistics
 import time
 
-from bot.planner import EstimateRequest, estimate, plan, rank
+from bot.planner import EstimateRequest, plan, plan_request, rank
 from bot.providers.snapshot import snapshot_offers
 
 TARGET_MS = 50.0
@@ -52,9 +52,9 @@ def median_ms(fn, repeats: int = REPEATS) -> float:
 def main() -> None:
     offers = offers_10k()
     req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", tokens=50_000_000)
-    estimate(req, offers=offers)  # warm caches (model table, imports)
-    ms = median_ms(lambda: estimate(req, offers=offers))
-    est = estimate(req, offers=offers)
+    plan_request(req, offers=offers)  # warm caches (model table, imports)
+    ms = median_ms(lambda: plan_request(req, offers=offers))
+    est = plan_request(req, offers=offers)
     fits = sum(o.fits for o in est.offers)
 
     real_rank = plan.rank_offers
@@ -69,7 +69,7 @@ def main() -> None:
 
     plan.rank_offers = naive_rank
     try:
-        base_ms = median_ms(lambda: estimate(req, offers=offers), repeats=5)
+        base_ms = median_ms(lambda: plan_request(req, offers=offers), repeats=5)
     finally:
         plan.rank_offers = real_rank
     print(

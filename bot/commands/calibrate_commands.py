@@ -61,7 +61,7 @@ def show_command(
     import json
 
     from bot.engine.calibration import load
-    from bot.planner.plan import calibrate
+    from bot.planner.inputs import calibrate
 
     eng = _engine()
     try:

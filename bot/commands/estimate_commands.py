@@ -30,7 +30,8 @@ def _estimate(
     """Priced like the chat and what `tunebot launch` rents (bot/engine/offers.priced_estimate): live where
     a cloud key is set, each silent cloud from its dated snapshot with a note; ``offline``: the snapshot."""
     from bot.commands.request_cli import build_request
-    from bot.planner import PlanningError, estimate
+    from bot.engine.offers import snapshot_estimate
+    from bot.planner import PlanningError
     from bot.providers.registry import configured_clouds
     from bot.settings import get_settings
 
@@ -43,7 +44,7 @@ def _estimate(
     calibration = None
     if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
         from bot.engine.calibration import read_snapshot
-        from bot.planner.plan import calibrate
+        from bot.planner.inputs import calibrate
 
         measurements = read_snapshot(settings.data_dir)
         calibration = calibrate(measurements) if measurements else None
@@ -61,7 +62,7 @@ def _estimate(
                 )
             result = priced_estimate(settings, build_providers(settings), request, calibration=calibration)
         else:  # the card says "prices: snapshot as of <date>"
-            result = estimate(request, calibration=calibration)
+            result = snapshot_estimate(request, calibration=calibration)
     except PlanningError as exc:
         fail(str(exc))
     if as_json:

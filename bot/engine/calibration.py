@@ -41,7 +41,7 @@ MEASURED = ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_secon
 def _mfu(m: Measurement) -> float | None:
     """Measured MFU: the planner's FLOPs per token at the measured speed over the GPU's matmul rate."""
     from bot.planner.gpus import known
-    from bot.planner.plan import predict_measurement
+    from bot.planner.inputs import predict_measurement
 
     if not m.tokens_per_second:
         return None
@@ -162,7 +162,7 @@ def version(eng: EngineContext) -> tuple[int, int]:
 
 def calibration_for(eng: EngineContext) -> Calibration:
     """The planner's corrections from the stored measurements, recomputed only when they changed."""
-    from bot.planner.plan import calibrate
+    from bot.planner.inputs import calibrate
 
     current = version(eng)
     cached = eng.memory.calibration

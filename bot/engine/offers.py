@@ -114,10 +114,12 @@ def priced_estimate(
     pick): every cloud's offers, live where a key is set and the API answers within TUNEBOT_CATALOG_DEADLINE,
     else the dated snapshot with a note saying so; labelled among the offers these providers can launch; this
     machine's CPU only when no cloud is configured or gpu=cpu."""
-    from bot.planner import estimate as plan
+    from bot.planner.inputs import resolve_inputs
+    from bot.planner.plan import estimate
     from bot.providers.base import OfferQuery, ProviderError
     from bot.providers.catalog import live_catalog
 
+    inputs = resolve_inputs(request)  # the model and the dataset, read once; before any cloud is asked
     clouds = {n: p for n, p in providers.items() if n != "local"}
     catalog = live_catalog(settings, interruptible=request.interruptible, providers=clouds)
     offers = list(catalog.offers)
@@ -130,7 +132,20 @@ def priced_estimate(
             source = "live" if source == "live" else "mixed"  # this machine's price is always live
         except ProviderError as exc:
             log.warning("offers from local unavailable: %s", exc)
-    est = plan(
-        request, offers=offers, prices_source=source, prices_as_of=catalog.as_of, calibration=calibration
+    est = estimate(
+        request,
+        inputs,
+        offers=offers,
+        prices_source=source,
+        prices_as_of=catalog.as_of,
+        calibration=calibration,
     )
     return for_this_engine(est, providers, _price_notes(catalog), local_max_hours=settings.local_max_hours)
+
+
+def snapshot_estimate(request: EstimateRequest, *, calibration: Calibration | None = None) -> Estimate:
+    """`tunebot estimate --offline` (or with no cloud key set): every cloud's dated snapshot, labelled by the
+    planner among all fitting offers (no engine here to launch them); the card says "prices: snapshot"."""
+    from bot.planner.inputs import plan_request
+
+    return plan_request(request, calibration=calibration)

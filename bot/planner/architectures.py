@@ -9,7 +9,7 @@ the blocks only; embeddings, lm_head and norms stay 16-bit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.planner.errors import BadRequestError, PlanningError
@@ -87,6 +87,18 @@ class BlockGroup:
 
 
 @dataclass(frozen=True)
+class Adapted:
+    """LoRA targets as asked, resolved against one model: the Linear layers they adapt."""
+
+    asked: tuple[str, ...] | str
+    linears: tuple[Linear, ...]
+
+
+def _asked(targets: list[str] | tuple[str, ...] | str) -> tuple[str, ...] | str:
+    return targets if isinstance(targets, str) else tuple(targets)
+
+
+@dataclass(frozen=True)
 class Architecture:
     name: str
     model_type: str
@@ -105,6 +117,8 @@ class Architecture:
     active_ffn: int = 0  # MLP width used per token (top-k experts + shared expert)
     gated_mlp: bool = True
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The request's LoRA targets resolved once (adapt()); memory, speed and the training plan read them.
+    adapted: Adapted | None = field(default=None, repr=False, compare=False)
 
     @property
     def layers(self) -> int:
@@ -153,8 +167,22 @@ class Architecture:
                     names.append(lin.name)
         return names
 
+    def adapt(self, targets: list[str] | str) -> Architecture:
+        """This model with ``targets`` resolved once: every later lora_targets(targets) reads the result
+        (BadRequestError naming the model's layers when none match). Already adapted to them: itself."""
+        if self.adapted is not None and self.adapted.asked == _asked(targets):
+            return self
+        return replace(self, adapted=Adapted(_asked(targets), tuple(self._resolve_targets(targets))))
+
     def lora_targets(self, targets: list[str] | str) -> list[Linear]:
-        """The Linear layers (of the first group that has them) adapted by `targets`."""
+        """The Linear layers (of the first group that has them) adapted by `targets`: those adapt() resolved
+        when they are the same targets, else resolved now."""
+        if self.adapted is not None and self.adapted.asked == _asked(targets):
+            return list(self.adapted.linears)
+        return self._resolve_targets(targets)
+
+    def _resolve_targets(self, targets: list[str] | str) -> list[Linear]:
+        """Match what the person typed (module names, roles such as q or mlp, all-linear) to Linear layers."""
         if targets == "all-linear":
             return [lin for g in self.groups for lin in g.linears]  # PEFT: every Linear but lm_head
         if isinstance(targets, str):

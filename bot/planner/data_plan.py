@@ -17,55 +17,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
+from bot.planner.resolved import DataPlan
 
 MAX_EXACT_RECORDS = 5_000  # tokenized one by one; beyond, a sample is and the rest scale by characters
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json")
 MAX_TOKENIZER_FILE_BYTES = 64 * 2**20  # Gemma's tokenizer.json, the largest common one, is ~34 MB
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """The dataset as the runner will see it: token lengths of the kept train and eval examples."""
-
-    train_lengths: list[int]
-    eval_lengths: list[int]
-    records: int
-    tokenized: int  # records tokenized exactly (all of them up to MAX_EXACT_RECORDS)
-    truncated: int
-    dropped: int
-    _plans: dict[tuple[int, int, bool, int], Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def source(self) -> str:
-        if self.tokenized >= self.records:
-            return "runner's tokenizer, template and packing"
-        return (f"runner's tokenizer on {self.tokenized:,} of {self.records:,} records, the rest scaled by "
-                "their characters")
-
-    def length(self, req: EstimateRequest, processes: int) -> Any:
-        """runner.steps.RunLength of this data for ``req`` on ``processes`` GPUs."""
-        from runner.spec import PlateauSpec
-        from runner.steps import plan_batches, run_length
-
-        key = (req.seq_len, req.batch_size, req.packing, req.seed)
-        if key not in self._plans:  # the batch plans do not depend on the GPU count: made once
-            self._plans[key] = tuple(
-                plan_batches(lengths, seq_len=req.seq_len, micro_batch_size=req.batch_size,
-                             packing=req.packing, seed=req.seed, epoch=0)
-                for lengths in (self.train_lengths, self.eval_lengths))
-        return run_length(self.train_lengths, self.eval_lengths, seq_len=req.seq_len,
-                          micro_batch_size=req.batch_size, grad_accum=req.grad_accum, processes=processes,
-                          packing=req.packing, seed=req.seed, epochs=req.epochs, max_steps=req.max_steps,
-                          plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience),
-                          plans=self._plans[key])
 
 
 def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.planner.architectures import Architecture
-from bot.planner.data_plan import DataPlan
 from bot.planner.errors import BadRequestError
 from bot.planner.gpus import GPU
 from bot.planner.request import EstimateRequest
+from bot.planner.resolved import DataPlan
 from bot.planner.speed import SpeedResult, estimate_speed, flops_per_token
 
 

@@ -1,23 +1,24 @@
-"""`estimate()`: the whole planner for one request - model, memory, speed, time, ranked offers."""
+"""`estimate()`: the whole planner for one request - model, memory, speed, time, ranked offers.
+
+Pure: no network, no files, no environment, no provider registry. What it needs from outside (the model's
+config, the dataset's tokens, format and size) comes in as PlanInputs, resolved once per request by
+bot/planner/inputs.py (the planner's only I/O); the offers come in as an argument.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 
 from bot.planner.architectures import Architecture
-from bot.planner.calibration import Calibration, Correction, Measurement
-from bot.planner.calibration import build as build_calibration
-from bot.planner.data_plan import plan_data
+from bot.planner.calibration import Calibration, Correction
 from bot.planner.disk import DiskNeed, disk_need
 from bot.planner.errors import BadRequestError, PlanningError
-from bot.planner.gpus import CPU, GPUS
+from bot.planner.gpus import CPU, GPU, GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
 from bot.planner.length import RunTime
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
-from bot.planner.models import resolve, table_lookup
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
 from bot.planner.ranges import (
@@ -30,16 +31,17 @@ from bot.planner.ranges import (
 )
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
+from bot.planner.resolved import DEFAULT_TOKENS, PlanInputs
 from bot.planner.result import DiskEstimate, Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
 from bot.planner.speed import SpeedResult, estimate_speed
-from bot.planner.tokens import count_tokens
-from bot.planner.training import dataset_format, training_plan
+from bot.planner.training import training_plan
 from runner.spec import Defaults
 
-DEFAULT_TOKENS = 10_000_000
+__all__ = ["DEFAULT_TOKENS", "PlanInputs", "check_request", "estimate"]
 
 
-def _check(req: EstimateRequest) -> None:
+def check_request(req: EstimateRequest) -> None:
+    """BadRequestError for what no input can fix (run before anything is read, and again by estimate())."""
     if req.dataset and req.tokens:
         raise BadRequestError("give either a dataset or tokens=, not both")
     if req.gpu:
@@ -48,18 +50,10 @@ def _check(req: EstimateRequest) -> None:
         raise BadRequestError(f"LoRA rank {req.lora_r} is absurd; ranks of 4-256 are usual")
 
 
-def _run_time(arch: Architecture, req: EstimateRequest) -> RunTime:
-    """The run's length: the dataset counted with the runner's own rules when the model's tokenizer is at
+def _run_time(arch: Architecture, req: EstimateRequest, inputs: PlanInputs) -> RunTime:
+    """The run's length: the dataset counted with the runner's own rules when the model's tokenizer was at
     hand, else tokens= / the character approximation / the default, every row assumed full."""
-    if req.tokens:
-        return RunTime(arch, req, tokens=req.tokens, token_source="tokens=", data=None)
-    if req.dataset:
-        data = plan_data(req, dataset_format(req.dataset, req.dataset_format))
-        if data is not None:
-            return RunTime(arch, req, tokens=sum(data.train_lengths), token_source=data.source, data=data)
-        tokens, _, source = count_tokens(req.dataset, req.model)
-        return RunTime(arch, req, tokens=tokens, token_source=source, data=None)
-    return RunTime(arch, req, tokens=DEFAULT_TOKENS, token_source="default", data=None)
+    return RunTime(arch, req, tokens=inputs.tokens, token_source=inputs.token_source, data=inputs.data)
 
 
 def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryResult:
@@ -71,14 +65,10 @@ def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryRes
     return replace(mem, per_gpu_bytes=sum(breakdown.values()), breakdown=breakdown)
 
 
-def _disk(arch: Architecture, req: EstimateRequest, mem: MemoryResult, tokens: int) -> DiskNeed:
+def _disk(
+    arch: Architecture, req: EstimateRequest, mem: MemoryResult, tokens: int, size: int | None
+) -> DiskNeed:
     """The host's disk for this job (bot/planner/disk.py); a local dataset file counts with its size."""
-    size = None
-    if req.dataset and "://" not in req.dataset:
-        try:
-            size = Path(req.dataset).expanduser().stat().st_size
-        except (OSError, ValueError):
-            size = None
     return disk_need(
         parameters=arch.parameters,
         trainable=mem.trainable,
@@ -192,24 +182,19 @@ def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) ->
     return text + f"; attention {req.attn}"
 
 
-def predict_measurement(m: Measurement) -> tuple[float | None, float | None, str, str, float] | None:
-    """The physics' figures for a measured run's configuration on its GPU (calibration.build's predictor)."""
+def predicted(
+    arch: Architecture, req: EstimateRequest, device: GPU, gpus: int
+) -> tuple[float | None, float | None, str, str, float] | None:
+    """The physics' figures for a measured run's configuration on its GPU (inputs.predict_measurement, which
+    resolves the model, hands them to calibration.build); None when the planner cannot price it."""
     try:
-        req = EstimateRequest(**{**m.request, "gpus": m.gpus, "gpu": None})
-        device = known_device(m.gpu)
-        if device is None:
-            return None
-        arch, _ = resolve(req.model)
-        mem = estimate_memory(arch, req, m.gpus)
-        speed = estimate_speed(arch, req, device, m.gpus)
+        if req.method != "full":
+            arch = arch.adapt(req.lora_targets)
+        mem = estimate_memory(arch, req, gpus)
+        speed = estimate_speed(arch, req, device, gpus)
     except (PlanningError, ValueError, TypeError):
         return None
     return mem.torch_reserved_gb, speed.tokens_per_second, req.stack, req.method, float(arch.parameters)
-
-
-def calibrate(measurements: list[Measurement]) -> Calibration:
-    """Corrections from finished runs, predicted with this planner's physics."""
-    return build_calibration(measurements, predict_measurement)
 
 
 def _corrected_memory(mem: MemoryResult, corr: Correction | None) -> float:
@@ -235,28 +220,27 @@ def _corrected_speed(speed: SpeedResult, corr: Correction | None) -> SpeedResult
 
 def estimate(
     request: EstimateRequest,
+    inputs: PlanInputs,
     *,
-    offers: list[Offer] | None = None,
+    offers: list[Offer],
     prices_source: str = "snapshot",
     prices_as_of: datetime | None = None,
     calibration: Calibration | None = None,
 ) -> Estimate:
-    """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input.
+    """Everything `tunebot estimate` shows: raises PlanningError (safe to show) on bad input. Reads nothing:
+    ``inputs`` is inputs.resolve_inputs(request), ``offers`` every offer to rank.
 
     `calibration` (from finished runs, see calibration.py) moves memory and speed for the GPUs it has evidence
     on; without it the estimate is the physics alone."""
     req = request
-    _check(req)
+    check_request(req)
     if req.gpu:
         req = req.model_copy(update={"gpu": lookup_gpu(req.gpu).name})  # aliases -> canonical names
-    arch, source = resolve(req.model)
-    if offers is None:
-        from bot.providers.snapshot import snapshot_as_of, snapshot_offers  # the callers' to hand in
-
-        offers = snapshot_offers()
-        prices_as_of = prices_as_of or snapshot_as_of()
+    arch, source = inputs.arch, inputs.model_source
+    if req.method != "full":
+        arch = arch.adapt(req.lora_targets)  # resolved once (by resolve_inputs already: then a no-op)
     mem = estimate_memory(arch, req)
-    run = _run_time(arch, req)
+    run = _run_time(arch, req, inputs)
     run.check(req.gpus)
 
     memo: dict[int, MemoryResult] = {req.gpus: mem}
@@ -290,7 +274,7 @@ def estimate(
     full = req.method == "full"
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
     mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
-    disk = _disk(arch, req, mem, run.tokens)
+    disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
     job = JobShape(
         memory_gb=memory_gb,
         memory_on=memory_on,
@@ -326,8 +310,8 @@ def estimate(
     if corr is not None and corr.memory_runs:
         breakdown["calibration"] = round(mem_gb - mem.per_gpu_gb, 3)
 
-    hit = table_lookup(req.model) if source == "built-in table" else None
-    shared = f" (config shared with {hit.config_of})" if hit and hit.config_of != arch.name else ""
+    config_of = inputs.config_of
+    shared = f" (config shared with {config_of})" if config_of and config_of != arch.name else ""
     assumptions = [
         f"model: {arch.name} from the {source}{shared}; {arch.parameters:,} parameters"
         + (f" ({arch.active_parameters:,} active per token, {arch.experts} experts)" if arch.experts else ""),
@@ -383,7 +367,7 @@ def estimate(
     if run.token_source == "default":
         assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
     sugg = [] if n_fit else suggestions(arch, req, offers)
-    plan = training_plan(arch, req, sharding=mem.sharding)
+    plan = training_plan(arch, req, sharding=mem.sharding, dataset_format=inputs.dataset_format)
 
     return Estimate(
         model=ModelInfo(

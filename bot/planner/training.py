@@ -1,6 +1,6 @@
 """The training plan of an estimate: what the runner will do, resolved from the request and the model.
 
-Pure except for reading the first record of a dataset (its format). The plan is what the estimate card
+Pure: the dataset's format comes in (read once by bot/planner/inputs.py). The plan is what the estimate card
 lists and what the launch copies into the JobSpec, so nothing the planner priced changes on the way to the
 GPU: LoRA targets become the model's own module names, a short alias the person typed becomes the hub id the
 runner loads (a hub id, -Instruct variants included, stays exactly as typed), the dataset format is the one
@@ -10,7 +10,6 @@ the data has.
 from __future__ import annotations
 
 from bot.planner.architectures import Architecture
-from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
 from bot.planner.result import TrainingPlan
 
@@ -27,39 +26,14 @@ def resolved_targets(arch: Architecture, targets: list[str] | str) -> list[str] 
     return names
 
 
-def dataset_format(path: str, given: str) -> str:
-    """The format of a dataset: as given, else what its first record's keys say (runner.records rules)."""
-    if given != "auto":
-        return given
-    import json
-
-    from bot.planner.tokens import dataset_limits
-    from runner.reading import DatasetError, read_lines
-    from runner.records import detect_format
-
-    try:  # the first record only, read in bounded chunks (a 300 MB first line is refused, not held)
-        first = next(read_lines(path, dataset_limits().with_records(1)), None)
-    except DatasetError as exc:
-        raise BadRequestError(f"cannot read dataset: {exc}") from None
-    if first is None:
-        raise BadRequestError(f"dataset {path} has no examples")
-    try:
-        fmt = detect_format(json.loads(first[1]))
-    except (json.JSONDecodeError, RecursionError):
-        raise BadRequestError(f"{path}:{first[0]} is not valid JSON") from None
-    if fmt is None:
-        raise BadRequestError(
-            f"{path}:1: cannot tell the dataset format from its keys; expected alpaca (instruction, output), "
-            "messages, prompt/completion or text, or give format=..."
-        )
-    return fmt.value
-
-
-def training_plan(arch: Architecture, req: EstimateRequest, *, sharding: str) -> TrainingPlan:
-    """The plan for ``req`` on this model: its hub id, its own LoRA module names, the data's format."""
+def training_plan(
+    arch: Architecture, req: EstimateRequest, *, sharding: str, dataset_format: str | None
+) -> TrainingPlan:
+    """The plan for ``req`` on this model: its hub id, its own LoRA module names, the data's format (as
+    read: inputs.PlanInputs.dataset_format)."""
     return training_plan_without_model(req).model_copy(update={
         "base_model": arch.name,
-        "dataset_format": dataset_format(req.dataset, req.dataset_format) if req.dataset else None,
+        "dataset_format": dataset_format if req.dataset else None,
         "lora_targets": "all-linear" if req.method == "full" else resolved_targets(arch, req.lora_targets),
         "sharding": sharding,
     })

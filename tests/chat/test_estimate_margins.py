@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bot.chat.cards import estimate_reply, memory_margin, tight_warning
 from bot.chat.replies import Context, Table
-from bot.planner import EstimateRequest, Offer, estimate
+from bot.planner import EstimateRequest, Offer, plan_request
 from bot.planner.ranges import memory_ratio
 
 
@@ -16,7 +16,9 @@ def _offer(provider: str, gpu: str, memory: float, price: float) -> Offer:
 
 def test_every_offer_row_says_what_the_job_needs_of_its_card() -> None:
     req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="qlora", seq_len=2048, tokens=10_000_000)
-    est = estimate(req, offers=[_offer("vast", "rtx-4090", 24, 0.35), _offer("runpod", "a100-80gb", 80, 1.6)])
+    est = plan_request(
+        req, offers=[_offer("vast", "rtx-4090", 24, 0.35), _offer("runpod", "a100-80gb", 80, 1.6)]
+    )
     low, high = memory_ratio(req)
     point = est.memory.per_gpu_gb
     table = next(p for p in estimate_reply(est, estimate_id=None).parts if isinstance(p, Table))
@@ -32,7 +34,9 @@ def test_every_offer_row_says_what_the_job_needs_of_its_card() -> None:
 def test_a_recommended_offer_near_its_memory_is_flagged_and_warned_about() -> None:
     # Llama-3.1-8B LoRA at 4,096 tokens: the top of its range is ~23.5 GB, over 90% of an RTX 4090's 25.8.
     req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", seq_len=4096, tokens=10_000_000)
-    est = estimate(req, offers=[_offer("vast", "rtx-4090", 24, 0.35), _offer("runpod", "a100-80gb", 80, 1.6)])
+    est = plan_request(
+        req, offers=[_offer("vast", "rtx-4090", 24, 0.35), _offer("runpod", "a100-80gb", 80, 1.6)]
+    )
     cheap = next(o for o in est.offers if o.gpu == "rtx-4090")
     assert cheap.fits and "cheapest" in cheap.labels
     assert cheap.memory_tight and memory_margin(cheap).endswith(":warning: tight")

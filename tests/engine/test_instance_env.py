@@ -20,7 +20,7 @@ from fakes.clouds import FakeVast
 from fakes.clouds.fixtures import client_for
 
 from bot.engine import offers as offers_mod
-from bot.planner import estimate as plan_estimate
+from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.spec import JobSpec

@@ -16,7 +16,7 @@ import pytest
 
 from bot.engine import offers as offers_mod
 from bot.engine.api import EngineError
-from bot.planner import estimate as plan_estimate
+from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.spec import EventKind, JobSpec, RunnerEvent

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from bot.planner import EstimateRequest, estimate
+from bot.planner import EstimateRequest, plan_request
 from bot.planner.calibration import Calibration, Measurement, shrunk_factor, size_class
-from bot.planner.plan import calibrate, predict_measurement
+from bot.planner.inputs import calibrate, predict_measurement
 
 MODEL = "meta-llama/Llama-3.1-8B"
 OFFERS = None  # the snapshot
@@ -42,7 +42,7 @@ def _world(runs: int, true_speed: float = 0.7, true_memory: float = 1.08, seed: 
 
 def _tps(calibration: Calibration | None, gpu: str = "rtx-4090", seq: int = 1024) -> float:
     req = EstimateRequest(**_request(seq), gpu=gpu, tokens=1_000_000)
-    return estimate(req, calibration=calibration).speed.tokens_per_second
+    return plan_request(req, calibration=calibration).speed.tokens_per_second
 
 
 def test_a_world_slower_than_the_physics_is_learned_in_a_few_runs() -> None:
@@ -78,7 +78,7 @@ def test_corrections_apply_only_to_their_gpu_class_and_are_passed_in() -> None:
     cal = calibrate(_world(10))
     assert _tps(cal, gpu="h100-80gb") == _tps(None, gpu="h100-80gb")  # another GPU: the physics alone
     assert _tps(cal) < _tps(None)
-    est = estimate(EstimateRequest(**_request(1024), gpu="rtx-4090", tokens=1_000_000), calibration=cal)
+    est = plan_request(EstimateRequest(**_request(1024), gpu="rtx-4090", tokens=1_000_000), calibration=cal)
     assert est.speed.calibrated_runs == 10
     assert "calibrated from 10 runs on rtx-4090" in est.speed.calibration
     assert any("calibrated from 10 runs on rtx-4090" in a for a in est.assumptions)
@@ -101,9 +101,9 @@ def test_the_planner_never_reads_the_store() -> None:
     load; the store, the engine and the chat layer may not.)"""
     code = (
         "import sys, json\n"
-        "from bot.planner import EstimateRequest, estimate\n"
-        "from bot.planner.plan import calibrate\n"
-        "estimate(EstimateRequest(model='meta-llama/Llama-3.2-1B', tokens=1000))\n"
+        "from bot.planner import EstimateRequest, plan_request\n"
+        "from bot.planner.inputs import calibrate\n"
+        "plan_request(EstimateRequest(model='meta-llama/Llama-3.2-1B', tokens=1000))\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('store', 'sqlalchemy', 'sqlmodel', 'bot') and not m.startswith(('bot.planner', 'bot.providers')) "
         "and m != 'bot')))\n"
@@ -113,7 +113,7 @@ def test_the_planner_never_reads_the_store() -> None:
 
 
 def test_estimate_json_carries_ranges_and_keeps_its_keys() -> None:
-    est = estimate(EstimateRequest(model=MODEL, method="qlora", tokens=1_000_000))
+    est = plan_request(EstimateRequest(model=MODEL, method="qlora", tokens=1_000_000))
     data = json.loads(est.model_dump_json())
     lo, hi = data["memory"]["per_gpu_gb_range"]
     assert lo < data["memory"]["per_gpu_gb"] < hi

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bot.planner import EstimateRequest, PlanningError, estimate
+from bot.planner import EstimateRequest, PlanningError, plan_request
 from bot.planner.memory import estimate_memory
 from bot.planner.models import resolve
 from bot.providers.snapshot import snapshot_offers
@@ -120,7 +120,7 @@ OFFERS = snapshot_offers()
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests)
 def test_every_offer_fits_or_says_why_and_totals_are_non_negative(req: EstimateRequest) -> None:
-    est = estimate(req, offers=OFFERS)
+    est = plan_request(req, offers=OFFERS)
     assert est.memory.per_gpu_gb > 0 and est.time.hours > 0 and est.speed.tokens_per_second > 0
     assert sum(est.memory.breakdown_gb.values()) == pytest.approx(est.memory.per_gpu_gb, abs=0.01)
     for o in est.offers:
@@ -153,6 +153,6 @@ def test_every_offer_fits_or_says_why_and_totals_are_non_negative(req: EstimateR
 def test_random_bad_numbers_are_planning_or_validation_errors(fields: dict) -> None:
     try:
         req = EstimateRequest(model="llama-3.2-1b", **fields)
-        estimate(req, offers=OFFERS[:10])
+        plan_request(req, offers=OFFERS[:10])
     except (ValidationError, PlanningError):
         pass

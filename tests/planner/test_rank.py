@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bot.planner import EstimateRequest, Offer, estimate, young_daly_interval_hours
+from bot.planner import EstimateRequest, Offer, plan_request, young_daly_interval_hours
 from bot.planner.preemption import expected_wall_hours
 from bot.planner.rank import VECTOR_MIN, JobShape, rank_offers
 
@@ -47,7 +47,7 @@ def test_labels_cheapest_fastest_safest() -> None:
         offer("lambda", "h100-80gb", 2.99, reliability=0.999),
         offer("tensordock", "a100-80gb", 1.20, reliability=0.97),
     ]
-    est = estimate(REQ, offers=offers)
+    est = plan_request(REQ, offers=offers)
     by = {o.provider: o for o in est.offers}
     assert by["vast"].labels == ["cheapest"]
     assert by["lambda"].labels == ["fastest", "safest"]
@@ -55,7 +55,7 @@ def test_labels_cheapest_fastest_safest() -> None:
     assert all(o.fits and o.total_cost > 0 and o.hours > 0 for o in est.offers)
     assert by["vast"].preemption_cost > 0 and by["runpod"].preemption_cost == 0
     assert by["vast"].checkpoint_minutes and by["runpod"].checkpoint_minutes
-    on_demand = estimate(REQ.model_copy(update={"interruptible": False}), offers=offers)
+    on_demand = plan_request(REQ.model_copy(update={"interruptible": False}), offers=offers)
     vast = next(o for o in on_demand.offers if o.provider == "vast")
     assert not vast.fits and "excluded by interruptible=yes|no" in vast.reason
     assert next(o for o in on_demand.offers if o.fits).labels[0] == "cheapest"
@@ -70,7 +70,7 @@ def test_every_rejected_offer_says_why() -> None:
         offer("weird", "tpu-v9", 0.1),
     ]
     req = REQ.model_copy(update={"method": "full", "precision": "mixed", "interruptible": False})
-    est = estimate(req, offers=offers)
+    est = plan_request(req, offers=offers)
     reasons = {o.provider + ":" + o.gpu: o.reason for o in est.offers if not o.fits}
     assert "needs" in reasons["vast:rtx-3090"] and "rtx-3090 has 25.8 GB" in reasons["vast:rtx-3090"]
     assert "use gpus=2" in reasons["vast:h100-80gb"]
@@ -91,10 +91,10 @@ def test_every_rejected_offer_says_why() -> None:
 
 def test_requested_gpu_and_cost_limit_filter_offers() -> None:
     offers = [offer("vast", "rtx-4090", 0.3, memory=24), offer("runpod", "h100-80gb", 2.7)]
-    est = estimate(REQ.model_copy(update={"gpu": "h100-80gb"}), offers=offers)
+    est = plan_request(REQ.model_copy(update={"gpu": "h100-80gb"}), offers=offers)
     assert [o.gpu for o in est.offers if o.fits] == ["h100-80gb"]
     assert est.speed.gpu == "h100-80gb"
-    cheap = estimate(REQ.model_copy(update={"max_cost": 0.01}), offers=offers)
+    cheap = plan_request(REQ.model_copy(update={"max_cost": 0.01}), offers=offers)
     assert not any(o.fits for o in cheap.offers)
     assert all("cost limit" in o.reason for o in cheap.offers)
 
@@ -108,7 +108,7 @@ def test_nothing_fits_suggests_shorter_sequences_or_a_bigger_gpu() -> None:
         gpu="rtx-4090",
         tokens=1000,
     )
-    est = estimate(req)
+    est = plan_request(req)
     assert not any(o.fits for o in est.offers)
     text = " ".join(est.suggestions)
     assert "seq=" in text or "bigger GPU" in text
@@ -159,11 +159,11 @@ def test_local_cpu_offer_is_ranked_with_its_own_memory() -> None:
         price_per_hour=0.0,
         source="live",
     )
-    est = estimate(
+    est = plan_request(
         EstimateRequest(model="Qwen/Qwen2.5-0.5B", method="lora", gpu="cpu", tokens=10_000), offers=[cpu]
     )
     assert est.speed.gpu == "cpu" and est.offers[0].fits and est.offers[0].total_cost == 0.0
-    big = estimate(
+    big = plan_request(
         EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", gpu="cpu", tokens=10), offers=[cpu]
     )
     assert not big.offers[0].fits and "cpu has 16.0 GB" in big.offers[0].reason
@@ -173,7 +173,7 @@ def test_local_cpu_offer_is_ranked_with_its_own_memory() -> None:
 def test_an_offer_that_starts_in_seconds_is_not_charged_a_cloud_boot(copies: int) -> None:
     cloud = offer("runpod", "rtx-4090", 0.59)
     process = cloud.model_copy(update={"provider": "local", "offer_id": "local", "boot_minutes": 0.1})
-    est = estimate(REQ, offers=[cloud] * copies + [process])
+    est = plan_request(REQ, offers=[cloud] * copies + [process])
     hours = {o.provider: o.hours for o in est.offers}
     assert hours["runpod"] - hours["local"] == pytest.approx((4.0 - 0.1) / 60, abs=1e-3)
 

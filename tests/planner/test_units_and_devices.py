@@ -6,7 +6,7 @@ import pytest
 
 from bot.chat.cards import estimate_reply
 from bot.chat.grammar import parse
-from bot.planner import estimate
+from bot.planner import plan_request
 from bot.planner.gpus import gpu
 from bot.planner.options import OptionError, parse_values
 from bot.planner.request import EstimateRequest
@@ -41,7 +41,9 @@ def test_every_spelling_of_a_card_means_that_card(typed: str, canonical: str) ->
 
 @pytest.mark.parametrize("typed", ["RTX4090", "RTX 4090", "rtx_4090", "4090"])
 def test_the_estimate_and_the_chat_take_the_same_spellings(typed: str) -> None:
-    est = estimate(EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, **parse_values([("gpu", typed)])))
+    est = plan_request(
+        EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, **parse_values([("gpu", typed)]))
+    )
     assert est.speed.gpu == "rtx-4090"
     assert {o.gpu for o in est.offers if o.fits} == {"rtx-4090"}
     words = f'"gpu={typed}"' if " " in typed else f"gpu={typed}"
@@ -55,7 +57,7 @@ def test_an_unknown_card_lists_the_known_ones() -> None:
 
 
 def test_memory_is_in_decimal_gb_and_says_so() -> None:
-    est = estimate(EstimateRequest(model="llama-3.1-8b", tokens=1_000_000))
+    est = plan_request(EstimateRequest(model="llama-3.1-8b", tokens=1_000_000))
     assert est.memory.per_gpu_gb == pytest.approx(sum(est.memory.breakdown_gb.values()), abs=0.01)
     assert any("GB = 10^9 bytes" in a for a in est.assumptions)
     rtx = next(o for o in est.offers if o.gpu == "rtx-4090")
@@ -63,8 +65,8 @@ def test_memory_is_in_decimal_gb_and_says_so() -> None:
 
 
 def test_a_cpu_job_has_no_cuda_context_and_is_priced_in_fp32() -> None:
-    gpu_est = estimate(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="rtx-4090"))
-    cpu_est = estimate(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="cpu"))
+    gpu_est = plan_request(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="rtx-4090"))
+    cpu_est = plan_request(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="cpu"))
     assert "cuda_context" in gpu_est.memory.breakdown_gb
     assert "cuda_context" not in cpu_est.memory.breakdown_gb
     params = cpu_est.model.parameters

@@ -73,7 +73,7 @@ def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:
     ]
     assert measurements[0].device_memory_used_gb == 7.0 and measurements[1].device_memory_used_gb is None
     assert measurements[1].request["model"] == "meta-llama/Llama-3.2-1B"
-    from bot.planner.plan import predict_measurement
+    from bot.planner.inputs import predict_measurement
 
     assert all(predict_measurement(m) is not None for m in measurements)  # the planner can learn from them
 

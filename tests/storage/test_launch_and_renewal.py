@@ -11,7 +11,7 @@ from typing import Any
 from fakes.moto_sts import StsWorld
 
 from bot.engine import offers as offers_mod
-from bot.planner import estimate as plan_estimate
+from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.credentials import read_renewal
