@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.engine.api import EngineError
-from bot.planner.request import EstimateRequest
+from bot.planner.request import EstimateRequest, runner_autocast
 from bot.planner.result import RankedOffer, TrainingPlan
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ ESTIMATE_ONLY = {  # EstimateRequest fields the planner can price but the runner
     "precision": "bf16",
     "adapter_dtype": "fp32",
     "double_quant": True,
-    "autocast": True,
     "qlora_upcast": True,
 }
 STORAGE_ENV = {  # setting -> environment variable the runner's fsspec/botocore reads
@@ -108,6 +107,8 @@ def refuse_unsupported(
 ) -> None:
     """Options the runner cannot honour, refused before anything is spent."""
     odd = [name for name, default in ESTIMATE_ONLY.items() if getattr(request, name) != default]
+    if request.autocast != runner_autocast(request.method, request.precision):
+        odd.append("autocast")  # the runner autocasts a mixed-precision full fine-tune only
     if odd:
         raise EngineError(
             f"{', '.join(odd)}: estimate-only options (they price other training stacks); the runner trains "

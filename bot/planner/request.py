@@ -13,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from runner.spec import Defaults
 
 
+def runner_autocast(method: str, precision: str) -> bool:
+    """Whether the runner's forward runs under bf16 autocast (runner/model.uses_autocast on CUDA): fp32 master
+    weights of a mixed-precision full fine-tune only; its LoRA and QLoRA steps run without autocast."""
+    return method == "full" and precision == "mixed"
+
+
 class EstimateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,7 +83,9 @@ class EstimateRequest(BaseModel):
     fsdp_orig_params: bool = False
     fsdp_cpu_offload: bool = False
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
-    autocast: bool = True  # forward under torch.autocast (Trainer bf16=True): fp32 adapters see bf16 copies
+    # Forward under torch.autocast (the HF Trainer's bf16=True): fp32 adapters see bf16 copies. None: what the
+    # runner does (runner/model.uses_autocast: only a mixed-precision full fine-tune; LoRA/QLoRA run without).
+    autocast: bool = Field(None)  # type: ignore[assignment]
     qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
     lora_dropout: float = Field(Defaults.lora_dropout, ge=0, lt=1)  # >0 keeps a dropout copy of each input
     # The loss upcasts the logits to fp32 (transformers' ForCausalLMLoss calls logits.float()); False for a
@@ -102,6 +110,8 @@ class EstimateRequest(BaseModel):
             self.__dict__["precision"] = Defaults.precision_for(self.method)
         elif self.precision == "mixed" and self.method != "full":
             self.__dict__["precision"] = "bf16"  # fp32 adapters on a 16-bit base: peft's mixed precision
+        if self.autocast is None:
+            self.__dict__["autocast"] = runner_autocast(self.method, self.precision)
         return self
 
     def for_method(self, method: str) -> EstimateRequest:

@@ -199,6 +199,7 @@ def test_s3_storage_without_keys_is_refused(
         ({"push_to_hub": "acme/x"}, {"TUNEBOT_HUB_NAMESPACES": "acme"}, "HF_TOKEN"),
         ({"stack": "unsloth"}, {}, "estimate-only"),
         ({"compile": True}, {}, "estimate-only"),
+        ({"autocast": True}, {}, "autocast: estimate-only"),
         ({"method": "full", "merge": True}, {}, "drop merge"),
         ({"gpus": 2, "optimizer": "adamw_8bit"}, {}, "optimizer=adamw"),
     ],

@@ -28,6 +28,12 @@ class Row:
         # Every published stack computes its loss from the model's logits (its own path, which chunked_ce,
         # compile, legacy_logits and loss_upcast describe), not with the runner's chunked loss.
         self.request.setdefault("loss", "plain")
+        # The Hugging Face Trainer and TRL with bf16=True (the QLoRA paper's qlora.py, PEFT's FSDP+QLoRA docs,
+        # Unsloth's notebooks; PEFT's MetaMathQA benchmark priced the same way) compute under torch.autocast;
+        # torchtune and fp32 runs do not. tunebot's runner does not autocast LoRA/QLoRA, which is the
+        # request's own default (bot/planner/request.runner_autocast), so the published rows say theirs.
+        if self.request.get("stack", "hf") != "torchtune" and self.request.get("precision") != "fp32":
+            self.request.setdefault("autocast", True)
 
 
 # torchtune README: batch 2, packed to 2048, torch.compile, activation checkpointing, chunked CE

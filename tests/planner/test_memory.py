@@ -34,3 +34,23 @@ def test_eager_torchao_dequant_needs_its_int64_temporaries() -> None:
 )
 def test_dequant_path_follows_the_stack(stack: str, compile: bool, path: str) -> None:
     assert nf4_dequant_path(_qlora(stack=stack, compile=compile)) == path
+
+
+def test_the_default_request_prices_the_runners_autocast() -> None:
+    """The runner autocasts only a mixed-precision full fine-tune (runner/model.uses_autocast); LoRA's fp32
+    adapters then read fp32 copies of their bf16 inputs, which the estimate must count (not bf16 ones)."""
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    from runner.model import uses_autocast
+    from runner.spec import Defaults, Method
+
+    arch, _ = resolve("meta-llama/Llama-3.1-8B")
+    for method in ("full", "lora", "qlora"):
+        req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method=method)
+        spec = SimpleNamespace(method=Method(method), resolved_precision=Defaults.precision_for(method))
+        assert req.autocast is uses_autocast(spec, torch.device("cuda"))  # type: ignore[arg-type]
+    lora = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", gradient_checkpointing=False)
+    trainer = lora.model_copy(update={"autocast": True})
+    assert estimate_memory(arch, lora).breakdown["activations"] > estimate_memory(arch, trainer).breakdown[
+        "activations"]
