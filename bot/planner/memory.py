@@ -44,7 +44,9 @@ Mechanisms added for issue 21 (named terms below, each with its library pointer)
   fp32), and fp32 inputs need no per-adapter cast copy (_activation_bytes_per_token_layer);
 - fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with trainable
   ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards;
-- fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES).
+- fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES);
+- cublas_workspace: cuBLAS' per-stream workspace, torch-reserved on every rank (CUBLAS_WORKSPACE_BYTES);
+- autocast follows the runner (request.runner_autocast): its LoRA/QLoRA steps keep fp32 adapter input copies.
 
 Calibration constants (few, each a physical quantity):
 - LOGIT_BYTES: bytes per token per vocabulary entry for logits and loss at their peak. Hugging Face path: 12,
@@ -94,6 +96,15 @@ CUDA_CONTEXT_GB = 1.2
 # NCCL_BUFFSIZE per channel and protocol, for each ring/tree peer): counted with the CUDA context, so they
 # show on the card (nvidia-smi) but not in torch.cuda.max_memory_reserved.
 NCCL_BUFFERS_GB = 0.5
+# cuBLAS keeps one workspace per (handle, stream) that runs matmuls (ATen/cuda/CUDAContextLight.h,
+# cublas_handle_stream_to_workspace), allocated through the caching allocator, so it is part of torch's
+# reserved memory on every rank. Default size (torch.backends.cuda.cublas_workspace_size, which
+# CUBLAS_WORKSPACE_CONFIG overrides): ":4096:8" = 32 MiB on Hopper and newer, ":4096:2:16:8" ~8 MiB before;
+# cuBLASLt shares it (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default). The forward and the autograd backward
+# run their matmuls on the current stream (FSDP's extra streams only communicate): one workspace, priced at
+# the larger default because the estimate does not know the card yet.
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 8
+CUBLAS_STREAMS = 1
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 FRAGMENTATION = {"packed": 1.03, "variable": 1.12}
 # Which Linear layers of a block read the same input (q, k, v the attention norm's output; gate, up the MLP's)
@@ -108,7 +119,7 @@ class MemoryCoefficients:
 
     # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
     # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 4.33
+    fsdp_units: float = 4.30
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -506,6 +517,7 @@ def estimate_memory(
         "activations": parts["activations"],
         "logits": parts["logits"],
         "cuda_context": (CUDA_CONTEXT_GB + (NCCL_BUFFERS_GB if n_gpus > 1 else 0.0)) * GB,
+        "cublas_workspace": float(CUBLAS_WORKSPACE_BYTES * CUBLAS_STREAMS),
         "allocator": transient * (frag - 1.0),
     }
     peak_phase = phase

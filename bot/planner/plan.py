@@ -58,10 +58,10 @@ def _run_time(arch: Architecture, req: EstimateRequest, inputs: PlanInputs) -> R
 
 def on_cpu(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> MemoryResult:
     """Memory of the runner on a CPU (the local provider): everything in fp32 (runner/model.py), in host RAM,
-    with no CUDA context or NCCL buffers."""
-    cpu_req = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"})
+    with no CUDA context, NCCL buffers or cuBLAS workspace, and no autocast (runner/model.uses_autocast)."""
+    cpu_req = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32", "autocast": False})
     mem = estimate_memory(arch, cpu_req, gpus)
-    breakdown = {k: v for k, v in mem.breakdown.items() if k != "cuda_context"}
+    breakdown = {k: v for k, v in mem.breakdown.items() if k not in ("cuda_context", "cublas_workspace")}
     return replace(mem, per_gpu_bytes=sum(breakdown.values()), breakdown=breakdown)
 
 

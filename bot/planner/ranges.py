@@ -25,15 +25,15 @@ SPEED_CLASSES = ("multi-gpu", "quantized", "short")
 
 # measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
 MEMORY_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.881, 1.169),
-    "multi-gpu": (0.694, 1.385),
-    "quantized": (0.879, 1.175),
-    "long": (0.884, 1.183),
+    "all": (0.883, 1.165),
+    "multi-gpu": (0.694, 1.383),
+    "quantized": (0.871, 1.183),
+    "long": (0.885, 1.177),
 }
 SPEED_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.656, 1.404),
-    "multi-gpu": (0.664, 1.641),
-    "quantized": (0.695, 1.631),
+    "all": (0.656, 1.403),
+    "multi-gpu": (0.664, 1.639),
+    "quantized": (0.695, 1.629),
     "short": (0.481, 1.188),
 }
 

@@ -30,7 +30,7 @@ class ModelInfo(BaseModel):
 
 class MemoryEstimate(BaseModel):
     per_gpu_gb: float  # peak reserved memory per GPU (GB = 1e9 bytes)
-    # weights, adapters, gradients, optimizer, activations, logits, cuda_context, allocator
+    # weights, adapters, gradients, optimizer, activations, logits, cuda_context, cublas_workspace, allocator
     breakdown_gb: dict[str, float]
     gpus: int
     sharding: str  # "none" | "fsdp"

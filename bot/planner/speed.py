@@ -19,6 +19,8 @@ the GPU's own rates, so it rises with tokens per micro-step (fixed costs are spr
   backward, and the recomputed forward): DEQUANT_BYTES per parameter and pass at the memory bandwidth;
 - the optimizer step once per optimizer step: a memory-bound pass over weights, gradients and states
   (foreach AdamW rereads its states several times; fused and 8-bit optimizers once); gradient clipping too;
+  and a fixed host cost per trainable tensor (OPTIMIZER_SECONDS_PER_TENSOR: the Python loops of the optimizer,
+  clipping and zero_grad), which hundreds of tiny LoRA tensors make visible at short sequences;
 - CPU dispatch: eager PyTorch launches every op from Python; on a GPU launches run ahead of the kernels, so a
   micro-step takes the longer of the two (small models at short sequences are dispatch-bound); on a CPU
   the costs add up;
@@ -54,10 +56,10 @@ class SpeedCoefficients:
 
     matmul_eff: float = 0.880  # real-shape GEMMs vs the measured big-square matmul rate
     # SDPA (torch's kernels; masked batches run the memory-efficient one) vs the matmul rate
-    attn_eff: float = 0.397
-    ew_scale: float = 1.597  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
+    attn_eff: float = 0.399
+    ew_scale: float = 1.593  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
     compiled_ew: float = 0.05  # fraction of the eager elementwise traffic left after torch.compile
-    torchao_dequant_bytes: float = 11.07  # torchao NF4 -> bf16 bytes moved per parameter per pass
+    torchao_dequant_bytes: float = 11.04  # torchao NF4 -> bf16 bytes moved per parameter per pass
 
 
 FITTED = SpeedCoefficients()
@@ -94,16 +96,42 @@ COMPILED_OPS = 1 / 3
 KERNEL_FLOOR_S = 4e-6
 # clip_grad_norm_: read every gradient for the norm, then read + write it to scale (per gradient byte)
 GRAD_CLIP_BYTES = 3.0
+# Host work per trainable tensor in every optimizer step, whatever its size: torch.optim.AdamW's
+# _init_group walks the parameters in Python and gathers each one's gradient, two states and step counter
+# into lists (torch/optim/adam.py), clip_grad_norm_ groups the gradients by device and dtype before its
+# foreach norm (torch/nn/utils/clip_grad.py, _group_tensors_by_device_and_dtype), and
+# zero_grad(set_to_none=True) walks them again (torch/optim/optimizer.py): ~1-2 us of Python each, plus the
+# kernels multi_tensor_apply launches per few dozen tensors (ATen/native/cuda/MultiTensorApply.cuh,
+# depth_to_max_tensors). LoRA has two tensors per adapted Linear per layer: 448 for all-linear on 32 layers.
+OPTIMIZER_SECONDS_PER_TENSOR = 5e-6
+
+
+def _adapted_linears(arch: Architecture, req: EstimateRequest) -> int:
+    """Adapted Linear layers in the whole model (0 for a full fine-tune)."""
+    if req.method == "full":
+        return 0
+    chosen = set(map(id, arch.lora_targets(req.lora_targets)))
+    return sum(g.layers * sum(id(lin) in chosen for lin in g.linears) for g in arch.groups)
+
+
+def forward_ops(arch: Architecture, req: EstimateRequest) -> float:
+    """Ops one forward launches: every block's, every adapter's, and those outside the blocks."""
+    return arch.layers * OPS_PER_LAYER + OPS_PER_ADAPTER * _adapted_linears(arch, req) + OPS_OUTSIDE_LAYERS
 
 
 def ops_per_micro_step(arch: Architecture, req: EstimateRequest) -> float:
-    adapters = 0
-    if req.method != "full":
-        chosen = set(map(id, arch.lora_targets(req.lora_targets)))
-        adapters = sum(g.layers * sum(id(lin) in chosen for lin in g.linears) for g in arch.groups)
-    forward = arch.layers * OPS_PER_LAYER + OPS_PER_ADAPTER * adapters + OPS_OUTSIDE_LAYERS
+    forward = forward_ops(arch, req)
     recompute = forward if req.gradient_checkpointing else 0.0
     return forward * (1.0 + BACKWARD_OPS) + recompute
+
+
+def trainable_tensors(arch: Architecture, req: EstimateRequest) -> int:
+    """Tensors the optimizer updates: A and B of every adapted Linear; for a full fine-tune every Linear's
+    weight, two norms per block, the embedding, the final norm and (untied) the lm_head."""
+    if req.method != "full":
+        return 2 * _adapted_linears(arch, req)
+    linears = sum(g.layers * len(g.linears) for g in arch.groups)
+    return linears + 2 * arch.layers + 3
 
 
 @dataclass(frozen=True)
@@ -254,6 +282,10 @@ def estimate_speed(
     optimizer = trainable_local * (opt_bytes + GRAD_CLIP_BYTES * grad_bytes) / bandwidth
     if req.optimizer_in_backward:
         optimizer = trainable_local * opt_bytes / bandwidth  # fused into backward, no clipping pass
+    per_tensor = trainable_tensors(arch, req) * OPTIMIZER_SECONDS_PER_TENSOR
+    if req.optimizer_in_backward:
+        per_tensor = 0.0  # each parameter's step runs in its own backward hook, among the backward's ops
+    optimizer += per_tensor
     if req.optimizer == "paged_adamw_8bit" and not cpu:
         # bitsandbytes' paged states live in CUDA unified memory: what does not fit beside the rest of the
         # step is paged in over the host link and back out every optimizer step.

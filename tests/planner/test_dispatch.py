@@ -56,3 +56,22 @@ def test_checkpointing_and_adapters_add_ops() -> None:
     assert ops_per_micro_step(arch, base.model_copy(update={"method": "lora"})) > ops_per_micro_step(
         arch, base
     )
+
+
+
+def test_the_optimizer_step_pays_for_every_trainable_tensor() -> None:
+    """All-linear LoRA on a 28-layer model has 392 tensors (A and B of 7 Linears a layer): the optimizer step
+    walks each of them in Python whatever its size, which a short step feels and the bandwidth term misses."""
+    from bot.planner.speed import OPTIMIZER_SECONDS_PER_TENSOR, trainable_tensors
+
+    arch, _ = resolve("Qwen/Qwen2.5-1.5B")
+    req = EstimateRequest(model="Qwen/Qwen2.5-1.5B", seq_len=512)
+    assert trainable_tensors(arch, req) == 2 * 7 * arch.layers == 392
+    qv = req.model_copy(update={"lora_targets": ["q", "v"]})
+    assert trainable_tensors(arch, qv) == 2 * 2 * arch.layers
+    parts = estimate_speed(arch, req, gpu("h100-sxm")).parts
+    assert parts is not None
+    assert parts["optimizer (per step)"] >= 392 * OPTIMIZER_SECONDS_PER_TENSOR
+    # a full fine-tune: every Linear's weight, two norms a layer, embedding, final norm, lm_head
+    full = req.model_copy(update={"method": "full"})
+    assert trainable_tensors(arch, full) == 7 * arch.layers + 2 * arch.layers + 3

@@ -54,3 +54,17 @@ def test_the_default_request_prices_the_runners_autocast() -> None:
     trainer = lora.model_copy(update={"autocast": True})
     assert estimate_memory(arch, lora).breakdown["activations"] > estimate_memory(arch, trainer).breakdown[
         "activations"]
+
+
+def test_the_cublas_workspace_is_torch_reserved_memory_beside_the_context() -> None:
+    """cuBLAS' per-stream workspace comes from the caching allocator: torch.cuda.max_memory_reserved counts
+    it, the CUDA context does not; the CPU runner has none."""
+    from bot.planner.memory import CUBLAS_WORKSPACE_BYTES
+    from bot.planner.plan import on_cpu
+
+    arch, _ = resolve("meta-llama/Llama-3.1-8B")
+    req = EstimateRequest(model="meta-llama/Llama-3.1-8B")
+    mem = estimate_memory(arch, req)
+    assert mem.breakdown["cublas_workspace"] == CUBLAS_WORKSPACE_BYTES == 32 * 2**20
+    assert mem.torch_reserved_gb * 1e9 == pytest.approx(mem.per_gpu_bytes - mem.breakdown["cuda_context"])
+    assert "cublas_workspace" not in on_cpu(arch, req).breakdown
