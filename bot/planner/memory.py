@@ -370,55 +370,55 @@ def fsdp_terms(
     return {"gathered": gathered, "frozen_gradients": frozen}
 
 
-def estimate_memory(
-    arch: Architecture,
-    req: EstimateRequest,
-    gpus: int | None = None,
-    coef: MemoryCoefficients = FITTED_MEMORY,
-) -> MemoryResult:
-    """Peak reserved memory per GPU for `req` on `gpus` GPUs (default req.gpus)."""
-    n_gpus = gpus or req.gpus
-    shard = float(n_gpus) if n_gpus > 1 else 1.0
-    n = arch.parameters
-    quantizable = arch.block_linear_params
-    trainable = trainable_parameters(arch, req)
-    full = req.method == "full"
-    tokens = req.batch_size * req.seq_len
+@dataclass
+class _TrainedState:
+    """What lives through the whole step, per GPU: the weights, the adapters, the gradients and the optimizer
+    states (sharded under FSDP), and what the optimizer step allocates on top."""
 
-    # Weights (frozen base or the trained model).
+    weights: float
+    adapters: float
+    grads: float
+    optimizer: float
+    step_temp: float
+    param_bytes: float  # bytes per trainable parameter (its dtype)
+    state_bytes: float  # optimizer state bytes per trainable parameter
+
+
+@dataclass
+class _StepTensors:
+    """What a step's forward and backward hold, per GPU: the saved activations, one block's working set, the
+    loss path and the forward's temporaries."""
+
+    per_layer: float  # one block's saved tensors (the working set recomputed under checkpointing)
+    stored: float  # saved for backward when the forward ends
+    block_casts: float  # autocast's bf16 weight copies of one block (mixed precision, one GPU)
+    logits: float
+    transient: float  # the busiest moment of a block's forward beyond what it saves
+
+
+def _largest_tensor(arch: Architecture) -> int:
+    """Parameters of the largest single weight: the embedding or the widest Linear."""
+    return max(arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears))
+
+
+def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> float:
+    """The frozen base or the trained model, before sharding."""
+    n, quantizable = arch.parameters, arch.block_linear_params
     if req.method == "qlora":
         q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
         other_bytes = 4.0 if qlora_upcast(req, n_gpus) else 2.0
-        weights = quantizable * q_bytes + (n - quantizable) * other_bytes
-    elif req.precision == "fp32":
-        weights = 4.0 * n
-    elif full and req.precision == "mixed":
-        weights = 4.0 * n  # fp32 master weights; autocast's bf16 copies are counted below, where they live
-    else:
-        weights = 2.0 * n
-    weights /= shard
+        return quantizable * q_bytes + (n - quantizable) * other_bytes
+    if req.precision == "fp32":
+        return 4.0 * n
+    if req.method == "full" and req.precision == "mixed":
+        return 4.0 * n  # fp32 master weights; autocast's bf16 copies are counted with the activations
+    return 2.0 * n
 
-    # Trainable state: adapters, gradients, optimizer.
-    if full:
-        adapters = 0.0
-        param_bytes = 2.0 if req.precision == "bf16" else 4.0
-    else:
-        param_bytes = 4.0 if (req.adapter_dtype == "fp32" or req.precision == "fp32") else 2.0
-        adapters = trainable * param_bytes / shard
-    if req.optimizer_in_backward:
-        largest = max(
-            arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
-        )
-        grads = min(trainable, largest) * param_bytes
-    else:
-        grads = trainable * param_bytes / shard
-    state_bytes = 2.0 if req.optimizer in ("adamw_8bit", "paged_adamw_8bit") else 2.0 * param_bytes
-    optimizer = trainable * state_bytes / shard
-    offloaded: dict[str, float] = {}
-    if req.optimizer == "paged_adamw_8bit":
-        offloaded["optimizer (paged, may spill to CPU)"] = optimizer
-        optimizer = 0.0
-    step_temp = 0.0  # fused optimizers update in place
+
+def _optimizer_step_bytes(arch: Architecture, req: EstimateRequest, trainable: int, param_bytes: float,
+                          shard: float) -> float:
+    """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing)."""
+    step_temp = 0.0
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
         # torch.optim.AdamW without fused=True is foreach on CUDA (torch/optim/optimizer.py
         # _default_to_fused_or_foreach); _multi_tensor_adam builds `exp_avg_sq_sqrt =
@@ -429,12 +429,38 @@ def estimate_memory(
     if req.stack == "torchtune" and req.optimizer == "adamw_8bit":
         # torchao's 8-bit AdamW updates one parameter at a time with its two states dequantized to
         # fp32: the largest tensor (usually the embedding) sets the spike.
-        largest = max(
-            arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears)
-        )
-        step_temp = min(trainable, largest) * 8.0
+        step_temp = min(trainable, _largest_tensor(arch)) * 8.0
+    return step_temp
 
-    # Activations and logits, per GPU.
+
+def _trained_state(arch: Architecture, req: EstimateRequest, n_gpus: int, trainable: int,
+                   offloaded: dict[str, float]) -> _TrainedState:
+    """Weights, adapters, gradients and optimizer states per GPU (sharded; paged states offloaded)."""
+    shard = float(n_gpus) if n_gpus > 1 else 1.0
+    weights = _weight_bytes(arch, req, n_gpus) / shard
+    if req.method == "full":
+        adapters = 0.0
+        param_bytes = 2.0 if req.precision == "bf16" else 4.0
+    else:
+        param_bytes = 4.0 if (req.adapter_dtype == "fp32" or req.precision == "fp32") else 2.0
+        adapters = trainable * param_bytes / shard
+    if req.optimizer_in_backward:
+        grads = min(trainable, _largest_tensor(arch)) * param_bytes
+    else:
+        grads = trainable * param_bytes / shard
+    state_bytes = 2.0 if req.optimizer in ("adamw_8bit", "paged_adamw_8bit") else 2.0 * param_bytes
+    optimizer = trainable * state_bytes / shard
+    if req.optimizer == "paged_adamw_8bit":
+        offloaded["optimizer (paged, may spill to CPU)"] = optimizer
+        optimizer = 0.0
+    step_temp = _optimizer_step_bytes(arch, req, trainable, param_bytes, shard)
+    return _TrainedState(weights, adapters, grads, optimizer, step_temp, param_bytes, state_bytes)
+
+
+def _step_tensors(arch: Architecture, req: EstimateRequest, n_gpus: int,
+                  offloaded: dict[str, float]) -> _StepTensors:
+    """Activations, the loss path and the forward's temporaries, per GPU (FSDP does not shard them)."""
+    tokens = req.batch_size * req.seq_len
     per_layer = _activation_bytes_per_token_layer(arch, req, n_gpus) * tokens
     resid = (4.0 if req.precision != "bf16" or fp32_residual(req, n_gpus) else 2.0) * arch.hidden * tokens
     if req.gradient_checkpointing:
@@ -455,88 +481,139 @@ def estimate_memory(
     # (autocast's cache is cleared when the forward leaves autocast) and remade while it is recomputed, so
     # only the lm_head's survives the forward. Under FSDP the gathered units are bf16 already.
     casts = block_casts = 0.0
-    if full and req.precision == "mixed" and n_gpus == 1:
+    if req.method == "full" and req.precision == "mixed" and n_gpus == 1:
         block_casts = 2.0 * max(sum(lin.params for lin in g.linears) for g in arch.groups)
         head = 2.0 * arch.vocab * arch.hidden
         casts = head if req.gradient_checkpointing else 2.0 * arch.matmul_parameters
     stored += casts
-    if n_gpus > 1:
-        fsdp = fsdp_terms(arch, req, n_gpus, coef)
-        weights += fsdp["gathered"]
-        grads += fsdp["frozen_gradients"]
-        if req.fsdp_cpu_offload:
-            offloaded["sharded weights, gradients and optimizer (CPU)"] = weights - fsdp["gathered"] + grads \
-                + optimizer
-            weights, grads, optimizer, adapters = fsdp["gathered"], 0.0, 0.0, 0.0
+    transient = forward_transient_bytes(arch, req) * tokens
+    return _StepTensors(per_layer, stored, block_casts, logits, transient)
 
+
+def _add_fsdp(arch: Architecture, req: EstimateRequest, n_gpus: int, coef: MemoryCoefficients,
+              state: _TrainedState, offloaded: dict[str, float]) -> None:
+    """FSDP's gathered units and frozen gradients on top of the shards; CPU offload moves the shards off."""
+    fsdp = fsdp_terms(arch, req, n_gpus, coef)
+    state.weights += fsdp["gathered"]
+    state.grads += fsdp["frozen_gradients"]
+    if req.fsdp_cpu_offload:
+        offloaded["sharded weights, gradients and optimizer (CPU)"] = state.weights - fsdp["gathered"] \
+            + state.grads + state.optimizer
+        state.weights, state.grads, state.optimizer, state.adapters = fsdp["gathered"], 0.0, 0.0, 0.0
+
+
+def _phases(arch: Architecture, req: EstimateRequest, n_gpus: int, state: _TrainedState,
+            step: _StepTensors) -> dict[str, dict[str, float]]:
+    """The moments of a step that compete for the peak, each as gradients, activations, logits (and the
+    optimizer step's temporaries)."""
+    full = req.method == "full"
+    shard = float(n_gpus) if n_gpus > 1 else 1.0
     # With accumulation the gradients live through the next forward; without, backward starts by
     # producing the lm_head's gradient while the logits are still alive.
-    first_grad = (
-        arch.vocab * arch.hidden * param_bytes / shard if full and not req.optimizer_in_backward else 0.0
-    )
+    head = arch.vocab * arch.hidden
+    first_grad = head * state.param_bytes / shard if full and not req.optimizer_in_backward else 0.0
     if full and req.loss != "plain":
         # Each chunk's lm_head gradient is summed into the one autograd accumulates: one more head-sized
         # tensor.
         first_grad *= 2.0
+    grads = state.grads
     persistent_grads = grads if req.grad_accum > 1 else min(grads, first_grad)
     # Under checkpointing the loss's backward (logits, their fp32 copies and gradients) runs and frees before
     # the last block's forward is recomputed (torch/utils/checkpoint.py: a checkpointed block recomputes when
     # autograd first unpacks one of its saved tensors, i.e. when its own backward starts), so the logits and
     # one block's working set are never alive together.
     phases = {
-        "start of backward": {"gradients": persistent_grads, "activations": stored, "logits": logits},
-        "end of backward": {"gradients": grads, "activations": per_layer + block_casts, "logits": 0.0},
-        "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": step_temp},
+        "start of backward": {
+            "gradients": persistent_grads, "activations": step.stored, "logits": step.logits
+        },
+        "end of backward": {
+            "gradients": grads, "activations": step.per_layer + step.block_casts, "logits": 0.0
+        },
+        "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": state.step_temp},
     }
-    transient = forward_transient_bytes(arch, req) * tokens
     if req.gradient_checkpointing:
         phases["recompute of the last layer"] = {
             "gradients": persistent_grads,
-            "activations": stored + per_layer + block_casts + transient,
+            "activations": step.stored + step.per_layer + step.block_casts + step.transient,
             "logits": 0.0,
         }
     else:  # the last block's forward: everything saved so far, and its own temporaries
         phases["forward of the last layer"] = {
             "gradients": persistent_grads,
-            "activations": stored + transient,
+            "activations": step.stored + step.transient,
             "logits": 0.0,
         }
-    frag = FRAGMENTATION["packed" if req.packing else "variable"]
+    return phases
 
-    def reserved(parts: dict[str, float]) -> float:
-        transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
-        return parts["gradients"] + transient * frag
 
-    phase, parts = max(phases.items(), key=lambda kv: reserved(kv[1]))
-    transient = parts["activations"] + parts["logits"] + parts.get("step", 0.0)
-    breakdown = {
-        "weights": weights,
-        "adapters": adapters,
+def _transient(parts: dict[str, float]) -> float:
+    """What the caching allocator hands out and takes back within the step (fragmentation applies)."""
+    return parts["activations"] + parts["logits"] + parts.get("step", 0.0)
+
+
+def _peak(phases: dict[str, dict[str, float]], frag: float) -> tuple[str, dict[str, float]]:
+    """The moment that reserves the most."""
+    return max(phases.items(), key=lambda kv: kv[1]["gradients"] + _transient(kv[1]) * frag)
+
+
+def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag: float) -> dict[str, float]:
+    """Bytes per component at the peak moment (they sum to the estimate)."""
+    return {
+        "weights": state.weights,
+        "adapters": state.adapters,
         "gradients": parts["gradients"],
-        "optimizer": optimizer + parts.get("step", 0.0),
+        "optimizer": state.optimizer + parts.get("step", 0.0),
         "activations": parts["activations"],
         "logits": parts["logits"],
         "cuda_context": (CUDA_CONTEXT_GB + (NCCL_BUFFERS_GB if n_gpus > 1 else 0.0)) * GB,
         "cublas_workspace": float(CUBLAS_WORKSPACE_BYTES * CUBLAS_STREAMS),
-        "allocator": transient * (frag - 1.0),
+        "allocator": _transient(parts) * (frag - 1.0),
     }
-    peak_phase = phase
-    if req.method == "qlora" and n_gpus == 1:
-        # Quantizing on the GPU can reserve more than the training step ever allocates; the step then runs
-        # inside that reservation (the caching allocator keeps it).
-        loaded = load_reserved_bytes(arch, nf4_quantizer(req), weights, req.lora_r)
-        training = sum(breakdown.values()) - breakdown["cuda_context"]
-        if loaded > training:
-            breakdown["allocator"] += loaded - training
-            peak_phase = "model load (NF4 quantization on the GPU)"
-    ckpt = trainable * (4.0 if full and req.precision != "bf16" else param_bytes) + trainable * state_bytes
+
+
+def _load_phase(arch: Architecture, req: EstimateRequest, n_gpus: int, weights: float,
+                breakdown: dict[str, float]) -> bool:
+    """QLoRA on one GPU: quantizing on the GPU can reserve more than the training step ever allocates; the
+    step then runs inside that reservation (the caching allocator keeps it), shown as allocator. True when it
+    does."""
+    if req.method != "qlora" or n_gpus != 1:
+        return False
+    loaded = load_reserved_bytes(arch, nf4_quantizer(req), weights, req.lora_r)
+    training = sum(breakdown.values()) - breakdown["cuda_context"]
+    if loaded <= training:
+        return False
+    breakdown["allocator"] += loaded - training
+    return True
+
+
+def estimate_memory(
+    arch: Architecture,
+    req: EstimateRequest,
+    gpus: int | None = None,
+    coef: MemoryCoefficients = FITTED_MEMORY,
+) -> MemoryResult:
+    """Peak reserved memory per GPU for `req` on `gpus` GPUs (default req.gpus): the state that lives through
+    the step, the step's own tensors, the moments that compete for the peak, and the winner's breakdown."""
+    n_gpus = gpus or req.gpus
+    trainable = trainable_parameters(arch, req)
+    offloaded: dict[str, float] = {}
+    state = _trained_state(arch, req, n_gpus, trainable, offloaded)
+    step = _step_tensors(arch, req, n_gpus, offloaded)
+    if n_gpus > 1:
+        _add_fsdp(arch, req, n_gpus, coef, state, offloaded)
+    frag = FRAGMENTATION["packed" if req.packing else "variable"]
+    phase, parts = _peak(_phases(arch, req, n_gpus, state, step), frag)
+    breakdown = _breakdown(state, parts, n_gpus, frag)
+    if _load_phase(arch, req, n_gpus, state.weights, breakdown):
+        phase = "model load (NF4 quantization on the GPU)"
+    full_bytes = 4.0 if req.method == "full" and req.precision != "bf16" else state.param_bytes
     return MemoryResult(
         per_gpu_bytes=sum(breakdown.values()),
         breakdown=breakdown,
         offloaded=offloaded,
-        peak_phase=peak_phase,
+        peak_phase=phase,
         trainable=trainable,
         sharding="fsdp" if n_gpus > 1 else "none",
-        checkpoint_bytes=ckpt,
-        download_bytes=2.0 * n,
+        checkpoint_bytes=trainable * full_bytes + trainable * state.state_bytes,
+        download_bytes=2.0 * arch.parameters,
     )
