@@ -91,7 +91,9 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
     out: list[str] = []
 
     def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
-        m = estimate_memory(arch, r, gpus).per_gpu_gb
+        # a full fine-tune's QLoRA alternative resolves its LoRA targets here, once (a LoRA request's are)
+        adapted = arch.adapt(r.lora_targets) if r.method != "full" else arch
+        m = estimate_memory(adapted, r, gpus).per_gpu_gb
         return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
 
     if req.gpu:

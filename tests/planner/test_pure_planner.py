@@ -102,6 +102,9 @@ def test_the_pure_core_imports_no_io_module() -> None:
         # nothing fits an 8B full-rank model's LoRA on one 4090 at 32k tokens: the suggestions re-estimate
         EstimateRequest(model="llama-3.1-8b", lora_targets="all-linear", tokens=10**6, seq_len=32768,
                         gpu="rtx-4090", gradient_checkpointing=False, batch_size=8),
+        # a full fine-tune resolves no targets, until its suggestions price the QLoRA alternative: once
+        EstimateRequest(model="llama-3.1-8b", method="full", lora_targets=["q", "v"], tokens=10**6,
+                        gpu="rtx-4090"),
     ],
 )
 def test_lora_targets_are_resolved_once_per_request(
