@@ -94,11 +94,8 @@ class WandbLog:
                 print(f"note: {self.note}", flush=True)
                 mode = "offline"
         if self.run is None:
-            try:
-                self.run = wandb.init(mode="offline", **kwargs)
-            except Exception as exc:  # logging is best effort
-                print(f"note: W&B disabled ({type(exc).__name__}: {exc})", flush=True)
-                self.run = None
+            self.run = _init_offline(wandb, kwargs)
+            if self.run is None:
                 self.note = None
         self.mode = mode if self.run is not None else "disabled"
         self.init_seconds = time.monotonic() - started
@@ -187,6 +184,22 @@ def _skip_account_lookup(wandb: Any) -> None:
         wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
     except Exception:  # an older or newer wandb without the setting: init_timeout still bounds init
         pass
+
+
+def _init_offline(wandb: Any, kwargs: dict[str, Any]) -> Any:
+    """The offline run, or None (logging is best effort). Right after a timed-out online attempt, wandb's
+    service may still be going down; one more try on a fresh service then succeeds."""
+    for attempt in (1, 2):
+        try:
+            return wandb.init(mode="offline", **kwargs)
+        except Exception as exc:
+            if attempt == 2:
+                print(f"note: W&B disabled ({type(exc).__name__}: {exc})", flush=True)
+            else:
+                print(f"note: W&B offline start failed once ({type(exc).__name__}: {exc}); retrying",
+                      flush=True)
+                _teardown(wandb)
+    return None
 
 
 def _teardown(wandb: Any) -> None:

@@ -269,10 +269,11 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
     thread = world.thread_text(b)
     assert EVIL not in thread and "Finished" in thread
     if world.scoped:  # type: ignore[attr-defined]
-        # The jobs outlived their first credentials (60 s): the bot renewed them, the runners switched.
-        assert "storage credentials renewed" in log_b or "storage credentials renewed" in world.hosts.log(
-            first_b
-        )
+        # A host that outlived half of its first credentials' 60 s was renewed by the bot and switched. On a
+        # fast machine B's hosts may end sooner; tests/storage/test_launch_and_renewal.py pins renewal down.
+        lived = max(r.ended_at - r.launched_at for r in rows)
+        renewed = "storage credentials renewed" in log_b + world.hosts.log(first_b)
+        assert renewed or lived < 45, (lived, log_b[-2000:])
     else:
         assert thread.count("ignored") >= 1  # told in B's thread (once per kind of thing)
         assert "Storage is not scoped per job" in thread

@@ -24,12 +24,14 @@ from bot.chat.replies import Buttons, Reply
 from bot.chat.terminal import cli_console, render
 from bot.engine.jobstate import FINAL
 
-MAX_STEPS = 30
+# Long enough that a quiet fast machine (~25 steps/s on this tiny model) is still training when a checkpoint
+# past step 8 is seen and the job is stopped (checkpoints every 0.3 s); short enough for a loaded one.
+MAX_STEPS = 80
 # The job's training options, as a person types them; only the cadence of checkpoints and reports is the
 # test's own (seconds instead of minutes).
 OPTIONS = ("seq=256 batch=4 accum=1 r=8 alpha=16 lr=1e-2 warmup=5% scheduler=cosine "
            f"steps={MAX_STEPS} seed=0 plateau=no checkpointing=no")
-CADENCE = {"checkpoint": {"every_minutes": 0.03, "keep": 2}, "report": {"every_seconds": 0.3}}
+CADENCE = {"checkpoint": {"every_minutes": 0.005, "keep": 2}, "report": {"every_seconds": 0.3}}
 ALICE = Actor("alice", None, operator=True)
 
 
@@ -70,14 +72,18 @@ class World:
         assert launched.kind == "success", text(launched)
         return next(j.job_id for j in self.engine.list_jobs(user="alice"))  # newest first
 
-    def until(self, done: Callable[[], bool], what: str, timeout: float = 240) -> None:
+    def until(self, done: Callable[[], bool], what: str, timeout: float = 480) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.engine.tick()
             if done():
                 return
             time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}")
+        jobs = [(j.job_id, j.state, j.step, j.checkpoint_step, j.message) for j in self.engine.list_jobs()]
+        raise AssertionError(f"timed out waiting for {what}: {jobs}\n{self.runner_logs()}")
+
+    def runner_logs(self) -> str:
+        return "\n".join(f"{p}:\n{p.read_text()[-2000:]}" for p in sorted(self.local.workdir.rglob("*.log")))
 
     def job(self, job_id: str) -> Any:
         return self.engine.get_job(job_id)
@@ -118,8 +124,7 @@ def _losses(world: World, job_id: str) -> list[tuple[int, float]]:
 @pytest.mark.slow
 def test_stopped_by_its_owner_then_resumed_to_the_end(world: World) -> None:
     job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
-    world.until(lambda: world.job(job_id).checkpoint_step is not None and world.job(job_id).step >= 8,
-                "a checkpoint past step 8")
+    world.until(lambda: _checkpointed_mid_run(world, job_id), "a checkpoint past step 8")
     stop = world.say(f"stop {job_id}")
     assert "Stopping job" in text(stop)
     world.until(lambda: world.job(job_id).state in FINAL, "the stop")
@@ -156,8 +161,7 @@ def test_stopped_by_its_budget_then_resumed_with_a_higher_cap(world: World) -> N
     from store.models import Job
 
     job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
-    world.until(lambda: world.job(job_id).checkpoint_step is not None and world.job(job_id).step >= 8,
-                "a checkpoint past step 8")
+    world.until(lambda: _checkpointed_mid_run(world, job_id), "a checkpoint past step 8")
     # The cap is reached now: lowered to what the job has spent (how long a CPU run takes on a shared
     # machine is not predictable enough to pick a cap it reaches half-way).
     cap = round(world.job(job_id).spend, 4)
@@ -195,6 +199,12 @@ def test_clone_relaunches_with_changes(world: World) -> None:
 
     spec = json.loads(Path(clone.output_uri, "job.json").read_text())
     assert spec["learning_rate"] == 5e-3 and spec["max_steps"] == 12 and spec["lora"]["r"] == 8
+
+
+def _checkpointed_mid_run(world: World, job_id: str) -> bool:
+    job = world.job(job_id)
+    assert job.state not in FINAL, f"the job ended ({job.state}) before it could be stopped: raise MAX_STEPS"
+    return job.checkpoint_step is not None and job.step >= 8
 
 
 def _instance_ids(world: World, job_id: str) -> list[str]:
