@@ -146,37 +146,73 @@ class Trainer:
         self.points: list[tuple[int, float, float]] = []
         self.evals: list[tuple[int, float]] = []
         self.key = key_from_env()  # this job's integrity key (runner/integrity.py); None when run by hand
+        # Made by setup(), step by step (each step's docstring names what it makes).
+        self.model_dir: Path | None = None  # config and tokenizer first, the weights after the checks
+        self.target_modules: list[str] | str = spec.lora.target_modules  # as checked against the model
+        self.tokenizer: Any = None
+        self.data: Any = None  # runner/data.Prepared: train and eval examples
+        self.dtype = torch.float32  # what activations are computed in (runner/model.compute_dtype)
+        self.autocast = False  # bf16 autocast over fp32 master weights (runner/model.uses_autocast)
+        self.batches_for: Callable[[Any, int], Any] = _not_set_up
+        self.length: Any = None  # runner/steps.RunLength: the run's steps, as the planner priced them
+        self.steps_per_epoch = 0
+        self.model: Any = None
+        self.trainable_names: set[str] = set()
+        self.store: ckpt.CheckpointStore | None = None
+        self.ddp_model: Any = None  # the model as trained: wrapped by DDP/FSDP on several processes
+        self.params: list[torch.nn.Parameter] = []
+        self.head_loss: Any = None  # runner/loss.HeadLoss
+        self.checkpointing = spec.gradient_checkpointing
+        self.oom_levels: list[Any] = []  # runner/oom.Level: how to retry after an out-of-memory error
+        self.oom_level = 0
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.plateau: Any = None  # runner/plateau.PlateauDetector
 
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
     def setup(self) -> None:
-        spec = self.spec
-        from runner.data import make_batches, prepare
-        from runner.model import (
-            check_target_modules,
-            has_flash_attention,
-            linear_module_names,
-            load_model,
-            load_tokenizer,
-            resolve_base_model,
-            trainable_parameters,
-        )
-        from runner.records import DatasetError, read_records
+        self._join_group()
+        records = self._read_dataset()  # 1. before anything is downloaded
+        self._check_kernels()
+        self._read_config()  # 2. the config and tokenizer (small files), LoRA targets on the meta device
+        self._prepare_data(records)
+        self._plan_length()
+        strategy = self.spec.strategy(self._group().world)
+        self._describe(strategy)
+        self._load_weights(strategy)  # 3. the weights
+        self._build_step(strategy)  # wrapping, loss, optimizer, scheduler; a verified checkpoint resumed
+        self._start_plateau()
+        self._start_logging()
 
-        self.group = group = setup(spec.gpus)
-        torch.manual_seed(spec.seed)
-        if group.main:  # from here on every failure is reported as a `failed` event with its reason
+    def _join_group(self) -> None:
+        """The process group and device, the seed, and (main process) the reporter: from here on every
+        failure is reported as a `failed` event with its reason."""
+        self.group = group = setup(self.spec.gpus)
+        torch.manual_seed(self.spec.seed)
+        if group.main:
             from runner.report import Reporter
 
-            self.reporter = Reporter(spec, start_seq=_next_seq_in_progress(spec))
+            self.reporter = Reporter(self.spec, start_seq=_next_seq_in_progress(self.spec))
 
-        # 1. The dataset, read and checked before anything is downloaded.
+    def _read_dataset(self) -> list[Any]:
+        """Every record of the dataset, read and checked: an unreadable or empty one is an invalid job."""
+        from runner.records import DatasetError, read_records
+
+        spec = self.spec
         try:
             records = list(read_records(spec.dataset.uri, spec.dataset.format))
         except DatasetError as exc:
             raise InvalidJob(str(exc)) from None
         if not records:
             raise InvalidJob(f"{spec.dataset.uri}: dataset is empty: no records to train on")
+        return records
+
+    def _check_kernels(self) -> None:
+        """The loss and attention kernels the spec asks for exist on this device and image."""
+        from runner.model import has_flash_attention
+
+        spec, group = self.spec, self._group()
         if spec.loss == "liger":
             from runner.loss import liger_available
 
@@ -188,7 +224,12 @@ class Trainer:
                              "have; use attn=sdpa, or build the image with FLASH_ATTN=1 "
                              "(scripts/runner-image.sh)")
 
-        # 2. The base model's config and tokenizer (small files), the LoRA targets checked on the meta device.
+    def _read_config(self) -> None:
+        """model_dir (config and tokenizer files only) and target_modules checked against its Linear layers;
+        a base model that does not exist or cannot be reached is an invalid job."""
+        from runner.model import check_target_modules, linear_module_names, resolve_base_model
+
+        spec = self.spec
         looks_local = spec.base_model.startswith(("/", ".", "~", "file://"))
         if looks_local and not Path(spec.base_model.removeprefix("file://")).expanduser().exists():
             raise InvalidJob(f"base_model {spec.base_model!r} does not exist on this host")
@@ -207,15 +248,22 @@ class Trainer:
                                                            linear_module_names(self.model_dir))
             except ValueError as exc:
                 raise InvalidJob(str(exc)) from None
+
+    def _prepare_data(self, records: list[Any]) -> None:
+        """tokenizer, data and stats (tokenized, split), dtype and autocast, and batches_for: an epoch's
+        micro-batches as a pure function of (seed, epoch)."""
+        from runner.data import make_batches, prepare
+        from runner.model import compute_dtype, load_tokenizer, uses_autocast
+        from runner.records import DatasetError
+
+        spec, group = self.spec, self._group()
+        assert self.model_dir is not None
         self.tokenizer = load_tokenizer(self.model_dir)
         try:
             data = prepare(spec, self.tokenizer, records=records)
         except DatasetError as exc:
             raise InvalidJob(str(exc)) from None
         self.data, self.stats = data, data.stats
-
-        from runner.model import compute_dtype, uses_autocast
-
         self.dtype = compute_dtype(group.device, spec.resolved_precision)
         self.autocast = uses_autocast(spec, group.device)
         attn = "flash" if spec.attn == "flash" and group.device.type == "cuda" else (
@@ -227,9 +275,13 @@ class Trainer:
                                 pad_id=self.tokenizer.pad_token_id or 0, mask_dtype=self.dtype)
 
         self.batches_for = batches
-        # The run's length from the arithmetic the planner priced it with (runner/steps.py).
+
+    def _plan_length(self) -> None:
+        """length, steps_per_epoch and max_steps, from the arithmetic the planner priced the run with
+        (runner/steps.py); a dataset too small for one optimizer step is an invalid job."""
         from runner.steps import run_length
 
+        spec, group, data = self.spec, self._group(), self.data
         self.length = run_length([len(e) for e in data.train], [len(e) for e in data.eval],
                                  seq_len=spec.seq_len, micro_batch_size=spec.micro_batch_size,
                                  grad_accum=spec.grad_accum, processes=group.world, packing=spec.packing,
@@ -242,32 +294,47 @@ class Trainer:
                 f"processes ({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower "
                 "grad_accum")
         self.max_steps = self.length.steps
-        strategy = spec.strategy(group.world)
-        if group.main:
-            tokens_per_step = spec.tokens_per_step * group.world
-            print(f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
-                  f"{self.stats.dropped}); format {spec.dataset.format.value}; train examples "
-                  f"{len(data.train)}, eval {len(data.eval)}")
-            print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
-                  f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
-            print(f"length: {self.length.describe()}")
-            mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
-            print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
-                  f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
-                  f"sharding {strategy}", flush=True)
 
-        # 3. The weights.
+    def _describe(self, strategy: str) -> None:
+        """The run's shape in the log (main process)."""
+        spec, group, data = self.spec, self._group(), self.data
+        if not group.main:
+            return
+        tokens_per_step = spec.tokens_per_step * group.world
+        print(f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
+              f"{self.stats.dropped}); format {spec.dataset.format.value}; train examples "
+              f"{len(data.train)}, eval {len(data.eval)}")
+        print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
+              f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
+        print(f"length: {self.length.describe()}")
+        mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
+        print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
+              f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
+              f"sharding {strategy}", flush=True)
+
+    def _load_weights(self, strategy: str) -> None:
+        """The weights downloaded into model_dir, model loaded (adapters attached), trainable_names, and the
+        checkpoint store."""
+        from runner.model import load_model, resolve_base_model, trainable_parameters
+
+        spec, group = self.spec, self._group()
         self.model_dir = resolve_base_model(spec.base_model, weights=True, into=self.model_dir)
-        fsdp = strategy == "fsdp"
-        targets = getattr(self, "target_modules", spec.lora.target_modules)
-        self.model = load_model(spec, self.model_dir, group.device, fsdp=fsdp, target_modules=targets)
+        self.model = load_model(spec, self.model_dir, group.device, fsdp=strategy == "fsdp",
+                                target_modules=self.target_modules)
         trainable, total = trainable_parameters(self.model)
         if group.main:
             print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
                   flush=True)
         self.trainable_names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         self.store = ckpt.CheckpointStore(spec.checkpoint.uri)
-        # Only a checkpoint whose signed manifest verifies is loaded (runner/manifest.py); others are told.
+
+    def _build_step(self, strategy: str) -> None:
+        """ddp_model, fsdp, params, head_loss, the out-of-memory levels, optimizer and scheduler; a checkpoint
+        whose signed manifest verifies (runner/manifest.py) is loaded into them, others are told."""
+        from runner import oom
+
+        spec, group = self.spec, self._group()
+        assert self.store is not None
         fetched = self.store.fetch_verified(job_id=spec.job_id, key=self.key)  # every rank loads it
         resume_step, resume_dir = fetched.step, fetched.folder
         for skipped in fetched.skipped if group.main else []:
@@ -279,19 +346,13 @@ class Trainer:
             self.ddp_model = wrap(self.model, group, strategy, mixed=self.autocast)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
-            self.head_loss = self._loss_for(batches(data.train, 0))
-            from runner import oom
-
+            self.head_loss = self._loss_for(self.batches_for(self.data.train, 0))
             self.checkpointing = spec.gradient_checkpointing
             self.oom_levels = oom.levels(spec.micro_batch_size, spec.gradient_checkpointing)
             self.oom_level = oom.start_level(spec.micro_batch_size, spec.gradient_checkpointing)
             self._apply_level()
             self.optimizer = self._optimizer()
-            from transformers import get_scheduler
-
-            self.scheduler = get_scheduler(spec.lr_scheduler, self.optimizer,
-                                           num_warmup_steps=math.ceil(spec.warmup_ratio * self.max_steps),
-                                           num_training_steps=self.max_steps)
+            self.scheduler = self._scheduler()
             if resume_dir is not None:
                 ckpt.read_optimizer(resume_dir, self.ddp_model, self.optimizer, fsdp=self.fsdp)
                 self.state = ckpt.read_rest(resume_dir, scheduler=self.scheduler, rank=group.rank)
@@ -300,21 +361,43 @@ class Trainer:
             if resume_dir is not None:
                 shutil.rmtree(resume_dir, ignore_errors=True)
 
+    def _scheduler(self) -> Any:
+        """The learning-rate schedule over max_steps, warming up for warmup_ratio of them."""
+        from transformers import get_scheduler
+
+        assert self.max_steps is not None
+        return get_scheduler(self.spec.lr_scheduler, self.optimizer,
+                             num_warmup_steps=math.ceil(self.spec.warmup_ratio * self.max_steps),
+                             num_training_steps=self.max_steps)
+
+    def _start_plateau(self) -> None:
+        """plateau: the detector, resumed where the checkpoint left it; an eval loss is already a mean over
+        the split, so no smoothing on top."""
         from runner.plateau import PlateauDetector
 
-        plateau = spec.plateau.resolved(self.max_steps)
-        if self.data.eval:  # an eval loss is already a mean over the split: no smoothing on top
+        assert self.max_steps is not None
+        plateau = self.spec.plateau.resolved(self.max_steps)
+        if self.data.eval:
             plateau = plateau.model_copy(update={"ema": 0.0})
         self.plateau = PlateauDetector(plateau)
         if self.state.plateau:
             self.plateau.load_state_dict(self.state.plateau)
-        if group.main:
-            self.reporter.advance_to(self.state.reporter_seq)
-            from runner.wandb_log import WandbLog
 
-            self.wandb = WandbLog()
-            self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
-                                                       spec.redacted().model_dump(mode="json"))
+    def _start_logging(self) -> None:
+        """Main process: the reporter moved past the resumed events, and W&B (resuming its run)."""
+        if not self._group().main:
+            return
+        from runner.wandb_log import WandbLog
+
+        spec = self.spec
+        self.reporter.advance_to(self.state.reporter_seq)
+        self.wandb = WandbLog()
+        self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
+                                                   spec.redacted().model_dump(mode="json"))
+
+    def _group(self) -> Group:
+        assert self.group is not None, "setup() joins the process group first"
+        return self.group
 
     def _loss_for(self, batches: Any) -> Any:
         """The loss as the spec asks (runner/loss.py), checked against the model's own logits on a short slice
@@ -499,7 +582,7 @@ class Trainer:
 
     def _precision(self) -> Any:
         """bf16 autocast over fp32 master weights (a mixed-precision full fine-tune), else nothing."""
-        if getattr(self, "autocast", False):
+        if self.autocast:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -727,7 +810,7 @@ class Trainer:
         if self.meter is None:
             return None
         out = self.meter.result()
-        levels = getattr(self, "oom_levels", None)
+        levels = self.oom_levels
         if levels:
             level = levels[self.oom_level]
             out["micro_batch_size"] = float(max(1, self.spec.micro_batch_size // level.parts))
@@ -744,6 +827,10 @@ class Trainer:
         if self.group is not None:
             self.group.close()
 
+
+
+def _not_set_up(examples: Any, epoch: int) -> Any:
+    raise RuntimeError("Trainer.setup() makes the batches")
 
 
 def _next_seq_in_progress(spec: JobSpec) -> int:
