@@ -32,7 +32,10 @@ class Job(SQLModel, table=True):
     choice: str = "cheapest"
     offer: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # chosen RankedOffer JSON
     offers: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # fallbacks
-    spec_overrides: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    # The training plan, stored once: the estimate's TrainingPlan as the runner's JobSpec fields (staged
+    # input locations and any caller extras included), decided at creation; a launch adds only what
+    # depends on the offer and the moment (bot/engine/launch.py build_spec).
+    plan: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     provider: str | None = None
     gpu: str | None = None
     gpu_count: int | None = None

@@ -220,7 +220,7 @@ def _result_fields(eng: EngineContext, job: Job, final: str, reason: str | None)
     if job.output_uri is None and (final == S.SUCCEEDED or (final == S.STOPPED and reason == "plateau")):
         from bot.engine.launch import storage_root
 
-        usual = (job.spec_overrides or {}).get("output_uri") or f"{storage_root(eng, job.id)}/output"
+        usual = (job.plan or {}).get("output_uri") or f"{storage_root(eng, job.id)}/output"
         if results.exists(usual):
             fields["output_uri"] = usual
     newest = results.newest_checkpoint(job.checkpoint_uri)

@@ -190,7 +190,7 @@ def cap_event(event: RunnerEvent) -> RunnerEvent:
 def expected_of(ctx: EngineContext, job: Any, default_output: str) -> Expected:
     """Where this job's events may point (``job``: a Job row, or a plain row with its columns;
     ``default_output``: the output URI a launch gives it when the job does not name one)."""
-    overrides = getattr(job, "spec_overrides", None) or {}
+    overrides = getattr(job, "plan", None) or {}
     push = overrides.get("push_to_hub") if isinstance(overrides, dict) else None
     hub = (ctx.settings.hf_endpoint or "https://huggingface.co").rstrip("/")
     return Expected(

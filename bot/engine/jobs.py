@@ -161,7 +161,7 @@ def create(
         dataset_uri=prepared.dataset_uri,
         dataset_format=prepared.dataset_format,
     )
-    spec_overrides = deep_merge(fields, spec_overrides or {})
+    stored_plan = deep_merge(fields, spec_overrides or {})  # the one stored plan (store/models.py Job.plan)
     now = ctx.now()
     job = Job(
         id=job_id,
@@ -173,7 +173,7 @@ def create(
         choice=choice,
         offer=chosen.model_dump(mode="json"),
         offers=[o.model_dump(mode="json") for o in fitting],
-        spec_overrides=spec_overrides or {},
+        plan=stored_plan,
         provider=chosen.provider,
         gpu=chosen.gpu,
         gpu_count=chosen.gpu_count,
@@ -264,7 +264,7 @@ def approve(
     ctx: EngineContext, policy: Permissions, job_id: str, *, approver: str, auto_launch: bool = True
 ) -> JobView:
     job = load(ctx, job_id)
-    push = (job.spec_overrides or {}).get("push_to_hub") or {}
+    push = (job.plan or {}).get("push_to_hub") or {}
     decision = policy.can_approve(
         approver,
         job.owner,

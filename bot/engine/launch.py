@@ -22,11 +22,10 @@ from bot.engine import approval, instance_env, integrity
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
-from bot.engine.jobspec import deep_merge, plan_of, spec_fields
+from bot.engine.jobspec import deep_merge
 from bot.engine.spend import job_spend
 from bot.money import money
 from bot.planner.offer import Offer
-from bot.planner.request import EstimateRequest
 from bot.planner.result import RankedOffer
 from bot.providers.base import (
     CapacityError,
@@ -85,13 +84,12 @@ def offer_key(ranked: dict[str, Any]) -> str:
 def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
     """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes).
 
-    The training fields were decided when the job was created (bot/engine/jobspec.py, stored in
-    ``job.spec_overrides``); a launch adds what depends on the offer and the moment: GPUs, the report
-    token, W&B, and the spend so far for the model card.
+    The training fields were decided when the job was created (bot/engine/jobspec.py, stored once in
+    ``job.plan``); a launch adds what depends on the offer and the moment: GPUs, the report token, W&B,
+    and the spend so far for the model card.
     """
     from bot.engine.spend import job_spend
 
-    req = EstimateRequest.model_validate(job.request)
     root = storage_root(eng, job.id)
     gpus = 0 if offer.get("gpu") == "cpu" else int(offer.get("gpu_count") or 1)
     settings = eng.settings
@@ -127,8 +125,7 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
             "where": f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind})",
         },
     }
-    # Jobs created before the training plan was stored get their training fields from the request.
-    spec = deep_merge(deep_merge(spec_fields(plan_of(req, None)), runtime), job.spec_overrides or {})
+    spec = deep_merge(runtime, job.plan or {})  # the plan wins, as the demo's faster checkpoints do
     spec["job_id"] = job.id
     spec["report"]["token"] = token
     return JobSpec.model_validate(spec)

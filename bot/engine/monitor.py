@@ -551,7 +551,7 @@ _PROGRESS_COLUMNS = (
     Job.progress_window,
     Job.state,
     Job.checkpoint_uri,
-    Job.spec_overrides,
+    Job.plan,
     Job.last_checkpoint_uri,
     Job.last_checkpoint_step,
 )

@@ -67,7 +67,7 @@ def renew_due(ctx: EngineContext) -> int:
     now = ctx.now()
     with ctx.session() as s:  # half-life passed: issued + (expire - issued) / 2 <= now
         rows = s.execute(
-            select(Job.id, Job.spec_overrides, Job.credentials_issued_at, Job.credentials_expire_at).where(
+            select(Job.id, Job.plan, Job.credentials_issued_at, Job.credentials_expire_at).where(
                 Job.state == S.RUNNING,
                 Job.credentials_expire_at.is_not(None),
                 Job.credentials_issued_at + Job.credentials_expire_at <= 2 * now,
@@ -78,7 +78,7 @@ def renew_due(ctx: EngineContext) -> int:
         if not due(row.credentials_issued_at, row.credentials_expire_at, now):
             continue
         root = storage_root(ctx, row.id)
-        spec: dict[str, Any] = row.spec_overrides or {}
+        spec: dict[str, Any] = row.plan or {}
         dataset = (spec.get("dataset") or {}).get("uri") if isinstance(spec.get("dataset"), dict) else None
         scope = scope_for(root, dataset=dataset, base_model=spec.get("base_model"))
         try:

@@ -131,3 +131,31 @@ def test_user_stop_is_graceful_then_final(engine, fake, clock):
     assert fake.live() == []
     assert view.spend == pytest.approx(600 / 3600 * 1.0, abs=1e-5)
     assert "stopped" in rec.kinds()
+
+
+def test_the_runner_trains_the_estimated_plan_on_every_launch(engine, fake, clock):
+    """The plan the estimate priced is stored once (jobs.plan) and is what each launch hands the runner:
+    model, steps, tokens per sequence, LoRA targets, whatever the request said; a relaunch uses it again."""
+    from bot.planner.training import training_plan_without_model
+    from bot.providers.base import InstanceStatus
+    from runner.spec import JobSpec
+
+    req = request(seq_len=2048)
+    est = estimate_for(fake)
+    est.training = training_plan_without_model(req).model_copy(
+        update={"max_steps": 123, "seq_len": 512, "micro_batch_size": 3, "lora_targets": ["q_proj", "v_proj"]}
+    )
+    job = engine.create_job(req, user="alice", estimate=est)
+    clock.advance(600)
+    fake.set_status(fake.live()[0].instance_id, InstanceStatus.preempted)
+    engine.tick()  # relaunched
+    specs = [JobSpec.model_validate_json(r.env["TUNEBOT_JOB_SPEC"]) for r in fake.launch_requests]
+    assert len(specs) == 2
+    for spec in specs:
+        assert spec.base_model == est.training.base_model == "tiny"
+        assert (spec.max_steps, spec.seq_len, spec.micro_batch_size) == (123, 512, 3)
+        assert spec.lora.target_modules == ["q_proj", "v_proj"]
+    with engine.session() as s:
+        row = s.get(Job, job.job_id)
+        assert row.plan["max_steps"] == 123 and row.plan["seq_len"] == 512  # stored once, under one name
+        assert row.request["seq_len"] == 2048  # what was asked stays what was asked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -138,3 +139,42 @@ def test_the_migrations_build_every_column_the_models_declare(empty_url):
     ]
     eng.dispose()
     assert missing == []
+
+
+def test_the_plan_migration_stores_each_jobs_training_plan_once(empty_url):
+    """0012: a job whose spec_overrides held the plan keeps it as ``plan``; an older job (no plan stored)
+    gets the fields its next launch used to derive from the request, its overrides merged over them."""
+    from alembic import command
+
+    from bot.engine.jobspec import plan_of, spec_fields
+    from bot.planner.request import EstimateRequest
+    from store.db import alembic_config
+
+    if empty_url.startswith("sqlite:///"):
+        Path(empty_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(empty_url), "0011_i19")  # the schema before the plan was stored once
+    eng = make_engine(empty_url)
+    request = {"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "dataset": "s3://d/t.jsonl", "max_steps": 40}
+    stored = {"base_model": "s3://bucket/staged/model", "max_steps": 40, "seq_len": 1024}
+    row = (
+        "INSERT INTO jobs (id, owner, state, request, choice, offer, offers, spec_overrides, interruptible, "
+        "retry_count, preemptions, last_event_seq, last_step, spend, created_at, updated_at) VALUES "
+        "(:id, 'al', 'succeeded', :request, 'cheapest', '{}', '[]', :overrides, false, 0, 0, 0, 0, 0, 1, 1)"
+    )
+    with eng.begin() as conn:
+        for job_id, overrides in (("new", stored), ("old", {"seed": 7})):
+            values = {"id": job_id, "request": json.dumps(request), "overrides": json.dumps(overrides)}
+            conn.execute(text(row), values)
+    eng.dispose()
+    migrate(empty_url)
+    eng = make_engine(empty_url)
+    with eng.connect() as conn:
+        plans = {r[0]: r[1] for r in conn.execute(text("SELECT id, plan FROM jobs"))}
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+    eng.dispose()
+    plans = {k: json.loads(v) if isinstance(v, str) else v for k, v in plans.items()}
+    assert plans["new"] == stored
+    derived = spec_fields(plan_of(EstimateRequest.model_validate(request), None))
+    assert plans["old"] == {**derived, "seed": 7}
+    assert plans["old"]["base_model"] == "Qwen/Qwen2.5-0.5B" and plans["old"]["max_steps"] == 40
+    assert "spec_overrides" not in columns
