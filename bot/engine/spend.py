@@ -213,6 +213,43 @@ def roll_up(
     """
     since = now - 2 * DAY if since is None else since
     first_day = day_start(lines_from) if lines_from is not None else None
+    insts = _billing_instances(session, since, job_id=job_id, scope=scope, job_rows=job_rows)
+    vols = [] if job_id is not None else _billing_volumes(session, since, scope=scope)
+    wanted = _day_lines(insts, vols, now, first_day=first_day, rolled=rolled)
+    if rolled is not None and scope is None and job_id is None:
+        # A source that stopped billing before ``since`` never comes back: forgotten (a long-lived bot
+        # would otherwise keep one entry for every instance and volume it ever rolled up).
+        rolled.intersection_update(k[0] for k in wanted)
+    if not wanted:
+        return len(insts) + len(vols)
+    always = _growing_lines(insts, now, first_day=first_day, rolled=rolled)
+    existing = _stored_lines(session, wanted, always)
+    _upsert_lines(session, _changed_lines(wanted, existing, always))
+    if rolled is not None:
+        rolled.update(k[0] for k in wanted)
+    return len(insts) + len(vols)
+
+
+def _billing_instances(
+    session: Session,
+    since: float,
+    *,
+    job_id: str | None,
+    scope: tuple[set[str], set[str]] | None,
+    job_rows: tuple[Job, list[Instance]] | None,
+) -> Sequence[Any]:
+    """The instances (with their job's owner and team) that billed after ``since``, in id order: every
+    process writes the lines in one order, so two never deadlock. With ``job_rows`` (and ``job_id``,
+    without ``scope``), the caller's rows instead of a query."""
+    if job_rows is not None and job_id is not None and scope is None:
+        job, rows = job_rows
+        return [
+            _InstanceLine(
+                r.id, r.job_id, r.provider, r.price_per_hour, r.launched_at, r.ended_at, job.owner, job.team
+            )
+            for r in sorted(rows, key=lambda r: r.id or 0)
+            if r.job_id == job_id and (r.ended_at is None or r.ended_at >= since)
+        ]
     iq = (
         select(
             Instance.id,
@@ -226,41 +263,46 @@ def roll_up(
         )
         .join(Job, Job.id == Instance.job_id, isouter=True)
         .where(or_(Instance.ended_at.is_(None), Instance.ended_at >= since))
-        .order_by(Instance.id)  # every process writes the lines in one order: no deadlock between them
+        .order_by(Instance.id)
     )
     if job_id is not None:
         iq = iq.where(Instance.job_id == job_id)
     if scope is not None:
         iq = iq.where(or_(Job.owner.in_(sorted(scope[0])), Job.team.in_(sorted(scope[1]))))
-    if job_rows is not None and job_id is not None and scope is None:
-        job, rows = job_rows
-        insts: Sequence[Any] = [
-            _InstanceLine(
-                r.id, r.job_id, r.provider, r.price_per_hour, r.launched_at, r.ended_at, job.owner, job.team
-            )
-            for r in sorted(rows, key=lambda r: r.id or 0)
-            if r.job_id == job_id and (r.ended_at is None or r.ended_at >= since)
-        ]
-    else:
-        insts = session.execute(iq).all()
-    vols = (
-        []
-        if job_id is not None or (scope is not None and not scope[0])
-        else session.execute(
-            select(
-                VolumeRecord.provider,
-                VolumeRecord.volume_id,
-                VolumeRecord.owner,
-                VolumeRecord.size_gb,
-                VolumeRecord.price_per_gb_month,
-                VolumeRecord.first_seen_at,
-                VolumeRecord.deleted_at,
-            ).where(
-                or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since),
-                VolumeRecord.owner.in_(sorted(scope[0])) if scope is not None else true(),
-            )
-        ).all()
-    )
+    return session.execute(iq).all()
+
+
+def _billing_volumes(
+    session: Session, since: float, *, scope: tuple[set[str], set[str]] | None
+) -> Sequence[Any]:
+    """The volumes that billed after ``since`` (only the scope's owners' ones; none for a team-only scope)."""
+    if scope is not None and not scope[0]:
+        return []
+    return session.execute(
+        select(
+            VolumeRecord.provider,
+            VolumeRecord.volume_id,
+            VolumeRecord.owner,
+            VolumeRecord.size_gb,
+            VolumeRecord.price_per_gb_month,
+            VolumeRecord.first_seen_at,
+            VolumeRecord.deleted_at,
+        ).where(
+            or_(VolumeRecord.deleted_at.is_(None), VolumeRecord.deleted_at >= since),
+            VolumeRecord.owner.in_(sorted(scope[0])) if scope is not None else true(),
+        )
+    ).all()
+
+
+def _day_lines(
+    insts: Sequence[Any],
+    vols: Sequence[Any],
+    now: float,
+    *,
+    first_day: float | None,
+    rolled: set[str] | None,
+) -> dict[tuple[str, float], dict[str, Any]]:
+    """The ledger lines these instances and volumes should have, by (source, day start)."""
     wanted: dict[tuple[str, float], dict[str, Any]] = {}
 
     def add(source: str, kind: str, start: float, end: float, rate_h: float, **who: Any) -> None:
@@ -312,23 +354,27 @@ def roll_up(
             owner=v.owner,
             provider=v.provider,
         )
-    if rolled is not None and scope is None and job_id is None:
-        # A source that stopped billing before ``since`` never comes back: forgotten (a long-lived bot
-        # would otherwise keep one entry for every instance and volume it ever rolled up).
-        rolled.intersection_update(k[0] for k in wanted)
-    if not wanted:
-        return len(insts) + len(vols)
-    # An open instance's newest line grows on every roll-up: written without reading it first. Lines
-    # that may be unchanged (ended instances, volumes, older days) are compared and written if changed.
-    always = (
-        {
-            (f"instance:{i.id}", day_start(now))
-            for i in insts
-            if i.ended_at is None and (rolled is None or f"instance:{i.id}" in rolled)
-        }
-        if first_day is not None
-        else set()
-    )
+    return wanted
+
+
+def _growing_lines(
+    insts: Sequence[Any], now: float, *, first_day: float | None, rolled: set[str] | None
+) -> set[tuple[str, float]]:
+    """An open instance's newest line grows on every roll-up: written without reading it first (only in
+    an incremental roll-up, and for sources this process has rolled before)."""
+    if first_day is None:
+        return set()
+    return {
+        (f"instance:{i.id}", day_start(now))
+        for i in insts
+        if i.ended_at is None and (rolled is None or f"instance:{i.id}" in rolled)
+    }
+
+
+def _stored_lines(
+    session: Session, wanted: dict[tuple[str, float], dict[str, Any]], always: set[tuple[str, float]]
+) -> dict[tuple[str, float], tuple[Any, ...]]:
+    """The stored figures of the lines that may be unchanged (ended instances, volumes, older days)."""
     sources = sorted({k[0] for k in wanted if k not in always})
     cols = (
         SpendEntry.source,
@@ -340,18 +386,22 @@ def roll_up(
         SpendEntry.team,
         SpendEntry.job_id,
     )
-    existing: dict[tuple[str, float], tuple[Any, ...]] = {}
     if not sources:
-        queries = []
-    elif len(sources) <= 500:
-        queries = [select(*cols).where(SpendEntry.source.in_(sources))]
+        return {}
+    if len(sources) <= 500:
+        q = select(*cols).where(SpendEntry.source.in_(sources))
     else:  # one range scan of the period index instead of thousands of IN lists
-        queries = [
-            select(*cols).where(SpendEntry.period_start >= min(k[1] for k in wanted if k not in always))
-        ]
-    for q in queries:
-        for r in session.execute(q):
-            existing[(r[0], r[1])] = tuple(r[2:])
+        q = select(*cols).where(SpendEntry.period_start >= min(k[1] for k in wanted if k not in always))
+    return {(r[0], r[1]): tuple(r[2:]) for r in session.execute(q)}
+
+
+def _changed_lines(
+    wanted: dict[tuple[str, float], dict[str, Any]],
+    existing: dict[tuple[str, float], tuple[Any, ...]],
+    always: set[tuple[str, float]],
+) -> list[dict[str, Any]]:
+    """The lines to write: the growing ones and those whose figures differ from the stored ones, in one
+    order in every process."""
     changed = [
         line
         for key, line in wanted.items()
@@ -366,8 +416,5 @@ def roll_up(
             line["job_id"],
         )
     ]
-    changed.sort(key=lambda line: (line["source"], line["period_start"]))  # one order in every process
-    _upsert_lines(session, changed)
-    if rolled is not None:
-        rolled.update(k[0] for k in wanted)
-    return len(insts) + len(vols)
+    changed.sort(key=lambda line: (line["source"], line["period_start"]))
+    return changed
