@@ -40,7 +40,7 @@ from fakes.clouds.fixtures import client_for  # noqa: E402
 
 from bench.engine_seed import backend, bench_database, bulk_insert, cloud_fleet  # noqa: E402
 from bot.engine.integrity import job_key  # noqa: E402
-from bot.engine.monitor import read_raw  # noqa: E402
+from bot.engine.progress import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from runner.integrity import EVENT, sign  # noqa: E402

@@ -1,8 +1,8 @@
 """What every engine step needs, and nothing else: settings, sessions, providers, clock, bus, limits.
 
-The step modules (launch, finish, monitor, recovery, reconcile, supervise, jobs, ...) take an
-``EngineContext`` instead of the ``Engine`` facade, so they import this module and never the facade:
-the facade (bot/engine/service.py) builds one context and passes it down. The context itself is
+The step modules (launch, finish, runner_events, progress, observe, recovery, reconcile, supervise,
+jobs, ...) take an ``EngineContext`` instead of the ``Engine`` facade, so they import this module and
+never the facade: the facade (bot/engine/service.py) builds one context and passes it down. The context is
 frozen; what a process remembers between calls (its launch claims, which progress objects it has
 already read, when it last rolled up spend) lives in its ``memory``, one object per process.
 """

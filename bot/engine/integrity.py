@@ -10,7 +10,7 @@ So:
   the setting is used. The instance gets its key as ``TUNEBOT_JOB_KEY`` (never in the spec or a message).
 - **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC
   (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the job's
-  thread (``report_refused``). Events for a final job are refused on both paths (monitor.ingest).
+  thread (``report_refused``). Events for a final job are refused on both paths (runner_events.ingest).
 - **Caps**: an event over ``MAX_EVENT_BYTES`` is refused; messages, URIs and metrics are cut to their caps;
   a progress object over ``MAX_PROGRESS_BYTES`` is not read; a job stores at most ``MAX_STORED_EVENTS``
   events (later ones still move its progress, without a row each).

@@ -26,7 +26,7 @@ from sqlmodel import Session
 
 from bot.engine import budgets as budgets_mod
 from bot.engine import dashboard as dashboard_mod
-from bot.engine import jobs, monitor, reports, series, supervise
+from bot.engine import jobs, reports, runner_events, series, supervise
 from bot.engine import offers as offers_mod
 from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
@@ -310,9 +310,9 @@ class Engine:
             return False
         with self.session() as s:
             job = s.get(Job, job_id)
-        if job is None or not monitor.token_ok(job, token):
+        if job is None or not runner_events.token_ok(job, token):
             return False
-        stored = monitor.receive_pushed(self.ctx, job, payload)
+        stored = runner_events.receive_pushed(self.ctx, job, payload)
         if stored:
             self._finish_if_reported(job_id)
         return stored

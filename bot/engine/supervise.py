@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import select
 
 from bot.engine import finish as finish_mod
-from bot.engine import jobs, monitor, startup
+from bot.engine import jobs, observe, progress, startup
 from bot.engine import states as S
 from bot.engine.context import EngineContext
 from bot.engine.launch import launch_job, reclaim_stale
@@ -284,12 +284,12 @@ def tick(ctx: EngineContext) -> int:
         _safely(ctx, JobFacts.of(job), None, limits)
     if running:
         _supervise_running(ctx, running, limits)
-    monitor.forget_all_but(ctx, {j.id for j in running})
+    progress.forget_all_but(ctx, {j.id for j in running})
     return len(active)
 
 
 def _supervise_running(ctx: EngineContext, running: list[Any], limits: SupervisionLimits) -> None:
-    changed = monitor.pull_many(ctx, running)
+    changed = progress.pull_many(ctx, running)
     facts = {j.id: JobFacts.of(j) for j in running}
     if changed:
         for fresh in _refresh(ctx, sorted(changed)):
@@ -301,13 +301,13 @@ def _supervise_running(ctx: EngineContext, running: list[Any], limits: Supervisi
             finish_mod.terminate_instance(ctx, _model(ctx, extra), reason="duplicate")
         newest[job_id] = job_rows[-1]
     to_ask = [r for jid, r in newest.items() if facts[jid].outcome not in OUTCOME_STATE]
-    verdicts = monitor.observe_many(ctx, to_ask) if to_ask else {}
+    verdicts = observe.observe_many(ctx, to_ask) if to_ask else {}
     ended = [jid for jid, r in newest.items() if verdicts.get(r.id, ("", None))[0] in ENDED]
     ended += [jid for jid in facts if jid not in newest]
     if ended:  # the last events may have landed just before the exit
         ended_ids = set(ended)
         again = [j for j in running if j.id in ended_ids]
-        if monitor.pull_many(ctx, again):
+        if progress.pull_many(ctx, again):
             for fresh in _refresh(ctx, [j.id for j in again]):
                 facts[fresh.id] = fresh
     capped = [jid for jid, f in facts.items() if f.max_cost]
@@ -404,7 +404,7 @@ def follow(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:
     running = Job.state == JobState.RUNNING
     rows = [r for chunk in _chunks(ids) for r in _load_jobs(ctx, [Job.id.in_(chunk), running])]
     if rows:
-        monitor.pull_many(ctx, rows)
+        progress.pull_many(ctx, rows)
     return finish_reported(ctx, [r.id for r in rows])
 
 

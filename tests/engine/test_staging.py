@@ -242,9 +242,9 @@ def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(
     assert "wandb-secret-key" not in env["TUNEBOT_JOB_SPEC"]
     url = "https://wandb.ai/acme/finetunes/runs/" + job.job_id
     eng.record_runner_event(job.job_id, None, {})  # no token: refused
-    from bot.engine import monitor
+    from bot.engine import runner_events
 
-    monitor.ingest(eng, job.job_id, [RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.started,
+    runner_events.ingest(eng, job.job_id, [RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.started,
                                                  wandb_url=url)])
     links = [e for e in rec.events if e.kind == "link"]
     assert len(links) == 1 and links[0].data["url"] == url
@@ -264,10 +264,10 @@ def test_a_runner_failure_reaches_the_person_with_the_runners_own_line(tmp_path:
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data))
     job = eng.create_job(req, user="alice", estimate=planned(eng, req, fake))
     line = "invalid job: s3://b/chat.jsonl:1: alpaca record is missing the key 'instruction'"
-    from bot.engine import monitor
+    from bot.engine import runner_events
 
     failed_event = RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.failed, message=line)
-    monitor.ingest(eng, job.job_id, [failed_event])
+    runner_events.ingest(eng, job.job_id, [failed_event])
     (iid,) = fake.instances
     fake.set_status(iid, InstanceStatus.exited, exit_code=2)
     eng.tick()
@@ -291,11 +291,11 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
     assert spec.push_to_hub is not None and spec.push_to_hub.repo == "acme/llama-lora"
     assert spec.push_to_hub.private
     assert env["HF_TOKEN"] == "hf_secret_token_9999" and "hf_secret" not in env["TUNEBOT_JOB_SPEC"]
-    from bot.engine import monitor
+    from bot.engine import runner_events
 
     url = "https://huggingface.co/acme/llama-lora"
     done = RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.finished, hub_url=url, output_uri="s3://b/out")
-    monitor.ingest(eng, job.job_id, [done])
+    runner_events.ingest(eng, job.job_id, [done])
     fake.set_status(next(iter(fake.instances)), InstanceStatus.exited, exit_code=0)
     eng.tick()
     finished = [e for e in rec.events if e.kind == "finished"]
