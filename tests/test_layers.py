@@ -1,0 +1,202 @@
+"""The layers of bot/, runner/ and store/: no module imports a layer above its own, and bot/ has no import circle.
+
+A lower layer is handed what it needs (clouds, offers, settings, a database URL) instead of reaching up for
+it. Every import counts, also those under TYPE_CHECKING and inside functions: an upward import or a circle
+hidden in a function is still one a newcomer trips over. docs/ARCHITECTURE.md ("Layers") says the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("bot", "runner", "store")
+
+# The layers of bot/, top first. A module may import its own layer and any layer below it, never one above.
+# Entry points wire the rest together; the chat renders what the engine reports; the engine runs jobs with
+# object storage, the clouds and the planner; providers describe the clouds' offers in the planner's own
+# types (bot.planner.offer, bot.planner.gpus), so the planner sits below them and never asks a cloud itself:
+# whoever calls it hands it the offers. settings.py and money.py are at the bottom and import nothing of bot.
+# A module is in the layer of its longest matching prefix; a new module outside every prefix fails the test.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry points", ("bot.cli", "bot.commands", "bot.demo", "bot.scheduler", "bot.web")),
+    ("chat", ("bot.chat",)),
+    ("engine", ("bot.engine",)),
+    ("object storage", ("bot.storage",)),
+    ("providers", ("bot.providers",)),
+    ("planner", ("bot.planner",)),
+    ("money", ("bot.money",)),
+    ("settings", ("bot.settings",)),
+    ("package", ("bot",)),  # bot/__init__.py: empty
+)
+
+# Packages besides bot/ and what of bot/ they may import: nothing. The runner is the GPU host's side (its
+# contract modules are imported by the bot, never the other way round); the store is handed its URL.
+NO_BOT = ("runner", "store")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def all_modules() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for package in PACKAGES
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in p.relative_to(ROOT).parts
+    }
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The modules of ours that ``path`` imports (the module named, and a submodule named in ``from X import
+    sub``), each with the line of its first import."""
+
+    def ours(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found: dict[str, int] = {}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str | None] = []
+        if isinstance(node, ast.Import):
+            targets = [ours(a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from .y import z
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            targets = [ours(base)] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+        for target in targets:
+            if target and target != name:
+                found.setdefault(target, node.lineno)
+    return found
+
+
+@cache
+def import_graph() -> dict[str, dict[str, int]]:
+    modules = all_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> int | None:
+    """The index of the module's layer in LAYERS (0 is the top), None outside bot/."""
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return best[1] if best else None
+
+
+def where(module: str, line: int) -> str:
+    return f"{all_modules()[module].relative_to(ROOT)}:{line}"
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of a higher layer, and every import of bot/ from runner/ or store/, as readable lines."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep, line in sorted(deps.items()):
+            if module.split(".")[0] in NO_BOT and dep.split(".")[0] == "bot":
+                found.append(f"{where(module, line)}: {module} imports {dep} ({module.split('.')[0]}/ imports nothing of bot)")
+                continue
+            mine, theirs = layer_of(module), layer_of(dep)
+            if mine is not None and theirs is not None and theirs < mine:
+                found.append(
+                    f"{where(module, line)}: {module} imports {dep} "
+                    f"({LAYERS[mine][0]} is below {LAYERS[theirs][0]})"
+                )
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_module_of_bot_has_a_layer() -> None:
+    graph = import_graph()
+    assert {"bot.settings", "bot.chat.slack.app", "bot.engine.service", "runner.train", "store.db"} <= set(graph)
+    assert [m for m in graph if m.startswith("bot") and layer_of(m) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    problems = upward_imports(import_graph())
+    assert problems == [], "upward imports:\n" + "\n".join(problems)
+
+
+def test_settings_imports_nothing_of_bot() -> None:
+    deps = import_graph()["bot.settings"]
+    assert sorted(d for d in deps if d.split(".")[0] == "bot") == []
+
+
+def test_no_import_circle_in_bot() -> None:
+    graph = import_graph()
+    bot = {m: {d for d in deps if d.startswith("bot")} for m, deps in graph.items() if m.startswith("bot")}
+    cycle = find_cycle(bot)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    ("module", "dep", "message"),
+    [
+        ("bot.planner.rank", "bot.providers.snapshot", "bot/planner/rank.py:7: bot.planner.rank imports "
+         "bot.providers.snapshot (planner is below providers)"),
+        ("store.models", "bot.settings", "store/models.py:7: store.models imports bot.settings (store/ imports "
+         "nothing of bot)"),
+        ("runner.train", "bot.planner.gpus", "runner/train.py:7: runner.train imports bot.planner.gpus (runner/ "
+         "imports nothing of bot)"),
+        ("bot.settings", "bot.money", "bot/settings.py:7: bot.settings imports bot.money (settings is below money)"),
+    ],
+)
+def test_an_upward_import_is_named_with_its_file_and_line(module: str, dep: str, message: str) -> None:
+    graph = {module: {dep: 7}}
+    assert upward_imports(graph) == [message]
+
+
+def test_the_walk_finds_a_circle_where_there_is_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_walk_reads_every_kind_of_import(tmp_path: Path) -> None:
+    """Function-level, TYPE_CHECKING and relative imports all count; a package named in ``from`` counts too."""
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from bot.engine.context import EngineContext\n"
+        "def f():\n    import bot.providers.snapshot\n"
+        "from . import cards\n"
+        "from bot.chat.slack import actions\n"
+    )
+    modules = all_modules()
+    found = imports_of("bot.chat.x", src, modules)
+    assert set(found) == {
+        "bot.engine.context", "bot.providers.snapshot", "bot.chat", "bot.chat.cards", "bot.chat.slack",
+        "bot.chat.slack.actions",
+    }
