@@ -65,7 +65,7 @@ def build_baseline(slack_api: str):  # type: ignore[no-untyped-def]
 def build_tunebot(slack_api: str, data_dir: str):  # type: ignore[no-untyped-def]
     from bot.chat.handlers import ChatHandlers
     from bot.chat.permissions import Permissions
-    from bot.chat.slack import build_app, make_async_client
+    from bot.chat.slack.app import build_app, make_async_client
     from bot.engine.service import Engine
     from bot.settings import Settings
     from bot.web import create_app

@@ -1,4 +1,4 @@
-"""The layers of bot/, runner/ and store/: no module imports a layer above its own, and bot/ has no import circle.
+"""Layers of bot/, runner/ and store/: no module imports a layer above its own; bot/ has no import circle.
 
 A lower layer is handed what it needs (clouds, offers, settings, a database URL) instead of reaching up for
 it. Every import counts, also those under TYPE_CHECKING and inside functions: an upward import or a circle
@@ -91,7 +91,9 @@ def layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None  # (prefix length, layer)
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
                 best = (len(prefix), index)
     return best[1] if best else None
 
@@ -106,7 +108,10 @@ def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
     for module, deps in sorted(graph.items()):
         for dep, line in sorted(deps.items()):
             if module.split(".")[0] in NO_BOT and dep.split(".")[0] == "bot":
-                found.append(f"{where(module, line)}: {module} imports {dep} ({module.split('.')[0]}/ imports nothing of bot)")
+                found.append(
+                    f"{where(module, line)}: {module} imports {dep} "
+                    f"({module.split('.')[0]}/ imports nothing of bot)"
+                )
                 continue
             mine, theirs = layer_of(module), layer_of(dep)
             if mine is not None and theirs is not None and theirs < mine:
@@ -141,7 +146,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_module_of_bot_has_a_layer() -> None:
     graph = import_graph()
-    assert {"bot.settings", "bot.chat.slack.app", "bot.engine.service", "runner.train", "store.db"} <= set(graph)
+    assert {"bot.settings", "bot.chat.slack.app", "bot.engine.service", "runner.train", "store.db"} <= set(
+        graph
+    )
     assert [m for m in graph if m.startswith("bot") and layer_of(m) is None] == []
 
 
@@ -165,13 +172,27 @@ def test_no_import_circle_in_bot() -> None:
 @pytest.mark.parametrize(
     ("module", "dep", "message"),
     [
-        ("bot.planner.rank", "bot.providers.snapshot", "bot/planner/rank.py:7: bot.planner.rank imports "
-         "bot.providers.snapshot (planner is below providers)"),
-        ("store.models", "bot.settings", "store/models.py:7: store.models imports bot.settings (store/ imports "
-         "nothing of bot)"),
-        ("runner.train", "bot.planner.gpus", "runner/train.py:7: runner.train imports bot.planner.gpus (runner/ "
-         "imports nothing of bot)"),
-        ("bot.settings", "bot.money", "bot/settings.py:7: bot.settings imports bot.money (settings is below money)"),
+        (
+            "bot.planner.rank",
+            "bot.providers.snapshot",
+            "bot/planner/rank.py:7: bot.planner.rank imports "
+            "bot.providers.snapshot (planner is below providers)",
+        ),
+        (
+            "store.models",
+            "bot.settings",
+            "store/models.py:7: store.models imports bot.settings (store/ imports nothing of bot)",
+        ),
+        (
+            "runner.train",
+            "bot.planner.gpus",
+            "runner/train.py:7: runner.train imports bot.planner.gpus (runner/ imports nothing of bot)",
+        ),
+        (
+            "bot.settings",
+            "bot.money",
+            "bot/settings.py:7: bot.settings imports bot.money (settings is below money)",
+        ),
     ],
 )
 def test_an_upward_import_is_named_with_its_file_and_line(module: str, dep: str, message: str) -> None:
@@ -185,7 +206,7 @@ def test_the_walk_finds_a_circle_where_there_is_one() -> None:
 
 
 def test_the_walk_reads_every_kind_of_import(tmp_path: Path) -> None:
-    """Function-level, TYPE_CHECKING and relative imports all count; a package named in ``from`` counts too."""
+    """Imports in functions, under TYPE_CHECKING and relative ones count; a package named in ``from`` too."""
     src = tmp_path / "m.py"
     src.write_text(
         "from typing import TYPE_CHECKING\n"
@@ -197,6 +218,10 @@ def test_the_walk_reads_every_kind_of_import(tmp_path: Path) -> None:
     modules = all_modules()
     found = imports_of("bot.chat.x", src, modules)
     assert set(found) == {
-        "bot.engine.context", "bot.providers.snapshot", "bot.chat", "bot.chat.cards", "bot.chat.slack",
+        "bot.engine.context",
+        "bot.providers.snapshot",
+        "bot.chat",
+        "bot.chat.cards",
+        "bot.chat.slack",
         "bot.chat.slack.actions",
     }

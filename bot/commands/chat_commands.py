@@ -167,7 +167,7 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     import uvicorn
 
     from bot.chat.notifier import SlackNotifier
-    from bot.chat.slack import build_app, make_async_client, make_sync_client
+    from bot.chat.slack.app import build_app, make_async_client, make_sync_client
     from bot.web import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

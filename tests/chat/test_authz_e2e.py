@@ -20,7 +20,7 @@ from sqlalchemy import select
 from bot.chat.handlers import ChatHandlers
 from bot.chat.notifier import SlackNotifier
 from bot.chat.permissions import Permissions
-from bot.chat.slack import build_app, make_async_client, make_sync_client
+from bot.chat.slack.app import build_app, make_async_client, make_sync_client
 from bot.planner.sources import SourcePolicy
 from bot.providers.base import Volume
 from bot.settings import Settings

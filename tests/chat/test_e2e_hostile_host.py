@@ -64,7 +64,7 @@ def world(
     from bot.chat.handlers import ChatHandlers
     from bot.chat.notifier import SlackNotifier
     from bot.chat.permissions import Permissions
-    from bot.chat.slack import build_app, make_async_client, make_sync_client
+    from bot.chat.slack.app import build_app, make_async_client, make_sync_client
     from bot.engine.service import Engine
     from bot.planner.sources import SourcePolicy
     from bot.web import create_app

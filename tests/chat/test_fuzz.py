@@ -28,7 +28,7 @@ from bot.chat.console import ConsoleSession
 from bot.chat.escaping import live_tokens
 from bot.chat.handlers import GENERIC_ERROR, ChatHandlers
 from bot.chat.permissions import Permissions
-from bot.chat.slack import build_app, make_async_client
+from bot.chat.slack.app import build_app, make_async_client
 from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
 from bot.web import create_app

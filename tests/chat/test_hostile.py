@@ -13,7 +13,7 @@ from fakes.slack_api import FakeSlack
 
 from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.permissions import Permissions
-from bot.chat.slack import make_sync_client
+from bot.chat.slack.app import make_sync_client
 from bot.chat.slack.files import SlackFiles
 from bot.planner.sources import SourcePolicy
 from bot.settings import Settings

@@ -2,8 +2,7 @@
 
 Every listener is thin: ack first (Slack waits 3 s), then run the synchronous chat handler in a
 worker thread, then reply (respond() to the response_url, or the Web API).
+
+The app and its clients are in app.py; this package re-exports nothing, so app.py, which imports the
+listener packages, is no import circle with it.
 """
-
-from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-
-__all__ = ["build_app", "make_async_client", "make_sync_client"]
