@@ -49,12 +49,12 @@ from bot.engine.launch import launch_job, reclaim_stale, token_hash
 from bot.engine.permissions import Permissions
 from bot.engine.reconcile import ReconcileReport
 from bot.engine.reconcile import reconcile as reconcile_pass
+from bot.engine.renewal import renew_due
 from bot.engine.spend import roll_up_recent
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 from bot.providers.base import Provider
 from bot.settings import Settings, get_settings
-from bot.storage.renewal import renew_due
 from store.db import make_engine, migrate, normalize_url
 from store.models import Job
 
@@ -357,7 +357,7 @@ class Engine:
         """One pass: launch/relaunch what is due, follow running jobs, caps, idle stops, spend, budgets."""
         n = supervise.tick(self.ctx)
         supervise.reap(self.ctx)
-        try:  # runners' storage credentials past half-life get fresh ones (bot/storage/renewal.py)
+        try:  # runners' storage credentials past half-life get fresh ones (bot/engine/renewal.py)
             renew_due(self.ctx)
         except Exception:  # noqa: BLE001 - the next tick tries again; runners have half a lifetime left
             log.exception("renewing runners' storage credentials failed")
