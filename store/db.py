@@ -4,6 +4,9 @@ SQLite (the embedded default, a file in the data folder) runs in WAL mode with a
 that the bot, the scheduler thread and a CLI command can share it. PostgreSQL is used through
 psycopg 3. Migrations run under a lock - a PostgreSQL advisory lock, or a file lock beside the SQLite
 file - so several processes starting at once on a new database upgrade the schema exactly once.
+
+The store imports nothing of bot: every caller hands it the URL (the engine and the scheduler take
+Settings.resolved_database_url()).
 """
 
 from __future__ import annotations
@@ -33,20 +36,14 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def default_url() -> str:
-    from bot.settings import get_settings
-
-    return get_settings().resolved_database_url()
-
-
 def is_sqlite(url_or_engine: str | Engine) -> bool:
     url = url_or_engine.url if isinstance(url_or_engine, Engine) else make_url(normalize_url(url_or_engine))
     return url.get_backend_name() == "sqlite"
 
 
-def make_engine(url: str | None = None) -> Engine:
+def make_engine(url: str) -> Engine:
     """A new engine; SQLite files get WAL, a busy timeout and foreign-thread access."""
-    url = normalize_url(url or default_url())
+    url = normalize_url(url)
     if is_sqlite(url):
         db_path = make_url(url).database
         if db_path and db_path != ":memory:":
@@ -65,9 +62,9 @@ def make_engine(url: str | None = None) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
 
 
-def get_engine(url: str | None = None) -> Engine:
+def get_engine(url: str) -> Engine:
     """A shared engine per URL for this process (migrated on first use)."""
-    url = normalize_url(url or default_url())
+    url = normalize_url(url)
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
@@ -126,9 +123,9 @@ def alembic_config(url: str):
     return cfg
 
 
-def migrate(url: str | None = None) -> None:
+def migrate(url: str) -> None:
     """Bring the schema to the newest revision (idempotent, safe to call from several processes)."""
-    url = normalize_url(url or default_url())
+    url = normalize_url(url)
     with _migration_lock(url):
         _upgrade(url)
 

@@ -94,11 +94,10 @@ def test_sqlite_uses_wal_and_a_busy_timeout(tmp_path: Path):
 
 def test_default_url_is_sqlite_in_the_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "d"))
-    from bot.settings import get_settings
-    from store.db import default_url
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    from bot.settings import Settings
 
-    get_settings.cache_clear()
-    assert default_url() == f"sqlite:///{tmp_path / 'd' / 'tunebot.db'}"
+    assert Settings().resolved_database_url() == f"sqlite:///{tmp_path / 'd' / 'tunebot.db'}"
     assert normalize_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
 
 
