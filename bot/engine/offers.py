@@ -147,5 +147,7 @@ def snapshot_estimate(request: EstimateRequest, *, calibration: Calibration | No
     """`tunebot estimate --offline` (or with no cloud key set): every cloud's dated snapshot, labelled by the
     planner among all fitting offers (no engine here to launch them); the card says "prices: snapshot"."""
     from bot.planner.inputs import plan_request
+    from bot.providers.snapshot import snapshot_as_of, snapshot_offers
 
-    return plan_request(request, calibration=calibration)
+    offers = snapshot_offers()
+    return plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)

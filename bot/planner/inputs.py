@@ -113,20 +113,15 @@ def dataset_format(path: str, given: str) -> str:
 def plan_request(
     request: EstimateRequest,
     *,
-    offers: list[Offer] | None = None,
+    offers: list[Offer],
     prices_source: str = "snapshot",
     prices_as_of: datetime | None = None,
     calibration: Calibration | None = None,
 ) -> Estimate:
     """resolve_inputs, then estimate(): the whole planner for a caller without live prices (`tunebot estimate
-    --offline` through bot/engine/offers.snapshot_estimate, scripts, benches, tests). ``offers`` default to
-    every cloud's dated snapshot."""
+    --offline` through bot/engine/offers.snapshot_estimate, scripts, benches, tests). The caller hands the
+    offers in (the dated snapshot's: bot.providers.snapshot): the planner never asks a cloud."""
     inputs = resolve_inputs(request)
-    if offers is None:
-        from bot.providers.snapshot import snapshot_as_of, snapshot_offers
-
-        offers = snapshot_offers()
-        prices_as_of = prices_as_of or snapshot_as_of()
     return estimate(
         request,
         inputs,

@@ -272,9 +272,9 @@ def _estimate_request():  # type: ignore[no-untyped-def]
 
 def test_estimate_prints_the_detailed_estimate_card() -> None:
     """`tunebot estimate` is the estimate card in its detailed form, and the details render in Slack too."""
-    from bot.planner import plan_request
+    from fakes.snapshot_plan import snapshot_plan
 
-    est = plan_request(_estimate_request())
+    est = snapshot_plan(_estimate_request())
     out = cli("estimate", "qwen2.5-7b", "--method", "qlora", "--tokens", "5000000", "--gpu", "rtx-4090",
               "--physics-only")
     detailed = cards.estimate_reply(est, estimate_id=None, detailed=True)
@@ -291,9 +291,9 @@ def test_estimate_prints_the_detailed_estimate_card() -> None:
 
 
 def test_estimate_card_for_slack_is_unchanged_by_the_detailed_form() -> None:
-    from bot.planner import plan_request
+    from fakes.snapshot_plan import snapshot_plan
 
-    est = plan_request(_estimate_request())
+    est = snapshot_plan(_estimate_request())
     short = terminal(cards.estimate_reply(est, estimate_id="e1"))
     assert "Memory breakdown:" in short and "s per optimizer step" not in short
     assert "Offers ranked by expected total cost" in short and "Launch cheapest" in short

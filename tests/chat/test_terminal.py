@@ -35,14 +35,16 @@ def test_markup_is_escaped_and_slack_bits_translated() -> None:
 
 def test_estimate_card_shows_ranges_and_calibration() -> None:
     """A real estimate: '14.9 GB (13.6-16.6)', the time and cost ranges, and where calibration came from."""
-    from bot.planner import EstimateRequest, plan_request
+    from fakes.snapshot_plan import snapshot_plan
+
+    from bot.planner import EstimateRequest
     from bot.planner.calibration import Measurement
     from bot.planner.inputs import calibrate
 
     req = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="qlora", gpu="rtx-4090", tokens=20_000_000)
     run = Measurement(gpu="rtx-4090", request=req.model_dump(), tokens_per_second=800.0)
-    plain = plan_request(req)
-    est = plan_request(req, calibration=calibrate([run, run.model_copy(update={"job_id": "2"})]))
+    plain = snapshot_plan(req)
+    est = snapshot_plan(req, calibration=calibrate([run, run.model_copy(update={"job_id": "2"})]))
     mem = est.memory
     out = rendered(cards.estimate_reply(est, estimate_id="e1"))
     lo, hi = mem.per_gpu_gb_range

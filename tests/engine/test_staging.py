@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
 from bot.engine import offers as offers_mod
 from bot.engine.api import EngineError
-from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.spec import EventKind, JobSpec, RunnerEvent

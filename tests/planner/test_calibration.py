@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
-from bot.planner import EstimateRequest, plan_request
+from bot.planner import EstimateRequest
 from bot.planner.calibration import Calibration, Measurement, shrunk_factor, size_class
 from bot.planner.inputs import calibrate, predict_measurement
 
@@ -42,7 +43,7 @@ def _world(runs: int, true_speed: float = 0.7, true_memory: float = 1.08, seed: 
 
 def _tps(calibration: Calibration | None, gpu: str = "rtx-4090", seq: int = 1024) -> float:
     req = EstimateRequest(**_request(seq), gpu=gpu, tokens=1_000_000)
-    return plan_request(req, calibration=calibration).speed.tokens_per_second
+    return snapshot_plan(req, calibration=calibration).speed.tokens_per_second
 
 
 def test_a_world_slower_than_the_physics_is_learned_in_a_few_runs() -> None:
@@ -78,7 +79,7 @@ def test_corrections_apply_only_to_their_gpu_class_and_are_passed_in() -> None:
     cal = calibrate(_world(10))
     assert _tps(cal, gpu="h100-80gb") == _tps(None, gpu="h100-80gb")  # another GPU: the physics alone
     assert _tps(cal) < _tps(None)
-    est = plan_request(EstimateRequest(**_request(1024), gpu="rtx-4090", tokens=1_000_000), calibration=cal)
+    est = snapshot_plan(EstimateRequest(**_request(1024), gpu="rtx-4090", tokens=1_000_000), calibration=cal)
     assert est.speed.calibrated_runs == 10
     assert "calibrated from 10 runs on rtx-4090" in est.speed.calibration
     assert any("calibrated from 10 runs on rtx-4090" in a for a in est.assumptions)
@@ -103,7 +104,9 @@ def test_the_planner_never_reads_the_store() -> None:
         "import sys, json\n"
         "from bot.planner import EstimateRequest, plan_request\n"
         "from bot.planner.inputs import calibrate\n"
-        "plan_request(EstimateRequest(model='meta-llama/Llama-3.2-1B', tokens=1000))\n"
+        "from bot.providers.snapshot import snapshot_offers\n"
+        "request = EstimateRequest(model='meta-llama/Llama-3.2-1B', tokens=1000)\n"
+        "plan_request(request, offers=snapshot_offers())\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('store', 'sqlalchemy', 'sqlmodel', 'bot') and not m.startswith(('bot.planner', 'bot.providers')) "
         "and m != 'bot')))\n"
@@ -113,7 +116,7 @@ def test_the_planner_never_reads_the_store() -> None:
 
 
 def test_estimate_json_carries_ranges_and_keeps_its_keys() -> None:
-    est = plan_request(EstimateRequest(model=MODEL, method="qlora", tokens=1_000_000))
+    est = snapshot_plan(EstimateRequest(model=MODEL, method="qlora", tokens=1_000_000))
     data = json.loads(est.model_dump_json())
     lo, hi = data["memory"]["per_gpu_gb_range"]
     assert lo < data["memory"]["per_gpu_gb"] < hi

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from fakes.hub import FakeHub
+from fakes.snapshot_plan import snapshot_plan
 
-from bot.planner import data_plan, plan_request
+from bot.planner import data_plan
 from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
 
@@ -29,7 +30,7 @@ def _request(model: str, tiny: Path, **extra: object) -> EstimateRequest:
 def test_the_tokenizer_of_a_hub_model_is_fetched_once_and_counts_like_the_local_one(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local = plan_request(_request(str(tiny / "model"), tiny))
+    local = snapshot_plan(_request(str(tiny / "model"), tiny))
     with FakeHub(token="hf_tok_counts") as hub:
         hub.add_folder("acme/Tiny-Instruct", tiny / "model")
         monkeypatch.setenv("TUNEBOT_HF_URL", hub.url)
@@ -40,9 +41,9 @@ def test_the_tokenizer_of_a_hub_model_is_fetched_once_and_counts_like_the_local_
 
         get_settings.cache_clear()
         try:
-            remote = plan_request(_request("acme/Tiny-Instruct", tiny))
+            remote = snapshot_plan(_request("acme/Tiny-Instruct", tiny))
             fetched = [p for _, p, _ in hub.requests if "tokenizer" in p]
-            again = plan_request(_request("acme/Tiny-Instruct", tiny))
+            again = snapshot_plan(_request("acme/Tiny-Instruct", tiny))
         finally:
             get_settings.cache_clear()
         assert any(p.endswith("/tokenizer.json") for p in fetched)
@@ -56,16 +57,16 @@ def test_without_the_tokenizer_the_estimate_says_it_approximates(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TUNEBOT_HF_OFFLINE", "1")
-    est = plan_request(_request("meta-llama/Llama-3.2-1B-Instruct", tiny))
+    est = snapshot_plan(_request("meta-llama/Llama-3.2-1B-Instruct", tiny))
     assert est.time.token_source == "chars/4 approximation" and est.time.steps_per_epoch is None
 
 
 def test_a_large_dataset_is_sampled_and_scaled_by_characters(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    exact = plan_request(_request(str(tiny / "model"), tiny))
+    exact = snapshot_plan(_request(str(tiny / "model"), tiny))
     monkeypatch.setattr(data_plan, "MAX_EXACT_RECORDS", 80)
-    sampled = plan_request(_request(str(tiny / "model"), tiny))
+    sampled = snapshot_plan(_request(str(tiny / "model"), tiny))
     assert sampled.time.token_source.startswith("runner's tokenizer on 80 of 400 records")
     assert sampled.time.tokens == pytest.approx(exact.time.tokens, rel=0.05)
 
@@ -77,18 +78,18 @@ def test_a_dataset_beyond_what_an_estimate_reads_is_approximated_from_a_sample(
     the estimate samples (bounded) and says so. A record over the line cap is refused either way."""
     from bot.settings import get_settings
 
-    exact = plan_request(_request(str(tiny / "model"), tiny))
+    exact = snapshot_plan(_request(str(tiny / "model"), tiny))
     size = (tiny / "data.jsonl").stat().st_size
     monkeypatch.setenv("TUNEBOT_DATASET_SAMPLE_MB", str(size / 4 / 2**20))
     monkeypatch.setenv("TUNEBOT_DATASET_MAX_LINE_MB", str(4096 / 2**20))
     get_settings.cache_clear()
     try:
-        sampled = plan_request(_request(str(tiny / "model"), tiny))
+        sampled = snapshot_plan(_request(str(tiny / "model"), tiny))
         long = tmp_path / "long.jsonl"
         long.write_text((tiny / "data.jsonl").read_text().splitlines()[0] + "\n"
                         + '{"text": "' + "x" * 5000 + '"}\n')
         with pytest.raises(BadRequestError, match="long.jsonl:2: a line is longer than 4,096 bytes"):
-            plan_request(
+            snapshot_plan(
                 EstimateRequest(model=str(tiny / "model"), dataset=str(long), seq_len=256, gpu="cpu")
             )
     finally:

