@@ -81,7 +81,7 @@ class Job(SQLModel, table=True):
     disk_gb: float | None = None
     start_deadline_s: float | None = None
     # The runner's storage credentials (bot/storage/credentials.py): when the current ones were made and
-    # when they expire; the bot renews them at half-life (bot/storage/renewal.py). None: not expiring.
+    # when they expire; the bot renews them at half-life (bot/engine/renewal.py). None: not expiring.
     credentials_issued_at: float | None = None
     credentials_expire_at: float | None = None
 

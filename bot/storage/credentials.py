@@ -13,7 +13,7 @@ keys where the store can do better. One function per kind of store, behind ``iss
                    reaches every job's data - what it writes is still checked (bot/engine/integrity.py).
 
 The policy itself is bot/storage/scope.py (pure). Credentials last TUNEBOT_STORAGE_CREDENTIALS_SECONDS; the
-bot renews them at half-life while the job runs (bot/storage/renewal.py), and a runner that has not been
+bot renews them at half-life while the job runs (bot/engine/renewal.py), and a runner that has not been
 renewed checkpoints and exits before they expire (runner/credentials.py), to be relaunched with fresh ones.
 """
 
