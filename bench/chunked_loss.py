@@ -66,9 +66,16 @@ class LiveBytes(TorchDispatchMode):
 def model(vocab: int, seed: int):  # noqa: ANN201
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16_384,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16_384,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
@@ -105,8 +112,9 @@ def step(kind: str, vocab: int, tokens: int) -> tuple[float, float, float, dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vocab", type=int, default=128_256)
     parser.add_argument("--tokens", type=int, default=4096)
     args = parser.parse_args()
@@ -116,8 +124,9 @@ def main() -> int:
     chunk = chunk_tokens(args.vocab)
     priced = {kind: planner_loss_gb(kind, args.vocab, args.tokens) for kind in rows}
     print(f"vocabulary {args.vocab:,}, {args.tokens:,} tokens, fp32 (a chunk: {chunk} tokens)")
-    print(f"{'loss':8s} {'peak GB (step)':>15s} {'planner logits GB':>18s} {'seconds':>8s} "
-          f"{'loss value':>14s}")
+    print(
+        f"{'loss':8s} {'peak GB (step)':>15s} {'planner logits GB':>18s} {'seconds':>8s} {'loss value':>14s}"
+    )
     for kind, (peak, seconds, value, _) in rows.items():
         print(f"{kind:8s} {peak:15.3f} {priced[kind]:18.3f} {seconds:8.2f} {value:14.6f}")
     loss_rel = abs(c_loss - p_loss) / abs(p_loss)
@@ -128,10 +137,14 @@ def main() -> int:
         if diff > worst:
             worst_name, worst = name, diff
     ratio = p_peak / max(c_peak, 1e-9)
-    print(f"\npeak memory: chunked {c_peak:.3f} GB vs plain {p_peak:.3f} GB ({ratio:.1f}x less, "
-          f"{p_peak - c_peak:.2f} GB saved)")
-    print(f"loss relative difference {loss_rel:.2e}; largest gradient difference (relative to the tensor's "
-          f"largest entry) {worst:.2e} on {worst_name} ({len(p_grads)} parameters compared)")
+    print(
+        f"\npeak memory: chunked {c_peak:.3f} GB vs plain {p_peak:.3f} GB ({ratio:.1f}x less, "
+        f"{p_peak - c_peak:.2f} GB saved)"
+    )
+    print(
+        f"loss relative difference {loss_rel:.2e}; largest gradient difference (relative to the tensor's "
+        f"largest entry) {worst:.2e} on {worst_name} ({len(p_grads)} parameters compared)"
+    )
     ok = loss_rel <= 1e-5 and worst <= 1e-5
     print("match to 1e-5: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1

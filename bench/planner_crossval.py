@@ -73,8 +73,10 @@ def per_class(label: str, held: list[Held], classes: tuple[str, ...], written: d
     fresh = class_ranges(held, classes, ranges.Q)
     cover = nested_coverage(held, classes, ranges.Q)
     print(f"\n{label} by class (held out by source)")
-    print(f"{'class':10s} {'rows':>4s} {'median |err|':>12s} {'max |err|':>9s} {'under-predicted':>15s} "
-          f"{'range (this run)':>17s} {'in the code':>13s} {'top holds, nested':>18s}")
+    print(
+        f"{'class':10s} {'rows':>4s} {'median |err|':>12s} {'max |err|':>9s} {'under-predicted':>15s} "
+        f"{'range (this run)':>17s} {'in the code':>13s} {'top holds, nested':>18s}"
+    )
     for name in ("all", *classes):
         rows = [h for h in held if name == "all" or name in h.case.classes]
         if not rows:
@@ -86,8 +88,10 @@ def per_class(label: str, held: list[Held], classes: tuple[str, ...], written: d
         code = written.get(name)
         code_text = f"{code[0]:.3f}-{code[1]:.3f}" if code else "-"
         ok, n = cover.by_class.get(name, (0, 0))
-        print(f"{name:10s} {len(rows):4d} {s.median_abs:12.1%} {s.max_abs:9.1%} {under:15d} "
-              f"{lo:8.3f}-{hi:.3f} {code_text:>13s} {ok:>10d}/{n:<3d} {ok / max(n, 1):5.0%}")
+        print(
+            f"{name:10s} {len(rows):4d} {s.median_abs:12.1%} {s.max_abs:9.1%} {under:15d} "
+            f"{lo:8.3f}-{hi:.3f} {code_text:>13s} {ok:>10d}/{n:<3d} {ok / max(n, 1):5.0%}"
+        )
     return cover
 
 

@@ -54,8 +54,9 @@ class Run:
         self.pad_id = tokenizer.pad_token_id or 0
         self.model = load_model(spec, Path(spec.base_model), torch.device("cpu"))
         self.model.train()
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                           lr=spec.learning_rate)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=spec.learning_rate
+        )
         self.batches, self.epoch, self.index = None, 0, 0
         self.tokens = self.slots = 0
         self.elapsed, self.loss = 0.0, float("nan")
@@ -63,9 +64,16 @@ class Run:
     def step(self, *, timed: bool) -> None:
         spec = self.spec
         if self.batches is None or self.index >= len(self.batches):
-            self.batches = make_batches(self.examples, seq_len=spec.seq_len,
-                                        micro_batch_size=spec.micro_batch_size, packing=self.packing,
-                                        attn="sdpa", seed=spec.seed, epoch=self.epoch, pad_id=self.pad_id)
+            self.batches = make_batches(
+                self.examples,
+                seq_len=spec.seq_len,
+                micro_batch_size=spec.micro_batch_size,
+                packing=self.packing,
+                attn="sdpa",
+                seed=spec.seed,
+                epoch=self.epoch,
+                pad_id=self.pad_id,
+            )
             self.epoch, self.index = self.epoch + 1, 0
         batch = self.batches[self.index]
         self.index += 1
@@ -73,8 +81,9 @@ class Run:
         inputs = dict(batch)
         labels = inputs.pop("labels")
         logits = self.model(**inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                               labels[:, 1:].reshape(-1), ignore_index=-100)
+        loss = F.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -96,19 +105,26 @@ def main() -> None:
         root = Path(tmp)
         job = JobSpec.model_validate_json(make_tiny(root / "tiny").read_text())
         skewed_dataset(root / "skewed.jsonl", n=args.examples, seed=0)
-        spec = job.model_copy(update={
-            "dataset": DatasetSpec(uri=str(root / "skewed.jsonl"), format="text"),
-            "seq_len": args.seq_len, "micro_batch_size": args.micro_batch, "grad_accum": 1,
-        })
+        spec = job.model_copy(
+            update={
+                "dataset": DatasetSpec(uri=str(root / "skewed.jsonl"), format="text"),
+                "seq_len": args.seq_len,
+                "micro_batch_size": args.micro_batch,
+                "grad_accum": 1,
+            }
+        )
         tokenizer = load_tokenizer(Path(spec.base_model))
         data = prepare(spec, tokenizer)
         lengths = sorted(len(e) for e in data.train)
-        print(f"dataset: {len(lengths)} examples, median {lengths[len(lengths) // 2]} tokens, "
-              f"p95 {lengths[int(len(lengths) * 0.95)]}, max {lengths[-1]}; seq_len {spec.seq_len}, "
-              f"micro-batch {spec.micro_batch_size}, {args.steps} timed optimizer steps each, "
-              f"{torch.get_num_threads()} threads")
-        runs = {name: Run(spec, tokenizer, data.train, packing=name == "packed")
-                for name in ("padded", "packed")}
+        print(
+            f"dataset: {len(lengths)} examples, median {lengths[len(lengths) // 2]} tokens, "
+            f"p95 {lengths[int(len(lengths) * 0.95)]}, max {lengths[-1]}; seq_len {spec.seq_len}, "
+            f"micro-batch {spec.micro_batch_size}, {args.steps} timed optimizer steps each, "
+            f"{torch.get_num_threads()} threads"
+        )
+        runs = {
+            name: Run(spec, tokenizer, data.train, packing=name == "packed") for name in ("padded", "packed")
+        }
         # Alternate the two configurations step by step so that warm-up and other load on the machine
         # hit both alike; only steps after the warm-up are timed.
         for step in range(WARMUP_STEPS + args.steps):
@@ -117,12 +133,16 @@ def main() -> None:
         rates = {}
         for name, run in runs.items():
             rates[name] = run.tokens / run.elapsed
-            print(f"{name:>7}: {rates[name]:10,.0f} non-pad tokens/s  ({run.tokens:,} tokens in "
-                  f"{run.slots:,} slots, {100 * (1 - run.tokens / run.slots):4.1f}% padding, "
-                  f"{run.elapsed:.1f} s, last loss {run.loss:.3f})")
+            print(
+                f"{name:>7}: {rates[name]:10,.0f} non-pad tokens/s  ({run.tokens:,} tokens in "
+                f"{run.slots:,} slots, {100 * (1 - run.tokens / run.slots):4.1f}% padding, "
+                f"{run.elapsed:.1f} s, last loss {run.loss:.3f})"
+            )
         ratio = rates["packed"] / rates["padded"]
-        print(f"packing speed-up: {ratio:.2f}x non-pad tokens/s (target >= 1.5x): "
-              f"{'PASS' if ratio >= 1.5 else 'FAIL'}")
+        print(
+            f"packing speed-up: {ratio:.2f}x non-pad tokens/s (target >= 1.5x): "
+            f"{'PASS' if ratio >= 1.5 else 'FAIL'}"
+        )
 
 
 if __name__ == "__main__":

@@ -103,15 +103,17 @@ def bodies(server: ServeProcess, mb: int) -> list[dict]:
         hdrs = dict(headers) if chunked else {**headers, "Content-Length": str(size << 20)}
         result = raw_post(server.port, path, hdrs, zeros(size << 20), chunked=chunked, timeout=120)
         time.sleep(1.0)
-        rows.append({
-            "case": f"{path} {size} MB{' chunked' if chunked else ''}",
-            "status": result["status"],
-            "sent_mb": result["sent"] / 2**20,
-            "seconds": result["seconds"],
-            "rss_before": before,
-            "rss_after": server.rss_mb(),
-            "peak": server.peak_mb(),
-        })
+        rows.append(
+            {
+                "case": f"{path} {size} MB{' chunked' if chunked else ''}",
+                "status": result["status"],
+                "sent_mb": result["sent"] / 2**20,
+                "seconds": result["seconds"],
+                "rss_before": before,
+                "rss_after": server.rss_mb(),
+                "peak": server.peak_mb(),
+            }
+        )
     return rows
 
 
@@ -120,14 +122,26 @@ def deep(server: ServeProcess) -> list[dict]:
 
     nested = "[" * 100_000 + "]" * 100_000
     out = []
-    r = httpx.post(server.url + "/runner/events", content=nested,
-                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    r = httpx.post(
+        server.url + "/runner/events",
+        content=nested,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    )
     out.append({"case": "/runner/events nested 100k", "status": r.status_code})
-    r = httpx.post(server.url + "/slack/events", content=nested,
-                   headers={"Content-Type": "application/json", **sign(b"x")}, timeout=30)
+    r = httpx.post(
+        server.url + "/slack/events",
+        content=nested,
+        headers={"Content-Type": "application/json", **sign(b"x")},
+        timeout=30,
+    )
     out.append({"case": "/slack/events nested, unsigned", "status": r.status_code})
-    r = httpx.post(server.url + "/slack/events", content=nested,
-                   headers={"Content-Type": "application/json", **sign(nested)}, timeout=30)
+    r = httpx.post(
+        server.url + "/slack/events",
+        content=nested,
+        headers={"Content-Type": "application/json", **sign(nested)},
+        timeout=30,
+    )
     out.append({"case": "/slack/events nested, signed", "status": r.status_code})
     out.append({"case": "tracebacks in the server log", "status": server.output().count("Traceback")})
     return out
@@ -149,23 +163,28 @@ def bomb(server: ServeProcess, slack: FakeSlack, mb: int) -> list[dict]:
             reply = slack.wait_for("response", n + 1, timeout=300)[n].body.get("text", "")
         except AssertionError:
             reply = "(no answer)"
-        rows.append({
-            "case": f"{fid} ({len(data) / 1e3:.0f} KB -> {mb} MB line)",
-            "seconds": time.monotonic() - started,
-            "rss_before": before,
-            "rss_after": server.rss_mb(),
-            "peak_before": peak_before,
-            "peak": server.peak_mb(),
-            "reply": reply[:160],
-        })
+        rows.append(
+            {
+                "case": f"{fid} ({len(data) / 1e3:.0f} KB -> {mb} MB line)",
+                "seconds": time.monotonic() - started,
+                "rss_before": before,
+                "rss_after": server.rss_mb(),
+                "peak_before": peak_before,
+                "peak": server.peak_mb(),
+                "reply": reply[:160],
+            }
+        )
     return rows
 
 
 def blocking(server: ServeProcess, slack: FakeSlack, files: SlowFiles) -> dict:
     n = len(slack.of("response"))
     for i in range(6):
-        server.command(f"estimate llama-3.1-8b dataset={files.url}/slow/data{i}.jsonl", user=f"U_SLOW{i}",
-                       response_url=slack.response_url(f"slow{i}"))
+        server.command(
+            f"estimate llama-3.1-8b dataset={files.url}/slow/data{i}.jsonl",
+            user=f"U_SLOW{i}",
+            response_url=slack.response_url(f"slow{i}"),
+        )
     time.sleep(1.5)  # the six are past their acks and reading
     started = time.monotonic()
     server.command("jobs", user="U_OTHER", response_url=slack.response_url("other"))
@@ -194,16 +213,20 @@ def main() -> None:
             print(f"server {args.root} pid {server.pid}: RSS {server.rss_mb():.0f} MB after start-up")
             if "bodies" not in args.skip:
                 for row in bodies(server, args.body_mb):
-                    print(f"  {row['case']:36s} status {row['status']}  took {row['sent_mb']:7.1f} MB in "
-                          f"{row['seconds']:5.1f} s  RSS {row['rss_before']:.0f} -> {row['rss_after']:.0f} MB"
-                          f" (peak {row['peak']:.0f} MB)")
+                    print(
+                        f"  {row['case']:36s} status {row['status']}  took {row['sent_mb']:7.1f} MB in "
+                        f"{row['seconds']:5.1f} s  RSS {row['rss_before']:.0f} -> {row['rss_after']:.0f} MB"
+                        f" (peak {row['peak']:.0f} MB)"
+                    )
             if "deep" not in args.skip:
                 for row in deep(server):
                     print(f"  {row['case']:36s} {row['status']}")
             if "bomb" not in args.skip:
                 for row in bomb(server, slack, args.bomb_mb):
-                    print(f"  {row['case']:36s} {row['seconds']:5.1f} s  RSS {row['rss_before']:.0f} -> "
-                          f"{row['rss_after']:.0f} MB, peak {row['peak_before']:.0f} -> {row['peak']:.0f} MB")
+                    print(
+                        f"  {row['case']:36s} {row['seconds']:5.1f} s  RSS {row['rss_before']:.0f} -> "
+                        f"{row['rss_after']:.0f} MB, peak {row['peak_before']:.0f} -> {row['peak']:.0f} MB"
+                    )
                     print(f"      reply: {row['reply']!r}")
             if "blocking" not in args.skip:
                 got = blocking(server, slack, files)

@@ -193,10 +193,7 @@ class Demo:
 
         self.step("4. Training: progress with the loss, pulled from the runner")
         self.tick_until(
-            lambda: (
-                self.runner_step(job_id) >= PREEMPT_AT_STEP
-                or self.engine.get_job(job_id).state in FINAL
-            ),
+            lambda: self.runner_step(job_id) >= PREEMPT_AT_STEP or self.engine.get_job(job_id).state in FINAL,
             f"step {PREEMPT_AT_STEP}",
         )
 
@@ -212,9 +209,7 @@ class Demo:
             )
 
         self.step("6. The finish: adapter and cost")
-        self.tick_until(
-            lambda: self.engine.get_job(job_id).state in FINAL, "the finish", timeout_s=120
-        )
+        self.tick_until(lambda: self.engine.get_job(job_id).state in FINAL, "the finish", timeout_s=120)
         job = self.engine.get_job(job_id)
         session.run([f"status {job_id}", "spend today"])
 

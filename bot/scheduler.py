@@ -195,8 +195,11 @@ class Scheduler:
                     .values(holder=self.holder, expires_at=now + self.lease_s, renewed_at=now)
                 )
                 if res.rowcount != 1:
-                    s.add(SchedulerLease(name=LEASE_NAME, holder=self.holder, expires_at=now + self.lease_s,
-                                         renewed_at=now))
+                    s.add(
+                        SchedulerLease(
+                            name=LEASE_NAME, holder=self.holder, expires_at=now + self.lease_s, renewed_at=now
+                        )
+                    )
                 s.commit()
         except Exception:  # noqa: BLE001 - only the signal is late; leadership is the lock's
             log.warning("scheduler %s could not renew its lease row", self.holder, exc_info=True)

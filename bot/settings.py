@@ -264,8 +264,7 @@ class Settings(BaseSettings):
     idle_stop_minutes: float = Field(
         30.0,
         alias="TUNEBOT_IDLE_STOP_MINUTES",
-        description="a running instance whose runner reports nothing for this long is stopped (reason "
-        "idle)",
+        description="a running instance whose runner reports nothing for this long is stopped (reason idle)",
     )
     retry_budget: int = Field(
         5,
@@ -425,7 +424,7 @@ class Settings(BaseSettings):
         120.0,
         gt=0,
         alias="TUNEBOT_SLOW_DEADLINE",
-        description="seconds after which a slow command is answered \"took too long\" whatever it is doing",
+        description='seconds after which a slow command is answered "took too long" whatever it is doing',
     )
     http_max_body_kb: int = Field(
         1024,

@@ -124,8 +124,9 @@ def full_state_options() -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=on_gpu)
 
 
-def checkpoint_weights(model: Any, wrapped: Any, *, fsdp: bool,
-                       trainable_names: set[str]) -> tuple[str, dict[str, torch.Tensor]]:
+def checkpoint_weights(
+    model: Any, wrapped: Any, *, fsdp: bool, trainable_names: set[str]
+) -> tuple[str, dict[str, torch.Tensor]]:
     """(file name, tensors) of the weights a checkpoint keeps. Under FSDP every rank must call this."""
     if fsdp:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -195,8 +196,9 @@ def read_optimizer(ckpt_dir: Path, wrapped: Any, optimizer: torch.optim.Optimize
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=saved,
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            wrapped, optimizer, optim_state_dict=saved, options=StateDictOptions(full_state_dict=True)
+        )
     else:
         optimizer.load_state_dict(saved)
 
@@ -249,7 +251,8 @@ class CheckpointStore:
             if match:
                 step = int(match.group(1))
                 found[step] = f"{self._path(step)}/{MARKER}" in markers or any(
-                    m.endswith(f"checkpoint-{step}/{MARKER}") for m in markers)
+                    m.endswith(f"checkpoint-{step}/{MARKER}") for m in markers
+                )
         return found
 
     def complete_steps(self) -> list[int]:
@@ -289,9 +292,14 @@ class CheckpointStore:
 
     def fetch_verified(self, *, job_id: str, key: bytes | None) -> manifest.Fetched:
         """The newest complete checkpoint whose signed manifest verifies, downloaded; what was skipped."""
-        return manifest.fetch_verified(self.complete_steps(), read=self.read_small,
-                                       download=self.download_file, job_id=job_id, key=key,
-                                       legacy=self.download)
+        return manifest.fetch_verified(
+            self.complete_steps(),
+            read=self.read_small,
+            download=self.download_file,
+            job_id=job_id,
+            key=key,
+            legacy=self.download,
+        )
 
     def upload(self, local_dir: Path, step: int) -> str:
         """Upload a staged checkpoint, COMPLETE last; return its URI."""

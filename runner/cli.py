@@ -76,8 +76,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _make_tiny(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tunebot-runner make-tiny",
-                                     description="Write a tiny offline model, dataset and job.json to DIR.")
+    parser = argparse.ArgumentParser(
+        prog="tunebot-runner make-tiny",
+        description="Write a tiny offline model, dataset and job.json to DIR.",
+    )
     parser.add_argument("dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--method", choices=["lora", "qlora", "full"], default="lora")
@@ -95,8 +97,9 @@ def run(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _note_sigterm)
     if argv[:1] == ["make-tiny"]:
         return _make_tiny(argv[1:])
-    parser = _Parser(prog="tunebot-runner", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="tunebot-runner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spec", help=f"path of a JobSpec JSON file (default: ${SPEC_ENV})")
     args = parser.parse_args(argv)
     try:

@@ -86,9 +86,17 @@ def _launch_once(spec_json: str, processes: int, *, sigterm_seen: bool, level: i
     port = _free_port()
     workers: list[subprocess.Popen[bytes]] = []
     for rank in range(processes):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(processes),
-                   LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TUNEBOT_JOB_SPEC=spec_json, **{WORKER_ENV: "1", oom.LEVEL_ENV: str(level)})
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(processes),
+            LOCAL_WORLD_SIZE=str(processes),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TUNEBOT_JOB_SPEC=spec_json,
+            **{WORKER_ENV: "1", oom.LEVEL_ENV: str(level)},
+        )
         stdout = None if rank == 0 else subprocess.DEVNULL
         workers.append(subprocess.Popen([sys.executable, "-m", "runner.cli"], env=env, stdout=stdout))
 
@@ -215,8 +223,9 @@ def setup(gpus: int) -> Group:
     if use_cuda:
         torch.cuda.set_device(device)
     if world > 1:
-        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank,
-                                             world_size=world)
+        torch.distributed.init_process_group(
+            backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world
+        )
     return Group(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
@@ -256,8 +265,15 @@ def wrap(model: Any, group: Group, strategy: str, *, mixed: bool = False) -> Any
         import torch
         from torch.distributed.fsdp import MixedPrecision
 
-        precision = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                   buffer_dtype=torch.bfloat16)
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                use_orig_params=False, device_id=group.device, limit_all_gathers=True,
-                mixed_precision=precision)
+        precision = MixedPrecision(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16
+        )
+    return FSDP(
+        model,
+        auto_wrap_policy=policy,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=False,
+        device_id=group.device,
+        limit_all_gathers=True,
+        mixed_precision=precision,
+    )

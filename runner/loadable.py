@@ -33,12 +33,21 @@ def is_adapter(model: Any) -> bool:
 def adapter_tensors(state: dict[str, Any], adapter_name: str) -> dict[str, Any]:
     """peft's file format from parameters named as the model has them (the adapter name dropped from the
     keys, as ``get_peft_model_state_dict`` does)."""
-    return {k.replace(f".{adapter_name}.", "."): v.detach().cpu().contiguous()
-            for k, v in state.items() if "lora_" in k and f".{adapter_name}." in k}
+    return {
+        k.replace(f".{adapter_name}.", "."): v.detach().cpu().contiguous()
+        for k, v in state.items()
+        if "lora_" in k and f".{adapter_name}." in k
+    }
 
 
-def add_loadable_files(folder: Path, model: Any, tokenizer: Any, *, trainable: dict[str, Any] | None = None,
-                       base_name: str | None = None) -> None:
+def add_loadable_files(
+    folder: Path,
+    model: Any,
+    tokenizer: Any,
+    *,
+    trainable: dict[str, Any] | None = None,
+    base_name: str | None = None,
+) -> None:
     """Write the files that make ``folder`` loadable by transformers / peft on their own.
 
     ``trainable``: under FSDP, the trainable weights gathered by parameter name (peft's own helper cannot

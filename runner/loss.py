@@ -37,8 +37,12 @@ IGNORE_INDEX = -100
 
 def plain_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy of the logits upcast to fp32 (transformers' ForCausalLMLoss)."""
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
 
 
 def head_transform(config: Any) -> tuple[float, float]:
@@ -51,8 +55,14 @@ def head_transform(config: Any) -> tuple[float, float]:
     return scale, float(getattr(config, "final_logit_softcapping", None) or 0.0)
 
 
-def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                scale: float, softcap: float) -> torch.Tensor:
+def _chunk_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias)
     if scale != 1.0:
         logits = logits * scale
@@ -61,9 +71,17 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                 *, scale: float = 1.0, softcap: float = 0.0, chunk: int | None = None,
-                 select: bool = True) -> torch.Tensor:
+def chunked_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+    chunk: int | None = None,
+    select: bool = True,
+) -> torch.Tensor:
     """Summed next-token cross-entropy of ``hidden`` ([b, s, h], the head's input) against ``labels``
     ([b, s]), computed chunk by chunk over the label positions; no more than one chunk's logits are alive at
     a time, in forward and in backward."""
@@ -81,17 +99,27 @@ def chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     step = chunk or chunk_tokens(weight.shape[0])
     total: torch.Tensor | None = None
     for start in range(0, n, step):
-        args = (picked[start:start + step], weight, bias, wanted[start:start + step], scale, softcap)
+        args = (picked[start : start + step], weight, bias, wanted[start : start + step], scale, softcap)
         # Under autograd each chunk keeps only its inputs (views of `picked`) and recomputes in backward.
-        part = checkpoint(_chunk_loss, *args, use_reentrant=False) if torch.is_grad_enabled() \
+        part = (
+            checkpoint(_chunk_loss, *args, use_reentrant=False)
+            if torch.is_grad_enabled()
             else _chunk_loss(*args)
+        )
         total = part if total is None else total + part
     assert total is not None
     return total
 
 
-def liger_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-               *, scale: float = 1.0, softcap: float = 0.0) -> torch.Tensor:
+def liger_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
     """The same sum from Liger's fused linear cross-entropy (CUDA + Triton)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -131,8 +159,9 @@ class HeadLoss:
 
     Use: ``loss = head_loss(model, inputs, labels)`` - one forward, the summed loss back."""
 
-    def __init__(self, model: Any, kind: str, config: Any, *, chunk: int | None = None,
-                 select: bool = True) -> None:
+    def __init__(
+        self, model: Any, kind: str, config: Any, *, chunk: int | None = None, select: bool = True
+    ) -> None:
         self.kind = kind
         self.scale, self.softcap = head_transform(config)
         self.chunk = chunk
@@ -176,8 +205,15 @@ class HeadLoss:
 
 
 @torch.no_grad()
-def check_against_plain(head_loss: HeadLoss, model: Any, inputs: dict[str, torch.Tensor],
-                        labels: torch.Tensor, *, tokens: int = 64, rtol: float = 2e-2) -> str | None:
+def check_against_plain(
+    head_loss: HeadLoss,
+    model: Any,
+    inputs: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    *,
+    tokens: int = 64,
+    rtol: float = 2e-2,
+) -> str | None:
     """Both losses on the first `tokens` positions of the first row; a reason when they differ (then the
     caller falls back to the plain loss), else None."""
     if head_loss.kind == "plain":

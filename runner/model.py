@@ -41,7 +41,7 @@ def resolve_base_model(base_model: str, *, weights: bool = True, into: Path | No
         if not files:
             raise FileNotFoundError(f"no model files under {base_model}")
         for remote in files:
-            rel = remote[len(root):].lstrip("/")
+            rel = remote[len(root) :].lstrip("/")
             if rel.endswith(WEIGHT_SUFFIXES) and not weights:
                 continue
             target = local / rel
@@ -64,8 +64,19 @@ def resolve_base_model(base_model: str, *, weights: bool = True, into: Path | No
 
 # Files transformers never loads for a PyTorch model: other frameworks' weights, the original checkpoints some
 # repos keep beside the converted ones (Llama's original/: another copy of every weight).
-NOT_LOADED = ("original/*", "*.pth", "*.pt", "*.gguf", "*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite",
-              "onnx/*", "coreml/*")
+NOT_LOADED = (
+    "original/*",
+    "*.pth",
+    "*.pt",
+    "*.gguf",
+    "*.h5",
+    "*.msgpack",
+    "*.onnx",
+    "*.ot",
+    "*.tflite",
+    "onnx/*",
+    "coreml/*",
+)
 
 
 def ignored_weight_files(files: list[str]) -> list[str]:
@@ -107,7 +118,8 @@ def check_target_modules(targets: list[str] | str, linear_names: list[str]) -> l
     if missing:
         raise ValueError(
             f"LoRA target(s) {', '.join(missing)} match no Linear layer of this model; its Linear layers "
-            f"are: {', '.join(suffixes)} (or use all-linear)")
+            f"are: {', '.join(suffixes)} (or use all-linear)"
+        )
     return list(targets)
 
 
@@ -155,15 +167,23 @@ def uses_autocast(spec: JobSpec, device: torch.device) -> bool:
     return device.type == "cuda" and spec.method is Method.full and spec.resolved_precision == "mixed"
 
 
-def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bool = False,
-               target_modules: list[str] | str | None = None) -> Any:
+def load_model(
+    spec: JobSpec,
+    model_dir: Path,
+    device: torch.device,
+    *,
+    fsdp: bool = False,
+    target_modules: list[str] | str | None = None,
+) -> Any:
     """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA (on
     ``target_modules``, default the spec's)."""
     from transformers import AutoModelForCausalLM
 
     dtype = compute_dtype(device, spec.resolved_precision)
-    kwargs: dict[str, Any] = {"dtype": weights_dtype(spec, device),
-                              "attn_implementation": attn_implementation(spec, device)}
+    kwargs: dict[str, Any] = {
+        "dtype": weights_dtype(spec, device),
+        "attn_implementation": attn_implementation(spec, device),
+    }
     if spec.method is Method.qlora:
         from transformers import BitsAndBytesConfig
 
@@ -191,7 +211,8 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, *, fsdp: bo
 
     if spec.method is Method.qlora and not fsdp:
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=spec.gradient_checkpointing,
+            model,
+            use_gradient_checkpointing=spec.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     elif spec.gradient_checkpointing:  # (sharded QLoRA skips the fp32 upcast: FSDP needs one dtype, as TRL)
@@ -224,8 +245,14 @@ def trainable_parameters(model: Any) -> tuple[int, int]:
     return trainable, total
 
 
-def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
-               state_dict: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
+def save_final(
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    *,
+    state_dict: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
     """The adapter (LoRA/QLoRA) or the whole model (full) plus the tokenizer, loadable with transformers.
 
     ``dtype``: the dtype a whole model is written in (bf16 after mixed precision). ``state_dict``: the full
@@ -239,8 +266,11 @@ def save_final(model: Any, tokenizer: Any, out_dir: Path, *,
         from safetensors.torch import save_file
 
         name = getattr(model, "active_adapter", "default")
-        adapter = {k.replace(f".{name}.", "."): v.detach().cpu().contiguous()
-                   for k, v in state_dict.items() if "lora_" in k and f".{name}." in k}
+        adapter = {
+            k.replace(f".{name}.", "."): v.detach().cpu().contiguous()
+            for k, v in state_dict.items()
+            if "lora_" in k and f".{name}." in k
+        }
         save_file(adapter, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
         model.peft_config[name].save_pretrained(str(out_dir))
     elif dtype is not None and not hasattr(model, "peft_config"):

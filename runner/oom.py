@@ -34,8 +34,7 @@ class OutOfMemory(Exception):
 
 @dataclass(frozen=True)
 class Level:
-    """How the spec's micro-batches run: split into `parts` micro-steps each, with or without checkpointing.
-    """
+    """How the spec's micro-batches run: split into `parts` micro-steps each, with or without checkpoints."""
 
     parts: int = 1
     checkpointing: bool = False

@@ -88,28 +88,49 @@ def _loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None, final_loss: float | None,
-               eval_loss: float | None, tokens: int, train_seconds: float, data: dict[str, Any] | None,
-               cost: float | None) -> str:
+def model_card(
+    spec: JobSpec,
+    *,
+    status: str,
+    steps: int,
+    max_steps: int | None,
+    final_loss: float | None,
+    eval_loss: float | None,
+    tokens: int,
+    train_seconds: float,
+    data: dict[str, Any] | None,
+    cost: float | None,
+) -> str:
     """README.md for the output folder (and the Hub repo)."""
     base = public_name(spec.base_model_name or spec.base_model) or "-"
     dataset_name = public_name(spec.dataset.name or spec.dataset.uri)
     adapter = spec.method is not Method.full
     tags = ["tunebot", spec.method.value, *(["peft", "lora"] if adapter else [])]
     hub_id = re.fullmatch(r"[\w.\-]+/[\w.\-]+", base) is not None  # the Hub's base_model must be a repo
-    header = ["---", f"base_model: {base}" if hub_id else "",
-              f"library_name: {'peft' if adapter else 'transformers'}", "tags:",
-              *(f"- {t}" for t in dict.fromkeys(tags)), "---"]
+    header = [
+        "---",
+        f"base_model: {base}" if hub_id else "",
+        f"library_name: {'peft' if adapter else 'transformers'}",
+        "tags:",
+        *(f"- {t}" for t in dict.fromkeys(tags)),
+        "---",
+    ]
     data = data or {}
     lora = spec.lora
     targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
     steps_rule = f"max {spec.max_steps} steps" if spec.max_steps else f"{spec.epochs:g} epoch(s)"
     rows = [
         ("method", spec.method.value),
-        *([("LoRA", f"r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout:g}, targets {targets}")]
-          if adapter else []),
-        ("learning rate", f"{spec.learning_rate:g} ({spec.lr_scheduler}, warmup {spec.warmup_ratio:.0%}, "
-                          f"weight decay {spec.weight_decay:g})"),
+        *(
+            [("LoRA", f"r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout:g}, targets {targets}")]
+            if adapter
+            else []
+        ),
+        (
+            "learning rate",
+            f"{spec.learning_rate:g} ({spec.lr_scheduler}, warmup {spec.warmup_ratio:.0%}, "
+            f"weight decay {spec.weight_decay:g})",
+        ),
         ("length", steps_rule),
         ("sequence length", str(spec.seq_len)),
         ("batch", f"micro-batch {spec.micro_batch_size} x grad accumulation {spec.grad_accum} per process"),
@@ -118,18 +139,33 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
         ("activation checkpointing", "yes" if spec.gradient_checkpointing else "no"),
         ("attention", spec.attn),
         ("eval split", f"{spec.dataset.eval_fraction:.0%}" if spec.dataset.eval_fraction else "none"),
-        ("plateau stop", (f"on ({'eval' if spec.dataset.eval_fraction else 'train'} loss, patience "
-                          f"{spec.plateau.patience})") if spec.plateau.enabled else "off"),
+        (
+            "plateau stop",
+            (
+                f"on ({'eval' if spec.dataset.eval_fraction else 'train'} loss, patience "
+                f"{spec.plateau.patience})"
+            )
+            if spec.plateau.enabled
+            else "off",
+        ),
         ("seed", str(spec.seed)),
     ]
     where = f" on {spec.cost.where}" if spec.cost.where else ""
     price = f" at {_money(spec.cost.price_per_hour)}/h" if spec.cost.price_per_hour is not None else ""
-    estimate = (f" (estimated {_money(spec.cost.estimated_total)})"
-                if spec.cost.estimated_total is not None else "")
-    load = (f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained('
-            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")') if adapter else (
-            f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('
-            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")')
+    estimate = (
+        f" (estimated {_money(spec.cost.estimated_total)})" if spec.cost.estimated_total is not None else ""
+    )
+    load = (
+        (
+            f"from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("
+            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")'
+        )
+        if adapter
+        else (
+            f"from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("
+            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")'
+        )
+    )
     lines = [
         *(h for h in header if h),
         "",
@@ -144,7 +180,8 @@ def model_card(spec: JobSpec, *, status: str, steps: int, max_steps: int | None,
         f"{data.get('truncated', 0)}, "
         f"dropped: {data.get('dropped', 0)}); train examples {data.get('train_examples', '-')}, "
         f"eval examples {data.get('eval_examples', 0)}",
-        f"- tokens per epoch: {data.get('tokens', '-'):,}" if isinstance(data.get("tokens"), int)
+        f"- tokens per epoch: {data.get('tokens', '-'):,}"
+        if isinstance(data.get("tokens"), int)
         else "- tokens per epoch: -",
         "",
         "## Hyperparameters",
@@ -205,13 +242,19 @@ def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> s
         url = api.create_repo(hub.repo, private=hub.private, exist_ok=True, repo_type="model")
     else:  # claim it at once: a job resumed after a preemption finds its own marker
         claim = json.dumps({"job_id": spec.job_id, "created_by": "tunebot"}).encode()
-        api.upload_file(path_or_fileobj=claim, path_in_repo=marker, repo_id=hub.repo, repo_type="model",
-                        commit_message=f"tunebot job {spec.job_id}: repo created")
+        api.upload_file(
+            path_or_fileobj=claim,
+            path_in_repo=marker,
+            repo_id=hub.repo,
+            repo_type="model",
+            commit_message=f"tunebot job {spec.job_id}: repo created",
+        )
     public = {"job.json": json.dumps(public_spec(spec), indent=2)}
     summary = folder / "training_summary.json"
     if summary.is_file():
         public["training_summary.json"] = json.dumps(
-            public_summary(json.loads(summary.read_text(encoding="utf-8"))), indent=2)
+            public_summary(json.loads(summary.read_text(encoding="utf-8"))), indent=2
+        )
     files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
     for name, path in files.items():  # configs that name the base model's folder (adapter_config.json, ...)
         text = _public_config(path) if name.endswith(".json") and name not in PRIVATE_FILES else None
@@ -222,8 +265,9 @@ def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> s
         for name, path in files.items()
         if name not in PRIVATE_FILES and name not in public
     ]
-    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode())
-                   for name, text in public.items()]
+    operations += [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode()) for name, text in public.items()
+    ]
     api.create_commit(repo_id=hub.repo, repo_type="model", operations=operations, commit_message=message)
     return str(url)
 

@@ -39,8 +39,9 @@ _STATE_VERSION = 1
 class PlateauDetector:
     def __init__(self, spec: PlateauSpec) -> None:
         if spec.every_steps is None or spec.warmup_steps is None:  # not resolved for a run length
-            spec = spec.model_copy(update={"every_steps": spec.every_steps or 10,
-                                           "warmup_steps": spec.warmup_steps or 0})
+            spec = spec.model_copy(
+                update={"every_steps": spec.every_steps or 10, "warmup_steps": spec.warmup_steps or 0}
+            )
         self.spec = spec
         self.every_steps: int = spec.every_steps  # type: ignore[assignment]
         self.warmup_steps: int = spec.warmup_steps  # type: ignore[assignment]
@@ -79,8 +80,10 @@ class PlateauDetector:
             return False
         self.next_evaluation = step + self.every_steps
         self.evaluations += 1
-        if finite and self.smoothed is not None and (
-            self.best is None or self.best - self.smoothed > self.spec.min_delta
+        if (
+            finite
+            and self.smoothed is not None
+            and (self.best is None or self.best - self.smoothed > self.spec.min_delta)
         ):
             self.best = self.smoothed
             self.bad_evaluations = 0
@@ -91,10 +94,17 @@ class PlateauDetector:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs, as JSON-safe values."""
-        return {"version": _STATE_VERSION, "smoothed": self.smoothed, "best": self.best,
-                "bad_evaluations": self.bad_evaluations, "evaluations": self.evaluations,
-                "nonfinite": self.nonfinite, "next_evaluation": self.next_evaluation,
-                "stopped": self.stopped, "last_step": self.last_step}
+        return {
+            "version": _STATE_VERSION,
+            "smoothed": self.smoothed,
+            "best": self.best,
+            "bad_evaluations": self.bad_evaluations,
+            "evaluations": self.evaluations,
+            "nonfinite": self.nonfinite,
+            "next_evaluation": self.next_evaluation,
+            "stopped": self.stopped,
+            "last_step": self.last_step,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != _STATE_VERSION:

@@ -204,8 +204,13 @@ class DatasetCheck:
     complete: bool  # every record was checked (False: stopped at ``limit``)
 
 
-def check_dataset(uri: str, fmt: DatasetFormat | str | None = None, *,
-                  limit: int | None = None, limits: ReadLimits | None = None) -> DatasetCheck:
+def check_dataset(
+    uri: str,
+    fmt: DatasetFormat | str | None = None,
+    *,
+    limit: int | None = None,
+    limits: ReadLimits | None = None,
+) -> DatasetCheck:
     """Read a jsonl dataset (any fsspec URI), find its format from the first record when ``fmt`` is None,
     and check every record (up to ``limit``, within ``limits``: runner/reading.py) with the rules of
     ``parse_record``; DatasetError names the first bad line (or the limit that was hit)."""
@@ -235,5 +240,8 @@ def format_of_first(text: str, *, uri: str, line: int) -> DatasetFormat:
         what = f"{len(first)} key(s)" if isinstance(first, dict) else type(first).__name__
         raise DatasetError(
             f"cannot tell the format from the first record ({what}): expected alpaca (instruction, output), "
-            "messages, prompt_completion (prompt, completion) or text", uri=uri, line=line)
+            "messages, prompt_completion (prompt, completion) or text",
+            uri=uri,
+            line=line,
+        )
     return chosen

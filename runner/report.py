@@ -40,9 +40,18 @@ KEEP_EVENTS = 200
 class Reporter:
     """Numbers, sends and records the events of one job; ``seq`` continues from ``start_seq``."""
 
-    def __init__(self, spec: JobSpec, *, start_seq: int = 0, timeout: float = 3.0, retries: int = 3,
-                 backoff: float = 0.25, max_queue: int = 1000, progress_every_seconds: float | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        start_seq: int = 0,
+        timeout: float = 3.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+        max_queue: int = 1000,
+        progress_every_seconds: float | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.job_id = spec.job_id
         self.progress_uri = progress_uri(spec.checkpoint.uri)
         self.delivered = 0  # events the receiver accepted
@@ -222,8 +231,12 @@ class Reporter:
             self._events = deque(merged[-KEEP_EVENTS:], maxlen=KEEP_EVENTS)
 
     def _write(self, events: list[RunnerEvent], last_seq: int) -> None:
-        payload = {"job_id": self.job_id, "updated": time.time(), "last_seq": last_seq,
-                   "events": [sign(self._key, EVENT, e.model_dump(mode="json")) for e in events]}
+        payload = {
+            "job_id": self.job_id,
+            "updated": time.time(),
+            "last_seq": last_seq,
+            "events": [sign(self._key, EVENT, e.model_dump(mode="json")) for e in events],
+        }
         data = json.dumps(payload).encode()
         try:
             write_atomically(self.progress_uri, data)
@@ -246,8 +259,9 @@ def read_signed_events(uri: str, key: bytes | None) -> list[dict[str, Any]] | No
         log.warning("could not read the previous progress object: %s", type(exc).__name__)
         return None
     if len(raw) > MAX_PROGRESS_BYTES:
-        log.warning("the previous progress object is over %d bytes: not this runner's; ignored",
-                    MAX_PROGRESS_BYTES)
+        log.warning(
+            "the previous progress object is over %d bytes: not this runner's; ignored", MAX_PROGRESS_BYTES
+        )
         return None
     try:
         obj = json.loads(raw)

@@ -218,7 +218,7 @@ class JobSpec(_Strict):
 
     @property
     def resolved_precision(self) -> str:
-        """"mixed", "bf16" or "fp32": as given, else the method's default (Defaults.precision_for)."""
+        """ "mixed", "bf16" or "fp32": as given, else the method's default (Defaults.precision_for)."""
         if self.precision is None:
             return Defaults.precision_for(self.method.value)
         return "bf16" if self.precision == "mixed" and self.method is not Method.full else self.precision

@@ -41,8 +41,9 @@ def evaluations(steps: int, every: int) -> int:
     return -(-steps // max(every, 1))
 
 
-def plan_batches(lengths: Sequence[int], *, seq_len: int, micro_batch_size: int, packing: bool, seed: int,
-                 epoch: int) -> Plan:
+def plan_batches(
+    lengths: Sequence[int], *, seq_len: int, micro_batch_size: int, packing: bool, seed: int, epoch: int
+) -> Plan:
     """The runner's micro-batches of one epoch (example indices per row), as ``make_batches`` plans them."""
     capped = [min(n, seq_len) for n in lengths]
     rng = epoch_rng(seed, epoch)
@@ -115,23 +116,48 @@ class RunLength:
             what = f"{self.steps:,} steps (steps={self.steps}: {self.epochs:.3g} passes over the data"
         else:
             what = f"{self.steps:,} steps ({self.epochs:g} epoch(s)"
-        line = (f"{what}, {self.steps_per_epoch:,} steps each); up to {self.tokens_per_step:,} tokens per "
-                f"step, {self.epoch.real:,} tokens per epoch in {self.epoch.micro_batches:,} micro-batches")
+        line = (
+            f"{what}, {self.steps_per_epoch:,} steps each); up to {self.tokens_per_step:,} tokens per "
+            f"step, {self.epoch.real:,} tokens per epoch in {self.epoch.micro_batches:,} micro-batches"
+        )
         if self.eval_every:
-            line += (f"; eval every {self.eval_every} steps and at the end: {self.evaluations} passes of "
-                     f"{self.eval_pass.real:,} tokens")
+            line += (
+                f"; eval every {self.eval_every} steps and at the end: {self.evaluations} passes of "
+                f"{self.eval_pass.real:,} tokens"
+            )
         return line
 
 
-def run_length(train_lengths: Sequence[int], eval_lengths: Sequence[int], *, seq_len: int,
-               micro_batch_size: int, grad_accum: int, processes: int, packing: bool, seed: int,
-               epochs: float, max_steps: int | None, plateau: PlateauSpec | None = None,
-               plans: tuple[Plan, Plan] | None = None) -> RunLength:
+def run_length(
+    train_lengths: Sequence[int],
+    eval_lengths: Sequence[int],
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    grad_accum: int,
+    processes: int,
+    packing: bool,
+    seed: int,
+    epochs: float,
+    max_steps: int | None,
+    plateau: PlateauSpec | None = None,
+    plans: tuple[Plan, Plan] | None = None,
+) -> RunLength:
     """The length of a run over examples of these token lengths (after truncation / dropping). ``plans``: the
     train and eval batch plans already made for these lengths and settings (they do not depend on the number
     of processes, so the planner makes them once for every GPU count it prices)."""
-    plan = plans[0] if plans else plan_batches(train_lengths, seq_len=seq_len, packing=packing, seed=seed,
-                                               micro_batch_size=micro_batch_size, epoch=0)
+    plan = (
+        plans[0]
+        if plans
+        else plan_batches(
+            train_lengths,
+            seq_len=seq_len,
+            packing=packing,
+            seed=seed,
+            micro_batch_size=micro_batch_size,
+            epoch=0,
+        )
+    )
     per_epoch = steps_per_epoch(len(plan), processes, grad_accum)
     steps = total_steps(per_epoch, epochs, max_steps)
     trained = count(plan, train_lengths, seq_len, trained_indices(len(plan), processes, grad_accum))
@@ -140,9 +166,18 @@ def run_length(train_lengths: Sequence[int], eval_lengths: Sequence[int], *, seq
     if eval_lengths:
         every = (plateau or PlateauSpec()).resolved(steps).every_steps or 1
         evals = evaluations(steps, every)
-        eval_plan = plans[1] if plans else plan_batches(eval_lengths, seq_len=seq_len,
-                                                        micro_batch_size=micro_batch_size, packing=packing,
-                                                        seed=seed, epoch=0)
+        eval_plan = (
+            plans[1]
+            if plans
+            else plan_batches(
+                eval_lengths,
+                seq_len=seq_len,
+                micro_batch_size=micro_batch_size,
+                packing=packing,
+                seed=seed,
+                epoch=0,
+            )
+        )
         eval_pass = count(eval_plan, eval_lengths, seq_len)
     return RunLength(
         steps=steps,

@@ -52,19 +52,35 @@ def _records(rng: random.Random, n: int) -> list[dict[str, str]]:
         length = min(1 + int(rng.expovariate(1 / 4)), 40)  # skewed: median ~3, tail to 40
         if kind == "repeat":
             words = [rng.choice(_WORDS) for _ in range(length)]
-            records.append({"instruction": "Repeat the words.", "input": " ".join(words),
-                            "output": " ".join(words)})
+            records.append(
+                {"instruction": "Repeat the words.", "input": " ".join(words), "output": " ".join(words)}
+            )
         elif kind == "count":
-            records.append({"instruction": f"Count from one to {length}.", "input": "",
-                            "output": " ".join(str(i) for i in range(1, length + 1))})
+            records.append(
+                {
+                    "instruction": f"Count from one to {length}.",
+                    "input": "",
+                    "output": " ".join(str(i) for i in range(1, length + 1)),
+                }
+            )
         elif kind == "reverse":
             words = [rng.choice(_WORDS) for _ in range(length)]
-            records.append({"instruction": "Reverse the words.", "input": " ".join(words),
-                            "output": " ".join(reversed(words))})
+            records.append(
+                {
+                    "instruction": "Reverse the words.",
+                    "input": " ".join(words),
+                    "output": " ".join(reversed(words)),
+                }
+            )
         else:
             digits = [rng.randrange(10) for _ in range(length)]
-            records.append({"instruction": "Spell the digits.", "input": "".join(map(str, digits)),
-                            "output": " ".join(_NUMBERS[d] for d in digits)})
+            records.append(
+                {
+                    "instruction": "Spell the digits.",
+                    "input": "".join(map(str, digits)),
+                    "output": " ".join(_NUMBERS[d] for d in digits),
+                }
+            )
     return records
 
 
@@ -76,11 +92,16 @@ def _train_tokenizer(texts: list[str], out_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   model_max_length=4096)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", model_max_length=4096
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
 
@@ -92,12 +113,22 @@ def _make_model(seed: int, vocab_size: int, out_dir: Path) -> None:
 
     hf_logging.disable_progress_bar()
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-                         # Wider than the usual 0.02 so that a random base has logits with some range:
-                         # LoRA on a 0.02-init 64-wide model barely moves the loss.
-                         initializer_range=0.2)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        # Wider than the usual 0.02 so that a random base has logits with some range:
+        # LoRA on a 0.02-init 64-wide model barely moves the loss.
+        initializer_range=0.2,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.save_pretrained(str(out_dir))
@@ -107,30 +138,32 @@ def tiny_job(out_dir: Path, *, seed: int = 0, method: str = "lora") -> JobSpec:
     """The job make_tiny writes; settings chosen so the loss clearly drops in ~10-30 s on 2 CPU cores."""
     out_dir = out_dir.resolve()
     learning_rate = {"full": 3e-3, "lora": 1e-2, "qlora": 1e-2}[method]
-    return JobSpec.model_validate({
-        "job_id": f"tiny-{method}-{seed}",
-        "base_model": str(out_dir / "model"),
-        "dataset": {"uri": str(out_dir / "data.jsonl"), "format": "alpaca"},
-        "method": method,
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"},
-        "seq_len": 256,
-        "micro_batch_size": 4,
-        "grad_accum": 2,
-        "epochs": 1.0,
-        "max_steps": 60,
-        "learning_rate": learning_rate,
-        "lr_scheduler": "cosine",
-        "warmup_ratio": 0.05,
-        "optimizer": "adamw",
-        "packing": True,
-        "gradient_checkpointing": False,
-        "attn": "sdpa",
-        "gpus": 0,
-        "checkpoint": {"uri": str(out_dir / "checkpoints"), "every_minutes": 0.1, "keep": 2},
-        "plateau": {"enabled": False},
-        "seed": seed,
-        "output_uri": str(out_dir / "output"),
-    })
+    return JobSpec.model_validate(
+        {
+            "job_id": f"tiny-{method}-{seed}",
+            "base_model": str(out_dir / "model"),
+            "dataset": {"uri": str(out_dir / "data.jsonl"), "format": "alpaca"},
+            "method": method,
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": "all-linear"},
+            "seq_len": 256,
+            "micro_batch_size": 4,
+            "grad_accum": 2,
+            "epochs": 1.0,
+            "max_steps": 60,
+            "learning_rate": learning_rate,
+            "lr_scheduler": "cosine",
+            "warmup_ratio": 0.05,
+            "optimizer": "adamw",
+            "packing": True,
+            "gradient_checkpointing": False,
+            "attn": "sdpa",
+            "gpus": 0,
+            "checkpoint": {"uri": str(out_dir / "checkpoints"), "every_minutes": 0.1, "keep": 2},
+            "plateau": {"enabled": False},
+            "seed": seed,
+            "output_uri": str(out_dir / "output"),
+        }
+    )
 
 
 def make_tiny(out_dir: Path, *, seed: int = 0, method: str = "lora") -> Path:

@@ -217,12 +217,16 @@ class Trainer:
             from runner.loss import liger_available
 
             if group.device.type != "cuda" or not liger_available():
-                raise InvalidJob("loss=liger needs CUDA and the liger-kernel package (Triton); use "
-                                 "loss=chunked (the default: as little memory, plain torch)")
+                raise InvalidJob(
+                    "loss=liger needs CUDA and the liger-kernel package (Triton); use "
+                    "loss=chunked (the default: as little memory, plain torch)"
+                )
         if spec.attn == "flash" and group.device.type == "cuda" and not has_flash_attention():
-            raise InvalidJob("attn=flash needs the flash-attn package, which this runner image does not "
-                             "have; use attn=sdpa, or build the image with FLASH_ATTN=1 "
-                             "(scripts/runner-image.sh)")
+            raise InvalidJob(
+                "attn=flash needs the flash-attn package, which this runner image does not "
+                "have; use attn=sdpa, or build the image with FLASH_ATTN=1 "
+                "(scripts/runner-image.sh)"
+            )
 
     def _read_config(self) -> None:
         """model_dir (config and tokenizer files only) and target_modules checked against its Linear layers;
@@ -238,14 +242,19 @@ class Trainer:
         except FileNotFoundError as exc:
             raise InvalidJob(f"base_model {spec.base_model!r}: {exc}") from None
         except Exception as exc:
-            if type(exc).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError",
-                                       "HFValidationError"):
+            if type(exc).__name__ in (
+                "RepositoryNotFoundError",
+                "GatedRepoError",
+                "RevisionNotFoundError",
+                "HFValidationError",
+            ):
                 raise InvalidJob(f"base_model {spec.base_model!r}: {type(exc).__name__}") from None
             raise  # a network problem may pass: the bot retries a failed run
         if spec.method is not Method.full:
             try:
-                self.target_modules = check_target_modules(spec.lora.target_modules,
-                                                           linear_module_names(self.model_dir))
+                self.target_modules = check_target_modules(
+                    spec.lora.target_modules, linear_module_names(self.model_dir)
+                )
             except ValueError as exc:
                 raise InvalidJob(str(exc)) from None
 
@@ -266,13 +275,24 @@ class Trainer:
         self.data, self.stats = data, data.stats
         self.dtype = compute_dtype(group.device, spec.resolved_precision)
         self.autocast = uses_autocast(spec, group.device)
-        attn = "flash" if spec.attn == "flash" and group.device.type == "cuda" else (
-            "sdpa" if spec.attn == "flash" else spec.attn)
+        attn = (
+            "flash"
+            if spec.attn == "flash" and group.device.type == "cuda"
+            else ("sdpa" if spec.attn == "flash" else spec.attn)
+        )
 
         def batches(examples: Any, epoch: int) -> Any:
-            return make_batches(examples, seq_len=spec.seq_len, micro_batch_size=spec.micro_batch_size,
-                                packing=spec.packing, attn=attn, seed=spec.seed, epoch=epoch,
-                                pad_id=self.tokenizer.pad_token_id or 0, mask_dtype=self.dtype)
+            return make_batches(
+                examples,
+                seq_len=spec.seq_len,
+                micro_batch_size=spec.micro_batch_size,
+                packing=spec.packing,
+                attn=attn,
+                seed=spec.seed,
+                epoch=epoch,
+                pad_id=self.tokenizer.pad_token_id or 0,
+                mask_dtype=self.dtype,
+            )
 
         self.batches_for = batches
 
@@ -282,17 +302,26 @@ class Trainer:
         from runner.steps import run_length
 
         spec, group, data = self.spec, self._group(), self.data
-        self.length = run_length([len(e) for e in data.train], [len(e) for e in data.eval],
-                                 seq_len=spec.seq_len, micro_batch_size=spec.micro_batch_size,
-                                 grad_accum=spec.grad_accum, processes=group.world, packing=spec.packing,
-                                 seed=spec.seed, epochs=spec.epochs, max_steps=spec.max_steps,
-                                 plateau=spec.plateau)
+        self.length = run_length(
+            [len(e) for e in data.train],
+            [len(e) for e in data.eval],
+            seq_len=spec.seq_len,
+            micro_batch_size=spec.micro_batch_size,
+            grad_accum=spec.grad_accum,
+            processes=group.world,
+            packing=spec.packing,
+            seed=spec.seed,
+            epochs=spec.epochs,
+            max_steps=spec.max_steps,
+            plateau=spec.plateau,
+        )
         self.steps_per_epoch = self.length.steps_per_epoch
         if self.steps_per_epoch == 0:
             raise InvalidJob(
                 f"the dataset makes {self.length.epoch.micro_batches} micro-batches, fewer than grad_accum x "
                 f"processes ({spec.grad_accum} x {group.world}): not one optimizer step; add data or lower "
-                "grad_accum")
+                "grad_accum"
+            )
         self.max_steps = self.length.steps
 
     def _describe(self, strategy: str) -> None:
@@ -301,16 +330,23 @@ class Trainer:
         if not group.main:
             return
         tokens_per_step = spec.tokens_per_step * group.world
-        print(f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
-              f"{self.stats.dropped}); format {spec.dataset.format.value}; train examples "
-              f"{len(data.train)}, eval {len(data.eval)}")
-        print(f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
-              f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})")
+        print(
+            f"records: {self.stats.records} (truncated {self.stats.truncated}, dropped "
+            f"{self.stats.dropped}); format {spec.dataset.format.value}; train examples "
+            f"{len(data.train)}, eval {len(data.eval)}"
+        )
+        print(
+            f"tokens per step will be: {tokens_per_step:,} (seq_len {spec.seq_len} x micro_batch "
+            f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})"
+        )
         print(f"length: {self.length.describe()}")
         mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
-        print(f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
-              f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
-              f"sharding {strategy}", flush=True)
+        print(
+            f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
+            f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
+            f"sharding {strategy}",
+            flush=True,
+        )
 
     def _load_weights(self, strategy: str) -> None:
         """The weights downloaded into model_dir, model loaded (adapters attached), trainable_names, and the
@@ -319,12 +355,15 @@ class Trainer:
 
         spec, group = self.spec, self._group()
         self.model_dir = resolve_base_model(spec.base_model, weights=True, into=self.model_dir)
-        self.model = load_model(spec, self.model_dir, group.device, fsdp=strategy == "fsdp",
-                                target_modules=self.target_modules)
+        self.model = load_model(
+            spec, self.model_dir, group.device, fsdp=strategy == "fsdp", target_modules=self.target_modules
+        )
         trainable, total = trainable_parameters(self.model)
         if group.main:
-            print(f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
-                  flush=True)
+            print(
+                f"parameters: {trainable:,} trainable of {total:,} ({100 * trainable / total:.2f}%)",
+                flush=True,
+            )
         self.trainable_names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         self.store = ckpt.CheckpointStore(spec.checkpoint.uri)
 
@@ -366,9 +405,12 @@ class Trainer:
         from transformers import get_scheduler
 
         assert self.max_steps is not None
-        return get_scheduler(self.spec.lr_scheduler, self.optimizer,
-                             num_warmup_steps=math.ceil(self.spec.warmup_ratio * self.max_steps),
-                             num_training_steps=self.max_steps)
+        return get_scheduler(
+            self.spec.lr_scheduler,
+            self.optimizer,
+            num_warmup_steps=math.ceil(self.spec.warmup_ratio * self.max_steps),
+            num_training_steps=self.max_steps,
+        )
 
     def _start_plateau(self) -> None:
         """plateau: the detector, resumed where the checkpoint left it; an eval loss is already a mean over
@@ -392,8 +434,9 @@ class Trainer:
         spec = self.spec
         self.reporter.advance_to(self.state.reporter_seq)
         self.wandb = WandbLog()
-        self.state.wandb_run_id = self.wandb.start(spec, self.state.wandb_run_id,
-                                                   spec.redacted().model_dump(mode="json"))
+        self.state.wandb_run_id = self.wandb.start(
+            spec, self.state.wandb_run_id, spec.redacted().model_dump(mode="json")
+        )
 
     def _group(self) -> Group:
         assert self.group is not None, "setup() joins the process group first"
@@ -432,8 +475,9 @@ class Trainer:
             if self.group.main:
                 print(f"note: {spec.optimizer} needs CUDA; using torch AdamW on the CPU", flush=True)
         # Fused on CUDA, as the planner assumes (no full-size step temporaries); plain on the CPU.
-        return torch.optim.AdamW(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay,
-                                 fused=True if cuda else None)
+        return torch.optim.AdamW(
+            self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, fused=True if cuda else None
+        )
 
     def _resumed(self, uri: str) -> None:
         assert self.group is not None
@@ -450,9 +494,12 @@ class Trainer:
         spec, group, state = self.spec, self.group, self.state
         assert group is not None and self.max_steps is not None
         resumed = f"resumed from {self.resumed_from}" if self.resumed_from else None
-        self.emit(EventKind.started, message=resumed,
-                  wandb_url=self.wandb.url if self.wandb is not None else None,
-                  wandb_note=self._wandb_note())
+        self.emit(
+            EventKind.started,
+            message=resumed,
+            wandb_url=self.wandb.url if self.wandb is not None else None,
+            wandb_note=self._wandb_note(),
+        )
         from runner.measure import RunMeter
 
         self.meter = RunMeter(group.device)
@@ -462,7 +509,7 @@ class Trainer:
         status = "finished"
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
-            mine = epoch_batches[group.rank::group.world] if group.distributed else epoch_batches
+            mine = epoch_batches[group.rank :: group.world] if group.distributed else epoch_batches
             n_micro = self.steps_per_epoch * spec.grad_accum  # the same on every process (runner/steps.py)
             while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
@@ -480,28 +527,51 @@ class Trainer:
                 self.points.append((state.step, loss, lr))
                 epoch_f = state.epoch + state.micro_batch / max(1, n_micro)
                 if self.wandb is not None:
-                    self.wandb.log({"train/loss": loss, "train/lr": lr, "train/epoch": epoch_f,
-                                    "train/tokens": state.tokens_seen}, step=state.step)
+                    self.wandb.log(
+                        {
+                            "train/loss": loss,
+                            "train/lr": lr,
+                            "train/epoch": epoch_f,
+                            "train/tokens": state.tokens_seen,
+                        },
+                        step=state.step,
+                    )
                 now = time.monotonic()
-                if group.main and (now - last_report >= spec.report.every_seconds
-                                   or state.step == self.max_steps):
+                if group.main and (
+                    now - last_report >= spec.report.every_seconds or state.step == self.max_steps
+                ):
                     rate = window_tokens / max(now - window_start, 1e-9)
                     eta = (self.max_steps - state.step) * (state.train_seconds / max(state.step, 1))
-                    print(f"step {state.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | "
-                          f"{rate:,.0f} tok/s | epoch {epoch_f:.2f} | eta {eta:.0f}s", flush=True)
-                    self.emit(EventKind.progress, loss=loss, learning_rate=lr, tokens_per_second=rate,
-                              eta_seconds=eta, epoch=epoch_f)
+                    print(
+                        f"step {state.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | "
+                        f"{rate:,.0f} tok/s | epoch {epoch_f:.2f} | eta {eta:.0f}s",
+                        flush=True,
+                    )
+                    self.emit(
+                        EventKind.progress,
+                        loss=loss,
+                        learning_rate=lr,
+                        tokens_per_second=rate,
+                        eta_seconds=eta,
+                        epoch=epoch_f,
+                    )
                     last_report, window_tokens, window_start = now, 0, now
 
                 plateau_stop = self._plateau_says_stop(state.step, loss)
                 due = now - last_save >= spec.checkpoint.every_minutes * 60
                 preempted, due, plateau_stop = (
-                    bool(v) for v in group.all_max([float(self.preemption.requested), float(due),
-                                                    float(plateau_stop)]))
+                    bool(v)
+                    for v in group.all_max(
+                        [float(self.preemption.requested), float(due), float(plateau_stop)]
+                    )
+                )
                 if preempted:
                     uri = self.save()
-                    self.emit(EventKind.preempted, checkpoint_uri=uri,
-                              message=f"{self.preemption.why}: saved and exiting")
+                    self.emit(
+                        EventKind.preempted,
+                        checkpoint_uri=uri,
+                        message=f"{self.preemption.why}: saved and exiting",
+                    )
                     return "preempted"
                 if plateau_stop:
                     uri = self.save()
@@ -523,8 +593,13 @@ class Trainer:
         notes = ["stopped: the loss stopped improving"] if status == "plateau" else []
         if self.publish_problem:
             notes.append(self.publish_problem)
-        self.emit(kind, output_uri=self.output_uri, hub_url=self.hub_url, metrics=self.metrics(),
-                  message="; ".join(notes) or None)
+        self.emit(
+            kind,
+            output_uri=self.output_uri,
+            hub_url=self.hub_url,
+            metrics=self.metrics(),
+            message="; ".join(notes) or None,
+        )
         return status
 
     def _step(self, micro: list[Any]) -> tuple[float, int]:
@@ -549,8 +624,9 @@ class Trainer:
         assert self.group is not None
         group, model, level = self.group, self.ddp_model, self.oom_levels[self.oom_level]
         model.train()
-        label_tokens, tokens = group.all_sum([float(sum(b.num_label_tokens for b in micro)),
-                                              float(sum(b.num_tokens for b in micro))])
+        label_tokens, tokens = group.all_sum(
+            [float(sum(b.num_label_tokens for b in micro)), float(sum(b.num_tokens for b in micro))]
+        )
         label_tokens = max(label_tokens, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64)
         # Each micro-batch split into level.parts micro-steps: the loss is summed over the same label tokens
@@ -561,8 +637,11 @@ class Trainer:
             labels = inputs.pop("labels")
             oom.maybe_inject(labels.numel(), level.checkpointing)
             sync_now = index == len(pieces) - 1
-            context = model.no_sync() if group.distributed and not sync_now and hasattr(model, "no_sync") \
+            context = (
+                model.no_sync()
+                if group.distributed and not sync_now and hasattr(model, "no_sync")
                 else contextlib.nullcontext()
+            )
             with context:
                 with self._precision():  # the forward and the loss; backward runs outside autocast
                     summed = self.head_loss(model, inputs, labels)  # runner/loss.py
@@ -669,20 +748,31 @@ class Trainer:
         uri = self.store.uri_of(self.state.step)
         weights = optim = None
         if group.main or self.fsdp:  # FSDP gathers the full state collectively
-            weights = ckpt.checkpoint_weights(self.model, self.ddp_model, fsdp=self.fsdp,
-                                              trainable_names=self.trainable_names)
+            weights = ckpt.checkpoint_weights(
+                self.model, self.ddp_model, fsdp=self.fsdp, trainable_names=self.trainable_names
+            )
             optim = ckpt.optimizer_state(self.ddp_model, self.optimizer, fsdp=self.fsdp)
         if group.main:
             assert weights is not None and optim is not None
             with tempfile.TemporaryDirectory(prefix="tunebot-ckpt-") as tmp:
                 local = Path(tmp) / f"checkpoint-{self.state.step}"
-                ckpt.write_local(local, weights=weights, optimizer_state=optim,
-                                 scheduler=self.scheduler, state=self.state, rng_states=rngs,
-                                 spec_json=self.spec.redacted().model_dump_json(indent=2))
+                ckpt.write_local(
+                    local,
+                    weights=weights,
+                    optimizer_state=optim,
+                    scheduler=self.scheduler,
+                    state=self.state,
+                    rng_states=rngs,
+                    spec_json=self.spec.redacted().model_dump_json(indent=2),
+                )
                 # Every checkpoint is also a result people can load (a stopped job's is all there is).
-                loadable.add_loadable_files(local, self.model, self.tokenizer,
-                                            trainable=weights[1] if self.fsdp else None,
-                                            base_name=self.spec.base_model_name)
+                loadable.add_loadable_files(
+                    local,
+                    self.model,
+                    self.tokenizer,
+                    trainable=weights[1] if self.fsdp else None,
+                    base_name=self.spec.base_model_name,
+                )
                 manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
                 uri = self.store.upload(local, self.state.step)
             self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
@@ -707,24 +797,44 @@ class Trainer:
 
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
                 local = Path(tmp)
-                save_final(self.model, self.tokenizer, local, state_dict=full_state,
-                           dtype=torch.bfloat16 if self.autocast else None)
+                save_final(
+                    self.model,
+                    self.tokenizer,
+                    local,
+                    state_dict=full_state,
+                    dtype=torch.bfloat16 if self.autocast else None,
+                )
                 loadable.point_adapter_at(local, self.spec.base_model_name)
                 cost = self._cost()
-                summary = {"status": status, "steps": self.state.step, "max_steps": self.max_steps,
-                           "tokens": self.state.tokens_seen, "final_loss": self.state.last_loss,
-                           "eval_loss": self.state.eval_loss, "train_seconds": self.state.train_seconds,
-                           "resumed_from": self.resumed_from, "cost": cost,
-                           "data": self.stats.as_dict() if self.stats is not None else None,
-                           "method": self.spec.method.value, "job_id": self.spec.job_id}
+                summary = {
+                    "status": status,
+                    "steps": self.state.step,
+                    "max_steps": self.max_steps,
+                    "tokens": self.state.tokens_seen,
+                    "final_loss": self.state.last_loss,
+                    "eval_loss": self.state.eval_loss,
+                    "train_seconds": self.state.train_seconds,
+                    "resumed_from": self.resumed_from,
+                    "cost": cost,
+                    "data": self.stats.as_dict() if self.stats is not None else None,
+                    "method": self.spec.method.value,
+                    "job_id": self.spec.job_id,
+                }
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
                 public_spec = self.spec.redacted().model_dump_json(indent=2)  # no report token in outputs
                 (local / "job.json").write_text(public_spec, encoding="utf-8")
-                card = outputs.model_card(self.spec, status=status, steps=self.state.step,
-                                          max_steps=self.max_steps, final_loss=self.state.last_loss,
-                                          eval_loss=self.state.eval_loss, tokens=self.state.tokens_seen,
-                                          train_seconds=self.state.train_seconds, data=summary["data"],
-                                          cost=cost)
+                card = outputs.model_card(
+                    self.spec,
+                    status=status,
+                    steps=self.state.step,
+                    max_steps=self.max_steps,
+                    final_loss=self.state.last_loss,
+                    eval_loss=self.state.eval_loss,
+                    tokens=self.state.tokens_seen,
+                    train_seconds=self.state.train_seconds,
+                    data=summary["data"],
+                    cost=cost,
+                )
                 (local / "README.md").write_text(card, encoding="utf-8")
                 if self.spec.merge and self.spec.method is not Method.full:
                     try:
@@ -736,8 +846,11 @@ class Trainer:
                 if self.spec.push_to_hub is not None:
                     try:
                         self.hub_url = outputs.push_folder(
-                            local, self.spec.push_to_hub, self.spec,
-                            message=f"tunebot job {self.spec.job_id}: {status}")
+                            local,
+                            self.spec.push_to_hub,
+                            self.spec,
+                            message=f"tunebot job {self.spec.job_id}: {status}",
+                        )
                         print(f"pushed to the Hub: {self.hub_url}", flush=True)
                     except Exception as exc:  # the output still goes to output_uri below
                         self.publish_problem = f"not pushed to the Hub ({type(exc).__name__}: {exc})"[:500]
@@ -826,7 +939,6 @@ class Trainer:
             self.reporter.close()
         if self.group is not None:
             self.group.close()
-
 
 
 def _not_set_up(examples: Any, epoch: int) -> Any:

@@ -72,9 +72,15 @@ class WandbLog:
             return run_id
         started = time.monotonic()
         self.run_id = run_id or spec.wandb.run_id or f"{spec.job_id[:40]}-{uuid.uuid4().hex[:8]}"
-        kwargs = dict(project=spec.wandb.project or "tunebot", entity=spec.wandb.entity, id=self.run_id,
-                      resume="allow", name=spec.job_id, config=config,
-                      dir=os.environ.get("WANDB_DIR") or None)
+        kwargs = dict(
+            project=spec.wandb.project or "tunebot",
+            entity=spec.wandb.entity,
+            id=self.run_id,
+            resume="allow",
+            name=spec.job_id,
+            config=config,
+            dir=os.environ.get("WANDB_DIR") or None,
+        )
         if mode == "online":
             timeout = init_timeout()
             unreachable = _unreachable(os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL)
@@ -83,8 +89,9 @@ class WandbLog:
             else:
                 try:
                     _skip_account_lookup(wandb)
-                    self.run = wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout),
-                                          **kwargs)
+                    self.run = wandb.init(
+                        mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs
+                    )
                 except Exception as exc:  # slow, failing or refusing: log offline rather than wait
                     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                     self.note = f"W&B did not start within {timeout:g} s ({reason}): logging offline"
@@ -141,8 +148,10 @@ class WandbLog:
                     fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
                     fs.put_file(str(path), remote)
         except Exception as exc:  # the training result matters more than its W&B log
-            print(f"note: the offline W&B run was not saved to {target} ({type(exc).__name__}: {exc})",
-                  flush=True)
+            print(
+                f"note: the offline W&B run was not saved to {target} ({type(exc).__name__}: {exc})",
+                flush=True,
+            )
             return None
         print(f"offline W&B run saved: {target} (upload it with `wandb sync`)", flush=True)
         return target
@@ -150,8 +159,10 @@ class WandbLog:
 
 def sync_hint(checkpoint_uri: str) -> str:
     """Where a job's offline W&B runs are kept and how to upload them (for the thread's note)."""
-    return (f"its files are kept in {checkpoint_uri.rstrip('/')}/wandb/; upload them with "
-            "`wandb sync <folder>` once W&B is reachable")
+    return (
+        f"its files are kept in {checkpoint_uri.rstrip('/')}/wandb/; upload them with "
+        "`wandb sync <folder>` once W&B is reachable"
+    )
 
 
 def _unreachable(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -196,8 +207,9 @@ def _init_offline(wandb: Any, kwargs: dict[str, Any]) -> Any:
             if attempt == 2:
                 print(f"note: W&B disabled ({type(exc).__name__}: {exc})", flush=True)
             else:
-                print(f"note: W&B offline start failed once ({type(exc).__name__}: {exc}); retrying",
-                      flush=True)
+                print(
+                    f"note: W&B offline start failed once ({type(exc).__name__}: {exc}); retrying", flush=True
+                )
                 _teardown(wandb)
     return None
 

@@ -18,8 +18,14 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from bot.providers.registry import CLOUDS  # noqa: E402 - after the offline switches above
 
 # No cloud key of the person running the tests reaches them (every cloud module's key variable).
-for _key in (*(spec.key_env for spec in CLOUDS.values()), "HF_TOKEN",
-             "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET", "DATABASE_URL"):
+for _key in (
+    *(spec.key_env for spec in CLOUDS.values()),
+    "HF_TOKEN",
+    "SLACK_BOT_TOKEN",
+    "SLACK_APP_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "DATABASE_URL",
+):
     os.environ.pop(_key, None)
 
 _real_connect = socket.socket.connect

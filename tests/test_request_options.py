@@ -72,7 +72,8 @@ def run_cli(args: list[str]) -> None:
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
 def test_every_option_means_the_same_on_every_surface(
-        option: Option, capture: dict[str, EstimateRequest]) -> None:
+    option: Option, capture: dict[str, EstimateRequest]
+) -> None:
     value = expected(option)
     needs_dataset = option.field not in ("dataset", "tokens")
     base = [f"dataset={DATASET}"] if needs_dataset else []
@@ -109,16 +110,21 @@ def test_every_option_means_the_same_on_every_surface(
         ("lr=1e-4", ["--learning-rate", "0.0001"], "learning_rate", 1e-4),
     ],
 )
-def test_the_formats_people_type_in_both_places(chat: str, cli: list[str], field: str, value: Any,
-                                                 capture: dict[str, EstimateRequest]) -> None:
+def test_the_formats_people_type_in_both_places(
+    chat: str, cli: list[str], field: str, value: Any, capture: dict[str, EstimateRequest]
+) -> None:
     assert getattr(parse(f"estimate {MODEL} {chat}").request, field) == value
     run_cli(["estimate", MODEL, *cli])
     assert getattr(capture["estimate"], field) == value
 
 
 def test_bad_values_are_refused_the_same_way_everywhere(capture: dict[str, EstimateRequest]) -> None:
-    for chat, cli in (("seq=banana", ["--seq", "banana"]), ("method=full2", ["--method", "full2"]),
-                      ("batch=0", ["--batch-size", "0"]), ("bogus=1", ["bogus=1"])):
+    for chat, cli in (
+        ("seq=banana", ["--seq", "banana"]),
+        ("method=full2", ["--method", "full2"]),
+        ("batch=0", ["--batch-size", "0"]),
+        ("bogus=1", ["bogus=1"]),
+    ):
         from bot.chat.grammar import ParseError
 
         with pytest.raises(ParseError) as info:
@@ -143,14 +149,19 @@ def test_slack_replies_never_quote_command_line_flags(tmp_path) -> None:  # type
     from bot.engine.service import Engine
     from bot.settings import Settings
 
-    eng = Engine(Settings(TUNEBOT_DATA_DIR=str(tmp_path / "d")), db_url=f"sqlite:///{tmp_path / 'db'}",
-                 providers={})
+    eng = Engine(
+        Settings(TUNEBOT_DATA_DIR=str(tmp_path / "d")), db_url=f"sqlite:///{tmp_path / 'db'}", providers={}
+    )
     chat = ChatHandlers(eng, Permissions(admins=frozenset({"U1"})))
     texts = []
-    for command in ("estimate llama-3.1-70b method=full gpu=rtx-4090 tokens=1M",  # nothing fits: suggestions
-                    "estimate llama-3.1-8b gpus=1 tokens=1M interruptible=no",  # rejected rows say why
-                    "estimate llama-3.1-8b tokens=5 dataset=x.jsonl", "help", "help estimate",
-                    "estimate llama-3.1-8b seq=4kk"):
+    for command in (
+        "estimate llama-3.1-70b method=full gpu=rtx-4090 tokens=1M",  # nothing fits: suggestions
+        "estimate llama-3.1-8b gpus=1 tokens=1M interruptible=no",  # rejected rows say why
+        "estimate llama-3.1-8b tokens=5 dataset=x.jsonl",
+        "help",
+        "help estimate",
+        "estimate llama-3.1-8b seq=4kk",
+    ):
         reply = chat.handle_text(command, Actor("U1", "C1"))
         texts.append(repr(reply))
     eng.close()

@@ -290,13 +290,27 @@ HF_CASES = [  # (label, planner request); the trace builds the same model and st
 HF_CASES += [  # the runner's chunked loss (runner/loss.py): what the planner prices for tunebot's own jobs
     (
         "Llama-3.1-8B LoRA all r=16, 1 x 16384, ckpt, chunked",
-        dict(model="meta-llama/Llama-3.1-8B", method="lora", lora_r=16, batch_size=1, seq_len=16384,
-             gradient_checkpointing=True, loss="chunked"),
+        dict(
+            model="meta-llama/Llama-3.1-8B",
+            method="lora",
+            lora_r=16,
+            batch_size=1,
+            seq_len=16384,
+            gradient_checkpointing=True,
+            loss="chunked",
+        ),
     ),
     (
         "Llama-3.2-1B full bf16, 2 x 1024, ckpt, chunked",
-        dict(model="meta-llama/Llama-3.2-1B", method="full", precision="bf16", batch_size=2, seq_len=1024,
-             gradient_checkpointing=True, loss="chunked"),
+        dict(
+            model="meta-llama/Llama-3.2-1B",
+            method="full",
+            precision="bf16",
+            batch_size=2,
+            seq_len=1024,
+            gradient_checkpointing=True,
+            loss="chunked",
+        ),
     ),
 ]
 for _, _request in HF_CASES:

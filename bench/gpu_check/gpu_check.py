@@ -71,8 +71,14 @@ def calibration_rows(gpu: str, results: list[dict[str, Any]]) -> list[dict[str, 
 
     rows = []
     for r in results:
-        row = {**REQUEST, "gpu": gpu, "gpus": 1, "method": r["method"], "seq_len": r["seq_len"],
-               "loss": r.get("loss", "plain")}
+        row = {
+            **REQUEST,
+            "gpu": gpu,
+            "gpus": 1,
+            "method": r["method"],
+            "seq_len": r["seq_len"],
+            "loss": r.get("loss", "plain"),
+        }
         for key in ("max_memory_reserved_gb", "device_memory_used_gb", "tokens_per_second", "mfu"):
             row[key] = r.get(key)
         rows.append({k: row.get(k) for k in import_columns()})
@@ -111,8 +117,9 @@ def planner_figures(
     }
 
 
-def train(model_dir: Path, method: str, seq_len: int, steps: int, warmup: int,
-          loss_kind: str = "plain") -> dict[str, float | None]:
+def train(
+    model_dir: Path, method: str, seq_len: int, steps: int, warmup: int, loss_kind: str = "plain"
+) -> dict[str, float | None]:
     import torch
 
     from runner import measure
@@ -171,8 +178,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--methods", default="lora,qlora")
-    parser.add_argument("--losses", default="chunked,plain,liger",
-                        help="runner losses to measure; liger is skipped where liger-kernel is missing")
+    parser.add_argument(
+        "--losses",
+        default="chunked,plain,liger",
+        help="runner losses to measure; liger is skipped where liger-kernel is missing",
+    )
     parser.add_argument("--out", type=Path, default=Path("gpu_check_calibration.csv"))
     args = parser.parse_args()
 

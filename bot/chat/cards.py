@@ -476,18 +476,29 @@ def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
     job_id = esc(job.job_id)
     if job.state == "pending_approval":
         return Reply(
-            parts=[Text(f":hourglass: Job *{job_id}* resumes with a cap of {money(job.max_cost)}, above the "
-                        f"{money(approval_above)} approval amount: an admin has been asked to approve it.")],
+            parts=[
+                Text(
+                    f":hourglass: Job *{job_id}* resumes with a cap of {money(job.max_cost)}, above the "
+                    f"{money(approval_above)} approval amount: an admin has been asked to approve it."
+                )
+            ],
             fallback=f"Job {job_id} awaits approval to resume",
             kind="warning",
         )
     if job.message and job.state not in ACTIVE:
         return Reply(parts=[Text(esc(job.message))], fallback=esc(job.message))
-    where = (f"from `{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})" if job.checkpoint_uri
-             else "from the beginning (no checkpoint was saved)")
+    where = (
+        f"from `{esc(job.checkpoint_uri)}` (step {job.checkpoint_step})"
+        if job.checkpoint_uri
+        else "from the beginning (no checkpoint was saved)"
+    )
     return Reply(
-        parts=[Text(f":arrow_forward: Resuming job *{job_id}* {where}; it is {esc(job.state)}, spend so far "
-                    f"{money(job.spend)} of max {money(job.max_cost)}. Progress goes to its thread.")],
+        parts=[
+            Text(
+                f":arrow_forward: Resuming job *{job_id}* {where}; it is {esc(job.state)}, spend so far "
+                f"{money(job.spend)} of max {money(job.max_cost)}. Progress goes to its thread."
+            )
+        ],
         fallback=f"Resuming job {job_id}",
         kind="success",
     )
@@ -706,8 +717,19 @@ def gpu_rows(offers: list[Offer], *, detailed: bool = False) -> tuple[list[str],
             for o in offers
         ]
         return columns, rows
-    columns = ["provider", "gpu", "n", "memory GB", "class", "$/h", "$/GPU-h", "storage $/GB-mo",
-               "egress $/GB", "reliability", "preempt/h"]
+    columns = [
+        "provider",
+        "gpu",
+        "n",
+        "memory GB",
+        "class",
+        "$/h",
+        "$/GPU-h",
+        "storage $/GB-mo",
+        "egress $/GB",
+        "reliability",
+        "preempt/h",
+    ]
     rows = [
         [
             esc(o.provider),

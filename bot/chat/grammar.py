@@ -220,8 +220,9 @@ def _resume(args: list[str]) -> ResumeCmd:
     job_id = _job_arg("resume", args[:1], required=True) or ""
     values = _key_values("resume", args[1:])
     if set(values) - {"max_cost"}:
-        raise ParseError("`resume` takes only max_cost=$X (to change anything else, `clone` the job)",
-                         usage_for("resume"))
+        raise ParseError(
+            "`resume` takes only max_cost=$X (to change anything else, `clone` the job)", usage_for("resume")
+        )
     return ResumeCmd(job_id=job_id, max_cost=values.get("max_cost"))
 
 

@@ -213,8 +213,7 @@ def estimate_blocks(estimate: Estimate) -> list[dict[str, Any]]:
         lines.append(
             f"{i}. {esc(o.provider)} {esc(o.gpu)} x{o.gpu_count} "
             f"{'spot' if o.interruptible else 'on-demand'} · ${o.price_per_hour:.2f}/h · {hours(o.hours)} · "
-            f"*{cost_span(o)}*"
-            + (f" · {esc(note)}" if note else "")
+            f"*{cost_span(o)}*" + (f" · {esc(note)}" if note else "")
         )
     fitting = sum(1 for o in estimate.offers if o.fits)
     blocks: list[dict[str, Any]] = [{"type": "divider"}]

@@ -84,8 +84,16 @@ def _launch(
     _create(req, choice=choice, user=user, team=team, key=key, wait=wait)
 
 
-def _create(req: Any, *, choice: str, user: str | None, team: str | None, key: str | None, wait: bool,
-            engine: Any = None) -> None:
+def _create(
+    req: Any,
+    *,
+    choice: str,
+    user: str | None,
+    team: str | None,
+    key: str | None,
+    wait: bool,
+    engine: Any = None,
+) -> None:
     """Create (and launch) the job for a request, print its card, then follow it with ``wait``."""
     from bot.engine.api import EngineError
     from bot.planner.errors import PlanningError
@@ -140,8 +148,13 @@ def _follow(engine: Any, view: JobView, wait: bool) -> None:
 def resume_command(
     job_id: str = typer.Argument(..., help="The stopped or failed job to continue."),
     max_cost: str | None = typer.Option(
-        None, "--max-cost", "--budget", help="A new spend cap for the whole job, e.g. '$5' (a budget-stopped "
-        "job needs a higher one; above the approval amount it needs approval).", show_default=False),
+        None,
+        "--max-cost",
+        "--budget",
+        help="A new spend cap for the whole job, e.g. '$5' (a budget-stopped "
+        "job needs a higher one; above the approval amount it needs approval).",
+        show_default=False,
+    ),
     user: str | None = typer.Option(None, "--user", help="Who asks (default: $USER)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
 ) -> None:
@@ -203,14 +216,23 @@ def _job_options():  # type: ignore[no-untyped-def]
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
     return [
-        param("choice", str, typer.Option("cheapest", "--choice",
-                                          help="cheapest, safest, fastest or an offer key.")),
+        param(
+            "choice",
+            str,
+            typer.Option("cheapest", "--choice", help="cheapest, safest, fastest or an offer key."),
+        ),
         param("user", str | None, typer.Option(None, "--user", help="Who asks (default: $USER).")),
         param("team", str | None, typer.Option(None, "--team")),
-        param("key", str | None, typer.Option(None, "--idempotency-key",
-                                              help="Repeating a launch with a key is a no-op.")),
-        param("wait", bool, typer.Option(False, "--wait",
-                                         help="Follow the job here until it ends (ticks every 2 s).")),
+        param(
+            "key",
+            str | None,
+            typer.Option(None, "--idempotency-key", help="Repeating a launch with a key is a no-op."),
+        ),
+        param(
+            "wait",
+            bool,
+            typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
+        ),
     ]
 
 

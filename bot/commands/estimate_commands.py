@@ -75,19 +75,40 @@ def _estimate_command() -> Callable[..., None]:
     from bot.commands.request_cli import request_command
 
     extra = [
-        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--json", help="Print the stable JSON contract.")),
-        inspect.Parameter("calibrated", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(True, "--calibrated/--physics-only",
-                                               help="Apply what finished runs measured (tunebot calibrate "
-                                                    "show), or the physics alone.")),
-        inspect.Parameter("offline", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--offline",
-                                               help="Price from the dated offline snapshot only, without "
-                                                    "asking the clouds whose keys are set.")),
+        inspect.Parameter(
+            "as_json",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, "--json", help="Print the stable JSON contract."),
+        ),
+        inspect.Parameter(
+            "calibrated",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(
+                True,
+                "--calibrated/--physics-only",
+                help="Apply what finished runs measured (tunebot calibrate show), or the physics alone.",
+            ),
+        ),
+        inspect.Parameter(
+            "offline",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(
+                False,
+                "--offline",
+                help="Price from the dated offline snapshot only, without "
+                "asking the clouds whose keys are set.",
+            ),
+        ),
     ]
-    return request_command(_estimate, extra, "Estimate memory, time and total cost of a fine-tune, and rank "
-                                             "GPU offers. Options as flags or as key=value (like /tune).")
+    return request_command(
+        _estimate,
+        extra,
+        "Estimate memory, time and total cost of a fine-tune, and rank "
+        "GPU offers. Options as flags or as key=value (like /tune).",
+    )
 
 
 def _print_estimate(est: Estimate) -> None:

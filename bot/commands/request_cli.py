@@ -27,19 +27,23 @@ def _parameter(option: Option) -> inspect.Parameter:
         default: Any = typer.Option(None, *decls, help=option.help, show_default=False)
         annotation: Any = bool | None
     else:
-        default = typer.Option(None, *flags, help=f"{option.help} (e.g. {option.example})",
-                               metavar="VALUE",
-                               show_default=False)
+        default = typer.Option(
+            None, *flags, help=f"{option.help} (e.g. {option.example})", metavar="VALUE", show_default=False
+        )
         annotation = str | None
-    return inspect.Parameter(_PREFIX + option.field, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=annotation)
+    return inspect.Parameter(
+        _PREFIX + option.field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
 
 
 MODEL_HELP = "Hub id, short name (llama-3.1-8b), config.json or model folder."
 
 
 def request_command(
-    body: Callable[..., None], extra: list[inspect.Parameter], doc: str, *,
+    body: Callable[..., None],
+    extra: list[inspect.Parameter],
+    doc: str,
+    *,
     first: tuple[str, str] = ("model", MODEL_HELP),
 ) -> Callable[..., None]:
     """A typer command: MODEL (or ``first``: name, help), then key=value words, the option flags, and the
@@ -48,15 +52,27 @@ def request_command(
     ``body(model, pairs, **extra)`` gets the options as (key, text) pairs in the order given.
     """
     params = [
-        inspect.Parameter(first[0], inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
-                          default=typer.Argument(..., help=first[1])),
-        inspect.Parameter("words", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[str] | None,
-                          default=typer.Argument(None, metavar="[KEY=VALUE]...",
-                                                 help="Options written as in /tune: tokens=20M seq=4k ...")),
+        inspect.Parameter(
+            first[0],
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=str,
+            default=typer.Argument(..., help=first[1]),
+        ),
+        inspect.Parameter(
+            "words",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=list[str] | None,
+            default=typer.Argument(
+                None, metavar="[KEY=VALUE]...", help="Options written as in /tune: tokens=20M seq=4k ..."
+            ),
+        ),
         *(_parameter(o) for o in OPTIONS),
-        inspect.Parameter("on_demand", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--on-demand", help="Only on-demand offers "
-                                               "(= --interruptible no).")),
+        inspect.Parameter(
+            "on_demand",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, "--on-demand", help="Only on-demand offers (= --interruptible no)."),
+        ),
         *extra,
     ]
 

@@ -156,7 +156,13 @@ class AuditEntry(BaseModel):
     at: datetime
     actor: str  # a user id, or "engine" for what the bot did on its own (budget, idle, price stops)
     action: Literal[
-        "launched", "approved", "rejected", "cancelled", "stopped", "deleted volume", "kept volume",
+        "launched",
+        "approved",
+        "rejected",
+        "cancelled",
+        "stopped",
+        "deleted volume",
+        "kept volume",
         "set budget",
     ]
     job_id: str | None = None

@@ -66,8 +66,11 @@ def record_run(eng: EngineContext, job: Job, event: RunnerEvent) -> bool:
     request = dict(job.request or {})
     # After an out-of-memory back-off (runner/oom.py) the run measured another configuration than the
     # request's: record the one that ran, so the planner is compared with what it would have said for it.
-    for key, field, cast in (("micro_batch_size", "batch_size", int), ("grad_accum", "grad_accum", int),
-                             ("gradient_checkpointing", "gradient_checkpointing", bool)):
+    for key, field, cast in (
+        ("micro_batch_size", "batch_size", int),
+        ("grad_accum", "grad_accum", int),
+        ("gradient_checkpointing", "gradient_checkpointing", bool),
+    ):
         if metrics.get(key) is not None:
             request[field] = cast(metrics[key])
     try:

@@ -49,16 +49,20 @@ class Choice:
     within_cap: bool
 
 
-def choose(failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float, done: float,
-           limit: float) -> Choice:
+def choose(
+    failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float, done: float, limit: float
+) -> Choice:
     """The cheapest offer with more memory per GPU than `failed`, with the same GPU count, and whether the
     job's projected total there (spent so far + the rest of the run at that offer) stays within what was
     accepted."""
     floor = memory_per_gpu(failed)
     count = int(failed.get("gpu_count") or 1)
     bigger = sorted(
-        (o for o in offers
-         if memory_per_gpu(o) > floor and int(o.get("gpu_count") or 1) == count and o.get("fits", True)),
+        (
+            o
+            for o in offers
+            if memory_per_gpu(o) > floor and int(o.get("gpu_count") or 1) == count and o.get("fits", True)
+        ),
         key=lambda o: float(o.get("total_cost") or 0.0),
     )
     if not bigger:
@@ -70,8 +74,10 @@ def choose(failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float
 
 def _where(offer: dict[str, Any]) -> str:
     kind = "spot" if offer.get("interruptible") else "on-demand"
-    return (f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind}, "
-            f"{memory_per_gpu(offer):.0f} GB per GPU)")
+    return (
+        f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind}, "
+        f"{memory_per_gpu(offer):.0f} GB per GPU)"
+    )
 
 
 def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
@@ -82,54 +88,91 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
         if job is None or job.state != S.RUNNING:
             return False
         spent = job_spend(s, job_id, now)
-        choice = choose(dict(job.offer or {}), list(job.offers or []), spent=spent,
-                        done=approval.done_fraction(job), limit=approval.ceiling(job))
+        choice = choose(
+            dict(job.offer or {}),
+            list(job.offers or []),
+            spent=spent,
+            done=approval.done_fraction(job),
+            limit=approval.ceiling(job),
+        )
         failed = _where(dict(job.offer or {}))
         why = said or job.message or "out of GPU memory at micro-batch 1 with activation checkpointing"
     happened = f"Job {job_id} ran out of GPU memory on {failed} even after backing off ({why})."
     if choice.offer is None:
-        finish(eng, job_id, S.FAILED, reason="out of memory",
-               message=f"{happened} No offer of this estimate has more memory per GPU: try method=qlora, "
-                       "more GPUs, or a shorter seq.")
+        finish(
+            eng,
+            job_id,
+            S.FAILED,
+            reason="out of memory",
+            message=f"{happened} No offer of this estimate has more memory per GPU: try method=qlora, "
+            "more GPUs, or a shorter seq.",
+        )
         return True
-    cost_note = (f"expected total {money(choice.cost)} (spent {money(spent)} so far + "
-                 f"{money(float(choice.offer.get('total_cost') or 0.0))} there)")
-    cap_note = (f"{money(choice.limit)} accepted" + (f" (cap {money(job.max_cost)})" if job.max_cost else "")
-                if math.isfinite(choice.limit) else "no cap")
+    cost_note = (
+        f"expected total {money(choice.cost)} (spent {money(spent)} so far + "
+        f"{money(float(choice.offer.get('total_cost') or 0.0))} there)"
+    )
+    cap_note = (
+        f"{money(choice.limit)} accepted" + (f" (cap {money(job.max_cost)})" if job.max_cost else "")
+        if math.isfinite(choice.limit)
+        else "no cap"
+    )
     # The bigger offer becomes the job's offer (what a launch rents without asking again, engine/launch.py):
     # here it was checked against what was accepted, as approval.py checks any other offer.
     fields = {"offer": choice.offer, "offers": choice.bigger, "outcome": None, "message": None}
     if choice.within_cap:
         with eng.session() as s:
-            moved = S.transition(s, job_id, S.RUNNING, S.RECOVERING, actor="engine", now=now,
-                                 reason="out of memory", **fields)
+            moved = S.transition(
+                s, job_id, S.RUNNING, S.RECOVERING, actor="engine", now=now, reason="out of memory", **fields
+            )
         if not moved:
             return False
         _close(eng, job_id)
-        eng.publish(EngineEventKind.out_of_memory, job_id,
-                    f"{happened} Relaunching on {_where(choice.offer)} from the last checkpoint: "
-                    f"{cost_note}, within the {cap_note}.", reason="out of memory",
-                    estimated_cost=choice.cost)
+        eng.publish(
+            EngineEventKind.out_of_memory,
+            job_id,
+            f"{happened} Relaunching on {_where(choice.offer)} from the last checkpoint: "
+            f"{cost_note}, within the {cap_note}.",
+            reason="out of memory",
+            estimated_cost=choice.cost,
+        )
         relaunch(eng, job_id, actor="engine")
         return True
     with eng.session() as s:
         asked = S.transition(
-            s, job_id, S.RUNNING, S.PENDING_APPROVAL, actor="engine", now=now, reason="out of memory",
-            approved_by=None, estimated_cost=round(choice.cost, 6), provider=choice.offer["provider"],
-            gpu=choice.offer["gpu"], gpu_count=choice.offer.get("gpu_count"),
+            s,
+            job_id,
+            S.RUNNING,
+            S.PENDING_APPROVAL,
+            actor="engine",
+            now=now,
+            reason="out of memory",
+            approved_by=None,
+            estimated_cost=round(choice.cost, 6),
+            provider=choice.offer["provider"],
+            gpu=choice.offer["gpu"],
+            gpu_count=choice.offer.get("gpu_count"),
             interruptible=bool(choice.offer.get("interruptible")),
-            price_per_hour=float(choice.offer.get("price_per_hour") or 0.0), **fields)
+            price_per_hour=float(choice.offer.get("price_per_hour") or 0.0),
+            **fields,
+        )
     if not asked:
         return False
     _close(eng, job_id)
-    eng.publish(EngineEventKind.out_of_memory, job_id,
-                f"{happened} The cheapest GPU with more memory is {_where(choice.offer)}: {cost_note}, above "
-                f"the {cap_note}. Approve to relaunch there from the last checkpoint, or cancel.",
-                reason="out of memory", estimated_cost=choice.cost)
-    eng.publish(EngineEventKind.approval_needed, job_id,
-                f"Job {job_id} needs a bigger GPU: {money(choice.cost)} expected in all, above the "
-                f"{cap_note}.",
-                estimated_cost=choice.cost)
+    eng.publish(
+        EngineEventKind.out_of_memory,
+        job_id,
+        f"{happened} The cheapest GPU with more memory is {_where(choice.offer)}: {cost_note}, above "
+        f"the {cap_note}. Approve to relaunch there from the last checkpoint, or cancel.",
+        reason="out of memory",
+        estimated_cost=choice.cost,
+    )
+    eng.publish(
+        EngineEventKind.approval_needed,
+        job_id,
+        f"Job {job_id} needs a bigger GPU: {money(choice.cost)} expected in all, above the {cap_note}.",
+        estimated_cost=choice.cost,
+    )
     return True
 
 

@@ -53,8 +53,10 @@ _hub_lock = threading.Lock()
 
 def is_hub_id(base_model: str) -> bool:
     """A Hugging Face repo id (not a path or a URI): the runner downloads it from the Hub."""
-    return "://" not in base_model and not base_model.startswith(("/", ".", "~")) and bool(
-        HUB_ID.match(base_model)
+    return (
+        "://" not in base_model
+        and not base_model.startswith(("/", ".", "~"))
+        and bool(HUB_ID.match(base_model))
     )
 
 

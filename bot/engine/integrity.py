@@ -82,8 +82,9 @@ def _stored_master(ctx: EngineContext) -> bytes:
     with ctx.session() as s:
         row = s.get(BotSecret, MASTER_NAME)
         if row is None:  # first use: made once; replicas starting together converge on one row
-            stmt = insert_for(s, BotSecret).values(name=MASTER_NAME, value=secrets.token_hex(32),
-                                                   created_at=ctx.now())
+            stmt = insert_for(s, BotSecret).values(
+                name=MASTER_NAME, value=secrets.token_hex(32), created_at=ctx.now()
+            )
             s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
             s.commit()
             row = s.get(BotSecret, MASTER_NAME)
@@ -153,8 +154,11 @@ def _https_on(url: str, hosts: Iterable[str]) -> bool:
     except ValueError:
         return False
     host = (parts.hostname or "").lower()
-    return parts.scheme == "https" and not parts.username and any(
-        host == h or host.endswith("." + h) for h in hosts)
+    return (
+        parts.scheme == "https"
+        and not parts.username
+        and any(host == h or host.endswith("." + h) for h in hosts)
+    )
 
 
 def check_links(event: RunnerEvent, expected: Expected) -> tuple[RunnerEvent, int]:
@@ -228,8 +232,14 @@ def report_refused(ctx: EngineContext, job_id: str, refused: Counter[str]) -> No
         ).first()
         if told is not None:
             return
-        S.audit(s, actor="engine", action="runner-data-refused", job_id=job_id, at=ctx.now(),
-                refused=dict(refused))
+        S.audit(
+            s,
+            actor="engine",
+            action="runner-data-refused",
+            job_id=job_id,
+            at=ctx.now(),
+            refused=dict(refused),
+        )
         s.commit()
     ctx.publish(
         EngineEventKind.warning,

@@ -224,8 +224,7 @@ def create(
         job_id,
         f"Job {job_id} created: {request.model} on "
         f"{chosen.provider} {chosen.gpu} at {money(chosen.price_per_hour)}/h, estimated "
-        f"{money(chosen.total_cost)}, cap {money(cap)}."
-        + "".join(f" Note: {n}." for n in checked.notes),
+        f"{money(chosen.total_cost)}, cap {money(cap)}." + "".join(f" Note: {n}." for n in checked.notes),
         job=job,
         estimated_cost=chosen.total_cost,
         max_cost=cap,

@@ -183,8 +183,10 @@ def unscoped_note(eng: EngineContext) -> str:
     base = eng.settings.checkpoint_base_uri or ""
     if not base.startswith("s3://") or choose(eng.settings)[0] is not Mode.static:
         return ""
-    return (" Storage is not scoped per job (TUNEBOT_STORAGE_CREDENTIALS, docs/security.md): this job's host "
-            "holds keys to every job's data.")
+    return (
+        " Storage is not scoped per job (TUNEBOT_STORAGE_CREDENTIALS, docs/security.md): this job's host "
+        "holds keys to every job's data."
+    )
 
 
 def candidate_offers(job: Job, *, avoid: str | set[str] | None = None) -> list[dict[str, Any]]:
@@ -629,7 +631,13 @@ def _no_credentials(eng: EngineContext, job_id: str, actor: str, problem: str) -
     message = f"launch failed: the runner's storage credentials could not be made: {problem}"[:1000]
     with eng.session() as s:
         S.transition(
-            s, job_id, S.LAUNCHING, S.RECOVERING, actor=actor, now=eng.now(), reason="storage credentials",
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.RECOVERING,
+            actor=actor,
+            now=eng.now(),
+            reason="storage credentials",
             message=message,
         )
     log.warning("launch of %s: %s", job_id, message)

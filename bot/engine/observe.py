@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # reclaim that came before the runner's handler was installed, or after its grace) - all worth a relaunch.
 PREEMPTED_EXIT_CODES = frozenset({EXIT_PREEMPTED, EXIT_CREDENTIALS, 128 + 15, 128 + 9})
 
+
 def observe(eng: EngineContext, row: InstanceRow) -> tuple[str, int | None]:
     """Ask the provider: (verdict, exit code), verdict running|provisioning|unknown|preempted|exited|gone.
 

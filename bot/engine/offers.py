@@ -82,9 +82,7 @@ def for_this_engine(
     return estimate.model_copy(update={"offers": offers, "assumptions": assumptions})
 
 
-def price_list(
-    settings: Settings, providers: Mapping[str, Provider], *, gpu: str | None = None
-) -> PriceList:
+def price_list(settings: Settings, providers: Mapping[str, Provider], *, gpu: str | None = None) -> PriceList:
     """Every cloud's offers from the same source as ``priced_estimate``: live from the clouds configured here
     (within TUNEBOT_CATALOG_DEADLINE), every other cloud from its dated snapshot with a note saying so."""
     from bot.engine.api import PriceList

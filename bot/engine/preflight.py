@@ -152,13 +152,19 @@ def check_image(
                     query.setdefault("scope", f"repository:{ref.repository}:pull")
                     got = http.get(params["realm"], params=query, auth=basic)
                     if got.status_code in (401, 403) and basic is not None:
-                        return Check(False, f"the registry {ref.registry} rejected the credentials "
-                                            f"TUNEBOT_REGISTRY_USERNAME / TUNEBOT_REGISTRY_PASSWORD ({how}): "
-                                            f"fix them, or unset them to pull anonymously. {NOTHING_RENTED}")
+                        return Check(
+                            False,
+                            f"the registry {ref.registry} rejected the credentials "
+                            f"TUNEBOT_REGISTRY_USERNAME / TUNEBOT_REGISTRY_PASSWORD ({how}): "
+                            f"fix them, or unset them to pull anonymously. {NOTHING_RENTED}",
+                        )
                     if got.status_code in (401, 403):
-                        return Check(False, f"the registry {ref.registry} wants a login to pull {image}, and "
-                                            "hosts pull anonymously: make the image public (or set "
-                                            "TUNEBOT_RUNNER_IMAGE to a public one). " + NOTHING_RENTED)
+                        return Check(
+                            False,
+                            f"the registry {ref.registry} wants a login to pull {image}, and "
+                            "hosts pull anonymously: make the image public (or set "
+                            "TUNEBOT_RUNNER_IMAGE to a public one). " + NOTHING_RENTED,
+                        )
                     got.raise_for_status()
                     body = got.json()
                     token = body.get("token") or body.get("access_token")
@@ -197,9 +203,12 @@ def _image_size(http: httpx.Client, ref: ImageRef, headers: dict[str, str]) -> f
         doc = http.get(f"{base}/{ref.reference}", headers=headers).json()
         if doc.get("manifests"):  # an index: the linux/amd64 image
             pick = next(
-                (m for m in doc["manifests"]
-                 if (m.get("platform") or {}).get("architecture") == "amd64"
-                 and (m.get("platform") or {}).get("os") == "linux"),
+                (
+                    m
+                    for m in doc["manifests"]
+                    if (m.get("platform") or {}).get("architecture") == "amd64"
+                    and (m.get("platform") or {}).get("os") == "linux"
+                ),
                 doc["manifests"][0],
             )
             doc = http.get(f"{base}/{pick['digest']}", headers=headers).json()
@@ -255,8 +264,11 @@ def check_hub_model(
     if code == "EntryNotFound":
         return Check(False, f"{repo_id} has no config.json: the runner cannot load it. {NOTHING_RENTED}")
     if resp.status_code in (401, 403):
-        return Check(False, f"the Hub rejected HF_TOKEN (HTTP {resp.status_code}) for {repo_id}: set a valid "
-                            f"token. {NOTHING_RENTED}")
+        return Check(
+            False,
+            f"the Hub rejected HF_TOKEN (HTTP {resp.status_code}) for {repo_id}: set a valid "
+            f"token. {NOTHING_RENTED}",
+        )
     return Check(None, f"the Hub answered HTTP {resp.status_code} for {repo_id}")
 
 

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
 
 log = logging.getLogger(__name__)
 
+
 def read_progress(uri: str) -> list[RunnerEvent]:
     """Read the runner's progress object (missing or half-written = nothing new this time)."""
     raw = read_raw(uri)

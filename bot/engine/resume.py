@@ -41,8 +41,10 @@ def why_not_resumable(job: Job) -> str | None:
         return None
     if job.state == S.SUCCEEDED or job.state == S.STOPPED:  # finished, or stopped on a loss plateau
         where = f" (output: {job.output_uri})" if job.output_uri else ""
-        return (f"job {job.id} {'finished' if job.state == S.SUCCEEDED else 'stopped on a loss plateau'}"
-                f"{where}: nothing to resume; `clone {job.id} key=value ...` trains again with changes")
+        return (
+            f"job {job.id} {'finished' if job.state == S.SUCCEEDED else 'stopped on a loss plateau'}"
+            f"{where}: nothing to resume; `clone {job.id} key=value ...` trains again with changes"
+        )
     if job.state == S.CANCELLED:
         return f"job {job.id} was cancelled before it ran: `clone {job.id}` launches it again"
     return f"job {job.id} is {job.state}: only a stopped or failed job can be resumed"
@@ -151,9 +153,19 @@ def resume(
             last_checkpoint_step=checkpoint.step if checkpoint else None,
         )
         if ok:
-            S.audit(s, actor=user, action="resume", job_id=job_id, at=now, previous_state=job.state,
-                    previous_cap=job.max_cost, max_cost=cap, spent=job.spend, needs_approval=needs_approval,
-                    checkpoint=checkpoint.uri if checkpoint else None)
+            S.audit(
+                s,
+                actor=user,
+                action="resume",
+                job_id=job_id,
+                at=now,
+                previous_state=job.state,
+                previous_cap=job.max_cost,
+                max_cost=cap,
+                spent=job.spend,
+                needs_approval=needs_approval,
+                checkpoint=checkpoint.uri if checkpoint else None,
+            )
             s.commit()
     if not ok:  # resumed or changed by someone else meanwhile
         current = jobs.view(ctx, job_id)

@@ -42,9 +42,14 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
 
 log = logging.getLogger(__name__)
 
-TERMINAL = {EventKind.finished.value, EventKind.plateau.value, EventKind.failed.value,
-            EventKind.out_of_memory.value}
+TERMINAL = {
+    EventKind.finished.value,
+    EventKind.plateau.value,
+    EventKind.failed.value,
+    EventKind.out_of_memory.value,
+}
 MEASURED = {EventKind.finished.value, EventKind.plateau.value}  # runs whose metrics teach the planner
+
 
 def token_ok(job: Job, token: str | None) -> bool:
     if not token or not job.token_hash:
@@ -247,6 +252,7 @@ def _outcome_note(e: RunnerEvent) -> str | None:
     if e.message and not e.message.startswith("stopped: the loss"):
         notes.append(e.message)
     return "; ".join(notes)[:1000] or None
+
 
 _PROGRESS_COLUMNS = (
     Job.id,

@@ -177,4 +177,3 @@ def _finished(job: Job, instances: list[Instance], now: float) -> FinishedJob:
         estimated_hours=job.estimated_hours,
         actual_hours=round(sum(billed_seconds(i, now) for i in instances) / 3600, 4),
     )
-

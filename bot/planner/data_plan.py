@@ -26,8 +26,13 @@ from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DataPlan
 
 MAX_EXACT_RECORDS = 5_000  # tokenized one by one; beyond, a sample is and the rest scale by characters
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 MAX_TOKENIZER_FILE_BYTES = 64 * 2**20  # Gemma's tokenizer.json, the largest common one, is ~34 MB
 
 
@@ -47,8 +52,10 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
     # a dataset larger than the sample is counted by tokens.py's approximation, scaled from its sample.
     reader = LineReader(req.dataset, dataset_limits().with_records(None))
     try:
-        records = [(line, parse_record(text, DatasetFormat(fmt), uri=req.dataset, line=line))
-                   for line, text in reader]
+        records = [
+            (line, parse_record(text, DatasetFormat(fmt), uri=req.dataset, line=line))
+            for line, text in reader
+        ]
     except DatasetError as exc:
         raise BadRequestError(str(exc)) from None
     if reader.stopped is not None:
@@ -56,8 +63,11 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
     if not records:
         raise BadRequestError(f"dataset {req.dataset} has no examples")
     n = len(records)
-    exact = set(range(n)) if n <= MAX_EXACT_RECORDS else {i * n // MAX_EXACT_RECORDS
-                                                           for i in range(MAX_EXACT_RECORDS)}
+    exact = (
+        set(range(n))
+        if n <= MAX_EXACT_RECORDS
+        else {i * n // MAX_EXACT_RECORDS for i in range(MAX_EXACT_RECORDS)}
+    )
     stats = DataStats()
     lengths: list[int | None] = []
     sampled: list[tuple[int, int]] = []  # (characters, tokens before truncation)
@@ -82,8 +92,14 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
     if not kept:
         raise BadRequestError(f"dataset {req.dataset}: no usable records (none has tokens to train on)")
     train, evaluation = split(kept, req.eval_split, seed=req.seed)
-    return DataPlan(train_lengths=train, eval_lengths=evaluation, records=n, tokenized=len(exact),
-                    truncated=stats.truncated, dropped=stats.dropped)
+    return DataPlan(
+        train_lengths=train,
+        eval_lengths=evaluation,
+        records=n,
+        tokenized=len(exact),
+        truncated=stats.truncated,
+        dropped=stats.dropped,
+    )
 
 
 def _characters(record: Any) -> int:

@@ -38,8 +38,17 @@ class GPU:
 
 
 def _gpu(
-    name: str, label: str, mib: int, bw: float, dense: float, matmul: float, kind: str, *, pcie: int,
-    nvlink: float = 0.0, p2p: bool = True,
+    name: str,
+    label: str,
+    mib: int,
+    bw: float,
+    dense: float,
+    matmul: float,
+    kind: str,
+    *,
+    pcie: int,
+    nvlink: float = 0.0,
+    p2p: bool = True,
 ) -> GPU:
     """A card from its spec sheet: ``nvlink`` GB/s per GPU (0: none, the peers talk over PCIe gen ``pcie``,
     directly or, without ``p2p``, through host memory)."""

@@ -51,8 +51,15 @@ def forward_share(arch: Architecture, req: EstimateRequest) -> float:
 class RunTime:
     """The steps and time of one request on any (GPU, count): the data is counted once, lengths per count."""
 
-    def __init__(self, arch: Architecture, req: EstimateRequest, *, tokens: int, token_source: str,
-                 data: DataPlan | None) -> None:
+    def __init__(
+        self,
+        arch: Architecture,
+        req: EstimateRequest,
+        *,
+        tokens: int,
+        token_source: str,
+        data: DataPlan | None,
+    ) -> None:
         self.arch, self.req, self.tokens, self.token_source, self.data = arch, req, tokens, token_source, data
         self._lengths: dict[int, Any] = {}
 
@@ -70,10 +77,12 @@ class RunTime:
         if length is not None and length.steps_per_epoch == 0:
             raise BadRequestError(
                 f"the dataset makes {length.epoch.micro_batches} micro-batches, fewer than grad_accum x GPUs "
-                f"({self.req.grad_accum} x {gpus}): not one optimizer step; add data or lower grad_accum")
+                f"({self.req.grad_accum} x {gpus}): not one optimizer step; add data or lower grad_accum"
+            )
 
-    def timing(self, device: GPU, gpus: int,
-               correct: Callable[[SpeedResult], SpeedResult] = lambda s: s) -> Timing:
+    def timing(
+        self, device: GPU, gpus: int, correct: Callable[[SpeedResult], SpeedResult] = lambda s: s
+    ) -> Timing:
         req, arch = self.req, self.arch
         length = self.length(gpus)
         if length is not None:
@@ -98,8 +107,9 @@ class RunTime:
         evals, eval_tokens, eval_seconds = 0, 0, 0.0
         if length is not None and length.evaluations:
             evals, eval_tokens = length.evaluations, length.eval_pass.real
-            ereq = req.model_copy(update={"seq_len": length.eval_pass.width, "gradient_checkpointing": False,
-                                          "grad_accum": 1})
+            ereq = req.model_copy(
+                update={"seq_len": length.eval_pass.width, "gradient_checkpointing": False, "grad_accum": 1}
+            )
             micro = correct(estimate_speed(arch, ereq, device, gpus)).micro_step_seconds
             eval_seconds = evals * length.eval_pass.micro_batches * micro * forward_share(arch, ereq)
         return Timing(

@@ -415,8 +415,9 @@ def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> floa
     return 2.0 * n
 
 
-def _optimizer_step_bytes(arch: Architecture, req: EstimateRequest, trainable: int, param_bytes: float,
-                          shard: float) -> float:
+def _optimizer_step_bytes(
+    arch: Architecture, req: EstimateRequest, trainable: int, param_bytes: float, shard: float
+) -> float:
     """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing)."""
     step_temp = 0.0
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
@@ -433,8 +434,9 @@ def _optimizer_step_bytes(arch: Architecture, req: EstimateRequest, trainable: i
     return step_temp
 
 
-def _trained_state(arch: Architecture, req: EstimateRequest, n_gpus: int, trainable: int,
-                   offloaded: dict[str, float]) -> _TrainedState:
+def _trained_state(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, trainable: int, offloaded: dict[str, float]
+) -> _TrainedState:
     """Weights, adapters, gradients and optimizer states per GPU (sharded; paged states offloaded)."""
     shard = float(n_gpus) if n_gpus > 1 else 1.0
     weights = _weight_bytes(arch, req, n_gpus) / shard
@@ -457,8 +459,9 @@ def _trained_state(arch: Architecture, req: EstimateRequest, n_gpus: int, traina
     return _TrainedState(weights, adapters, grads, optimizer, step_temp, param_bytes, state_bytes)
 
 
-def _step_tensors(arch: Architecture, req: EstimateRequest, n_gpus: int,
-                  offloaded: dict[str, float]) -> _StepTensors:
+def _step_tensors(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, offloaded: dict[str, float]
+) -> _StepTensors:
     """Activations, the loss path and the forward's temporaries, per GPU (FSDP does not shard them)."""
     tokens = req.batch_size * req.seq_len
     per_layer = _activation_bytes_per_token_layer(arch, req, n_gpus) * tokens
@@ -490,20 +493,28 @@ def _step_tensors(arch: Architecture, req: EstimateRequest, n_gpus: int,
     return _StepTensors(per_layer, stored, block_casts, logits, transient)
 
 
-def _add_fsdp(arch: Architecture, req: EstimateRequest, n_gpus: int, coef: MemoryCoefficients,
-              state: _TrainedState, offloaded: dict[str, float]) -> None:
+def _add_fsdp(
+    arch: Architecture,
+    req: EstimateRequest,
+    n_gpus: int,
+    coef: MemoryCoefficients,
+    state: _TrainedState,
+    offloaded: dict[str, float],
+) -> None:
     """FSDP's gathered units and frozen gradients on top of the shards; CPU offload moves the shards off."""
     fsdp = fsdp_terms(arch, req, n_gpus, coef)
     state.weights += fsdp["gathered"]
     state.grads += fsdp["frozen_gradients"]
     if req.fsdp_cpu_offload:
-        offloaded["sharded weights, gradients and optimizer (CPU)"] = state.weights - fsdp["gathered"] \
-            + state.grads + state.optimizer
+        offloaded["sharded weights, gradients and optimizer (CPU)"] = (
+            state.weights - fsdp["gathered"] + state.grads + state.optimizer
+        )
         state.weights, state.grads, state.optimizer, state.adapters = fsdp["gathered"], 0.0, 0.0, 0.0
 
 
-def _phases(arch: Architecture, req: EstimateRequest, n_gpus: int, state: _TrainedState,
-            step: _StepTensors) -> dict[str, dict[str, float]]:
+def _phases(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, state: _TrainedState, step: _StepTensors
+) -> dict[str, dict[str, float]]:
     """The moments of a step that compete for the peak, each as gradients, activations, logits (and the
     optimizer step's temporaries)."""
     full = req.method == "full"
@@ -524,10 +535,14 @@ def _phases(arch: Architecture, req: EstimateRequest, n_gpus: int, state: _Train
     # one block's working set are never alive together.
     phases = {
         "start of backward": {
-            "gradients": persistent_grads, "activations": step.stored, "logits": step.logits
+            "gradients": persistent_grads,
+            "activations": step.stored,
+            "logits": step.logits,
         },
         "end of backward": {
-            "gradients": grads, "activations": step.per_layer + step.block_casts, "logits": 0.0
+            "gradients": grads,
+            "activations": step.per_layer + step.block_casts,
+            "logits": 0.0,
         },
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": state.step_temp},
     }
@@ -571,8 +586,9 @@ def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag:
     }
 
 
-def _load_phase(arch: Architecture, req: EstimateRequest, n_gpus: int, weights: float,
-                breakdown: dict[str, float]) -> bool:
+def _load_phase(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, weights: float, breakdown: dict[str, float]
+) -> bool:
     """QLoRA on one GPU: quantizing on the GPU can reserve more than the training step ever allocates; the
     step then runs inside that reservation (the caching allocator keeps it), shown as allocator. True when it
     does."""

@@ -186,8 +186,13 @@ def rank_offers(
     costs = _costs(job, cols, [p[2] if p[2] is not None else 0.0 for p in per])
     pair_cat = {key: _pair_category(pair, key, job, gpus=gpus, gpu=gpu) for key, pair in pairs.items()}
     category = _offer_categories(
-        [pair_cat[k] for k in keys], cols["spot"], disk_col, costs.total, job,
-        interruptible=interruptible, max_cost=max_cost,
+        [pair_cat[k] for k in keys],
+        cols["spot"],
+        disk_col,
+        costs.total,
+        job,
+        interruptible=interruptible,
+        max_cost=max_cost,
     )
     fit_idx = sorted((i for i in range(n) if category[i] == FITS), key=costs.total.__getitem__)
     labels = _labels(fit_idx, costs, cols["spot"], cols["rel"])

@@ -31,8 +31,10 @@ class DataPlan:
     def source(self) -> str:
         if self.tokenized >= self.records:
             return "runner's tokenizer, template and packing"
-        return (f"runner's tokenizer on {self.tokenized:,} of {self.records:,} records, the rest scaled by "
-                "their characters")
+        return (
+            f"runner's tokenizer on {self.tokenized:,} of {self.records:,} records, the rest scaled by "
+            "their characters"
+        )
 
     def length(self, req: EstimateRequest, processes: int) -> Any:
         """runner.steps.RunLength of this data for ``req`` on ``processes`` GPUs."""
@@ -42,14 +44,30 @@ class DataPlan:
         key = (req.seq_len, req.batch_size, req.packing, req.seed)
         if key not in self._plans:  # the batch plans do not depend on the GPU count: made once
             self._plans[key] = tuple(
-                plan_batches(lengths, seq_len=req.seq_len, micro_batch_size=req.batch_size,
-                             packing=req.packing, seed=req.seed, epoch=0)
-                for lengths in (self.train_lengths, self.eval_lengths))
-        return run_length(self.train_lengths, self.eval_lengths, seq_len=req.seq_len,
-                          micro_batch_size=req.batch_size, grad_accum=req.grad_accum, processes=processes,
-                          packing=req.packing, seed=req.seed, epochs=req.epochs, max_steps=req.max_steps,
-                          plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience),
-                          plans=self._plans[key])
+                plan_batches(
+                    lengths,
+                    seq_len=req.seq_len,
+                    micro_batch_size=req.batch_size,
+                    packing=req.packing,
+                    seed=req.seed,
+                    epoch=0,
+                )
+                for lengths in (self.train_lengths, self.eval_lengths)
+            )
+        return run_length(
+            self.train_lengths,
+            self.eval_lengths,
+            seq_len=req.seq_len,
+            micro_batch_size=req.batch_size,
+            grad_accum=req.grad_accum,
+            processes=processes,
+            packing=req.packing,
+            seed=req.seed,
+            epochs=req.epochs,
+            max_steps=req.max_steps,
+            plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience),
+            plans=self._plans[key],
+        )
 
 
 @dataclass(frozen=True)

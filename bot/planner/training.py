@@ -31,12 +31,16 @@ def training_plan(
 ) -> TrainingPlan:
     """The plan for ``req`` on this model: its hub id, its own LoRA module names, the data's format (as
     read: inputs.PlanInputs.dataset_format)."""
-    return training_plan_without_model(req).model_copy(update={
-        "base_model": arch.name,
-        "dataset_format": dataset_format if req.dataset else None,
-        "lora_targets": "all-linear" if req.method == "full" else resolved_targets(arch, req.lora_targets),
-        "sharding": sharding,
-    })
+    return training_plan_without_model(req).model_copy(
+        update={
+            "base_model": arch.name,
+            "dataset_format": dataset_format if req.dataset else None,
+            "lora_targets": "all-linear"
+            if req.method == "full"
+            else resolved_targets(arch, req.lora_targets),
+            "sharding": sharding,
+        }
+    )
 
 
 def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
@@ -46,20 +50,40 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     if plan.method != "full":
         targets = as_text(plan.lora_targets)
-        pairs.append(("LoRA", f"r {plan.lora_r}, alpha {plan.lora_alpha}, dropout {plan.lora_dropout:g}, "
-                              f"targets {targets}"))
+        pairs.append(
+            (
+                "LoRA",
+                f"r {plan.lora_r}, alpha {plan.lora_alpha}, dropout {plan.lora_dropout:g}, targets {targets}",
+            )
+        )
     if plan.method == "full":
-        pairs.append(("precision", {"mixed": "mixed (fp32 master weights, bf16 compute)", "bf16": "pure bf16",
-                                    "fp32": "fp32"}.get(plan.precision, plan.precision)))
+        pairs.append(
+            (
+                "precision",
+                {
+                    "mixed": "mixed (fp32 master weights, bf16 compute)",
+                    "bf16": "pure bf16",
+                    "fp32": "fp32",
+                }.get(plan.precision, plan.precision),
+            )
+        )
     decay = f", weight decay {plan.weight_decay:g}" if plan.weight_decay else ""
-    pairs.append(("learning rate", f"{plan.learning_rate:g} {plan.lr_scheduler}, "
-                                   f"warmup {plan.warmup_ratio:.0%}{decay}"))
-    length = (f"{plan.max_steps} steps (steps=: the data repeats or is cut to fit)" if plan.max_steps
-              else f"{plan.epochs:g} epoch(s)")
+    pairs.append(
+        (
+            "learning rate",
+            f"{plan.learning_rate:g} {plan.lr_scheduler}, warmup {plan.warmup_ratio:.0%}{decay}",
+        )
+    )
+    length = (
+        f"{plan.max_steps} steps (steps=: the data repeats or is cut to fit)"
+        if plan.max_steps
+        else f"{plan.epochs:g} epoch(s)"
+    )
     pairs.append(("length", length))
     gpus = f" x {plan.gpus} GPUs ({plan.sharding})" if plan.gpus > 1 else ""
-    pairs.append(("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum "
-                           f"{plan.grad_accum}{gpus}"))
+    pairs.append(
+        ("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum {plan.grad_accum}{gpus}")
+    )
     split = f", eval split {plan.eval_split:.0%}" if plan.eval_split else ", no eval split"
     pairs.append(("data", (plan.dataset_format or "none yet") + split))
     plateau = f"on ({plan.plateau_on}, patience {plan.plateau_patience})" if plan.plateau else "off"

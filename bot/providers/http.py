@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json sti
     def _canonical(value: Any) -> bytes:
         return _json.dumps(value, sort_keys=True, default=str).encode()
 
+
 log = logging.getLogger("tunebot.providers.http")
 
 # A provider-specific translator sees every non-2xx response (and 2xx ones via ``check``) first.

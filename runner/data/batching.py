@@ -38,8 +38,17 @@ class Batch(dict[str, torch.Tensor]):
 class Batches(Sequence[Batch]):
     """The batches of one epoch; tensors are built on access, identical for the same (seed, epoch)."""
 
-    def __init__(self, examples: Sequence[Example], plan: Plan, *, seq_len: int, packing: bool, attn: str,
-                 pad_id: int, mask_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        plan: Plan,
+        *,
+        seq_len: int,
+        packing: bool,
+        attn: str,
+        pad_id: int,
+        mask_dtype: torch.dtype,
+    ) -> None:
         self._examples = examples
         self.plan = plan
         self.seq_len = seq_len
@@ -59,15 +68,23 @@ class Batches(Sequence[Batch]):
 
     def __getitem__(self, index: int | slice) -> Batch | Batches:
         if isinstance(index, slice):
-            return Batches(self._examples, self.plan[index], seq_len=self.seq_len, packing=self.packing,
-                           attn=self.attn, pad_id=self.pad_id, mask_dtype=self.mask_dtype)
+            return Batches(
+                self._examples,
+                self.plan[index],
+                seq_len=self.seq_len,
+                packing=self.packing,
+                attn=self.attn,
+                pad_id=self.pad_id,
+                mask_dtype=self.mask_dtype,
+            )
         return self._build(self.plan[index])
 
     @property
     def num_tokens(self) -> int:
         """Non-pad tokens in the whole epoch, without building any tensor."""
-        return sum(min(len(self._examples[i]), self.seq_len)
-                   for rows in self.plan for row in rows for i in row)
+        return sum(
+            min(len(self._examples[i]), self.seq_len) for rows in self.plan for row in rows for i in row
+        )
 
     def _build(self, rows: list[list[int]]) -> Batch:
         pieces = [[self._examples[i] for i in row] for row in rows]
@@ -81,11 +98,11 @@ class Batches(Sequence[Batch]):
         for r, (row, sizes) in enumerate(zip(pieces, lengths, strict=True)):
             start = 0
             for example, size in zip(row, sizes, strict=True):
-                input_ids[r, start:start + size] = torch.tensor(example.input_ids[:size])
+                input_ids[r, start : start + size] = torch.tensor(example.input_ids[:size])
                 row_labels = torch.tensor(example.labels[:size])
                 row_labels[0] = IGNORE_INDEX  # never learn across the boundary with the previous example
-                labels[r, start:start + size] = row_labels
-                position_ids[r, start:start + size] = torch.arange(size)
+                labels[r, start : start + size] = row_labels
+                position_ids[r, start : start + size] = torch.arange(size)
                 start += size
             position_ids[r, start:] = torch.arange(width - start)
             segments.append(segment_ids(sizes, width))
@@ -99,9 +116,18 @@ class Batches(Sequence[Batch]):
         return batch
 
 
-def make_batches(examples: Sequence[Example], *, seq_len: int, micro_batch_size: int, packing: bool,
-                 attn: str, seed: int, epoch: int, pad_id: int = 0,
-                 mask_dtype: torch.dtype = torch.float32) -> Batches:
+def make_batches(
+    examples: Sequence[Example],
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    packing: bool,
+    attn: str,
+    seed: int,
+    epoch: int,
+    pad_id: int = 0,
+    mask_dtype: torch.dtype = torch.float32,
+) -> Batches:
     """Plan and return the micro-batches of one epoch (see the module docstring for their contents).
 
     ``pad_id`` only fills padding (masked and ignored by the loss); ``mask_dtype`` should be the model's
@@ -119,8 +145,9 @@ def make_batches(examples: Sequence[Example], *, seq_len: int, micro_batch_size:
         plan = plan_packed(lengths, seq_len=seq_len, micro_batch_size=micro_batch_size, rng=rng)
     else:
         plan = plan_unpacked(lengths, micro_batch_size=micro_batch_size, rng=rng)
-    return Batches(examples, plan, seq_len=seq_len, packing=packing, attn=attn, pad_id=pad_id,
-                   mask_dtype=mask_dtype)
+    return Batches(
+        examples, plan, seq_len=seq_len, packing=packing, attn=attn, pad_id=pad_id, mask_dtype=mask_dtype
+    )
 
 
 def tokens_in(batches: Batch | Iterable[dict[str, torch.Tensor]]) -> int:
@@ -138,8 +165,10 @@ def _tokens_in_one(batch: dict[str, torch.Tensor]) -> int:
     mask = batch.get("attention_mask")
     if mask is not None and mask.dim() == 2:
         return int(mask.sum())
-    raise ValueError("cannot count tokens of a packed batch that is not a runner.data.Batch; "
-                     "count before moving it to the device")
+    raise ValueError(
+        "cannot count tokens of a packed batch that is not a runner.data.Batch; "
+        "count before moving it to the device"
+    )
 
 
 def label_tokens_in(batches: Batch | Iterable[dict[str, torch.Tensor]]) -> int:

@@ -18,7 +18,7 @@ def segment_ids(lengths: list[int], total: int) -> torch.Tensor:
     ids = torch.full((total,), len(lengths), dtype=torch.long)
     start = 0
     for number, length in enumerate(lengths):
-        ids[start:start + length] = number
+        ids[start : start + length] = number
         start += length
     return ids
 

@@ -24,8 +24,10 @@ def plan_unpacked(lengths: Sequence[int], *, micro_batch_size: int, rng: random.
     """Shuffle and chunk: one example per row, the last micro-batch may be short."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    return [[[i] for i in order[start:start + micro_batch_size]]
-            for start in range(0, len(order), micro_batch_size)]
+    return [
+        [[i] for i in order[start : start + micro_batch_size]]
+        for start in range(0, len(order), micro_batch_size)
+    ]
 
 
 def pack_rows(lengths: Sequence[int], *, capacity: int, rng: random.Random) -> list[Row]:
@@ -56,4 +58,4 @@ def pack_rows(lengths: Sequence[int], *, capacity: int, rng: random.Random) -> l
 
 def plan_packed(lengths: Sequence[int], *, seq_len: int, micro_batch_size: int, rng: random.Random) -> Plan:
     rows = pack_rows(lengths, capacity=seq_len, rng=rng)
-    return [rows[start:start + micro_batch_size] for start in range(0, len(rows), micro_batch_size)]
+    return [rows[start : start + micro_batch_size] for start in range(0, len(rows), micro_batch_size)]

@@ -40,21 +40,36 @@ class PreparedData:
     stats: DataStats = field(default_factory=DataStats)
 
 
-def prepare(spec: JobSpec, tokenizer: Any, *,
-            records: Iterable[tuple[int, Record]] | None = None) -> PreparedData:
+def prepare(
+    spec: JobSpec, tokenizer: Any, *, records: Iterable[tuple[int, Record]] | None = None
+) -> PreparedData:
     """Read, check, tokenize, fit to seq_len and split the dataset of ``spec`` (or the already read
     ``records``, (line, record) pairs from ``runner.records.read_records``).
 
     The eval split is a seeded shuffle of the kept examples, so a resumed run sees the same split.
     """
     uri = spec.dataset.uri
-    return prepare_records(read_records(uri, spec.dataset.format) if records is None else records, tokenizer,
-                           seq_len=spec.seq_len, overlong=spec.dataset.overlong,
-                           eval_fraction=spec.dataset.eval_fraction, seed=spec.seed, uri=uri)
+    return prepare_records(
+        read_records(uri, spec.dataset.format) if records is None else records,
+        tokenizer,
+        seq_len=spec.seq_len,
+        overlong=spec.dataset.overlong,
+        eval_fraction=spec.dataset.eval_fraction,
+        seed=spec.seed,
+        uri=uri,
+    )
 
 
-def prepare_records(records: Iterable[tuple[int, Record]], tokenizer: Any, *, seq_len: int, overlong: str,
-                    eval_fraction: float, seed: int, uri: str | None = None) -> PreparedData:
+def prepare_records(
+    records: Iterable[tuple[int, Record]],
+    tokenizer: Any,
+    *,
+    seq_len: int,
+    overlong: str,
+    eval_fraction: float,
+    seed: int,
+    uri: str | None = None,
+) -> PreparedData:
     """What ``prepare`` does once the records are read: the same function for the runner and for the
     planner, which counts with it what the runner will train (pure: no torch)."""
     stats = DataStats()
@@ -75,7 +90,8 @@ def prepare_records(records: Iterable[tuple[int, Record]], tokenizer: Any, *, se
     if not examples:
         raise DatasetError(
             f"no usable records: all {stats.records} were dropped (longer than seq_len={seq_len} "
-            f"with overlong={overlong!r}, or without tokens to train on)", uri=uri,
+            f"with overlong={overlong!r}, or without tokens to train on)",
+            uri=uri,
         )
     train, evaluation = split(examples, eval_fraction, seed=seed)
     stats.examples = len(examples)
@@ -85,8 +101,9 @@ def prepare_records(records: Iterable[tuple[int, Record]], tokenizer: Any, *, se
     return PreparedData(train=train, eval=evaluation, stats=stats)
 
 
-def fit_example(ids: list[int], labels: list[int], line: int, *, seq_len: int, overlong: str,
-                stats: DataStats) -> Example | None:
+def fit_example(
+    ids: list[int], labels: list[int], line: int, *, seq_len: int, overlong: str, stats: DataStats
+) -> Example | None:
     """Apply the overlong policy; also drop records left with nothing to learn (counted as dropped)."""
     if len(ids) > seq_len:
         if overlong == "drop":

@@ -52,7 +52,7 @@ def encode_conversation(messages: list[dict[str, str]], tokenizer: Any) -> Encod
         ids, labels = _generation_mask(tokenizer, messages)
     # Append EOS unless the template already closes the last turn with it (Llama-3 style templates do).
     eos = _eos(tokenizer)
-    if eos and eos[0] not in ids[_last_turn_start(labels, messages):]:
+    if eos and eos[0] not in ids[_last_turn_start(labels, messages) :]:
         ids = ids + eos
         labels = labels + (eos if messages[-1]["role"] == "assistant" else [IGNORE_INDEX])
     return ids, labels

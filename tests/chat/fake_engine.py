@@ -225,8 +225,9 @@ class FakeEngine:
         if user != job.owner:
             raise PermissionDenied(f"only {job.owner} or an admin can resume job {job_id}")
         cap = job.max_cost if max_cost is None else max_cost
-        self.jobs[job_id] = job = job.model_copy(update={"state": "running", "stop_reason": None,
-                                                          "max_cost": cap})
+        self.jobs[job_id] = job = job.model_copy(
+            update={"state": "running", "stop_reason": None, "max_cost": cap}
+        )
         return job
 
     def clone_request(self, job_id: str, changes: dict) -> EstimateRequest:

@@ -194,11 +194,7 @@ def test_launch_prints_the_card_then_progress_lines_then_the_final_card(engine: 
     engine.create_job = lambda request, **kw: first  # type: ignore[method-assign]
     engine.jobs["j1"] = first
     out = cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000", "--wait")
-    expected = (
-        terminal(card(first))
-        + terminal(text_reply(cards.job_line(running)))
-        + terminal(card(done))
-    )
+    expected = terminal(card(first)) + terminal(text_reply(cards.job_line(running))) + terminal(card(done))
     assert out == expected
     assert "running · meta-llama/Llama-3.1-8B qlora · step 50/400 · loss 2.500" in out
     assert "Job j1: succeeded" in out and "all done" in out
@@ -217,8 +213,9 @@ def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(engine: Cl
     assert "No tunebot supervisor is running on this job database" in out
     assert "Run tunebot serve (the way to run tunebot: docs/deploy.md)" in out and "--wait" in out
     engine.supervisor_alive = True
-    assert "No tunebot supervisor" not in cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl",
-                                              "--tokens", "1000")
+    assert "No tunebot supervisor" not in cli(
+        "launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000"
+    )
 
 
 def test_approve_and_stop_print_the_job_card(engine: CliEngine) -> None:
@@ -275,8 +272,17 @@ def test_estimate_prints_the_detailed_estimate_card() -> None:
     from fakes.snapshot_plan import snapshot_plan
 
     est = snapshot_plan(_estimate_request())
-    out = cli("estimate", "qwen2.5-7b", "--method", "qlora", "--tokens", "5000000", "--gpu", "rtx-4090",
-              "--physics-only")
+    out = cli(
+        "estimate",
+        "qwen2.5-7b",
+        "--method",
+        "qlora",
+        "--tokens",
+        "5000000",
+        "--gpu",
+        "rtx-4090",
+        "--physics-only",
+    )
     detailed = cards.estimate_reply(est, estimate_id=None, detailed=True)
     assert out == terminal(detailed)
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()]

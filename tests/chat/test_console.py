@@ -230,10 +230,23 @@ def test_cli_console_piped_keeps_tables_whole(tmp_path: Path) -> None:
 
     with Session(db) as s:
         for n, job_id in enumerate(("3f9a0c1b2d4e", "7b8c9d0e1f2a")):
-            s.add(Job(id=job_id, owner="console", state="stopped", stop_reason="budget",
-                      request={"model": "meta-llama/Llama-3.1-8B-Instruct", "method": "qlora"},
-                      offer={}, provider="vast", gpu="rtx-4090", gpu_count=1, spend=0.123 + n,
-                      max_cost=2.0, created_at=1.0 + n, updated_at=1.0 + n))
+            s.add(
+                Job(
+                    id=job_id,
+                    owner="console",
+                    state="stopped",
+                    stop_reason="budget",
+                    request={"model": "meta-llama/Llama-3.1-8B-Instruct", "method": "qlora"},
+                    offer={},
+                    provider="vast",
+                    gpu="rtx-4090",
+                    gpu_count=1,
+                    spend=0.123 + n,
+                    max_cost=2.0,
+                    created_at=1.0 + n,
+                    updated_at=1.0 + n,
+                )
+            )
         s.commit()
     db.dispose()
     proc = run_cli(["console"], tmp_path, "jobs all\nexit\n", columns=None)

@@ -48,14 +48,30 @@ STEPS = 6
 # Job A runs long enough for the SIGTERM to land mid-run (150 steps, 1.5 s or more): 40 steps of the tiny
 # model took 0.4 s on a quiet machine, less than the runner's first progress line (every 0.5 s).
 STEPS_A = 150
-CARRIED = {"TUNEBOT_JOB_SPEC", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-           "AWS_ENDPOINT_URL", "HF_TOKEN", "HF_ENDPOINT", "TUNEBOT_JOB_KEY"}
+CARRIED = {
+    "TUNEBOT_JOB_SPEC",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "TUNEBOT_JOB_KEY",
+}
 HOST_BASE = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONUNBUFFERED", "TUNEBOT_SANDBOX_DENY"}
 
 
 class World:
-    def __init__(self, stack: SlackStack, engine: Any, vast: FakeVast, hosts: HostPool, hub: FakeHub,
-                 bot: Path, tiny: Path) -> None:
+    def __init__(
+        self,
+        stack: SlackStack,
+        engine: Any,
+        vast: FakeVast,
+        hosts: HostPool,
+        hub: FakeHub,
+        bot: Path,
+        tiny: Path,
+    ) -> None:
         self.stack, self.engine, self.vast, self.hosts, self.hub = stack, engine, vast, hosts, hub
         self.bot, self.tiny = bot, tiny
 
@@ -74,8 +90,9 @@ class World:
 
     def instances(self, job_id: str) -> list[Any]:
         with self.engine.session() as s:
-            return list(s.execute(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id))
-                        .scalars())
+            return list(
+                s.execute(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id)).scalars()
+            )
 
     def tick_until(self, done: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
@@ -95,8 +112,11 @@ class World:
             time.sleep(0.01)
 
     def runner_step(self, instance_id: str) -> int:
-        steps = [int(line.split()[1].split("/")[0]) for line in self.hosts.log(instance_id).splitlines()
-                 if line.startswith("step ")]
+        steps = [
+            int(line.split()[1].split("/")[0])
+            for line in self.hosts.log(instance_id).splitlines()
+            if line.startswith("step ")
+        ]
         return max(steps, default=0)
 
     def state(self, job_id: str) -> str:
@@ -129,8 +149,17 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
     with (tiny / "chat.jsonl").open("w") as fh:
         for r in records:
             user = r["instruction"] + (f"\n{r['input']}" if r["input"] else "")
-            fh.write(json.dumps({"messages": [{"role": "user", "content": user},
-                                              {"role": "assistant", "content": r["output"]}]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": user},
+                            {"role": "assistant", "content": r["output"]},
+                        ]
+                    }
+                )
+                + "\n"
+            )
     with (tiny / "completion.jsonl").open("w") as fh:
         for r in records:
             row = {"prompt": f"{r['instruction']} {r['input']}\n", "completion": r["output"]}
@@ -156,14 +185,24 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
         )
         from bot.engine.service import Engine
 
-        engine = Engine(settings, db_url=f"sqlite:///{bot / 'db.sqlite'}",
-                        providers={"vast": client_for(vast)})
+        engine = Engine(
+            settings, db_url=f"sqlite:///{bot / 'db.sqlite'}", providers={"vast": client_for(vast)}
+        )
         engine.terminate_deadline_s = 20.0
-        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets(),
-                            sources=SourcePolicy.from_settings(settings))
+        chat = ChatHandlers(
+            engine,
+            Permissions.from_settings(settings),
+            secrets=settings.secrets(),
+            sources=SourcePolicy.from_settings(settings),
+        )
         bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = SlackNotifier(engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0,
-                                 chart_every_s=0.0).attach(engine.bus).start()
+        notifier = (
+            SlackNotifier(
+                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
+            )
+            .attach(engine.bus)
+            .start()
+        )
         web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
         import httpx
 
@@ -209,8 +248,12 @@ def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, 
 
     for job_id in (a, b, c):
         view = world.engine.get_job(job_id)
-        assert view.state == "succeeded", (view.state, view.stop_reason, view.message, world.hosts.log(
-            world.instances(job_id)[-1].provider_instance_id)[-3000:])
+        assert view.state == "succeeded", (
+            view.state,
+            view.stop_reason,
+            view.message,
+            world.hosts.log(world.instances(job_id)[-1].provider_instance_id)[-3000:],
+        )
         for inst in world.instances(job_id):
             assert_clean_host(world, inst.provider_instance_id)
         assert view.output_uri and view.output_uri.startswith("s3://")
@@ -256,8 +299,11 @@ def test_a_job_that_relies_on_the_bots_disk_fails(world: World, tmp_path: Path) 
     dataset = world.tiny / "data.jsonl"
     # The bot refuses a cloud job when checkpoints would land on its own disk...
     vast = world.engine.providers["vast"]
-    local_only = Engine(Settings(TUNEBOT_DATA_DIR=str(world.bot / "data2")),
-                        db_url=f"sqlite:///{tmp_path / 'x.db'}", providers={"vast": vast})
+    local_only = Engine(
+        Settings(TUNEBOT_DATA_DIR=str(world.bot / "data2")),
+        db_url=f"sqlite:///{tmp_path / 'x.db'}",
+        providers={"vast": vast},
+    )
     req = EstimateRequest(model=str(world.tiny / "model"), dataset=str(dataset), max_steps=2, seq_len=256)
     with pytest.raises(EngineError, match="TUNEBOT_CHECKPOINT_URI"):
         local_only.create_job(req, user="U_ALICE")
@@ -269,5 +315,6 @@ def test_a_job_that_relies_on_the_bots_disk_fails(world: World, tmp_path: Path) 
     assert view.state == "failed", view
     assert "dataset not found" in (view.message or "") and str(dataset) in (view.message or "")
     (inst,) = world.instances(job.job_id)
-    assert "not on this host" in world.hosts.log(inst.provider_instance_id) or "dataset not found" in \
-        world.hosts.log(inst.provider_instance_id)
+    assert "not on this host" in world.hosts.log(
+        inst.provider_instance_id
+    ) or "dataset not found" in world.hosts.log(inst.provider_instance_id)

@@ -29,8 +29,10 @@ from bot.engine.jobstate import FINAL
 MAX_STEPS = 80
 # The job's training options, as a person types them; only the cadence of checkpoints and reports is the
 # test's own (seconds instead of minutes).
-OPTIONS = ("seq=256 batch=4 accum=1 r=8 alpha=16 lr=1e-2 warmup=5% scheduler=cosine "
-           f"steps={MAX_STEPS} seed=0 plateau=no checkpointing=no")
+OPTIONS = (
+    "seq=256 batch=4 accum=1 r=8 alpha=16 lr=1e-2 warmup=5% scheduler=cosine "
+    f"steps={MAX_STEPS} seed=0 plateau=no checkpointing=no"
+)
 CADENCE = {"checkpoint": {"every_minutes": 0.005, "keep": 2}, "report": {"every_seconds": 0.3}}
 ALICE = Actor("alice", None, operator=True)
 
@@ -51,14 +53,20 @@ class World:
         tiny = make_tiny(tmp / "tiny", seed=0).parent
         self.model, self.data = tiny / "model", tiny / "data.jsonl"
         # $50/h makes seconds of CPU cost cents: enough for a cap to bite mid-run
-        self.local = LocalProvider(workdir=tmp / "local", price_per_hour=50.0,
-                                   extra_env={"PYTHONUNBUFFERED": "1"})
-        settings = Settings(TUNEBOT_DATA_DIR=str(tmp / "data"), TUNEBOT_RECONCILE_EVERY=1.0,
-                            TUNEBOT_HEARTBEAT_TIMEOUT=300, TUNEBOT_APPROVAL_ABOVE=50.0)
+        self.local = LocalProvider(
+            workdir=tmp / "local", price_per_hour=50.0, extra_env={"PYTHONUNBUFFERED": "1"}
+        )
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(tmp / "data"),
+            TUNEBOT_RECONCILE_EVERY=1.0,
+            TUNEBOT_HEARTBEAT_TIMEOUT=300,
+            TUNEBOT_APPROVAL_ABOVE=50.0,
+        )
         db_url = f"sqlite:///{tmp / 'db.sqlite'}"
         self.engine = Engine(settings, db_url=db_url, providers={"local": self.local})
-        self.chat = ChatHandlers(self.engine, Permissions(approval_above=50.0),
-                                 job_options={"spec_overrides": CADENCE})
+        self.chat = ChatHandlers(
+            self.engine, Permissions(approval_above=50.0), job_options={"spec_overrides": CADENCE}
+        )
 
     def say(self, line: str) -> Reply:
         return self.chat.handle_text(line, ALICE)

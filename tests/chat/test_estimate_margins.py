@@ -10,8 +10,17 @@ from bot.planner.ranges import memory_ratio
 
 
 def _offer(provider: str, gpu: str, memory: float, price: float) -> Offer:
-    return Offer(provider=provider, offer_id=f"{provider}-{gpu}", gpu=gpu, gpu_count=1, gpu_memory_gb=memory,
-                 price_per_hour=price, interruptible=False, reliability=0.99, inet_down_mbps=1000)
+    return Offer(
+        provider=provider,
+        offer_id=f"{provider}-{gpu}",
+        gpu=gpu,
+        gpu_count=1,
+        gpu_memory_gb=memory,
+        price_per_hour=price,
+        interruptible=False,
+        reliability=0.99,
+        inet_down_mbps=1000,
+    )
 
 
 def test_every_offer_row_says_what_the_job_needs_of_its_card() -> None:

@@ -119,21 +119,43 @@ def test_one_gpu_table_two_forms() -> None:
     from bot.engine.api import PriceList
     from bot.planner.offer import Offer
 
-    offer = Offer(provider="vast", offer_id="1", gpu="h100-80gb", gpu_count=2, gpu_memory_gb=85.52,
-                  price_per_hour=3.8, interruptible=True, reliability=0.97, preemptions_per_hour=0.12,
-                  storage_per_gb_month=0.15, egress_per_gb=0.02)
+    offer = Offer(
+        provider="vast",
+        offer_id="1",
+        gpu="h100-80gb",
+        gpu_count=2,
+        gpu_memory_gb=85.52,
+        price_per_hour=3.8,
+        interruptible=True,
+        reliability=0.97,
+        preemptions_per_hour=0.12,
+        storage_per_gb_month=0.15,
+        egress_per_gb=0.02,
+    )
     assert gpu_rows([offer]) == (
         ["provider", "gpu", "n", "memory", "type", "price", "$/GPU-h"],
         [["vast", "h100-80gb", "2", "85.52 GB", "spot", "$3.80/h", "$1.90"]],
     )
     columns, rows = gpu_rows([offer], detailed=True)
     assert dict(zip(columns, rows[0], strict=True)) == {
-        "provider": "vast", "gpu": "H100 80GB SXM", "n": "2", "memory GB": "85.5", "class": "interruptible",
-        "$/h": "3.80", "$/GPU-h": "1.90", "storage $/GB-mo": "0.15", "egress $/GB": "0.02",
-        "reliability": "0.970", "preempt/h": "0.12",
+        "provider": "vast",
+        "gpu": "H100 80GB SXM",
+        "n": "2",
+        "memory GB": "85.5",
+        "class": "interruptible",
+        "$/h": "3.80",
+        "$/GPU-h": "1.90",
+        "storage $/GB-mo": "0.15",
+        "egress $/GB": "0.02",
+        "reliability": "0.970",
+        "preempt/h": "0.12",
     }
-    prices = PriceList(offers=[offer], notes=["vast: live prices as of 2026-12-03 10:00 UTC"], source="live",
-                       as_of=datetime(2026, 12, 3, 10, 0, tzinfo=UTC))
+    prices = PriceList(
+        offers=[offer],
+        notes=["vast: live prices as of 2026-12-03 10:00 UTC"],
+        source="live",
+        as_of=datetime(2026, 12, 3, 10, 0, tzinfo=UTC),
+    )
     compact = flat(gpus_reply(prices, "h100-80gb"))
     assert "(live as of 2026-12-03 10:00 UTC)" in compact and "prices: vast: live prices" in compact
     assert "No offers for rtx-4090" in flat(gpus_reply(prices, "rtx-4090"))

@@ -81,8 +81,14 @@ def test_a_slack_user_cannot_make_the_bot_read_host_files(world, command: str) -
     text = text_of(reply)
     assert reply.kind == "error", text
     assert "data folder" in text or "not allowed" in text
-    for leaked in ("root:", "is not valid JSON", "PLANTED", "hunter2", "cannot tell the dataset format",
-                   "Traceback"):
+    for leaked in (
+        "root:",
+        "is not valid JSON",
+        "PLANTED",
+        "hunter2",
+        "cannot tell the dataset format",
+        "Traceback",
+    ):
         assert leaked not in text
 
 

@@ -149,8 +149,10 @@ def test_a_long_line_is_refused_naming_the_setting(world) -> None:  # noqa: ANN0
     slack.add_file("F0LONGLINE", "long.jsonl", rows(3) + long_line, user="U_EVE")
     reply = chat.handle_text("estimate llama-3.1-8b dataset=slack:F0LONGLINE", EVE)
     assert reply.kind == "error"
-    assert re.search(r"long\.jsonl:4: a line is longer than 8 MiB; raise it with TUNEBOT_DATASET_MAX_LINE_MB",
-                     text_of(reply)), text_of(reply)
+    assert re.search(
+        r"long\.jsonl:4: a line is longer than 8 MiB; raise it with TUNEBOT_DATASET_MAX_LINE_MB",
+        text_of(reply),
+    ), text_of(reply)
 
 
 def test_compressed_and_large_datasets_are_estimated_from_a_bounded_sample(world) -> None:  # noqa: ANN001
@@ -177,8 +179,15 @@ def test_a_uri_cannot_climb_out_of_an_allowed_http_prefix(world) -> None:  # noq
     ok = chat.handle_text(f"estimate llama-3.1-8b dataset={files.url}/team/data.jsonl", EVE)
     assert ok.kind != "error", text_of(ok)
     assert "/team/data.jsonl" in files.paths
-    for trick in ("%2e%2e/secret.jsonl", "%2E%2E/secret.jsonl", "..%2fsecret.jsonl", "%2e./secret.jsonl",
-                  "..\\secret.jsonl", "/../secret.jsonl", "%252e%252e/secret.jsonl"):
+    for trick in (
+        "%2e%2e/secret.jsonl",
+        "%2E%2E/secret.jsonl",
+        "..%2fsecret.jsonl",
+        "%2e./secret.jsonl",
+        "..\\secret.jsonl",
+        "/../secret.jsonl",
+        "%252e%252e/secret.jsonl",
+    ):
         reply = chat.handle_text(f"estimate llama-3.1-8b dataset={files.url}/team/{trick}", EVE)
         assert reply.kind == "error", (trick, text_of(reply))
         assert "PLANTED" not in text_of(reply)

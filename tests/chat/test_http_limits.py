@@ -47,8 +47,9 @@ RUNNER = {"Authorization": f"Bearer {RUNNER_TOKEN}", "Content-Type": "applicatio
 @pytest.mark.parametrize("path", ["/slack/events", "/runner/events"])
 def test_an_over_cap_body_is_413_before_it_is_read(slack_stack: SlackStack, path: str) -> None:
     headers = slack_headers() if path == "/slack/events" else RUNNER
-    declared = raw_post(port_of(slack_stack), path, {**headers, "Content-Length": str(BIG)}, zeros(BIG),
-                        timeout=20)
+    declared = raw_post(
+        port_of(slack_stack), path, {**headers, "Content-Length": str(BIG)}, zeros(BIG), timeout=20
+    )
     assert declared["status"] == 413, declared
     assert declared["sent"] <= TOOK_AT_MOST and declared["seconds"] < 5, declared
     chunked = raw_post(port_of(slack_stack), path, headers, zeros(BIG, 1 << 16), chunked=True, timeout=20)
@@ -72,8 +73,9 @@ def test_an_over_cap_body_is_413_before_it_is_read(slack_stack: SlackStack, path
 def test_a_bad_or_missing_credential_is_401_before_the_body(
     slack_stack: SlackStack, path: str, headers: dict[str, str]
 ) -> None:
-    result = raw_post(port_of(slack_stack), path, {**headers, "Content-Length": str(BIG)}, zeros(BIG),
-                      timeout=20)
+    result = raw_post(
+        port_of(slack_stack), path, {**headers, "Content-Length": str(BIG)}, zeros(BIG), timeout=20
+    )
     assert result["status"] == 401, result
     assert result["sent"] <= TOOK_AT_MOST, result
 
@@ -91,8 +93,11 @@ def test_malformed_or_deeply_nested_json_is_400_never_500(
         signed = http.post(url + "/slack/events", content=NESTED, headers=slack_headers(NESTED.encode()))
         assert signed.status_code == 400, signed.text
         form = urlencode({"payload": NESTED})
-        signed_form = http.post(url + "/slack/events", content=form, headers={
-            "Content-Type": "application/x-www-form-urlencoded", **sign(form)})
+        signed_form = http.post(
+            url + "/slack/events",
+            content=form,
+            headers={"Content-Type": "application/x-www-form-urlencoded", **sign(form)},
+        )
         assert signed_form.status_code == 400, signed_form.text
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
@@ -123,8 +128,9 @@ def test_the_runner_token_is_checked_before_the_body_and_must_be_the_events_job(
         assert ok.status_code == 200 and recorded == ["j1"]
         other = httpx.post(server.url + "/runner/events", json={**event, "job_id": "j2"}, headers=RUNNER)
         assert other.status_code == 401 and recorded == ["j1"]  # a job's token speaks only for that job
-        big = httpx.post(server.url + "/runner/events", content=json.dumps({**event, "pad": "x" * 5000}),
-                         headers=RUNNER)
+        big = httpx.post(
+            server.url + "/runner/events", content=json.dumps({**event, "pad": "x" * 5000}), headers=RUNNER
+        )
         assert big.status_code == 413  # the cap is the app's setting (TUNEBOT_HTTP_MAX_BODY_KB)
 
 

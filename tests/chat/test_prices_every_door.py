@@ -30,14 +30,24 @@ MODEL = "meta-llama/Llama-3.2-1B"
 @pytest.fixture
 def doors(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeVast, dict]]:  # noqa: F811
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"instruction": f"add {i} and {i}", "input": "", "output": str(2 * i)})
-                            + "\n" for i in range(60)))
+    data.write_text(
+        "".join(
+            json.dumps({"instruction": f"add {i} and {i}", "input": "", "output": str(2 * i)}) + "\n"
+            for i in range(60)
+        )
+    )
     with FakeVast(n_offers=60, seed=11) as vast, FakeRegistry() as registry:
         registry.push("tunebot/tunebot-runner", "0.1.0")
         use_fake_env(monkeypatch, vast)
-        env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "200",
-               "TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot", "TUNEBOT_MIN_RELIABILITY": "0",
-               "TUNEBOT_RUNNER_IMAGE": registry.image("tunebot/tunebot-runner", "0.1.0"), "DATA": str(data)}
+        env = {
+            **os.environ,
+            "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
+            "COLUMNS": "200",
+            "TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot",
+            "TUNEBOT_MIN_RELIABILITY": "0",
+            "TUNEBOT_RUNNER_IMAGE": registry.image("tunebot/tunebot-runner", "0.1.0"),
+            "DATA": str(data),
+        }
         yield vast, env  # type: ignore[misc]
 
 

@@ -47,8 +47,12 @@ def real_stack(tmp_path: Path) -> Iterator[tuple[SlackStack, object, FakeProvide
         )
         cloud = FakeProvider("vast", price=0.40)
         engine = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": cloud})
-        chat = ChatHandlers(engine, Permissions.from_settings(settings), secrets=settings.secrets(),
-                            sources=SourcePolicy.from_settings(settings))
+        chat = ChatHandlers(
+            engine,
+            Permissions.from_settings(settings),
+            secrets=settings.secrets(),
+            sources=SourcePolicy.from_settings(settings),
+        )
         bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
         notifier = (
             SlackNotifier(

@@ -55,8 +55,14 @@ def test_an_empty_signing_secret_refuses_to_start_with_exit_2(tmp_path: Path, se
     }
     code = "import sys; from bot.cli import main; sys.argv[0] = 'tunebot'; main()"
     try:
-        done = subprocess.run([sys.executable, "-c", code, "serve", "--http", "--port", str(free_port())],
-                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-c", code, "serve", "--http", "--port", str(free_port())],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("tunebot serve started with an empty signing secret")
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
@@ -85,8 +91,11 @@ def test_server_memory_stays_bounded_under_big_bodies_and_a_gzip_bomb(tmp_path: 
             time.sleep(0.5)
             bodies = server.peak_mb() - start
             assert bodies < 30, f"peak RSS grew {bodies:.0f} MB under big bodies"
-            server.command("estimate llama-3.1-8b dataset=slack:F0BOMBGZ01", user="U_EVE",
-                           response_url=slack.response_url("bomb"))
+            server.command(
+                "estimate llama-3.1-8b dataset=slack:F0BOMBGZ01",
+                user="U_EVE",
+                response_url=slack.response_url("bomb"),
+            )
             reply = slack.wait_for("response", 1, timeout=120)[0].body["text"]
             assert "expands more than 100 times" in reply and "TUNEBOT_DATASET_MAX_RATIO" in reply, reply
             bomb = server.peak_mb() - start

@@ -18,14 +18,26 @@ OOM = "out of GPU memory at micro-batch 1 x grad_accum 8, activation checkpointi
 
 
 def _offer(provider: str, memory: float, total: float, count: int = 1) -> dict:
-    return {"provider": provider, "offer_id": provider, "gpu": "g", "gpu_count": count,
-            "gpu_memory_gb": memory, "total_cost": total, "fits": True}
+    return {
+        "provider": provider,
+        "offer_id": provider,
+        "gpu": "g",
+        "gpu_count": count,
+        "gpu_memory_gb": memory,
+        "total_cost": total,
+        "fits": True,
+    }
 
 
 def test_choose_the_cheapest_bigger_card_and_check_the_cap() -> None:
     failed = _offer("small", 24, 1.0)
-    offers = [failed, _offer("same", 24, 0.5), _offer("big", 80, 6.0), _offer("mid", 48, 3.0),
-              _offer("two", 48, 2.0, count=2)]
+    offers = [
+        failed,
+        _offer("same", 24, 0.5),
+        _offer("big", 80, 6.0),
+        _offer("mid", 48, 3.0),
+        _offer("two", 48, 2.0, count=2),
+    ]
     within = choose(failed, offers, spent=1.5, done=0.0, limit=5.0)
     assert within.offer["provider"] == "mid" and [o["provider"] for o in within.bigger] == ["mid", "big"]
     assert within.cost == pytest.approx(4.5) and within.within_cap
@@ -39,29 +51,37 @@ def test_choose_the_cheapest_bigger_card_and_check_the_cap() -> None:
 
 @pytest.fixture
 def clouds() -> tuple[FakeProvider, FakeProvider]:
-    return (FakeProvider("small", price=0.5, gpu="rtx-4090", memory_gb=24),
-            FakeProvider("big", price=2.0, gpu="a100-80gb", memory_gb=80))
+    return (
+        FakeProvider("small", price=0.5, gpu="rtx-4090", memory_gb=24),
+        FakeProvider("big", price=2.0, gpu="a100-80gb", memory_gb=80),
+    )
 
 
 def _start(make_engine, clouds, **create):  # type: ignore[no-untyped-def]
     small, big = clouds
     engine = make_engine(providers={small.name: small, big.name: big})
     rec = Recorder(engine.bus)
-    job = engine.create_job(request(), user="alice", estimate=make_estimate([small.offer(), big.offer()]),
-                            **create)
+    job = engine.create_job(
+        request(), user="alice", estimate=make_estimate([small.offer(), big.offer()]), **create
+    )
     assert job.state == "running" and small.creates == 1 and big.creates == 0
     token = JobSpec.model_validate_json(small.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
     return engine, rec, job, token
 
 
 def _out_of_memory(engine, job, token) -> None:  # type: ignore[no-untyped-def]
-    event = {"job_id": job.job_id, "seq": 3, "kind": "out_of_memory", "step": 0, "message": OOM,
-             "timestamp": 1000.0}
+    event = {
+        "job_id": job.job_id,
+        "seq": 3,
+        "kind": "out_of_memory",
+        "step": 0,
+        "message": OOM,
+        "timestamp": 1000.0,
+    }
     assert engine.record_runner_event(job.job_id, token, signed(engine, event))
 
 
-def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(
-        make_engine, clouds, clock):  # type: ignore[no-untyped-def]
+def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(make_engine, clouds, clock):  # type: ignore[no-untyped-def]
     small, big = clouds
     engine, rec, job, token = _start(make_engine, clouds, max_cost=5.0)
     clock.advance(600)  # 10 minutes on the small card: $0.08
@@ -118,13 +138,27 @@ def test_a_run_that_backed_off_is_recorded_at_the_configuration_that_ran(engine,
 
     from store.models import CalibrationRun
 
-    job = engine.create_job(request(batch_size=4, grad_accum=2, gradient_checkpointing=False), user="alice",
-                            estimate=make_estimate([fake.offer()]))
+    job = engine.create_job(
+        request(batch_size=4, grad_accum=2, gradient_checkpointing=False),
+        user="alice",
+        estimate=make_estimate([fake.offer()]),
+    )
     token = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).report.token
-    metrics = {"max_memory_reserved_gb": 20.5, "tokens_per_second": 900.0, "micro_batch_size": 1.0,
-               "grad_accum": 8.0, "gradient_checkpointing": 1.0}
-    event = {"job_id": job.job_id, "seq": 5, "kind": "finished", "step": 10, "metrics": metrics,
-             "timestamp": 1000.0}
+    metrics = {
+        "max_memory_reserved_gb": 20.5,
+        "tokens_per_second": 900.0,
+        "micro_batch_size": 1.0,
+        "grad_accum": 8.0,
+        "gradient_checkpointing": 1.0,
+    }
+    event = {
+        "job_id": job.job_id,
+        "seq": 5,
+        "kind": "finished",
+        "step": 10,
+        "metrics": metrics,
+        "timestamp": 1000.0,
+    }
     assert engine.record_runner_event(job.job_id, token, signed(engine, event))
     with engine.session() as s:
         (row,) = s.execute(select(CalibrationRun)).scalars().all()

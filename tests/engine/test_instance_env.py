@@ -30,8 +30,15 @@ from .fakes import FakeProvider
 
 HF = "hf_secret_token_issue19_aa11"
 WANDB = "wandb-secret-key-issue19-bb22"
-CHAT = [{"messages": [{"role": "user", "content": f"add {i} and {i}"},
-                      {"role": "assistant", "content": f"{2 * i}"}]} for i in range(30)]
+CHAT = [
+    {
+        "messages": [
+            {"role": "user", "content": f"add {i} and {i}"},
+            {"role": "assistant", "content": f"{2 * i}"},
+        ]
+    }
+    for i in range(30)
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +51,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine_on(tmp_path: Path, provider: Any, **env: Any) -> Any:
     from bot.engine.service import Engine
 
-    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), HF_TOKEN=HF, WANDB_API_KEY=WANDB,
-                        TUNEBOT_HUB_NAMESPACES="acme", **env)
+    settings = Settings(
+        TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+        HF_TOKEN=HF,
+        WANDB_API_KEY=WANDB,
+        TUNEBOT_HUB_NAMESPACES="acme",
+        **env,
+    )
     return Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={provider.name: provider})
 
 
@@ -63,7 +75,8 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def test_a_job_using_neither_the_hub_nor_wandb_gets_neither_key(
-        tmp_path: Path, tiny: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, tiny: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite logs offline; here W&B is online with a key
     cloud = FakeProvider("vast", kind="container")
     eng = engine_on(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
@@ -86,10 +99,16 @@ def test_the_hub_token_goes_only_for_a_push_or_a_model_the_hub_does_not_serve_to
     from bot.engine.instance_env import needs_hf_token
 
     def spec(model: str, push: str | None = None) -> JobSpec:
-        return JobSpec.model_validate({
-            "job_id": "j1", "base_model": model, "dataset": {"uri": "s3://b/d.jsonl"},
-            "checkpoint": {"uri": "s3://b/j1/c"}, "output_uri": "s3://b/j1/o",
-            "push_to_hub": {"repo": push} if push else None})
+        return JobSpec.model_validate(
+            {
+                "job_id": "j1",
+                "base_model": model,
+                "dataset": {"uri": "s3://b/d.jsonl"},
+                "checkpoint": {"uri": "s3://b/j1/c"},
+                "output_uri": "s3://b/j1/o",
+                "push_to_hub": {"repo": push} if push else None,
+            }
+        )
 
     access = {"meta-llama/Llama-3.1-8B": "restricted", "Qwen/Qwen2.5-0.5B": "public", "acme/new": "unknown"}
     assert not needs_hf_token(spec("Qwen/Qwen2.5-0.5B"), access.__getitem__)
@@ -101,21 +120,30 @@ def test_the_hub_token_goes_only_for_a_push_or_a_model_the_hub_does_not_serve_to
 
 
 def test_a_provider_error_echoing_the_request_puts_no_runner_secret_in_messages(
-        tmp_path: Path, tiny: Path, s3_bucket: str) -> None:
+    tmp_path: Path, tiny: Path, s3_bucket: str
+) -> None:
     vast = FakeVast(n_offers=40, seed=3).start()
     try:
-        eng = engine_on(tmp_path, client_for(vast), TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-                        TUNEBOT_MIN_RELIABILITY=0.0)
+        eng = engine_on(
+            tmp_path,
+            client_for(vast),
+            TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+            TUNEBOT_MIN_RELIABILITY=0.0,
+        )
         rec = Recorder(eng.bus)
         vast.inject("echo", times=1000)  # every offer refuses it
-        req = EstimateRequest(model=str(tiny / "model"), dataset=str(dataset(tmp_path)),
-                              push_to_hub="acme/tiny-lora")
+        req = EstimateRequest(
+            model=str(tiny / "model"), dataset=str(dataset(tmp_path)), push_to_hub="acme/tiny-lora"
+        )
         job = eng.create_job(req, user="alice", estimate=planned(eng, req), max_cost=5.0)
         creates = [b for op, b in vast.bodies if op == "create"]
         assert creates, "no create was sent"
         env = creates[0]["env"]
-        sent = [v for k, v in env.items() if k not in ("TUNEBOT_JOB_SPEC", "AWS_ENDPOINT_URL",
-                                                       "AWS_DEFAULT_REGION", "HF_ENDPOINT")]
+        sent = [
+            v
+            for k, v in env.items()
+            if k not in ("TUNEBOT_JOB_SPEC", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "HF_ENDPOINT")
+        ]
         sent.append(JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"]).report.token)
         assert any(len(v) > 8 for v in sent)
         view = eng.get_job(job.job_id)
@@ -137,18 +165,28 @@ ENV_PRINTER = textwrap.dedent(
 
 
 def test_the_local_runner_inherits_an_allow_list_not_the_bots_environment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from bot.providers.base import InstanceStatus, LaunchRequest
     from bot.providers.local import LocalProvider
 
-    bot_only = {"PGPASSWORD": "pg-secret-1", "SLACK_CLIENT_SECRET": "slack-client-2",
-                "RUNPOD_API_KEY": "runpod-3", "AWS_SECRET_ACCESS_KEY": "bot-aws-4",
-                "TUNEBOT_SECRET_KEY": "m-5", "GITHUB_TOKEN": "gh-6", "OPENAI_API_KEY": "oa-7"}
+    bot_only = {
+        "PGPASSWORD": "pg-secret-1",
+        "SLACK_CLIENT_SECRET": "slack-client-2",
+        "RUNPOD_API_KEY": "runpod-3",
+        "AWS_SECRET_ACCESS_KEY": "bot-aws-4",
+        "TUNEBOT_SECRET_KEY": "m-5",
+        "GITHUB_TOKEN": "gh-6",
+        "OPENAI_API_KEY": "oa-7",
+    }
     for key, value in bot_only.items():
         monkeypatch.setenv(key, value)
     local = LocalProvider(workdir=tmp_path / "work", runner_command=[sys.executable, "-c", ENV_PRINTER])
-    inst = local.launch(LaunchRequest(job_id="j1", offer=local.offer(), image="x",
-                                      env={"TUNEBOT_JOB_SPEC": "{}", "HF_TOKEN": "given"}))
+    inst = local.launch(
+        LaunchRequest(
+            job_id="j1", offer=local.offer(), image="x", env={"TUNEBOT_JOB_SPEC": "{}", "HF_TOKEN": "given"}
+        )
+    )
     deadline = time.monotonic() + 20
     while local.status(inst.instance_id).status != InstanceStatus.exited:
         assert time.monotonic() < deadline

@@ -45,7 +45,9 @@ def test_the_engine_refuses_a_malformed_job_id_before_the_lookup(engine, fake, b
 
 
 def test_runner_events_with_a_hostile_job_id_are_400_and_log_nothing_raw(
-    engine, fake, caplog: pytest.LogCaptureFixture  # noqa: ANN001
+    engine,
+    fake,
+    caplog: pytest.LogCaptureFixture,  # noqa: ANN001
 ) -> None:
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     token = _token(fake)
@@ -60,13 +62,22 @@ def test_runner_events_with_a_hostile_job_id_are_400_and_log_nothing_raw(
         with UvicornThread(web) as server, caplog.at_level(logging.INFO):
             for bad in HOSTILE:
                 event = {"job_id": bad, "seq": 1, "kind": "progress", "step": 1}
-                resp = httpx.post(server.url + "/runner/events", content=json.dumps(event),
-                                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
+                resp = httpx.post(
+                    server.url + "/runner/events",
+                    content=json.dumps(event),
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=10,
+                )
                 assert resp.status_code in (400, 401), (bad, resp.status_code, resp.text)
-            good = signed(engine, {"job_id": job.job_id, "seq": 1, "kind": "progress", "step": 1,
-                                   "timestamp": 1000.0})
-            resp = httpx.post(server.url + "/runner/events", json=good,
-                              headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            good = signed(
+                engine, {"job_id": job.job_id, "seq": 1, "kind": "progress", "step": 1, "timestamp": 1000.0}
+            )
+            resp = httpx.post(
+                server.url + "/runner/events",
+                json=good,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            )
             assert resp.status_code == 200, resp.text
     lines = "\n".join(r.getMessage() for r in caplog.records).splitlines()
     assert not any(line.startswith("ERROR forged") for line in lines)

@@ -55,8 +55,9 @@ def test_a_job_of_hours_is_never_offered_on_this_machine(tmp_path: Path) -> None
     assert not local.fits and local.labels == []
     assert "on this machine's CPU" in local.reason and "TUNEBOT_LOCAL_MAX_HOURS" in local.reason
     reply = cards.estimate_reply(est, estimate_id="e1", launching=True)
-    assert not any(b.action.startswith("launch_") for p in reply.parts if hasattr(p, "buttons")
-                   for b in p.buttons)
+    assert not any(
+        b.action.startswith("launch_") for p in reply.parts if hasattr(p, "buttons") for b in p.buttons
+    )
     with pytest.raises(EngineError):
         job_req = req.model_copy(update={"dataset": TRAIN_JSONL, "tokens": None})
         eng.create_job(job_req, user="me", estimate=est)
@@ -72,9 +73,20 @@ def test_a_short_job_is_still_offered_here(tmp_path: Path) -> None:
 
 
 def _offer(provider: str, gpu: str, total: float, *, labels: list[str], reason: str) -> RankedOffer:
-    return RankedOffer(provider=provider, offer_id=f"{provider}-1", gpu=gpu, gpu_count=1, gpu_memory_gb=24,
-                       interruptible=False, price_per_hour=total / 2, hours=2.0, total_cost=total,
-                       fits=True, reason=reason, labels=labels)
+    return RankedOffer(
+        provider=provider,
+        offer_id=f"{provider}-1",
+        gpu=gpu,
+        gpu_count=1,
+        gpu_memory_gb=24,
+        interruptible=False,
+        price_per_hour=total / 2,
+        hours=2.0,
+        total_cost=total,
+        fits=True,
+        reason=reason,
+        labels=labels,
+    )
 
 
 def test_a_launch_button_names_the_row_offer_and_price_it_launches() -> None:
@@ -85,8 +97,9 @@ def test_a_launch_button_names_the_row_offer_and_price_it_launches() -> None:
     est: Estimate = make_estimate([]).model_copy(update={"offers": offers})
     reply = cards.estimate_reply(est, estimate_id="e1")
     table = next(p for p in reply.parts if hasattr(p, "rows"))
-    buttons = [b for p in reply.parts if hasattr(p, "buttons") for b in p.buttons
-               if b.action == "launch_cheapest"]
+    buttons = [
+        b for p in reply.parts if hasattr(p, "buttons") for b in p.buttons if b.action == "launch_cheapest"
+    ]
     assert table.rows[1][:3] == ["2", "local", "cpu x1"]
     assert table.rows[1][table.columns.index("total")] == "$161.19"
     assert buttons[0].label == "Launch cheapest: #2 local cpu x1 ($161.19)"

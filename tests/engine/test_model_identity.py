@@ -63,16 +63,30 @@ def test_launching_an_instruct_model_trains_that_model(
         for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # this runner downloads (from loopback)
             monkeypatch.delenv(offline, raising=False)
         local = LocalProvider(workdir=tmp_path / "local", price_per_hour=1.0)
-        settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), HF_TOKEN="hf_identity_token",
-                            HF_ENDPOINT=hub.url, TUNEBOT_LOCAL_MAX_HOURS=100.0)
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+            HF_TOKEN="hf_identity_token",
+            HF_ENDPOINT=hub.url,
+            TUNEBOT_LOCAL_MAX_HOURS=100.0,
+        )
         eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'id.db'}", providers={"local": local})
-        req = EstimateRequest(model=INSTRUCT, dataset=str(tiny / "data.jsonl"), method="lora", lora_r=8,
-                              seq_len=256, batch_size=4, gradient_checkpointing=False, max_steps=3,
-                              plateau=False, gpus=1)
+        req = EstimateRequest(
+            model=INSTRUCT,
+            dataset=str(tiny / "data.jsonl"),
+            method="lora",
+            lora_r=8,
+            seq_len=256,
+            batch_size=4,
+            gradient_checkpointing=False,
+            max_steps=3,
+            plateau=False,
+            gpus=1,
+        )
         est = eng.estimate(req)
         assert est.training is not None and est.training.base_model == INSTRUCT
-        job = eng.create_job(req, user="alice", estimate=est, max_cost=10.0,
-                             spec_overrides={"report": {"every_seconds": 0.2}})
+        job = eng.create_job(
+            req, user="alice", estimate=est, max_cost=10.0, spec_overrides={"report": {"every_seconds": 0.2}}
+        )
         deadline = time.time() + 240
         while time.time() < deadline:
             eng.tick()

@@ -184,8 +184,15 @@ def test_closing_an_instance_of_a_finished_job_updates_its_spend(make_engine, cl
 
 
 def _ev(job_id: str, seq: int) -> dict:
-    return {"job_id": job_id, "seq": seq, "kind": "progress", "step": seq, "loss": 3.0 - seq / 1000,
-            "max_steps": 10_000, "timestamp": 1000.0 + seq}
+    return {
+        "job_id": job_id,
+        "seq": seq,
+        "kind": "progress",
+        "step": seq,
+        "loss": 3.0 - seq / 1000,
+        "max_steps": 10_000,
+        "timestamp": 1000.0 + seq,
+    }
 
 
 def test_two_supervisors_on_one_job_store_and_post_each_event_once(make_engine, fake, caplog):
@@ -418,8 +425,17 @@ def test_two_serve_replicas_adopt_an_unrecorded_instance_once_on_postgres(pg_url
                 env.pop("TUNEBOT_LOCAL_PROVIDER", None)
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--http",
-                         "--host", "127.0.0.1", "--port", str(port)],
+                        [
+                            sys.executable,
+                            "-c",
+                            "from bot.cli import main; main()",
+                            "serve",
+                            "--http",
+                            "--host",
+                            "127.0.0.1",
+                            "--port",
+                            str(port),
+                        ],
                         env=env,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,

@@ -13,8 +13,9 @@ from runner.spec import JobSpec
 
 def runner_spec(est, gpus: int) -> JobSpec:  # type: ignore[no-untyped-def]
     fields = spec_fields(est.training, dataset_uri="s3://b/d.jsonl")
-    return JobSpec.model_validate({**fields, "job_id": "j1", "gpus": gpus, "checkpoint": {"uri": "s3://b/c"},
-                                   "output_uri": "s3://b/o"})
+    return JobSpec.model_validate(
+        {**fields, "job_id": "j1", "gpus": gpus, "checkpoint": {"uri": "s3://b/c"}, "output_uri": "s3://b/o"}
+    )
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])

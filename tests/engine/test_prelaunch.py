@@ -64,8 +64,12 @@ def data(tmp_path: Path) -> Path:
 def engine(tmp_path: Path, vast: FakeVast, **env: Any) -> Any:
     from bot.engine.service import Engine
 
-    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_MIN_RELIABILITY=0.0,
-                        TUNEBOT_APPROVAL_ABOVE=1e6, **env)
+    settings = Settings(
+        TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+        TUNEBOT_MIN_RELIABILITY=0.0,
+        TUNEBOT_APPROVAL_ABOVE=1e6,
+        **env,
+    )
     db = f"sqlite:///{tmp_path / 'db.sqlite'}"
     return Engine(settings, db_url=db, providers={"vast": client_for(vast)})
 
@@ -76,11 +80,19 @@ def jobs_in(eng: Any) -> list[Job]:
 
 
 def test_a_70b_job_asks_every_host_for_a_disk_that_holds_it(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_bucket: str  # noqa: F811
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
 ) -> None:
     """On a9605e4 every create asked for 100 GB: a 70B model's 141 GB of weights did not fit."""
-    eng = engine(tmp_path, vast, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-                 TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE))
+    eng = engine(
+        tmp_path,
+        vast,
+        TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+        TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE),
+    )
     req = EstimateRequest(model="meta-llama/Llama-3.1-70B", method="qlora", dataset=str(data), max_steps=5)
     est = eng.estimate(req)
     assert est.disk is not None
@@ -119,18 +131,30 @@ def test_small_jobs_ask_for_less_than_the_old_flat_100_gb(tmp_path: Path) -> Non
     assert full is not None and full.breakdown_gb["checkpoints"] > 40  # weights + AdamW states
 
 
-@pytest.mark.parametrize("image, expected", [
-    (("tunebot/tunebot-runner", "9.9.9"), "is not in its registry"),  # the tag was never pushed
-    (("tunebot/never-pushed", "0.1.0"), "will not serve"),  # an unknown repository (or a private one)
-])
+@pytest.mark.parametrize(
+    "image, expected",
+    [
+        (("tunebot/tunebot-runner", "9.9.9"), "is not in its registry"),  # the tag was never pushed
+        (("tunebot/never-pushed", "0.1.0"), "will not serve"),  # an unknown repository (or a private one)
+    ],
+)
 def test_a_missing_runner_image_refuses_before_any_create(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_bucket: str,  # noqa: F811
-    image: tuple[str, str], expected: str,
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
+    image: tuple[str, str],
+    expected: str,
 ) -> None:
     """On a9605e4 the image was never checked: the default ghcr.io/tunebot/tunebot-runner:0.1.0 was never
     pushed, and every launch rented a host that could not pull it."""
-    eng = engine(tmp_path, vast, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-                 TUNEBOT_RUNNER_IMAGE=registry.image(*image))
+    eng = engine(
+        tmp_path,
+        vast,
+        TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+        TUNEBOT_RUNNER_IMAGE=registry.image(*image),
+    )
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", dataset=str(data), max_steps=5)
     with pytest.raises(EngineError, match=expected) as err:
         eng.create_job(req, user="alice")
@@ -143,33 +167,52 @@ def test_a_missing_runner_image_refuses_before_any_create(
 
 
 def test_a_private_image_is_checked_with_the_registry_credentials(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_bucket: str  # noqa: F811
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
 ) -> None:
     registry.push("acme/runner", "1", private=True)
-    common = {"TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot",
-              "TUNEBOT_RUNNER_IMAGE": registry.image("acme/runner", "1")}
+    common = {
+        "TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot",
+        "TUNEBOT_RUNNER_IMAGE": registry.image("acme/runner", "1"),
+    }
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", dataset=str(data), max_steps=5)
-    wrong = engine(tmp_path / "a", vast, TUNEBOT_REGISTRY_USERNAME="ci", TUNEBOT_REGISTRY_PASSWORD="nope",
-                   **common)
+    wrong = engine(
+        tmp_path / "a", vast, TUNEBOT_REGISTRY_USERNAME="ci", TUNEBOT_REGISTRY_PASSWORD="nope", **common
+    )
     with pytest.raises(EngineError, match="rejected the credentials") as err:
         wrong.create_job(req, user="alice")
     assert "nope" not in str(err.value) and vast.count("create") == 0
-    right = engine(tmp_path / "b", vast, TUNEBOT_REGISTRY_USERNAME="ci",
-                   TUNEBOT_REGISTRY_PASSWORD="s3cret-pass", **common)
+    right = engine(
+        tmp_path / "b",
+        vast,
+        TUNEBOT_REGISTRY_USERNAME="ci",
+        TUNEBOT_REGISTRY_PASSWORD="s3cret-pass",
+        **common,
+    )
     assert right.create_job(req, user="alice").state == "running" and vast.count("create") == 1
     wrong.close()
     right.close()
 
 
 def test_a_gated_model_the_token_cannot_read_refuses_before_any_create(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_bucket: str  # noqa: F811
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
 ) -> None:
     """On a9605e4 a gated model was found out only by the rented host's download (a 401 after boot)."""
     model = "meta-llama/Llama-3.1-8B"
     with FakeHub(token="hf_unused") as hub:
         hub.add_model(model, gated=True, granted={"hf_accepted_license_token"})
-        common = {"TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot",
-                  "TUNEBOT_RUNNER_IMAGE": registry.image(*IMAGE), "HF_ENDPOINT": hub.url}
+        common = {
+            "TUNEBOT_CHECKPOINT_URI": f"{s3_bucket}/tunebot",
+            "TUNEBOT_RUNNER_IMAGE": registry.image(*IMAGE),
+            "HF_ENDPOINT": hub.url,
+        }
         req = EstimateRequest(model=model, dataset=str(data), max_steps=5)
         for token, says in ((None, "is gated: set HF_TOKEN"), ("hf_other_account", "has no access yet")):
             eng = engine(tmp_path / str(token), vast, **common, **({"HF_TOKEN": token} if token else {}))
@@ -191,13 +234,25 @@ def test_a_gated_model_the_token_cannot_read_refuses_before_any_create(
         eng.close()
 
 
-@pytest.mark.parametrize("keys, dataset_in_bucket", [
-    ("wrong", False),  # keys that do not exist: refused before the dataset is even uploaded
-    ("reader", True),  # keys that may read (the dataset is already in the bucket) but not write checkpoints
-])
+@pytest.mark.parametrize(
+    "keys, dataset_in_bucket",
+    [
+        ("wrong", False),  # keys that do not exist: refused before the dataset is even uploaded
+        (
+            "reader",
+            True,
+        ),  # keys that may read (the dataset is already in the bucket) but not write checkpoints
+    ],
+)
 def test_bad_storage_keys_refuse_before_any_create(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_with_keys: AuthedS3,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, keys: str, dataset_in_bucket: bool,
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_with_keys: AuthedS3,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    keys: str,
+    dataset_in_bucket: bool,
 ) -> None:
     """On a9605e4 the keys were first tried by the rented runner's first checkpoint, after the host billed."""
     import s3fs
@@ -205,8 +260,12 @@ def test_bad_storage_keys_refuse_before_any_create(
     s3 = s3_with_keys
     dataset = str(data)
     if dataset_in_bucket:
-        writer = s3fs.S3FileSystem(key=s3.writer[0], secret=s3.writer[1], skip_instance_cache=True,
-                                   client_kwargs={"endpoint_url": s3.server.url, "region_name": "eu-west-1"})
+        writer = s3fs.S3FileSystem(
+            key=s3.writer[0],
+            secret=s3.writer[1],
+            skip_instance_cache=True,
+            client_kwargs={"endpoint_url": s3.server.url, "region_name": "eu-west-1"},
+        )
         dataset = f"{s3.bucket}/datasets/{tmp_path.name}.jsonl"
         writer.put_file(str(data), dataset)
     key = {"wrong": ("AKIAWRONGKEY0000", "not-the-secret"), "reader": s3.reader}[keys]
@@ -214,8 +273,13 @@ def test_bad_storage_keys_refuse_before_any_create(
     for name, value in env.items():  # the bot's own environment too (the dataset is read and staged with it)
         monkeypatch.setenv(name, value)
     s3fs.S3FileSystem.clear_instance_cache()
-    eng = engine(tmp_path, vast, TUNEBOT_CHECKPOINT_URI=f"{s3.bucket}/tunebot",
-                 TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE), **env)
+    eng = engine(
+        tmp_path,
+        vast,
+        TUNEBOT_CHECKPOINT_URI=f"{s3.bucket}/tunebot",
+        TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE),
+        **env,
+    )
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", dataset=dataset, max_steps=5)
     with pytest.raises(EngineError, match="cannot write a probe object") as err:
         eng.create_job(req, user="alice")
@@ -227,7 +291,11 @@ def test_bad_storage_keys_refuse_before_any_create(
 
 
 def test_good_storage_keys_pass_the_probe_and_leave_nothing_behind(
-    tmp_path: Path, vast: FakeVast, registry: FakeRegistry, data: Path, s3_with_keys: AuthedS3,  # noqa: F811
+    tmp_path: Path,
+    vast: FakeVast,
+    registry: FakeRegistry,
+    data: Path,
+    s3_with_keys: AuthedS3,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s3 = s3_with_keys
@@ -237,23 +305,39 @@ def test_good_storage_keys_pass_the_probe_and_leave_nothing_behind(
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    eng = engine(tmp_path, vast, TUNEBOT_CHECKPOINT_URI=f"{s3.bucket}/tunebot",
-                 TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE), **env)
+    eng = engine(
+        tmp_path,
+        vast,
+        TUNEBOT_CHECKPOINT_URI=f"{s3.bucket}/tunebot",
+        TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE),
+        **env,
+    )
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", dataset=str(data), max_steps=5)
     job = eng.create_job(req, user="alice")
     assert job.state == "running" and vast.count("create") == 1
-    fs = s3fs.S3FileSystem(key=s3.writer[0], secret=s3.writer[1], skip_instance_cache=True,
-                           client_kwargs={"endpoint_url": s3.server.url, "region_name": "eu-west-1"})
+    fs = s3fs.S3FileSystem(
+        key=s3.writer[0],
+        secret=s3.writer[1],
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": s3.server.url, "region_name": "eu-west-1"},
+    )
     left = fs.find(f"{s3.bucket}/tunebot/")
     assert left and not any(".tunebot-probe" in p for p in left)  # the staged dataset only
     eng.close()
 
 
 def test_an_unreachable_registry_does_not_refuse_but_says_what_was_not_checked(
-    tmp_path: Path, vast: FakeVast, data: Path, s3_bucket: str  # noqa: F811
+    tmp_path: Path,
+    vast: FakeVast,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
 ) -> None:
-    eng = engine(tmp_path, vast, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-                 TUNEBOT_RUNNER_IMAGE="127.0.0.1:9/tunebot/tunebot-runner:0.1.0")
+    eng = engine(
+        tmp_path,
+        vast,
+        TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+        TUNEBOT_RUNNER_IMAGE="127.0.0.1:9/tunebot/tunebot-runner:0.1.0",
+    )
     events: list[Any] = []
     eng.bus.subscribe(events.append)
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", dataset=str(data), max_steps=5)
@@ -273,7 +357,9 @@ def test_image_references_are_read_like_docker_reads_them() -> None:
     assert p("127.0.0.1:5000/a/b@sha256:abc").reference == "sha256:abc"
     header = 'Bearer realm="https://ghcr.io/token",service="ghcr.io",scope="repository:a:pull"'
     assert preflight.parse_challenge(header) == (
-        "bearer", {"realm": "https://ghcr.io/token", "service": "ghcr.io", "scope": "repository:a:pull"})
+        "bearer",
+        {"realm": "https://ghcr.io/token", "service": "ghcr.io", "scope": "repository:a:pull"},
+    )
 
 
 def test_the_first_start_deadline_grows_with_the_image_and_the_model() -> None:
@@ -285,7 +371,10 @@ def test_the_first_start_deadline_grows_with_the_image_and_the_model() -> None:
 
 
 def test_a_host_that_never_starts_is_retried_once_elsewhere_then_the_job_stops_saying_why(
-    tmp_path: Path, registry: FakeRegistry, data: Path, s3_bucket: str  # noqa: F811
+    tmp_path: Path,
+    registry: FakeRegistry,
+    data: Path,
+    s3_bucket: str,  # noqa: F811
 ) -> None:
     """On a9605e4 an instance stuck in "loading" counted as preempted after 2 x 600 s and was relaunched up to
     the retry budget (5), every one billed; a 70B model's download (over an hour) was cut off the same way."""
@@ -295,12 +384,20 @@ def test_a_host_that_never_starts_is_retried_once_elsewhere_then_the_job_stops_s
 
     clock = Clock()
     with FakeVast(n_offers=80, seed=5, boot_polls=10**9) as vast:  # no instance ever gets past "loading"
-        settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"), TUNEBOT_MIN_RELIABILITY=0.0,
-                            TUNEBOT_APPROVAL_ABOVE=1e6, TUNEBOT_RETRY_BUDGET=5,
-                            TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-                            TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE))
-        eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
-                     providers={"vast": client_for(vast)}, clock=clock)
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
+            TUNEBOT_MIN_RELIABILITY=0.0,
+            TUNEBOT_APPROVAL_ABOVE=1e6,
+            TUNEBOT_RETRY_BUDGET=5,
+            TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
+            TUNEBOT_RUNNER_IMAGE=registry.image(*IMAGE),
+        )
+        eng = Engine(
+            settings,
+            db_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+            providers={"vast": client_for(vast)},
+            clock=clock,
+        )
         eng.terminate_deadline_s = 5.0
         events: list[Any] = []
         eng.bus.subscribe(events.append)
@@ -329,4 +426,3 @@ def test_a_host_that_never_starts_is_retried_once_elsewhere_then_the_job_stops_s
         kinds = [str(e.kind) for e in events]
         assert "start_retry" in kinds and "preempted" not in kinds and kinds[-1] == "failed"
         eng.close()
-

@@ -19,8 +19,12 @@ from .conftest import Recorder, estimate_for, request
 def write(engine, path: Path, job_id: str, events: list[dict], **dumps) -> None:  # type: ignore[no-untyped-def]
     """The object as runner/report.py writes it (json.dumps of this payload, each event signed with the
     job's key), atomically."""
-    payload = {"job_id": job_id, "updated": time.time(), "last_seq": events[-1]["seq"],
-               "events": signed_all(engine, events)}
+    payload = {
+        "job_id": job_id,
+        "updated": time.time(),
+        "last_seq": events[-1]["seq"],
+        "events": signed_all(engine, events),
+    }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, **dumps))
     tmp.replace(path)

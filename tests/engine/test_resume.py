@@ -101,8 +101,11 @@ def test_resume_continues_the_same_job_from_its_checkpoint(engine, fake, clock):
     resumed = [e for e in rec.events if e.kind == "resumed"]
     assert len(resumed) == 1 and ckpt in resumed[0].message and "step 12" in resumed[0].message
     # the runner ends it this time
-    fake.set_status(next(i for i in fake.instances if fake.instances[i].status == InstanceStatus.running),
-                    InstanceStatus.exited, 0)
+    fake.set_status(
+        next(i for i in fake.instances if fake.instances[i].status == InstanceStatus.running),
+        InstanceStatus.exited,
+        0,
+    )
     engine.tick()
     assert engine.get_job(job.job_id).state == "succeeded"
 

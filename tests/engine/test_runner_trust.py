@@ -52,8 +52,17 @@ def write_progress(path: str, events: list[dict[str, Any]]) -> None:
 
 
 def finished(job_id: str, seq: int, **kw: Any) -> dict[str, Any]:
-    return {"version": 1, "job_id": job_id, "seq": seq, "kind": "finished", "step": 100, "max_steps": 100,
-            "loss": kw.pop("loss", 0.01), "timestamp": kw.pop("timestamp", time.time()), **kw}
+    return {
+        "version": 1,
+        "job_id": job_id,
+        "seq": seq,
+        "kind": "finished",
+        "step": 100,
+        "max_steps": 100,
+        "loss": kw.pop("loss", 0.01),
+        "timestamp": kw.pop("timestamp", time.time()),
+        **kw,
+    }
 
 
 def two_jobs(engine: Any, fake: Any) -> tuple[str, str]:
@@ -67,8 +76,13 @@ def test_a_host_cannot_finish_another_job_through_its_progress_object(engine, fa
     rec = Recorder(engine.bus)
     a, b = two_jobs(engine, fake)
     host_a = env_of(fake, 0)  # what A's host has: its own key, bucket-wide access to B's folder
-    forged = finished(b, 0, output_uri="https://evil.example/weights", message="all done",
-                      metrics={"max_memory_reserved_gb": 1.0, "tokens_per_second": 1e9})
+    forged = finished(
+        b,
+        0,
+        output_uri="https://evil.example/weights",
+        message="all done",
+        metrics={"max_memory_reserved_gb": 1.0, "tokens_per_second": 1e9},
+    )
     # A huge seq and a future timestamp would also hide B's real events behind the "already read" window.
     hide = {**finished(b, 10**9, timestamp=time.time() + 10**7), "kind": "progress"}
     write_progress(spec_of(fake, 1).checkpoint.uri, [as_host(forged, host_a), as_host(hide, host_a)])
@@ -140,8 +154,10 @@ def test_events_are_bounded_in_size_and_count(engine, fake) -> None:
     # A progress object far larger than a runner writes (5 MB) is not read at all.
     spec_b = spec_of(fake, 1)
     host_b = env_of(fake, 1)
-    padded = [as_host({**finished(b, q), "kind": "progress", "step": q, "message": "y" * 1500}, host_b)
-              for q in range(3500)]
+    padded = [
+        as_host({**finished(b, q), "kind": "progress", "step": q, "message": "y" * 1500}, host_b)
+        for q in range(3500)
+    ]
     write_progress(spec_b.checkpoint.uri, padded)
     assert Path(progress_uri(spec_b.checkpoint.uri)).stat().st_size > 5_000_000
     engine.tick()
@@ -152,8 +168,11 @@ def test_links_must_point_where_the_job_may() -> None:
     from bot.engine.integrity import Expected, cap_event, check_links
     from runner.spec import RunnerEvent
 
-    ok = Expected(output_prefix="s3://b/tunebot/j1/output", checkpoint_prefix="s3://b/tunebot/j1/checkpoints",
-                  hub_repo="acme/lora")
+    ok = Expected(
+        output_prefix="s3://b/tunebot/j1/output",
+        checkpoint_prefix="s3://b/tunebot/j1/checkpoints",
+        hub_repo="acme/lora",
+    )
 
     def kept(**fields: Any) -> dict[str, Any]:
         event, _ = check_links(RunnerEvent(job_id="j1", seq=0, kind="finished", **fields), ok)
@@ -161,18 +180,34 @@ def test_links_must_point_where_the_job_may() -> None:
 
     assert kept(output_uri="s3://b/tunebot/j1/output") == {"output_uri": "s3://b/tunebot/j1/output"}
     assert kept(output_uri="s3://b/tunebot/j1/output/merged")["output_uri"]
-    for bad in ("s3://b/tunebot/j2/output", "s3://b/tunebot/j1/output-evil", "https://evil.example/x",
-                "s3://b/tunebot/j1/output/../../j2/output", "s3://b/tunebot/j1/output/%2e%2e/j2"):
+    for bad in (
+        "s3://b/tunebot/j2/output",
+        "s3://b/tunebot/j1/output-evil",
+        "https://evil.example/x",
+        "s3://b/tunebot/j1/output/../../j2/output",
+        "s3://b/tunebot/j1/output/%2e%2e/j2",
+    ):
         assert kept(output_uri=bad) == {"output_uri": None}, bad
     assert kept(checkpoint_uri="s3://b/tunebot/j1/checkpoints/checkpoint-4")["checkpoint_uri"]
     assert kept(checkpoint_uri="s3://b/tunebot/j2/checkpoints/checkpoint-4") == {"checkpoint_uri": None}
     assert kept(wandb_url="https://wandb.ai/acme/tunebot/runs/j1")["wandb_url"]
-    for bad in ("http://wandb.ai/x", "https://wandb.ai.evil.example/x", "https://evil.example/wandb.ai",
-                "https://user@wandb.ai/x"):
+    for bad in (
+        "http://wandb.ai/x",
+        "https://wandb.ai.evil.example/x",
+        "https://evil.example/wandb.ai",
+        "https://user@wandb.ai/x",
+    ):
         assert kept(wandb_url=bad) == {"wandb_url": None}, bad
     assert kept(hub_url="https://huggingface.co/acme/lora")["hub_url"]
     for bad in ("https://huggingface.co/acme/other", "https://huggingface.co/acme/lora-evil"):
         assert kept(hub_url=bad) == {"hub_url": None}, bad
-    long = cap_event(RunnerEvent(job_id="j1", seq=0, kind="failed", message="m" * 10_000,
-                                 metrics={f"k{i}": 1.0 for i in range(100)}))
+    long = cap_event(
+        RunnerEvent(
+            job_id="j1",
+            seq=0,
+            kind="failed",
+            message="m" * 10_000,
+            metrics={f"k{i}": 1.0 for i in range(100)},
+        )
+    )
     assert len(long.message or "") == 2000 and len(long.metrics or {}) == 32

@@ -24,8 +24,15 @@ from runner.spec import EventKind, JobSpec, RunnerEvent
 from .conftest import Recorder
 from .fakes import FakeProvider
 
-CHAT = [{"messages": [{"role": "user", "content": f"add {i} and {i}"},
-                      {"role": "assistant", "content": f"{2 * i}"}]} for i in range(30)]
+CHAT = [
+    {
+        "messages": [
+            {"role": "user", "content": f"add {i} and {i}"},
+            {"role": "assistant", "content": f"{2 * i}"},
+        ]
+    }
+    for i in range(30)
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +70,21 @@ def test_what_the_estimate_priced_reaches_the_spec_unchanged(tmp_path: Path, tin
     data = write_jsonl(tmp_path / "chat.jsonl", CHAT)
     fake = FakeProvider("fake", price=0.5)
     eng = make_engine(tmp_path, fake)
-    req = EstimateRequest(model=str(tiny / "model"), dataset=str(data), lora_targets=["q", "v"], lora_r=8,
-                          learning_rate=1e-3, eval_split=0.1, plateau_patience=4, seed=7, seq_len=256,
-                          max_steps=12, lr_scheduler="linear", warmup_ratio=0.1, lora_dropout=0.05)
+    req = EstimateRequest(
+        model=str(tiny / "model"),
+        dataset=str(data),
+        lora_targets=["q", "v"],
+        lora_r=8,
+        learning_rate=1e-3,
+        eval_split=0.1,
+        plateau_patience=4,
+        seed=7,
+        seq_len=256,
+        max_steps=12,
+        lr_scheduler="linear",
+        warmup_ratio=0.1,
+        lora_dropout=0.05,
+    )
     est = planned(eng, req, fake)
     assert est.training.dataset_format == "messages"
     assert est.training.lora_targets == ["q_proj", "v_proj"]
@@ -130,8 +149,11 @@ def test_a_local_job_keeps_only_same_host_fallbacks_without_object_storage(tmp_p
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
     here = FakeProvider("local", price=0.1)
     cloud = FakeProvider("vast", price=0.2, kind="container")
-    eng = Engine(Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data")), db_url=f"sqlite:///{tmp_path / 'x.db'}",
-                 providers={"local": here, "vast": cloud})
+    eng = Engine(
+        Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data")),
+        db_url=f"sqlite:///{tmp_path / 'x.db'}",
+        providers={"local": here, "vast": cloud},
+    )
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data))
     both = plan_estimate(req, offers=[here.offer(), cloud.offer()])
     est = offers_mod.for_this_engine(both, eng.providers, [])
@@ -146,7 +168,8 @@ def test_a_local_job_keeps_only_same_host_fallbacks_without_object_storage(tmp_p
 
 
 def test_inputs_are_staged_to_object_storage_and_credentials_travel_only_as_instance_env(
-        tmp_path: Path, tiny: Path, s3_bucket: str) -> None:
+    tmp_path: Path, tiny: Path, s3_bucket: str
+) -> None:
     import fsspec
 
     data = write_jsonl(tmp_path / "chat.jsonl", CHAT)
@@ -180,7 +203,8 @@ def test_inputs_are_staged_to_object_storage_and_credentials_travel_only_as_inst
 
 
 def test_s3_storage_without_keys_is_refused(
-        tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(key)
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
@@ -205,7 +229,8 @@ def test_s3_storage_without_keys_is_refused(
     ],
 )
 def test_options_the_runner_cannot_honour_are_refused_before_renting(
-        tmp_path: Path, s3_bucket: str, update: dict[str, Any], env: dict[str, str], refusal: str) -> None:
+    tmp_path: Path, s3_bucket: str, update: dict[str, Any], env: dict[str, str], refusal: str
+) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
     cloud = FakeProvider("vast", kind="container", gpu_count=update.get("gpus", 1))
     eng = make_engine(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/t", **env)
@@ -227,12 +252,18 @@ def test_flash_attention_launches_when_the_image_has_it(tmp_path: Path, s3_bucke
 
 
 def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite's offline default asks for less, and wins
     data = write_jsonl(tmp_path / "d.jsonl", CHAT)
     fake = FakeProvider("fake")
-    eng = make_engine(tmp_path, fake, WANDB_API_KEY="wandb-secret-key-123456", WANDB_ENTITY="acme",
-                      WANDB_PROJECT="finetunes")
+    eng = make_engine(
+        tmp_path,
+        fake,
+        WANDB_API_KEY="wandb-secret-key-123456",
+        WANDB_ENTITY="acme",
+        WANDB_PROJECT="finetunes",
+    )
     rec = Recorder(eng.bus)
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data))
     job = eng.create_job(req, user="alice", estimate=planned(eng, req, fake))
@@ -244,8 +275,9 @@ def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(
     eng.record_runner_event(job.job_id, None, {})  # no token: refused
     from bot.engine import runner_events
 
-    runner_events.ingest(eng, job.job_id, [RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.started,
-                                                 wandb_url=url)])
+    runner_events.ingest(
+        eng, job.job_id, [RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.started, wandb_url=url)]
+    )
     links = [e for e in rec.events if e.kind == "link"]
     assert len(links) == 1 and links[0].data["url"] == url
     from bot.chat.notifier import milestone_text
@@ -294,7 +326,9 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
     from bot.engine import runner_events
 
     url = "https://huggingface.co/acme/llama-lora"
-    done = RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.finished, hub_url=url, output_uri="s3://b/out")
+    done = RunnerEvent(
+        job_id=job.job_id, seq=0, kind=EventKind.finished, hub_url=url, output_uri="s3://b/out"
+    )
     runner_events.ingest(eng, job.job_id, [done])
     fake.set_status(next(iter(fake.instances)), InstanceStatus.exited, exit_code=0)
     eng.tick()
@@ -304,7 +338,8 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
 
 
 def test_a_dataset_already_in_object_storage_is_counted_checked_and_used_in_place(
-        tmp_path: Path, s3_bucket: str) -> None:
+    tmp_path: Path, s3_bucket: str
+) -> None:
     import fsspec
 
     uri = f"{s3_bucket}/data/chat.jsonl"
@@ -322,7 +357,8 @@ def test_a_dataset_already_in_object_storage_is_counted_checked_and_used_in_plac
 
 
 def test_a_symlink_out_of_a_staged_model_folder_is_refused_and_nothing_outside_is_uploaded(
-        tmp_path: Path, tiny: Path, s3_bucket: str) -> None:
+    tmp_path: Path, tiny: Path, s3_bucket: str
+) -> None:
     import shutil
 
     import fsspec
@@ -337,8 +373,11 @@ def test_a_symlink_out_of_a_staged_model_folder_is_refused_and_nothing_outside_i
     eng = make_engine(tmp_path, cloud, TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot")
     data = write_jsonl(tmp_path / "chat.jsonl", CHAT)
     req = EstimateRequest(model=str(model), dataset=str(data), lora_targets=["q", "v"])
-    with pytest.raises(EngineError, match=r"notes.txt in the model folder is a symbolic link to something "
-                                          r"outside it: refused"):
+    with pytest.raises(
+        EngineError,
+        match=r"notes.txt in the model folder is a symbolic link to something "
+        r"outside it: refused",
+    ):
         eng.create_job(req, user="mallory", estimate=planned(eng, req, cloud))
     (model / "notes.txt").unlink()
     (model / "extra").symlink_to(secret.parent, target_is_directory=True)  # a folder link out of it

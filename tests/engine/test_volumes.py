@@ -64,8 +64,14 @@ def test_delete_unknown_provider_is_refused(engine):
 
 def _volume(provider: str, volume_id: str, name: str, *, idle_since: float | None = None) -> Volume:
     since = datetime.fromtimestamp(idle_since, UTC) if idle_since is not None else None
-    return Volume(provider=provider, volume_id=volume_id, name=name, size_gb=100, price_per_gb_month=0.1,
-                  idle_since=since)
+    return Volume(
+        provider=provider,
+        volume_id=volume_id,
+        name=name,
+        size_gb=100,
+        price_per_gb_month=0.1,
+        idle_since=since,
+    )
 
 
 def test_volumes_tunebot_never_created_are_nobodys_to_delete(make_engine, settings):

@@ -9,8 +9,10 @@ from runner.spec import JobSpec
 
 from .conftest import Recorder, estimate_for, request
 
-NOTE = ("W&B is unreachable (api.wandb.ai:443 unreachable: Connection refused): logging offline; its files "
-        "are kept in s3://b/j/checkpoints/wandb/; upload them with `wandb sync <folder>` once W&B answers")
+NOTE = (
+    "W&B is unreachable (api.wandb.ai:443 unreachable: Connection refused): logging offline; its files "
+    "are kept in s3://b/j/checkpoints/wandb/; upload them with `wandb sync <folder>` once W&B answers"
+)
 
 
 def test_offline_wandb_note_is_posted_once_per_job(engine, fake):

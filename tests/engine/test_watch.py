@@ -63,8 +63,14 @@ def test_a_pushed_last_event_ends_the_job_without_a_tick(engine, fake):
     from runner.spec import JobSpec
 
     spec = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
-    done = {"job_id": job.job_id, "seq": 3, "kind": "finished", "step": 10, "timestamp": 5.0,
-            "output_uri": spec.output_uri}
+    done = {
+        "job_id": job.job_id,
+        "seq": 3,
+        "kind": "finished",
+        "step": 10,
+        "timestamp": 5.0,
+        "output_uri": spec.output_uri,
+    }
     assert engine.record_runner_event(job.job_id, spec.report.token, signed(engine, done))
     assert _wait(lambda: engine.get_job(job.job_id).state == "succeeded")  # no tick ran
     assert fake.live() == [] and "finished" in rec.kinds()
@@ -85,15 +91,24 @@ def vast() -> Iterator[Any]:
 
 
 def _cli(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from bot.cli import main; main()", *args],
-                          env={**os.environ, "COLUMNS": "200", **env}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from bot.cli import main; main()", *args],
+        env={**os.environ, "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _cli_env(tmp_path: Path, vast: Any, bucket: str) -> dict[str, str]:
-    return {"DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}", "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
-            "TUNEBOT_CHECKPOINT_URI": f"{bucket}/tb", "VAST_API_KEY": vast.api_key, "VAST_API_URL": vast.url,
-            "TUNEBOT_LOCAL_PROVIDER": "0"}
+    return {
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
+        "TUNEBOT_CHECKPOINT_URI": f"{bucket}/tb",
+        "VAST_API_KEY": vast.api_key,
+        "VAST_API_URL": vast.url,
+        "TUNEBOT_LOCAL_PROVIDER": "0",
+    }
 
 
 @pytest.mark.slow
@@ -118,8 +133,11 @@ def test_launch_without_a_supervisor_says_so(tmp_path: Path, vast: Any, s3_bucke
 
     db = make_engine(env["DATABASE_URL"])
     with Session(db) as s:
-        s.add(SchedulerLease(name="scheduler", holder="serve-1", expires_at=time.time() + 600,
-                             renewed_at=time.time()))
+        s.add(
+            SchedulerLease(
+                name="scheduler", holder="serve-1", expires_at=time.time() + 600, renewed_at=time.time()
+            )
+        )
         s.commit()
     db.dispose()
     second = _cli(args, env)
@@ -141,8 +159,9 @@ def test_a_finish_seen_by_the_cli_tears_the_instance_down(tmp_path: Path, vast: 
     env = _cli_env(tmp_path, vast, s3_bucket)
     client = client_for(vast)
     offer = client.search_offers(OfferQuery(interruptible=False, min_reliability=0.0))[0]
-    settings = Settings(TUNEBOT_DATA_DIR=env["TUNEBOT_DATA_DIR"],
-                        TUNEBOT_CHECKPOINT_URI=env["TUNEBOT_CHECKPOINT_URI"])
+    settings = Settings(
+        TUNEBOT_DATA_DIR=env["TUNEBOT_DATA_DIR"], TUNEBOT_CHECKPOINT_URI=env["TUNEBOT_CHECKPOINT_URI"]
+    )
     engine = Engine(settings, db_url=env["DATABASE_URL"], providers={"vast": client})
     job = engine.create_job(request(), user="alice", estimate=make_estimate([offer]))
     assert job.state == "running", job.message
@@ -154,8 +173,15 @@ def test_a_finish_seen_by_the_cli_tears_the_instance_down(tmp_path: Path, vast: 
         folder = s.get(Job, job.job_id).checkpoint_uri
     events = [
         {"job_id": job.job_id, "seq": 0, "kind": "started", "step": 0, "timestamp": time.time()},
-        {"job_id": job.job_id, "seq": 1, "kind": "finished", "step": 20, "max_steps": 20, "loss": 1.25,
-         "timestamp": time.time()},
+        {
+            "job_id": job.job_id,
+            "seq": 1,
+            "kind": "finished",
+            "step": 20,
+            "max_steps": 20,
+            "loss": 1.25,
+            "timestamp": time.time(),
+        },
     ]
     obj = {"job_id": job.job_id, "updated": time.time(), "last_seq": 1, "events": signed_all(engine, events)}
     engine.close()

@@ -166,8 +166,14 @@ class FakeHub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def add_model(self, repo_id: str, *, config: dict[str, Any] | None = None, gated: bool = False,
-                  granted: set[str] | None = None) -> HubModel:
+    def add_model(
+        self,
+        repo_id: str,
+        *,
+        config: dict[str, Any] | None = None,
+        gated: bool = False,
+        granted: set[str] | None = None,
+    ) -> HubModel:
         """A (gated) model whose files anyone may ask for, answered per token (see the module's docstring)."""
         files = {"config.json": json.dumps(config or {"model_type": "llama"}).encode()}
         model = HubModel(repo_id, files, gated=gated, granted=set(granted or ()))
@@ -190,12 +196,15 @@ class FakeHub:
             return status, headers, json.dumps({"error": message}).encode()
 
         if model.gated and token not in model.granted:
-            return error(401 if token is None else 403, "GatedRepo",
-                         f"Access to model {model.repo_id} is restricted. You must have access to it and be "
-                         "authenticated to access it. Please log in.")
+            return error(
+                401 if token is None else 403,
+                "GatedRepo",
+                f"Access to model {model.repo_id} is restricted. You must have access to it and be "
+                "authenticated to access it. Please log in.",
+            )
         data = model.files.get(match.group(3))
         if data is None:
-            return error(404, "EntryNotFound", f"{match.group(3)} does not exist on \"{match.group(2)}\"")
+            return error(404, "EntryNotFound", f'{match.group(3)} does not exist on "{match.group(2)}"')
         return 200, {"Content-Type": "application/octet-stream", "X-Repo-Commit": "0" * 40}, data
 
     def add_folder(self, repo_id: str, folder: Path, *, private: bool = True) -> HubRepo:
@@ -226,8 +235,10 @@ class FakeHub:
                 if "/" not in repo_id:
                     repo_id = f"me/{repo_id}"
                 if repo_id in self.repos:
-                    return 409, {"error": "You already created this model repo",
-                                 "url": f"{self.url}/{repo_id}"}
+                    return 409, {
+                        "error": "You already created this model repo",
+                        "url": f"{self.url}/{repo_id}",
+                    }
                 private = body.get("visibility") == "private" or bool(body.get("private"))
                 self.repos[repo_id] = HubRepo(repo_id, private=private)
                 return 200, {"url": f"{self.url}/{repo_id}", "name": repo_id}
@@ -243,19 +254,28 @@ class FakeHub:
                     return 404, {"error": "Repository not found"}
                 if action == "preupload":
                     files = json.loads(raw)["files"]
-                    return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                           for f in files]}
+                    return 200, {
+                        "files": [
+                            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files
+                        ]
+                    }
                 return self._commit(repo, raw)
             match = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+(?:/.*)?", path)
             if match and method == "GET" and match.group(1) in self.repos:
                 repo = self.repos[match.group(1)]
-                return 200, [{"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-                             for n, d in sorted(repo.files.items())]
+                return 200, [
+                    {"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                    for n, d in sorted(repo.files.items())
+                ]
             match = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
             if match and method == "GET" and match.group(1) in self.repos:
                 repo = self.repos[match.group(1)]
-                return 200, {"id": repo.repo_id, "private": repo.private, "sha": repo.sha,
-                             "siblings": [{"rfilename": n} for n in sorted(repo.files)]}
+                return 200, {
+                    "id": repo.repo_id,
+                    "private": repo.private,
+                    "sha": repo.sha,
+                    "siblings": [{"rfilename": n} for n in sorted(repo.files)],
+                }
             return 404, {"error": f"fake hub: no route {method} {path}"}
 
     def _commit(self, repo: HubRepo, raw: bytes) -> tuple[int, Any]:

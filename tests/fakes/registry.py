@@ -56,18 +56,39 @@ class FakeRegistry:
         repo = self.repos.setdefault(name, Repo(private=private))
         repo.private = private
         sizes = layers if layers is not None else [1_500_000_000, 400_000_000]
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": MANIFEST,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 7023,
-                       "digest": _digest(f"{name}:{tag}:config".encode())},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": size,
-                        "digest": _digest(f"{name}:{tag}:{i}".encode())} for i, size in enumerate(sizes)],
-        }).encode()
-        index = json.dumps({
-            "schemaVersion": 2, "mediaType": INDEX,
-            "manifests": [{"mediaType": MANIFEST, "size": len(manifest), "digest": _digest(manifest),
-                           "platform": {"architecture": "amd64", "os": "linux"}}],
-        }).encode()
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST,
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "size": 7023,
+                    "digest": _digest(f"{name}:{tag}:config".encode()),
+                },
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        "size": size,
+                        "digest": _digest(f"{name}:{tag}:{i}".encode()),
+                    }
+                    for i, size in enumerate(sizes)
+                ],
+            }
+        ).encode()
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": INDEX,
+                "manifests": [
+                    {
+                        "mediaType": MANIFEST,
+                        "size": len(manifest),
+                        "digest": _digest(manifest),
+                        "platform": {"architecture": "amd64", "os": "linux"},
+                    }
+                ],
+            }
+        ).encode()
         with self.lock:
             repo.blobs[_digest(manifest)] = manifest
             repo.blobs[_digest(index)] = index
@@ -177,8 +198,9 @@ class FakeRegistry:
         body = json.dumps({"token": token, "access_token": token}).encode()
         return 200, {"Content-Type": "application/json"}, body
 
-    def _challenge(self, name: str, *, code: str = "UNAUTHORIZED",
-                   message: str = "authentication required") -> tuple[int, dict[str, str], bytes]:
+    def _challenge(
+        self, name: str, *, code: str = "UNAUTHORIZED", message: str = "authentication required"
+    ) -> tuple[int, dict[str, str], bytes]:
         status, headers, body = self._error(401, code, message)
         headers["WWW-Authenticate"] = (
             f'Bearer realm="{self.url}/token",service="fake-registry",scope="repository:{name}:pull"'

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Loaded by every sandboxed Python process (PYTHONPATH=<sandbox>/boot): the host's view of the world.
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import errno, ipaddress, json, os, socket, sys
 
 _DENY = tuple(os.path.abspath(p) for p in json.loads(os.environ.get("TUNEBOT_SANDBOX_DENY", "[]")))
@@ -99,7 +99,7 @@ def _guarded_connect_ex(self, address):
 
 socket.socket.connect = _guarded_connect
 socket.socket.connect_ex = _guarded_connect_ex
-'''
+"""
 
 
 @dataclass
@@ -123,8 +123,9 @@ class Host:
 
 
 class HostPool:
-    def __init__(self, root: Path, *, images: dict[str, list[str]], bot_roots: list[Path],
-                 grace_s: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, *, images: dict[str, list[str]], bot_roots: list[Path], grace_s: float = 60.0
+    ) -> None:
         self.root = Path(root)
         self.images = images
         self.bot_roots = [str(Path(p).resolve()) for p in bot_roots]
@@ -157,9 +158,15 @@ class HostPool:
             host.problem = f"pull access denied for {image}"
             return host
         with open(sandbox / "runner.log", "wb") as log:
-            host.proc = subprocess.Popen(command, cwd=sandbox / "work", env=host_env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            host.proc = subprocess.Popen(
+                command,
+                cwd=sandbox / "work",
+                env=host_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return host
 
     def preempt(self, instance_id: str) -> None:

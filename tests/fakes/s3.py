@@ -41,8 +41,12 @@ class MotoServer:
         env = dict(os.environ)
         if unauthenticated_actions is not None:  # moto checks keys against its IAM after this many requests
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(unauthenticated_actions)
-        self.proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(
+            [str(server), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -56,16 +60,20 @@ class MotoServer:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "tunebot-test-key",
-                "AWS_SECRET_ACCESS_KEY": "tunebot-test-secret-4f1b", "AWS_DEFAULT_REGION": REGION}
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": "tunebot-test-key",
+            "AWS_SECRET_ACCESS_KEY": "tunebot-test-secret-4f1b",
+            "AWS_DEFAULT_REGION": REGION,
+        }
 
     def bucket(self) -> str:
         import boto3
 
         name = f"tb-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="x", aws_secret_access_key="x",
-                     region_name=REGION).create_bucket(
-            Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+        boto3.client(
+            "s3", endpoint_url=self.url, aws_access_key_id="x", aws_secret_access_key="x", region_name=REGION
+        ).create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
         return name
 
     def stop(self) -> None:
@@ -108,11 +116,16 @@ class AuthedS3:
         import boto3
 
         self.server = MotoServer(unauthenticated_actions=self.SETUP_REQUESTS)
-        kw = {"endpoint_url": self.server.url, "region_name": REGION, "aws_access_key_id": "setup",
-              "aws_secret_access_key": "setup"}
+        kw = {
+            "endpoint_url": self.server.url,
+            "region_name": REGION,
+            "aws_access_key_id": "setup",
+            "aws_secret_access_key": "setup",
+        }
         name = f"tb-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", **kw).create_bucket(Bucket=name,
-                                               CreateBucketConfiguration={"LocationConstraint": REGION})
+        boto3.client("s3", **kw).create_bucket(
+            Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION}
+        )
         iam = boto3.client("iam", **kw)
         self.bucket = f"s3://{name}"
         self.writer = self._user(iam, "writer", ["s3:*"])
@@ -123,15 +136,22 @@ class AuthedS3:
         allow = {"Effect": "Allow", "Action": actions, "Resource": "*"}
         policy = {"Version": "2012-10-17", "Statement": [allow]}
         iam.create_user(UserName=name)  # type: ignore[attr-defined]
-        iam.put_user_policy(UserName=name, PolicyName="s3",  # type: ignore[attr-defined]
-                            PolicyDocument=json.dumps(policy))
+        iam.put_user_policy(
+            UserName=name,
+            PolicyName="s3",  # type: ignore[attr-defined]
+            PolicyDocument=json.dumps(policy),
+        )
         key = iam.create_access_key(UserName=name)["AccessKey"]  # type: ignore[attr-defined]
         return key["AccessKeyId"], key["SecretAccessKey"]
 
     def env(self, key: tuple[str, str]) -> dict[str, str]:
         """The AWS_* settings for these keys on this server."""
-        return {"AWS_ENDPOINT_URL": self.server.url, "AWS_ACCESS_KEY_ID": key[0],
-                "AWS_SECRET_ACCESS_KEY": key[1], "AWS_DEFAULT_REGION": REGION}
+        return {
+            "AWS_ENDPOINT_URL": self.server.url,
+            "AWS_ACCESS_KEY_ID": key[0],
+            "AWS_SECRET_ACCESS_KEY": key[1],
+            "AWS_DEFAULT_REGION": REGION,
+        }
 
 
 @pytest.fixture(scope="session")

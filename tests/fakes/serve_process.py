@@ -146,11 +146,20 @@ class ServeProcess:
         return found
 
     def command(self, text: str, *, user: str, response_url: str, channel: str = "C1") -> httpx.Response:
-        body = urlencode({
-            "command": "/tune", "text": text, "user_id": user, "user_name": user.lower(), "team_id": "T1",
-            "channel_id": channel, "response_url": response_url, "trigger_id": f"t{time.time_ns()}",
-            "api_app_id": "A1", "token": "legacy",
-        })
+        body = urlencode(
+            {
+                "command": "/tune",
+                "text": text,
+                "user_id": user,
+                "user_name": user.lower(),
+                "team_id": "T1",
+                "channel_id": channel,
+                "response_url": response_url,
+                "trigger_id": f"t{time.time_ns()}",
+                "api_app_id": "A1",
+                "token": "legacy",
+            }
+        )
         headers = {"Content-Type": "application/x-www-form-urlencoded", **sign(body)}
         return httpx.post(self.url + "/slack/events", content=body, headers=headers, timeout=30)
 

@@ -143,6 +143,4 @@ class FakeSocketMode:
 
     def refresh(self) -> None:
         """Ask the client to reconnect, as Slack does before it rotates a connection."""
-        self._send_raw(
-            {"type": "disconnect", "reason": "refresh_requested", "debug_info": {"host": "fake"}}
-        )
+        self._send_raw({"type": "disconnect", "reason": "refresh_requested", "debug_info": {"host": "fake"}})

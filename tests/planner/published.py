@@ -356,7 +356,14 @@ def memory_rows(guidance: bool = False) -> list[Row]:
     from bot.planner.gpus import gpu
 
     for card, length in UNSLOTH_CONTEXT.items():
-        request = dict(model="meta-llama/Llama-3.1-8B", method="qlora", lora_r=32, batch_size=1,
-                       seq_len=length, attn="flash", legacy_logits=True)
+        request = dict(
+            model="meta-llama/Llama-3.1-8B",
+            method="qlora",
+            lora_r=32,
+            batch_size=1,
+            seq_len=length,
+            attn="flash",
+            legacy_logits=True,
+        )
         rows.append(Row(f"unsloth context {card}", request, card, gpu(card).memory_gb, convention="device"))
     return rows

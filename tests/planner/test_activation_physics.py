@@ -185,8 +185,14 @@ def test_bitsandbytes_qlora_block_and_its_fp32_residual_stream(upcast: bool, tmp
     measured = _saved(_qlora_model(2, upcast, tmp_path)) - _saved(_qlora_model(1, upcast, tmp_path))
     arch = from_config({"model_type": "llama", "num_hidden_layers": 4, **DIMS})
     req = EstimateRequest(
-        model="tiny", method="qlora", lora_r=8, batch_size=BATCH, seq_len=SEQ, gradient_checkpointing=False,
-        autocast=False, qlora_upcast=upcast,
+        model="tiny",
+        method="qlora",
+        lora_r=8,
+        batch_size=BATCH,
+        seq_len=SEQ,
+        gradient_checkpointing=False,
+        autocast=False,
+        qlora_upcast=upcast,
     )
     predicted = _activation_bytes_per_token_layer(arch, req) * BATCH * SEQ
     assert predicted == pytest.approx(measured, rel=0.10), f"{predicted:,.0f} vs measured {measured:,.0f}"

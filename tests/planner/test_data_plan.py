@@ -86,8 +86,9 @@ def test_a_dataset_beyond_what_an_estimate_reads_is_approximated_from_a_sample(
     try:
         sampled = snapshot_plan(_request(str(tiny / "model"), tiny))
         long = tmp_path / "long.jsonl"
-        long.write_text((tiny / "data.jsonl").read_text().splitlines()[0] + "\n"
-                        + '{"text": "' + "x" * 5000 + '"}\n')
+        long.write_text(
+            (tiny / "data.jsonl").read_text().splitlines()[0] + "\n" + '{"text": "' + "x" * 5000 + '"}\n'
+        )
         with pytest.raises(BadRequestError, match="long.jsonl:2: a line is longer than 4,096 bytes"):
             snapshot_plan(
                 EstimateRequest(model=str(tiny / "model"), dataset=str(long), seq_len=256, gpu="cpu")

@@ -58,7 +58,6 @@ def test_checkpointing_and_adapters_add_ops() -> None:
     )
 
 
-
 def test_the_optimizer_step_pays_for_every_trainable_tensor() -> None:
     """All-linear LoRA on a 28-layer model has 392 tensors (A and B of 7 Linears a layer): the optimizer step
     walks each of them in Python whatever its size, which a short step feels and the bandwidth term misses."""

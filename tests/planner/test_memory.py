@@ -29,8 +29,12 @@ def test_eager_torchao_dequant_needs_its_int64_temporaries() -> None:
 
 @pytest.mark.parametrize(
     ("stack", "compile", "path"),
-    [("torchtune", False, "torchao eager"), ("torchtune", True, "kernel"), ("hf", False, "kernel"),
-     ("unsloth", False, "unsloth buffer")],
+    [
+        ("torchtune", False, "torchao eager"),
+        ("torchtune", True, "kernel"),
+        ("hf", False, "kernel"),
+        ("unsloth", False, "unsloth buffer"),
+    ],
 )
 def test_dequant_path_follows_the_stack(stack: str, compile: bool, path: str) -> None:
     assert nf4_dequant_path(_qlora(stack=stack, compile=compile)) == path
@@ -52,8 +56,10 @@ def test_the_default_request_prices_the_runners_autocast() -> None:
         assert req.autocast is uses_autocast(spec, torch.device("cuda"))  # type: ignore[arg-type]
     lora = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", gradient_checkpointing=False)
     trainer = lora.model_copy(update={"autocast": True})
-    assert estimate_memory(arch, lora).breakdown["activations"] > estimate_memory(arch, trainer).breakdown[
-        "activations"]
+    assert (
+        estimate_memory(arch, lora).breakdown["activations"]
+        > estimate_memory(arch, trainer).breakdown["activations"]
+    )
 
 
 def test_the_cublas_workspace_is_torch_reserved_memory_beside_the_context() -> None:

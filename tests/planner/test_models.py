@@ -107,9 +107,7 @@ def test_unreachable_hub_falls_back_to_the_table(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("declare", [True, False], ids=["content-length", "no-content-length"])
-def test_a_huge_hub_config_is_refused_without_reading_or_caching_it(
-    fake_hub: FakeHub, declare: bool
-) -> None:
+def test_a_huge_hub_config_is_refused_without_reading_or_caching_it(fake_hub: FakeHub, declare: bool) -> None:
     from bot.planner.models import MAX_CONFIG_BYTES, _cache_dir
 
     fake_hub.huge["acme/huge"] = (300 << 20, declare)  # 300 MB of JSON whitespace, then {}
@@ -122,8 +120,14 @@ def test_a_huge_hub_config_is_refused_without_reading_or_caching_it(
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("hidden_size", 10**12), ("num_hidden_layers", -1), ("vocab_size", 1.5), ("num_attention_heads", True),
-     ("intermediate_size", "4096"), ("num_local_experts", 10**9)],
+    [
+        ("hidden_size", 10**12),
+        ("num_hidden_layers", -1),
+        ("vocab_size", 1.5),
+        ("num_attention_heads", True),
+        ("intermediate_size", "4096"),
+        ("num_local_experts", 10**9),
+    ],
 )
 def test_hub_config_dimensions_are_validated_and_bad_ones_never_cached(
     fake_hub: FakeHub, key: str, value: object

@@ -156,7 +156,13 @@ def _max_context(capacity_gb: float) -> int:
     while hi - lo > 16:
         mid = (lo + hi) // 2
         req = EstimateRequest(
-            model="x", method="qlora", lora_r=32, batch_size=1, seq_len=mid, attn="flash", legacy_logits=True,
+            model="x",
+            method="qlora",
+            lora_r=32,
+            batch_size=1,
+            seq_len=mid,
+            attn="flash",
+            legacy_logits=True,
             loss="plain",
         )
         if estimate_memory(arch, req).per_gpu_gb <= capacity_gb:

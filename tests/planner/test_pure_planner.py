@@ -45,9 +45,19 @@ def no_io(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         raise AssertionError(f"I/O inside estimate(): {args[:1]!r}")
 
     with monkeypatch.context() as m:
-        for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (os, "scandir"),
-                             (os, "listdir"), (socket, "create_connection"), (socket.socket, "connect"),
-                             (httpx, "stream"), (httpx, "get"), (httpx.Client, "send")):
+        for module, name in (
+            (builtins, "open"),
+            (io, "open"),
+            (os, "open"),
+            (os, "stat"),
+            (os, "scandir"),
+            (os, "listdir"),
+            (socket, "create_connection"),
+            (socket.socket, "connect"),
+            (httpx, "stream"),
+            (httpx, "get"),
+            (httpx.Client, "send"),
+        ):
             m.setattr(module, name, refuse)
         m.setattr(os, "environ", _NoEnvironment())
         yield
@@ -61,8 +71,12 @@ def on_disk(tmp_path: Path) -> EstimateRequest:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(hit.config))
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"instruction": f"add {i} and {i}", "input": "", "output": str(2 * i)})
-                            + "\n" for i in range(40)))
+    data.write_text(
+        "".join(
+            json.dumps({"instruction": f"add {i} and {i}", "input": "", "output": str(2 * i)}) + "\n"
+            for i in range(40)
+        )
+    )
     return EstimateRequest(model=str(config), dataset=str(data), lora_targets=["q", "v"], gpus=2)
 
 
@@ -100,11 +114,19 @@ def test_the_pure_core_imports_no_io_module() -> None:
     [
         EstimateRequest(model="llama-3.1-8b", lora_targets=["q", "v"], tokens=10**6, gpus=2),
         # nothing fits an 8B full-rank model's LoRA on one 4090 at 32k tokens: the suggestions re-estimate
-        EstimateRequest(model="llama-3.1-8b", lora_targets="all-linear", tokens=10**6, seq_len=32768,
-                        gpu="rtx-4090", gradient_checkpointing=False, batch_size=8),
+        EstimateRequest(
+            model="llama-3.1-8b",
+            lora_targets="all-linear",
+            tokens=10**6,
+            seq_len=32768,
+            gpu="rtx-4090",
+            gradient_checkpointing=False,
+            batch_size=8,
+        ),
         # a full fine-tune resolves no targets, until its suggestions price the QLoRA alternative: once
-        EstimateRequest(model="llama-3.1-8b", method="full", lora_targets=["q", "v"], tokens=10**6,
-                        gpu="rtx-4090"),
+        EstimateRequest(
+            model="llama-3.1-8b", method="full", lora_targets=["q", "v"], tokens=10**6, gpu="rtx-4090"
+        ),
     ],
 )
 def test_lora_targets_are_resolved_once_per_request(

@@ -38,9 +38,16 @@ def test_defaults_come_from_one_place_and_the_alias_becomes_the_hub_id() -> None
     plan = snapshot_plan(EstimateRequest(model="llama-3.1-8b", tokens=10**6)).training
     assert plan is not None and plan.base_model == "meta-llama/Llama-3.1-8B"
     assert (plan.lora_r, plan.lora_alpha, plan.lora_dropout) == (
-        Defaults.lora_r, Defaults.lora_r * Defaults.lora_alpha_per_r, Defaults.lora_dropout)
+        Defaults.lora_r,
+        Defaults.lora_r * Defaults.lora_alpha_per_r,
+        Defaults.lora_dropout,
+    )
     assert (plan.learning_rate, plan.lr_scheduler, plan.warmup_ratio, plan.seed) == (
-        Defaults.learning_rate, Defaults.lr_scheduler, Defaults.warmup_ratio, Defaults.seed)
+        Defaults.learning_rate,
+        Defaults.lr_scheduler,
+        Defaults.warmup_ratio,
+        Defaults.seed,
+    )
     assert plan.plateau is Defaults.plateau and plan.plateau_patience == Defaults.plateau_patience
     assert plan.plateau_on == "train loss" and plan.hub_private is Defaults.hub_private
 

@@ -78,6 +78,7 @@ def test_a_bare_vm_gets_docker_and_the_nvidia_toolkit_before_the_runner_starts_o
     toolkit = toolkit_steps(keyring=str(keyring), sources=str(sources))
     steps = [runcmd("img:1")[0], *toolkit, docker_run("img:1")]
     calls = run_steps(steps, tmp_path)
+
     def at(prefix: str) -> int:  # the call's position (pipelines run at once: curl and gpg in either order)
         return next(i for i, c in enumerate(calls) if c.startswith(prefix))
 

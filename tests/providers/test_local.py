@@ -171,9 +171,11 @@ def test_state_file_lists_pid_log_and_exit_file(local: LocalProvider) -> None:
 
 def test_the_runners_last_words_are_readable_after_it_exits(tmp_path: Path) -> None:
     """A runner that fails before it can report (a broken spec, an import error) is still explained."""
-    script = ("import sys; print('error: invalid job spec: seq_len: must be >= 8', file=sys.stderr); "
-              "print('{\"status\":\"invalid\",\"message\":\"invalid job spec: seq_len: must be >= 8\"}'); "
-              "sys.exit(2)")
+    script = (
+        "import sys; print('error: invalid job spec: seq_len: must be >= 8', file=sys.stderr); "
+        'print(\'{"status":"invalid","message":"invalid job spec: seq_len: must be >= 8"}\'); '
+        "sys.exit(2)"
+    )
     local = LocalProvider(workdir=tmp_path, runner_command=[sys.executable, "-c", script])
     inst = local.launch(LaunchRequest(job_id="j-words", offer=local.offer(), image="img"))
     deadline = time.monotonic() + 10

@@ -36,11 +36,20 @@ def data_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=DATA_SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=DATA_SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_DATA_CORPUS * 10, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   chat_template=DATA_CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        chat_template=DATA_CHAT_TEMPLATE,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +59,15 @@ def data_tiny_llama(data_tokenizer: Any) -> Callable[[str], Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     def build(attn: str = "sdpa") -> Any:
-        config = LlamaConfig(vocab_size=len(data_tokenizer), hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=512)
+        config = LlamaConfig(
+            vocab_size=len(data_tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
         config._attn_implementation = attn
         torch.manual_seed(0)
         return LlamaForCausalLM(config).eval()
@@ -108,22 +123,27 @@ def runner_job(runner_tiny_dir: Path, tmp_path: Path) -> Callable[..., Any]:
 class RunnerProcess:
     """`python -m runner.cli --spec ...` in a subprocess; can SIGTERM it once a given step is printed."""
 
-    def __init__(self, spec_path: Path, *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self, spec_path: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         import os
         import subprocess
         import sys
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner.cli", "--spec", str(spec_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
         self.stderr = ""
 
-    def finish(self, *, sigterm_at_step: int | None = None, delay: float = 0.0,
-               timeout: float = 240) -> tuple[int, dict[str, Any]]:
+    def finish(
+        self, *, sigterm_at_step: int | None = None, delay: float = 0.0, timeout: float = 240
+    ) -> tuple[int, dict[str, Any]]:
         """Read stdout to the end (SIGTERM once `step N/` with N >= sigterm_at_step shows); (rc, summary)."""
         import signal
         import threading
@@ -221,11 +241,18 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = _Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
-                       "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "eu-west-1"}.items():
+    for key, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+    }.items():
         monkeypatch.setenv(key, value)
     deadline = time.monotonic() + 30
     while True:
@@ -242,7 +269,8 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     s3fs.S3FileSystem.clear_instance_cache()  # a client cached by an earlier test points elsewhere
     boto3.client("s3", endpoint_url=endpoint).create_bucket(
-        Bucket="tunebot", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        Bucket="tunebot", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"}
+    )
     yield endpoint
     s3fs.S3FileSystem.clear_instance_cache()
     os.kill(proc.pid, signal.SIGTERM)

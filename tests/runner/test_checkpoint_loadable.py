@@ -31,9 +31,14 @@ def test_lora_checkpoint_is_a_peft_adapter_that_loads_on_the_base(runner_job: Ca
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    spec = runner_job(max_steps=4, seq_len=128, learning_rate=1e-2,
-                      lora={"target_modules": ["q_proj", "v_proj"]},
-                      checkpoint={"every_minutes": 0.0001, "keep": 1}, base_model_name="acme/tiny-llama")
+    spec = runner_job(
+        max_steps=4,
+        seq_len=128,
+        learning_rate=1e-2,
+        lora={"target_modules": ["q_proj", "v_proj"]},
+        checkpoint={"every_minutes": 0.0001, "keep": 1},
+        base_model_name="acme/tiny-llama",
+    )
     summary, code = run(spec)
     assert code == EXIT_OK, summary
     ckpt = _newest(spec)
@@ -66,8 +71,13 @@ def test_full_checkpoint_is_a_model_transformers_loads(runner_job: Callable[...,
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    spec = runner_job(method="full", max_steps=3, seq_len=128, learning_rate=3e-3,
-                      checkpoint={"every_minutes": 0.0001, "keep": 1})
+    spec = runner_job(
+        method="full",
+        max_steps=3,
+        seq_len=128,
+        learning_rate=3e-3,
+        checkpoint={"every_minutes": 0.0001, "keep": 1},
+    )
     summary, code = run(spec)
     assert code == EXIT_OK, summary
     ckpt = _newest(spec)

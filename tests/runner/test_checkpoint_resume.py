@@ -14,8 +14,13 @@ from runner.spec import EXIT_OK, EXIT_PREEMPTED, parse_progress
 from runner.train import run
 
 # Small enough to be quick, and crossing epoch boundaries (~6 steps per epoch) with grad accumulation.
-RESUME_JOB = {"max_steps": 14, "seq_len": 128, "micro_batch_size": 4, "grad_accum": 2,
-              "report": {"every_seconds": 0.01, "token": "job-token"}}
+RESUME_JOB = {
+    "max_steps": 14,
+    "seq_len": 128,
+    "micro_batch_size": 4,
+    "grad_accum": 2,
+    "report": {"every_seconds": 0.01, "token": "job-token"},
+}
 
 
 @pytest.fixture
@@ -28,10 +33,15 @@ def small_job(runner_job: Callable[..., Any], runner_tiny_dir: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
-        small_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any],
-        event_receiver: Any, tmp_path: Path) -> None:
-    baseline_spec = small_job(checkpoint={"uri": str(tmp_path / "baseline-ckpt")},
-                              output_uri=str(tmp_path / "baseline-out"))
+    small_job: Callable[..., Any],
+    write_spec: Callable[..., Path],
+    runner_process: Callable[..., Any],
+    event_receiver: Any,
+    tmp_path: Path,
+) -> None:
+    baseline_spec = small_job(
+        checkpoint={"uri": str(tmp_path / "baseline-ckpt")}, output_uri=str(tmp_path / "baseline-out")
+    )
     baseline, code = run(baseline_spec)
     assert code == EXIT_OK and baseline.steps == 14
 
@@ -73,17 +83,25 @@ def test_three_sigterms_resume_exactly_and_events_arrive_in_order(
 
 @pytest.mark.slow
 def test_sigkill_mid_upload_to_s3_then_a_fresh_directory_resumes_from_the_previous_complete_checkpoint(
-        small_job: Callable[..., Any], runner_tiny_dir: Path, write_spec: Callable[..., Path],
-        runner_process: Callable[..., Any], moto_s3: str, tmp_path: Path) -> None:
+    small_job: Callable[..., Any],
+    runner_tiny_dir: Path,
+    write_spec: Callable[..., Path],
+    runner_process: Callable[..., Any],
+    moto_s3: str,
+    tmp_path: Path,
+) -> None:
     import fsspec
 
     fs = fsspec.filesystem("s3")
     fs.put(str(runner_tiny_dir / "model"), "tunebot/base/", recursive=True)
     fs.put_file(small_job().dataset.uri, "tunebot/data/small.jsonl")
-    spec = small_job(max_steps=6, base_model="s3://tunebot/base/model",
-                     dataset={"uri": "s3://tunebot/data/small.jsonl"},
-                     checkpoint={"uri": "s3://tunebot/jobs/j1", "every_minutes": 0.001, "keep": 2},
-                     output_uri="s3://tunebot/out/j1")
+    spec = small_job(
+        max_steps=6,
+        base_model="s3://tunebot/base/model",
+        dataset={"uri": "s3://tunebot/data/small.jsonl"},
+        checkpoint={"uri": "s3://tunebot/jobs/j1", "every_minutes": 0.001, "keep": 2},
+        output_uri="s3://tunebot/out/j1",
+    )
     first_dir, fresh_dir = tmp_path / "host-1", tmp_path / "host-2"
     first_dir.mkdir(), fresh_dir.mkdir()
     write_spec(spec, "host-1/job.json"), write_spec(spec, "host-2/job.json")

@@ -31,8 +31,9 @@ def test_a_spec_that_is_not_json_is_invalid(tmp_path: Path, capsys: pytest.Captu
     assert "Traceback" not in err
 
 
-def test_a_spec_with_wrong_fields_names_them(runner_job: Callable[..., Any], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_spec_with_wrong_fields_names_them(
+    runner_job: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = json.loads(runner_job().model_dump_json())
     spec["learning_rate"] = -1
     spec["method"] = "dpo"
@@ -50,9 +51,12 @@ def test_no_spec_at_all(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     assert summary["status"] == "invalid" and "TUNEBOT_JOB_SPEC" in err
 
 
-def test_a_malformed_dataset_line_is_invalid_and_named(runner_job: Callable[..., Any], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_malformed_dataset_line_is_invalid_and_named(
+    runner_job: Callable[..., Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "a"\n')
     spec = runner_job(dataset={"uri": str(data)})
@@ -67,23 +71,36 @@ def test_a_malformed_dataset_line_is_invalid_and_named(runner_job: Callable[...,
 def test_the_console_script_exits_2_without_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "job.json"
     bad.write_text(json.dumps({"job_id": "x"}))
-    out = subprocess.run([sys.executable, "-m", "runner.cli", "--spec", str(bad)], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--spec", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == EXIT_BAD_SPEC
     assert json.loads(out.stdout.strip().splitlines()[-1])["status"] == "invalid"
     assert "Traceback" not in out.stderr and "base_model" in out.stderr
 
 
-def test_a_receiver_that_is_down_does_not_stop_training(runner_job: Callable[..., Any],
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_receiver_that_is_down_does_not_stop_training(
+    runner_job: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     import socket
 
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    spec = runner_job(max_steps=6, seq_len=128, grad_accum=1,
-                      report={"callback_url": f"http://127.0.0.1:{port}/runner/events", "token": "t",
-                              "every_seconds": 0.01})
+    spec = runner_job(
+        max_steps=6,
+        seq_len=128,
+        grad_accum=1,
+        report={
+            "callback_url": f"http://127.0.0.1:{port}/runner/events",
+            "token": "t",
+            "every_seconds": 0.01,
+        },
+    )
     started = time.monotonic()
     path = Path(spec.checkpoint.uri).parent / "down.json"
     path.write_text(spec.model_dump_json())
@@ -95,8 +112,9 @@ def test_a_receiver_that_is_down_does_not_stop_training(runner_job: Callable[...
     assert kinds[0] == "started" and kinds[-1] == "finished" and "progress" in kinds
 
 
-def test_a_base_model_folder_that_does_not_exist_is_invalid(runner_job: Callable[..., Any], tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_base_model_folder_that_does_not_exist_is_invalid(
+    runner_job: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "job.json"
     path.write_text(runner_job(base_model=str(tmp_path / "no-such-model")).model_dump_json())
     assert run(["--spec", str(path)]) == EXIT_BAD_SPEC

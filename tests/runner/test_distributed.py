@@ -24,10 +24,15 @@ def test_processes_requested(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 def test_two_cpu_processes_train_lora_sharded_and_save_one_checkpoint_on_sigterm(
-        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
-        runner_process: Callable[..., Any]) -> None:
-    spec = runner_job(max_steps=30, seq_len=128, grad_accum=1, report={"every_seconds": 0.01},
-                      checkpoint={"every_minutes": 60})
+    runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]
+) -> None:
+    spec = runner_job(
+        max_steps=30,
+        seq_len=128,
+        grad_accum=1,
+        report={"every_seconds": 0.01},
+        checkpoint={"every_minutes": 60},
+    )
     proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
     rc, summary = proc.finish(sigterm_at_step=8)
     assert rc == EXIT_PREEMPTED and summary["status"] == "preempted", proc.stderr[-3000:]
@@ -53,10 +58,17 @@ def test_two_cpu_processes_train_lora_sharded_and_save_one_checkpoint_on_sigterm
 
 @pytest.mark.slow
 def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_weights(
-        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
-        runner_process: Callable[..., Any]) -> None:
-    spec = runner_job(method="full", learning_rate=3e-3, max_steps=6, seq_len=128, grad_accum=1,
-                      report={"every_seconds": 0.01}, checkpoint={"every_minutes": 0.001, "keep": 1})
+    runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]
+) -> None:
+    spec = runner_job(
+        method="full",
+        learning_rate=3e-3,
+        max_steps=6,
+        seq_len=128,
+        grad_accum=1,
+        report={"every_seconds": 0.01},
+        checkpoint={"every_minutes": 0.001, "keep": 1},
+    )
     proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
     rc, summary = proc.finish()
     assert rc == 0 and summary["status"] == "finished" and summary["steps"] == 6, proc.stderr[-3000:]
@@ -71,23 +83,32 @@ def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_
     # the checkpoint is itself a whole model transformers loads
     from_checkpoint = AutoModelForCausalLM.from_pretrained(str(ckpt))
     assert sum(p.numel() for p in from_checkpoint.parameters()) == sum(
-        p.numel() for p in AutoModelForCausalLM.from_pretrained(spec.base_model).parameters())
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(spec.base_model).parameters()
+    )
 
     # The gathered (unsharded) weights: a loadable model with every parameter, not one rank's shard.
     trained = AutoModelForCausalLM.from_pretrained(spec.output_uri)
     base = AutoModelForCausalLM.from_pretrained(spec.base_model)
     assert sum(p.numel() for p in trained.parameters()) == sum(p.numel() for p in base.parameters())
-    changed = [n for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters(), strict=True)
-               if not a.detach().equal(b.detach())]
+    changed = [
+        n
+        for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters(), strict=True)
+        if not a.detach().equal(b.detach())
+    ]
     assert len(changed) == len(list(base.parameters()))
 
 
 @pytest.mark.slow
 def test_lora_under_fsdp_finishes_with_an_adapter_peft_loads(
-        runner_job: Callable[..., Any], write_spec: Callable[..., Path],
-        runner_process: Callable[..., Any]) -> None:
-    spec = runner_job(max_steps=4, seq_len=128, grad_accum=1, lora={"target_modules": ["q_proj", "v_proj"]},
-                      checkpoint={"every_minutes": 60})
+    runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]
+) -> None:
+    spec = runner_job(
+        max_steps=4,
+        seq_len=128,
+        grad_accum=1,
+        lora={"target_modules": ["q_proj", "v_proj"]},
+        checkpoint={"every_minutes": 60},
+    )
     proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
     rc, summary = proc.finish()
     assert rc == 0 and summary["status"] == "finished", proc.stderr[-3000:]
@@ -100,4 +121,5 @@ def test_lora_under_fsdp_finishes_with_an_adapter_peft_loads(
     assert {n.split(".")[-3] for n in adapter} == {"q_proj", "v_proj"}  # every adapted layer, gathered
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec.base_model), spec.output_uri)
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) == sum(
-        t.numel() for t in adapter.values())
+        t.numel() for t in adapter.values()
+    )

@@ -30,7 +30,8 @@ def test_cuda_pytorch_base_runner_extra_non_root_and_entrypoint() -> None:
     users = [rest for word, rest in steps if word == "USER"]
     assert users and users[-1] not in ("root", "0")
     assert [i for i, (w, _) in enumerate(steps) if w == "USER"][-1] > [
-        i for i, (w, _) in enumerate(steps) if w == "RUN"][-1]  # nothing runs as root after the switch
+        i for i, (w, _) in enumerate(steps) if w == "RUN"
+    ][-1]  # nothing runs as root after the switch
     entry = [rest for word, rest in steps if word == "ENTRYPOINT"]
     assert entry and shlex.split(entry[-1].strip("[]").replace(",", " ")) == ["tunebot-runner"]
     copied = " ".join(rest for word, rest in steps if word == "COPY")
@@ -50,8 +51,13 @@ def test_a_container_started_without_a_spec_fails_instead_of_printing_help() -> 
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "runner.cli"], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 2 and "no job spec" in done.stderr
 
 

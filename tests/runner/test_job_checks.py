@@ -39,7 +39,8 @@ def _no_weights(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def test_a_chat_dataset_declared_alpaca_is_refused_before_any_model_file_is_fetched(
-        runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chat = tmp_path / "chat.jsonl"
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
     chat.write_text("\n".join(json.dumps(r) for r in rows * 20) + "\n")
@@ -55,7 +56,8 @@ def test_a_chat_dataset_declared_alpaca_is_refused_before_any_model_file_is_fetc
 
 
 def test_lora_targets_that_match_no_layer_are_refused_before_the_weights_load(
-        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = _no_weights(monkeypatch)
     spec = runner_job(lora={"target_modules": ["q", "v"]})
     summary, code = run(spec)
@@ -67,7 +69,8 @@ def test_lora_targets_that_match_no_layer_are_refused_before_the_weights_load(
 
 
 def test_the_real_module_names_train_and_only_those_layers_get_adapters(
-        runner_job: Callable[..., Any]) -> None:
+    runner_job: Callable[..., Any],
+) -> None:
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, lora={"target_modules": ["q_proj", "v_proj"]})
     summary, code = run(spec)
     assert code == 0, summary
@@ -76,18 +79,34 @@ def test_the_real_module_names_train_and_only_those_layers_get_adapters(
 
 
 def test_the_output_folder_explains_itself_with_a_model_card(runner_job: Callable[..., Any]) -> None:
-    spec = runner_job(max_steps=4, seq_len=128, grad_accum=1, dataset={"eval_fraction": 0.1},
-                      base_model_name="acme/tiny-llama", learning_rate=0.01,
-                      cost={"price_per_hour": 0.5, "spent_before": 0.25, "estimated_total": 0.9,
-                            "where": "vast rtx-4090 x1 (spot)"})
+    spec = runner_job(
+        max_steps=4,
+        seq_len=128,
+        grad_accum=1,
+        dataset={"eval_fraction": 0.1},
+        base_model_name="acme/tiny-llama",
+        learning_rate=0.01,
+        cost={
+            "price_per_hour": 0.5,
+            "spent_before": 0.25,
+            "estimated_total": 0.9,
+            "where": "vast rtx-4090 x1 (spot)",
+        },
+    )
     summary, code = run(spec)
     assert code == 0, summary
     card = (Path(spec.output_uri) / "README.md").read_text()
     assert card.startswith("---\nbase_model: acme/tiny-llama\nlibrary_name: peft\n")
-    for text in ("| learning rate | 0.01 (cosine, warmup 5%", "| LoRA | r 8, alpha 16, dropout 0.05, targets "
-                 "all-linear |", "| eval split | 10% |", "| seed | 0 |", "- records: 400",
-                 f"- final training loss: {summary.final_loss:.4f}", "on vast rtx-4090 x1 (spot) at $0.50/h",
-                 "(estimated $0.90)"):
+    for text in (
+        "| learning rate | 0.01 (cosine, warmup 5%",
+        "| LoRA | r 8, alpha 16, dropout 0.05, targets all-linear |",
+        "| eval split | 10% |",
+        "| seed | 0 |",
+        "- records: 400",
+        f"- final training loss: {summary.final_loss:.4f}",
+        "on vast rtx-4090 x1 (spot) at $0.50/h",
+        "(estimated $0.90)",
+    ):
         assert text in card, text
     eval_line = next(line for line in card.splitlines() if line.startswith("- eval loss: "))
     assert float(eval_line.split(": ")[1]) > 0  # an eval loss was measured at the end
@@ -115,7 +134,8 @@ def test_merge_saves_a_loadable_model_with_the_adapter_folded_in(runner_job: Cal
 
 
 def test_wandb_runs_online_under_the_project_and_entity_and_the_run_link_is_reported(
-        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
     import types
 
@@ -136,8 +156,12 @@ def test_wandb_runs_online_under_the_project_and_entity_and_the_run_link_is_repo
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the suite's offline default asks for less, and wins
     monkeypatch.setattr("runner.wandb_log._unreachable", lambda url: None)  # this fake W&B answers
-    spec = runner_job(max_steps=2, seq_len=128, grad_accum=1,
-                      wandb={"mode": "online", "project": "tunebot", "entity": "acme", "run_id": "job-1"})
+    spec = runner_job(
+        max_steps=2,
+        seq_len=128,
+        grad_accum=1,
+        wandb={"mode": "online", "project": "tunebot", "entity": "acme", "run_id": "job-1"},
+    )
     summary, code = run(spec)
     assert code == 0, summary
     assert inits[0]["mode"] == "online" and inits[0]["entity"] == "acme" and inits[0]["project"] == "tunebot"
@@ -155,8 +179,8 @@ def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_push_to_hub_creates_a_private_repo_with_the_adapter_and_the_card(
-        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-        hub_online: None) -> None:
+    runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub_online: None
+) -> None:
     from fakes.hub import FakeHub
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -169,8 +193,9 @@ def test_push_to_hub_creates_a_private_repo_with_the_adapter_and_the_card(
         assert code == 0, summary
         repo = hub.repos["acme/tiny-lora"]
         assert repo.private  # private unless asked otherwise
-        assert {"adapter_config.json", "adapter_model.safetensors", "README.md",
-                "tokenizer.json"} <= set(repo.files)
+        assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "tokenizer.json"} <= set(
+            repo.files
+        )
         events = parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())
         assert events[-1].kind is EventKind.finished and events[-1].hub_url == f"{hub.url}/acme/tiny-lora"
         pulled = repo.write_to(tmp_path / "pulled")
@@ -179,7 +204,8 @@ def test_push_to_hub_creates_a_private_repo_with_the_adapter_and_the_card(
 
 
 def test_a_failed_push_keeps_the_output_and_says_why(
-        runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, hub_online: None) -> None:
+    runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, hub_online: None
+) -> None:
     from fakes.hub import FakeHub
 
     with FakeHub() as hub:

@@ -22,8 +22,9 @@ def _problem(vocab: int = 3000, hidden: int = 24, batch: int = 2, seq: int = 97,
     return h, w, labels
 
 
-def _reference(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, scale: float = 1.0,
-               softcap: float = 0.0) -> torch.Tensor:
+def _reference(
+    h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, scale: float = 1.0, softcap: float = 0.0
+) -> torch.Tensor:
     logits = F.linear(h, w) * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -58,8 +59,16 @@ def _tiny_llama(vocab: int = 400, seed: int = 0, **config: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **config)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **config,
+    )
     cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(cfg)
 

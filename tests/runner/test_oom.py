@@ -35,22 +35,35 @@ def _events(spec: Any) -> list[Any]:
 
 
 def _losses(spec: Any) -> torch.Tensor:
-    return torch.tensor([e.loss for e in _events(spec) if e.kind is EventKind.progress and e.loss is not None
-                         and e.message is None], dtype=torch.float64)
+    return torch.tensor(
+        [
+            e.loss
+            for e in _events(spec)
+            if e.kind is EventKind.progress and e.loss is not None and e.message is None
+        ],
+        dtype=torch.float64,
+    )
 
 
 def _job(runner_job: Callable[..., Any], tmp_path: Path, name: str, **overrides: Any) -> Any:
     # No LoRA dropout: its masks depend on how many rows each micro-step draws for (the curve would be the
     # same only in distribution).
-    base = dict(max_steps=6, seq_len=128, learning_rate=1e-2, report={"every_seconds": 1e-6},
-                lora={"dropout": 0.0}, plateau={"enabled": False},
-                checkpoint={"uri": str(tmp_path / name / "ckpt"), "every_minutes": 600},
-                output_uri=str(tmp_path / name / "out"))
+    base = dict(
+        max_steps=6,
+        seq_len=128,
+        learning_rate=1e-2,
+        report={"every_seconds": 1e-6},
+        lora={"dropout": 0.0},
+        plateau={"enabled": False},
+        checkpoint={"uri": str(tmp_path / name / "ckpt"), "every_minutes": 600},
+        output_uri=str(tmp_path / name / "out"),
+    )
     return runner_job(**{**base, **overrides})
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_loss_curve(
-        runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reference = _job(runner_job, tmp_path, "reference", micro_batch_size=4, grad_accum=1)
     summary, code = run(reference)
     assert code == EXIT_OK and summary.metrics["micro_batch_size"] == 4.0
@@ -74,20 +87,24 @@ def run_tokens(spec: Any) -> int:
 
 
 def test_at_one_row_it_turns_checkpointing_on_with_the_same_loss_curve(
-        runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reference = _job(runner_job, tmp_path, "reference", micro_batch_size=1, grad_accum=2,
-                     gradient_checkpointing=False)
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = _job(
+        runner_job, tmp_path, "reference", micro_batch_size=1, grad_accum=2, gradient_checkpointing=False
+    )
     assert run(reference)[1] == EXIT_OK
     monkeypatch.setenv(oom.TEST_OOM_ENV, "100:100000")  # every row is over 100 tokens unless checkpointing
-    backed = _job(runner_job, tmp_path, "backed", micro_batch_size=1, grad_accum=2,
-                  gradient_checkpointing=False)
+    backed = _job(
+        runner_job, tmp_path, "backed", micro_batch_size=1, grad_accum=2, gradient_checkpointing=False
+    )
     summary, code = run(backed)
     assert code == EXIT_OK and summary.metrics["gradient_checkpointing"] == 1.0
     torch.testing.assert_close(_losses(backed), _losses(reference), rtol=1e-5, atol=1e-5)
 
 
 def test_out_of_memory_at_every_level_exits_with_its_own_code_and_says_so(
-        runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(oom.TEST_OOM_ENV, "1")
     spec = _job(runner_job, tmp_path, "none", micro_batch_size=2, grad_accum=1)
     summary, code = run(spec)
@@ -100,8 +117,11 @@ def test_out_of_memory_at_every_level_exits_with_its_own_code_and_says_so(
 
 @pytest.mark.slow
 def test_two_processes_restart_together_one_level_further(
-        runner_job: Callable[..., Any], tmp_path: Path, write_spec: Callable[..., Path],
-        runner_process: Callable[..., Any]) -> None:
+    runner_job: Callable[..., Any],
+    tmp_path: Path,
+    write_spec: Callable[..., Path],
+    runner_process: Callable[..., Any],
+) -> None:
     """A rank out of memory cannot back off alone (the other waits in an FSDP collective): the launcher starts
     both again at the next level, from where they were."""
     spec = _job(runner_job, tmp_path, "two", micro_batch_size=2, grad_accum=1, max_steps=3)
@@ -114,13 +134,14 @@ def test_two_processes_restart_together_one_level_further(
     assert any("restarting the 2 processes at micro-batch 1 x grad_accum 2" in n for n in notes), notes
 
 
-
 def test_the_launcher_walks_the_levels_then_exits_with_the_code_and_the_event(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from runner import distributed
 
     starts: list[int] = []
     said: list[tuple[str, str]] = []
+
     def once(*args: Any, level: int, **kwargs: Any) -> int:
         starts.append(level)
         return EXIT_OUT_OF_MEMORY

@@ -153,8 +153,10 @@ def test_the_default_never_stops_a_normal_noisy_curve():
 
 def test_the_default_still_stops_a_curve_that_went_flat():
     # Learning ends at step 300 of 1000: the default stops within the following 60% of the run.
-    stops = [first_stop(PlateauDetector(PlateauSpec().resolved(1000)), issue_curve(s, flat_after=300))
-             for s in range(10)]
+    stops = [
+        first_stop(PlateauDetector(PlateauSpec().resolved(1000)), issue_curve(s, flat_after=300))
+        for s in range(10)
+    ]
     assert all(s is not None and 400 < s < 900 for s in stops), stops
 
 

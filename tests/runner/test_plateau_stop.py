@@ -13,16 +13,27 @@ from runner.spec import EXIT_OK, parse_progress
 from runner.train import run
 
 
-def test_plateau_on_the_eval_loss_stops_saves_and_reports(runner_job: Callable[..., Any], tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plateau_on_the_eval_loss_stops_saves_and_reports(
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     # An improvement of 100 nats never happens: the detector stops after its baseline and `patience` looks.
-    spec = runner_job(max_steps=50, seq_len=128, grad_accum=1, dataset={"eval_fraction": 0.05},
-                      plateau={"enabled": True, "patience": 1, "min_delta": 100.0, "every_steps": 2,
-                               "warmup_steps": 0,
-                               "ema": 0.0},
-                      wandb={"mode": "offline", "project": "tunebot-test"},
-                      checkpoint={"every_minutes": 60})  # only the plateau's save, however slow the machine
+    spec = runner_job(
+        max_steps=50,
+        seq_len=128,
+        grad_accum=1,
+        dataset={"eval_fraction": 0.05},
+        plateau={
+            "enabled": True,
+            "patience": 1,
+            "min_delta": 100.0,
+            "every_steps": 2,
+            "warmup_steps": 0,
+            "ema": 0.0,
+        },
+        wandb={"mode": "offline", "project": "tunebot-test"},
+        checkpoint={"every_minutes": 60},
+    )  # only the plateau's save, however slow the machine
     summary, code = run(spec)
     assert code == EXIT_OK and summary.status == "plateau", summary
     assert summary.steps == 4  # eval every 2 steps: baseline at step 2, one look at step 4

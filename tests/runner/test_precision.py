@@ -25,8 +25,16 @@ CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 
 
 def _spec(**fields: Any) -> JobSpec:
-    return JobSpec.model_validate({"job_id": "p", "base_model": "m", "dataset": {"uri": "d.jsonl"},
-                                   "checkpoint": {"uri": "c"}, "output_uri": "o", **fields})
+    return JobSpec.model_validate(
+        {
+            "job_id": "p",
+            "base_model": "m",
+            "dataset": {"uri": "d.jsonl"},
+            "checkpoint": {"uri": "c"},
+            "output_uri": "o",
+            **fields,
+        }
+    )
 
 
 def test_a_full_fine_tune_defaults_to_fp32_master_weights_and_a_full_ft_rate() -> None:
@@ -62,8 +70,11 @@ def test_the_estimate_hands_the_runner_what_it_priced() -> None:
 def test_risky_overrides_are_warned_on_the_card_and_defaults_are_not() -> None:
     default = snapshot_plan(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000))
     assert default.warnings == []
-    risky = snapshot_plan(EstimateRequest(model="llama-3.2-1b", method="full", tokens=1_000_000,
-                                     learning_rate=2e-4, precision="bf16"))
+    risky = snapshot_plan(
+        EstimateRequest(
+            model="llama-3.2-1b", method="full", tokens=1_000_000, learning_rate=2e-4, precision="bf16"
+        )
+    )
     assert len(risky.warnings) == 2
     assert "0.0002 is a LoRA rate" in risky.warnings[0] and "pure bf16" in risky.warnings[1]
     blocks = str(to_blocks(estimate_reply(risky, estimate_id=None)))
@@ -86,15 +97,21 @@ def test_the_bytes_per_parameter_priced_are_the_ones_the_runner_allocates(
         trainer.setup()
         micro = [trainer.batches_for(trainer.data.train, 0)[i] for i in range(spec.grad_accum)]
         grads: list[int] = []
-        hook = [p.register_post_accumulate_grad_hook(lambda p: grads.append(p.grad.element_size()))
-                for p in trainer.params]
+        hook = [
+            p.register_post_accumulate_grad_hook(lambda p: grads.append(p.grad.element_size()))
+            for p in trainer.params
+        ]
         trainer._step(micro)
         for h in hook:
             h.remove()
         params = sum(p.numel() for p in trainer.params)
         weight_bytes = sum(p.numel() * p.element_size() for p in trainer.params)
-        state_bytes = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values()
-                          for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+        state_bytes = sum(
+            t.numel() * t.element_size()
+            for s in trainer.optimizer.state.values()
+            for k, t in s.items()
+            if k in ("exp_avg", "exp_avg_sq")
+        )
     finally:
         trainer.close()
     config = Path(spec.base_model) / "config.json"

@@ -12,8 +12,11 @@ import pytest
 from runner.reading import DatasetError, DatasetLimitError, LineReader, ReadLimits
 from runner.records import check_dataset
 
-SETTINGS = {"line": "TUNEBOT_DATASET_MAX_LINE_MB", "ratio": "TUNEBOT_DATASET_MAX_RATIO",
-            "seconds": "TUNEBOT_DATASET_READ_SECONDS"}
+SETTINGS = {
+    "line": "TUNEBOT_DATASET_MAX_LINE_MB",
+    "ratio": "TUNEBOT_DATASET_MAX_RATIO",
+    "seconds": "TUNEBOT_DATASET_READ_SECONDS",
+}
 
 
 def gzip_bomb(path: Path, mb: int) -> Path:

@@ -20,8 +20,16 @@ from bot.planner.request import EstimateRequest
 from runner.spec import JobSpec
 from runner.steps import evaluations, run_length, steps_per_epoch, total_steps
 
-TINY_JOB = dict(seq_len=256, batch_size=4, grad_accum=2, gradient_checkpointing=False, plateau=False,
-                gpu="cpu", lora_r=8, learning_rate=1e-2)
+TINY_JOB = dict(
+    seq_len=256,
+    batch_size=4,
+    grad_accum=2,
+    gradient_checkpointing=False,
+    plateau=False,
+    gpu="cpu",
+    lora_r=8,
+    learning_rate=1e-2,
+)
 
 
 def test_steps_are_optimizer_steps_and_override_epochs() -> None:
@@ -30,8 +38,18 @@ def test_steps_are_optimizer_steps_and_override_epochs() -> None:
     assert total_steps(18, epochs=3.0, max_steps=10) == 10  # ... or is cut short
     assert total_steps(18, epochs=1.5, max_steps=None) == 27
     assert evaluations(100, 10) == 10 and evaluations(101, 10) == 11  # every 10 steps and at the end
-    length = run_length([100] * 50, [], seq_len=256, micro_batch_size=1, grad_accum=1, processes=1,
-                        packing=True, seed=0, epochs=1.0, max_steps=400)
+    length = run_length(
+        [100] * 50,
+        [],
+        seq_len=256,
+        micro_batch_size=1,
+        grad_accum=1,
+        processes=1,
+        packing=True,
+        seed=0,
+        epochs=1.0,
+        max_steps=400,
+    )
     assert (length.steps_per_epoch, length.steps, round(length.epochs, 2)) == (25, 400, 16.0)
     assert "400 steps (steps=400: 16 passes over the data, 25 steps each)" in length.describe()
 
@@ -40,8 +58,13 @@ def _spec(est: Any, tmp_path: Path) -> JobSpec:
     assert est.training is not None
     fields = spec_fields(est.training)
     checkpoint = {"uri": str(tmp_path / "ckpt"), "every_minutes": 60}
-    fields.update(job_id="length-test", gpus=0, output_uri=str(tmp_path / "out"),
-                  report={"every_seconds": 0.5}, checkpoint=checkpoint)
+    fields.update(
+        job_id="length-test",
+        gpus=0,
+        output_uri=str(tmp_path / "out"),
+        report={"every_seconds": 0.5},
+        checkpoint=checkpoint,
+    )
     return JobSpec.model_validate(fields)
 
 
@@ -60,8 +83,12 @@ def test_a_steps_job_trains_the_steps_it_was_estimated_at(
 ) -> None:
     """steps=20 on data of 12 steps per epoch: estimated at 20 steps (1.67 passes), trained 20 (the old
     planner priced min(steps, one epoch) = 12 while the runner trained 20)."""
-    req = EstimateRequest(model=str(runner_tiny_dir / "model"), dataset=str(runner_tiny_dir / "data.jsonl"),
-                          max_steps=20, **TINY_JOB)
+    req = EstimateRequest(
+        model=str(runner_tiny_dir / "model"),
+        dataset=str(runner_tiny_dir / "data.jsonl"),
+        max_steps=20,
+        **TINY_JOB,
+    )
     est = snapshot_plan(req)
     assert est.time.steps == 20 and est.time.steps_per_epoch is not None and est.time.steps_per_epoch < 20
     assert est.time.epochs == pytest.approx(20 / est.time.steps_per_epoch, rel=1e-3)
@@ -82,8 +109,10 @@ def _chat_records(n: int, seed: int = 3) -> list[dict[str, Any]]:
     for _ in range(n):
         messages = [{"role": "system", "content": "Be brief."}] if rng.random() < 0.5 else []
         for _ in range(rng.randint(1, 3)):
-            messages += [{"role": "user", "content": say(rng.randint(2, 30))},
-                         {"role": "assistant", "content": say(rng.randint(1, 60))}]
+            messages += [
+                {"role": "user", "content": say(rng.randint(2, 30))},
+                {"role": "assistant", "content": say(rng.randint(1, 60))},
+            ]
         out.append({"messages": messages})
     return out
 
@@ -97,8 +126,13 @@ def test_chat_tokens_and_eval_passes_are_counted_as_the_runner_trains_them(
     runner's and are priced."""
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _chat_records(300)))
-    req = EstimateRequest(model=str(runner_tiny_dir / "model"), dataset=str(data), epochs=1.0, eval_split=0.1,
-                          **{**TINY_JOB, "grad_accum": 1})
+    req = EstimateRequest(
+        model=str(runner_tiny_dir / "model"),
+        dataset=str(data),
+        epochs=1.0,
+        eval_split=0.1,
+        **{**TINY_JOB, "grad_accum": 1},
+    )
     est = snapshot_plan(req)
     assert est.training is not None and est.training.dataset_format == "messages"
     assert est.time.token_source == "runner's tokenizer, template and packing"
@@ -122,8 +156,9 @@ def test_the_bot_counts_with_the_runner_rules_without_importing_torch(runner_tin
         "    offers=snapshot_offers())\n"
         "print(e.time.token_source, e.time.evaluations, 'torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True
+    )
     source, _, rest = out.stdout.strip().rpartition(" packing ")
     evals, torch_imported = rest.split()
     assert source == "runner's tokenizer, template and" and int(evals) > 0, out.stdout + out.stderr

@@ -45,8 +45,15 @@ def plant(path: Path, marker: Path) -> None:
 @pytest.fixture
 def job(runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
     monkeypatch.setenv(KEY_ENV, KEY)
-    return lambda **kw: runner_job(**{"seq_len": 128, "grad_accum": 1, "plateau": {"enabled": False},
-                                      "checkpoint": {"every_minutes": 0.0001, "keep": 2}, **kw})
+    return lambda **kw: runner_job(
+        **{
+            "seq_len": 128,
+            "grad_accum": 1,
+            "plateau": {"enabled": False},
+            "checkpoint": {"every_minutes": 0.0001, "keep": 2},
+            **kw,
+        }
+    )
 
 
 def events(spec: Any) -> list[Any]:
@@ -73,8 +80,11 @@ def test_a_planted_newer_checkpoint_is_ignored_and_its_pickle_never_runs(job, tm
     warnings = [e.message for e in events(first) if e.kind == "warning"]
     assert warnings == [f"ignored checkpoint-999999: manifest names job '{first.job_id}' step 2"], warnings
     assert planted.exists()  # not this run's: left alone, and never counted when pruning its own
-    assert sorted(p.name for p in root.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4",
-                                                                  "checkpoint-999999"]
+    assert sorted(p.name for p in root.glob("checkpoint-*")) == [
+        "checkpoint-3",
+        "checkpoint-4",
+        "checkpoint-999999",
+    ]
 
 
 def test_a_swapped_file_in_the_newest_checkpoint_falls_back_to_the_one_before(job, tmp_path: Path) -> None:
@@ -102,8 +112,9 @@ def test_a_checkpoint_signed_with_another_jobs_key_is_ignored(job, tmp_path: Pat
     marker = tmp_path / "pwned"
     plant(folder / "optimizer.pt", marker)
     # The attacker recomputes the manifest, with its own job's key.
-    (folder / "manifest.json").write_text(json.dumps(
-        manifest.build(folder, job_id=first.job_id, step=2, key=bytes.fromhex(OTHER_KEY))))
+    (folder / "manifest.json").write_text(
+        json.dumps(manifest.build(folder, job_id=first.job_id, step=2, key=bytes.fromhex(OTHER_KEY)))
+    )
     summary, code = run(job(max_steps=4))
     assert code == EXIT_OK and not marker.exists()
     assert summary.resumed_from is not None and summary.resumed_from.endswith("/checkpoint-1")
@@ -139,8 +150,10 @@ def test_manifest_checks(tmp_path: Path) -> None:
     (tmp_path / "trainer_state.json").write_text("{}")
     good = manifest.build(tmp_path, job_id="j1", step=4, key=key)
     raw = json.dumps(good).encode()
-    assert set(manifest.check(raw, job_id="j1", step=4, key=key)) == {"adapter_model.safetensors",
-                                                                      "trainer_state.json"}
+    assert set(manifest.check(raw, job_id="j1", step=4, key=key)) == {
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    }
     bad = {
         "not signed": json.dumps({k: v for k, v in good.items() if k != "mac"}),
         "other job": json.dumps(sign(key, MANIFEST, {**good, "job_id": "j2"})),

@@ -14,17 +14,24 @@ from runner.tiny import make_tiny
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(
-        runner_tiny_dir: Path, tmp_path: Path) -> None:
+    runner_tiny_dir: Path, tmp_path: Path
+) -> None:
     again = tmp_path / "again"
     make_tiny(again, seed=0)
     first, second = _hashes(runner_tiny_dir), _hashes(again)
-    assert set(first) == set(second) >= {"job.json", "data.jsonl", "model/config.json",
-                                         "model/model.safetensors", "model/tokenizer.json"}
+    assert (
+        set(first)
+        == set(second)
+        >= {"job.json", "data.jsonl", "model/config.json", "model/model.safetensors", "model/tokenizer.json"}
+    )
     differing = {name for name in first if first[name] != second[name]}
     assert differing == {"job.json"}  # only because it names its own folder
     job_text = (again / "job.json").read_text()
@@ -54,15 +61,30 @@ def test_job_points_inside_the_folder_and_loads_offline(runner_tiny_dir: Path) -
     model = AutoModelForCausalLM.from_pretrained(spec.base_model)
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
     assert model.config.num_key_value_heads == 2 and len(tokenizer) <= model.config.vocab_size
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                          {"role": "assistant", "content": "yo"}], tokenize=False)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], tokenize=False
+    )
     assert "<|assistant|>" in chat and "yo</s>" in chat
 
 
 def test_cli_make_tiny_writes_the_job_for_the_method(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "runner.cli", "make-tiny", str(tmp_path / "t"), "--seed", "3",
-                          "--method", "qlora"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner.cli",
+            "make-tiny",
+            str(tmp_path / "t"),
+            "--seed",
+            "3",
+            "--method",
+            "qlora",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr
     job = Path(out.stdout.strip().splitlines()[-1])
     spec = JobSpec.model_validate_json(job.read_text())

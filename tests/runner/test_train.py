@@ -21,8 +21,14 @@ def _losses(checkpoint_uri: str) -> list[float]:
 @pytest.mark.parametrize("method", ["lora", "qlora", "full"])
 def test_each_method_lowers_the_training_loss(method: str, runner_job: Callable[..., Any]) -> None:
     learning_rate = 3e-3 if method == "full" else 1e-2
-    spec = runner_job(method=method, max_steps=20, seq_len=128, grad_accum=1, learning_rate=learning_rate,
-                      report={"every_seconds": 0.01})
+    spec = runner_job(
+        method=method,
+        max_steps=20,
+        seq_len=128,
+        grad_accum=1,
+        learning_rate=learning_rate,
+        report={"every_seconds": 0.01},
+    )
     summary, code = run(spec)
     assert code == EXIT_OK and summary.status == "finished", summary
     assert summary.steps == 20 and summary.tokens > 0
@@ -43,8 +49,13 @@ def test_checkpoints_on_any_fsspec_uri_and_an_in_process_resume(runner_job: Call
     from runner.checkpoint import CheckpointStore
 
     uri = "memory://tunebot-test/jobs/mem"
-    spec = runner_job(max_steps=4, seq_len=128, grad_accum=1, checkpoint={"uri": uri, "every_minutes": 0.001},
-                      output_uri="memory://tunebot-test/out/mem")
+    spec = runner_job(
+        max_steps=4,
+        seq_len=128,
+        grad_accum=1,
+        checkpoint={"uri": uri, "every_minutes": 0.001},
+        output_uri="memory://tunebot-test/out/mem",
+    )
     first, code = run(spec)
     assert code == EXIT_OK and first.steps == 4
     store = CheckpointStore(uri)
@@ -64,8 +75,14 @@ def test_every_step_reaches_the_chart_from_step_1_with_eval_and_learning_rate(
 ) -> None:
     """Reports land every few seconds, but each event carries the steps since the last one: the chart gets
     every step's loss and learning rate from step 1, and each eval loss at its step."""
-    spec = runner_job(max_steps=12, seq_len=128, grad_accum=1, report={"every_seconds": 3600},
-                      dataset={"eval_fraction": 0.2}, plateau={"enabled": False, "every_steps": 4})
+    spec = runner_job(
+        max_steps=12,
+        seq_len=128,
+        grad_accum=1,
+        report={"every_seconds": 3600},
+        dataset={"eval_fraction": 0.2},
+        plateau={"enabled": False, "every_steps": 4},
+    )
     summary, code = run(spec)
     assert code == EXIT_OK and summary.steps == 12
     events = parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())

@@ -49,8 +49,14 @@ def _start(spec_path: Path, tmp_path: Path, env: dict[str, str], timeout: float 
         full.pop("WANDB_MODE", None)
     (tmp_path / "wandb-dir").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _START, str(spec_path)], env=full, capture_output=True,
-                          text=True, timeout=timeout, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _START, str(spec_path)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_seconds"] = time.monotonic() - started
@@ -72,8 +78,11 @@ def _offline_start(runner_job: Any, write_spec: Any, tmp_path: Path) -> dict[str
     """What starting W&B costs here with no network involved at all (WANDB_MODE=offline): wandb spawns its
     service process, which takes ~1 s on an idle machine and several on this shared 2-core one."""
     spec = runner_job(wandb={"mode": "online", "project": "p", "run_id": "tiny-offline"})
-    env = {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
-           "WANDB_MODE": "offline"}
+    env = {
+        "WANDB_API_KEY": FAKE_KEY,
+        "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
+        "WANDB_MODE": "offline",
+    }
     return _start(write_spec(spec, "offline.json"), tmp_path / "offline", env)
 
 
@@ -99,9 +108,7 @@ def test_unreachable_wandb_costs_seconds_then_logs_offline(runner_job, write_spe
 
 
 @pytest.mark.slow  # waits out the 3 s init timeout on purpose
-def test_silent_wandb_server_costs_its_init_timeout_not_90_s(
-    runner_job, write_spec, tmp_path: Path
-) -> None:
+def test_silent_wandb_server_costs_its_init_timeout_not_90_s(runner_job, write_spec, tmp_path: Path) -> None:
     """A W&B server that takes the connection and never answers: the online attempt is cut at the init
     timeout (3 s; wandb's own default is 90 s), then the run logs offline."""
     base = _offline_start(runner_job, write_spec, tmp_path)
@@ -126,10 +133,17 @@ def test_runner_with_unreachable_wandb_trains_and_says_so_once(
 ) -> None:
     """The real runner on the CPU with W&B unreachable: it trains to the end, the `started` event carries
     the note for the thread (with where the offline run is kept), and W&B held it up for seconds."""
-    spec = runner_job(max_steps=6, wandb={"mode": "online", "project": "p"},
-                      report={"callback_url": event_receiver.url, "token": "t0k", "every_seconds": 0.2})
-    env = {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
-           "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    spec = runner_job(
+        max_steps=6,
+        wandb={"mode": "online", "project": "p"},
+        report={"callback_url": event_receiver.url, "token": "t0k", "every_seconds": 0.2},
+    )
+    env = {
+        "WANDB_API_KEY": FAKE_KEY,
+        "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_SILENT": "true",
+    }
     monkeypatch.delenv("WANDB_MODE", raising=False)  # tests/conftest.py sets offline for every test
     proc = runner_process(write_spec(spec), env=env, cwd=tmp_path)
     rc, summary = proc.finish(timeout=240)

@@ -34,8 +34,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-FAULT_KINDS = ("429", "429_retry_after", "500", "502", "503", "timeout", "reset", "create_fails", "capacity",
-               "echo")
+FAULT_KINDS = (
+    "429",
+    "429_retry_after",
+    "500",
+    "502",
+    "503",
+    "timeout",
+    "reset",
+    "create_fails",
+    "capacity",
+    "echo",
+)
 CANNED = "response"  # inject_response(): a canned answer (the cloud's own error shapes)
 CREATE_ONLY = frozenset({"create_fails", "capacity", "echo"})
 
@@ -384,8 +394,14 @@ class FakeCloud:
         env = body.get("env") if isinstance(body.get("env"), dict) else {}
         quoted = ", ".join(f"{k}={v}" for k, v in env.items() if k != "TUNEBOT_JOB_SPEC")
         spec = str(env.get("TUNEBOT_JOB_SPEC", ""))
-        return Response(400, {"success": False, "error": "invalid_args",
-                              "msg": f"invalid env: {quoted}; spec {spec}; request {json.dumps(body)}"})
+        return Response(
+            400,
+            {
+                "success": False,
+                "error": "invalid_args",
+                "msg": f"invalid env: {quoted}; spec {spec}; request {json.dumps(body)}",
+            },
+        )
 
     # -- shared state helpers --------------------------------------------------------------------------
     def new_id(self) -> str:

@@ -78,7 +78,11 @@ def button(
 
 BUTTONS: dict[str | re.Pattern[str], Listener] = {
     re.compile(r"^launch_(cheapest|safest|fastest)$"): button(
-        "launch", "launch", id_prefix="launch_", replace=True, slow=True  # stages and checks the dataset
+        "launch",
+        "launch",
+        id_prefix="launch_",
+        replace=True,
+        slow=True,  # stages and checks the dataset
     ),
     "cancel_estimate": button("cancel_estimate", "cancel", replace=True),
     "approve_job": button("approve", "approve", replace=lambda reply: reply.kind == "success"),
