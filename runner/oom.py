@@ -128,12 +128,11 @@ def next_level(spec_json: str, level: int) -> tuple[int | None, str, str]:
 def report(spec_json: str, kind: str, message: str) -> None:
     """An event from the launcher (rank 0 may have been stopped before it could say it), after the newest
     one the progress object knows."""
-    from runner.report import Reporter
+    from runner.report import Reporter, next_seq_in_progress
     from runner.spec import EventKind, JobSpec
-    from runner.train import _next_seq_in_progress
 
     spec = JobSpec.model_validate_json(spec_json)
-    reporter = Reporter(spec, start_seq=_next_seq_in_progress(spec))
+    reporter = Reporter(spec, start_seq=next_seq_in_progress(spec))
     try:
         reporter.emit(EventKind(kind), message=message[:2000])
     finally:
