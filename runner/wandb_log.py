@@ -198,19 +198,18 @@ def _skip_account_lookup(wandb: Any) -> None:
 
 
 def _init_offline(wandb: Any, kwargs: dict[str, Any]) -> Any:
-    """The offline run, or None (logging is best effort). Right after a timed-out online attempt, wandb's
-    service may still be going down; one more try on a fresh service then succeeds."""
+    """The offline run, or None (logging is best effort). Right after a timed-out online attempt, wandb may
+    still hold that run's id ("run ID ... is in use"); the offline run then gets an id of its own."""
     for attempt in (1, 2):
         try:
             return wandb.init(mode="offline", **kwargs)
         except Exception as exc:
             if attempt == 2:
                 print(f"note: W&B disabled ({type(exc).__name__}: {exc})", flush=True)
-            else:
-                print(
-                    f"note: W&B offline start failed once ({type(exc).__name__}: {exc}); retrying", flush=True
-                )
-                _teardown(wandb)
+                return None
+            print(f"note: W&B offline start failed ({type(exc).__name__}: {exc}); retrying", flush=True)
+            _teardown(wandb)
+            kwargs = {**kwargs, "id": f"{kwargs.get('id') or 'run'}-offline-{uuid.uuid4().hex[:6]}"}
     return None
 
 

@@ -42,7 +42,7 @@ class Captured(Exception):
 
 @pytest.fixture
 def capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, EstimateRequest]:
-    """Run the CLI up to the planner / the engine and keep the request it built."""
+    """Run the CLI up to the planner's inputs / the engine and keep the request it built."""
     seen: dict[str, EstimateRequest] = {}
 
     def planner(request: EstimateRequest, **_: Any) -> Any:
@@ -59,8 +59,11 @@ def capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, EstimateRequest]:
 
     import bot.commands.engine_commands as engine_commands
     import bot.planner
+    import bot.planner.inputs
 
     monkeypatch.setattr(bot.planner, "estimate", planner)
+    # The first use of the request: the model and dataset are read before any estimate (no storage here).
+    monkeypatch.setattr(bot.planner.inputs, "resolve_inputs", planner)
     monkeypatch.setattr(engine_commands, "_engine", lambda: Engine())
     return seen
 

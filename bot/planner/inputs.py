@@ -43,7 +43,15 @@ def resolve_inputs(request: EstimateRequest) -> PlanInputs:
     if request.method != "full":
         arch = arch.adapt(request.lora_targets)  # the one resolution of this request's targets
     hit = table_lookup(request.model) if source == "built-in table" else None
-    count = _count(request)
+    try:
+        count = _count(request)
+    except PlanningError:
+        raise
+    except Exception as exc:  # storage errors (no credentials, denied, missing) are the request's, not ours
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise BadRequestError(
+            f"cannot read dataset {request.dataset}: {type(exc).__name__}: {reason}".rstrip(": ")
+        ) from None
     return PlanInputs(
         arch=arch,
         model_source=source,
