@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from test_layers import find_cycle  # tests/ is on the path, as for fakes/
+
 import bot.engine
 
 ENGINE_DIR = Path(bot.engine.__file__).parent
@@ -33,28 +35,6 @@ def engine_imports() -> dict[str, set[str]]:
     return graph
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(graph.get(node, ())):
-            if state.get(dep) == 1:
-                return path[path.index(dep) :] + [dep]
-            if dep not in state and (found := visit(dep)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
 def test_no_import_circle_among_engine_modules() -> None:
     graph = engine_imports()
     assert {"service", "context", "supervise", "finish", "launch"} <= set(graph)  # the walk sees the package
@@ -65,8 +45,3 @@ def test_no_import_circle_among_engine_modules() -> None:
 def test_only_the_facade_imports_the_facade() -> None:
     graph = engine_imports()
     assert sorted(name for name, deps in graph.items() if "service" in deps) == []
-
-
-def test_the_walk_finds_a_circle_where_there_is_one() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
