@@ -261,7 +261,7 @@ class Trainer:
     def _prepare_data(self, records: list[Any]) -> None:
         """tokenizer, data and stats (tokenized, split), dtype and autocast, and batches_for: an epoch's
         micro-batches as a pure function of (seed, epoch)."""
-        from runner.data import make_batches, prepare
+        from runner.data import make_batches, mask_dtype_for, prepare
         from runner.model import compute_dtype, load_tokenizer, uses_autocast
         from runner.records import DatasetError
 
@@ -291,7 +291,7 @@ class Trainer:
                 seed=spec.seed,
                 epoch=epoch,
                 pad_id=self.tokenizer.pad_token_id or 0,
-                mask_dtype=self.dtype,
+                mask_dtype=mask_dtype_for(attn),
             )
 
         self.batches_for = batches

@@ -148,6 +148,7 @@ def train(
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     model = load_model(spec, model_dir, device)
+    model.train()  # from_pretrained leaves eval mode, where transformers skips gradient checkpointing
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)  # torch's default (foreach), as the runner
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -206,7 +207,9 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="tunebot-gpu-check-") as tmp:
         model_dir = Path(tmp) / "model"
-        _, cfg = table_lookup(MODEL)
+        hit = table_lookup(MODEL)
+        assert hit is not None, f"{MODEL} is not in the planner's table"
+        cfg = hit.config
         config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

@@ -18,6 +18,7 @@ _TENSORS = {
     "Batches": "runner.data.batching",
     "label_tokens_in": "runner.data.batching",
     "make_batches": "runner.data.batching",
+    "mask_dtype_for": "runner.data.batching",
     "tokens_in": "runner.data.batching",
     "block_causal_mask": "runner.data.masks",
     "cast_mask": "runner.data.masks",
@@ -35,6 +36,7 @@ __all__ = [
     "cast_mask",
     "label_tokens_in",
     "make_batches",
+    "mask_dtype_for",
     "prepare",
     "tokens_in",
 ]

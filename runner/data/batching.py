@@ -116,6 +116,14 @@ class Batches(Sequence[Batch]):
         return batch
 
 
+def mask_dtype_for(attn: str) -> torch.dtype:
+    """The packed-row mask's dtype for an attention kernel. SDPA takes a boolean mask whatever the query's
+    dtype (a float mask must match the query, and a query is fp32 wherever fp32 LoRA adapters or QLoRA's
+    fp32 upcasts meet bf16 weights: a bf16 mask then fails on the GPU, as it did on an H200); eager attention
+    adds the mask to the scores, where an fp32 mask promotes any score dtype."""
+    return torch.bool if attn == "sdpa" else torch.float32
+
+
 def make_batches(
     examples: Sequence[Example],
     *,
@@ -130,8 +138,7 @@ def make_batches(
 ) -> Batches:
     """Plan and return the micro-batches of one epoch (see the module docstring for their contents).
 
-    ``pad_id`` only fills padding (masked and ignored by the loss); ``mask_dtype`` should be the model's
-    compute dtype when packing with eager/sdpa attention, or ``torch.bool`` with sdpa (smallest).
+    ``pad_id`` only fills padding (masked and ignored by the loss); ``mask_dtype``: ``mask_dtype_for(attn)``.
     """
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn must be one of {ATTN_IMPLEMENTATIONS}, not {attn!r}")

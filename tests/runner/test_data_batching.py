@@ -200,3 +200,28 @@ def test_strided_slices_split_an_epoch_between_ranks():
     )
     assert as_lists(ranks[1]) == as_lists(batches)[1::2]
     assert tokens_in(ranks[0]) + tokens_in(ranks[1]) == tokens_in(batches)
+
+
+def test_packed_mask_works_whatever_dtype_the_query_has(data_tiny_llama):
+    """The mask the runner builds for SDPA fits a query in any dtype. On an H200 the runner built a bf16 mask
+    (its compute dtype) while QLoRA (fp32 upcasts by prepare_model_for_kbit_training) and a mixed-precision
+    full fine-tune (fp32 master weights) computed fp32 queries: SDPA refused the first step, so both methods
+    failed at step 0 on every GPU."""
+    from runner.data import mask_dtype_for
+
+    batch_args = dict(seq_len=32, micro_batch_size=1, packing=True, attn="sdpa", seed=3, epoch=0)
+    examples = [example(11, start=20, prompt=3), example(7, start=120, prompt=2)]
+
+    def loss_of(model: object, mask_dtype: torch.dtype) -> torch.Tensor:
+        (batch,) = make_batches(examples, **batch_args, mask_dtype=mask_dtype)
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return model(**inputs, labels=batch["labels"], use_cache=False).loss
+
+    fp32_model = data_tiny_llama("sdpa")  # fp32 hidden states, as QLoRA's upcast layers produce
+    with pytest.raises(RuntimeError, match="attn_mask dtype"):
+        loss_of(fp32_model, torch.bfloat16)  # what the runner passed on a GPU (its compute dtype)
+    for model in (fp32_model, data_tiny_llama("sdpa").to(torch.bfloat16)):
+        loss = loss_of(model, mask_dtype_for("sdpa"))
+        loss.backward()
+        assert torch.isfinite(loss)
+    assert mask_dtype_for("sdpa") is torch.bool and mask_dtype_for("eager") is torch.float32
