@@ -471,15 +471,24 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     return reply
 
 
-def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
+def operator_approves(job_id: str) -> str:
+    """Who approves where no admin is configured: the operator, on the bot's machine."""
+    return (
+        "no admin is configured (TUNEBOT_ADMINS), so nobody approves it in Slack: the operator approves it "
+        f"on the bot's machine with `tunebot approve {esc(job_id)}`."
+    )
+
+
+def resumed_reply(job: JobView, *, approval_above: float, admins: bool = True) -> Reply:
     """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first."""
     job_id = esc(job.job_id)
     if job.state == "pending_approval":
+        who = "an admin has been asked to approve it." if admins else operator_approves(job.job_id)
         return Reply(
             parts=[
                 Text(
                     f":hourglass: Job *{job_id}* resumes with a cap of {money(job.max_cost)}, above the "
-                    f"{money(approval_above)} approval amount: an admin has been asked to approve it."
+                    f"{money(approval_above)} approval amount: {who}"
                 )
             ],
             fallback=f"Job {job_id} awaits approval to resume",
@@ -801,8 +810,10 @@ def approval_request(
     job: JobView, *, approvers: list[str], threshold: float, reason: str | None = None
 ) -> Reply:
     """Approve / Reject for a job waiting for approval; ``reason``: why, where the amount is not it (a
-    pricier fallback asked again, a public Hub push)."""
-    who = " ".join(mention(a) for a in approvers) or "an admin"
+    pricier fallback asked again, a bigger GPU, a public Hub push). With no admin configured (``approvers``
+    empty) nobody approves in Slack: the message says the operator approves it on the bot's machine, and it
+    has no buttons."""
+    who = " ".join(mention(a) for a in approvers) or "The operator"
     if reason:
         text = (
             f":bell: {who}: job *{esc(job.job_id)}* of {mention(job.owner)} ({esc(job.model)} "
@@ -818,6 +829,9 @@ def approval_request(
         fallback=f"Approval needed for job {esc(job.job_id)} ({money(job.estimated_cost)})", public=True
     )
     reply.add(Text(text))
+    if not approvers:
+        reply.add(Text(operator_approves(job.job_id)[0].upper() + operator_approves(job.job_id)[1:]))
+        return reply
     reply.add(
         Buttons(
             [

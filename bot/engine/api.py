@@ -132,10 +132,12 @@ class SpendPace(BaseModel):
 
 class Dashboard(BaseModel):
     """App Home: what one person sees (engine/dashboard.py). Admins see everyone's running jobs, every
-    person and team and every idle volume; a member sees their own."""
+    person and team and every idle volume; a member sees their own (everyone's with TUNEBOT_TEAM_READ, and
+    still manages only their own)."""
 
     user: str
     is_admin: bool
+    team_view: bool = False  # a member who reads the team's figures (TUNEBOT_TEAM_READ); admins always do
     at: datetime
     month_start: datetime
     days_in_month: int
@@ -249,27 +251,40 @@ class EngineAPI(Protocol):
 
     def approve(self, job_id: str, *, approver: str) -> JobView: ...
 
+    # Reading: ``viewer`` is who asks (the permissions policy decides what they see: their own, or everyone's
+    # for admins and with TUNEBOT_TEAM_READ); None is the bot itself (its notifier, its own steps).
+
     def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView: ...
 
     def resume(
         self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None
     ) -> JobView: ...
 
-    def clone_request(self, job_id: str, changes: dict[str, Any]) -> EstimateRequest: ...
+    def clone_request(
+        self, job_id: str, changes: dict[str, Any], *, user: str | None = None
+    ) -> EstimateRequest: ...
 
-    def get_job(self, job_id: str) -> JobView: ...
+    def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView: ...
 
-    def series(self, job_id: str) -> JobSeries: ...
+    def series(self, job_id: str, *, viewer: str | None = None) -> JobSeries: ...
 
     def dashboard(self, user: str) -> Dashboard: ...
 
-    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]: ...
+    def list_jobs(
+        self, *, user: str | None = None, active_only: bool = False, viewer: str | None = None
+    ) -> list[JobView]: ...
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None: ...
 
-    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport: ...
+    def spend(
+        self,
+        period: Literal["today", "week", "month"],
+        *,
+        user: str | None = None,
+        viewer: str | None = None,
+    ) -> SpendReport: ...
 
-    def volumes(self) -> list[VolumeView]: ...
+    def volumes(self, *, viewer: str | None = None) -> list[VolumeView]: ...
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None: ...
 

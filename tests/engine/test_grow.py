@@ -8,6 +8,7 @@ import pytest
 from fakes.runner_events import signed
 
 from bot.engine.grow import choose
+from bot.engine.permissions import OPERATOR
 from bot.providers.base import InstanceStatus
 from runner.spec import EXIT_OUT_OF_MEMORY, JobSpec
 
@@ -116,7 +117,7 @@ def test_above_the_cap_it_asks_with_the_cost_and_an_approval_relaunches_it(make_
     assert "approval_needed" in rec.kinds()
     engine.tick()
     assert big.creates == 0  # it waits for the person
-    assert engine.approve(job.job_id, approver="bob").state == "running"
+    assert engine.approve(job.job_id, approver=OPERATOR).state == "running"
     assert big.creates == 1 and engine.get_job(job.job_id).provider == "big"
 
 
