@@ -28,6 +28,7 @@ from bot.chat.grammar import (
     ApproveCmd,
     BudgetSetCmd,
     BudgetShowCmd,
+    CalibrateCmd,
     CloneCmd,
     Command,
     EstimateCmd,
@@ -326,9 +327,25 @@ class ChatHandlers:
                 f"monthly {cards.money(view.monthly)}.",
                 kind="success",
             )
+        if isinstance(command, CalibrateCmd):
+            return self._calibrate(command, actor)
         if isinstance(command, HelpCmd):
             return cards.help_reply(command.topic)
         raise ParseError(f"unsupported command {command.name}")
+
+    def _calibrate(self, command: CalibrateCmd, actor: Actor) -> Reply:
+        """`calibrate [show | exclude RUN | include RUN]`: admins only (the engine decides again)."""
+        if not self.permissions.is_admin(actor.user):
+            raise PermissionDenied(
+                "only admins see or change what moved the estimates (TUNEBOT_ADMINS; the operator on the "
+                "bot's machine: `tunebot calibrate show`)"
+            )
+        if command.action == "show":
+            return cards.calibration_reply(self.engine.calibration(user=actor.user))
+        done = self.engine.exclude_calibration_run(
+            command.run or "", user=actor.user, undo=command.action == "include"
+        )
+        return text_reply(f"{mention(actor.user)}: {esc(done)}.", public=True, kind="success")
 
     def _jobs(self, scope: str, actor: Actor) -> Reply:
         """`jobs` (mine) or `jobs all`: everyone's only for those the policy lets read them; a member asking

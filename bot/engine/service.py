@@ -32,6 +32,7 @@ from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
+    CalibrationView,
     DailySummary,
     Dashboard,
     EngineError,
@@ -288,6 +289,18 @@ class Engine:
         """Volumes; a member ``viewer`` sees their own tracked ones, from a short-lived cache, a few times a
         minute (bot/engine/reports.volumes)."""
         return reports.volumes(self.ctx, viewer=viewer, policy=self.permissions)
+
+    def calibration(self, *, user: str) -> CalibrationView:
+        """The calibration's corrections and every run behind them (admins only)."""
+        from bot.engine import calibration as calibration_mod
+
+        return calibration_mod.report(self.ctx, user=user, policy=self.permissions)
+
+    def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str:
+        """Take a run out of the calibration (``undo``: count it again); admins only."""
+        from bot.engine import calibration as calibration_mod
+
+        return calibration_mod.exclude(self.ctx, run, user=user, policy=self.permissions, undo=undo)
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         volumes_mod.delete(self.ctx, self.permissions, provider, volume_id, user=user)

@@ -322,6 +322,14 @@ class FakeEngine:
     def volumes(self, *, viewer: str | None = None) -> list[VolumeView]:
         return list(self.volume_list)
 
+    def calibration(self, *, user: str):  # type: ignore[no-untyped-def]
+        from bot.engine.api import CalibrationView
+
+        return CalibrationView()
+
+    def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str:
+        return f"run {run} {'included' if undo else 'excluded'}"
+
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         self.deleted.append(volume_id)
 
