@@ -79,12 +79,17 @@ def projected_cost(*, spent: float, done: float, total_cost: float, price_ratio:
 
 
 def ceiling(job: Job) -> float:
-    """What the job's launches may commit it to without asking: what was accepted (never above its cap),
-    else its cap."""
-    cap = float(job.max_cost) if job.max_cost else math.inf
+    """What was accepted for the job: the approved cost, else its cap."""
     if job.approved_cost is not None:
-        return min(float(job.approved_cost), cap)
-    return cap
+        return float(job.approved_cost)
+    return float(job.max_cost) if job.max_cost else math.inf
+
+
+def launch_limit(job: Job) -> float:
+    """What a launch on another offer may commit the job to without asking: what was accepted, and never
+    beyond its cap (max_cost)."""
+    cap = float(job.max_cost) if job.max_cost else math.inf
+    return min(ceiling(job), cap)
 
 
 def approved_price(job: Job) -> float | None:
@@ -118,7 +123,7 @@ def ask_again(ctx: EngineContext, job: Job, proposal: Proposal, *, why: str, act
     ranked = proposal.ranked
     where = f"{ranked['provider']} {ranked['gpu']} x{ranked.get('gpu_count') or 1}"
     offer = {**ranked, "price_per_hour": proposal.live_price}
-    limit = ceiling(job)
+    limit = launch_limit(job)
     if proposal.hourly_limit is not None and proposal.projected <= limit + 1e-9:
         above = (
             f"costs more per hour than the {money(approved_price(job))}/h accepted for this job (up to "

@@ -109,7 +109,7 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
             list(job.offers or []),
             spent=spent,
             done=approval.done_fraction(job),
-            limit=approval.ceiling(job),
+            limit=approval.launch_limit(job),
             price_limit=approval.hourly_ceiling(job, eng.settings.price_tolerance),
         )
         accepted_price = approval.approved_price(job)

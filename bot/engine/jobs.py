@@ -250,7 +250,8 @@ def create(
         ctx.publish(
             EngineEventKind.approval_needed,
             job_id,
-            f"Job {job_id} {what}, above {money(threshold)}: it needs approval by someone other than {user}.",
+            f"Job {job_id} {what}, above {money(threshold)}: it needs approval by "
+            f"{policy.who_approves(user, job_id)}.",
             job=job,
             estimated_cost=chosen.total_cost,
             at_stake=stake,

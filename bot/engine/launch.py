@@ -422,7 +422,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
         spent = job_spend(s, job_id, eng.now())
     # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py);
     # when the projection leans on progress a host reported (done > 0), also within the accepted hourly price.
-    approved_key, limit, done = offer_key(job.offer), approval.ceiling(job), approval.done_fraction(job)
+    approved_key, limit, done = offer_key(job.offer), approval.launch_limit(job), approval.done_fraction(job)
     claimed = done > 0
     hourly = approval.hourly_ceiling(job, eng.settings.price_tolerance) if claimed else math.inf
     held: list[approval.Proposal] = []

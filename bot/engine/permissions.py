@@ -204,6 +204,12 @@ class Permissions:
             return Decision(False, "only admins approve jobs")
         return Decision(True)
 
+    def who_approves(self, owner: str, job_id: str) -> str:
+        """Who approves a job of ``owner``, for the engine's messages."""
+        if self.admins:
+            return f"an admin other than {owner}" if owner in self.admins else "an admin"
+        return f"the operator, on the bot's machine: `tunebot approve {job_id}`"
+
     def approver_hint(self, *, capitalized: bool = False) -> str:
         """Who approves here, for refusals and approval requests."""
         if self.admins:

@@ -192,7 +192,7 @@ def resume(
             job_id,
             f"Job {job_id} resumes and may spend up to {money(stake)} in all, above "
             f"{money(policy.approval_above)} and more than was accepted for it: it needs approval by "
-            f"someone other than {job.owner}.",
+            f"{policy.who_approves(job.owner, job_id)}.",
             estimated_cost=stake,
             at_stake=stake,
         )
