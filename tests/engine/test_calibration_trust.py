@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakes.slack_api import FakeSlack  # noqa: F401 - (the chat doors are played through ChatHandlers)
 
 from bot.chat.handlers import Actor, ChatHandlers
 from bot.planner.calibration import Measurement
