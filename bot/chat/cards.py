@@ -634,7 +634,7 @@ def calibration_reply(view: CalibrationView, *, limit: int | None = MAX_CALIBRAT
                 esc(f"{c.stack} {c.method} {c.size}"),
                 f"x{c.speed_factor:.3f} ({c.speed_runs})" if c.speed_runs else "-",
                 f"x{c.memory_factor:.3f} ({c.memory_runs})" if c.memory_runs else "-",
-                str(c.speed_waiting + c.memory_waiting) if c.speed_waiting + c.memory_waiting else "-",
+                str(max(c.speed_waiting, c.memory_waiting)) if c.speed_waiting or c.memory_waiting else "-",
             ]
             for c in view.corrections
         ]
