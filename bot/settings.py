@@ -338,8 +338,31 @@ class Settings(BaseSettings):
     admins: str = Field(
         "",
         alias="TUNEBOT_ADMINS",
-        description="comma-separated Slack user ids who approve and stop others' jobs, set budgets and "
-        "delete anyone's tracked volumes; unset, anyone but the owner approves (`serve` warns)",
+        description="comma-separated Slack user ids who approve and stop others' jobs, see everyone's jobs "
+        "and spend, set budgets and delete anyone's tracked volumes; unset, no member approves: the operator "
+        "does on the bot's machine (`tunebot approve JOB`; `serve` warns). The CLI and the console act as "
+        "the operator, an admin",
+    )
+    team_read: bool = Field(
+        False,
+        alias="TUNEBOT_TEAM_READ",
+        description="1: every member sees every job, chart and spend (/tune jobs all, status, spend); "
+        "unset, a member sees their own and admins everyone's. Acting on a job stays its owner's and the "
+        "admins'",
+    )
+    volumes_cache_s: float = Field(
+        60.0,
+        ge=0,
+        alias="TUNEBOT_VOLUMES_CACHE_SECONDS",
+        description="/tune volumes answers from the clouds' volume listing at most this old (shared by "
+        "everyone), so repeated asks do not list every cloud again",
+    )
+    volumes_per_minute: int = Field(
+        4,
+        ge=1,
+        alias="TUNEBOT_VOLUMES_PER_MINUTE",
+        description="how often one member may ask /tune volumes per minute (admins and the operator too); "
+        "more get a message saying when to ask again",
     )
     allowed_channels: str = Field(
         "",

@@ -10,17 +10,28 @@ and, when the caller says which, the setting that raises it).
 
 Pure apart from opening the URI with fsspec (any local path or fsspec URI, compression inferred from the
 name as the runner does); never torch: the bot imports it.
+
+The time bound is a wall-clock deadline for the whole read, enforced even while a read blocks: an http(s)
+dataset is read here with http.client (not fsspec's aiohttp, whose reads wait for whole blocks with no
+deadline), each socket read waiting at most the time left, and a watchdog that shuts the connection down at
+the deadline (headers dribbled a byte at a time included). A server that sends a byte every few seconds
+costs its sender one refused estimate, not a thread of the bot for hours.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import io
 import lzma
+import socket
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import fsspec
 import fsspec.compression
@@ -157,6 +168,134 @@ class _Gunzip:
         pass
 
 
+HTTP_SCHEMES = ("http", "https")
+MAX_REDIRECTS = 5
+IDLE_READ_S = 60.0  # without a deadline, a socket read still waits at most this long for a byte
+
+
+class _DeadlinePassed(Exception):
+    """The whole read's wall-clock deadline passed (the watchdog cut the connection)."""
+
+
+class _HttpBody(io.RawIOBase):
+    """An http(s) dataset's bytes as a raw file, within a wall-clock deadline (``left()``: seconds left,
+    None for none): every socket read waits at most the time left, and a watchdog thread shuts the socket
+    down at the deadline, which ends a read blocked anywhere (status line, headers, body). Redirects are
+    followed (http and https only, MAX_REDIRECTS); the body is taken as sent (no content decoding)."""
+
+    def __init__(self, uri: str, left: Callable[[], float | None]) -> None:
+        super().__init__()
+        self.left = left
+        self.cut = False
+        self.size: int | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._resp: http.client.HTTPResponse | None = None
+        self._lock = threading.Lock()
+        remaining = left()
+        self._timer = threading.Timer(remaining, self._stop) if remaining is not None else None
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+        try:
+            self._open(uri)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, uri: str) -> None:
+        url = uri
+        for _ in range(MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            if parts.scheme not in HTTP_SCHEMES or not parts.hostname:
+                raise OSError(f"cannot follow a redirect to {parts.scheme or 'a relative'} URL")
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = cls(parts.hostname, parts.port, timeout=self._wait())
+            with self._lock:
+                self._conn = conn
+            if self.cut:
+                raise _DeadlinePassed
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            try:
+                conn.request("GET", path, headers={"Accept-Encoding": "identity", "User-Agent": "tunebot"})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                if self.cut:
+                    raise _DeadlinePassed from None
+                raise OSError(f"{type(exc).__name__}: {exc}") from None
+            location = resp.getheader("Location")
+            if resp.status in (301, 302, 303, 307, 308) and location:
+                resp.close()
+                conn.close()
+                url = urljoin(url, location)
+                continue
+            if resp.status in (404, 410):
+                raise FileNotFoundError(url)
+            if resp.status != 200:
+                raise OSError(f"HTTP {resp.status} {resp.reason}")
+            length = resp.getheader("Content-Length")
+            self.size = int(length) if length and length.isdigit() else None
+            self._resp = resp
+            return
+        raise OSError(f"more than {MAX_REDIRECTS} redirects")
+
+    def _wait(self) -> float:
+        """How long one socket operation may wait: the time left (never more than IDLE_READ_S)."""
+        remaining = self.left()
+        if remaining is None:
+            return IDLE_READ_S
+        if remaining <= 0:
+            self._stop()
+            raise _DeadlinePassed
+        return min(remaining, IDLE_READ_S)
+
+    def _stop(self) -> None:
+        """The watchdog: the deadline passed; shut the connection down so that a blocked read returns."""
+        with self._lock:
+            self.cut = True
+            sock = self._conn.sock if self._conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self._resp is None:
+            return b""
+        wait = self._wait()
+        sock = self._conn.sock if self._conn is not None else None
+        if sock is not None:
+            sock.settimeout(wait)
+        try:
+            data = self._resp.read1(size if size and size > 0 else CHUNK)
+        except (OSError, http.client.HTTPException) as exc:
+            if self.cut or (self.left() or 1.0) <= 0:
+                raise _DeadlinePassed from None
+            if isinstance(exc, TimeoutError):
+                raise OSError(f"the server sent nothing for {wait:.0f} s") from None
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+        if self.cut:
+            raise _DeadlinePassed
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with contextlib.suppress(Exception):
+            if self._resp is not None:
+                self._resp.close()
+        with contextlib.suppress(Exception):
+            if self._conn is not None:
+                self._conn.close()
+        super().close()
+
+
 class LineReader:
     """Iterate (1-based line number, text) over the non-blank lines of a jsonl file, within ``limits``.
 
@@ -196,14 +335,28 @@ class LineReader:
     def _fail(self, limit: str, message: str, line: int | None = None) -> DatasetLimitError:
         return DatasetLimitError(message + self.limits.hint(limit), limit=limit, uri=self.uri, line=line)
 
-    def __iter__(self) -> Iterator[tuple[int, str]]:
+    def _open(self, deadline: float | None) -> Any:
+        """The raw file: http(s) within the deadline (``_HttpBody``), anything else through fsspec."""
+        if fsspec.utils.get_protocol(self.uri) in HTTP_SCHEMES:
+
+            def left() -> float | None:
+                return None if deadline is None else deadline - self.clock()
+
+            body = _HttpBody(self.uri, left)
+            self.raw_size = body.size
+            return contextlib.closing(body)
+        opened = fsspec.open(self.uri, "rb")
         try:
-            opened = fsspec.open(self.uri, "rb")
-            try:
-                self.raw_size = int(opened.fs.size(opened.path))
-            except Exception:  # noqa: BLE001 - a size is only needed to scale a sample up
-                self.raw_size = None
-            with opened as raw:
+            self.raw_size = int(opened.fs.size(opened.path))
+        except Exception:  # noqa: BLE001 - a size is only needed to scale a sample up
+            self.raw_size = None
+        return opened
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        lim = self.limits
+        deadline = self.clock() + lim.seconds if lim.seconds else None
+        try:
+            with self._open(deadline) as raw:
                 counted = _Counting(raw)
                 if self.compression == "gzip":
                     stream: Any = _Gunzip(counted)
@@ -212,10 +365,12 @@ class LineReader:
                 else:
                     stream = counted
                 try:
-                    yield from self._lines(stream, counted)
+                    yield from self._lines(stream, counted, deadline)
                 finally:
                     if stream is not counted:
                         stream.close()
+        except _DeadlinePassed:
+            raise self._fail("seconds", f"reading took longer than {lim.seconds:g} s") from None
         except DatasetError:
             raise
         except FileNotFoundError as exc:
@@ -224,9 +379,8 @@ class LineReader:
             what = f"{self.compression} data is corrupt or truncated" if self.compression else "cannot read"
             raise DatasetError(f"{what} ({type(exc).__name__}: {exc})", uri=self.uri) from exc
 
-    def _lines(self, stream: Any, counted: _Counting) -> Iterator[tuple[int, str]]:
+    def _lines(self, stream: Any, counted: _Counting, deadline: float | None) -> Iterator[tuple[int, str]]:
         lim = self.limits
-        deadline = self.clock() + lim.seconds if lim.seconds else None
         buf = bytearray()
         number = 0  # lines seen, blank ones included (editors count them)
         pending: tuple[int, str] | None = None  # a record read past a sample bound: is there more?

@@ -47,6 +47,9 @@ class Job(SQLModel, table=True):
     # The spend accepted for the job: by a person, its cap; automatically, the lower of its cap and the
     # approval amount. A launch never rents an offer projected above it without asking again.
     approved_cost: float | None = None
+    # The hourly price accepted with it: a relaunch on another offer (preemption, out of memory, resume) rents
+    # nothing pricier per hour than this (within TUNEBOT_PRICE_TOLERANCE) without asking again.
+    approved_price_per_hour: float | None = None
     checkpoint_minutes: float | None = None
 
     idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
@@ -272,6 +275,12 @@ class CalibrationRun(SQLModel, table=True):
     device_memory_used_gb: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+    # Who reported it (bot/planner/calibration.py): the rented host ("<provider>:<offer>", "local" for the
+    # bot's own machine; None for an import) and the job's owner; an admin's exclusion (`calibrate exclude`).
+    host: str | None = Field(default=None, max_length=200)
+    owner: str | None = Field(default=None, max_length=200)
+    excluded_at: float | None = None
+    excluded_by: str | None = Field(default=None, max_length=200)
 
 
 class BotSecret(SQLModel, table=True):

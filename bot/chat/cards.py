@@ -23,7 +23,15 @@ from bot.chat.replies import (
     Text,
     text_reply,
 )
-from bot.engine.api import BudgetView, JobView, PriceList, SpendLine, SpendReport, VolumeView
+from bot.engine.api import (
+    BudgetView,
+    CalibrationView,
+    JobView,
+    PriceList,
+    SpendLine,
+    SpendReport,
+    VolumeView,
+)
 from bot.engine.jobstate import ACTIVE, OPEN, resumable
 from bot.engine.results import how_to_load
 from bot.money import money
@@ -471,15 +479,24 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     return reply
 
 
-def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
+def operator_approves(job_id: str) -> str:
+    """Who approves where no admin is configured: the operator, on the bot's machine."""
+    return (
+        "no admin is configured (TUNEBOT_ADMINS), so nobody approves it in Slack: the operator approves it "
+        f"on the bot's machine with `tunebot approve {esc(job_id)}`."
+    )
+
+
+def resumed_reply(job: JobView, *, approval_above: float, admins: bool = True) -> Reply:
     """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first."""
     job_id = esc(job.job_id)
     if job.state == "pending_approval":
+        who = "an admin has been asked to approve it." if admins else operator_approves(job.job_id)
         return Reply(
             parts=[
                 Text(
                     f":hourglass: Job *{job_id}* resumes with a cap of {money(job.max_cost)}, above the "
-                    f"{money(approval_above)} approval amount: an admin has been asked to approve it."
+                    f"{money(approval_above)} approval amount: {who}"
                 )
             ],
             fallback=f"Job {job_id} awaits approval to resume",
@@ -599,6 +616,57 @@ def spend_reply(report: SpendReport, *, user: str | None = None, title: str | No
             reply.add(Table([name.split()[-1], "spend", "budget", "used"], rows, title=name))
     if not (report.by_user or report.by_provider or report.by_job):
         reply.add(Text("Nothing spent in this period."))
+    return reply
+
+
+MAX_CALIBRATION_ROWS = 40
+
+
+def calibration_reply(view: CalibrationView, *, limit: int | None = MAX_CALIBRATION_ROWS) -> Reply:
+    """`calibrate show`: each corrected class with its factors, then every run behind them with its job,
+    host and owner, what it claims (measured / physics) and whether it counts, newest first."""
+    reply = Reply(fallback=f"Calibration from {view.measurements} measurement(s)")
+    reply.add(Header(f"Calibration from {view.measurements} measurement(s)"))
+    if view.corrections:
+        rows = [
+            [
+                esc(c.gpu),
+                esc(f"{c.stack} {c.method} {c.size}"),
+                f"x{c.speed_factor:.3f} ({c.speed_runs})" if c.speed_runs else "-",
+                f"x{c.memory_factor:.3f} ({c.memory_runs})" if c.memory_runs else "-",
+                str(max(c.speed_waiting, c.memory_waiting)) if c.speed_waiting or c.memory_waiting else "-",
+            ]
+            for c in view.corrections
+        ]
+        reply.add(Table(["gpu", "class", "speed", "memory", "waiting"], rows, title="Corrections"))
+    runs = list(reversed(view.runs))
+    shown = runs if limit is None else runs[:limit]
+    if shown:
+        rows = [
+            [
+                esc(r.run),
+                mention(r.owner) if r.owner else "-",
+                esc(r.host or r.source),
+                esc(r.gpu),
+                f"x{r.memory_x:.2f}" if r.memory_x is not None else "-",
+                f"x{r.speed_x:.2f}" if r.speed_x is not None else "-",
+                esc(r.status + (f" by {r.excluded_by}" if r.excluded_by else "")),
+            ]
+            for r in shown
+        ]
+        reply.add(Table(["run", "owner", "host", "gpu", "memory", "speed", "status"], rows, title="Runs"))
+    if len(runs) > len(shown):
+        reply.add(Context([f"{len(runs) - len(shown)} older runs not shown (`tunebot calibrate show`)"]))
+    reply.add(
+        Context(
+            [
+                "factor = measured / physics: one vote per host, shrunk toward 1 by n / (n + 2); (n) = runs "
+                "counted. Less memory or more speed than the physics counts only once 3 hosts of 2 owners "
+                "agree (waiting until then); memory never drops below the physics. `calibrate exclude RUN` "
+                "takes a run out, `calibrate include RUN` puts it back."
+            ]
+        )
+    )
     return reply
 
 
@@ -801,8 +869,10 @@ def approval_request(
     job: JobView, *, approvers: list[str], threshold: float, reason: str | None = None
 ) -> Reply:
     """Approve / Reject for a job waiting for approval; ``reason``: why, where the amount is not it (a
-    pricier fallback asked again, a public Hub push)."""
-    who = " ".join(mention(a) for a in approvers) or "an admin"
+    pricier fallback asked again, a bigger GPU, a public Hub push). With no admin configured (``approvers``
+    empty) nobody approves in Slack: the message says the operator approves it on the bot's machine, and it
+    has no buttons."""
+    who = " ".join(mention(a) for a in approvers) or "The operator"
     if reason:
         text = (
             f":bell: {who}: job *{esc(job.job_id)}* of {mention(job.owner)} ({esc(job.model)} "
@@ -818,6 +888,9 @@ def approval_request(
         fallback=f"Approval needed for job {esc(job.job_id)} ({money(job.estimated_cost)})", public=True
     )
     reply.add(Text(text))
+    if not approvers:
+        reply.add(Text(operator_approves(job.job_id)[0].upper() + operator_approves(job.job_id)[1:]))
+        return reply
     reply.add(
         Buttons(
             [

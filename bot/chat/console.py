@@ -25,9 +25,10 @@ from bot.chat.terminal import markup, render
 from bot.chat.weekly import weekly_reply
 from bot.engine.api import EngineAPI, WeeklyReport
 from bot.engine.events import EngineEvent
+from bot.engine.permissions import OPERATOR
 
 log = logging.getLogger(__name__)
-CONSOLE_USER = "console"
+CONSOLE_USER = OPERATOR  # the console's person runs the bot: the operator, an admin of this machine
 PROMPT = "tunebot> "
 
 

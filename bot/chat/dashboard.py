@@ -54,8 +54,9 @@ def _pace_rows(paces: list[SpendPace], *, people: bool) -> list[list[str]]:
 
 def home_reply(d: Dashboard) -> Reply:
     reply = Reply(fallback="tunebot: your jobs and the team's spend")
-    reply.add(Header("tunebot · team dashboard" if d.is_admin else "tunebot"))
-    scope = "Team" if d.is_admin else "Your"
+    team = d.is_admin or d.team_view  # admins, and every member with TUNEBOT_TEAM_READ
+    reply.add(Header("tunebot · team dashboard" if team else "tunebot"))
+    scope = "Team" if team else "Your"
     mine = next((p for p in d.people if p.name == d.user), None)
     fields = [
         (f"{scope} spend now", f"{money(d.per_hour_now)}/h"),
@@ -79,7 +80,7 @@ def home_reply(d: Dashboard) -> Reply:
         )
     )
     reply.add(Divider())
-    title = "Running now" if d.is_admin else "Your running jobs"
+    title = "Running now" if team else "Your running jobs"
     reply.add(Text(f"*{title}* ({len(d.running)})"))
     for job in d.running[:MAX_RUNNING]:
         reply.add(Text(running_line(job)))
@@ -87,7 +88,7 @@ def home_reply(d: Dashboard) -> Reply:
         reply.add(Context([f"{len(d.running) - MAX_RUNNING} more running; `/tune jobs all` lists them"]))
     if not d.running:
         reply.add(Context(["Nothing is running."]))
-    if d.is_admin:
+    if team:
         reply.add(Divider())
         columns = ["month to date", "projected", "budget", "projected/budget", "now"]
         if d.people:

@@ -31,6 +31,7 @@ COMMAND_USAGE: dict[str, str] = {
     "volumes": "volumes",
     "gpus": "gpus [GPU]",
     "budget": "budget [show | set user|team NAME daily=X monthly=Y]",
+    "calibrate": "calibrate [show | exclude RUN | include RUN]  (admins)",
     "help": "help [COMMAND]",
 }
 
@@ -154,6 +155,15 @@ class BudgetSetCmd(Command):
     target: str
     daily: float | None = None
     monthly: float | None = None
+
+
+@dataclass(frozen=True)
+class CalibrateCmd(Command):
+    """What moved the estimates (``show``), and taking a run out of them or back in (admins only)."""
+
+    name: ClassVar[str] = "calibrate"
+    action: Literal["show", "exclude", "include"] = "show"
+    run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +305,18 @@ def _budget(args: list[str]) -> Command:
     )
 
 
+RUN_ID = re.compile(r"^[\w:.\-]{1,64}$")  # a job id, or an import's "import:<hash>"
+
+
+def _calibrate(args: list[str]) -> CalibrateCmd:
+    if not args or args == ["show"]:
+        return CalibrateCmd()
+    action = args[0].lower()
+    if action not in ("exclude", "include") or len(args) != 2 or not RUN_ID.match(args[1]):
+        raise ParseError("`calibrate` takes `show`, `exclude RUN` or `include RUN`", usage_for("calibrate"))
+    return CalibrateCmd(action=action, run=args[1])  # type: ignore[arg-type]
+
+
 def parse(text: str) -> Command:
     """Parse one command line (with or without the `/tune` prefix)."""
     if not isinstance(text, str):
@@ -337,6 +359,8 @@ def parse(text: str) -> Command:
         return GpusCmd(gpu=(args[0].lower() if args else None))
     if name == "budget":
         return _budget(args)
+    if name in ("calibrate", "calibration"):
+        return _calibrate(args)
     if name in ("help", "?", "-h", "--help"):
         topic = args[0].lower() if args else None
         return HelpCmd(topic=topic if topic in COMMAND_USAGE else None)

@@ -28,6 +28,7 @@ from bot.chat.grammar import (
     ApproveCmd,
     BudgetSetCmd,
     BudgetShowCmd,
+    CalibrateCmd,
     CloneCmd,
     Command,
     EstimateCmd,
@@ -46,7 +47,7 @@ from bot.chat.grammar import (
     usage_for,
 )
 from bot.chat.permissions import Permissions
-from bot.chat.replies import Reply, error_reply, text_reply
+from bot.chat.replies import Context, Reply, error_reply, text_reply
 from bot.chat.slowwork import SlowWork
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.engine.ids import check_job_id
@@ -225,8 +226,9 @@ class ChatHandlers:
 
     @staticmethod
     def is_slow(command: Command) -> bool:
-        """Commands that read datasets, the Hub or every cloud: they run on ``self.slow``."""
-        return isinstance(command, EstimateCmd | LaunchCmd | GpusCmd)
+        """Commands that read datasets, the Hub or every cloud: they run on ``self.slow`` (a clone estimates
+        its job's dataset again)."""
+        return isinstance(command, EstimateCmd | LaunchCmd | GpusCmd | CloneCmd)
 
     @staticmethod
     def quick_ack(command: Command) -> str | None:
@@ -285,30 +287,29 @@ class ChatHandlers:
                 raise PermissionDenied(decision.reason)
             return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
         if isinstance(command, StatusCmd):
-            if command.job_id:
-                return cards.job_card(self.engine.get_job(command.job_id))
-            jobs = self.engine.list_jobs(user=actor.user, active_only=True)
+            if command.job_id:  # the engine refuses another member's job (the policy's can_read)
+                return cards.job_card(self.engine.get_job(command.job_id, viewer=actor.user))
+            jobs = self.engine.list_jobs(user=actor.user, active_only=True, viewer=actor.user)
             return cards.jobs_reply(jobs, title="Your active jobs")
         if isinstance(command, JobsCmd):
-            user = None if command.scope == "all" else actor.user
-            jobs = self.engine.list_jobs(user=user)
-            return cards.jobs_reply(jobs, title="All jobs" if user is None else "Your jobs")
+            return self._jobs(command.scope, actor)
         if isinstance(command, StopCmd):
             return self._stop(command.job_id, actor)
         if isinstance(command, ResumeCmd):
             return self._resume(command.job_id, command.max_cost, actor)
         if isinstance(command, CloneCmd):
-            decision = self.permissions.can_launch(actor.user, actor.channel)
+            decision = self.permissions.can_launch(actor.user, _where(actor))
             if not decision:
                 raise PermissionDenied(decision.reason)
-            request = self.engine.clone_request(command.job_id, command.changes)
+            # The engine refuses another member's job; the data is checked for the cloner, as a launch's is.
+            request = self.engine.clone_request(command.job_id, command.changes, user=actor.user)
             return self._estimate(self._checked_sources(request, actor), actor, launching=True)
         if isinstance(command, ApproveCmd):
             return self._approve(command.job_id, actor)
         if isinstance(command, SpendCmd):
-            return cards.spend_reply(self.engine.spend(command.period, user=command.user), user=command.user)
+            return self._spend(command.period, command.user, actor)
         if isinstance(command, VolumesCmd):
-            return cards.volumes_reply(self.engine.volumes())
+            return cards.volumes_reply(self.engine.volumes(viewer=actor.user))
         if isinstance(command, GpusCmd):
             return self._gpus(command.gpu)
         if isinstance(command, BudgetShowCmd):
@@ -326,9 +327,49 @@ class ChatHandlers:
                 f"monthly {cards.money(view.monthly)}.",
                 kind="success",
             )
+        if isinstance(command, CalibrateCmd):
+            return self._calibrate(command, actor)
         if isinstance(command, HelpCmd):
             return cards.help_reply(command.topic)
         raise ParseError(f"unsupported command {command.name}")
+
+    def _calibrate(self, command: CalibrateCmd, actor: Actor) -> Reply:
+        """`calibrate [show | exclude RUN | include RUN]`: admins only (the engine decides again)."""
+        if not self.permissions.is_admin(actor.user):
+            raise PermissionDenied(
+                "only admins see or change what moved the estimates (TUNEBOT_ADMINS; the operator on the "
+                "bot's machine: `tunebot calibrate show`)"
+            )
+        if command.action == "show":
+            return cards.calibration_reply(self.engine.calibration(user=actor.user))
+        done = self.engine.exclude_calibration_run(
+            command.run or "", user=actor.user, undo=command.action == "include"
+        )
+        return text_reply(f"{mention(actor.user)}: {esc(done)}.", public=True, kind="success")
+
+    def _jobs(self, scope: str, actor: Actor) -> Reply:
+        """`jobs` (mine) or `jobs all`: everyone's only for those the policy lets read them; a member asking
+        for all gets their own, told why."""
+        if scope != "all":
+            return cards.jobs_reply(
+                self.engine.list_jobs(user=actor.user, viewer=actor.user), title="Your jobs"
+            )
+        decision = self.permissions.can_read_user(actor.user, None)
+        if decision:
+            return cards.jobs_reply(self.engine.list_jobs(viewer=actor.user), title="All jobs")
+        reply = cards.jobs_reply(self.engine.list_jobs(user=actor.user, viewer=actor.user), title="Your jobs")
+        reply.add(Context([esc(decision.reason[0].upper() + decision.reason[1:]) + "."]))
+        return reply
+
+    def _spend(self, period: str, whose: str | None, actor: Actor) -> Reply:
+        """`spend [period] [@user]`: a member's own unless the policy lets them read everyone's."""
+        if whose is None and not self.permissions.sees_everyone(actor.user):
+            whose = actor.user
+        decision = self.permissions.can_read_user(actor.user, whose)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        report = self.engine.spend(period, user=whose, viewer=actor.user)  # type: ignore[arg-type]
+        return cards.spend_reply(report, user=whose)
 
     def _checked_sources(self, request: EstimateRequest, actor: Actor) -> EstimateRequest:
         """The request with its model and dataset checked against the source policy (the operator may
@@ -421,10 +462,14 @@ class ChatHandlers:
     def _launched(self, job: JobView, choice: str) -> Reply:
         if job.state == JobState.PENDING_APPROVAL:
             above = cards.money(self.permissions.approval_above)
+            who = (
+                "an admin has been asked to approve it."
+                if self.permissions.admins
+                else cards.operator_approves(job.job_id)
+            )
             return text_reply(
                 f":hourglass: Job *{esc(job.job_id)}* may spend up to {cards.money(job.max_cost)} (estimated "
-                f"{cards.money(job.estimated_cost)}), above the {above} approval amount: "
-                "an admin has been asked to approve it.",
+                f"{cards.money(job.estimated_cost)}), above the {above} approval amount: {who}",
                 kind="warning",
             )
         where = esc(f" on {job.provider} {job.gpu or ''} x{job.gpu_count or 1}") if job.provider else ""
@@ -491,7 +536,9 @@ class ChatHandlers:
     def _resume(self, job_id: str, max_cost: float | None, actor: Actor) -> Reply:
         """Ask the engine to continue the job (it checks the owner, the cap and approval)."""
         job = self.engine.resume(job_id, user=actor.user, max_cost=max_cost, channel=actor.channel)
-        return cards.resumed_reply(job, approval_above=self.permissions.approval_above)
+        return cards.resumed_reply(
+            job, approval_above=self.permissions.approval_above, admins=bool(self.permissions.admins)
+        )
 
     def _volume(self, ref: str, action: str, actor: Actor) -> Reply:
         provider, sep, volume_id = ref.partition(":")

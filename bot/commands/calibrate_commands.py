@@ -1,9 +1,13 @@
-"""`tunebot calibrate import FILE | show`: the measurements the planner learns from, and what it learned.
+"""`tunebot calibrate import FILE | show | exclude RUN | include RUN`: the measurements the planner learns
+from, what it learned, and undoing what a run moved.
 
 Finished runs are recorded by the engine on their own; `import` seeds the store from a team's past runs (CSV
 or JSON, the columns of a finished run: gpu, gpus, the request fields, max_memory_reserved_gb,
 device_memory_used_gb, tokens_per_second), and `show` prints the correction per (GPU, stack, method, size
-class) with the runs behind it. Bad files exit 2 with the line that is wrong; nothing is stored from them.
+class) and every run behind it with its job, host and owner, and whether it counts (or waits for other hosts
+to corroborate it, bot/planner/calibration.py). `exclude RUN` takes a run out (it moves no estimate until
+`include RUN`). The CLI acts as the operator, an admin. Bad files exit 2 with the line that is wrong; nothing
+is stored from them.
 """
 
 from __future__ import annotations
@@ -55,75 +59,60 @@ def import_command(
 
 @calibrate_app.command("show")
 def show_command(
-    as_json: bool = typer.Option(False, "--json", help="Corrections and measurement counts as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Corrections and the runs behind them as JSON."),
 ) -> None:
-    """The correction per (GPU, stack, method, size class) and the runs behind it."""
-    import json
-
-    from bot.engine.calibration import load
-    from bot.planner.inputs import calibrate
+    """The correction per (GPU, stack, method, size class) and the runs behind it (job, host, owner)."""
+    from bot.engine.calibration import report
+    from bot.engine.permissions import OPERATOR
 
     eng = _engine()
     try:
-        measurements = load(eng)
+        view = report(eng, user=OPERATOR)
     finally:
         eng.close()
-    cal = calibrate(measurements)
-    rows = sorted(cal.corrections.values(), key=lambda c: c.key)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "measurements": len(measurements),
-                    "skipped": cal.skipped,
-                    "corrections": [
-                        {
-                            "gpu": c.key[0],
-                            "stack": c.key[1],
-                            "method": c.key[2],
-                            "size": c.key[3],
-                            "speed_factor": round(c.speed_factor, 4),
-                            "speed_runs": c.speed_runs,
-                            "memory_factor": round(c.memory_factor, 4),
-                            "memory_runs": c.memory_runs,
-                        }
-                        for c in rows
-                    ],
-                },
-                indent=2,
-            )
-        )
+        typer.echo(view.model_dump_json(indent=2))
         return
-    if not measurements:
+    if not view.runs:
         typer.echo(
             "no measurements yet: finished runs are recorded automatically; `tunebot calibrate import FILE`"
         )
         typer.echo("seeds them from past runs. Estimates use the physics alone.")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from bot.chat.cards import calibration_reply
+    from bot.commands.engine_commands import _show
 
-    table = Table(title=f"Calibration from {len(measurements)} measurement(s)", title_justify="left")
-    for col in ("gpu", "stack", "method", "size", "runs", "speed x", "memory x"):
-        table.add_column(col, justify="right" if col in ("runs", "speed x", "memory x") else "left")
-    for c in rows:
-        table.add_row(
-            c.key[0],
-            c.key[1],
-            c.key[2],
-            c.key[3],
-            str(c.runs),
-            f"{c.speed_factor:.3f} ({c.speed_runs})" if c.speed_runs else "-",
-            f"{c.memory_factor:.3f} ({c.memory_runs})" if c.memory_runs else "-",
-        )
-    console = Console()
-    console.print(table)
-    console.print(
-        "factor = measured / physics, pooled robustly and shrunk toward 1 by n / (n + 2); "
-        "(n) = runs with that measurement"
-    )
-    if cal.skipped:
-        console.print(f"{cal.skipped} measurement(s) skipped: their model or GPU is unknown to the planner")
+    _show(calibration_reply(view, limit=None))
+
+
+@calibrate_app.command("exclude")
+def exclude_command(
+    run: str = typer.Argument(..., help="The run (its job id, as `calibrate show` lists it)."),
+) -> None:
+    """Take a run out of the calibration: it moves no estimate until `calibrate include RUN`."""
+    _exclude(run, undo=False)
+
+
+@calibrate_app.command("include")
+def include_command(
+    run: str = typer.Argument(..., help="An excluded run (its job id)."),
+) -> None:
+    """Count an excluded run again."""
+    _exclude(run, undo=True)
+
+
+def _exclude(run: str, *, undo: bool) -> None:
+    from bot.engine.api import EngineError
+    from bot.engine.calibration import exclude
+    from bot.engine.permissions import OPERATOR
+
+    eng = _engine()
+    try:
+        typer.echo(exclude(eng, run, user=OPERATOR, undo=undo))
+    except EngineError as exc:
+        fail(str(exc))
+    finally:
+        eng.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -109,12 +109,20 @@ def _left_unwatched(engine, console) -> None:  # type: ignore[no-untyped-def]
 def register(app: typer.Typer) -> None:
     @app.command("console")
     def console_cmd(
-        user: str = typer.Option(
-            "console", help="Who you are in the console (owner of your jobs, an admin)."
-        ),
+        user: str | None = typer.Option(None, "--user", hidden=True),
     ) -> None:
-        """Chat with tunebot in the terminal: the /tune commands, read from stdin (scriptable)."""
-        raise typer.Exit(_run_console(user))
+        """Chat with tunebot in the terminal as the operator of this machine (an admin): the /tune commands,
+        read from stdin (scriptable)."""
+        from bot.engine.permissions import OPERATOR
+
+        if user is not None and user.strip() != OPERATOR:
+            typer.echo(
+                "tunebot console acts as the operator of this machine, never in someone else's name: drop "
+                "--user. Members use /tune in Slack",
+                err=True,
+            )
+            raise typer.Exit(2)
+        raise typer.Exit(_run_console(OPERATOR))
 
     @app.command("serve")
     def serve_cmd(
@@ -144,7 +152,9 @@ def register(app: typer.Typer) -> None:
         if not ready:
             typer.echo(SLACK_HELP, err=True)
             if sys.stdin.isatty() and typer.confirm("Start the console now?", default=True):
-                raise typer.Exit(_run_console("console"))
+                from bot.engine.permissions import OPERATOR
+
+                raise typer.Exit(_run_console(OPERATOR))
             raise typer.Exit(2)
         raise typer.Exit(_serve(host or listen_host(settings), port, socket_mode=socket_mode))
 

@@ -4,12 +4,16 @@ the command line.
 Each command builds an ``Engine`` on the configured database (SQLite in the data folder by default)
 and providers (the local one always). Heavy imports happen inside the commands. Bad input gets a
 clear message and exit code 2, never a traceback.
+
+Who acts: the operator (bot/engine/permissions.OPERATOR), the person who runs the bot on this machine, an
+admin of it. ``--user NAME`` names whom a job is for (launch, clone: its owner and whose budgets count) or
+whom to act as on stop, resume and volumes (never more than the operator may); ``approve`` is always the
+operator's own: the CLI never approves in a member's name.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +39,10 @@ def _engine():  # type: ignore[no-untyped-def]
 
 
 def _user(user: str | None) -> str:
-    return user or os.environ.get("USER") or "cli"
+    """Who a command acts as: the operator unless ``--user`` names someone (see the module's docstring)."""
+    from bot.engine.permissions import OPERATOR
+
+    return user.strip() if user and user.strip() else OPERATOR
 
 
 def _show(reply: Reply) -> None:
@@ -64,7 +71,10 @@ def _approval_hint(job_id: str) -> None:
     from bot.chat.escaping import esc
     from bot.chat.replies import text_reply
 
-    hint = f"needs approval by someone else: tunebot approve {esc(job_id)} --user {esc('<them>')}"
+    hint = (
+        f"needs approval: an admin approves it in Slack, or you, the operator of this machine: "
+        f"tunebot approve {esc(job_id)}"
+    )
     _show(text_reply(hint, kind="warning"))
 
 
@@ -155,7 +165,7 @@ def resume_command(
         "job needs a higher one; above the approval amount it needs approval).",
         show_default=False,
     ),
-    user: str | None = typer.Option(None, "--user", help="Who asks (default: $USER)."),
+    user: str | None = typer.Option(None, "--user", help="Who asks (default: the operator)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
 ) -> None:
     """Continue a stopped or failed job from its newest checkpoint (same job, same cap unless --max-cost)."""
@@ -202,7 +212,7 @@ def _clone(
     changes = parse_pairs(pairs)
     engine = _engine()
     try:
-        req = engine.clone_request(job_id, changes)
+        req = engine.clone_request(job_id, changes, user=_user(user))
     except EngineError as exc:
         engine.close()
         fail(str(exc))
@@ -221,7 +231,11 @@ def _job_options():  # type: ignore[no-untyped-def]
             str,
             typer.Option("cheapest", "--choice", help="cheapest, safest, fastest or an offer key."),
         ),
-        param("user", str | None, typer.Option(None, "--user", help="Who asks (default: $USER).")),
+        param(
+            "user",
+            str | None,
+            typer.Option(None, "--user", help="Whom the job is for: its owner (default: the operator)."),
+        ),
         param("team", str | None, typer.Option(None, "--team")),
         param(
             "key",
@@ -293,14 +307,21 @@ def jobs_command(
 
 
 def approve_command(
-    job_id: str = typer.Argument(...), user: str | None = typer.Option(None, "--user")
+    job_id: str = typer.Argument(...),
+    user: str | None = typer.Option(None, "--user", hidden=True),
 ) -> None:
-    """Approve a job that needs it (not your own)."""
+    """Approve a job that waits for it, as the operator of this machine (an admin: any job)."""
     from bot.engine.api import EngineError
+    from bot.engine.permissions import OPERATOR
 
+    if user is not None and user.strip() != OPERATOR:
+        fail(
+            "tunebot approve acts as the operator of this machine, never in someone else's name: drop "
+            "--user. A member approves in Slack (TUNEBOT_ADMINS)"
+        )
     engine = _engine()
     try:
-        view = engine.approve(job_id, approver=_user(user))
+        view = engine.approve(job_id, approver=OPERATOR)
         _print_job(view)
         _warn_if_unwatched(engine, view)
     except EngineError as exc:

@@ -132,10 +132,12 @@ class SpendPace(BaseModel):
 
 class Dashboard(BaseModel):
     """App Home: what one person sees (engine/dashboard.py). Admins see everyone's running jobs, every
-    person and team and every idle volume; a member sees their own."""
+    person and team and every idle volume; a member sees their own (everyone's with TUNEBOT_TEAM_READ, and
+    still manages only their own)."""
 
     user: str
     is_admin: bool
+    team_view: bool = False  # a member who reads the team's figures (TUNEBOT_TEAM_READ); admins always do
     at: datetime
     month_start: datetime
     days_in_month: int
@@ -220,6 +222,46 @@ class DailySummary(BaseModel):
     idle_volume_cost_per_month: float = 0.0
 
 
+class CalibrationLine(BaseModel):
+    """One corrected figure class: (GPU, stack, method, size) and what the counted runs made of it."""
+
+    gpu: str
+    stack: str
+    method: str
+    size: str
+    speed_factor: float = 1.0
+    speed_runs: int = 0
+    speed_waiting: int = 0  # runs whose faster-than-physics claim waits for other hosts to corroborate it
+    memory_factor: float = 1.0
+    memory_runs: int = 0
+    memory_waiting: int = 0  # runs whose lower-than-physics claim waits (memory never drops below physics)
+
+
+class CalibrationRunView(BaseModel):
+    """A stored run behind the calibration: who reported it, what it says, and whether it counts."""
+
+    run: str  # the job id (an import's id for imported rows): what `calibrate exclude` takes
+    source: str  # run | import
+    job_id: str | None = None
+    host: str | None = None  # "<provider>:<offer>", "local", or None for an import
+    owner: str | None = None
+    gpu: str
+    key: list[str] | None = None
+    memory_x: float | None = None  # measured / physics as claimed (counted at most 1.5x either way)
+    speed_x: float | None = None
+    status: Literal["counted", "waiting", "excluded", "skipped"] = "counted"
+    excluded_by: str | None = None
+
+
+class CalibrationView(BaseModel):
+    """`calibrate show` for admins: the corrections and every run behind them (engine/calibration.py)."""
+
+    measurements: int = 0  # runs that are not excluded
+    skipped: int = 0
+    corrections: list[CalibrationLine] = Field(default_factory=list)
+    runs: list[CalibrationRunView] = Field(default_factory=list)
+
+
 class PriceList(BaseModel):
     """Every cloud's GPU offers as `/tune gpus` and `tunebot gpus` show them: live where a key is set and the
     cloud answered in time, else its dated snapshot, with a note per cloud saying which (engine/offers.py)."""
@@ -249,27 +291,45 @@ class EngineAPI(Protocol):
 
     def approve(self, job_id: str, *, approver: str) -> JobView: ...
 
+    # Reading: ``viewer`` is who asks (the permissions policy decides what they see: their own, or everyone's
+    # for admins and with TUNEBOT_TEAM_READ); None is the bot itself (its notifier, its own steps).
+
     def stop(self, job_id: str, *, user: str, reason: str = "user") -> JobView: ...
 
     def resume(
         self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None
     ) -> JobView: ...
 
-    def clone_request(self, job_id: str, changes: dict[str, Any]) -> EstimateRequest: ...
+    def clone_request(
+        self, job_id: str, changes: dict[str, Any], *, user: str | None = None
+    ) -> EstimateRequest: ...
 
-    def get_job(self, job_id: str) -> JobView: ...
+    def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView: ...
 
-    def series(self, job_id: str) -> JobSeries: ...
+    def series(self, job_id: str, *, viewer: str | None = None) -> JobSeries: ...
 
     def dashboard(self, user: str) -> Dashboard: ...
 
-    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]: ...
+    def list_jobs(
+        self, *, user: str | None = None, active_only: bool = False, viewer: str | None = None
+    ) -> list[JobView]: ...
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None: ...
 
-    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport: ...
+    def spend(
+        self,
+        period: Literal["today", "week", "month"],
+        *,
+        user: str | None = None,
+        viewer: str | None = None,
+    ) -> SpendReport: ...
 
-    def volumes(self) -> list[VolumeView]: ...
+    def volumes(self, *, viewer: str | None = None) -> list[VolumeView]: ...
+
+    # Calibration (admins only): what moved the estimates, and undoing it.
+    def calibration(self, *, user: str) -> CalibrationView: ...
+
+    def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str: ...
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None: ...
 

@@ -11,6 +11,13 @@ rents another offer than the one approved.
   preemption) only falls back to another offer whose projected total (spent so far + what is left of the
   run at that offer's price) stays within what was accepted. A pricier one is not rented: the job waits in
   ``pending_approval`` with that offer as the proposal, and the thread says why (``ask_again``).
+- A relaunch whose projection leans on progress a host reported (a preemption, out of memory, a resume
+  after "step 99 of 100": the rest of the run looks cheap at any price, and a host controls that claim) also
+  stays within the accepted hourly price (``jobs.approved_price_per_hour``, with the tolerance a launch
+  allows a live price, TUNEBOT_PRICE_TOLERANCE: ``hourly_ceiling``), else it is asked for like a new launch.
+  A launch with no reported progress keeps the projection alone (no host's claim is in it), and what it
+  rents becomes the accepted hourly price. Growth (bot/engine/grow.py) always checks the hourly price: the
+  out-of-memory report is itself a claim.
 
 The pure parts are plain functions of numbers; ``ask_again`` is the one transition.
 """
@@ -72,10 +79,32 @@ def projected_cost(*, spent: float, done: float, total_cost: float, price_ratio:
 
 
 def ceiling(job: Job) -> float:
-    """What the job's launches may commit it to without asking: what was accepted, else its cap."""
+    """What was accepted for the job: the approved cost, else its cap."""
     if job.approved_cost is not None:
         return float(job.approved_cost)
     return float(job.max_cost) if job.max_cost else math.inf
+
+
+def launch_limit(job: Job) -> float:
+    """What a launch on another offer may commit the job to without asking: what was accepted, and never
+    beyond its cap (max_cost)."""
+    cap = float(job.max_cost) if job.max_cost else math.inf
+    return min(ceiling(job), cap)
+
+
+def approved_price(job: Job) -> float | None:
+    """The hourly price accepted for the job: recorded at approval, else its accepted offer's."""
+    if job.approved_price_per_hour is not None:
+        return float(job.approved_price_per_hour)
+    price = (job.offer or {}).get("price_per_hour", job.price_per_hour)
+    return float(price) if price is not None else None
+
+
+def hourly_ceiling(job: Job, tolerance: float) -> float:
+    """The most per hour a relaunch rents without asking: the accepted hourly price plus the tolerance a
+    launch allows a live price (TUNEBOT_PRICE_TOLERANCE); unbounded when no price was ever accepted."""
+    price = approved_price(job)
+    return price * (1.0 + tolerance) if price else math.inf
 
 
 @dataclass(frozen=True)
@@ -85,6 +114,7 @@ class Proposal:
     ranked: dict[str, Any]
     projected: float
     live_price: float
+    hourly_limit: float | None = None  # set when it was held for its hourly price (a relaunch)
 
 
 def ask_again(ctx: EngineContext, job: Job, proposal: Proposal, *, why: str, actor: str) -> bool:
@@ -93,11 +123,18 @@ def ask_again(ctx: EngineContext, job: Job, proposal: Proposal, *, why: str, act
     ranked = proposal.ranked
     where = f"{ranked['provider']} {ranked['gpu']} x{ranked.get('gpu_count') or 1}"
     offer = {**ranked, "price_per_hour": proposal.live_price}
-    limit = ceiling(job)
+    limit = launch_limit(job)
+    if proposal.hourly_limit is not None and proposal.projected <= limit + 1e-9:
+        above = (
+            f"costs more per hour than the {money(approved_price(job))}/h accepted for this job (up to "
+            f"{money(proposal.hourly_limit)}/h without asking)"
+        )
+    else:
+        above = f"projects {money(proposal.projected)} for the job, above the {money(limit)} accepted" + (
+            f" (cap {money(job.max_cost)})" if job.max_cost else ""
+        )
     reason = (
-        f"{why}; the next offer, {where} at {money(proposal.live_price)}/h, projects "
-        f"{money(proposal.projected)} for the job, above the {money(limit)} accepted"
-        + (f" (cap {money(job.max_cost)})" if job.max_cost else "")
+        f"{why}; the next offer, {where} at {money(proposal.live_price)}/h, {above}"
         + ": it is not rented unless someone approves it"
     )
     with ctx.session() as s:

@@ -7,6 +7,12 @@ EstimateRequest, GPU type and count) - once per job. `tunebot calibrate import F
 columns. After every change a snapshot of the measurements is written to `<data dir>/calibration.json`, which
 `tunebot estimate` reads without opening the database (it stays a sub-second command): the database modules
 are imported inside the functions that use them.
+
+A run's figures are its host's claims: each row records the host that reported it (its provider and offer,
+``local`` for the bot's own machine) and the job's owner, and the planner bounds what one host can move
+(bot/planner/calibration.py). An admin sees which runs move which figure (``report``: `tunebot calibrate
+show`, `/tune calibrate`) and excludes a run (``exclude``: `tunebot calibrate exclude JOB`, `/tune calibrate
+exclude JOB`); an excluded run moves nothing until it is included again.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pydantic import ValidationError
 from bot.planner.calibration import Calibration, Measurement
 
 if TYPE_CHECKING:
+    from bot.engine.api import CalibrationView
     from bot.engine.context import EngineContext
     from runner.spec import RunnerEvent
     from store.models import Job
@@ -82,12 +89,37 @@ def record_run(eng: EngineContext, job: Job, event: RunnerEvent) -> bool:
             device_memory_used_gb=metrics.get("device_memory_used_gb") or None,
             tokens_per_second=metrics.get("tokens_per_second") or None,
             job_id=job.id,
+            host=reporting_host(eng, job),
+            owner=job.owner,
         )
     except ValidationError as exc:
         log.warning("job %s: measurements not recorded: %s", job.id, exc)
         return False
     added = add(eng, [m.model_copy(update={"mfu": _mfu(m), "recorded_at": eng.now()})])
     return added == 1
+
+
+def reporting_host(eng: EngineContext, job: Job) -> str:
+    """The host a job's runner reports from: its newest instance's provider and offer (the machine, as far as
+    the cloud says), ``local`` on the bot's own machine."""
+    from sqlalchemy import select
+
+    from bot.planner.calibration import LOCAL_HOST
+    from store.models import Instance
+
+    with eng.session() as s:
+        row = s.execute(
+            select(Instance.provider, Instance.offer_id, Instance.provider_instance_id)
+            .where(Instance.job_id == job.id)
+            .order_by(Instance.id.desc())
+            .limit(1)
+        ).first()
+    provider = row[0] if row else (job.provider or "?")
+    provider_obj = eng.providers.get(provider)
+    if provider == "local" or getattr(getattr(provider_obj, "capabilities", None), "kind", None) == "local":
+        return LOCAL_HOST
+    where = (row[1] or row[2]) if row else None
+    return f"{provider}:{where or job.id}"[:200]
 
 
 def add(eng: EngineContext, measurements: list[Measurement]) -> int:
@@ -113,6 +145,8 @@ def add(eng: EngineContext, measurements: list[Measurement]) -> int:
             device_memory_used_gb=m.device_memory_used_gb,
             tokens_per_second=m.tokens_per_second,
             mfu=m.mfu,
+            host=m.host,
+            owner=m.owner,
         )
         with eng.session() as s:
             s.add(row)
@@ -126,41 +160,59 @@ def add(eng: EngineContext, measurements: list[Measurement]) -> int:
     return added
 
 
-def load(eng: EngineContext, limit: int = KEEP) -> list[Measurement]:
+def load(eng: EngineContext, limit: int = KEEP, *, excluded: bool = False) -> list[Measurement]:
+    """The newest measurements, oldest first; an admin's excluded runs only with ``excluded``."""
+    return [m for m, _ in rows(eng, limit, excluded=excluded)]
+
+
+def rows(eng: EngineContext, limit: int = KEEP, *, excluded: bool = False) -> list[tuple[Measurement, Any]]:
+    """(measurement, its store row) for the newest runs, oldest first."""
     from sqlalchemy import select
 
     from store.models import CalibrationRun
 
+    q = select(CalibrationRun)
+    if not excluded:
+        q = q.where(CalibrationRun.excluded_at.is_(None))
     with eng.session() as s:
-        rows = (
-            s.execute(select(CalibrationRun).order_by(CalibrationRun.id.desc()).limit(limit)).scalars().all()
-        )
+        found = s.execute(q.order_by(CalibrationRun.id.desc()).limit(limit)).scalars().all()
     return [
-        Measurement(
-            gpu=r.gpu,
-            gpus=r.gpus,
-            request=r.request,
-            max_memory_reserved_gb=r.max_memory_reserved_gb,
-            device_memory_used_gb=r.device_memory_used_gb,
-            tokens_per_second=r.tokens_per_second,
-            mfu=r.mfu,
-            job_id=r.job_id,
-            source=r.source,
-            recorded_at=r.recorded_at,
+        (
+            Measurement(
+                gpu=r.gpu,
+                gpus=r.gpus,
+                request=r.request,
+                max_memory_reserved_gb=r.max_memory_reserved_gb,
+                device_memory_used_gb=r.device_memory_used_gb,
+                tokens_per_second=r.tokens_per_second,
+                mfu=r.mfu,
+                job_id=r.job_id,
+                source=r.source,
+                recorded_at=r.recorded_at,
+                host=r.host,
+                owner=r.owner,
+            ),
+            r,
         )
-        for r in reversed(rows)
+        for r in reversed(found)
     ]
 
 
-def version(eng: EngineContext) -> tuple[int, int]:
-    """(count, newest id): changes whenever a measurement is added."""
+def version(eng: EngineContext) -> tuple[int, int, float]:
+    """(count, newest id, exclusions): changes whenever a measurement is added, excluded or included."""
     from sqlalchemy import func, select
 
     from store.models import CalibrationRun
 
     with eng.session() as s:
-        count, newest = s.execute(select(func.count(CalibrationRun.id), func.max(CalibrationRun.id))).one()
-    return int(count or 0), int(newest or 0)
+        count, newest, excluded = s.execute(
+            select(
+                func.count(CalibrationRun.id),
+                func.max(CalibrationRun.id),
+                func.coalesce(func.sum(CalibrationRun.excluded_at), 0.0),
+            )
+        ).one()
+    return int(count or 0), int(newest or 0), float(excluded or 0.0)  # type: ignore[return-value]
 
 
 def calibration_for(eng: EngineContext) -> Calibration:
@@ -173,6 +225,135 @@ def calibration_for(eng: EngineContext) -> Calibration:
         cached = (current, calibrate(load(eng)) if current[0] else Calibration())
         eng.memory.calibration = cached
     return cached[1]
+
+
+# ---- what moved a figure, and undoing it (admins)
+# ------------------------------------------------
+
+
+def report(eng: EngineContext, *, user: str, policy: Any = None) -> CalibrationView:
+    """Every stored run (excluded ones too) with its job, host and owner, the figures it claims and whether
+    it counts (``counted`` | ``waiting`` for corroboration | ``excluded`` | ``skipped``), and the
+    corrections: what an admin reads before excluding a run. Admins only (the operator is one)."""
+    from bot.engine.api import CalibrationLine, CalibrationRunView, CalibrationView
+    from bot.planner.calibration import explain
+    from bot.planner.inputs import predict_measurement
+
+    _admin_only(eng, user, policy, "see the runs behind the calibration")
+    everything = rows(eng, excluded=True)
+    live = [(m, r) for m, r in everything if r.excluded_at is None]
+    cal, explained = explain([m for m, _ in live], predict_measurement)
+    why = {id(r): e for (_, r), e in zip(live, explained, strict=True)}
+    runs = []
+    for _, r in everything:
+        e = why.get(id(r))
+        if r.excluded_at is not None:
+            status = "excluded"
+        elif e is None or e.key is None:
+            status = "skipped"
+        elif e.memory_waiting or e.speed_waiting:
+            status = "waiting"
+        else:
+            status = "counted"
+        runs.append(
+            CalibrationRunView(
+                run=r.job_id or str(r.id),
+                source=r.source,
+                job_id=r.job_id if r.source != "import" else None,
+                host=r.host,
+                owner=r.owner,
+                gpu=r.gpu,
+                key=list(e.key) if e is not None and e.key else None,
+                memory_x=_ratio(e.memory_log_ratio if e else None),
+                speed_x=_ratio(e.speed_log_ratio if e else None),
+                status=status,  # type: ignore[arg-type]
+                excluded_by=r.excluded_by,
+            )
+        )
+    lines = [
+        CalibrationLine(
+            gpu=c.key[0],
+            stack=c.key[1],
+            method=c.key[2],
+            size=c.key[3],
+            speed_factor=round(c.speed_factor, 4),
+            speed_runs=c.speed_runs,
+            speed_waiting=c.speed_waiting,
+            memory_factor=round(c.memory_factor, 4),
+            memory_runs=c.memory_runs,
+            memory_waiting=c.memory_waiting,
+        )
+        for c in sorted(cal.corrections.values(), key=lambda c: c.key)
+    ]
+    return CalibrationView(measurements=len(live), skipped=cal.skipped, corrections=lines, runs=runs)
+
+
+def _ratio(log_ratio: float | None) -> float | None:
+    import math
+
+    return None if log_ratio is None else round(math.exp(log_ratio), 4)
+
+
+def _admin_only(eng: EngineContext, user: str, policy: Any, what: str) -> None:
+    from bot.engine.api import PermissionDenied
+
+    policy = policy or eng.policy
+    if not policy.is_admin(user):
+        raise PermissionDenied(f"only admins {what} (TUNEBOT_ADMINS; the operator on the bot's machine)")
+
+
+def exclude(eng: EngineContext, run: str, *, user: str, policy: Any = None, undo: bool = False) -> str:
+    """Exclude a run from calibration (``undo``: include it again), by its job id (or an import's id, as
+    `calibrate show` lists it); admins only. Returns what was done, for the person; EngineError when there
+    is no such run."""
+    from sqlalchemy import update
+
+    from bot.engine.api import EngineError
+    from store.models import CalibrationRun
+
+    _admin_only(eng, user, policy, "exclude runs from the calibration")
+    run = (run or "").strip()
+    if not run or len(run) > 64 or any(ord(c) < 33 for c in run):
+        raise EngineError("name a run as `calibrate show` lists it (its job id)")
+    with eng.session() as s:
+        row = s.execute(select_run(run)).scalars().first()
+        if row is None:
+            raise EngineError(f"no calibration run {run} (`calibrate show` lists them)")
+        values = (
+            {"excluded_at": None, "excluded_by": None}
+            if undo
+            else {"excluded_at": eng.now(), "excluded_by": user}
+        )
+        s.execute(update(CalibrationRun).where(CalibrationRun.id == row.id).values(**values))
+        from bot.engine import states as S
+
+        S.audit(
+            s,
+            actor=user,
+            action="calibration-include" if undo else "calibration-exclude",
+            job_id=row.job_id if row.source != "import" else None,
+            at=eng.now(),
+            run=row.job_id,
+            host=row.host,
+            owner=row.owner,
+        )
+        s.commit()
+    write_snapshot(eng.settings.data_dir, load(eng))
+    eng.memory.calibration = None
+    where = f" (host {row.host}, owner {row.owner})" if row.host or row.owner else ""
+    if undo:
+        return f"run {run}{where} counts for the calibration again"
+    return (
+        f"run {run}{where} is excluded: it no longer moves any estimate (`calibrate include {run}` undoes it)"
+    )
+
+
+def select_run(run: str) -> Any:
+    from sqlalchemy import select
+
+    from store.models import CalibrationRun
+
+    return select(CalibrationRun).where(CalibrationRun.job_id == run)
 
 
 # ---- the snapshot `tunebot estimate` reads, and import files

@@ -9,6 +9,7 @@ already read, when it last rolled up spend) lives in its ``memory``, one object 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -58,6 +59,10 @@ class ProcessMemory:
     calibration: Any = None  # (stamp, Calibration) of bot/engine/calibration.py
     job_master_key: bytes | None = None  # bot/engine/integrity.py (read once)
     integrity_reported: set[str] = field(default_factory=set)  # jobs told about refused runner data
+    volumes_synced_at: float | None = None  # bot/engine/reports.volumes: the clouds' last volume listing
+    volumes_sync_lock: threading.Lock = field(default_factory=threading.Lock)
+    volume_asks: dict[str, list[float]] = field(default_factory=dict)  # member -> their recent `volumes`
+    volumes_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)

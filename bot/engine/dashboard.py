@@ -1,6 +1,6 @@
 """App Home as the team's dashboard: running jobs, spend per hour now, the month by person and team
 against budgets (with a projection), idle volumes. What an admin and a member see is the engine's
-policy (permissions.py): admins everything, members their own.
+policy (permissions.py): admins everything, members their own (everyone's with TUNEBOT_TEAM_READ).
 
 Read from the store only (never a provider call: App Home is published on every open and on each job's
 change of state). The projection is pure (``project_month``): month to date plus the last seven days'
@@ -46,7 +46,7 @@ def project_month(month_to_date: float, recent: float, *, now: float, month_star
 
 def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
     now = ctx.now()
-    admin = policy.is_admin(user)
+    everyone = policy.sees_everyone(user)  # what this person reads: admins; all with TUNEBOT_TEAM_READ
     month_start, _ = period_bounds("month", now)
     when = datetime.fromtimestamp(now, UTC)
     days = calendar.monthrange(when.year, when.month)[1]
@@ -59,7 +59,7 @@ def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
             ).scalars()
         )
         active = select(Job).where(Job.state.in_(sorted(S.ACTIVE)))
-        if not admin:
+        if not everyone:
             active = active.where(Job.owner == user)
         running = list(s.execute(active.order_by(Job.created_at.desc()).limit(90)).scalars())
 
@@ -93,7 +93,7 @@ def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
 
     def paces(scope: str) -> list[SpendPace]:
         names = set(month_by[scope]) | set(hourly[scope]) | {n for sc, n in budgets if sc == scope}
-        if not admin:
+        if not everyone:
             names = {user} if scope == "user" else set()
         out = [
             SpendPace(
@@ -118,7 +118,7 @@ def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
         return sorted(out, key=lambda p: (-p.month_to_date, p.name))
 
     people, teams = paces("user"), paces("team")
-    if admin:
+    if everyone:
         total = sum(month_by["user"].values())
         recent = sum(pace_by["user"].values())
         per_hour = sum(hourly["user"].values())
@@ -130,12 +130,13 @@ def dashboard(ctx: EngineContext, policy: Permissions, user: str) -> Dashboard:
     idle = [
         v
         for v in volumes
-        if v.idle_since is not None and v.idle_since < idle_cutoff and (admin or v.owner == user)
+        if v.idle_since is not None and v.idle_since < idle_cutoff and (everyone or v.owner == user)
     ]
     idle.sort(key=lambda v: -(v.size_gb * v.price_per_gb_month))
     return Dashboard(
         user=user,
-        is_admin=admin,
+        is_admin=policy.is_admin(user),
+        team_view=everyone,
         at=ts(now),  # type: ignore[arg-type]
         month_start=ts(month_start),  # type: ignore[arg-type]
         days_in_month=days,

@@ -1,4 +1,4 @@
-"""A job out of GPU memory moves to a GPU with more of it: relaunched within its cost cap, else it asks.
+"""A job out of GPU memory moves to a GPU with more of it: relaunched within what was accepted, else it asks.
 
 The runner backs off by itself first (runner/oom.py: smaller micro-batches with more accumulation, then
 activation checkpointing); it only gives up - the out_of_memory event, exit code EXIT_OUT_OF_MEMORY - when one
@@ -6,13 +6,16 @@ row per micro-step with checkpointing still does not fit. Then (supervise.decide
 
 - ``choose`` (pure) picks the cheapest of the estimate's fitting offers with more memory per GPU than the card
   that failed (the same GPU count: the plan's sharding stays as priced);
-- within what was accepted (bot/engine/approval.py: the approved cost, else the job's max_cost), with the
-  job's projected total there (spent so far + the rest of the run at that offer): the job goes running ->
-  recovering with that offer first (and only bigger ones behind it) and relaunches; it resumes from its
-  newest checkpoint;
-- above it: running -> pending_approval with that offer as the proposal at the new projected total (as
-  approval.ask_again does for a pricier fallback); the thread says what happened and what it costs, and an
-  approval relaunches it;
+- within what was accepted (bot/engine/approval.py): the job's projected total there (spent so far + the rest
+  of the run at that offer) within the approved cost and its max_cost, AND the offer's hourly price within the
+  accepted hourly price (+ TUNEBOT_PRICE_TOLERANCE: ``approval.hourly_ceiling``). The out-of-memory report
+  and the progress behind "the rest of the run" are the host's claims (a host that says "out of memory at
+  step 99 of 100" makes any GPU's rest look cheap), so the hourly price is what bounds a claim: the job goes
+  running -> recovering with that offer first (and only bigger ones within the same price behind it) and
+  relaunches; it resumes from its newest checkpoint;
+- above either: growth is a new approval. running -> pending_approval with that offer as the proposal at
+  the new projected total (as approval.ask_again does for a pricier fallback); the thread names the offer,
+  its hourly price and what it costs, and an approval (which accepts that hourly price) relaunches it;
 - nothing bigger among the offers: the job fails with the runner's words and what would fit instead.
 """
 
@@ -47,14 +50,22 @@ class Choice:
     cost: float  # the job's projected total there (bot/engine/approval.projected_cost)
     limit: float  # what was accepted (bot/engine/approval.ceiling): inf when nothing limits it
     within_cap: bool
+    price_limit: float = math.inf  # the accepted hourly price with its tolerance (approval.hourly_ceiling)
+    within_price: bool = True
 
 
 def choose(
-    failed: dict[str, Any], offers: list[dict[str, Any]], *, spent: float, done: float, limit: float
+    failed: dict[str, Any],
+    offers: list[dict[str, Any]],
+    *,
+    spent: float,
+    done: float,
+    limit: float,
+    price_limit: float = math.inf,
 ) -> Choice:
     """The cheapest offer with more memory per GPU than `failed`, with the same GPU count, and whether the
     job's projected total there (spent so far + the rest of the run at that offer) stays within what was
-    accepted."""
+    accepted (``within_cap``) and its hourly price within the accepted one (``within_price``)."""
     floor = memory_per_gpu(failed)
     count = int(failed.get("gpu_count") or 1)
     bigger = sorted(
@@ -66,10 +77,15 @@ def choose(
         key=lambda o: float(o.get("total_cost") or 0.0),
     )
     if not bigger:
-        return Choice(None, [], spent, limit, False)
+        return Choice(None, [], spent, limit, False, price_limit, False)
     best = bigger[0]
     cost = approval.projected_cost(spent=spent, done=done, total_cost=float(best.get("total_cost") or 0.0))
-    return Choice(best, bigger, cost, limit, cost <= limit + 1e-9)
+    within_price = _price(best) <= price_limit + 1e-9
+    return Choice(best, bigger, cost, limit, cost <= limit + 1e-9, price_limit, within_price)
+
+
+def _price(offer: dict[str, Any]) -> float:
+    return float(offer.get("price_per_hour") or 0.0)
 
 
 def _where(offer: dict[str, Any]) -> str:
@@ -93,8 +109,10 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
             list(job.offers or []),
             spent=spent,
             done=approval.done_fraction(job),
-            limit=approval.ceiling(job),
+            limit=approval.launch_limit(job),
+            price_limit=approval.hourly_ceiling(job, eng.settings.price_tolerance),
         )
+        accepted_price = approval.approved_price(job)
         failed = _where(dict(job.offer or {}))
         why = said or job.message or "out of GPU memory at micro-batch 1 with activation checkpointing"
     happened = f"Job {job_id} ran out of GPU memory on {failed} even after backing off ({why})."
@@ -117,10 +135,18 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
         if math.isfinite(choice.limit)
         else "no cap"
     )
+    price = _price(choice.offer)
+    price_note = (
+        f"{money(price)}/h, more than the {money(accepted_price)}/h accepted for this job"
+        if accepted_price is not None
+        else f"{money(price)}/h"
+    )
     # The bigger offer becomes the job's offer (what a launch rents without asking again, engine/launch.py):
-    # here it was checked against what was accepted, as approval.py checks any other offer.
-    fields = {"offer": choice.offer, "offers": choice.bigger, "outcome": None, "message": None}
-    if choice.within_cap:
+    # here it was checked against what was accepted, as approval.py checks any other offer; the fallbacks
+    # behind it are only those within the same hourly price.
+    within = [o for o in choice.bigger if _price(o) <= choice.price_limit + 1e-9]
+    fields = {"offer": choice.offer, "offers": within or choice.bigger, "outcome": None, "message": None}
+    if choice.within_cap and choice.within_price:
         with eng.session() as s:
             moved = S.transition(
                 s, job_id, S.RUNNING, S.RECOVERING, actor="engine", now=now, reason="out of memory", **fields
@@ -159,19 +185,31 @@ def grow(eng: EngineContext, job_id: str, *, said: str | None = None) -> bool:
     if not asked:
         return False
     _close(eng, job_id)
+    above = (
+        f"above the {cap_note}"
+        if not choice.within_cap
+        else f"within the {cap_note}, but at {price_note}: growing is a new approval"
+    )
     eng.publish(
         EngineEventKind.out_of_memory,
         job_id,
-        f"{happened} The cheapest GPU with more memory is {_where(choice.offer)}: {cost_note}, above "
-        f"the {cap_note}. Approve to relaunch there from the last checkpoint, or cancel.",
+        f"{happened} The cheapest GPU with more memory is {_where(choice.offer)} at {money(price)}/h: "
+        f"{cost_note}, {above}. Approve to relaunch there from the last checkpoint, or cancel.",
         reason="out of memory",
         estimated_cost=choice.cost,
+    )
+    reason = (
+        f"it ran out of GPU memory on {failed} and needs a bigger GPU: {_where(choice.offer)} at "
+        f"{money(price)}/h, {money(choice.cost)} expected in all, {above}"
     )
     eng.publish(
         EngineEventKind.approval_needed,
         job_id,
-        f"Job {job_id} needs a bigger GPU: {money(choice.cost)} expected in all, above the {cap_note}.",
+        f"Job {job_id} needs a bigger GPU: {_where(choice.offer)} at {money(price)}/h, "
+        f"{money(choice.cost)} expected in all, {above}.",
         estimated_cost=choice.cost,
+        reason=reason,
+        offer=f"{_where(choice.offer)} at {money(price)}/h",
     )
     return True
 

@@ -191,6 +191,7 @@ def create(
         updated_at=now,
         approved_by=None if needs_approval else "auto",
         approved_cost=auto_accepted,
+        approved_price_per_hour=None if needs_approval else chosen.price_per_hour,
     )
     with ctx.session() as s:
         if not needs_approval:
@@ -249,7 +250,8 @@ def create(
         ctx.publish(
             EngineEventKind.approval_needed,
             job_id,
-            f"Job {job_id} {what}, above {money(threshold)}: it needs approval by someone other than {user}.",
+            f"Job {job_id} {what}, above {money(threshold)}: it needs approval by "
+            f"{policy.who_approves(user, job_id)}.",
             job=job,
             estimated_cost=chosen.total_cost,
             at_stake=stake,
@@ -282,6 +284,8 @@ def approve(
             now=ctx.now(),
             approved_by=approver,
             approved_cost=approval.accepted(job.max_cost, by_person=True, threshold=policy.approval_above),
+            # the hourly price proposed (a pricier fallback, a bigger GPU): what a relaunch may rent
+            approved_price_per_hour=job.price_per_hour,
             message=None,
         )
     if not ok:

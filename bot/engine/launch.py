@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 import uuid
 from pathlib import Path
@@ -419,8 +420,11 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             avoid.add(f"{last_preempted.provider}:{last_preempted.offer_id}")
         offers = candidate_offers(job, avoid=avoid)
         spent = job_spend(s, job_id, eng.now())
-    # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py).
-    approved_key, limit, done = offer_key(job.offer), approval.ceiling(job), approval.done_fraction(job)
+    # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py);
+    # when the projection leans on progress a host reported (done > 0), also within the accepted hourly price.
+    approved_key, limit, done = offer_key(job.offer), approval.launch_limit(job), approval.done_fraction(job)
+    claimed = done > 0
+    hourly = approval.hourly_ceiling(job, eng.settings.price_tolerance) if claimed else math.inf
     held: list[approval.Proposal] = []
     reasons: list[str] = []
     price_refused = False
@@ -448,6 +452,13 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                 held.append(approval.Proposal(ranked, projected, live.price_per_hour))
                 reasons.append(
                     f"{ranked['provider']} {ranked['gpu']}: projects {money(projected)}, above {money(limit)}"
+                )
+                continue
+            if live.price_per_hour > hourly + 1e-9:
+                held.append(approval.Proposal(ranked, projected, live.price_per_hour, hourly_limit=hourly))
+                reasons.append(
+                    f"{ranked['provider']} {ranked['gpu']}: {money(live.price_per_hour)}/h, above the "
+                    f"{money(hourly)}/h a relaunch may rent without asking"
                 )
                 continue
         token = secrets.token_urlsafe(32)
@@ -507,6 +518,9 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             assert j is not None
             row = record_instance(eng, s, j, inst, price, ranked)
             expiring = issued is not None and issued.expires_at is not None
+            accepted_price = approval.approved_price(j)
+            if not claimed and (accepted_price is None or price > accepted_price):
+                accepted_price = price  # a fallback the projection alone accepted (no host's claim in it)
             s.execute(
                 update(Job)
                 .where(Job.id == job_id)
@@ -514,6 +528,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                     token_hash=token_hash(token),
                     credentials_issued_at=eng.now() if expiring else None,
                     credentials_expire_at=issued.expires_at if expiring else None,  # type: ignore[union-attr]
+                    approved_price_per_hour=accepted_price,
                 )
             )
             s.commit()

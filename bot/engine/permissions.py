@@ -13,10 +13,26 @@ Where jobs may be launched:
 - A launch with no channel at all (``None``) is the operator's: the console and the CLI. A Slack request
   always names its channel (the chat passes "" where it somehow does not, which no list contains).
 
-Admins come from TUNEBOT_ADMINS. Nobody approves their own job. Where admins are configured, only admins
-approve and set budgets; an install with no admins at all (one person on the CLI or the console) lets
-anyone else approve and anyone set budgets, and says so at start (``startup_warnings``). Deleting or
-keeping a volume: only one tunebot tracks, by its owner or an admin. The engine itself ("engine") may
+Who is who:
+- **Members**: the Slack user ids of signed requests. What a member may do is below.
+- **Admins**: the ids in TUNEBOT_ADMINS.
+- **The operator** (``OPERATOR``, the one identity of the CLI and the console, whose person runs the bot on
+  its machine and holds its keys anyway): an admin of this install, whatever TUNEBOT_ADMINS says. Every
+  CLI command acts as the operator (``tunebot launch --user NAME`` only names the job's owner); no door
+  lets the operator act as a member, and no Slack request can be the operator (its id comes from Slack).
+- **The engine** (``ENGINE``): what the bot does on its own (idle stops, budget caps).
+
+Reading (``can_read``, ``sees_everyone``): a member sees their own jobs, their charts and their spend;
+admins see everyone's; TUNEBOT_TEAM_READ=1 opens reading (never acting) to every member. Cloning
+(``can_clone``): the job's owner or an admin (the clone's data and Hub repo are checked again for the
+cloner, as for a new launch).
+
+Approval needs a second person (``can_approve``): a member never approves their own job, whatever the
+amount; where admins are configured, only admins approve (and set budgets); with no admins at all, no
+member approves: the operator does, on the bot's machine (``tunebot approve JOB``), and the approval
+request says so (``approver_hint``); anyone sets budgets then (``startup_warnings`` says so). The operator
+may approve any job, theirs included.
+Deleting or keeping a volume: only one tunebot tracks, by its owner or an admin. The engine itself may
 always stop a job. Spending limits: TUNEBOT_APPROVAL_ABOVE, TUNEBOT_MAX_RUNNING_PER_USER.
 
 Hub pushes go only to the namespaces in TUNEBOT_HUB_NAMESPACES (unset: none), into a repo the job creates
@@ -72,6 +88,7 @@ class Permissions:
     approval_above: float = 50.0
     max_running_per_user: int = MAX_RUNNING_PER_USER
     hub_namespaces: frozenset[str] = frozenset()  # where Hub repos may be created; empty: no pushes
+    team_read: bool = False  # TUNEBOT_TEAM_READ: every member reads every job and spend (acting stays theirs)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, extra_admins: tuple[str, ...] = ()) -> Permissions:
@@ -83,10 +100,43 @@ class Permissions:
             approval_above=settings.approval_above_usd,
             max_running_per_user=settings.max_running_per_user,
             hub_namespaces=frozenset(n.strip() for n in settings.hub_namespaces.split(",") if n.strip()),
+            team_read=bool(settings.team_read),
         )
 
     def is_admin(self, user: str) -> bool:
-        return user in self.admins
+        """An admin: listed in TUNEBOT_ADMINS, or the operator (the CLI and the console on this machine)."""
+        return user == OPERATOR or user in self.admins
+
+    def sees_everyone(self, user: str) -> bool:
+        """Whether ``user`` reads every member's jobs and spend: admins, the engine, or all with
+        TUNEBOT_TEAM_READ."""
+        return self.team_read or user == ENGINE or self.is_admin(user)
+
+    def can_read(self, user: str, owner: str) -> Decision:
+        """See a job (status, chart, spend line): its owner, an admin, or anyone with TUNEBOT_TEAM_READ."""
+        if user == owner or self.sees_everyone(user):
+            return Decision(True)
+        return Decision(
+            False,
+            "that job is another member's: only its owner or an admin sees it (TUNEBOT_TEAM_READ=1 opens "
+            "reading to the whole team)",
+        )
+
+    def can_read_user(self, user: str, whose: str | None) -> Decision:
+        """See ``whose`` jobs or spend (None: everyone's)."""
+        if whose == user or self.sees_everyone(user):
+            return Decision(True)
+        what = "everyone's" if whose is None else "another member's"
+        return Decision(
+            False,
+            f"only admins see {what} jobs and spend (TUNEBOT_TEAM_READ=1 opens reading to the whole team)",
+        )
+
+    def can_clone(self, user: str, owner: str) -> Decision:
+        """Launch a copy of a job (its data, its settings): its owner or an admin; reading is not enough."""
+        if user == owner or self.is_admin(user):
+            return Decision(True)
+        return Decision(False, "only the job's owner or an admin may clone it (it uses their data)")
 
     def can_launch(self, user: str, channel: str | None) -> Decision:
         """Launch from this channel (None: the operator's console or CLI, not Slack)."""
@@ -113,9 +163,9 @@ class Permissions:
         out = []
         if not self.admins:
             out.append(
-                "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it, anyone may set "
-                "budgets and nobody may approve a public Hub push; set it to the Slack user ids of the "
-                "people who approve spending"
+                "TUNEBOT_ADMINS is not set: no member may approve a job in Slack (jobs above the approval "
+                "amount wait until the operator runs `tunebot approve JOB` on this machine), anyone may set "
+                "budgets; set it to the Slack user ids of the people who approve spending"
             )
         if not self.hub_namespaces:
             out.append(
@@ -137,17 +187,39 @@ class Permissions:
     def can_approve(
         self, user: str, owner: str, *, amount: float | None = None, public_push: bool = False
     ) -> Decision:
-        """Approve (or reject) a job waiting for approval. ``amount``: what it may cost (the higher of its
-        estimate and cap); the owner may confirm only an amount they could have launched unapproved
-        (a fallback held only because it is above the job's own cap). ``public_push``: the job makes a
-        public Hub repo, which only an admin approves, never the owner."""
-        if user == owner and (amount is None or self.needs_approval(amount) or public_push):
-            return Decision(False, "you cannot approve your own job; another admin has to")
+        """Approve (or reject) a job waiting for approval: a second person. The operator (CLI, console) may
+        approve anything; a member never their own job (``amount``, ``public_push``: kept for the callers'
+        reasons, they change nothing for a member); with admins configured only admins, with none nobody in
+        Slack: the operator does, on the bot's machine."""
+        del amount  # whatever it may cost: approval is always someone else's
+        if user == OPERATOR:
+            return Decision(True)
+        if user == owner:
+            return Decision(False, "you cannot approve your own job; " + self.approver_hint())
+        if not self.admins:
+            return Decision(False, self.approver_hint(capitalized=True))
         if public_push and not self.is_admin(user):
             return Decision(False, "only an admin approves a public Hub push")
-        if self.admins and not self.is_admin(user):
+        if not self.is_admin(user):
             return Decision(False, "only admins approve jobs")
         return Decision(True)
+
+    def who_approves(self, owner: str, job_id: str) -> str:
+        """Who approves a job of ``owner``, for the engine's messages."""
+        if self.admins:
+            return f"an admin other than {owner}" if owner in self.admins else "an admin"
+        return f"the operator, on the bot's machine: `tunebot approve {job_id}`"
+
+    def approver_hint(self, *, capitalized: bool = False) -> str:
+        """Who approves here, for refusals and approval requests."""
+        if self.admins:
+            text = "another admin has to"
+        else:
+            text = (
+                "no admin is configured (TUNEBOT_ADMINS), so the operator approves it on the bot's machine: "
+                "`tunebot approve JOB`"
+            )
+        return text[0].upper() + text[1:] if capitalized else text
 
     def can_push_to_hub(self, user: str, repo: str, *, public: bool) -> Decision:
         """Push a job's result to this Hub repo: only into TUNEBOT_HUB_NAMESPACES; public only where an
@@ -164,7 +236,7 @@ class Permissions:
             return Decision(
                 False, f"tunebot pushes only to {allowed} (TUNEBOT_HUB_NAMESPACES), not to {namespace}"
             )
-        if public and not self.admins:
+        if public and not self.admins and user != OPERATOR:
             return Decision(
                 False, "a public Hub repo needs an admin's approval, and no admin is set (TUNEBOT_ADMINS)"
             )
@@ -217,3 +289,6 @@ class Permissions:
 
 
 ENGINE = "engine"  # the engine's own actor name (idle stops, budget caps)
+# The CLI's and the console's identity: the person who runs the bot on its machine (an admin of it). Not a
+# Slack user id (those are U.../W... from Slack's signed payloads), so no member can be it.
+OPERATOR = "operator"

@@ -23,10 +23,28 @@ from bot.engine.api import (
     VolumeView,
 )
 from bot.engine.context import EngineContext
-from bot.engine.permissions import Permissions
+from bot.engine.permissions import OPERATOR, Permissions
 from bot.engine.spend import job_spend, period_bounds, roll_up_recent
 from bot.engine.views import job_view, ts
 from store.models import Budget, Job, SpendEntry, VolumeRecord
+
+
+def check_read(policy: Permissions, viewer: str | None, owner: str) -> None:
+    """PermissionDenied unless ``viewer`` may see a job of ``owner`` (None: the bot itself, always)."""
+    if viewer is None:
+        return
+    decision = policy.can_read(viewer, owner)
+    if not decision:
+        raise PermissionDenied(decision.reason)
+
+
+def check_read_user(policy: Permissions, viewer: str | None, whose: str | None) -> None:
+    """PermissionDenied unless ``viewer`` may see ``whose`` jobs and spend (None: everyone's)."""
+    if viewer is None:
+        return
+    decision = policy.can_read_user(viewer, whose)
+    if not decision:
+        raise PermissionDenied(decision.reason)
 
 
 def list_jobs(ctx: EngineContext, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
@@ -92,11 +110,58 @@ def volume_view(r: VolumeRecord, now: float) -> VolumeView:
     )
 
 
-def volumes(ctx: EngineContext) -> list[VolumeView]:
-    volumes_mod.sync(ctx)
+VOLUME_WINDOW_S = 60.0  # TUNEBOT_VOLUMES_PER_MINUTE counts asks in this window
+
+
+def _volume_ask(ctx: EngineContext, viewer: str, now: float) -> None:
+    """Count one member's `volumes`; EngineError past TUNEBOT_VOLUMES_PER_MINUTE in the last minute."""
+    limit = ctx.settings.volumes_per_minute
+    memory = ctx.memory
+    with memory.volumes_lock:
+        asks = [t for t in memory.volume_asks.get(viewer, []) if now - t < VOLUME_WINDOW_S]
+        if len(asks) >= limit:
+            memory.volume_asks[viewer] = asks
+            wait = max(1, int(VOLUME_WINDOW_S - (now - asks[0]) + 0.999))
+            raise EngineError(
+                f"you asked for the volumes {len(asks)} times in the last minute, the most one person may "
+                f"(TUNEBOT_VOLUMES_PER_MINUTE={limit}); the list changes slowly: ask again in {wait} s"
+            )
+        asks.append(now)
+        memory.volume_asks[viewer] = asks
+        if len(memory.volume_asks) > 10_000:  # forget the quiet ones
+            for who in [w for w, ts_ in memory.volume_asks.items() if not ts_ or now - ts_[-1] >= 60]:
+                del memory.volume_asks[who]
+
+
+def _sync_volumes(ctx: EngineContext, now: float, *, cached: bool) -> None:
+    """List every cloud's volumes into the table; ``cached``: not when a listing is younger than
+    TUNEBOT_VOLUMES_CACHE_SECONDS (one listing for everyone who asks meanwhile)."""
+    memory = ctx.memory
+    with memory.volumes_sync_lock:  # members asking together wait for one listing, not one each
+        last = memory.volumes_synced_at
+        if cached and last is not None and 0 <= now - last < ctx.settings.volumes_cache_s:
+            return
+        volumes_mod.sync(ctx)
+        memory.volumes_synced_at = now
+
+
+def volumes(
+    ctx: EngineContext, *, viewer: str | None = None, policy: Permissions | None = None
+) -> list[VolumeView]:
+    """Every live volume (``viewer`` None: the bot itself, the operator: fresh from the clouds). A member
+    asks at most TUNEBOT_VOLUMES_PER_MINUTE times a minute, answered from a listing at most
+    TUNEBOT_VOLUMES_CACHE_SECONDS old, and sees only the tracked volumes of their own jobs (admins and
+    TUNEBOT_TEAM_READ: all)."""
+    policy = policy or ctx.policy
     now = ctx.now()
+    member = viewer is not None and viewer != OPERATOR
+    if member:
+        _volume_ask(ctx, viewer, now)  # type: ignore[arg-type]
+    _sync_volumes(ctx, now, cached=member)
     with ctx.session() as s:
         rows = list(s.execute(select(VolumeRecord).where(VolumeRecord.deleted_at.is_(None))).scalars())
+    if viewer is not None and not policy.sees_everyone(viewer):
+        rows = [r for r in rows if r.tracked and r.owner == viewer]
     return [volume_view(r, now) for r in rows]
 
 

@@ -8,7 +8,10 @@ module), unless a person already approved at least that much for this job. Only 
 may resume it, in a channel where they may launch.
 
 ``clone_request``: the job's request with some options changed (``key=value`` through the same options table
-as estimate and launch), to be estimated, priced and launched as a new job by the caller.
+as estimate and launch), to be estimated, priced and launched as a new job by the caller. Only the job's owner
+or an admin clones it (it reads their data); the caller checks the request's sources for the cloner as for a
+new launch (bot/chat/handlers.py), so a dataset that came from a Slack upload is handed back as that upload
+(``slack:F...``) and fetched again with the cloner's own access, and the Hub repo is checked at create.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from bot.engine.api import EngineError, JobView, PermissionDenied
 from bot.engine.context import EngineContext
 from bot.engine.events import EngineEventKind
 from bot.engine.jobstate import resumable
-from bot.engine.permissions import Permissions
+from bot.engine.permissions import OPERATOR, Permissions
 from bot.money import money
 from bot.planner.request import EstimateRequest
 from store.models import Job
@@ -189,7 +192,7 @@ def resume(
             job_id,
             f"Job {job_id} resumes and may spend up to {money(stake)} in all, above "
             f"{money(policy.approval_above)} and more than was accepted for it: it needs approval by "
-            f"someone other than {job.owner}.",
+            f"{policy.who_approves(job.owner, job_id)}.",
             estimated_cost=stake,
             at_stake=stake,
         )
@@ -198,10 +201,50 @@ def resume(
     return jobs.view(ctx, job_id)
 
 
-def clone_request(ctx: EngineContext, job_id: str, changes: dict[str, Any]) -> EstimateRequest:
-    """The job's request with ``changes`` (EstimateRequest fields, parsed by bot/planner/options.py)."""
+SLACK_FILES = "slack-files"  # <data dir>/slack-files/<file id>/<name>: bot/chat/slack/files.py
+
+
+def slack_upload_source(ctx: EngineContext, value: Any) -> str | None:
+    """``slack:<file id>`` when ``value`` is the bot's copy of a Slack upload, else None."""
+    from pathlib import Path
+
+    from bot.planner.sources import SLACK_FILE_ID
+
+    if not isinstance(value, str) or not value or "://" in value:
+        return None
+    try:
+        folder = (Path(ctx.settings.data_dir) / SLACK_FILES).resolve()
+        path = Path(value).resolve()
+    except (OSError, ValueError):
+        return None
+    if path.parent.parent != folder or not SLACK_FILE_ID.match(path.parent.name):
+        return None
+    return f"slack:{path.parent.name}"
+
+
+def clone_request(
+    ctx: EngineContext,
+    job_id: str,
+    changes: dict[str, Any],
+    *,
+    user: str | None = None,
+    policy: Permissions | None = None,
+) -> EstimateRequest:
+    """The job's request with ``changes`` (EstimateRequest fields, parsed by bot/planner/options.py).
+
+    ``user`` (None: the bot itself) must be the job's owner or an admin. A model or dataset that was a Slack
+    upload comes back as ``slack:<file id>``, for the caller to fetch with the cloner's own access."""
     job = jobs.load(ctx, job_id)
-    data = {**(job.request or {}), **changes}
+    if user is not None:
+        decision = (policy or ctx.policy).can_clone(user, job.owner)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+    data = {**(job.request or {})}
+    for role in ("model", "dataset"):  # a member's clone fetches an upload again, as its own launch would
+        upload = slack_upload_source(ctx, data.get(role)) if user not in (None, OPERATOR) else None
+        if upload is not None:
+            data[role] = upload
+    data.update(changes)
     try:
         return EstimateRequest.model_validate(data)
     except ValidationError as exc:

@@ -32,6 +32,7 @@ from bot.engine import states as S
 from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
+    CalibrationView,
     DailySummary,
     Dashboard,
     EngineError,
@@ -235,24 +236,36 @@ class Engine:
             auto_launch=self.auto_launch,
         )
 
-    def clone_request(self, job_id: str, changes: dict[str, Any]) -> EstimateRequest:
-        """A job's request with some options changed, to estimate and launch as a new job."""
+    def clone_request(
+        self, job_id: str, changes: dict[str, Any], *, user: str | None = None
+    ) -> EstimateRequest:
+        """A job's request with some options changed, to estimate and launch as a new job; ``user`` (who
+        clones) must be its owner or an admin (None: the bot itself)."""
         from bot.engine import resume as resume_mod
 
-        return resume_mod.clone_request(self.ctx, job_id, changes)
+        return resume_mod.clone_request(self.ctx, job_id, changes, user=user, policy=self.permissions)
 
-    def get_job(self, job_id: str) -> JobView:
-        return jobs.view(self.ctx, job_id)
+    def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView:
+        """A job; ``viewer``: who asks, refused another member's job unless the policy lets them read it."""
+        view = jobs.view(self.ctx, job_id)
+        reports.check_read(self.permissions, viewer, view.owner)
+        return view
 
     def dashboard(self, user: str) -> Dashboard:
         """App Home's figures for ``user`` (admins: the whole team), from the store only."""
         return dashboard_mod.dashboard(self.ctx, self.permissions, user)
 
-    def series(self, job_id: str) -> JobSeries:
+    def series(self, job_id: str, *, viewer: str | None = None) -> JobSeries:
         """The job's chart data: every step's loss and learning rate, evals, preemptions, resumes."""
+        if viewer is not None:
+            reports.check_read(self.permissions, viewer, jobs.load(self.ctx, job_id).owner)
         return series.job_series(self.ctx, job_id)
 
-    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
+    def list_jobs(
+        self, *, user: str | None = None, active_only: bool = False, viewer: str | None = None
+    ) -> list[JobView]:
+        """Jobs, newest first (``user``: only theirs); ``viewer`` sees only what the policy lets them."""
+        reports.check_read_user(self.permissions, viewer, user)
         return reports.list_jobs(self.ctx, user=user, active_only=active_only)
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None:
@@ -261,11 +274,33 @@ class Engine:
             s.execute(update(Job).where(Job.id == job_id).values(channel=channel, thread_ts=thread_ts))
             s.commit()
 
-    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport:
+    def spend(
+        self,
+        period: Literal["today", "week", "month"],
+        *,
+        user: str | None = None,
+        viewer: str | None = None,
+    ) -> SpendReport:
+        """Spend by person, cloud and job (``user``: only theirs); ``viewer`` as for ``list_jobs``."""
+        reports.check_read_user(self.permissions, viewer, user)
         return reports.spend(self.ctx, period, user=user)
 
-    def volumes(self) -> list[VolumeView]:
-        return reports.volumes(self.ctx)
+    def volumes(self, *, viewer: str | None = None) -> list[VolumeView]:
+        """Volumes; a member ``viewer`` sees their own tracked ones, from a short-lived cache, a few times a
+        minute (bot/engine/reports.volumes)."""
+        return reports.volumes(self.ctx, viewer=viewer, policy=self.permissions)
+
+    def calibration(self, *, user: str) -> CalibrationView:
+        """The calibration's corrections and every run behind them (admins only)."""
+        from bot.engine import calibration as calibration_mod
+
+        return calibration_mod.report(self.ctx, user=user, policy=self.permissions)
+
+    def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str:
+        """Take a run out of the calibration (``undo``: count it again); admins only."""
+        from bot.engine import calibration as calibration_mod
+
+        return calibration_mod.exclude(self.ctx, run, user=user, policy=self.permissions, undo=undo)
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         volumes_mod.delete(self.ctx, self.permissions, provider, volume_id, user=user)

@@ -230,17 +230,17 @@ class FakeEngine:
         )
         return job
 
-    def clone_request(self, job_id: str, changes: dict) -> EstimateRequest:
+    def clone_request(self, job_id: str, changes: dict, *, user: str | None = None) -> EstimateRequest:
         job = self.get_job(job_id)
         return EstimateRequest(model=job.model, method=job.method, **changes)
 
-    def get_job(self, job_id: str) -> JobView:
+    def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView:
         try:
             return self.jobs[job_id]
         except KeyError:
             raise EngineError(f"no job {job_id}") from None
 
-    def series(self, job_id: str) -> JobSeries:
+    def series(self, job_id: str, *, viewer: str | None = None) -> JobSeries:
         """The job's losses as its chart data, with the marks a test put in ``self.marks[job_id]``."""
         job = self.get_job(job_id)
         marks = self.marks.get(job_id, {})
@@ -288,7 +288,9 @@ class FakeEngine:
             manageable=[f"{v.provider}:{v.volume_id}" for v in self.volume_list if admin or v.owner == user],
         )
 
-    def list_jobs(self, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
+    def list_jobs(
+        self, *, user: str | None = None, active_only: bool = False, viewer: str | None = None
+    ) -> list[JobView]:
         return [j for j in self.jobs.values() if user is None or j.owner == user]
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None:
@@ -299,7 +301,13 @@ class FakeEngine:
         self.jobs[job_id] = self.jobs[job_id].model_copy(update=changes)
         return self.jobs[job_id]
 
-    def spend(self, period: Literal["today", "week", "month"], *, user: str | None = None) -> SpendReport:
+    def spend(
+        self,
+        period: Literal["today", "week", "month"],
+        *,
+        user: str | None = None,
+        viewer: str | None = None,
+    ) -> SpendReport:
         now = datetime.now(UTC)
         return SpendReport(
             period=period,
@@ -311,8 +319,16 @@ class FakeEngine:
             by_job=[SpendLine(key="j1", amount=12.5)],
         )
 
-    def volumes(self) -> list[VolumeView]:
+    def volumes(self, *, viewer: str | None = None) -> list[VolumeView]:
         return list(self.volume_list)
+
+    def calibration(self, *, user: str):  # type: ignore[no-untyped-def]
+        from bot.engine.api import CalibrationView
+
+        return CalibrationView()
+
+    def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str:
+        return f"run {run} {'included' if undo else 'excluded'}"
 
     def delete_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         self.deleted.append(volume_id)

@@ -203,7 +203,8 @@ def test_launch_prints_the_card_then_progress_lines_then_the_final_card(engine: 
 def test_launch_above_the_approval_amount_says_who_must_approve(engine: CliEngine) -> None:
     out = cli("launch", "expensive", "--dataset", "data.jsonl", "--tokens", "1000")
     assert "Job j1: pending_approval" in out
-    assert "needs approval by someone else: tunebot approve j1 --user <them>" in out
+    assert "needs approval: an admin approves it in Slack, or you, the operator of this machine: " in out
+    assert "tunebot approve j1" in out and "--user" not in out
 
 
 def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(engine: CliEngine) -> None:
@@ -220,7 +221,7 @@ def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(engine: Cl
 
 def test_approve_and_stop_print_the_job_card(engine: CliEngine) -> None:
     engine.jobs["j7"] = full_job(state="pending_approval", stop_reason=None)
-    out = cli("approve", "j7", "--user", "bob")
+    out = cli("approve", "j7")
     assert out == terminal(card(engine.jobs["j7"])) and "Job j7: approved" in out
     out = cli("stop", "j7", "--user", "alice")
     assert out == terminal(card(engine.jobs["j7"])) and "stopped (user)" in out

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.engine.api import EngineError
-from bot.engine.permissions import Permissions
+from bot.engine.permissions import OPERATOR, Permissions
 from store.models import Job
 
 from .conftest import Recorder, estimate_for, request
@@ -52,7 +52,7 @@ def test_an_approved_job_whose_budget_is_spent_meanwhile_is_cancelled_not_launch
     eng.set_budget("user", "alice", daily=1.0, monthly=None, user="boss")
     eng.tick()  # the running job stops at once (no graceful stop on this fake)
     creates = p.creates
-    job = eng.approve(waiting.job_id, approver="bob")
+    job = eng.approve(waiting.job_id, approver=OPERATOR)
     assert job.state == "cancelled" and job.stop_reason == "budget" and p.creates == creates
     assert "daily budget of $1.00 is spent" in (job.message or "")
 
@@ -107,7 +107,7 @@ def test_an_approved_job_over_the_limit_waits_for_a_slot(make_engine):
     eng = make_engine(providers={"p": p}, permissions=Permissions(max_running_per_user=1))
     first = eng.create_job(request(), user="alice", estimate=estimate_for(p))
     big = eng.create_job(request(), user="alice", estimate=estimate_for(p, hours=100.0))  # needs approval
-    job = eng.approve(big.job_id, approver="bob")
+    job = eng.approve(big.job_id, approver=OPERATOR)
     assert job.state == "approved" and "waiting to launch" in (job.message or "") and p.creates == 1
     eng.stop(first.job_id, user="alice")
     eng.tick()

@@ -170,9 +170,7 @@ def test_serve_warns_at_start_when_no_admin_is_configured(tmp_path):
 
     with FakeSlack() as slack:
         bare = serve()
-        assert "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it" in bare, bare[
-            -2000:
-        ]
+        assert "TUNEBOT_ADMINS is not set: no member may approve a job in Slack" in bare, bare[-2000:]
         assert "TUNEBOT_ALLOWED_CHANNELS is not set" in bare
         configured = serve(TUNEBOT_ADMINS="U_BOSS", TUNEBOT_ALLOWED_CHANNELS="C_ML")
         assert "TUNEBOT_ADMINS is not set" not in configured and "Uvicorn running" in configured, configured[

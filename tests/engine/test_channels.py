@@ -49,7 +49,8 @@ def test_per_channel_user_lists_are_the_engines_rule_too(make_engine, fake):
 def test_start_up_warnings_say_who_may_approve_and_where_members_launch():
     bare = Permissions.from_settings(Settings(TUNEBOT_ADMINS="", TUNEBOT_ALLOWED_CHANNELS=""))
     text = " ".join(bare.startup_warnings())
-    assert "TUNEBOT_ADMINS is not set: anyone other than a job's owner may approve it" in text
+    assert "TUNEBOT_ADMINS is not set: no member may approve a job in Slack" in text
+    assert "the operator runs `tunebot approve JOB`" in text
     assert "TUNEBOT_ALLOWED_CHANNELS is not set" in text and "direct messages" in text
     assert "TUNEBOT_HUB_NAMESPACES is not set: push_to_hub is refused" in text
     configured = Permissions.from_settings(

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func, select
 
 from bot.engine.api import EngineError
+from bot.engine.permissions import OPERATOR, Permissions
 from store.models import Instance, Job
 
 from .conftest import estimate_for, request
@@ -25,7 +26,8 @@ class SlowProvider(FakeProvider):
 
 def test_fifty_concurrent_approvals_and_launches_make_one_instance(make_engine):
     slow = SlowProvider("slow")
-    eng = make_engine(providers={"slow": slow})
+    admins = frozenset(f"user{i}" for i in range(50))  # fifty people who may approve, clicking at once
+    eng = make_engine(providers={"slow": slow}, permissions=Permissions(admins=admins))
     job = eng.create_job(request(), user="alice", estimate=estimate_for(slow, hours=100.0))
     assert job.state == "pending_approval"
     barrier = threading.Barrier(50)
@@ -77,7 +79,7 @@ def test_two_engines_on_one_database_launch_once(make_engine):
     assert slow.creates == 1
     assert a.get_job(job.job_id).state == "running"
     try:
-        a.approve(job.job_id, approver="bob")
+        a.approve(job.job_id, approver=OPERATOR)
     except EngineError:
         raise AssertionError("a late approval must be a no-op, not an error") from None
     assert slow.creates == 1

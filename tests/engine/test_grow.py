@@ -8,6 +8,7 @@ import pytest
 from fakes.runner_events import signed
 
 from bot.engine.grow import choose
+from bot.engine.permissions import OPERATOR
 from bot.providers.base import InstanceStatus
 from runner.spec import EXIT_OUT_OF_MEMORY, JobSpec
 
@@ -81,7 +82,13 @@ def _out_of_memory(engine, job, token) -> None:  # type: ignore[no-untyped-def]
     assert engine.record_runner_event(job.job_id, token, signed(engine, event))
 
 
-def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(make_engine, clouds, clock):  # type: ignore[no-untyped-def]
+def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoints(make_engine, clock):  # type: ignore[no-untyped-def]
+    """A bigger card within the accepted hourly price (and its tolerance, TUNEBOT_PRICE_TOLERANCE) and the
+    accepted cost: relaunched at once (a pricier one is a new approval: the tests below)."""
+    clouds = (
+        FakeProvider("small", price=0.5, gpu="rtx-4090", memory_gb=24),
+        FakeProvider("big", price=0.55, gpu="a100-80gb", memory_gb=80),
+    )
     small, big = clouds
     engine, rec, job, token = _start(make_engine, clouds, max_cost=5.0)
     clock.advance(600)  # 10 minutes on the small card: $0.08
@@ -96,7 +103,7 @@ def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoint
     said = next(e.message for e in rec.events if e.kind == "out_of_memory")
     assert "ran out of GPU memory on small rtx-4090" in said and "micro-batch 1" in said
     assert "Relaunching on big a100-80gb x1 (on-demand, 80 GB per GPU)" in said
-    assert "expected total $2.08" in said and "within the $5.00 accepted (cap $5.00)" in said
+    assert "expected total $0.63" in said and "within the $5.00 accepted (cap $5.00)" in said
     engine.tick()  # the old outcome does not grow it again
     assert big.creates == 1 and engine.get_job(job.job_id).state == "running"
 
@@ -116,7 +123,7 @@ def test_above_the_cap_it_asks_with_the_cost_and_an_approval_relaunches_it(make_
     assert "approval_needed" in rec.kinds()
     engine.tick()
     assert big.creates == 0  # it waits for the person
-    assert engine.approve(job.job_id, approver="bob").state == "running"
+    assert engine.approve(job.job_id, approver=OPERATOR).state == "running"
     assert big.creates == 1 and engine.get_job(job.job_id).provider == "big"
 
 
@@ -164,3 +171,87 @@ def test_a_run_that_backed_off_is_recorded_at_the_configuration_that_ran(engine,
         (row,) = s.execute(select(CalibrationRun)).scalars().all()
     assert (row.request["batch_size"], row.request["grad_accum"]) == (1, 8)
     assert row.request["gradient_checkpointing"] is True and row.max_memory_reserved_gb == 20.5
+
+
+# ---- issue 28, item 5: growth is a new approval ------------------------------------------------------------
+
+
+def _host_says(engine, fake, job_id: str, events: list[dict]) -> None:  # type: ignore[no-untyped-def]
+    """Events signed the way the job's host can sign them (with the key its instance got)."""
+    from .test_runner_trust import as_host
+
+    env = fake.launch_requests[-1].env
+    token = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"]).report.token
+    for event in events:
+        assert engine.record_runner_event(job_id, token, as_host({"job_id": job_id, **event}, env))
+
+
+def _cheap_and_h100() -> tuple[FakeProvider, FakeProvider]:
+    return (
+        FakeProvider("cheap", price=0.40, gpu="rtx-4090", memory_gb=24),
+        FakeProvider("h100", price=60.0, gpu="h100-80gb", memory_gb=80),
+    )
+
+
+def test_a_claimed_out_of_memory_near_the_end_does_not_buy_a_60_dollar_gpu(make_engine, clock):  # type: ignore[no-untyped-def]
+    """eac3cff: a host that reported out-of-memory at step 99 of 100 got its job relaunched on a $60/h H100
+    without any approval, although the approved job was a $0.40/h one (the projected rest of the run, 1%,
+    fitted the cap)."""
+    cheap, h100 = _cheap_and_h100()
+    engine = make_engine(providers={cheap.name: cheap, h100.name: h100})
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=make_estimate([cheap.offer(), h100.offer()]))
+    assert job.state == "running" and job.provider == "cheap" and job.price_per_hour == 0.40
+    clock.advance(60)
+    _host_says(
+        engine,
+        cheap,
+        job.job_id,
+        [
+            {"seq": 1, "kind": "progress", "step": 99, "max_steps": 100, "loss": 1.0, "timestamp": 1.0},
+            {"seq": 2, "kind": "out_of_memory", "step": 99, "message": OOM, "timestamp": 2.0},
+        ],
+    )
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert h100.creates == 0 and view.state == "pending_approval", view
+    assert cheap.live() == []  # nothing bills while it waits
+    ask = next(e for e in rec.events if e.kind == "approval_needed")
+    assert "h100 h100-80gb x1" in ask.message and "$60.00/h" in ask.message, ask.message
+    assert "h100-80gb" in ask.data["reason"] and "$60.00/h" in ask.data["reason"]
+    assert "$0.40/h accepted" in ask.data["reason"] and "growing is a new approval" in ask.data["reason"]
+    engine.tick()
+    assert h100.creates == 0  # it waits for a person
+    assert engine.approve(job.job_id, approver=OPERATOR).state == "running" and h100.creates == 1
+
+
+def test_a_relaunch_after_a_preemption_near_the_end_asks_before_a_pricier_offer(make_engine, clock):  # type: ignore[no-untyped-def]
+    """The same claim through a preemption: "step 99 of 100", then the host goes away (its owner can cause
+    that on a marketplace); the approved offer has no capacity: the $60/h one is asked for, not rented."""
+    cheap, h100 = _cheap_and_h100()
+    engine = make_engine(providers={cheap.name: cheap, h100.name: h100})
+    job = engine.create_job(request(), user="alice", estimate=make_estimate([cheap.offer(), h100.offer()]))
+    _host_says(
+        engine,
+        cheap,
+        job.job_id,
+        [{"seq": 1, "kind": "progress", "step": 99, "max_steps": 100, "loss": 1.0, "timestamp": 1.0}],
+    )
+    cheap.capacity = False
+    for iid in list(cheap.instances):
+        cheap.set_status(iid, InstanceStatus.preempted)
+    engine.tick()
+    view = engine.get_job(job.job_id)
+    assert h100.creates == 0 and view.state == "pending_approval", view
+    said = view.message or ""
+    assert "$60.00/h" in said and "accepted for this job" in said, said
+
+
+def test_choose_checks_the_hourly_price_too() -> None:
+    failed = {**_offer("small", 24, 1.0), "price_per_hour": 0.4}
+    big = {**_offer("big", 80, 0.6), "price_per_hour": 60.0}
+    near = {**_offer("near", 48, 0.5), "price_per_hour": 0.44}
+    pricey = choose(failed, [failed, big], spent=0.1, done=0.99, limit=0.8, price_limit=0.44)
+    assert pricey.within_cap and not pricey.within_price  # the claimed 1% left fits; the $/h does not
+    fine = choose(failed, [failed, big, near], spent=0.1, done=0.5, limit=0.8, price_limit=0.44)
+    assert fine.offer["provider"] == "near" and fine.within_cap and fine.within_price

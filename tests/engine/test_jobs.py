@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.engine.api import EngineError, PermissionDenied
+from bot.engine.permissions import OPERATOR
 from bot.engine.states import IllegalTransition, transition
 from store.models import AuditLog, Instance, Job
 
@@ -54,9 +55,11 @@ def test_expensive_job_needs_approval_by_someone_else(engine, fake):
     with pytest.raises(PermissionDenied):
         engine.approve(job.job_id, approver="alice")
     assert engine.get_job(job.job_id).state == "pending_approval"
-    ok = engine.approve(job.job_id, approver="bob")
+    with pytest.raises(PermissionDenied, match="the operator approves it"):  # no admins: no member approves
+        engine.approve(job.job_id, approver="bob")
+    ok = engine.approve(job.job_id, approver=OPERATOR)  # `tunebot approve JOB` on the bot's machine
     assert ok.state == "running" and fake.creates == 1
-    again = engine.approve(job.job_id, approver="carol")  # a second click is a no-op that says so
+    again = engine.approve(job.job_id, approver=OPERATOR)  # a second click is a no-op that says so
     assert "already" in (again.message or "")
     assert fake.creates == 1
 
@@ -66,7 +69,7 @@ def test_stop_before_approval_cancels(engine, fake):
     with pytest.raises(PermissionDenied):
         engine.stop(job.job_id, user="mallory")
     assert engine.stop(job.job_id, user="alice").state == "cancelled"
-    assert engine.approve(job.job_id, approver="bob").state == "cancelled"
+    assert engine.approve(job.job_id, approver=OPERATOR).state == "cancelled"
     assert fake.creates == 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from bot.chat.handlers import ChatHandlers
 from bot.engine.api import PermissionDenied
 from bot.engine.jobstate import OPEN, JobState
-from bot.engine.permissions import Permissions
+from bot.engine.permissions import OPERATOR, Permissions
 
 from .conftest import estimate_for, request
 
@@ -32,11 +32,16 @@ def test_chat_without_its_own_policy_asks_the_engines(make_engine):
     assert ChatHandlers(eng).permissions is policy
 
 
-def test_an_install_without_admins_lets_anyone_else_approve(engine, fake):
+def test_an_install_without_admins_is_approved_by_the_operator_only(engine, fake):
+    """Issue 28: with no TUNEBOT_ADMINS anyone but the owner approved (a second Slack account sufficed); now
+    no member approves, the operator does on the bot's machine (`tunebot approve JOB`)."""
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=100.0))
     with pytest.raises(PermissionDenied, match="own job"):
         engine.approve(job.job_id, approver="alice")
-    assert engine.approve(job.job_id, approver="bob").state == JobState.RUNNING
+    with pytest.raises(PermissionDenied, match="the operator approves it on the bot's machine"):
+        engine.approve(job.job_id, approver="bob")
+    assert engine.get_job(job.job_id).state == JobState.PENDING_APPROVAL and fake.creates == 0
+    assert engine.approve(job.job_id, approver=OPERATOR).state == JobState.RUNNING
 
 
 def test_awaiting_approval_is_active_for_people_everywhere(engine, fake):

@@ -13,7 +13,7 @@ from fakes.runner_events import signed
 from bot.chat import cards
 from bot.chat.terminal import cli_console, render
 from bot.engine.api import EngineError, PermissionDenied
-from bot.engine.permissions import Permissions
+from bot.engine.permissions import OPERATOR, Permissions
 from bot.providers.base import InstanceStatus
 from runner.spec import JobSpec
 
@@ -136,7 +136,7 @@ def test_budget_stopped_job_needs_a_higher_cap_and_approval_above_the_threshold(
     assert view.state == "pending_approval" and fake.creates == 1
     with pytest.raises(PermissionDenied):
         engine.approve(job.job_id, approver="alice")  # never one's own
-    view = engine.approve(job.job_id, approver="admin")
+    view = engine.approve(job.job_id, approver=OPERATOR)
     assert view.state == "running" and view.max_cost == 80.0 and fake.creates == 2
 
     # a modest raise of a small job needs nobody

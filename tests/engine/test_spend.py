@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from bot.engine.permissions import OPERATOR
 from bot.engine.spend import DAY
 from store.models import Instance, SpendEntry
 
@@ -113,7 +114,7 @@ def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
     job = eng.create_job(
         request(), user="alice", team="ml", estimate=estimate_for(p, hours=0.001), max_cost=10_000
     )
-    eng.approve(job.job_id, approver="admin")  # a $10,000 cap needs approval
+    eng.approve(job.job_id, approver=OPERATOR)  # a $10,000 cap needs approval
     seen = []
     for step in (50, 31, 5, 4, 11, 30, 30):  # cumulative: 50, 81, 86, 90, 101, 131, 161 seconds = dollars
         clock.advance(step)
@@ -144,7 +145,7 @@ def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, 
     eng.set_budget("user", "bob", daily=10.0, monthly=None, user="admin")
     rec = Recorder(eng.bus)
     job = eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
-    eng.approve(job.job_id, approver="admin")
+    eng.approve(job.job_id, approver=OPERATOR)
     clock.advance(20)
     eng.tick()
     eng.tick()

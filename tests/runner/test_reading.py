@@ -119,3 +119,33 @@ def test_check_dataset_is_bounded_and_deep_json_is_a_clear_error(tmp_path: Path)
     ok.write_bytes(gzip.compress(rows(300).encode()))
     found = check_dataset(str(ok), limit=100, limits=ReadLimits(max_ratio=100))
     assert (found.format.value, found.records, found.complete) == ("text", 100, False)
+
+
+def test_a_slow_http_dataset_is_refused_at_the_deadline_even_while_a_read_blocks() -> None:
+    """Issue 28: a dataset server that sends a byte every few seconds held the reading thread for as long as
+    it kept sending (the deadline was checked only between reads of 64 KB). Now the deadline holds while a
+    read blocks, in the body and in the headers alike, and the connection is closed."""
+    import time
+
+    from fakes.slow_http import slow_server
+
+    with slow_server(rows(50).encode(), every_s=0.25) as server:
+        for mode in ("body", "headers"):
+            server.mode = mode
+            reader = LineReader(server.url(), ReadLimits(seconds=1.5, settings=SETTINGS))
+            with pytest.raises(DatasetLimitError) as info:
+                list(reader)
+            assert info.value.limit == "seconds", (mode, info.value)
+            said = str(info.value)
+            assert "longer than 1.5 s" in said and "TUNEBOT_DATASET_READ_SECONDS" in said
+        server.mode = "fast"  # the same server when it answers: read whole, size known
+        reader = LineReader(server.url(), ReadLimits(seconds=30, sample_records=10))
+        assert len(list(reader)) == 10 and reader.raw_size == len(rows(50).encode())
+        assert reader.fraction_read() is not None
+        deadline = time.monotonic() + 30  # the reader hung up: nothing is left sending
+        while server.open_connections and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.open_connections == 0
+    missing = LineReader("http://127.0.0.1:9/nothing-listens.jsonl", ReadLimits(seconds=5))
+    with pytest.raises(DatasetError, match="cannot read"):
+        list(missing)
