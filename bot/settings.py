@@ -59,7 +59,11 @@ class Settings(BaseSettings):
     )
 
     provider_timeout_s: float = Field(
-        20.0, alias="TUNEBOT_PROVIDER_TIMEOUT", description="seconds a cloud API request may take"
+        10.0,
+        gt=0,
+        alias="TUNEBOT_PROVIDER_TIMEOUT",
+        description="seconds a cloud API call may take, its retries included (the connection at most 5 s): "
+        "an unreachable cloud answers within this",
     )
     catalog_ttl_s: float = Field(
         300.0, alias="TUNEBOT_CATALOG_TTL", description="seconds live prices are reused"
@@ -270,6 +274,13 @@ class Settings(BaseSettings):
         5,
         alias="TUNEBOT_RETRY_BUDGET",
         description="relaunches after preemptions before a job fails (retry budget)",
+    )
+    cloud_down_give_up_s: float = Field(
+        1800.0,
+        gt=0,
+        alias="TUNEBOT_CLOUD_DOWN_GIVE_UP",
+        description="seconds a recovering job waits for its cloud to confirm its lost instance is gone (an "
+        "API that does not answer) before it fails with reason `cloud unreachable`",
     )
     reconcile_every_s: float = Field(
         60.0,

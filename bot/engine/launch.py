@@ -218,6 +218,14 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
             return None
         retry = job.retry_count + (1 if job.state == S.RECOVERING else 0)
         if job.state == S.RECOVERING and job.retry_count >= eng.settings.retry_budget:
+            down = (job.message or "").startswith(CLOUD_UNREACHABLE)
+            why = f"gave up after {job.retry_count} relaunches (retry budget)"
+            if down:  # the cloud never answered: say so, and what to do, not "retry budget"
+                said = (job.message or "").split(". Nothing is rented", 1)[0]
+                why = (
+                    f"{said}; gave up after {job.retry_count} tries. Nothing is rented. Next: once the cloud "
+                    f"answers again, `tunebot resume {job_id}`"
+                )[:1000]
             if S.transition(
                 s,
                 job_id,
@@ -225,15 +233,11 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
                 S.FAILED,
                 actor=actor,
                 now=now,
-                reason="retry budget",
-                message=f"gave up after {job.retry_count} relaunches (retry budget)",
+                reason=CLOUD_UNREACHABLE if down else "retry budget",
+                message=why,
                 finished_at=now,
             ):
-                eng.publish(
-                    EngineEventKind.failed,
-                    job_id,
-                    f"Job {job_id} failed: gave up after {job.retry_count} relaunches (retry budget).",
-                )
+                eng.publish(EngineEventKind.failed, job_id, f"Job {job_id} failed: {why}.")
             return None
         ok = S.transition(
             s,
@@ -423,9 +427,13 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     approved_key, limit, done = offer_key(job.offer), approval.ceiling(job), approval.done_fraction(job)
     held: list[approval.Proposal] = []
     reasons: list[str] = []
+    down: dict[str, str] = {}  # a cloud whose API does not answer: its other offers are not asked again
+    refused: set[str] = set()  # a cloud that rejects the key: the same for every offer of it
     price_refused = False
     issued: Issued | None = None
     for ranked in offers:
+        if ranked["provider"] in down or ranked["provider"] in refused:
+            continue
         provider = eng.providers.get(ranked["provider"])
         if provider is None:
             reasons.append(f"{ranked['provider']}: not configured")
@@ -439,6 +447,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             continue
         except ProviderError as exc:
             reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+            _note_cloud_failure(exc, ranked["provider"], down, refused, str(exc))
             continue
         if offer_key(ranked) != approved_key:
             ratio = live.price_per_hour / accepted if accepted > 0 else 1.0
@@ -499,6 +508,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             continue
         except ProviderError as exc:
             reasons.append(redact(f"{ranked['provider']}: {type(exc).__name__}: {exc}", hidden))
+            _note_cloud_failure(exc, ranked["provider"], down, refused, redact(str(exc), hidden))
             continue
         crashpoint("launch.after_provider_create")
         price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour
@@ -519,8 +529,8 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             s.commit()
         return _commit_running(eng, job_id, claim_id, row, ranked, price)
     # Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
-    # capacity waits for the next tick.
-    message = "; ".join(reasons) or "no offer to launch on"
+    # capacity waits for the next tick. Each reason once (several offers of one cloud fail alike).
+    message = "; ".join(dict.fromkeys(reasons)) or "no offer to launch on"
     if held:
         cheapest = min(held, key=lambda p: p.projected)
         why = "the approved offer cannot be rented now" if job.started_at is None else "relaunching"
@@ -549,6 +559,9 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                     reason="price",
                 )
             return False
+        unreachable = bool(down) and all(_is_down_reason(r, down) for r in dict.fromkeys(reasons))
+        if unreachable:
+            message = unreachable_message(eng, job, down)
         S.transition(
             s,
             job_id,
@@ -556,11 +569,43 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             S.RECOVERING,
             actor=actor,
             now=now,
-            reason="launch failed",
-            message=f"launch failed: {message}",
+            reason=CLOUD_UNREACHABLE if unreachable else "launch failed",
+            message=message if unreachable else f"launch failed: {message}",
         )
     log.warning("launch of %s failed: %s", job_id, message)
     return False
+
+
+CLOUD_UNREACHABLE = "cloud unreachable"
+
+
+def _note_cloud_failure(
+    exc: ProviderError, provider: str, down: dict[str, str], refused: set[str], said: str
+) -> None:
+    """A cloud whose API did not answer (or kept failing) within its deadline, or that rejects the key: none
+    of its other offers would do better in this launch."""
+    from bot.providers.base import AuthError, ProviderDownError
+
+    if isinstance(exc, ProviderDownError):
+        down[provider] = said
+    elif isinstance(exc, AuthError):
+        refused.add(provider)
+
+
+def _is_down_reason(reason: str, down: dict[str, str]) -> bool:
+    return any(reason.startswith(f"{name}:") or reason.startswith(f"{name} ") for name in down)
+
+
+def unreachable_message(eng: EngineContext, job: Job, down: dict[str, str]) -> str:
+    """What a job waiting on clouds that do not answer shows: which, why (once each), how long, what to do."""
+    names = ", ".join(sorted(down))
+    said = "; ".join(dict.fromkeys(down.values()))
+    left = max(0, eng.settings.retry_budget - job.retry_count)
+    return (
+        f"{CLOUD_UNREACHABLE}: {said}. Nothing is rented; the bot tries {names} again on each tick "
+        f"({left} more time(s)), then the job fails. Next: check that {names} answers (its status page, "
+        f"its API URL and key), or `tunebot stop {job.id}`."
+    )[:1000]
 
 
 def _commit_running(
