@@ -65,7 +65,7 @@ def _estimate(
                 )
             result = priced_estimate(settings, providers, request, calibration=calibration, offline=offline)
         else:  # nothing here can launch: every cloud's snapshot, "prices: snapshot as of <date>"
-            result = snapshot_estimate(request, calibration=calibration)
+            result = snapshot_estimate(request, calibration=calibration, settings=settings)
             from bot.engine.offers import local_note
 
             wanted = settings.local_provider is not False

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from bot.engine import approval, instance_env, integrity
+from bot.engine import approval, instance_env, integrity, runner_bundle
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
 from bot.engine.jobspec import deep_merge
 from bot.engine.spend import job_spend
+from bot.engine.staging import shares_disk
 from bot.money import money
 from bot.planner.offer import Offer
 from bot.planner.result import RankedOffer
@@ -431,6 +432,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     refused: set[str] = set()  # a cloud that rejects the key: the same for every offer of it
     price_refused = False
     issued: Issued | None = None
+    staged: dict[str, str] | None = None  # the runner for a stock image (bot/engine/runner_bundle.py)
     for ranked in offers:
         if ranked["provider"] in down or ranked["provider"] in refused:
             continue
@@ -488,12 +490,22 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             except CredentialsError as exc:
                 return _no_credentials(eng, job_id, actor, str(exc))
         env = runner_env(eng, spec, issued)
+        command: list[str] | None = None
+        if runner_bundle.uses_stock_image(eng.settings) and not shares_disk(provider):
+            if staged is None:  # once per launch: the same wheel and URLs whatever the offer
+                try:
+                    staged = runner_bundle.stage(eng.settings, storage_root(eng, job_id), env)
+                except runner_bundle.StagingError as exc:
+                    return _not_staged(eng, job_id, actor, str(exc))
+            env = {**env, **staged}
+            command = list(runner_bundle.BOOTSTRAP_COMMAND)
         hidden = [*instance_env.secret_values(env, spec), *all_secrets(eng.settings)]
         try:
             req = LaunchRequest(
                 job_id=job_id,
                 offer=live,
-                image=eng.settings.runner_image,
+                image=runner_bundle.image_for(eng.settings),
+                command=command,
                 env=env,
                 bid_per_hour=live.price_per_hour if live.interruptible else None,
                 disk_gb=int(job.disk_gb or DEFAULT_DISK_GB),
@@ -683,6 +695,25 @@ def _no_credentials(eng: EngineContext, job_id: str, actor: str, problem: str) -
             actor=actor,
             now=eng.now(),
             reason="storage credentials",
+            message=message,
+        )
+    log.warning("launch of %s: %s", job_id, message)
+    return False
+
+
+def _not_staged(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
+    """The runner could not be staged for a stock image: nothing is rented; the job waits for the next try
+    (recovering) with the reason, within the retry budget."""
+    message = f"launch failed: {problem}"[:1000]
+    with eng.session() as s:
+        S.transition(
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.RECOVERING,
+            actor=actor,
+            now=eng.now(),
+            reason="runner staging",
             message=message,
         )
     log.warning("launch of %s: %s", job_id, message)

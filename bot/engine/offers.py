@@ -12,6 +12,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from bot.engine.runner_bundle import with_install
 from bot.planner.rank import DEFAULT_RELIABILITY, LABEL_KEYS  # the planner's own label criteria
 from bot.planner.result import Estimate, RankedOffer
 from bot.providers.registry import key_env
@@ -144,6 +145,11 @@ def priced_estimate(
         catalog = live_catalog(settings, interruptible=request.interruptible, providers=clouds)
         offers, source, as_of = list(catalog.offers), catalog.source, catalog.as_of
         notes = _price_notes(catalog)
+    from bot.engine.runner_bundle import install_minutes, install_note
+
+    offers = with_install(offers, install_minutes(settings))  # the runner's install at every cloud start
+    if note := install_note(settings):
+        notes.append(note)
     local = providers.get("local")
     if local is not None and (not clouds or request.gpu == "cpu"):
         query = OfferQuery(gpu_count=request.gpus, interruptible=request.interruptible)
@@ -167,11 +173,22 @@ def priced_estimate(
     return for_this_engine(est, providers, notes, local_max_hours=settings.local_max_hours)
 
 
-def snapshot_estimate(request: EstimateRequest, *, calibration: Calibration | None = None) -> Estimate:
-    """`tunebot estimate --offline` (or with no cloud key set): every cloud's dated snapshot, labelled by the
-    planner among all fitting offers (no engine here to launch them); the card says "prices: snapshot"."""
+def snapshot_estimate(
+    request: EstimateRequest, *, calibration: Calibration | None = None, settings: Settings | None = None
+) -> Estimate:
+    """`tunebot estimate` with nothing here to launch on: every cloud's dated snapshot, labelled by the
+    planner among all fitting offers; the card says "prices: snapshot". With ``settings``, the runner's
+    install on a stock image is priced as start-up time, as for the engine's estimates."""
+    from bot.engine.runner_bundle import install_minutes, install_note
     from bot.planner.inputs import plan_request
     from bot.providers.snapshot import snapshot_as_of, snapshot_offers
 
     offers = snapshot_offers()
-    return plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)
+    note = None
+    if settings is not None:
+        offers = with_install(offers, install_minutes(settings))
+        note = install_note(settings)
+    est = plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)
+    if note:
+        est.assumptions.append(f"prices: {note}")
+    return est

@@ -274,6 +274,7 @@ def test_estimate_prints_the_detailed_estimate_card(monkeypatch: pytest.MonkeyPa
     from bot.settings import get_settings
 
     monkeypatch.setenv("TUNEBOT_LOCAL_PROVIDER", "0")  # nothing to launch here: the snapshot's own labels
+    monkeypatch.setenv("TUNEBOT_RUNNER_IMAGE", "ghcr.io/acme/runner:1")  # prebuilt: no install to price
     get_settings.cache_clear()
 
     est = snapshot_plan(_estimate_request())
