@@ -138,7 +138,12 @@ class Settings(BaseSettings):
         description="Hugging Face token: gated models and Hub pushes (passed to runners)",
     )
     hf_endpoint: str | None = Field(
-        None, alias="HF_ENDPOINT", description="a Hub mirror or enterprise endpoint"
+        None,
+        alias="HF_ENDPOINT",
+        description="a Hub mirror or enterprise endpoint: where the bot reads model configs and tokenizers, "
+        "checks model access, and runners download from and push to (TUNEBOT_HF_URL: its former name, for "
+        "the bot's reads). HF_HUB_OFFLINE=1 without it: the bot asks no Hub; TUNEBOT_HF_OFFLINE=1: the bot's "
+        "estimates ask no Hub even with it (runners unaffected)",
     )
     wandb_api_key: SecretStr | None = Field(
         None,
