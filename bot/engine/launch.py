@@ -643,8 +643,10 @@ def _commit_running(
             )
         if job.started_at is None:
             fields["started_at"] = now
-        # a relaunch after a preemption, or a resumed job (it has a checkpoint to continue from)
-        recovered = job.retry_count > 0 or job.preemptions > 0 or job.last_checkpoint_uri is not None
+        # A relaunch (claimed from recovering: a preemption, a failed start, a failed launch) is a recovery;
+        # the first start of a job someone resumed (`resume`: its checkpoint, retry count 0) is a resume.
+        recovered = job.retry_count > 0
+        resumed_step = job.last_checkpoint_step if job.last_checkpoint_uri is not None else None
         ok = False
         if job.state == S.LAUNCHING and job.claim_id == claim_id:
             res = s.execute(
@@ -668,7 +670,12 @@ def _commit_running(
         return False  # the job was stopped meanwhile: the monitor/reaper terminates the instance
     crashpoint("launch.after_commit")
     kind = EngineEventKind.recovered if recovered else EngineEventKind.job_started
-    what = "resumed from its last checkpoint on" if recovered else "started on"
+    if recovered:
+        what = "resumed from its last checkpoint on" if resumed_step is not None else "relaunched on"
+    elif resumed_step is not None:
+        what = f"resumed from its checkpoint at step {resumed_step} on"
+    else:
+        what = "started on"
     eng.publish(
         kind,
         job_id,
@@ -678,6 +685,7 @@ def _commit_running(
         gpu=row.gpu,
         price_per_hour=row.price_per_hour,
         instance_id=row.provider_instance_id,
+        **({"resumed_from_step": resumed_step} if not recovered and resumed_step is not None else {}),
     )
     return True
 
