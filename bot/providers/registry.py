@@ -9,6 +9,7 @@ tests start a fake server for each. The cloud variables (``spec.key_env``, ``spe
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +24,8 @@ from bot.providers.spec import CloudAccess, CloudSpec
 
 if TYPE_CHECKING:
     from bot.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # The clouds, by the provider name offers and jobs carry (module-name order). A new cloud: its module in
 # bot/providers/, its fake in tests/fakes/clouds/, and its CLOUD on one line here (with its import above).
@@ -118,7 +121,10 @@ def build_providers(
     for name, access in cloud_access().items():
         if access.api_key is not None:
             providers[name] = CLOUDS[name].client.from_spec(CLOUDS[name], access, settings)
-    if include_local and local_unavailable() is None:
+    missing = local_unavailable() if include_local else None
+    if missing is not None:
+        log.warning("local provider off: the runner cannot start on this machine: %s", missing)
+    if include_local and missing is None:
         workdir = Path(local_workdir) if local_workdir else settings.data_dir / "local-provider"
         providers["local"] = LocalProvider(workdir=workdir, **(local_options or {}))
     return providers
