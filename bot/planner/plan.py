@@ -115,6 +115,10 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
         m = estimate_memory(model_for(r), r, gpus).per_gpu_gb
         return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
 
+    if req.gpu == CPU.name and not any(o.gpu == CPU.name for o in offers):  # no local provider here
+        where, m = fits(req.model_copy(update={"gpu": None}))
+        rent = f": {where} holds it ({m:.1f} GB)" if where else ""
+        return [f"no CPU offer here (only the local provider runs on this machine's CPU): drop gpu=cpu{rent}"]
     if req.gpu:
         where, m = fits(req)
         if where and where != req.gpu:

@@ -152,5 +152,6 @@ def test_a_bot_only_install_offers_no_local_job_and_says_why(tmp_path: Path) -> 
     launched = cli("launch", *request)
     assert launched.returncode == 2, launched.stdout[-2000:] + launched.stderr[-2000:]
     assert "torch is not installed" in launched.stderr and "Traceback" not in launched.stderr
+    assert "drop gpu=cpu" in launched.stderr and "a bigger GPU" not in launched.stderr  # not a memory problem
     jobs = cli("jobs", "--json")
     assert jobs.returncode == 0 and json.loads(jobs.stdout) == []  # nothing was created to die
