@@ -17,17 +17,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     from runner.reading import ReadLimits
 
-# The runner image GPU hosts pull: the Dockerfile, built and pushed under this name for each release
-# (README: "Cloud quick start"; scripts/runner-image.sh). Set TUNEBOT_RUNNER_IMAGE to your own push.
+# A team's own prebuilt runner image (the Dockerfile; scripts/runner-image.sh builds and pushes it, by default
+# under this name): set TUNEBOT_RUNNER_IMAGE to it. Unset, hosts start STOCK_IMAGE and install the runner the
+# bot stages in the job's storage (bot/engine/runner_bundle.py): nothing has to be published first.
 RUNNER_IMAGE_REPO = "ghcr.io/tunebot/tunebot-runner"
+# A public PyTorch CUDA image (the Dockerfile's base; the kind Vast's and RunPod's PyTorch templates start).
+STOCK_IMAGE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
 
 
 def default_data_dir() -> Path:
     return Path(user_data_dir("tunebot", appauthor=False))
 
 
-def default_runner_image() -> str:
-    """The image of this release: the runner in it speaks this bot's JobSpec version."""
+def prebuilt_runner_image() -> str:
+    """The name scripts/runner-image.sh pushes this release's prebuilt image under (its runner speaks this
+    bot's JobSpec version)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -59,7 +63,11 @@ class Settings(BaseSettings):
     )
 
     provider_timeout_s: float = Field(
-        20.0, alias="TUNEBOT_PROVIDER_TIMEOUT", description="seconds a cloud API request may take"
+        10.0,
+        gt=0,
+        alias="TUNEBOT_PROVIDER_TIMEOUT",
+        description="seconds a cloud API call may take, its retries included (the connection at most 5 s): "
+        "an unreachable cloud answers within this",
     )
     catalog_ttl_s: float = Field(
         300.0, alias="TUNEBOT_CATALOG_TTL", description="seconds live prices are reused"
@@ -82,11 +90,19 @@ class Settings(BaseSettings):
         description="offers whose host reliability (as the cloud reports it, 0-1) is below this are not "
         "ranked",
     )
-    runner_image: str = Field(
-        default_factory=default_runner_image,
+    runner_image: str | None = Field(
+        None,
         alias="TUNEBOT_RUNNER_IMAGE",
-        description="the runner image GPU hosts pull (default ghcr.io/tunebot/tunebot-runner:<this "
-        "version>); checked in its registry before anything is rented",
+        description="a prebuilt runner image GPU hosts pull (scripts/runner-image.sh pushes one, by default "
+        "as ghcr.io/tunebot/tunebot-runner:<this version>); unset: hosts start TUNEBOT_STOCK_IMAGE and "
+        "install the runner the bot stages in the job's storage. Checked in its registry before anything is "
+        "rented",
+    )
+    stock_image: str = Field(
+        STOCK_IMAGE,
+        alias="TUNEBOT_STOCK_IMAGE",
+        description="the public PyTorch CUDA image hosts start when TUNEBOT_RUNNER_IMAGE is unset; the "
+        "runner is installed next to its torch at every start (about 1.5 min, priced as start-up time)",
     )
     registry_username: str | None = Field(
         None,
@@ -122,7 +138,12 @@ class Settings(BaseSettings):
         description="Hugging Face token: gated models and Hub pushes (passed to runners)",
     )
     hf_endpoint: str | None = Field(
-        None, alias="HF_ENDPOINT", description="a Hub mirror or enterprise endpoint"
+        None,
+        alias="HF_ENDPOINT",
+        description="a Hub mirror or enterprise endpoint: where the bot reads model configs and tokenizers, "
+        "checks model access, and runners download from and push to (TUNEBOT_HF_URL: its former name, for "
+        "the bot's reads). HF_HUB_OFFLINE=1 without it: the bot asks no Hub; TUNEBOT_HF_OFFLINE=1: the bot's "
+        "estimates ask no Hub even with it (runners unaffected)",
     )
     wandb_api_key: SecretStr | None = Field(
         None,
@@ -270,6 +291,13 @@ class Settings(BaseSettings):
         5,
         alias="TUNEBOT_RETRY_BUDGET",
         description="relaunches after preemptions before a job fails (retry budget)",
+    )
+    cloud_down_give_up_s: float = Field(
+        1800.0,
+        gt=0,
+        alias="TUNEBOT_CLOUD_DOWN_GIVE_UP",
+        description="seconds a recovering job waits for its cloud to confirm its lost instance is gone (an "
+        "API that does not answer) before it fails with reason `cloud unreachable`",
     )
     reconcile_every_s: float = Field(
         60.0,

@@ -64,6 +64,20 @@ def public_spec(spec: JobSpec) -> dict[str, Any]:
     return data
 
 
+def as_ran(spec_json: dict[str, Any], ran: dict[str, Any] | None) -> dict[str, Any]:
+    """job.json as the run went: the spec with its ``precision`` and ``sharding`` replaced by what trained
+    (``ran``: device, processes, precision, sharding), what was asked kept under ``ran.asked``."""
+    if not ran:
+        return spec_json
+    asked = {k: spec_json.get(k) for k in ("precision", "sharding", "gpus")}
+    return {
+        **spec_json,
+        "precision": ran["precision"],
+        "sharding": ran["sharding"],
+        "ran": {**ran, "asked": asked},
+    }
+
+
 def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """training_summary.json as pushed: a resumed run says from which step, not from which folder."""
     out = dict(summary)
@@ -88,6 +102,59 @@ def _loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+METHOD_TITLE = {"lora": "LoRA", "qlora": "QLoRA", "full": "Full"}
+RECKONING = "so far (the runner's reckoning; the bot writes the billed cost here at the end)"
+BILLED = "as billed (tunebot's ledger: every instance's billed time at its locked price)"
+HUB_REPO = re.compile(r"[\w.\-]+/[\w.\-]+")
+
+
+def base_identity(spec: JobSpec, model_dir: Path | None) -> tuple[str | None, str]:
+    """(the base model's Hub repo id, or None when none is known; how the card names it). The id is what the
+    person asked for when it is one, else what the model folder's own config.json says it was saved from
+    (``_name_or_path``); a folder with neither is named by its folder name and architecture."""
+    asked = public_name(spec.base_model_name or spec.base_model) or "-"
+    if HUB_REPO.fullmatch(asked):
+        return asked, asked
+    config: dict[str, Any] = {}
+    if model_dir is not None:
+        try:
+            loaded = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+            config = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            config = {}
+    saved_from = config.get("_name_or_path")
+    if isinstance(saved_from, str) and HUB_REPO.fullmatch(saved_from) and "://" not in saved_from:
+        return saved_from, f"{saved_from} (from the folder `{asked}`)"
+    kind = config.get("model_type")
+    return None, f"the {kind} model in the folder `{asked}`" if isinstance(kind, str) else f"`{asked}`"
+
+
+def load_location(spec: JobSpec) -> tuple[str, str]:
+    """(a comment line or "", the path or repo id from_pretrained takes): the Hub repo when pushed, else the
+    output folder itself - as is on a disk, downloaded first from object storage."""
+    if spec.push_to_hub:
+        return "", spec.push_to_hub.repo
+    out = spec.output_uri.rstrip("/")
+    if "://" not in out or out.startswith("file://"):
+        return "", out.removeprefix("file://")
+    local = f"./{spec.job_id}-output"
+    first = f"# first: fsspec.get('{out}/', '{local}/', recursive=True) (or aws s3 sync {out} {local})\n"
+    return first, local
+
+
+def with_billed_cost(card: str, cost: float) -> str:
+    """The card with its cost line saying what the job was billed (the bot's ledger, at the job's end): the
+    runner's own figure is only its reckoning while it ran."""
+    lines = card.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("- cost: "):
+            rest = line.removeprefix("- cost: ")
+            rest = rest.split(" ", 1)[1] if rest.startswith("$") and " " in rest else ""
+            rest = rest.removeprefix(RECKONING + " ")
+            lines[i] = f"- cost: {_money(cost)} {BILLED} {rest}".rstrip()
+    return "\n".join(lines)
+
+
 def model_card(
     spec: JobSpec,
     *,
@@ -100,16 +167,18 @@ def model_card(
     train_seconds: float,
     data: dict[str, Any] | None,
     cost: float | None,
+    model_dir: Path | None = None,
+    ran: dict[str, Any] | None = None,
 ) -> str:
-    """README.md for the output folder (and the Hub repo)."""
-    base = public_name(spec.base_model_name or spec.base_model) or "-"
+    """README.md for the output folder (and the Hub repo): the base model by its Hub id where one is known
+    (``base_model:`` in the header, and in the title), a load snippet with the real repo id or folder."""
+    hub_base, base = base_identity(spec, model_dir)
     dataset_name = public_name(spec.dataset.name or spec.dataset.uri)
     adapter = spec.method is not Method.full
     tags = ["tunebot", spec.method.value, *(["peft", "lora"] if adapter else [])]
-    hub_id = re.fullmatch(r"[\w.\-]+/[\w.\-]+", base) is not None  # the Hub's base_model must be a repo
     header = [
         "---",
-        f"base_model: {base}" if hub_id else "",
+        f"base_model: {hub_base}" if hub_base else "",
         f"library_name: {'peft' if adapter else 'transformers'}",
         "tags:",
         *(f"- {t}" for t in dict.fromkeys(tags)),
@@ -149,27 +218,32 @@ def model_card(
             else "off",
         ),
         ("seed", str(spec.seed)),
+        *(
+            [
+                (
+                    "trained on",
+                    f"{ran['device']}, {ran['processes']} process(es), {ran['precision']}, "
+                    f"sharding {ran['sharding']}",
+                )
+            ]
+            if ran
+            else []
+        ),
     ]
-    where = f" on {spec.cost.where}" if spec.cost.where else ""
+    where_ran = f" on {spec.cost.where}" if spec.cost.where else ""
     price = f" at {_money(spec.cost.price_per_hour)}/h" if spec.cost.price_per_hour is not None else ""
     estimate = (
         f" (estimated {_money(spec.cost.estimated_total)})" if spec.cost.estimated_total is not None else ""
     )
-    load = (
-        (
-            f"from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("
-            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")'
-        )
-        if adapter
-        else (
-            f"from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("
-            f'"{spec.push_to_hub.repo if spec.push_to_hub else "PATH"}")'
-        )
-    )
+    first, where = load_location(spec)
+    cls, module = "AutoPeftModelForCausalLM", "peft"
+    if not adapter:
+        cls, module = "AutoModelForCausalLM", "transformers"
+    load = first + f'from {module} import {cls}\nmodel = {cls}.from_pretrained("{where}")'
     lines = [
         *(h for h in header if h),
         "",
-        f"# {spec.job_id}: {spec.method.value} fine-tune of {base}",
+        f"# {spec.job_id}: {METHOD_TITLE.get(spec.method.value, spec.method.value)} fine-tune of {base}",
         "",
         "Trained with [tunebot](https://github.com/tunebot/tunebot)'s runner.",
         "",
@@ -196,7 +270,7 @@ def model_card(
         f"- final training loss: {_loss(final_loss)}",
         f"- eval loss: {_loss(eval_loss)}",
         f"- training time: {_duration(train_seconds)}",
-        f"- cost: {_money(cost)}{where}{price}{estimate}",
+        f"- cost: {_money(cost)} {RECKONING}{where_ran}{price}{estimate}",
         "",
         "## Use",
         "",
@@ -249,7 +323,8 @@ def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> s
             repo_type="model",
             commit_message=f"tunebot job {spec.job_id}: repo created",
         )
-    public = {"job.json": json.dumps(public_spec(spec), indent=2)}
+    ran = _ran_of(folder)
+    public = {"job.json": json.dumps(as_ran(public_spec(spec), ran), indent=2)}
     summary = folder / "training_summary.json"
     if summary.is_file():
         public["training_summary.json"] = json.dumps(
@@ -270,6 +345,18 @@ def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> s
     ]
     api.create_commit(repo_id=hub.repo, repo_type="model", operations=operations, commit_message=message)
     return str(url)
+
+
+def _ran_of(folder: Path) -> dict[str, Any] | None:
+    """What the run trained with, as its job.json in the output folder says (runner/train.py writes it)."""
+    try:
+        data = json.loads((folder / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ran = data.get("ran") if isinstance(data, dict) else None
+    if not isinstance(ran, dict):
+        return None
+    return {k: v for k, v in ran.items() if k != "asked"}
 
 
 PATH_KEYS = ("base_model_name_or_path", "_name_or_path", "name_or_path")

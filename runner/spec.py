@@ -29,6 +29,9 @@ EXIT_OUT_OF_MEMORY = 76
 # Storage credentials about to expire and not renewed (runner/credentials.py): a checkpoint was saved;
 # the bot relaunches with fresh ones.
 EXIT_CREDENTIALS = 77
+# The runner could not be installed on a stock image (runner/bootstrap.py: fetch, SHA-256 check or pip install
+# failed): nothing was trained; the bot retries once on another host, then fails the job saying so.
+EXIT_INSTALL = 78
 
 # The runner's chunked cross-entropy (runner/loss.py) computes at most this many logits at once; the planner
 # prices a chunk of chunk_tokens(vocab) tokens instead of the whole sequence's logits.

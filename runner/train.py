@@ -821,8 +821,9 @@ class Trainer:
                     "job_id": self.spec.job_id,
                 }
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-                public_spec = self.spec.redacted().model_dump_json(indent=2)  # no report token in outputs
-                (local / "job.json").write_text(public_spec, encoding="utf-8")
+                # no report token in outputs; the precision and sharding that ran, not only those asked for
+                ran = outputs.as_ran(json.loads(self.spec.redacted().model_dump_json()), self._ran())
+                (local / "job.json").write_text(json.dumps(ran, indent=2), encoding="utf-8")
                 card = outputs.model_card(
                     self.spec,
                     status=status,
@@ -834,6 +835,8 @@ class Trainer:
                     train_seconds=self.state.train_seconds,
                     data=summary["data"],
                     cost=cost,
+                    model_dir=self.model_dir,
+                    ran=self._ran(),
                 )
                 (local / "README.md").write_text(card, encoding="utf-8")
                 if self.spec.merge and self.spec.method is not Method.full:
@@ -865,6 +868,25 @@ class Trainer:
             print(f"output saved: {uri}", flush=True)
         self.group.barrier()
         return uri
+
+    def _ran(self) -> dict[str, Any]:
+        """What this run really trained with (a CPU run is fp32 in one process or gloo DDP, whatever the
+        spec's bf16 and FSDP defaults for GPUs): job.json and the model card say this."""
+        assert self.group is not None
+        precision = (
+            "mixed"
+            if self.autocast
+            else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
+        )
+        sharding = "none"
+        if self.group.distributed:
+            sharding = "fsdp" if self.fsdp else "ddp"
+        return {
+            "device": self.group.device.type if self.group.device is not None else "cpu",
+            "processes": self.group.world,
+            "precision": precision,
+            "sharding": sharding,
+        }
 
     def _cost(self) -> float | None:
         """The job's spend so far at its locked prices: earlier instances (from the bot) + this one."""

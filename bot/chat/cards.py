@@ -37,7 +37,7 @@ from bot.engine.results import how_to_load
 from bot.money import money
 from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
-from bot.planner.result import Estimate, RankedOffer
+from bot.planner.result import Estimate, RankedOffer, SpeedEstimate
 from bot.planner.training import describe as describe_plan
 
 MAX_OFFER_ROWS = 15
@@ -228,7 +228,12 @@ def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
             span(f"{mem.per_gpu_gb:.1f} GB", mem.per_gpu_gb_range, lambda v: f"{v:.1f}")
             + f" on {mem.gpus} GPU(s), sharding {mem.sharding}",
         ),
-        ("Compute time", span(hours(t.hours), t.hours_range, hours) + f" on {esc(s.gpu)} x{s.gpus}"),
+        (
+            "Compute time",
+            span(hours(t.hours), t.hours_range, hours) + f" on {esc(s.gpu)} x{s.gpus}"
+            if s.fits
+            else f"none: it does not fit {esc(s.gpu)} x{s.gpus} (if it did: {hours(t.hours)}); see what fits",
+        ),
         (
             "Tokens",
             f"{count(t.tokens)} x {t.epochs:.3g} epoch(s) = {t.steps} steps ({esc(t.token_source)})"
@@ -237,7 +242,8 @@ def _estimate_fields(estimate: Estimate) -> list[tuple[str, str]]:
         (
             "Throughput",
             span(f"{count(s.tokens_per_second)} tokens/s", s.tokens_per_second_range, count)
-            + f", MFU {s.mfu:.0%}"
+            + f", {_mfu(s)}"
+            + ("" if s.fits else " (if it fitted)")
             + (f"; {esc(_calibrated(estimate))}" if s.calibration else ""),
         ),
         ("Trainable", f"{count(m.trainable_parameters)} of {count(m.parameters)} parameters"),
@@ -283,10 +289,19 @@ def _speed_line(estimate: Estimate) -> str:
     tps_span = f" ({tps[0]:,.0f}-{tps[1]:,.0f})" if tps else ""
     hours_span = f" ({t.hours_range[0]:.2f}-{t.hours_range[1]:.2f})" if t.hours_range else ""
     return (
-        f"*Speed* on {esc(s.gpu)} x{s.gpus}: {s.tokens_per_second:,.0f} tokens/s{tps_span}, MFU {s.mfu:.0%}, "
+        f"*Speed* on {esc(s.gpu)} x{s.gpus}"
+        + ("" if s.fits else " if the job fitted (it does not)")
+        + f": {s.tokens_per_second:,.0f} tokens/s{tps_span}, {_mfu(s)}, "
         f"{s.step_seconds:.2f} s per optimizer step; {t.steps:,} steps for {t.tokens:,} tokens "
         f"x {t.epochs:.3g} epochs = {t.hours:.2f} h{hours_span}"
     )
+
+
+def _mfu(s: SpeedEstimate) -> str:
+    """'MFU 43% of peak (54% of measured matmul)': MFU against the GPU's dense bf16 peak, as MFU is defined;
+    the roofline's share of the measured matmul rate named for what it is."""
+    share = f" ({s.matmul_share:.0%} of measured matmul)" if s.matmul_share is not None else ""
+    return f"MFU {s.mfu:.0%} of peak{share}"
 
 
 def _offer_tables(estimate: Estimate) -> list[Part]:

@@ -64,6 +64,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
     msg = esc(event.message.strip())  # engine text may quote a model, a path or a provider message
     note = f" {esc(d['note'])}" if d.get("note") else ""
     if event.kind == K.job_started:
+        if d.get("resumed_from_step") is not None:  # a resumed job's first start: a resume, not a recovery
+            return f":arrow_forward: Resumed: {msg}" if msg else f":arrow_forward: Resumed at step {step}."
         if msg:
             return f":rocket: {msg}"
         where = esc(f" on {job.provider} {job.gpu} x{job.gpu_count or 1}") if job and job.provider else ""

@@ -27,12 +27,15 @@ def _estimate(
     calibrated: bool = True,
     offline: bool = False,
 ) -> None:
-    """Priced like the chat and what `tunebot launch` rents (bot/engine/offers.priced_estimate): live where
-    a cloud key is set, each silent cloud from its dated snapshot with a note; ``offline``: the snapshot."""
+    """Priced like the chat and what `tunebot launch` rents (bot/engine/offers.priced_estimate, with the
+    providers `tunebot launch` builds: the clouds whose key is set and this machine's CPU where the local
+    provider is on and the runner can start): live where a cloud key is set, each silent cloud from its dated
+    snapshot with a note; ``offline``: the snapshot for every cloud (this machine's CPU still offered where
+    launch would)."""
     from bot.commands.request_cli import build_request
     from bot.engine.offers import snapshot_estimate
     from bot.planner import PlanningError
-    from bot.providers.registry import configured_clouds
+    from bot.providers.registry import build_providers, configured_clouds
     from bot.settings import get_settings
 
     request = build_request(model, pairs)
@@ -49,20 +52,26 @@ def _estimate(
         measurements = read_snapshot(settings.data_dir)
         calibration = calibrate(measurements) if measurements else None
     live = [] if offline else configured_clouds()
+    providers = build_providers(settings)  # what `tunebot launch` (bot/engine/service.Engine) launches on
     try:
-        if live:
+        if providers:
             from bot.engine.offers import priced_estimate
-            from bot.providers.registry import build_providers
 
-            if not as_json:  # progress: a slow cloud may keep this waiting up to the deadline
+            if live and not as_json:  # progress: a slow cloud may keep this waiting up to the deadline
                 typer.echo(
                     f"Asking {', '.join(live)} for live prices (at most {settings.catalog_deadline_s:g} s; "
                     "--offline for the snapshot)…",
                     err=True,
                 )
-            result = priced_estimate(settings, build_providers(settings), request, calibration=calibration)
-        else:  # the card says "prices: snapshot as of <date>"
-            result = snapshot_estimate(request, calibration=calibration)
+            result = priced_estimate(settings, providers, request, calibration=calibration, offline=offline)
+        else:  # nothing here can launch: every cloud's snapshot, "prices: snapshot as of <date>"
+            result = snapshot_estimate(request, calibration=calibration, settings=settings)
+            from bot.engine.offers import local_note
+
+            wanted = settings.local_provider is not False
+            absent = local_note(settings, providers, request) if wanted else None
+            if absent:
+                result.assumptions.append(f"prices: {absent}")
     except PlanningError as exc:
         fail(str(exc))
     if as_json:

@@ -180,6 +180,10 @@ def finish(
         s.commit()
         owner_job = job
     crashpoint("finish.after_commit")
+    if owner_job.output_uri and final in (S.SUCCEEDED, S.STOPPED):  # the card says what the ledger billed
+        from bot.engine.billed_card import record_billed_cost
+
+        record_billed_cost(owner_job.output_uri, spend)
     kind = {S.SUCCEEDED: EngineEventKind.finished, S.FAILED: EngineEventKind.failed}.get(final)
     if final == S.STOPPED:
         kind = EngineEventKind.plateau if reason == "plateau" else EngineEventKind.stopped

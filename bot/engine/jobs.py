@@ -94,14 +94,18 @@ def create(
     admission.check_budgets(ctx, owner=user, team=team)
     fitting = offers_mod.launchable(est.offers, ctx.providers)
     if not fitting:
+        # why this machine's CPU is not among them, where the estimate says (engine/offers.local_note)
+        said = "prices: local: "
+        local = next((a.removeprefix(said) for a in est.assumptions if a.startswith(said)), "")
+        local = f" ({local})" if local else ""
         elsewhere = sorted({o.provider for o in est.offers if o.fits})
         if elsewhere:
             raise EngineError(
                 f"it fits only on {', '.join(elsewhere)}, which this bot has no keys for: "
-                "set the provider's API key to launch there"
+                f"set the provider's API key to launch there{local}"
             )
         hint = f" Suggestions: {'; '.join(est.suggestions)}" if est.suggestions else ""
-        raise EngineError(f"no offer fits this fine-tune.{hint}")
+        raise EngineError(f"no offer fits this fine-tune{local}.{hint}")
     chosen = next((o for o in fitting if choice in o.labels), None)
     if chosen is None:
         chosen = next(

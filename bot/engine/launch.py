@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from bot.engine import approval, instance_env, integrity
+from bot.engine import approval, instance_env, integrity, runner_bundle
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
 from bot.engine.jobspec import deep_merge
 from bot.engine.spend import job_spend
+from bot.engine.staging import shares_disk
 from bot.money import money
 from bot.planner.offer import Offer
 from bot.planner.result import RankedOffer
@@ -219,6 +220,14 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
             return None
         retry = job.retry_count + (1 if job.state == S.RECOVERING else 0)
         if job.state == S.RECOVERING and job.retry_count >= eng.settings.retry_budget:
+            down = (job.message or "").startswith(CLOUD_UNREACHABLE)
+            why = f"gave up after {job.retry_count} relaunches (retry budget)"
+            if down:  # the cloud never answered: say so, and what to do, not "retry budget"
+                said = (job.message or "").split(". Nothing is rented", 1)[0]
+                why = (
+                    f"{said}; gave up after {job.retry_count} tries. Nothing is rented. Next: once the cloud "
+                    f"answers again, `tunebot resume {job_id}`"
+                )[:1000]
             if S.transition(
                 s,
                 job_id,
@@ -226,15 +235,11 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
                 S.FAILED,
                 actor=actor,
                 now=now,
-                reason="retry budget",
-                message=f"gave up after {job.retry_count} relaunches (retry budget)",
+                reason=CLOUD_UNREACHABLE if down else "retry budget",
+                message=why,
                 finished_at=now,
             ):
-                eng.publish(
-                    EngineEventKind.failed,
-                    job_id,
-                    f"Job {job_id} failed: gave up after {job.retry_count} relaunches (retry budget).",
-                )
+                eng.publish(EngineEventKind.failed, job_id, f"Job {job_id} failed: {why}.")
             return None
         ok = S.transition(
             s,
@@ -427,9 +432,14 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     hourly = approval.hourly_ceiling(job, eng.settings.price_tolerance) if claimed else math.inf
     held: list[approval.Proposal] = []
     reasons: list[str] = []
+    down: dict[str, str] = {}  # a cloud whose API does not answer: its other offers are not asked again
+    refused: set[str] = set()  # a cloud that rejects the key: the same for every offer of it
     price_refused = False
     issued: Issued | None = None
+    staged: dict[str, str] | None = None  # the runner for a stock image (bot/engine/runner_bundle.py)
     for ranked in offers:
+        if ranked["provider"] in down or ranked["provider"] in refused:
+            continue
         provider = eng.providers.get(ranked["provider"])
         if provider is None:
             reasons.append(f"{ranked['provider']}: not configured")
@@ -443,6 +453,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             continue
         except ProviderError as exc:
             reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+            _note_cloud_failure(exc, ranked["provider"], down, refused, str(exc))
             continue
         if offer_key(ranked) != approved_key:
             ratio = live.price_per_hour / accepted if accepted > 0 else 1.0
@@ -490,12 +501,22 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             except CredentialsError as exc:
                 return _no_credentials(eng, job_id, actor, str(exc))
         env = runner_env(eng, spec, issued)
+        command: list[str] | None = None
+        if runner_bundle.uses_stock_image(eng.settings) and not shares_disk(provider):
+            if staged is None:  # once per launch: the same wheel and URLs whatever the offer
+                try:
+                    staged = runner_bundle.stage(eng.settings, storage_root(eng, job_id), env)
+                except runner_bundle.StagingError as exc:
+                    return _not_staged(eng, job_id, actor, str(exc))
+            env = {**env, **staged}
+            command = list(runner_bundle.BOOTSTRAP_COMMAND)
         hidden = [*instance_env.secret_values(env, spec), *all_secrets(eng.settings)]
         try:
             req = LaunchRequest(
                 job_id=job_id,
                 offer=live,
-                image=eng.settings.runner_image,
+                image=runner_bundle.image_for(eng.settings),
+                command=command,
                 env=env,
                 bid_per_hour=live.price_per_hour if live.interruptible else None,
                 disk_gb=int(job.disk_gb or DEFAULT_DISK_GB),
@@ -510,6 +531,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             continue
         except ProviderError as exc:
             reasons.append(redact(f"{ranked['provider']}: {type(exc).__name__}: {exc}", hidden))
+            _note_cloud_failure(exc, ranked["provider"], down, refused, redact(str(exc), hidden))
             continue
         crashpoint("launch.after_provider_create")
         price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour
@@ -534,8 +556,8 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             s.commit()
         return _commit_running(eng, job_id, claim_id, row, ranked, price)
     # Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
-    # capacity waits for the next tick.
-    message = "; ".join(reasons) or "no offer to launch on"
+    # capacity waits for the next tick. Each reason once (several offers of one cloud fail alike).
+    message = "; ".join(dict.fromkeys(reasons)) or "no offer to launch on"
     if held:
         cheapest = min(held, key=lambda p: p.projected)
         why = "the approved offer cannot be rented now" if job.started_at is None else "relaunching"
@@ -564,6 +586,9 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                     reason="price",
                 )
             return False
+        unreachable = bool(down) and all(_is_down_reason(r, down) for r in dict.fromkeys(reasons))
+        if unreachable:
+            message = unreachable_message(eng, job, down)
         S.transition(
             s,
             job_id,
@@ -571,11 +596,43 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             S.RECOVERING,
             actor=actor,
             now=now,
-            reason="launch failed",
-            message=f"launch failed: {message}",
+            reason=CLOUD_UNREACHABLE if unreachable else "launch failed",
+            message=message if unreachable else f"launch failed: {message}",
         )
     log.warning("launch of %s failed: %s", job_id, message)
     return False
+
+
+CLOUD_UNREACHABLE = "cloud unreachable"
+
+
+def _note_cloud_failure(
+    exc: ProviderError, provider: str, down: dict[str, str], refused: set[str], said: str
+) -> None:
+    """A cloud whose API did not answer (or kept failing) within its deadline, or that rejects the key: none
+    of its other offers would do better in this launch."""
+    from bot.providers.base import AuthError, ProviderDownError
+
+    if isinstance(exc, ProviderDownError):
+        down[provider] = said
+    elif isinstance(exc, AuthError):
+        refused.add(provider)
+
+
+def _is_down_reason(reason: str, down: dict[str, str]) -> bool:
+    return any(reason.startswith(f"{name}:") or reason.startswith(f"{name} ") for name in down)
+
+
+def unreachable_message(eng: EngineContext, job: Job, down: dict[str, str]) -> str:
+    """What a job waiting on clouds that do not answer shows: which, why (once each), how long, what to do."""
+    names = ", ".join(sorted(down))
+    said = "; ".join(dict.fromkeys(down.values()))
+    left = max(0, eng.settings.retry_budget - job.retry_count)
+    return (
+        f"{CLOUD_UNREACHABLE}: {said}. Nothing is rented; the bot tries {names} again on each tick "
+        f"({left} more time(s)), then the job fails. Next: check that {names} answers (its status page, "
+        f"its API URL and key), or `tunebot stop {job.id}`."
+    )[:1000]
 
 
 def _commit_running(
@@ -601,8 +658,10 @@ def _commit_running(
             )
         if job.started_at is None:
             fields["started_at"] = now
-        # a relaunch after a preemption, or a resumed job (it has a checkpoint to continue from)
-        recovered = job.retry_count > 0 or job.preemptions > 0 or job.last_checkpoint_uri is not None
+        # A relaunch (claimed from recovering: a preemption, a failed start, a failed launch) is a recovery;
+        # the first start of a job someone resumed (`resume`: its checkpoint, retry count 0) is a resume.
+        recovered = job.retry_count > 0
+        resumed_step = job.last_checkpoint_step if job.last_checkpoint_uri is not None else None
         ok = False
         if job.state == S.LAUNCHING and job.claim_id == claim_id:
             res = s.execute(
@@ -626,7 +685,12 @@ def _commit_running(
         return False  # the job was stopped meanwhile: the monitor/reaper terminates the instance
     crashpoint("launch.after_commit")
     kind = EngineEventKind.recovered if recovered else EngineEventKind.job_started
-    what = "resumed from its last checkpoint on" if recovered else "started on"
+    if recovered:
+        what = "resumed from its last checkpoint on" if resumed_step is not None else "relaunched on"
+    elif resumed_step is not None:
+        what = f"resumed from its checkpoint at step {resumed_step} on"
+    else:
+        what = "started on"
     eng.publish(
         kind,
         job_id,
@@ -636,6 +700,7 @@ def _commit_running(
         gpu=row.gpu,
         price_per_hour=row.price_per_hour,
         instance_id=row.provider_instance_id,
+        **({"resumed_from_step": resumed_step} if not recovered and resumed_step is not None else {}),
     )
     return True
 
@@ -653,6 +718,25 @@ def _no_credentials(eng: EngineContext, job_id: str, actor: str, problem: str) -
             actor=actor,
             now=eng.now(),
             reason="storage credentials",
+            message=message,
+        )
+    log.warning("launch of %s: %s", job_id, message)
+    return False
+
+
+def _not_staged(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
+    """The runner could not be staged for a stock image: nothing is rented; the job waits for the next try
+    (recovering) with the reason, within the retry budget."""
+    message = f"launch failed: {problem}"[:1000]
+    with eng.session() as s:
+        S.transition(
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.RECOVERING,
+            actor=actor,
+            now=eng.now(),
+            reason="runner staging",
             message=message,
         )
     log.warning("launch of %s: %s", job_id, message)

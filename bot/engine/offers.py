@@ -12,6 +12,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from bot.engine.runner_bundle import with_install
 from bot.planner.rank import DEFAULT_RELIABILITY, LABEL_KEYS  # the planner's own label criteria
 from bot.planner.result import Estimate, RankedOffer
 from bot.providers.registry import key_env
@@ -101,17 +102,33 @@ def _price_notes(catalog: LiveCatalog) -> list[str]:
     return [f"{name}: live prices{when}" for name in catalog.live_providers] + catalog.notes
 
 
+def local_note(settings: Settings, providers: Mapping[str, Provider], request: EstimateRequest) -> str | None:
+    """Why this machine's CPU is not among the offers where it would be (no cloud configured, or gpu=cpu)."""
+    from bot.providers.registry import local_unavailable
+
+    if "local" in providers:
+        return None
+    problem = local_unavailable()
+    if problem is not None:
+        return f"local: this machine's CPU is not offered: the runner cannot start here: {problem}"
+    if request.gpu == "cpu":
+        return "local: this machine's CPU is not offered here (TUNEBOT_LOCAL_PROVIDER is off in this process)"
+    return None
+
+
 def priced_estimate(
     settings: Settings,
     providers: Mapping[str, Provider],
     request: EstimateRequest,
     *,
     calibration: Calibration | None = None,
+    offline: bool = False,
 ) -> Estimate:
     """The estimate every door shows (Slack, the console, `tunebot estimate`, and `tunebot launch` rents its
     pick): every cloud's offers, live where a key is set and the API answers within TUNEBOT_CATALOG_DEADLINE,
-    else the dated snapshot with a note saying so; labelled among the offers these providers can launch; this
-    machine's CPU only when no cloud is configured or gpu=cpu."""
+    else the dated snapshot with a note saying so (``offline``: the snapshot for every cloud, none asked);
+    labelled among the offers these providers can launch; this machine's CPU only when no cloud is
+    configured or gpu=cpu, and only where the runner can start (``local_note`` says why it is absent)."""
     from bot.planner.inputs import resolve_inputs
     from bot.planner.plan import estimate
     from bot.providers.base import OfferQuery, ProviderError
@@ -119,9 +136,20 @@ def priced_estimate(
 
     inputs = resolve_inputs(request)  # the model and the dataset, read once; before any cloud is asked
     clouds = {n: p for n, p in providers.items() if n != "local"}
-    catalog = live_catalog(settings, interruptible=request.interruptible, providers=clouds)
-    offers = list(catalog.offers)
-    source = catalog.source
+    if offline:
+        from bot.providers.snapshot import snapshot_as_of, snapshot_offers
+
+        offers, source, as_of = snapshot_offers(), "snapshot", snapshot_as_of()
+        notes = [f"{name}: snapshot prices (--offline)" for name in clouds]
+    else:
+        catalog = live_catalog(settings, interruptible=request.interruptible, providers=clouds)
+        offers, source, as_of = list(catalog.offers), catalog.source, catalog.as_of
+        notes = _price_notes(catalog)
+    from bot.engine.runner_bundle import install_minutes, install_note
+
+    offers = with_install(offers, install_minutes(settings))  # the runner's install at every cloud start
+    if note := install_note(settings):
+        notes.append(note)
     local = providers.get("local")
     if local is not None and (not clouds or request.gpu == "cpu"):
         query = OfferQuery(gpu_count=request.gpus, interruptible=request.interruptible)
@@ -130,22 +158,37 @@ def priced_estimate(
             source = "live" if source == "live" else "mixed"  # this machine's price is always live
         except ProviderError as exc:
             log.warning("offers from local unavailable: %s", exc)
+    elif not clouds or request.gpu == "cpu":
+        absent = local_note(settings, providers, request)
+        if absent:
+            notes.append(absent)
     est = estimate(
         request,
         inputs,
         offers=offers,
         prices_source=source,
-        prices_as_of=catalog.as_of,
+        prices_as_of=as_of,
         calibration=calibration,
     )
-    return for_this_engine(est, providers, _price_notes(catalog), local_max_hours=settings.local_max_hours)
+    return for_this_engine(est, providers, notes, local_max_hours=settings.local_max_hours)
 
 
-def snapshot_estimate(request: EstimateRequest, *, calibration: Calibration | None = None) -> Estimate:
-    """`tunebot estimate --offline` (or with no cloud key set): every cloud's dated snapshot, labelled by the
-    planner among all fitting offers (no engine here to launch them); the card says "prices: snapshot"."""
+def snapshot_estimate(
+    request: EstimateRequest, *, calibration: Calibration | None = None, settings: Settings | None = None
+) -> Estimate:
+    """`tunebot estimate` with nothing here to launch on: every cloud's dated snapshot, labelled by the
+    planner among all fitting offers; the card says "prices: snapshot". With ``settings``, the runner's
+    install on a stock image is priced as start-up time, as for the engine's estimates."""
+    from bot.engine.runner_bundle import install_minutes, install_note
     from bot.planner.inputs import plan_request
     from bot.providers.snapshot import snapshot_as_of, snapshot_offers
 
     offers = snapshot_offers()
-    return plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)
+    note = None
+    if settings is not None:
+        offers = with_install(offers, install_minutes(settings))
+        note = install_note(settings)
+    est = plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)
+    if note:
+        est.assumptions.append(f"prices: {note}")
+    return est

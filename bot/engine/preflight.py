@@ -3,7 +3,9 @@
 A host that cannot start the runner still bills. So when a job is created, before any provider is asked
 for an instance (bot/engine/jobs.py):
 
-- the runner image is looked up in its registry with the OCI distribution API (token endpoint, then
+- the image hosts start (a team's prebuilt runner image, TUNEBOT_RUNNER_IMAGE, else the public stock PyTorch
+  image, TUNEBOT_STOCK_IMAGE, on which the runner is installed at start: bot/engine/runner_bundle.py) is
+  looked up in its registry with the OCI distribution API (token endpoint, then
   ``HEAD /v2/<name>/manifests/<tag>``; anonymous, or with TUNEBOT_REGISTRY_USERNAME/PASSWORD): an image
   that was never pushed, or that the registry will not serve, refuses the launch;
 - a Hugging Face model is fetched the way the runner will fetch it, with the same HF_TOKEN (``HEAD
@@ -400,7 +402,9 @@ def check(
 
     image_bytes: float | None = None
     if remote:
-        image = settings.runner_image
+        from bot.engine.runner_bundle import image_for
+
+        image = image_for(settings)  # a team's prebuilt runner image, else the public stock image
         user = settings.registry_username
         password = settings.registry_password.get_secret_value() if settings.registry_password else None
         key = ("image", image, user)
@@ -427,11 +431,24 @@ def check(
             else:
                 _remember(key)
     root = settings.checkpoint_base_uri or ""
+    if remote and root and not is_local(root) and not root.startswith("s3://"):
+        from bot.engine.runner_bundle import uses_stock_image
+
+        if uses_stock_image(settings):
+            refuse_remote(
+                f"hosts install the runner the bot stages in object storage over the S3 API, and {root} is "
+                "not: set TUNEBOT_CHECKPOINT_URI to s3://... (AWS, R2, MinIO, B2), or TUNEBOT_RUNNER_IMAGE "
+                f"to an image with the runner inside (scripts/runner-image.sh). {NOTHING_RENTED}"
+            )
     if remote and root and not is_local(root):
         probe = probe_storage(root, job_id, storage_env(settings))
         if probe.ok is False:
             refuse_remote(probe.message)
     deadline = start_deadline_s(image_bytes if remote else 0.0, download_gb)
+    if remote:  # the runner's install on a stock image, with room for a slow package index
+        from bot.engine.runner_bundle import install_minutes
+
+        deadline = round(deadline + 2 * 60 * install_minutes(settings), 1)
     for note in notes:
         log.info("job %s: %s", job_id, note)
     return Preflight(offers=offers, notes=notes, start_deadline_s=deadline)

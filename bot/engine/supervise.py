@@ -26,7 +26,7 @@ from bot.engine.launch import launch_job, reclaim_stale
 from bot.engine.recovery import mark_preempted, relaunch
 from bot.engine.spend import jobs_spend
 from bot.engine.states import JobState
-from runner.spec import EXIT_OUT_OF_MEMORY, EventKind
+from runner.spec import EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -162,6 +162,12 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
             return Action(Do.grow, reason="out of memory")
         if code == 0:
             return Action(Do.finish, JobState.SUCCEEDED, "finished")
+        if code == EXIT_INSTALL:  # runner/bootstrap.py: the runner could not be installed on this host
+            return Action(
+                Do.start_failed,
+                reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
+                "its SHA-256 check or pip install failed; the host's log says which)",
+            )
         return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
     if v in ("preempted", "gone"):
         return Action(Do.preempt, reason=f"instance {v}", gone=v == "gone")

@@ -3,10 +3,11 @@ run that happens: its tokenizer and chat template, loss masks, BOS/EOS, truncati
 (runner/data/tokenize.py, prepare.py), its packing into micro-batches and the length rules (runner/steps.py).
 
 The tokenizer is the model's own: from a local model folder, or its tokenizer files fetched from the Hub
-(a few MB, cached beside the hub configs; HF_TOKEN for gated repos; TUNEBOT_HF_URL and the offline switches
-as for configs). It is loaded as a ``PreTrainedTokenizerFast``: transformers without torch (the bot never
-imports torch). Records beyond MAX_EXACT_RECORDS are not all tokenized: an evenly spaced sample is, and the
-others' lengths follow from their characters by the sample's tokens-per-character fit (as the source says).
+(a few MB, cached beside the hub configs; HF_TOKEN for gated repos; HF_ENDPOINT and the offline switches
+as for configs: bot/planner/models.hub_url). It is loaded as a ``PreTrainedTokenizerFast``: transformers
+without torch (the bot never imports torch). Records beyond MAX_EXACT_RECORDS are not all tokenized: an
+evenly spaced sample is, and the others' lengths follow from their characters by the sample's
+tokens-per-character fit (as the source says).
 
 None (the caller falls back to bot/planner/tokens.py's approximation) when no tokenizer can be had, or when
 the dataset is larger than what one estimate reads (TUNEBOT_DATASET_SAMPLE_MB: the approximation samples).
@@ -157,7 +158,7 @@ def _load(folder: str) -> Any | None:
 
 def _hub_folder(hub_id: str) -> Path | None:
     """The tokenizer files of a hub repo in the cache (fetched once); None when they cannot be had."""
-    from bot.planner.models import HUB_ID, _cache_dir, _hub_offline
+    from bot.planner.models import HUB_ID, _cache_dir, _hub_offline, hub_url
 
     if not HUB_ID.match(hub_id):
         return None
@@ -168,7 +169,7 @@ def _hub_folder(hub_id: str) -> Path | None:
         return None
     import httpx
 
-    base = os.environ.get("TUNEBOT_HF_URL", "https://huggingface.co").rstrip("/")
+    base = hub_url()
     headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if os.environ.get("HF_TOKEN") else {}
     fetched: dict[str, bytes] = {}
     try:

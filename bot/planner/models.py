@@ -4,7 +4,8 @@ Order: a local config.json or folder; the built-in table (data/models.json: real
 popular models, case-insensitive ids and short aliases; variants such as -Instruct share their base's
 config but keep their own id: the model asked for is the model trained); the Hugging Face hub
 (config.json fetched with httpx, HF_TOKEN as bearer, cached under the tunebot data folder; base URL from
-TUNEBOT_HF_URL so tests point it at a fake server; TUNEBOT_HF_OFFLINE=1 or HF_HUB_OFFLINE=1 disables it).
+HF_ENDPOINT for a mirror, TUNEBOT_HF_URL its former name; TUNEBOT_HF_OFFLINE=1, or HF_HUB_OFFLINE=1 without a
+named endpoint, disables it).
 When the network fails, the table's nearest entry is not guessed: the error lists close names.
 """
 
@@ -114,9 +115,22 @@ def _cache_dir() -> Path:
     return get_settings().data_dir / "hub-configs"
 
 
+def hub_url() -> str:
+    """The Hub the bot reads configs and tokenizers from: HF_ENDPOINT (the standard variable, as
+    huggingface_hub and the runner read it; a mirror or an enterprise Hub), else TUNEBOT_HF_URL (its former
+    name), else https://huggingface.co."""
+    named = os.environ.get("HF_ENDPOINT") or os.environ.get("TUNEBOT_HF_URL") or "https://huggingface.co"
+    return named.strip().rstrip("/")
+
+
 def _hub_offline() -> bool:
-    return os.environ.get("TUNEBOT_HF_OFFLINE", "") in ("1", "true") or (
-        os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true") and not os.environ.get("TUNEBOT_HF_URL")
+    """The bot asks no Hub: TUNEBOT_HF_OFFLINE=1 (the bot only; runners unaffected), or HF_HUB_OFFLINE=1 when
+    no Hub is named explicitly (HF_ENDPOINT or TUNEBOT_HF_URL: the preflight's rule, engine/preflight.py, so
+    that a mirror on this network is still asked)."""
+    on = ("1", "true", "yes")
+    named = os.environ.get("HF_ENDPOINT") or os.environ.get("TUNEBOT_HF_URL")
+    return os.environ.get("TUNEBOT_HF_OFFLINE", "").lower() in on or (
+        os.environ.get("HF_HUB_OFFLINE", "").lower() in on and not named
     )
 
 
@@ -176,7 +190,7 @@ def fetch_hub_config(
         return None
     import httpx
 
-    base = os.environ.get("TUNEBOT_HF_URL", "https://huggingface.co").rstrip("/")
+    base = hub_url()
     headers = {}
     token = os.environ.get("HF_TOKEN")
     if token:

@@ -7,6 +7,7 @@ bot/planner/inputs.py (the planner's only I/O); the offers come in as an argumen
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import datetime
 
@@ -85,31 +86,70 @@ def _fits_anywhere(mem_gb: float, gpus: list[str], upper: float) -> str | None:
     return min(best, key=lambda g: GPUS[g].memory_gb) if best else None
 
 
+def _usd(value: float) -> str:
+    """Dollars as the cards write them (bot/money.py; the planner imports nothing above it)."""
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+ONE_HOST_MAX = 8  # the runner trains on one host (runner/distributed.py): no offer is sold with more GPUs
+
+
 def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -> list[str]:
-    """What would fit when nothing does: more GPUs, QLoRA, checkpointing, shorter sequences, a bigger GPU."""
+    """What would fit when the memory does not: more GPUs (of a GPU type that is sold), LoRA instead of a
+    full fine-tune, QLoRA, checkpointing, a smaller micro-batch, shorter sequences, a bigger GPU. Every
+    suggestion was priced here and fits a GPU type that is sold; what would need more GPUs than one host has
+    (ONE_HOST_MAX) is said as such, not suggested."""
     sold = sorted({o.gpu for o in offers if o.gpu in GPUS} or set(GPUS), key=lambda g: GPUS[g].memory_gb)
+    counts = [1, 2, 4, ONE_HOST_MAX]
     out: list[str] = []
+    adapted: dict[str, Architecture] = {}
+
+    def model_for(r: EstimateRequest) -> Architecture:
+        if r.method == "full":
+            return arch
+        if "targets" not in adapted:  # a full fine-tune's LoRA alternatives resolve their targets here, once
+            adapted["targets"] = arch.adapt(r.lora_targets)
+        return adapted["targets"]
 
     def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
-        # a full fine-tune's QLoRA alternative resolves its LoRA targets here, once (a LoRA request's are)
-        adapted = arch.adapt(r.lora_targets) if r.method != "full" else arch
-        m = estimate_memory(adapted, r, gpus).per_gpu_gb
+        m = estimate_memory(model_for(r), r, gpus).per_gpu_gb
         return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
 
+    if req.gpu == CPU.name and not any(o.gpu == CPU.name for o in offers):  # no local provider here
+        where, m = fits(req.model_copy(update={"gpu": None}))
+        rent = f": {where} holds it ({m:.1f} GB)" if where else ""
+        return [f"no CPU offer here (only the local provider runs on this machine's CPU): drop gpu=cpu{rent}"]
     if req.gpu:
         where, m = fits(req)
         if where and where != req.gpu:
             out.append(f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)")
-    for n in (2, 4, 8):
-        if n > req.gpus:
-            where, m = fits(req.model_copy(update={"gpus": n}), n)
-            if where:
-                out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
+    more = False
+    for n in [c for c in counts if c > req.gpus]:
+        where, m = fits(req.model_copy(update={"gpus": n}), n)
+        if where:
+            out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
+            more = True
+            break
+    said: list[str] = []  # not suggestions: what would need more than one host
+    if not more:  # beyond one host: say it, do not suggest it
+        for n in (2 * max(req.gpus, ONE_HOST_MAX), 4 * max(req.gpus, ONE_HOST_MAX)):
+            r = req.model_copy(update={"gpus": n})
+            m = estimate_memory(model_for(r), r, n).per_gpu_gb
+            if _fits_anywhere(m, list(GPUS), memory_ratio(r, n)[1]):
+                said.append(
+                    f"{n} GPUs would need {m:.1f} GB per GPU, but no offer has more than {max(counts)} GPUs "
+                    "and the runner trains on one host (no multi-node, no CPU offload)"
+                )
                 break
+    if req.method == "full":
+        where, m = fits(req.for_method("lora"))
+        if where:
+            out.append(f"LoRA: {suggest('method', 'lora')} needs {m:.1f} GB per GPU on {where} x{req.gpus}")
     if req.method != "qlora":
         where, m = fits(req.for_method("qlora"))
         if where:
-            out.append(f"QLoRA: {suggest('method', 'qlora')} needs {m:.1f} GB on one {where}")
+            on = f"{where} x{req.gpus}" if req.gpus > 1 else f"one {where}"
+            out.append(f"QLoRA: {suggest('method', 'qlora')} needs {m:.1f} GB per GPU on {on}")
     if not req.gradient_checkpointing:
         where, m = fits(req.model_copy(update={"gradient_checkpointing": True}))
         if where:
@@ -130,7 +170,52 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
             break
         seq //= 2
     if not out:
-        out.append("nothing in the catalog fits even with QLoRA on 8 GPUs; pick a smaller model")
+        out.append(f"nothing in the catalog fits even with QLoRA on {max(counts)} GPUs; pick a smaller model")
+    return out + said
+
+
+def budget_suggestions(offers: list[Offer], job: JobShape, req: EstimateRequest, steps: int) -> list[str]:
+    """When offers fit but all cost more than max_cost: the cost limit that covers the cheapest of them, and
+    a shorter run (fewer steps) that fits the limit, each priced here; [] when the cost limit is not the
+    reason."""
+    if req.max_cost is None:
+        return []
+    free, n_free, _ = rank_offers(
+        offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, keep_fits=1, keep_rejected=0
+    )
+    if not n_free:
+        return []  # memory, capacity class or disk: the memory suggestions apply
+    best = free[0]
+    kind = "spot" if best.interruptible else "on-demand"
+    where = f"{best.provider} {best.gpu} x{best.gpu_count} ({kind})"
+    top = best.total_cost_range[1] if best.total_cost_range else best.total_cost
+    out = [
+        f"a higher cost limit: {suggest('max_cost', math.ceil(best.total_cost * 100) / 100)} covers the "
+        f"cheapest offer that fits, {where}, expected {_usd(best.total_cost)} (up to {_usd(top)})"
+    ]
+    share = req.max_cost / best.total_cost
+    for factor in (0.9, 0.75, 0.5, 0.25):
+        n = int(steps * share * factor)
+        if n < 1 or n >= steps:
+            continue
+        shorter = replace(job, hours=lambda g, c, n=n: job.hours(g, c) * n / steps)
+        fit, k, _ = rank_offers(
+            offers,
+            shorter,
+            gpus=req.gpus,
+            gpu=req.gpu,
+            interruptible=req.interruptible,
+            max_cost=req.max_cost,
+            keep_fits=1,
+            keep_rejected=0,
+        )
+        if k:
+            o = fit[0]
+            out.append(
+                f"a shorter run: {suggest('max_steps', n)} (of {steps}) fits {_usd(req.max_cost)}: expected "
+                f"{_usd(o.total_cost)} on {o.provider} {o.gpu} x{o.gpu_count}"
+            )
+            break
     return out
 
 
@@ -300,10 +385,23 @@ def estimate(
         headline = fitting[0].gpu
     else:
         headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS), mem_ratio[1]) or "h200"
+    # Nothing fits and the GPU the figures are shown on cannot hold the job at this count: its time is a "what
+    # if", said so on the card (SpeedEstimate.fits), never passed off as this GPU's time.
+    headline_fits = (
+        bool(fitting)
+        or headline == CPU.name
+        or (
+            headline in GPUS
+            and mem.per_gpu_gb * mem_ratio[1] * (1 + SAFETY_MARGIN) <= GPUS[headline].memory_gb
+        )
+    )
     device = lookup_gpu(headline)
     corr = correction(headline)
     timing = run.timing(device, req.gpus, lambda s: _corrected_speed(s, corr))
     speed, steps, time_hours = timing.speed, timing.steps, timing.hours
+    # MFU as defined: model FLOPs over the GPUs' peak dense rate; the roofline's own figure is over the
+    # measured matmul rate (a larger share of a smaller number), named for what it is
+    mfu_peak = speed.mfu * device.matmul_tflops / device.dense_tflops if device.dense_tflops else speed.mfu
     cpu = headline == CPU.name
     if cpu:  # the runner on this machine's CPU: fp32, host RAM, no CUDA context
         mem = on_cpu(arch, req, req.gpus)
@@ -325,10 +423,12 @@ def estimate(
             f"offers must fit with {SAFETY_MARGIN:.0%} to spare"
         )
         + "; GB = 10^9 bytes (a card sold as 24 GB has 24 GiB = 25.8 GB)",
-        f"speed on {device.label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token at "
-        f"{speed.mfu:.0%} of measured matmul throughput ({req.stack} stack"
+        f"speed on {device.label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token, MFU "
+        f"{mfu_peak:.0%} of the {device.dense_tflops:g} TFLOPS bf16 dense peak ({speed.mfu:.0%} of the "
+        f"{device.matmul_tflops:g} TFLOPS measured matmul rate; {req.stack} stack"
         + (", compiled" if req.compile else "")
-        + ")",
+        + ")"
+        + ("" if headline_fits else f"; it does not fit {device.label} x{req.gpus}: a time if it did"),
         f"length: {timing.describe} ("
         + (f"counted with the {run.token_source}" if run.data else f"tokens: {run.token_source}")
         + "); steps= is the number of optimizer "
@@ -368,7 +468,7 @@ def estimate(
         )
     if run.token_source == "default":
         assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
-    sugg = [] if n_fit else suggestions(arch, req, offers)
+    sugg = [] if n_fit else (budget_suggestions(offers, job, req, steps) or suggestions(arch, req, offers))
     plan = training_plan(arch, req, sharding=mem.sharding, dataset_format=inputs.dataset_format)
 
     return Estimate(
@@ -396,7 +496,9 @@ def estimate(
             gpus=req.gpus,
             tokens_per_second=round(speed.tokens_per_second, 2),
             step_seconds=round(speed.step_seconds, 4),
-            mfu=round(speed.mfu, 4),
+            mfu=round(mfu_peak, 4),
+            matmul_share=round(speed.mfu, 4),
+            fits=headline_fits,
             flops_per_token=speed.flops_per_token,
             tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second, speed_ratios)],
             calibrated_runs=corr.speed_runs if corr else 0,

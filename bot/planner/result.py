@@ -42,8 +42,16 @@ class SpeedEstimate(BaseModel):
     gpus: int
     tokens_per_second: float  # all GPUs together
     step_seconds: float  # one optimizer step
+    # Model FLOPs utilization: model FLOPs per second over the GPUs' peak dense bf16 rate (the datasheet's,
+    # docs/estimation.md), as MFU is defined.
     mfu: float
     flops_per_token: float
+    # The same FLOPs over the GPU's *measured* dense bf16 matmul rate (what the roofline runs on): its share
+    # of what the card really does on big square matmuls, not MFU.
+    matmul_share: float | None = None
+    # False: the job does not fit this GPU at this count (nothing fits: the speed and time are what it would
+    # take if it did, shown as such; the suggestions say what fits)
+    fits: bool = True
     tokens_per_second_range: list[float] | None = None  # [low, high]
     calibrated_runs: int = 0  # finished runs behind the calibration of this GPU class (0 = physics alone)
     calibration: str | None = None  # "calibrated from 6 runs on rtx-4090 (...)"

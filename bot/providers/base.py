@@ -80,6 +80,13 @@ class PriceChangedError(ProviderError):
 class ProviderDownError(ProviderError):
     """The provider cannot be reached or keeps failing."""
 
+    def __init__(
+        self, message: str, *, provider: str = "", retry_after: float | None = None, unreachable: bool = False
+    ) -> None:
+        super().__init__(message, provider=provider, retry_after=retry_after)
+        # no HTTP answer at all (connection refused, unroutable, timed out): asking again at once is futile
+        self.unreachable = unreachable
+
 
 class InstanceStatus(StrEnum):
     provisioning = "provisioning"

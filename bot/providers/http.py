@@ -1,9 +1,13 @@
 """The one HTTP request helper every cloud client uses.
 
-Every call has a timeout. Idempotent calls are retried on connection errors, timeouts, 429 and 5xx
-with exponential backoff and full jitter (a 429's Retry-After is honoured; without one we back off
-anyway). Create calls are never retried here: a create that timed out may have created something,
-and only the caller can look for it by label first (see ``lifecycle.ensure_launched``).
+Every call answers within its deadline (``deadline_s``, TUNEBOT_PROVIDER_TIMEOUT, 10 s by default),
+retries included: each attempt's timeouts are at most what is left of it (``timeout_s`` per attempt, the
+connection at most CONNECT_S), so an unreachable or hanging cloud API costs a command seconds, not minutes.
+Idempotent calls are retried within that deadline on connection errors, timeouts, 429 and 5xx with
+exponential backoff and full jitter (a 429's Retry-After is honoured when it fits the deadline; without one
+we back off anyway). A call that gets no HTTP answer at all raises ProviderDownError with ``unreachable``
+set. Create calls are never retried here: a create that timed out may have created something, and only the
+caller can look for it by label first (see ``lifecycle.ensure_launched``).
 
 Pacing: a client built with ``min_interval_s`` (a cloud's documented rate limit, bot/providers/spec.py)
 keeps at least that gap between two requests, across threads. ``reads_once()`` makes identical idempotent
@@ -60,6 +64,9 @@ log = logging.getLogger("tunebot.providers.http")
 ErrorMapper = Callable[[httpx.Response], ProviderError | None]
 
 
+CONNECT_S = 5.0  # a cloud API that does not accept the connection in this long is not answering
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 5  # total tries for an idempotent call
@@ -106,7 +113,8 @@ class HttpClient:
         provider: str,
         base_url: str,
         api_key: str | None,
-        timeout_s: float = 20.0,
+        timeout_s: float = 10.0,
+        deadline_s: float = 10.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -123,6 +131,8 @@ class HttpClient:
         self._next_slot = float("-inf")
         self._local = threading.local()
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = max(0.05, float(timeout_s))  # one attempt
+        self.deadline_s = max(0.1, float(deadline_s))  # a whole call, retries included
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -134,7 +144,7 @@ class HttpClient:
         self._client = httpx.Client(
             base_url=self.base_url,
             headers=headers,
-            timeout=httpx.Timeout(timeout_s),
+            timeout=self._timeout(self.deadline_s),  # each request passes its own (``_request``)
             transport=transport,
             verify=_tls_context() if transport is None else True,
             follow_redirects=False,
@@ -144,6 +154,12 @@ class HttpClient:
         self._client.close()
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _timeout(self, left_s: float) -> httpx.Timeout:
+        """One attempt's timeouts: ``timeout_s``, at most what is left of the call's deadline (the connection
+        at most CONNECT_S)."""
+        left_s = max(0.05, min(left_s, self.timeout_s))
+        return httpx.Timeout(left_s, connect=min(CONNECT_S, left_s))
+
     def redact(self, text: str) -> str:
         return redact(text, self._secrets)
 
@@ -159,6 +175,11 @@ class HttpClient:
     ) -> ProviderError:
         return cls(
             self.redact(f"{self.provider}: {message}"), provider=self.provider, retry_after=retry_after
+        )
+
+    def _unreachable(self, message: str) -> ProviderDownError:
+        return ProviderDownError(
+            self.redact(f"{self.provider}: {message}"), provider=self.provider, unreachable=True
         )
 
     def scrubbed(self, response: httpx.Response) -> httpx.Response:
@@ -256,17 +277,21 @@ class HttpClient:
     ) -> httpx.Response:
         attempts = self.retry.attempts if idempotent else 1
         last: ProviderError | None = None
+        started = self._clock()
         for attempt in range(attempts):
             retry_after: float | None = None
             self._pace()
+            left = self.deadline_s - (self._clock() - started)
             try:
-                response = self._client.request(method, path, json=json, params=params)
+                response = self._client.request(
+                    method, path, json=json, params=params, timeout=self._timeout(left)
+                )
             except httpx.TimeoutException as exc:
-                last = self._error(ProviderDownError, f"{method} {path}: timed out ({type(exc).__name__})")
+                last = self._unreachable(f"{method} {path}: timed out, no answer ({type(exc).__name__})")
                 cause: BaseException = exc
             except httpx.TransportError as exc:  # connect errors, resets, protocol errors
-                last = self._error(
-                    ProviderDownError, f"{method} {path}: connection failed ({type(exc).__name__})"
+                last = self._unreachable(
+                    f"{method} {path}: connection failed ({type(exc).__name__}: {_short(str(exc), 120)})"
                 )
                 cause = exc
             except httpx.HTTPError as exc:  # anything else httpx raises (e.g. bad URL): not retryable
@@ -288,6 +313,8 @@ class HttpClient:
             if attempt + 1 >= attempts:
                 raise last from cause
             delay = self.backoff_s(attempt, retry_after)
+            if self._clock() - started + delay >= self.deadline_s:  # the call answers within its deadline
+                raise last from cause
             log.info(
                 "%s",
                 self.redact(f"{self.provider}: {last}; retry {attempt + 1}/{attempts - 1} in {delay:.2f}s"),

@@ -6,7 +6,8 @@
   that may have created something (timeout, 5xx, connection reset) it lists by label again and
   adopts what it finds, and it terminates extras so a job never has two instances.
 - ``ensure_terminated`` keeps terminating through outages until the provider confirms the instance
-  is gone or the deadline passes (then the caller keeps it on its books and the reconciler retries).
+  is gone or the deadline passes (then the caller keeps it on its books and the reconciler retries); an
+  API that does not answer at all (``unreachable``) ends the attempt at once: the next tick retries.
 - ``check_price`` re-quotes the live price right before a launch (dstack #1886).
 """
 
@@ -93,6 +94,8 @@ def ensure_launched(
         try:
             found = instances_with_label(provider, request.label)
         except (ProviderDownError, RateLimitedError) as exc:
+            if getattr(exc, "unreachable", False):
+                raise  # its API does not answer at all (already retried to its deadline): say so now
             last = exc  # cannot know whether one exists: do not create, try again later
             continue
         alive = [i for i in found if i.status in ADOPTABLE]
@@ -138,6 +141,8 @@ def ensure_terminated(
             return True
         except (ProviderDownError, RateLimitedError) as exc:
             log.info("%s: terminate %s not confirmed yet: %s", provider.name, instance_id, exc)
+            if getattr(exc, "unreachable", False):
+                return False  # no answer at all within the call's deadline: the next tick tries again
         if clock() >= deadline:
             log.warning("%s: terminate %s not confirmed within %.0fs", provider.name, instance_id, deadline_s)
             return False

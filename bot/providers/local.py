@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import signal
@@ -93,6 +94,28 @@ INHERITED_PREFIXES = ("LC_", "TUNEBOT_TEST_")  # locale; the runner's test hooks
 def inherited_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """The part of the bot's environment a local runner process gets (an allow-list)."""
     return {k: v for k, v in environ.items() if k in INHERITED_ENV or k.startswith(INHERITED_PREFIXES)}
+
+
+# What the runner imports to train (runner/model.py, runner/train.py): without them a local job would start
+# and die at once (a bot-only install, `pip install .` without the [runner] extra).
+RUNNER_IMPORTS = ("torch", "transformers", "peft", "accelerate", "safetensors")
+RUNNER_EXTRA_HINT = "pip install 'tunebot[runner]' on this machine to train here"
+
+
+def runner_missing(modules: Sequence[str] = RUNNER_IMPORTS) -> str | None:
+    """Why the runner cannot start on this machine (the modules it needs that this Python cannot import),
+    or None. Asked of the import system without importing anything: the bot never imports torch."""
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a module stubbed out, a broken package
+            found = None
+        if found is None:
+            missing.append(name)
+    if not missing:
+        return None
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed ({RUNNER_EXTRA_HINT})"
 
 
 FORGET_TERMINATED_AFTER_S = 7 * 24 * 3600.0  # terminated records kept a week (status answers "terminated")

@@ -9,6 +9,7 @@ tests start a fake server for each. The cloud variables (``spec.key_env``, ``spe
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,11 +19,13 @@ from pydantic import SecretStr
 
 from bot.providers import lambda_cloud, runpod, tensordock, vast
 from bot.providers.base import Provider
-from bot.providers.local import LocalProvider
+from bot.providers.local import LocalProvider, runner_missing
 from bot.providers.spec import CloudAccess, CloudSpec
 
 if TYPE_CHECKING:
     from bot.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # The clouds, by the provider name offers and jobs carry (module-name order). A new cloud: its module in
 # bot/providers/, its fake in tests/fakes/clouds/, and its CLOUD on one line here (with its import above).
@@ -106,7 +109,8 @@ def build_providers(
     local_options: dict[str, Any] | None = None,
 ) -> dict[str, Provider]:
     """Every cloud whose key is set, plus "local" (the embedded default) unless ``include_local`` is False;
-    None follows TUNEBOT_LOCAL_PROVIDER (on unless set to false; `tunebot serve` passes it explicitly)."""
+    None follows TUNEBOT_LOCAL_PROVIDER (on unless set to false; `tunebot serve` passes it explicitly). Local
+    only where the runner can start (``local_unavailable``): a bot-only install offers no CPU jobs."""
     if settings is None:
         from bot.settings import get_settings
 
@@ -117,7 +121,16 @@ def build_providers(
     for name, access in cloud_access().items():
         if access.api_key is not None:
             providers[name] = CLOUDS[name].client.from_spec(CLOUDS[name], access, settings)
-    if include_local:
+    missing = local_unavailable() if include_local else None
+    if missing is not None:
+        log.warning("local provider off: the runner cannot start on this machine: %s", missing)
+    if include_local and missing is None:
         workdir = Path(local_workdir) if local_workdir else settings.data_dir / "local-provider"
         providers["local"] = LocalProvider(workdir=workdir, **(local_options or {}))
     return providers
+
+
+def local_unavailable() -> str | None:
+    """Why this machine's CPU is not offered although the local provider is on: the runner's libraries are
+    missing here (bot/providers/local.runner_missing), or None."""
+    return runner_missing()

@@ -10,6 +10,7 @@ pods were withdrawn in September 2026: the capability flag says so, nothing else
 from __future__ import annotations
 
 import re
+import shlex
 from datetime import UTC, datetime
 from typing import Any
 
@@ -251,7 +252,7 @@ class RunPodProvider(CloudProvider):
             "env": [{"key": k, "value": v} for k, v in request.env.items()],
         }
         if request.command:
-            pod_input["dockerArgs"] = " ".join(request.command)
+            pod_input["dockerArgs"] = shlex.join(request.command)  # one string: its words quoted
         if request.volume_id:
             pod_input["networkVolumeId"] = request.volume_id
             pod_input["volumeMountPath"] = "/workspace"

@@ -268,9 +268,15 @@ def _estimate_request():  # type: ignore[no-untyped-def]
     return build_request("qwen2.5-7b", [("method", "qlora"), ("tokens", "5000000"), ("gpu", "rtx-4090")])
 
 
-def test_estimate_prints_the_detailed_estimate_card() -> None:
+def test_estimate_prints_the_detailed_estimate_card(monkeypatch: pytest.MonkeyPatch) -> None:
     """`tunebot estimate` is the estimate card in its detailed form, and the details render in Slack too."""
     from fakes.snapshot_plan import snapshot_plan
+
+    from bot.settings import get_settings
+
+    monkeypatch.setenv("TUNEBOT_LOCAL_PROVIDER", "0")  # nothing to launch here: the snapshot's own labels
+    monkeypatch.setenv("TUNEBOT_RUNNER_IMAGE", "ghcr.io/acme/runner:1")  # prebuilt: no install to price
+    get_settings.cache_clear()
 
     est = snapshot_plan(_estimate_request())
     out = cli(

@@ -80,7 +80,7 @@ def world(
     with (tiny / "bob.jsonl").open("w") as fh:  # B's own data: A must not read it
         for r in records:
             fh.write(json.dumps({**r, "output": r["output"] + " (bob)"}) + "\n")
-    image = Settings().runner_image
+    image = "ghcr.io/acme/tunebot-runner:1"  # a team's prebuilt runner image (TUNEBOT_RUNNER_IMAGE)
     hosts = HostPool(
         tmp_path / "hosts",
         images={image: [str(Path(sys.executable).parent / "tunebot-runner")]},
@@ -94,6 +94,7 @@ def world(
             TUNEBOT_CHAT_DATA_DIR=str(tiny),
             TUNEBOT_CHECKPOINT_URI=f"s3://{store.bucket}/tunebot",
             TUNEBOT_MIN_RELIABILITY=0.0,
+            TUNEBOT_RUNNER_IMAGE=image,
             TUNEBOT_STORAGE_CREDENTIALS="assume-role" if scoped else "static",
             TUNEBOT_STORAGE_ROLE_ARN=store.role_arn,
             TUNEBOT_STORAGE_CREDENTIALS_SECONDS=60,  # renewed at half-life while the jobs run

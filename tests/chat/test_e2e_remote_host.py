@@ -1,18 +1,20 @@
 """The cloud path end to end, tested as a rented host sees it.
 
-`/tune launch` on the fake Slack API -> the real engine and planner -> the real Vast client against the
-fake Vast API on 127.0.0.1, whose created instances really run the runner image's entry point
-(tests/fakes/remote_host.py): a fresh sandbox per instance, a clean environment holding only what the
-create call carried, the bot's files out of reach. The only shared storage is an S3-compatible server
-(moto). Jobs: alpaca with `targets=q,v`, preempted (outbid) and resumed on another instance; chat
-messages pushed to a fake Hugging Face Hub; prompt/completion. Each adapter is read back from the bucket
-(and the Hub) and loaded with peft. A job that relies on the bot's disk fails.
+`/tune launch` on the fake Slack API -> the real engine and planner -> the real Vast client against the fake
+Vast API on 127.0.0.1, whose created instances really start what the create call names
+(tests/fakes/remote_host.py): a fresh sandbox per instance, a clean environment holding only what the create
+call carried, the bot's files out of reach. The image is the default: a stock PyTorch image with no tunebot in
+it; the runner that trains is the wheel the bot staged in the bucket, fetched, checked and pip-installed by
+the host at start (runner/bootstrap.py), not the bot's checkout. The only shared storage is an S3-compatible
+server (moto). Jobs: alpaca with `targets=q,v`, preempted (outbid) and resumed on another instance; chat
+messages pushed to a fake Hugging Face Hub; prompt/completion. Each adapter is read back from the bucket (and
+the Hub) and loaded with peft. A job that relies on the bot's disk fails.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import site
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ import pytest
 from fakes.clouds import FakeVast
 from fakes.clouds.fixtures import client_for
 from fakes.hub import FakeHub
-from fakes.remote_host import HostPool
+from fakes.remote_host import HostPool, StockImage
 from fakes.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 from fakes.slack_api import FakeSlack, UvicornThread
 from sqlalchemy import select
@@ -57,8 +59,19 @@ CARRIED = {
     "HF_TOKEN",
     "HF_ENDPOINT",
     "TUNEBOT_JOB_KEY",
+    "TUNEBOT_RUNNER_BUNDLE",  # where the staged runner is (presigned URLs), its size and SHA-256
+    "TUNEBOT_BOOTSTRAP",  # the start program, runner/bootstrap.py
 }
-HOST_BASE = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONUNBUFFERED", "TUNEBOT_SANDBOX_DENY"}
+HOST_BASE = {
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "TUNEBOT_SANDBOX_DENY",
+    "PIP_NO_INDEX",  # the stock image's own (tests/fakes/remote_host.StockImage)
+}
 
 
 class World:
@@ -164,9 +177,11 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
         for r in records:
             row = {"prompt": f"{r['instruction']} {r['input']}\n", "completion": r["output"]}
             fh.write(json.dumps(row) + "\n")
-    image = Settings().runner_image  # the default image name: the Dockerfile's ENTRYPOINT is tunebot-runner
-    entrypoint = [str(Path(sys.executable).parent / "tunebot-runner")]
-    hosts = HostPool(tmp_path / "hosts", images={image: entrypoint}, bot_roots=[bot])
+    # The default: TUNEBOT_RUNNER_IMAGE unset, hosts start the public stock PyTorch image (torch and the ML
+    # libraries, no tunebot) and install the runner the bot staged.
+    assert Settings().runner_image is None
+    stock = StockImage(site_packages=tuple(site.getsitepackages()))
+    hosts = HostPool(tmp_path / "hosts", images={Settings().stock_image: stock}, bot_roots=[bot])
     with FakeSlack() as slack, FakeHub(token=HF_TOKEN) as hub:
         vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
         settings = Settings(
@@ -217,6 +232,32 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
             engine.close()
 
 
+def assert_staged_runner(world: World, instance_id: str) -> None:
+    """The runner that ran is the wheel the bot staged: fetched by presigned URL, its SHA-256 the create
+    call's, pip-installed into the host's own Python (whose runner/ is the wheel's; the bot's checkout is out
+    of reach)."""
+    import hashlib
+
+    host = world.hosts.hosts[instance_id]
+    bundle = json.loads(host.env["TUNEBOT_RUNNER_BUNDLE"])
+    wheel = bundle["wheel"]
+    assert wheel["name"].startswith("tunebot_runner-") and wheel["name"].endswith("-py3-none-any.whl")
+    assert "X-Amz-Signature=" in wheel["url"] and "constraints" in bundle
+    job_root = f"{world.engine.settings.checkpoint_base_uri}/{host_job(world, instance_id)}"
+    fs, staged = fsspec.core.url_to_fs(f"{job_root}/runner/{wheel['name']}")  # the job's storage prefix
+    assert hashlib.sha256(fs.cat_file(staged)).hexdigest() == wheel["sha256"]
+    log = world.hosts.log(instance_id)
+    assert f"tunebot: runner {wheel['name']} installed next to torch in" in log, log[-3000:]
+    (installed,) = (host.sandbox / "image" / "lib").glob("python3*/site-packages/runner/train.py")
+    assert installed.is_file() and host.command[:2] == ["python3", "-c"]
+
+
+def host_job(world: World, instance_id: str) -> str:
+    with world.engine.session() as s:
+        row = s.execute(select(Instance).where(Instance.provider_instance_id == instance_id)).scalars().one()
+    return row.job_id
+
+
 def assert_clean_host(world: World, instance_id: str) -> None:
     """The host ran with only what the create call carried, in its own folder."""
     host = world.hosts.hosts[instance_id]
@@ -256,6 +297,7 @@ def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, 
         )
         for inst in world.instances(job_id):
             assert_clean_host(world, inst.provider_instance_id)
+            assert_staged_runner(world, inst.provider_instance_id)
         assert view.output_uri and view.output_uri.startswith("s3://")
         model = world.adapter(view.output_uri, tmp_path / f"out-{job_id}")
         assert any("lora_A" in name for name, _ in model.named_parameters())

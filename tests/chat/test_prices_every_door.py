@@ -87,3 +87,76 @@ def test_estimate_console_and_launch_agree_on_the_cheapest_offer_and_its_price(
     creates = [path for _, path, op in vast.requests if op == "create"]
     assert len(creates) == 1 and creates[0].rstrip("/").rsplit("/", 1)[-1] == cheapest["offer_id"], launched
     assert money(cheapest["price_per_hour"]) in launched
+
+
+# --- the local door (issue 27): with TUNEBOT_LOCAL_PROVIDER=1 and no cloud key, `tunebot estimate` called
+# Vast rtx-3090 the cheapest and answered "Nothing fits" to --gpu cpu, while `tunebot launch` ran on this CPU.
+
+
+@pytest.fixture
+def local_door(tmp_path: Path) -> dict:
+    from runner.tiny import make_tiny
+
+    tiny = make_tiny(tmp_path / "tiny").parent
+    return {
+        **os.environ,
+        "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
+        "TUNEBOT_LOCAL_PROVIDER": "1",
+        "COLUMNS": "200",
+        "TUNEBOT_CHAT_DATA_DIR": str(tiny),  # the folder Slack users may name files in
+        "MODEL": str(tiny / "model"),
+        "DATA": str(tiny / "data.jsonl"),
+    }
+
+
+def _fitting(est: dict) -> list[tuple[str, str, int, bool]]:
+    return [(o["provider"], o["gpu"], o["gpu_count"], o["interruptible"]) for o in est["offers"] if o["fits"]]
+
+
+def _slack_estimate(env: dict, text: str) -> str:
+    """`/tune estimate ...` as `tunebot serve` answers it (its engine and chat handlers, in this process)."""
+    from bot.chat.blockkit import to_message
+    from bot.chat.handlers import Actor
+    from bot.commands.chat_commands import _runtime
+    from bot.settings import get_settings
+
+    saved = dict(os.environ)
+    names = ("TUNEBOT_DATA_DIR", "TUNEBOT_LOCAL_PROVIDER", "TUNEBOT_CHAT_DATA_DIR")
+    os.environ.update({k: env[k] for k in names})
+    get_settings.cache_clear()
+    try:
+        _, engine, chat = _runtime(serving=True)
+        try:
+            message = to_message(chat.handle_text(text, Actor("U_ALICE", "C1")))
+        finally:
+            engine.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        get_settings.cache_clear()
+    return message["text"] + str(message["blocks"])
+
+
+def test_estimate_console_slack_and_launch_agree_on_the_local_door(local_door: dict) -> None:
+    env = local_door
+    request = [env["MODEL"], f"dataset={env['DATA']}", "steps=2", "seq=64"]
+    est = json.loads(cli(env, "estimate", *request, "--json").stdout)
+    cheapest = next(o for o in est["offers"] if "cheapest" in o["labels"])
+    assert (cheapest["provider"], cheapest["gpu"]) == ("local", "cpu"), cheapest
+    # the clouds' snapshot offers are listed too, saying what would make them launchable
+    assert any(o["provider"] == "vast" and "VAST_API_KEY" in o["reason"] for o in est["offers"] if o["fits"])
+    on_cpu = json.loads(cli(env, "estimate", *request, "--gpu", "cpu", "--json").stdout)
+    assert _fitting(on_cpu) == [("local", "cpu", 1, False)] and not on_cpu["suggestions"]
+    assert "cheapest" in on_cpu["offers"][0]["labels"]
+    # the console: the same offers, local the cheapest
+    console = cli(env, "console", stdin=f"estimate {' '.join(request)}\nexit\n").stdout
+    row = next(line for line in console.splitlines() if "cheapest" in line)
+    assert "local" in row and "cpu" in row and money(cheapest["total_cost"]) in row, row
+    # Slack, as `tunebot serve` answers with TUNEBOT_LOCAL_PROVIDER=1
+    slack = _slack_estimate(env, f"estimate {' '.join(request)}")
+    assert "local" in slack and money(cheapest["total_cost"]) in slack, slack[:3000]
+    # `tunebot launch`: rents the offer the estimate called cheapest
+    launched = cli(env, "launch", *request)
+    jobs = json.loads(cli(env, "jobs", "--json").stdout)
+    assert len(jobs) == 1 and jobs[0]["provider"] == "local" and jobs[0]["gpu"] == "cpu", launched.stdout
+    cli(env, "stop", jobs[0]["job_id"])

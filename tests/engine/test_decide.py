@@ -84,6 +84,16 @@ TABLE = [
         Action(Do.finish, JobState.FAILED, "runner exited with code 1", exit_code=1),
     ),
     (
+        "exit 78: the runner could not be installed on a stock image: a failed start, retried once elsewhere",
+        running(),
+        seen("exited", exit_code=78),
+        Action(
+            Do.start_failed,
+            reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
+            "its SHA-256 check or pip install failed; the host's log says which)",
+        ),
+    ),
+    (
         "preempted: recover",
         running(),
         seen("preempted", exit_code=75),

@@ -104,3 +104,54 @@ def test_a_launch_button_names_the_row_offer_and_price_it_launches() -> None:
     assert table.rows[1][table.columns.index("total")] == "$161.19"
     assert buttons[0].label == "Launch cheapest: #2 local cpu x1 ($161.19)"
     assert table.rows[0][-1] == "fits; set VAST_API_KEY to launch on vast"  # row 1 says why it has no button
+
+
+def test_a_bot_only_install_offers_no_local_job_and_says_why(tmp_path: Path) -> None:
+    """A bot-only install (`pip install .` without [runner]): torch cannot be imported. Local CPU jobs used to
+    be offered and launched there, then died at once; now this machine is not offered, and the estimate and
+    launch say why (issue 27). The bot finds out without importing torch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from runner.tiny import make_tiny
+
+    model = make_tiny(tmp_path / "tiny")
+    boot = tmp_path / "no-torch"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # not installed\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(boot), os.environ.get("PYTHONPATH", "")]),
+        "TUNEBOT_DATA_DIR": str(tmp_path / "data"),
+        "TUNEBOT_LOCAL_PROVIDER": "1",
+        "COLUMNS": "200",
+    }
+    data = f"dataset={model.parent / 'data.jsonl'}"
+    request = [str(model.parent / "model"), data, "steps=2", "--gpu", "cpu"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", "from bot.cli import main; main()", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('torch'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.strip() == "None", probe  # the sandbox: torch is not importable
+    est = cli("estimate", *request, "--json")
+    assert est.returncode == 0, est.stderr[-2000:]
+    shown = json.loads(est.stdout)
+    assert not [o for o in shown["offers"] if o["provider"] == "local"]
+    why = " ".join(shown["assumptions"])
+    assert "this machine's CPU is not offered" in why and "torch is not installed" in why
+    assert "tunebot[runner]" in why
+    launched = cli("launch", *request)
+    assert launched.returncode == 2, launched.stdout[-2000:] + launched.stderr[-2000:]
+    assert "torch is not installed" in launched.stderr and "Traceback" not in launched.stderr
+    assert "drop gpu=cpu" in launched.stderr and "a bigger GPU" not in launched.stderr  # not a memory problem
+    jobs = cli("jobs", "--json")
+    assert jobs.returncode == 0 and json.loads(jobs.stdout) == []  # nothing was created to die

@@ -183,3 +183,35 @@ def test_a_spent_budget_refuses_the_resume_like_a_new_job(engine, fake, clock):
     with pytest.raises(EngineError, match="budget"):
         engine.resume(job.job_id, user="alice")
     assert engine.get_job(job.job_id).state == "stopped" and fake.creates == 1
+
+
+def test_a_resume_is_announced_as_a_resume_not_a_recovery(engine, fake, clock):
+    """Issue 27: `resume` of a stopped job was announced "Recovered: ..." like a relaunch after preemption."""
+    from bot.chat.notifier import milestone_text
+
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    spec = _spec(fake)
+    ckpt = _save_checkpoint(spec.checkpoint.uri, 20)
+    event = {"job_id": job.job_id, "kind": "checkpoint", "seq": 1, "step": 20, "timestamp": 1.0}
+    engine.record_runner_event(
+        job.job_id, spec.report.token, signed(engine, {**event, "checkpoint_uri": ckpt})
+    )
+    clock.advance(600)
+    engine.stop(job.job_id, user="alice")
+    rec.events.clear()
+    view = engine.resume(job.job_id, user="alice")
+    assert view.state == "running"
+    started = [e for e in rec.events if str(e.kind) in ("job_started", "recovered")]
+    assert [str(e.kind) for e in started] == ["job_started"], rec.kinds()
+    said = milestone_text(started[0], view)
+    assert said.startswith(":arrow_forward: Resumed:") and "step 20" in said, said
+    assert "Recovered" not in said
+    # a relaunch after a preemption is still a recovery
+    rec.events.clear()
+    fake.set_status(
+        next(i for i, x in fake.instances.items() if x.status == InstanceStatus.running),
+        InstanceStatus.preempted,
+    )
+    engine.tick()
+    assert "recovered" in rec.kinds()

@@ -2,12 +2,15 @@
 host would, with ONLY what the provider API call carried.
 
 A ``HostPool`` gives every created instance a fresh sandbox folder (its working directory, HOME and TMPDIR),
-an environment made of a bare PATH plus the variables of the API call, and the command of the image:
-the image's ENTRYPOINT (from ``images``; an unknown image fails like a failed pull) followed by the
-call's args. Nothing of the bot's process is inherited, and the bot's files are out of reach: a
-``sitecustomize`` loaded at start-up makes every path under ``bot_roots`` look absent (open, stat,
-listdir, ... answer "No such file or directory") and refuses network connections beyond 127.0.0.1.
-So a job works here only if its spec and environment carry everything by URI - which is the point.
+an environment made of a bare PATH plus the variables of the API call, and the command of the image: the
+image's ENTRYPOINT (from ``images``; an unknown image fails like a failed pull) followed by the call's args.
+An image given as a ``StockImage`` is a public PyTorch image: a Python of its own per host (a fresh venv that
+sees torch and the ML libraries of ``site_packages`` but nothing of tunebot), first on PATH, with no package
+index (PIP_NO_INDEX): what the runner needs must come with the create call, and whatever pip installs goes
+into that host's venv only. Nothing of the bot's process is inherited, and the bot's files are out of reach: a
+``sitecustomize`` loaded at start-up makes every path under ``bot_roots`` look absent (open, stat, listdir,
+... answer "No such file or directory") and refuses network connections beyond 127.0.0.1. So a job works here
+only if its spec and environment carry everything by URI - which is the point.
 
     pool = HostPool(tmp_path / "hosts", images={IMAGE: [".../tunebot-runner"]}, bot_roots=[tmp_path / "bot"])
     fake = FakeVast(hosts=pool)          # created instances run; preempt() SIGTERMs, delete kills
@@ -102,6 +105,24 @@ socket.socket.connect_ex = _guarded_connect_ex
 """
 
 
+@dataclass(frozen=True)
+class StockImage:
+    """A stock PyTorch image: torch and the libraries importable, tunebot not; no ENTRYPOINT."""
+
+    site_packages: tuple[str, ...]
+    entrypoint: tuple[str, ...] = ()
+
+    def prepare(self, root: Path) -> dict[str, str]:
+        """The image's Python under ``root`` (a venv, no pip of its own: the libraries' pip runs in it); the
+        environment the image sets."""
+        import venv
+
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+        (site,) = (root / "lib").glob("python3*/site-packages")
+        (site / "_stock_image.pth").write_text("".join(f"{p}\n" for p in self.site_packages))
+        return {"PATH": f"{root / 'bin'}:/usr/local/bin:/usr/bin:/bin", "PIP_NO_INDEX": "1"}
+
+
 @dataclass
 class Host:
     instance_id: str
@@ -124,7 +145,12 @@ class Host:
 
 class HostPool:
     def __init__(
-        self, root: Path, *, images: dict[str, list[str]], bot_roots: list[Path], grace_s: float = 60.0
+        self,
+        root: Path,
+        *,
+        images: dict[str, list[str] | StockImage],
+        bot_roots: list[Path],
+        grace_s: float = 60.0,
     ) -> None:
         self.root = Path(root)
         self.images = images
@@ -139,7 +165,13 @@ class HostPool:
         for sub in ("home", "tmp", "boot", "work"):
             (sandbox / sub).mkdir(parents=True, exist_ok=True)
         (sandbox / "boot" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        entry = self.images.get(image)
+        found = self.images.get(image)
+        image_env: dict[str, str] = {}
+        if isinstance(found, StockImage):
+            image_env = found.prepare(sandbox / "image")
+            entry: list[str] | None = list(found.entrypoint)
+        else:
+            entry = found
         host_env = {
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(sandbox / "home"),
@@ -148,13 +180,14 @@ class HostPool:
             "PYTHONPATH": str(sandbox / "boot"),
             "PYTHONUNBUFFERED": "1",
             "TUNEBOT_SANDBOX_DENY": json.dumps(self.bot_roots),
+            **image_env,
             **{k: str(v) for k, v in env.items()},  # the API call's environment, as the cloud passes it
         }
         command = [*(entry or []), *(args or [])]
         host = Host(instance_id, sandbox, command, host_env)
         with self.lock:
             self.hosts[instance_id] = host
-        if entry is None:
+        if found is None:
             host.problem = f"pull access denied for {image}"
             return host
         with open(sandbox / "runner.log", "wb") as log:

@@ -20,7 +20,17 @@ def run(*args: str):
     return runner.invoke(app, list(args))
 
 
-def test_json_contract_keys() -> None:
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cloud key and the local provider off: nothing here can launch, so the planner labels among every
+    fitting offer of the snapshot (with the local provider on, the labels go to what `launch` would rent)."""
+    from bot.settings import get_settings
+
+    monkeypatch.setenv("TUNEBOT_LOCAL_PROVIDER", "0")
+    get_settings.cache_clear()
+
+
+def test_json_contract_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_engine(monkeypatch)
     result = run("estimate", "meta-llama/Llama-3.1-8B", "--tokens", "1000000", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -61,7 +71,8 @@ def test_lora_count_through_the_cli() -> None:
     assert json.loads(result.output)["model"]["trainable_parameters"] == 9_175_040
 
 
-def test_human_output_shows_breakdown_offers_and_assumptions() -> None:
+def test_human_output_shows_breakdown_offers_and_assumptions(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_engine(monkeypatch)
     result = run("estimate", "qwen2.5-7b", "--method", "qlora", "--tokens", "5000000", "--gpu", "rtx-4090")
     assert result.exit_code == 0, result.output
     for text in ("Peak memory per GPU", "weights", "Offers that fit", "cheapest", "Assumptions"):

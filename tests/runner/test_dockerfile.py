@@ -61,14 +61,20 @@ def test_a_container_started_without_a_spec_fails_instead_of_printing_help() -> 
     assert done.returncode == 2 and "no job spec" in done.stderr
 
 
-def test_the_default_image_is_the_one_readme_and_the_build_script_name() -> None:
-    from bot.settings import RUNNER_IMAGE_REPO, Settings
+def test_the_default_needs_no_image_of_ours_and_the_prebuilt_one_is_named_alike() -> None:
+    """Unset, TUNEBOT_RUNNER_IMAGE leaves hosts on the public stock PyTorch image the Dockerfile builds on
+    (the runner is installed at start: bot/engine/runner_bundle.py); a team's prebuilt image is the option
+    README, the build script and the Dockerfile name the same way."""
+    from bot.settings import RUNNER_IMAGE_REPO, STOCK_IMAGE, Settings, prebuilt_runner_image
 
-    image = Settings().runner_image
+    assert Settings().runner_image is None and Settings().stock_image == STOCK_IMAGE
+    assert f"FROM {STOCK_IMAGE}" in (ROOT / "Dockerfile").read_text()
+    image = prebuilt_runner_image()
     version = image.rsplit(":", 1)[1]
     assert image == f"{RUNNER_IMAGE_REPO}:{version}" and version == _project_version()
     readme = (ROOT / "README.md").read_text()
     assert RUNNER_IMAGE_REPO in readme and "TUNEBOT_RUNNER_IMAGE" in readme and "docker push" in readme
+    assert "TUNEBOT_STOCK_IMAGE" in readme
     script = (ROOT / "scripts" / "runner-image.sh").read_text()
     assert f"{RUNNER_IMAGE_REPO}:${{version}}" in script and "docker push" in script
     assert RUNNER_IMAGE_REPO in (ROOT / "Dockerfile").read_text()
