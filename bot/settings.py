@@ -339,9 +339,9 @@ class Settings(BaseSettings):
         "",
         alias="TUNEBOT_ADMINS",
         description="comma-separated Slack user ids who approve and stop others' jobs, see everyone's jobs "
-        "and spend, set budgets and delete anyone's tracked volumes; unset, no member approves: the operator "
-        "does on the bot's machine (`tunebot approve JOB`; `serve` warns). The CLI and the console act as "
-        "the operator, an admin",
+        "and spend, set budgets and delete anyone's tracked volumes; unset, no member approves or sets "
+        "budgets: the operator does on the bot's machine (`tunebot approve JOB`, `tunebot budget set ...`; "
+        "`serve` warns). The CLI and the console act as the operator, an admin",
     )
     team_read: bool = Field(
         False,
