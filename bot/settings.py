@@ -346,9 +346,9 @@ class Settings(BaseSettings):
     team_read: bool = Field(
         False,
         alias="TUNEBOT_TEAM_READ",
-        description="1: every member sees every job, chart and spend (/tune jobs all, status, spend); "
-        "unset, a member sees their own and admins everyone's. Acting on a job stays its owner's and the "
-        "admins'",
+        description="1: every member sees every job, chart, spend and budget (/tune jobs all, status, spend, "
+        "budget); unset, a member sees their own and admins everyone's. Acting on a job stays its owner's "
+        "and the admins'",
     )
     volumes_cache_s: float = Field(
         60.0,

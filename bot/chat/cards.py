@@ -747,13 +747,21 @@ def volume_buttons(volume: VolumeView) -> Buttons:
     )
 
 
+ONLY_YOUR_BUDGET = "Only admins see other people's and teams' budgets (TUNEBOT_TEAM_READ=1 opens reading)."
+
+
 def budgets_reply(
     budgets: list[BudgetView],
     *,
     who_sets: str = "An admin sets one with `budget set user|team NAME daily=X`.",
+    only_yours: bool = False,
 ) -> Reply:
-    """The budgets table; ``who_sets``: the line an empty list shows (the policy's budget_setter_hint)."""
+    """The budgets table; ``who_sets``: the line an empty list shows (the policy's budget_setter_hint);
+    ``only_yours``: a member's view (their own budget only), which says so."""
     if not budgets:
+        if only_yours:
+            text = f"You have no budget. {ONLY_YOUR_BUDGET} {who_sets}"
+            return Reply(parts=[Text(text)], fallback="You have no budget.")
         return Reply(parts=[Text(f"No budgets set. {who_sets}")], fallback="No budgets set.")
     rows = [
         [esc(b.scope), mention(b.name) if b.scope == "user" else esc(b.name)]
@@ -762,6 +770,8 @@ def budgets_reply(
     ]
     reply = Reply(fallback=f"{len(budgets)} budget(s)")
     reply.add(Header("Budgets"), Table(["scope", "name", "daily", "today", "monthly", "month"], rows))
+    if only_yours:
+        reply.add(Text(ONLY_YOUR_BUDGET))
     return reply
 
 

@@ -328,7 +328,11 @@ class ChatHandlers:
         if isinstance(command, GpusCmd):
             return self._gpus(command.gpu)
         if isinstance(command, BudgetShowCmd):
-            return cards.budgets_reply(self.engine.budgets(), who_sets=self.permissions.budget_setter_hint())
+            return cards.budgets_reply(
+                self.engine.budgets(viewer=actor.user),  # a member: their own (the engine filters)
+                who_sets=self.permissions.budget_setter_hint(),
+                only_yours=not self.permissions.sees_everyone(actor.user),
+            )
         if isinstance(command, BudgetSetCmd):
             self.check_budget_setter(actor)  # the engine decides again, whatever the door
             view = self.engine.set_budget(

@@ -362,6 +362,8 @@ def test_without_admins_no_member_sets_budgets_the_operator_does_from_the_cli(
         out = CliRunner().invoke(app, ["budget", "set", "user", ALICE, "daily=$50", "monthly=400"])
         assert out.exit_code == 0, out.output
         assert f"Budget for user {ALICE}: daily $50.00, monthly $400.00" in out.output, out.output
+        out = CliRunner().invoke(app, ["budget", "show"])  # the operator reads every budget
+        assert out.exit_code == 0 and ALICE in out.output and MALLORY in out.output, out.output
     finally:
         get_settings.cache_clear()
     assert ("user", ALICE, 50.0) in _budgets(stack)
@@ -376,10 +378,25 @@ def test_without_admins_no_member_sets_budgets_the_operator_does_from_the_cli(
     assert actors == [OPERATOR, OPERATOR, OPERATOR]  # nobody else ever set one
 
 
-def test_with_admins_only_an_admin_sets_budgets_in_slack(make_stack) -> None:
+def test_with_admins_only_an_admin_sets_budgets_and_a_member_reads_only_their_own(make_stack) -> None:
+    """5982010: `/tune budget` showed every member's budget and what they spent today and this month."""
     stack = make_stack()  # TUNEBOT_ADMINS=U_ADMIN
     said = stack.said(lambda: stack.command(f"budget set user {MALLORY} daily=1000", user=MALLORY))
     assert "Not allowed: only admins set budgets" in said, said
     said = stack.said(lambda: stack.command(f"budget set user {MALLORY} daily=10", user=ADMIN))
     assert f"Budget for user *{MALLORY}*: daily $10.00" in said, said
-    assert _budgets(stack) == [("user", MALLORY, 10.0)]
+    assert "Budget for" in stack.said(
+        lambda: stack.command(f"budget set user {ALICE} daily=$7.25", user=ADMIN)
+    )
+    assert "Budget for" in stack.said(lambda: stack.command("budget set team T1 monthly=$900", user=ADMIN))
+    assert _budgets(stack) == [("team", "T1", None), ("user", ALICE, 7.25), ("user", MALLORY, 10.0)]
+
+    hers = whole(stack, lambda: stack.command("budget", user=MALLORY))
+    assert MALLORY in hers and "$10.00" in hers, hers
+    assert ALICE not in hers and "$7.25" not in hers and "$900" not in hers, hers
+    assert "Only admins see other people's and teams' budgets" in hers
+    carol = whole(stack, lambda: stack.command("budget", user="U_CAROL"))
+    assert "You have no budget" in carol and ALICE not in carol and MALLORY not in carol, carol
+    everything = whole(stack, lambda: stack.command("budget", user=ADMIN))
+    assert all(n in everything for n in (ALICE, MALLORY, "$7.25", "$900.00")), everything
+    assert len(stack.engine.budgets(viewer=MALLORY)) == 1  # the engine's own door filters the same
