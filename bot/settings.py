@@ -367,16 +367,16 @@ class Settings(BaseSettings):
         "",
         alias="TUNEBOT_ADMINS",
         description="comma-separated Slack user ids who approve and stop others' jobs, see everyone's jobs "
-        "and spend, set budgets and delete anyone's tracked volumes; unset, no member approves: the operator "
-        "does on the bot's machine (`tunebot approve JOB`; `serve` warns). The CLI and the console act as "
-        "the operator, an admin",
+        "and spend, set budgets and delete anyone's tracked volumes; unset, no member approves or sets "
+        "budgets: the operator does on the bot's machine (`tunebot approve JOB`, `tunebot budget set ...`; "
+        "`serve` warns). The CLI and the console act as the operator, an admin",
     )
     team_read: bool = Field(
         False,
         alias="TUNEBOT_TEAM_READ",
-        description="1: every member sees every job, chart and spend (/tune jobs all, status, spend); "
-        "unset, a member sees their own and admins everyone's. Acting on a job stays its owner's and the "
-        "admins'",
+        description="1: every member sees every job, chart, spend and budget (/tune jobs all, status, spend, "
+        "budget); unset, a member sees their own and admins everyone's. Acting on a job stays its owner's "
+        "and the admins'",
     )
     volumes_cache_s: float = Field(
         60.0,

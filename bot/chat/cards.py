@@ -762,12 +762,22 @@ def volume_buttons(volume: VolumeView) -> Buttons:
     )
 
 
-def budgets_reply(budgets: list[BudgetView]) -> Reply:
+ONLY_YOUR_BUDGET = "Only admins see other people's and teams' budgets (TUNEBOT_TEAM_READ=1 opens reading)."
+
+
+def budgets_reply(
+    budgets: list[BudgetView],
+    *,
+    who_sets: str = "An admin sets one with `budget set user|team NAME daily=X`.",
+    only_yours: bool = False,
+) -> Reply:
+    """The budgets table; ``who_sets``: the line an empty list shows (the policy's budget_setter_hint);
+    ``only_yours``: a member's view (their own budget only), which says so."""
     if not budgets:
-        return Reply(
-            parts=[Text("No budgets set. An admin sets one with `budget set user|team NAME daily=X`.")],
-            fallback="No budgets set.",
-        )
+        if only_yours:
+            text = f"You have no budget. {ONLY_YOUR_BUDGET} {who_sets}"
+            return Reply(parts=[Text(text)], fallback="You have no budget.")
+        return Reply(parts=[Text(f"No budgets set. {who_sets}")], fallback="No budgets set.")
     rows = [
         [esc(b.scope), mention(b.name) if b.scope == "user" else esc(b.name)]
         + [money(b.daily), money(b.spent_today), money(b.monthly), money(b.spent_month)]
@@ -775,7 +785,18 @@ def budgets_reply(budgets: list[BudgetView]) -> Reply:
     ]
     reply = Reply(fallback=f"{len(budgets)} budget(s)")
     reply.add(Header("Budgets"), Table(["scope", "name", "daily", "today", "monthly", "month"], rows))
+    if only_yours:
+        reply.add(Text(ONLY_YOUR_BUDGET))
     return reply
+
+
+def budget_saved_reply(view: BudgetView) -> Reply:
+    """What `budget set` answers at every door (Slack, the modal's DM, the console, `tunebot budget set`)."""
+    return text_reply(
+        f":white_check_mark: Budget for {esc(view.scope)} *{esc(view.name)}*: "
+        f"daily {money(view.daily)}, monthly {money(view.monthly)}.",
+        kind="success",
+    )
 
 
 MAX_GPU_ROWS = 25  # `/tune gpus`: the cheapest this many; `gpus GPU` narrows the list

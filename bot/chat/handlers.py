@@ -217,6 +217,21 @@ class ChatHandlers:
     def home(self, user: str) -> Reply:
         return self._safely(lambda: self._home(user))
 
+    def check_budget_setter(self, actor: Actor) -> None:
+        """Raise PermissionDenied (with who sets budgets here) unless ``actor`` may set budgets."""
+        decision = self.permissions.can_set_budget(actor.user)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+
+    def budget_modal_refusal(self, actor: Actor) -> Reply | None:
+        """The "Set a budget" button: None when ``actor`` may set budgets (open the modal), else the refusal
+        (App Home offers the button only to them; a forged click gets this instead of the modal)."""
+        try:
+            self.check_budget_setter(actor)
+        except PermissionDenied as exc:
+            return error_reply(f"Not allowed: {self.scrub(str(exc))}")
+        return None
+
     def set_budget(self, scope: str, target: str, daily: str, monthly: str, actor: Actor) -> Reply:
         """The budget modal's values, through the same grammar as `budget set ...`."""
         words = ["budget", "set", scope, target]
@@ -313,20 +328,17 @@ class ChatHandlers:
         if isinstance(command, GpusCmd):
             return self._gpus(command.gpu)
         if isinstance(command, BudgetShowCmd):
-            return cards.budgets_reply(self.engine.budgets())
+            return cards.budgets_reply(
+                self.engine.budgets(viewer=actor.user),  # a member: their own (the engine filters)
+                who_sets=self.permissions.budget_setter_hint(),
+                only_yours=not self.permissions.sees_everyone(actor.user),
+            )
         if isinstance(command, BudgetSetCmd):
-            decision = self.permissions.can_set_budget(actor.user)
-            if not decision:
-                raise PermissionDenied(decision.reason)
+            self.check_budget_setter(actor)  # the engine decides again, whatever the door
             view = self.engine.set_budget(
                 command.scope, command.target, daily=command.daily, monthly=command.monthly, user=actor.user
             )
-            return text_reply(
-                f":white_check_mark: Budget for {esc(view.scope)} *{esc(view.name)}*: "
-                f"daily {cards.money(view.daily)}, "
-                f"monthly {cards.money(view.monthly)}.",
-                kind="success",
-            )
+            return cards.budget_saved_reply(view)
         if isinstance(command, CalibrateCmd):
             return self._calibrate(command, actor)
         if isinstance(command, HelpCmd):

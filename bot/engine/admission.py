@@ -62,7 +62,7 @@ def budget_refusal(ctx: EngineContext, *, owner: str, team: str | None) -> str |
     first = spent[0]
     return (
         f"{first.describe()}: new launches are refused until it is raised; "
-        f"{first.how_to_raise(ctx.policy.who_raises_budgets())}"
+        f"{first.how_to_raise(ctx.policy.who_raises_budgets(), ctx.policy.budget_command())}"
     )
 
 

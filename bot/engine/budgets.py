@@ -66,8 +66,9 @@ class Spent:
             f"({money(self.amount)} {word})"
         )
 
-    def how_to_raise(self, who: str) -> str:
-        return f"{who} can raise it: `budget set {self.scope} {self.name} {self.period}=AMOUNT`"
+    def how_to_raise(self, who: str, command: str = "budget") -> str:
+        """``who`` and ``command``: the policy's who_raises_budgets and budget_command."""
+        return f"{who} can raise it: `{command} set {self.scope} {self.name} {self.period}=AMOUNT`"
 
 
 def spent_budgets(

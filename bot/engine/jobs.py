@@ -401,7 +401,7 @@ def stop_covered_by_spent_budgets(ctx: EngineContext) -> list[str]:
             EngineEventKind.budget_alert,
             job_id,
             f"Job {job_id} is stopping after a checkpoint: {covering.describe()}. "
-            f"{covering.how_to_raise(who)}.",
+            f"{covering.how_to_raise(who, ctx.policy.budget_command())}.",
             scope=covering.scope,
             name=covering.name,
             period=covering.period,

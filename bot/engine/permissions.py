@@ -30,8 +30,10 @@ cloner, as for a new launch).
 Approval needs a second person (``can_approve``): a member never approves their own job, whatever the
 amount; where admins are configured, only admins approve (and set budgets); with no admins at all, no
 member approves: the operator does, on the bot's machine (``tunebot approve JOB``), and the approval
-request says so (``approver_hint``); anyone sets budgets then (``startup_warnings`` says so). The operator
-may approve any job, theirs included.
+request says so (``approver_hint``). The operator may approve any job, theirs included.
+Budgets follow the same rule (``can_set_budget``): admins and the operator set them; with no admins at all,
+only the operator does, on the bot's machine (``tunebot budget set ...``), and a member's refusal says so. A
+member whose budget stopped their jobs never raises it, nor lowers another's.
 Deleting or keeping a volume: only one tunebot tracks, by its owner or an admin. The engine itself may
 always stop a job. Spending limits: TUNEBOT_APPROVAL_ABOVE, TUNEBOT_MAX_RUNNING_PER_USER.
 
@@ -164,8 +166,9 @@ class Permissions:
         if not self.admins:
             out.append(
                 "TUNEBOT_ADMINS is not set: no member may approve a job in Slack (jobs above the approval "
-                "amount wait until the operator runs `tunebot approve JOB` on this machine), anyone may set "
-                "budgets; set it to the Slack user ids of the people who approve spending"
+                "amount wait until the operator runs `tunebot approve JOB` on this machine) and no member "
+                "sets budgets (the operator does: `tunebot budget set ...`); set it to the Slack user ids of "
+                "the people who approve spending"
             )
         if not self.hub_namespaces:
             out.append(
@@ -277,18 +280,41 @@ class Permissions:
         return Decision(True)
 
     def who_raises_budgets(self) -> str:
-        """Who can raise a spent budget, for the refusal that names it."""
+        """Who can raise a spent budget, for the refusal that names it (with ``budget_command``)."""
         if self.admins:
             return f"an admin ({', '.join(sorted(self.admins))})"
-        return "anyone (no TUNEBOT_ADMINS is set)"
+        return "the operator, on the bot's machine,"
+
+    def budget_command(self) -> str:
+        """The verb that raises a budget for ``who_raises_budgets``: `/tune budget` where admins set them, the
+        CLI's `tunebot budget` where only the operator does."""
+        return "budget" if self.admins else "tunebot budget"
+
+    def budget_setter_hint(self) -> str:
+        """Who sets budgets here, for the empty budget list."""
+        if self.admins:
+            return "An admin sets one with `budget set user|team NAME daily=X`."
+        return (
+            "No admin is configured (TUNEBOT_ADMINS): the operator sets one on the bot's machine with "
+            f"`{BUDGET_SET}`."
+        )
 
     def can_set_budget(self, user: str) -> Decision:
-        if not self.admins or self.is_admin(user):
+        """Set, raise or lower a budget (a user's or a team's): admins and the operator; with no admins
+        configured, the operator alone (a member would raise their own spent budget, or lower another's)."""
+        if self.is_admin(user):
             return Decision(True)
-        return Decision(False, "only admins set budgets")
+        if not self.admins:
+            return Decision(
+                False,
+                "No admin is configured (TUNEBOT_ADMINS), so the operator sets budgets on the bot's machine: "
+                f"`{BUDGET_SET}`",
+            )
+        return Decision(False, "only admins set budgets (TUNEBOT_ADMINS); ask one of them")
 
 
 ENGINE = "engine"  # the engine's own actor name (idle stops, budget caps)
 # The CLI's and the console's identity: the person who runs the bot on its machine (an admin of it). Not a
 # Slack user id (those are U.../W... from Slack's signed payloads), so no member can be it.
 OPERATOR = "operator"
+BUDGET_SET = "tunebot budget set user|team NAME daily=X monthly=Y"  # the operator's verb (bot/commands)

@@ -165,7 +165,13 @@ def volumes(
     return [volume_view(r, now) for r in rows]
 
 
-def budgets(ctx: EngineContext) -> list[BudgetView]:
+def budgets(
+    ctx: EngineContext, *, viewer: str | None = None, policy: Permissions | None = None
+) -> list[BudgetView]:
+    """Every budget and what was spent against it (``viewer`` None: the bot itself, the operator). A member
+    ``viewer`` sees only their own user budget: the others' rows are other people's spend (a team's, the
+    whole team's); admins and TUNEBOT_TEAM_READ see all."""
+    policy = policy or ctx.policy
     roll_up_recent(ctx)  # what was spent up to now (a tick rolls up at most once a minute)
     now = ctx.now()
     day, _ = period_bounds("today", now)
@@ -173,6 +179,12 @@ def budgets(ctx: EngineContext) -> list[BudgetView]:
     with ctx.session() as s:
         out = []
         for b in s.execute(select(Budget).order_by(Budget.scope, Budget.name)).scalars():
+            if (
+                viewer is not None
+                and not policy.sees_everyone(viewer)
+                and (b.scope, b.name) != ("user", viewer)
+            ):
+                continue
             out.append(
                 BudgetView(
                     scope=b.scope,

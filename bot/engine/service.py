@@ -312,8 +312,9 @@ class Engine:
     def keep_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         volumes_mod.keep(self.ctx, self.permissions, provider, volume_id, user=user)
 
-    def budgets(self) -> list[BudgetView]:
-        return reports.budgets(self.ctx)
+    def budgets(self, *, viewer: str | None = None) -> list[BudgetView]:
+        """Budgets and their spend; a member ``viewer`` sees only their own (bot/engine/reports.budgets)."""
+        return reports.budgets(self.ctx, viewer=viewer, policy=self.permissions)
 
     def set_budget(
         self,

@@ -336,8 +336,9 @@ class FakeEngine:
     def keep_volume(self, provider: str, volume_id: str, *, user: str) -> None:
         pass
 
-    def budgets(self) -> list[BudgetView]:
-        return list(self.budget_list)
+    def budgets(self, *, viewer: str | None = None) -> list[BudgetView]:
+        everyone = viewer is None or viewer in self.admins
+        return [b for b in self.budget_list if everyone or (b.scope, b.name) == ("user", viewer)]
 
     def set_budget(self, scope, name, *, daily, monthly, user) -> BudgetView:
         view = BudgetView(scope=scope, name=name, daily=daily, monthly=monthly)

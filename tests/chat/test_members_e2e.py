@@ -274,3 +274,129 @@ def test_volumes_answer_from_a_shared_cache_a_few_times_a_minute_per_member(make
     assert "TUNEBOT_VOLUMES_PER_MINUTE" in answers[3] and "ask again in" in answers[3], answers[3]
     assert "company-prod-db" in whole(stack, lambda: stack.command("volumes", user=ADMIN))
     assert len(listings) == 1, listings  # one listing of the cloud for everyone within the minute
+
+
+def budget_submission(user: str, *, scope: str, name: str, daily: str) -> dict[str, Any]:
+    """The App Home budget modal's "Save", as Slack posts it (a member can post it without the button)."""
+    plain = {"type": "plain_text_input"}
+    return {
+        "type": "view_submission",
+        "team": {"id": "T1"},
+        "user": {"id": user, "name": user.lower()},
+        "api_app_id": "A1",
+        "trigger_id": "trig-budget",
+        "view": {
+            "id": "V1",
+            "type": "modal",
+            "callback_id": "budget_modal",
+            "private_metadata": "",
+            "state": {
+                "values": {
+                    "scope": {"value": {"type": "static_select", "selected_option": {"value": scope}}},
+                    "name": {"value": {**plain, "value": name}},
+                    "daily": {"value": {**plain, "value": daily}},
+                    "monthly": {"value": {**plain, "value": ""}},
+                }
+            },
+        },
+    }
+
+
+def _budgets(stack: Stack) -> list[tuple[str, str, float | None]]:
+    return [(b.scope, b.name, b.daily) for b in stack.engine.budgets()]
+
+
+def test_without_admins_no_member_sets_budgets_the_operator_does_from_the_cli(
+    make_stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5982010: with no TUNEBOT_ADMINS any member set budgets (`/tune budget set`, the App Home modal): one
+    whose budget stopped their jobs raised it, or lowered someone else's to stop theirs."""
+    from bot.engine.api import PermissionDenied
+    from bot.engine.permissions import OPERATOR
+
+    stack = make_stack(TUNEBOT_ADMINS="")
+    stack.engine.set_budget("user", ALICE, daily=1.0, monthly=None, user=OPERATOR)
+    stack.engine.set_budget("user", MALLORY, daily=5.0, monthly=None, user=OPERATOR)
+    before = _budgets(stack)
+
+    for who, words in (
+        (ALICE, f"budget set user {ALICE} daily=1000"),  # raising her own
+        (MALLORY, f"budget set user {ALICE} daily=0.01"),  # lowering another's to stop her jobs
+        (MALLORY, "budget set team T1 daily=0.01"),  # the whole workspace's
+    ):
+        said = stack.said(lambda who=who, words=words: stack.command(words, user=who))
+        assert "Not allowed" in said and "the operator sets budgets on the bot's machine" in said, said
+        assert "`tunebot budget set user|team NAME daily=X monthly=Y`" in said, said
+    # App Home offers no "Set a budget" to her; a forged click opens no modal, and the refusal comes by DM.
+    stack.event({"type": "app_home_opened", "user": ALICE, "channel": "D1", "tab": "home"})
+    home = stack.slack.wait_for("views.publish")[0].body["view"]
+    assert "open_budget_modal" not in json.dumps(home["blocks"]) and "Your spend" in json.dumps(
+        home["blocks"]
+    )
+    assert stack.click(stack.action_payload("open_budget_modal", "budget", user=ALICE)).status_code == 200
+    (refusal,) = (m.body for m in stack.slack.wait_for("chat.postMessage"))
+    assert refusal["channel"] == f"D{ALICE}" and "the operator sets budgets" in refusal["text"], refusal
+    assert stack.slack.of("views.open") == []
+    # The modal's Save, posted without the modal: the same refusal, by DM.
+    saved = stack.click(budget_submission(ALICE, scope="user", name=ALICE, daily="1000"))
+    assert saved.status_code == 200 and not saved.text
+    dm = stack.slack.wait_for("chat.postMessage", 2)[1].body
+    assert dm["channel"] == f"D{ALICE}" and "Not allowed" in dm["text"] and "tunebot budget set" in dm["text"]
+    with pytest.raises(PermissionDenied):  # the engine's own door refuses the same
+        stack.engine.set_budget("user", ALICE, daily=1000.0, monthly=None, user=ALICE)
+    assert _budgets(stack) == before
+
+    # The operator, on the bot's machine: `tunebot budget set` (the same grammar), as the operator.
+    from typer.testing import CliRunner
+
+    from bot.cli import app
+    from bot.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "cli"))
+    monkeypatch.delenv("TUNEBOT_ADMINS", raising=False)
+    get_settings.cache_clear()
+    try:
+        out = CliRunner().invoke(app, ["budget", "set", "user", ALICE, "daily=lots"])
+        assert out.exit_code == 2 and "not an amount of dollars" in out.output, out.output
+        out = CliRunner().invoke(app, ["budget", "set", "user", ALICE, "daily=$50", "monthly=400"])
+        assert out.exit_code == 0, out.output
+        assert f"Budget for user {ALICE}: daily $50.00, monthly $400.00" in out.output, out.output
+        out = CliRunner().invoke(app, ["budget", "show"])  # the operator reads every budget
+        assert out.exit_code == 0 and ALICE in out.output and MALLORY in out.output, out.output
+    finally:
+        get_settings.cache_clear()
+    assert ("user", ALICE, 50.0) in _budgets(stack)
+    from sqlalchemy import select
+
+    from store.models import AuditLog
+
+    with stack.engine.session() as s:
+        actors = [
+            a.actor for a in s.execute(select(AuditLog).where(AuditLog.action == "set-budget")).scalars()
+        ]
+    assert actors == [OPERATOR, OPERATOR, OPERATOR]  # nobody else ever set one
+
+
+def test_with_admins_only_an_admin_sets_budgets_and_a_member_reads_only_their_own(make_stack) -> None:
+    """5982010: `/tune budget` showed every member's budget and what they spent today and this month."""
+    stack = make_stack()  # TUNEBOT_ADMINS=U_ADMIN
+    said = stack.said(lambda: stack.command(f"budget set user {MALLORY} daily=1000", user=MALLORY))
+    assert "Not allowed: only admins set budgets" in said, said
+    said = stack.said(lambda: stack.command(f"budget set user {MALLORY} daily=10", user=ADMIN))
+    assert f"Budget for user *{MALLORY}*: daily $10.00" in said, said
+    assert "Budget for" in stack.said(
+        lambda: stack.command(f"budget set user {ALICE} daily=$7.25", user=ADMIN)
+    )
+    assert "Budget for" in stack.said(lambda: stack.command("budget set team T1 monthly=$900", user=ADMIN))
+    assert _budgets(stack) == [("team", "T1", None), ("user", ALICE, 7.25), ("user", MALLORY, 10.0)]
+
+    hers = whole(stack, lambda: stack.command("budget", user=MALLORY))
+    assert MALLORY in hers and "$10.00" in hers, hers
+    assert ALICE not in hers and "$7.25" not in hers and "$900" not in hers, hers
+    assert "Only admins see other people's and teams' budgets" in hers
+    carol = whole(stack, lambda: stack.command("budget", user="U_CAROL"))
+    assert "You have no budget" in carol and ALICE not in carol and MALLORY not in carol, carol
+    everything = whole(stack, lambda: stack.command("budget", user=ADMIN))
+    assert all(n in everything for n in (ALICE, MALLORY, "$7.25", "$900.00")), everything
+    assert len(stack.engine.budgets(viewer=MALLORY)) == 1  # the engine's own door filters the same

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bot.chat.permissions import Permissions
+from bot.engine.permissions import ENGINE, OPERATOR
 from bot.settings import Settings
 
 
@@ -28,3 +29,9 @@ def test_approval_and_stop_rules() -> None:
     assert p.can_approve("A", "C")
     assert p.can_stop("B", "B") and p.can_stop("A", "B") and not p.can_stop("C", "B")
     assert p.can_set_budget("A") and not p.can_set_budget("B")
+    bare = Permissions()  # no admins: the operator alone sets budgets (issue 28)
+    assert bare.can_set_budget(OPERATOR) and not bare.can_set_budget("B") and not bare.can_set_budget(ENGINE)
+    assert (
+        "the operator sets budgets on the bot's machine: `tunebot budget set"
+        in bare.can_set_budget("B").reason
+    )

@@ -49,7 +49,7 @@ def test_an_approved_job_whose_budget_is_spent_meanwhile_is_cancelled_not_launch
     waiting = eng.create_job(request(), user="alice", estimate=estimate_for(p, hours=10.0))  # $100: approval
     eng.create_job(request(), user="alice", estimate=estimate_for(p))
     clock.advance(SOON)  # $1.39
-    eng.set_budget("user", "alice", daily=1.0, monthly=None, user="boss")
+    eng.set_budget("user", "alice", daily=1.0, monthly=None, user=OPERATOR)  # no admins: the operator's
     eng.tick()  # the running job stops at once (no graceful stop on this fake)
     creates = p.creates
     job = eng.approve(waiting.job_id, approver=OPERATOR)
@@ -66,7 +66,7 @@ def test_jobs_carry_a_team_and_team_budgets_refuse(make_engine, clock):
     with eng.session() as s:
         teams = dict(s.execute(select(Job.id, Job.team)).all())
     assert teams == {slack.job_id: "T_ACME", console.job_id: "local"}  # TUNEBOT_TEAM's default
-    eng.set_budget("team", "T_ACME", daily=1.0, monthly=None, user="boss")
+    eng.set_budget("team", "T_ACME", daily=1.0, monthly=None, user=OPERATOR)
     clock.advance(SOON)
     eng.tick()
     assert eng.get_job(slack.job_id).stop_reason == "budget"

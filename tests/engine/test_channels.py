@@ -51,6 +51,7 @@ def test_start_up_warnings_say_who_may_approve_and_where_members_launch():
     text = " ".join(bare.startup_warnings())
     assert "TUNEBOT_ADMINS is not set: no member may approve a job in Slack" in text
     assert "the operator runs `tunebot approve JOB`" in text
+    assert "no member sets budgets (the operator does: `tunebot budget set ...`)" in text
     assert "TUNEBOT_ALLOWED_CHANNELS is not set" in text and "direct messages" in text
     assert "TUNEBOT_HUB_NAMESPACES is not set: push_to_hub is refused" in text
     configured = Permissions.from_settings(

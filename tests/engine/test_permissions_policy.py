@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bot.chat.handlers import ChatHandlers
-from bot.engine.api import PermissionDenied
+from bot.engine.api import EngineError, PermissionDenied
 from bot.engine.jobstate import OPEN, JobState
-from bot.engine.permissions import OPERATOR, Permissions
+from bot.engine.permissions import ENGINE, OPERATOR, Permissions
 
 from .conftest import estimate_for, request
 
@@ -42,6 +42,44 @@ def test_an_install_without_admins_is_approved_by_the_operator_only(engine, fake
         engine.approve(job.job_id, approver="bob")
     assert engine.get_job(job.job_id).state == JobState.PENDING_APPROVAL and fake.creates == 0
     assert engine.approve(job.job_id, approver=OPERATOR).state == JobState.RUNNING
+
+
+def test_an_install_without_admins_has_its_budgets_set_by_the_operator_only(engine, fake, clock):
+    """Issue 28: with no TUNEBOT_ADMINS any member set budgets: one whose budget stopped their jobs raised it,
+    or lowered another's. Now they follow approvals: the operator sets them on the bot's machine."""
+    engine.set_budget("user", "alice", daily=0.4, monthly=None, user=OPERATOR)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=1.0), max_cost=5.0)
+    clock.advance(1800)  # $0.50 of a $0.40 daily budget
+    engine.tick()
+    assert engine.get_job(job.job_id).stop_reason == "budget"
+    for who, scope, name, daily in (
+        ("alice", "user", "alice", 1000.0),  # raising her own spent budget
+        ("bob", "user", "alice", 0.01),  # lowering someone else's
+        ("bob", "team", "local", 0.01),  # everyone's
+        (ENGINE, "user", "alice", 1000.0),
+    ):
+        with pytest.raises(
+            PermissionDenied, match=r"the operator sets budgets on the bot's machine: `tunebot budget set"
+        ):
+            engine.set_budget(scope, name, daily=daily, monthly=None, user=who)
+    assert [(b.scope, b.name, b.daily) for b in engine.budgets()] == [("user", "alice", 0.4)]
+    with pytest.raises(EngineError) as refused:  # the refusal names who can raise it, and how
+        engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=0.01))
+    assert (
+        "the operator, on the bot's machine, can raise it: `tunebot budget set user alice daily=AMOUNT`"
+        in str(refused.value)
+    )
+    assert engine.set_budget("user", "alice", daily=10.0, monthly=None, user=OPERATOR).daily == 10.0
+    assert engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=0.01)).job_id
+
+
+def test_with_admins_configured_admins_and_the_operator_set_budgets(make_engine):
+    eng = make_engine(permissions=Permissions(admins=frozenset({"boss"})))
+    for who in ("alice", ENGINE):
+        with pytest.raises(PermissionDenied, match="only admins set budgets"):
+            eng.set_budget("user", "alice", daily=1000.0, monthly=None, user=who)
+    assert eng.set_budget("user", "alice", daily=5.0, monthly=None, user="boss").daily == 5.0
+    assert eng.set_budget("user", "alice", daily=6.0, monthly=None, user=OPERATOR).daily == 6.0
 
 
 def test_awaiting_approval_is_active_for_people_everywhere(engine, fake):

@@ -179,7 +179,7 @@ def test_a_spent_budget_refuses_the_resume_like_a_new_job(engine, fake, clock):
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=1.0), max_cost=5.0)
     clock.advance(1800)
     engine.stop(job.job_id, user="alice")  # $0.50 spent today
-    engine.set_budget("user", "alice", daily=0.4, monthly=None, user="admin")
+    engine.set_budget("user", "alice", daily=0.4, monthly=None, user=OPERATOR)
     with pytest.raises(EngineError, match="budget"):
         engine.resume(job.job_id, user="alice")
     assert engine.get_job(job.job_id).state == "stopped" and fake.creates == 1

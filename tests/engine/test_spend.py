@@ -108,8 +108,8 @@ def test_ledger_splits_across_days(engine, fake, clock):
 def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
     p = FakeProvider("p", price=3600.0)  # $1 per second
     eng = make_engine(providers={"p": p})
-    eng.set_budget("user", "alice", daily=100.0, monthly=None, user="admin")
-    eng.set_budget("team", "ml", daily=None, monthly=1000.0, user="admin")
+    eng.set_budget("user", "alice", daily=100.0, monthly=None, user=OPERATOR)
+    eng.set_budget("team", "ml", daily=None, monthly=1000.0, user=OPERATOR)
     rec = Recorder(eng.bus)
     job = eng.create_job(
         request(), user="alice", team="ml", estimate=estimate_for(p, hours=0.001), max_cost=10_000
@@ -142,7 +142,7 @@ def test_budget_alerts_at_80_90_100_once_each(make_engine, clock):
 def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, clock):
     p = FakeProvider("p", price=3600.0)
     eng = make_engine(providers={"p": p})
-    eng.set_budget("user", "bob", daily=10.0, monthly=None, user="admin")
+    eng.set_budget("user", "bob", daily=10.0, monthly=None, user=OPERATOR)
     rec = Recorder(eng.bus)
     job = eng.create_job(request(), user="bob", estimate=estimate_for(p, hours=0.001), max_cost=10_000)
     eng.approve(job.job_id, approver=OPERATOR)

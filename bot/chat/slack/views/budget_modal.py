@@ -1,4 +1,5 @@
-"""The "Set a budget" modal: field errors in the ack, the outcome by DM to the admin who saved it."""
+"""The "Set a budget" modal: field errors in the ack, the outcome by DM to whoever saved it (the engine's
+refusal for anyone who may not set budgets: the same `budget set` as every other door)."""
 
 from __future__ import annotations
 
