@@ -58,6 +58,10 @@ class ProcessMemory:
     calibration: Any = None  # (stamp, Calibration) of bot/engine/calibration.py
     job_master_key: bytes | None = None  # bot/engine/integrity.py (read once)
     integrity_reported: set[str] = field(default_factory=set)  # jobs told about refused runner data
+    # (job id, run id) -> that run's key (bot/engine/integrity.py): a run's key never changes, so the cache
+    # holds no decision; which run is current is read from the database every time.
+    run_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    pushing: set[str] = field(default_factory=set)  # jobs whose Hub push runs in this process now
 
 
 @dataclass(frozen=True)
