@@ -165,11 +165,13 @@ def runner_env(eng: EngineContext, spec: JobSpec, issued: Issued | None = None) 
         storage.update(issued.env)
         storage["TUNEBOT_CREDENTIALS_URI"] = credentials_uri(spec_root(eng, spec))
     key = integrity.run_key(eng, spec.job_id, spec.run_id) if spec.run_id else None
+    if key is None:  # never the job-wide key of before runs: a host of another run would hold it too
+        raise ValueError(f"job {spec.job_id}: a launch without a run has no key")
     return instance_env.runner_env(
         eng.settings,
         spec,
         storage=storage,
-        job_key=(key or integrity.job_key(eng, spec.job_id)).hex(),  # signs its events and manifests
+        job_key=key.hex(),  # the run's own key: signs its events and manifests
     )
 
 

@@ -85,7 +85,7 @@ def _arn(bucket: str, key: str = "") -> str:
 def session_policy(scope: Scope) -> dict[str, Any]:
     """The IAM session policy (STS AssumeRole / GetFederationToken, MinIO AssumeRole) of a scope.
 
-    - read, write and delete under the job's prefix; list only that prefix;
+    - read, write and delete under the run's prefix; list only that prefix;
     - read each input object, read and list each input folder;
     - GetBucketLocation on the buckets (s3fs asks where a bucket is before it writes; it reveals nothing).
     Credentials made with it can do only what both this and the bot's own policy allow."""
@@ -135,9 +135,10 @@ def policy_json(scope: Scope) -> str:
 
 def r2_request(scope: Scope, *, parent_key_id: str, ttl_seconds: int) -> dict[str, Any]:
     """The body of Cloudflare R2's temporary-credentials call for a scope (one bucket, one permission):
-    read-write on the job's prefix and on its input objects and folders (R2 cannot mix read-only and
-    read-write in one credential: tunebot stages R2 inputs per job, so no other job reads what this one
-    could change; bot/engine/staging.py)."""
+    read-write on the run's prefix and on its input objects and folders, the checkpoints it resumes from
+    too (R2 cannot mix read-only and read-write in one credential: tunebot stages R2 inputs per job, so no
+    other job reads what this one could change, bot/engine/staging.py; a checkpoint it could rewrite is
+    loaded only as its pinned manifest digest says, runner/manifest.py)."""
     if any(r.bucket != scope.bucket for r in scope.reads):
         raise ValueError("R2 temporary credentials cover one bucket: the inputs must be in the job's bucket")
     return {
