@@ -103,12 +103,14 @@ def test_a_host_gets_no_hub_write_token_and_the_bot_pushes_the_verified_output(
     pushing, env = launch(
         EstimateRequest(model=str(tiny / "model"), dataset=str(data), push_to_hub="acme/tiny-lora")
     )
-    gated, gated_env = launch(EstimateRequest(model=GATED, dataset=str(data), max_steps=5))
-    # What the provider calls carried: no Hub token for the push; only the read token for the gated model.
+    # The host owner of a job that pushes tries everything the provider call carried.
+    assert try_to_write(hub, env) == []
+    assert hub.repos["victim/prod-model"].files == {"README.md": b"prod"} and "acme/planted" not in hub.repos
     assert "HF_TOKEN" not in env and WRITE not in json.dumps(env)
+    # A gated base model: its host gets the read-only token, and nothing it can write with.
+    gated, gated_env = launch(EstimateRequest(model=GATED, dataset=str(data), max_steps=5))
     assert gated_env.get("HF_TOKEN") == READ and WRITE not in json.dumps(gated_env)
-    # Each host owner tries everything it got.
-    assert try_to_write(hub, env) == [] and try_to_write(hub, gated_env) == []
+    assert try_to_write(hub, gated_env) == []
     assert hub.repos["victim/prod-model"].files == {"README.md": b"prod"} and "acme/planted" not in hub.repos
     # The pushing job's runner writes its output and the manifest it signs with its run's key, and says so.
     from runner import manifest
