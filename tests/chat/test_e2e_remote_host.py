@@ -141,9 +141,9 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:  # noqa: F811
-    from runner.tiny import make_tiny
-
     import huggingface_hub.constants
+
+    from runner.tiny import make_tiny
 
     # The bot pushes to the Hub itself (issue 28): here to the fake Hub (the suite runs with HF_HUB_OFFLINE=1).
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
