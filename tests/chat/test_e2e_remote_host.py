@@ -145,7 +145,7 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
 
     from runner.tiny import make_tiny
 
-    # The bot pushes to the Hub itself (issue 28): here to the fake Hub (the suite runs with HF_HUB_OFFLINE=1).
+    # The bot pushes to the Hub itself (issue 28): to the fake Hub here (the suite sets HF_HUB_OFFLINE=1).
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     bot = tmp_path / "bot"  # everything of the bot's: data dir, datasets, the model folder
     tiny = make_tiny(bot / "tiny").parent
