@@ -135,7 +135,14 @@ class Settings(BaseSettings):
     hf_token: SecretStr | None = Field(
         None,
         alias="HF_TOKEN",
-        description="Hugging Face token: gated models and Hub pushes (passed to runners)",
+        description="Hugging Face token of the bot: Hub pushes (done by the bot) and the planner's reads; "
+        "never given to a runner",
+    )
+    hf_read_token: SecretStr | None = Field(
+        None,
+        alias="TUNEBOT_HF_READ_TOKEN",
+        description="a fine-grained read-only Hugging Face token (read access to the gated repos you train "
+        "on): the only Hub token a runner gets, as HF_TOKEN, for a gated or private base model",
     )
     hf_endpoint: str | None = Field(
         None,
@@ -500,6 +507,7 @@ class Settings(BaseSettings):
         registry's: bot/providers/registry.secrets adds them)."""
         values = [
             self.hf_token,
+            self.hf_read_token,
             self.registry_password,
             self.wandb_api_key,
             self.aws_access_key_id,

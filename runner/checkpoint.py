@@ -213,6 +213,29 @@ def read_rest(ckpt_dir: Path, *, scheduler: Any, rank: int = 0) -> TrainState:
     return TrainState.from_dict(json.loads((ckpt_dir / STATE_FILE).read_text(encoding="utf-8")))
 
 
+def _read_at(uri: str, name: str, limit: int) -> bytes | None:
+    """A small file of the checkpoint at ``uri`` (at most ``limit`` bytes read), None when it is not there."""
+    fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
+    try:
+        with fs.open(f"{root.rstrip('/')}/{name}", "rb") as fh:
+            return fh.read(limit)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _download_at(uri: str, name: str, into: Path, size: int) -> None:
+    """One file of the checkpoint at ``uri``, only when it has the size its manifest says."""
+    fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
+    remote = f"{root.rstrip('/')}/{name}"
+    try:
+        found = fs.size(remote)
+    except FileNotFoundError:
+        raise manifest.ManifestError(f"{name} is missing") from None
+    if found != size:
+        raise manifest.ManifestError(f"{name} has {found} bytes, the manifest says {size}")
+    fs.get_file(remote, str(into))
+
+
 class CheckpointStore:
     """The checkpoint URI: list complete checkpoints, upload with the marker last, download, prune."""
 
@@ -300,6 +323,23 @@ class CheckpointStore:
             key=key,
             legacy=self.download,
         )
+
+    def fetch_resume(self, *, job_id: str, key: bytes | None, points: list[Any]) -> manifest.Fetched:
+        """What this run resumes from: its own newest checkpoint that its key signed (the process restarted
+        within the run), else the first of ``points`` (JobSpec.resume: checkpoints of earlier runs the bot
+        acknowledged, newest first) whose manifest has the digest the bot pinned. Nothing else: a checkpoint
+        of an earlier run that the bot did not name is never looked at."""
+        own = self.fetch_verified(job_id=job_id, key=key)
+        if own.step is not None or not points:
+            return own
+        pinned = manifest.fetch_pinned(
+            [(p.uri, p.step, p.manifest_sha256) for p in points],
+            read=_read_at,
+            download=_download_at,
+            job_id=job_id,
+        )
+        pinned.skipped = own.skipped + pinned.skipped
+        return pinned
 
     def upload(self, local_dir: Path, step: int) -> str:
         """Upload a staged checkpoint, COMPLETE last; return its URI."""

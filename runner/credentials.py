@@ -1,23 +1,24 @@
 """The runner's side of short-lived storage credentials: switch to renewed ones, or stop in time.
 
 The bot gives a runner storage credentials scoped to its job and valid until TUNEBOT_CREDENTIALS_EXPIRE_AT
-(bot/storage/credentials.py), and from their half-life on leaves fresh ones at TUNEBOT_CREDENTIALS_URI,
-signed with the job's key (bot/storage/renewal.py). A ``Watcher`` thread reads that object from half-life
-on; a newer, validly signed one replaces the process's AWS_* variables and s3fs's cached clients (new
-clients read the new keys; ``generation`` tells CheckpointStore to make its own again). If none has come
-when only ``margin`` is left, it calls ``on_expiring``: the trainer saves a checkpoint while the
+(bot/storage/credentials.py), and from their half-life on leaves fresh ones at TUNEBOT_CREDENTIALS_URI (in
+the run's own folder), signed with the run's key and sealed to it (runner/sealed.py: no other run, and no
+host that held this job before, can read them; bot/storage/renewal.py). A ``Watcher`` thread reads that
+object from half-life on; a newer, validly signed one replaces the process's AWS_* variables and s3fs's cached
+clients (new clients read the new keys; ``generation`` tells CheckpointStore to make its own again). If none
+has come when only ``margin`` is left, it calls ``on_expiring``: the trainer saves a checkpoint while the
 credentials still work and exits with EXIT_CREDENTIALS, and the bot relaunches it with fresh ones.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 
 from runner.integrity import CREDENTIALS, key_from_env, verify
+from runner.sealed import SealError, open_sealed
 
 EXPIRE_ENV = "TUNEBOT_CREDENTIALS_EXPIRE_AT"
 URI_ENV = "TUNEBOT_CREDENTIALS_URI"
@@ -48,17 +49,25 @@ def apply(env: dict[str, str], expires_at: float) -> None:
     generation += 1
 
 
-def read_renewal(uri: str, key: bytes | None, job_id: str) -> tuple[dict[str, str], float] | None:
-    """The renewed credentials at ``uri`` when this job's key signed them; None otherwise."""
+def read_renewal(
+    uri: str, key: bytes | None, job_id: str, run_id: str | None = None
+) -> tuple[dict[str, str], float] | None:
+    """The renewed credentials at ``uri`` when they were sealed for this run and signed with its key; None
+    otherwise."""
     import fsspec
 
     try:
         with fsspec.open(uri, "rb") as fh:
             raw = fh.read(MAX_OBJECT_BYTES + 1)
-        obj = json.loads(raw)
     except Exception:  # noqa: BLE001 - not there (yet), unreadable: try again later
         return None
-    if len(raw) > MAX_OBJECT_BYTES or key is None or not verify(key, CREDENTIALS, obj):
+    if len(raw) > MAX_OBJECT_BYTES or key is None:
+        return None
+    try:
+        obj = open_sealed(key, CREDENTIALS, job_id, run_id, raw)
+    except SealError:
+        return None
+    if not verify(key, CREDENTIALS, obj):
         return None
     env, expires = obj.get("env"), obj.get("expires_at")
     if obj.get("job_id") != job_id or not isinstance(env, dict) or not isinstance(expires, int | float):
@@ -77,8 +86,10 @@ class Watcher:
         on_expiring: Callable[[], None],
         *,
         clock: Callable[[], float] = time.time,
+        run_id: str | None = None,
     ) -> None:
         self.job_id = job_id
+        self.run_id = run_id
         self.expires_at = expires_at
         self.uri = uri
         self.on_expiring = on_expiring
@@ -89,12 +100,14 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="tunebot-credentials", daemon=True)
 
     @classmethod
-    def start(cls, job_id: str, on_expiring: Callable[[], None]) -> Watcher | None:
+    def start(
+        cls, job_id: str, on_expiring: Callable[[], None], *, run_id: str | None = None
+    ) -> Watcher | None:
         try:
             expires_at = float(os.environ[EXPIRE_ENV])
         except (KeyError, ValueError):
             return None
-        watcher = cls(job_id, expires_at, os.environ.get(URI_ENV), on_expiring)
+        watcher = cls(job_id, expires_at, os.environ.get(URI_ENV), on_expiring, run_id=run_id)
         watcher._thread.start()
         return watcher
 
@@ -115,7 +128,7 @@ class Watcher:
         now = self.clock()
         lifetime = max(1.0, self.expires_at - self.started)
         if self.uri and now >= self.started + lifetime / 2:
-            found = read_renewal(self.uri, key, self.job_id)
+            found = read_renewal(self.uri, key, self.job_id, self.run_id)
             if found is not None and found[1] > self.expires_at:
                 apply(*found)
                 self.started, self.expires_at = now, found[1]

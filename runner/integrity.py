@@ -1,13 +1,16 @@
 """Authenticated runner output: what only this job's runner (and the bot) can have written.
 
 Storage may be shared (a store that cannot scope credentials per job, a misconfigured bucket policy), so
-the bot trusts nothing it reads there on the strength of where it lies. Each job has its own secret key
-(HMAC-SHA256), given to its instance as ``TUNEBOT_JOB_KEY`` (hex) and derived by the bot from its master
-key and the job id; it never travels in the spec, a message or a log. With it the runner signs:
+the bot trusts nothing it reads there on the strength of where it lies. Each run of a job (one launch:
+first start, relaunch, resume, growth) has its own secret key (HMAC-SHA256), given to its instance as
+``TUNEBOT_JOB_KEY`` (hex) and derived by the bot from its master key, the job id, the run id and a random
+secret of that run (bot/engine/integrity.py); it never travels in the spec, a message or a log, and the bot
+accepts nothing signed with it once the run has ended or been replaced. With it the runner signs:
 
 - every RunnerEvent it pushes or writes to progress.json (``"mac"`` beside the event's fields);
-- every checkpoint's manifest (runner/manifest.py): file names, sizes and SHA-256;
-- and it checks the renewed storage credentials the bot leaves for it (bot/storage/renewal.py).
+- every checkpoint's manifest and the output's manifest (runner/manifest.py): file names, sizes and SHA-256;
+- and it checks (and decrypts: runner/sealed.py) the renewed storage credentials the bot leaves for it
+  (bot/storage/renewal.py).
 
 The MAC covers the object's canonical JSON (sorted keys, no spaces, ``mac`` left out) after a purpose tag,
 so an event can never pass for a manifest. This module is part of the bot/runner contract: standard
@@ -25,7 +28,7 @@ from typing import Any
 
 KEY_ENV = "TUNEBOT_JOB_KEY"
 MAC_FIELD = "mac"
-EVENT, MANIFEST, CREDENTIALS = "event", "manifest", "credentials"
+EVENT, MANIFEST, CREDENTIALS, OUTPUT = "event", "manifest", "credentials", "output"
 
 
 def key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:

@@ -10,6 +10,17 @@ Loading itself runs no code either (runner/checkpoint.py: safetensors, JSON, ``w
 
 Without a key (a runner started by hand), manifests are written unsigned and checked for sizes and
 hashes only.
+
+Keys are per run (runner/integrity.py), so a run verifies with its own key only what it wrote itself (its own
+checkpoint folder, after a restart of its process). A checkpoint of an earlier run is loaded only when the bot
+names it in the spec (``JobSpec.resume``) with the SHA-256 of its manifest's bytes, recorded from that run's
+signed event while it was the job's current run (bot/engine/runs.py): ``fetch_pinned`` downloads it only when
+the manifest hashes to that digest, then checks every file. A host that ran the job before can still sign
+with its old key, and may still write its old folder: neither makes a manifest the bot did not pin.
+
+The output folder has a manifest too (``output_manifest``, purpose "output", relative paths such as
+``merged/model.safetensors``): the bot pushes to the Hub only files it lists, each checked (bot/engine/
+hub_push.py).
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.integrity import MANIFEST, sign, verify
+from runner.integrity import MANIFEST, OUTPUT, sign, verify
 
 MANIFEST_FILE = "manifest.json"
 MARKER = "COMPLETE"
@@ -49,6 +60,7 @@ class Fetched:
     step: int | None = None
     folder: Path | None = None
     skipped: list[str] = field(default_factory=list)
+    uri: str | None = None  # where it was (a pinned checkpoint of an earlier run); None: the run's own folder
 
 
 def digest(path: Path) -> str:
@@ -75,8 +87,20 @@ def write(folder: Path, *, job_id: str, step: int, key: bytes | None) -> Path:
     return path
 
 
-def check(raw: bytes, *, job_id: str, step: int, key: bytes | None) -> dict[str, Entry]:
-    """The files a manifest vouches for; ManifestError when it is not this job's manifest of this step."""
+def sha256_of(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def check(
+    raw: bytes, *, job_id: str, step: int, key: bytes | None, pinned: str | None = None
+) -> dict[str, Entry]:
+    """The files a manifest vouches for; ManifestError when it is not this job's manifest of this step.
+    ``pinned``: the SHA-256 the bot recorded for these bytes (a checkpoint of an earlier run): then the bytes
+    must hash to it, and no key is asked for."""
+    if pinned is not None:
+        if len(raw) > MAX_MANIFEST_BYTES or sha256_of(raw) != pinned:
+            raise ManifestError("manifest is not the one the bot acknowledged")
+        key = None
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError("manifest too large")
     try:
@@ -155,6 +179,96 @@ def fetch_verified(
             continue
         out.step, out.folder = step, folder
         return out
+    return out
+
+
+def fetch_pinned(
+    points: list[tuple[str, int, str]],
+    *,
+    read: Callable[[str, str, int], bytes | None],
+    download: Callable[[str, str, Path, int], None],
+    job_id: str,
+) -> Fetched:
+    """Download the first of ``points`` ((checkpoint uri, step, manifest SHA-256), newest first) whose
+    manifest hashes to its pinned digest and whose files all match it. ``read(uri, name, limit)`` and
+    ``download(uri, name, into, size)`` as in ``fetch_verified`` but by the checkpoint's URI."""
+    out = Fetched()
+    for uri, step, pinned in points:
+        folder = Path(tempfile.mkdtemp(prefix=f"tunebot-resume-{step}-"))
+        try:
+            raw = read(uri, MANIFEST_FILE, MAX_MANIFEST_BYTES + 1)
+            if raw is None:
+                raise ManifestError("no manifest")
+            entries = check(raw, job_id=job_id, step=step, key=None, pinned=pinned)
+            for name, entry in entries.items():
+                download(uri, name, folder / name, entry.size)
+            verify_files(folder, entries)
+        except ManifestError as exc:
+            out.skipped.append(f"{uri.rstrip('/').rsplit('/', 1)[-1]}: {exc}")
+            _remove(folder)
+            continue
+        except OSError as exc:  # not readable with this run's credentials, or gone
+            out.skipped.append(f"{uri.rstrip('/').rsplit('/', 1)[-1]}: {type(exc).__name__}")
+            _remove(folder)
+            continue
+        out.step, out.folder, out.uri = step, folder, uri
+        return out
+    return out
+
+
+# ---- the output folder ------------------------------------------------------------------------------------
+
+OUTPUT_MANIFEST = "manifest.json"
+MAX_OUTPUT_FILES = 10_000
+
+
+def safe_relative(name: str) -> bool:
+    """A relative POSIX path of plain names (``merged/model.safetensors``): no '..', no absolute path."""
+    parts = name.split("/")
+    return 0 < len(parts) <= 4 and all(SAFE_NAME.match(p) for p in parts)
+
+
+def build_output(folder: Path, *, job_id: str, run_id: str | None, key: bytes | None) -> dict[str, Any]:
+    """The signed manifest of an output folder: every file under it (but the manifest) by relative path."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        if name == OUTPUT_MANIFEST:
+            continue
+        if not safe_relative(name):
+            raise ValueError(f"output file name {name!r} is not a plain relative path")
+        files[name] = {"size": path.stat().st_size, "sha256": digest(path)}
+    body = {"version": 1, "kind": "output", "job_id": job_id, "run_id": run_id, "files": files}
+    return sign(key, OUTPUT, body)
+
+
+def check_output(raw: bytes, *, job_id: str, pinned: str, key: bytes | None = None) -> dict[str, Entry]:
+    """The files an output manifest vouches for: its bytes must hash to ``pinned`` (the digest the bot
+    recorded from the run's signed terminal event) and, with ``key``, carry that run's MAC."""
+    if len(raw) > 4 * MAX_MANIFEST_BYTES or sha256_of(raw) != pinned:
+        raise ManifestError("output manifest is not the one its run reported")
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise ManifestError("output manifest is not JSON") from None
+    if not isinstance(obj, dict) or obj.get("kind") != "output" or obj.get("job_id") != job_id:
+        raise ManifestError("not this job's output manifest")
+    if key is not None and not verify(key, OUTPUT, obj):
+        raise ManifestError("output manifest not signed with its run's key")
+    files = obj.get("files")
+    if not isinstance(files, dict) or not files or len(files) > MAX_OUTPUT_FILES:
+        raise ManifestError("output manifest lists no files")
+    out: dict[str, Entry] = {}
+    for name, entry in files.items():
+        if not isinstance(name, str) or not safe_relative(name) or name == OUTPUT_MANIFEST:
+            raise ManifestError(f"output manifest names {name!r}, not a plain relative path")
+        size = entry.get("size") if isinstance(entry, dict) else None
+        sha = entry.get("sha256") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ManifestError(f"output manifest size of {name} is not a size")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ManifestError(f"output manifest hash of {name} is not a SHA-256")
+        out[name] = Entry(size, sha)
     return out
 
 

@@ -6,12 +6,14 @@ model, the Hugging Face Hub.
   in the bucket and on the Hub.
 - ``merge_adapter``: the base model in 16-bit with the adapter merged in (``<output>/merged``), loaded on
   the CPU so that it never competes with training for GPU memory (it needs the 16-bit model in host RAM).
-- ``push_folder``: ``HfApi(endpoint=HF_ENDPOINT, token=HF_TOKEN)``: create the repo (private unless the
-  spec says public, which the bot allows only with an admin's approval) and claim it with a marker file
-  naming the job (``.tunebot/job-<id>.json``); a repo that already exists is pushed to only when it holds
-  this job's marker (a resumed job pushing again), never over a repo the job did not create. The folder
-  goes up in one commit, with ``job.json`` and ``training_summary.json`` in their public form: no storage
-  URI, local path, report address or W&B account (``public_spec``, ``public_summary``); returns the URL.
+- ``push_folder``: called by the bot, never on a host (bot/engine/hub_push.py: the host holds no token that
+  can write to the Hub; the bot pushes the output its run signed, with its own token):
+  ``HfApi(endpoint, token)``: create the repo (private unless the spec says public, which the bot allows
+  only with an admin's approval) and claim it with a marker file naming the job (``.tunebot/job-<id>.json``);
+  a repo that already exists is pushed to only when it holds this job's marker (a resumed job pushing
+  again), never over a repo the job did not create. The folder goes up in one commit, with ``job.json`` and
+  ``training_summary.json`` in their public form: no storage URI, local path, report address or W&B
+  account (``public_spec``, ``public_summary``), and without the output's manifest; returns the URL.
 
 Whatever is pushed names inputs as others can find them: a Hub id or ``hf://`` path as is, a local path
 or a private storage URI by its last part only (``public_name``).
@@ -20,7 +22,6 @@ or a private storage URI by its last part only (``public_name``).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ from runner.spec import HubSpec, JobSpec, Method
 
 MARKER_DIR = ".tunebot"
 PRIVATE_FILES = ("job.json", "training_summary.json")  # replaced by their public form in a push
+NOT_PUSHED = (
+    "manifest.json",
+)  # the output's manifest (runner/manifest.py): the bot's check, not the model's
 
 
 class PushRefused(Exception):
@@ -294,14 +298,16 @@ def merge_adapter(adapter_dir: Path, model_dir: Path, out_dir: Path, *, dtype: A
     AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out_dir))
 
 
-def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> str:
+def push_folder(
+    folder: Path, hub: HubSpec, spec: JobSpec, *, message: str, token: str | None, endpoint: str | None = None
+) -> str:
     """Upload ``folder`` to the Hub repo this job creates (or created before a resume); returns its URL.
-    Raises PushRefused when the repo exists without this job's marker. HF_TOKEN and HF_ENDPOINT come from
-    the environment."""
+    Raises PushRefused when the repo exists without this job's marker. ``token``: the bot's own (HF_TOKEN);
+    ``endpoint``: HF_ENDPOINT (None: the Hub)."""
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None)
+    api = HfApi(endpoint=endpoint or None, token=token or None)
     marker = marker_path(spec.job_id)
     try:
         url = api.create_repo(hub.repo, private=hub.private, exist_ok=False, repo_type="model")
@@ -330,7 +336,11 @@ def push_folder(folder: Path, hub: HubSpec, spec: JobSpec, *, message: str) -> s
         public["training_summary.json"] = json.dumps(
             public_summary(json.loads(summary.read_text(encoding="utf-8"))), indent=2
         )
-    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(folder).as_posix(): p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() not in NOT_PUSHED
+    }
     for name, path in files.items():  # configs that name the base model's folder (adapter_config.json, ...)
         text = _public_config(path) if name.endswith(".json") and name not in PRIVATE_FILES else None
         if text is not None:

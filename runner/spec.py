@@ -156,10 +156,23 @@ class PlateauSpec(_Strict):
 
 
 class HubSpec(_Strict):
-    """Push the output to the Hugging Face Hub (HF_TOKEN from the environment; HF_ENDPOINT for a mirror)."""
+    """Where the output goes on the Hugging Face Hub. The bot pushes it, with its own token, from the output
+    its run signed (bot/engine/hub_push.py); a host never holds a token that can write to the Hub. The
+    runner names the repo in the model card."""
 
     repo: str = Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
     private: bool = Defaults.hub_private
+
+
+class ResumePoint(_Strict):
+    """A checkpoint the bot acknowledged from the run that wrote it (bot/engine/runs.py): where it is, its
+    step and the SHA-256 of its manifest's bytes. A resume loads a checkpoint of an earlier run only through
+    one of these (runner/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
+    recorded while that run was current, whoever can still write the folder."""
+
+    uri: str = Field(min_length=1, max_length=1024)  # <folder>/checkpoint-<step>
+    step: int = Field(ge=0)
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class CostSpec(_Strict):
@@ -174,6 +187,8 @@ class CostSpec(_Strict):
 class JobSpec(_Strict):
     version: int = SPEC_VERSION
     job_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # This launch of the job (bot/engine/runs.py): its own key (TUNEBOT_JOB_KEY), folder and credentials.
+    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     base_model: str  # hub id (uses HF_TOKEN) or a local path / fsspec URI of a model folder
     base_model_name: str | None = None  # what the person asked for (hub id or name; for the model card)
     dataset: DatasetSpec
@@ -202,6 +217,9 @@ class JobSpec(_Strict):
     # the planner prices for every method on > 1 GPU), "ddp" (a full copy per process) or "auto" (= fsdp).
     sharding: Literal["auto", "fsdp", "ddp"] = "auto"
     checkpoint: CheckpointSpec
+    # Checkpoints of earlier runs this run may resume from, newest first, each pinned by its manifest's
+    # digest (its own checkpoint folder, signed with its own key, is looked at first).
+    resume: list[ResumePoint] = Field(default_factory=list, max_length=8)
     report: ReportSpec = Field(default_factory=ReportSpec)
     wandb: WandbSpec = Field(default_factory=WandbSpec)
     plateau: PlateauSpec = Field(default_factory=PlateauSpec)
@@ -301,7 +319,11 @@ class RunnerEvent(BaseModel):
     message: str | None = None
     wandb_url: str | None = None  # the W&B run page (on `started` when logging online)
     wandb_note: str | None = None  # on `started`: W&B did not answer, the run logs offline (and where)
-    hub_url: str | None = None  # where the output was pushed (on the terminal event)
+    hub_url: str | None = None  # where the output was pushed (runners before the bot pushed; ignored now)
+    # The SHA-256 of the manifest's bytes: a checkpoint's (checkpoint, preempted) or the output's (finished,
+    # plateau). The bot records it from the current run's signed event: what a later resume or the bot's Hub
+    # push accepts (bot/engine/runs.py).
+    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     timestamp: float = Field(default_factory=time.time)
     # What this run measured (terminal events; see runner/measure.py): max_memory_reserved_gb,
     # device_memory_used_gb, tokens_per_second (steady), steady_steps. Absent values were not measurable.

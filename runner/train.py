@@ -89,7 +89,11 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
     from runner.distributed import is_worker
 
     main_process = not is_worker() or os.environ.get("RANK", "0") == "0"
-    watcher = Watcher.start(spec.job_id, preemption.credentials_expiring) if main_process else None
+    watcher = (
+        Watcher.start(spec.job_id, preemption.credentials_expiring, run_id=spec.run_id)
+        if main_process
+        else None
+    )
     try:
         trainer.setup()
         status = trainer.train()
@@ -134,8 +138,9 @@ class Trainer:
         self.state = ckpt.TrainState()
         self.resumed_from: str | None = None
         self.output_uri: str | None = None
-        self.hub_url: str | None = None
-        self.publish_problem: str | None = None  # the Hub push or the merge failed (the output is saved)
+        self.publish_problem: str | None = None  # the merge failed (the output is saved)
+        self.manifest_sha256: str | None = None  # of the newest checkpoint's manifest (its events carry it)
+        self.output_manifest_sha256: str | None = None  # of the output's manifest (the terminal event's)
         self.stats: Any = None
         self.max_steps: int | None = None
         self.wandb: Any = None
@@ -374,7 +379,7 @@ class Trainer:
 
         spec, group = self.spec, self._group()
         assert self.store is not None
-        fetched = self.store.fetch_verified(job_id=spec.job_id, key=self.key)  # every rank loads it
+        fetched = self.store.fetch_resume(job_id=spec.job_id, key=self.key, points=spec.resume)  # every rank
         resume_step, resume_dir = fetched.step, fetched.folder
         for skipped in fetched.skipped if group.main else []:
             print(f"note: ignored {skipped}", flush=True)
@@ -395,7 +400,7 @@ class Trainer:
             if resume_dir is not None:
                 ckpt.read_optimizer(resume_dir, self.ddp_model, self.optimizer, fsdp=self.fsdp)
                 self.state = ckpt.read_rest(resume_dir, scheduler=self.scheduler, rank=group.rank)
-                self._resumed(self.store.uri_of(resume_step))
+                self._resumed(fetched.uri or self.store.uri_of(resume_step))
         finally:
             if resume_dir is not None:
                 shutil.rmtree(resume_dir, ignore_errors=True)
@@ -570,6 +575,7 @@ class Trainer:
                     self.emit(
                         EventKind.preempted,
                         checkpoint_uri=uri,
+                        manifest_sha256=self.manifest_sha256,
                         message=f"{self.preemption.why}: saved and exiting",
                     )
                     return "preempted"
@@ -579,7 +585,7 @@ class Trainer:
                     break
                 if due and state.step < self.max_steps:
                     uri = self.save()
-                    self.emit(EventKind.checkpoint, checkpoint_uri=uri)
+                    self.emit(EventKind.checkpoint, checkpoint_uri=uri, manifest_sha256=self.manifest_sha256)
                     last_save = time.monotonic()
             if status == "plateau":
                 break
@@ -596,7 +602,7 @@ class Trainer:
         self.emit(
             kind,
             output_uri=self.output_uri,
-            hub_url=self.hub_url,
+            manifest_sha256=self.output_manifest_sha256,
             metrics=self.metrics(),
             message="; ".join(notes) or None,
         )
@@ -773,7 +779,10 @@ class Trainer:
                     trainable=weights[1] if self.fsdp else None,
                     base_name=self.spec.base_model_name,
                 )
-                manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
+                written = manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
+                # The event announcing this checkpoint carries its manifest's digest: the bot pins it for a
+                # later run's resume (runner/manifest.py fetch_pinned).
+                self.manifest_sha256 = manifest.sha256_of(written.read_bytes())
                 uri = self.store.upload(local, self.state.step)
             self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
             print(f"checkpoint saved: {uri}", flush=True)
@@ -846,18 +855,14 @@ class Trainer:
                     except Exception as exc:  # the adapter is saved either way
                         self.publish_problem = f"merge failed ({type(exc).__name__}: {exc})"[:500]
                         print(f"note: {self.publish_problem}", flush=True)
-                if self.spec.push_to_hub is not None:
-                    try:
-                        self.hub_url = outputs.push_folder(
-                            local,
-                            self.spec.push_to_hub,
-                            self.spec,
-                            message=f"tunebot job {self.spec.job_id}: {status}",
-                        )
-                        print(f"pushed to the Hub: {self.hub_url}", flush=True)
-                    except Exception as exc:  # the output still goes to output_uri below
-                        self.publish_problem = f"not pushed to the Hub ({type(exc).__name__}: {exc})"[:500]
-                        print(f"note: {self.publish_problem}", flush=True)
+                # No push from here: the host holds no Hub token that can write. The bot pushes this folder
+                # with its own token once it has checked every file against the manifest below, signed with
+                # this run's key and written last (bot/engine/hub_push.py).
+                signed = manifest.build_output(
+                    local, job_id=self.spec.job_id, run_id=self.spec.run_id, key=self.key
+                )
+                body = json.dumps(signed, indent=1).encode()
+                self.output_manifest_sha256 = manifest.sha256_of(body)
                 fs, root = fsspec.core.url_to_fs(uri)
                 fs.makedirs(root, exist_ok=True)
                 for path in sorted(local.rglob("*")):
@@ -865,6 +870,7 @@ class Trainer:
                         target = f"{root}/{path.relative_to(local).as_posix()}"
                         fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
                         fs.put_file(str(path), target)
+                fs.pipe_file(f"{root}/{manifest.OUTPUT_MANIFEST}", body)
             print(f"output saved: {uri}", flush=True)
         self.group.barrier()
         return uri

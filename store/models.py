@@ -87,11 +87,61 @@ class Job(SQLModel, table=True):
     # when they expire; the bot renews them at half-life (bot/engine/renewal.py). None: not expiring.
     credentials_issued_at: float | None = None
     credentials_expire_at: float | None = None
+    # The job's current run (bot/engine/runs.py): the launch whose key the bot accepts events from. None
+    # between runs (the last one ended: preempted, finished, stopped) and before the first.
+    run_id: str | None = Field(default=None, max_length=64)
+    # The Hub push the bot does itself (bot/engine/hub_push.py): pending | pushing | pushed | failed, with
+    # when a process took it (a push whose process died is taken again) and the repo's URL once pushed.
+    hub_state: str | None = Field(default=None, max_length=16)
+    hub_claimed_at: float | None = None
+    hub_url: str | None = Field(default=None, max_length=300)
 
     created_at: float
     updated_at: float
     started_at: float | None = None
     finished_at: float | None = None
+
+
+class JobRun(SQLModel, table=True):
+    """One run of a job: one launch (first start, relaunch after a preemption, resume, growth, a start retried
+    on another host), with its own integrity key (derived from the master key, the job id, the run id and
+    ``secret``: bot/engine/integrity.py), its own folder ``<job folder>/runs/<id>/`` and storage credentials
+    for that folder alone. The bot accepts what the run signs only while it is the job's current run
+    (``jobs.run_id``); ``ended_at`` is when it stopped being that."""
+
+    __tablename__ = "job_runs"
+
+    id: str = Field(primary_key=True, max_length=64)
+    job_id: str = Field(index=True, max_length=64)
+    number: int = 1  # 1, 2, ... within the job (for people)
+    secret: str = Field(max_length=128)  # hex; never leaves the bot (the key is derived from it)
+    created_at: float
+    ended_at: float | None = None
+    end_reason: str | None = None
+    instance: str | None = None  # "<provider>:<instance id>" once an instance runs it
+    # The acknowledged checkpoints this run may resume from (JobSpec.resume), fixed at its launch: its
+    # storage credentials read them (bot/storage/scope.py).
+    resume: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # The output this run reported in its signed terminal event, and its manifest's digest: what the bot
+    # pushes to the Hub (bot/engine/hub_push.py).
+    output_uri: str | None = None
+    output_manifest_sha256: str | None = Field(default=None, max_length=64)
+
+
+class RunCheckpoint(SQLModel, table=True):
+    """A checkpoint the bot acknowledged: announced by a signed event of the run that wrote it, while that run
+    was the job's current run, with its manifest's SHA-256. Only these are resumed from."""
+
+    __tablename__ = "run_checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "run_id", "step", name="uq_run_checkpoint_step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, max_length=64)
+    run_id: str = Field(max_length=64)
+    step: int
+    uri: str
+    manifest_sha256: str = Field(max_length=64)
+    acknowledged_at: float
 
 
 class Instance(SQLModel, table=True):

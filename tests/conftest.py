@@ -21,6 +21,7 @@ from bot.providers.registry import CLOUDS  # noqa: E402 - after the offline swit
 for _key in (
     *(spec.key_env for spec in CLOUDS.values()),
     "HF_TOKEN",
+    "TUNEBOT_HF_READ_TOKEN",
     "SLACK_BOT_TOKEN",
     "SLACK_APP_TOKEN",
     "SLACK_SIGNING_SECRET",

@@ -63,6 +63,10 @@ class ProcessMemory:
     volumes_sync_lock: threading.Lock = field(default_factory=threading.Lock)
     volume_asks: dict[str, list[float]] = field(default_factory=dict)  # member -> their recent `volumes`
     volumes_lock: threading.Lock = field(default_factory=threading.Lock)
+    # (job id, run id) -> that run's key (bot/engine/integrity.py): a run's key never changes, so the cache
+    # holds no decision; which run is current is read from the database every time.
+    run_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    pushing: set[str] = field(default_factory=set)  # jobs whose Hub push runs in this process now
 
 
 @dataclass(frozen=True)

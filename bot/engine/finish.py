@@ -152,6 +152,13 @@ def finish(
             gone.append((row, eng.now()))
     all_gone = len(gone) == len(rows)
     crashpoint("finish.after_terminate")
+    if all_gone and (final == S.SUCCEEDED or (final == S.STOPPED and reason == "plateau")):
+        # The bot pushes the output its run signed (bot/engine/hub_push.py), before the job is final (its
+        # thread hears how the push went with the finish). Another finisher pushing it now: the next tick.
+        from bot.engine import hub_push
+
+        if not hub_push.push(eng, job_id):
+            return False
     end_reason = final if final != S.STOPPED else f"stopped:{reason}"
     now = eng.now()
     with eng.session() as s, s.no_autoflush:  # the audit rows go in one INSERT at the commit
@@ -218,16 +225,20 @@ def _result_fields(eng: EngineContext, job: Job, final: str, reason: str | None)
     """What the job leaves, confirmed on its storage: the output folder the runner reported (or, when its
     event was missed, the usual one if it is there), and the newest complete checkpoint. Never a folder
     that does not exist: a stopped or failed job has no output, its checkpoint is its result."""
-    from bot.engine import results
+    from bot.engine import results, runs
 
     fields: dict[str, object] = {}
     if job.output_uri is None and (final == S.SUCCEEDED or (final == S.STOPPED and reason == "plateau")):
         from bot.engine.launch import storage_root
 
-        usual = (job.plan or {}).get("output_uri") or f"{storage_root(eng, job.id)}/output"
+        last = runs.latest(eng, job.id)
+        root = storage_root(eng, job.id)
+        default = runs.output_folder(runs.run_root(root, last.id)) if last is not None else f"{root}/output"
+        usual = (job.plan or {}).get("output_uri") or default
         if results.exists(usual):
             fields["output_uri"] = usual
-    newest = results.newest_checkpoint(job.checkpoint_uri)
+    # Only a checkpoint the bot acknowledged from the run that wrote it (bot/engine/runs.py), still there.
+    newest = runs.newest_acknowledged(eng, job.id)
     if newest is not None:
         fields.update(last_checkpoint_uri=newest.uri, last_checkpoint_step=newest.step)
     elif job.last_checkpoint_uri and not results.exists(job.last_checkpoint_uri):

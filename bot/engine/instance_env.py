@@ -2,9 +2,11 @@
 
 Whatever an instance gets must be taken as disclosed to the host's owner (../shared/docs/security.md), so:
 
-- ``HF_TOKEN`` only for a Hub push or a base model the Hub does not serve anonymously (gated or
-  private: asked once per model, anonymously; when the Hub cannot be asked the token goes, so that a
-  gated model still trains);
+- never the bot's own ``HF_TOKEN``: the Hub offers no short-lived scoped token, so a token handed to a host
+  stays disclosed until someone revokes it by hand; the bot pushes outputs itself (bot/engine/hub_push.py);
+- ``HF_TOKEN`` set to ``TUNEBOT_HF_READ_TOKEN`` (a fine-grained read-only token) only for a base model the
+  Hub does not serve anonymously (gated or private: asked once per model, anonymously; when the Hub cannot
+  be asked the read token goes, so that a gated model still trains);
 - ``WANDB_API_KEY`` only when the job logs to W&B online;
 - storage credentials (``storage``: scoped to the job where the store allows it, see
   bot/storage/credentials.py), the job's integrity key and the spec.
@@ -96,13 +98,24 @@ def hub_access(model: str, endpoint: str | None, *, timeout: float = 5.0) -> str
 
 
 def needs_hf_token(spec: JobSpec, access: Callable[[str], str]) -> bool:
-    """The job pushes to the Hub, or its base model is a Hub repo not served anonymously (pure, given
-    ``access``: model id -> "public" | "restricted" | "unknown")."""
-    if spec.push_to_hub is not None:
-        return True
+    """The job's base model is a Hub repo not served anonymously: its host needs the read token to download
+    it (pure, given ``access``: model id -> "public" | "restricted" | "unknown"). A push needs nothing on the
+    host: the bot pushes."""
     if not is_hub_id(spec.base_model):
         return False
     return access(spec.base_model) != "public"
+
+
+def host_read_token(settings: Settings) -> str | None:
+    """The Hub token a host may get: TUNEBOT_HF_READ_TOKEN, never the bot's HF_TOKEN (not even when both
+    settings hold the same value)."""
+    read = settings.hf_read_token.get_secret_value() if settings.hf_read_token is not None else ""
+    own = settings.hf_token.get_secret_value() if settings.hf_token is not None else ""
+    if not read or read == own:
+        if read:
+            log.warning("TUNEBOT_HF_READ_TOKEN is HF_TOKEN: not given to runners (use a read-only token)")
+        return None
+    return read
 
 
 def runner_env(
@@ -117,10 +130,11 @@ def runner_env(
     env = {SPEC_ENV: spec.model_dump_json(), **storage}
     if job_key:
         env["TUNEBOT_JOB_KEY"] = job_key
-    if settings.hf_token is not None:
+    read_token = host_read_token(settings)
+    if read_token:
         ask = access or (lambda model: hub_access(model, settings.hf_endpoint))
-        if needs_hf_token(spec, ask):
-            env["HF_TOKEN"] = settings.hf_token.get_secret_value()
+        if needs_hf_token(spec, ask):  # the read-only token, under the name huggingface_hub reads
+            env["HF_TOKEN"] = read_token
     if settings.hf_endpoint:
         env["HF_ENDPOINT"] = settings.hf_endpoint
     if settings.wandb_api_key is not None and spec.wandb.mode == "online":

@@ -3,14 +3,18 @@
 A rented host is hostile (../shared/docs/security.md), and storage may be shared with other jobs' hosts.
 So:
 
-- **Per-job keys.** ``job_key(ctx, job_id)`` = HMAC-SHA256(master key, "tunebot job key v1" + job id). The
-  master key is ``TUNEBOT_SECRET_KEY`` where set (then no job key can be recomputed from the database);
-  else one is made at first use and kept in ``bot_secrets``, so every replica derives the same keys. A
-  derived key needs no column and no storage per job, and the database holds no job's key in plain when
-  the setting is used. The instance gets its key as ``TUNEBOT_JOB_KEY`` (never in the spec or a message).
-- **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC
-  (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the job's
-  thread (``report_refused``). Events for a final job are refused on both paths (runner_events.ingest).
+- **Per-run keys.** Each launch of a job is a run (bot/engine/runs.py) with its own key: ``run_key`` =
+  HMAC-SHA256(master key, "tunebot run key v1" + job id + run id + the run's random secret, kept in
+  ``job_runs``). A key derived from the job id alone would be the same in every run, and a host that ran the
+  job once would keep it. The master key is ``TUNEBOT_SECRET_KEY`` where set (then no run's key can be
+  recomputed from the database); else one is made at first use and kept in ``bot_secrets``, so every replica
+  derives the same keys. The instance gets its run's key as ``TUNEBOT_JOB_KEY`` (never in the spec or a
+  message). ``current_key`` is the key of the job's current run (``jobs.run_id``, read from the database each
+  time: another replica may have launched a new run), None between runs: nothing is accepted then. A run
+  launched before runs existed is named ``legacy`` and keeps the old job-wide key until it ends.
+- **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC of the job's
+  current run (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the
+  job's thread (``report_refused``). Events for a final job are refused on both paths (runner_events.ingest).
 - **Caps**: an event over ``MAX_EVENT_BYTES`` is refused; messages, URIs and metrics are cut to their caps;
   a progress object over ``MAX_PROGRESS_BYTES`` is not read; a job stores at most ``MAX_STORED_EVENTS``
   events (later ones still move its progress, without a row each).
@@ -40,7 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEY_PURPOSE = b"tunebot job key v1\0"
+KEY_PURPOSE = b"tunebot job key v1\0"  # the job-wide key of a run launched before runs existed (legacy)
+RUN_KEY_PURPOSE = b"tunebot run key v1\0"
+LEGACY_RUN = "legacy"
 MASTER_NAME = "job-keys"
 MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (the runner's are ~0.5 KB)
 MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: ~100 KB)
@@ -51,7 +57,8 @@ MAX_METRICS = 32
 WANDB_HOSTS = ("wandb.ai",)
 
 REASONS = {
-    "unsigned": "not signed with this job's key (someone else wrote to its storage)",
+    "unsigned": "not signed with this job's key (that of its current run: an earlier run's host, or someone "
+    "else who wrote to its storage)",
     "too_large": f"over {MAX_EVENT_BYTES // 1024} KB",
     "object_too_large": f"a progress object over {MAX_PROGRESS_BYTES >> 20} MB",
     "link": "a link outside this job's storage, W&B or its Hub repo (dropped)",
@@ -93,8 +100,49 @@ def _stored_master(ctx: EngineContext) -> bytes:
 
 
 def job_key(ctx: EngineContext, job_id: str) -> bytes:
-    """This job's integrity key (what its instance gets as TUNEBOT_JOB_KEY, in hex)."""
+    """The job-wide key of before runs: only a ``legacy`` run (launched before the upgrade) still signs with
+    it, until it ends."""
     return hmac.new(master_key(ctx), KEY_PURPOSE + job_id.encode(), hashlib.sha256).digest()
+
+
+def derive_run_key(master: bytes, job_id: str, run_id: str, secret: str) -> bytes:
+    """A run's key from the master key, the job and run ids and the run's random secret (hex). Pure."""
+    body = RUN_KEY_PURPOSE + job_id.encode() + b"\0" + run_id.encode() + b"\0" + bytes.fromhex(secret)
+    return hmac.new(master, body, hashlib.sha256).digest()
+
+
+def run_key(ctx: EngineContext, job_id: str, run_id: str) -> bytes | None:
+    """The key of one run of the job (what its instance gets as TUNEBOT_JOB_KEY, in hex); None when there is
+    no such run. Cached per (job, run): a run's key never changes."""
+    if run_id == LEGACY_RUN:
+        return job_key(ctx, job_id)
+    cached = ctx.memory.run_keys.get((job_id, run_id))
+    if cached is not None:
+        return cached
+    from store.models import JobRun
+
+    with ctx.session() as s:
+        row = s.get(JobRun, run_id)
+    if row is None or row.job_id != job_id:
+        return None
+    key = derive_run_key(master_key(ctx), job_id, run_id, row.secret)
+    ctx.memory.run_keys[(job_id, run_id)] = key
+    return key
+
+
+def current_key(ctx: EngineContext, job_id: str, run_id: str | None = None) -> tuple[str, bytes] | None:
+    """(run id, key) of the job's current run, None when it has none (between runs: nothing is accepted).
+    ``run_id``: the job's ``run_id`` column as the caller just read it (saves a query)."""
+    if run_id is None:
+        from store.models import Job
+
+        with ctx.session() as s:
+            job = s.get(Job, job_id)
+        run_id = job.run_id if job is not None else None
+    if not run_id:
+        return None
+    key = run_key(ctx, job_id, run_id)
+    return (run_id, key) if key is not None else None
 
 
 # ---- events -------------------------------------------------------------------------------------------

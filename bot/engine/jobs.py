@@ -144,7 +144,7 @@ def create(
     checked = preflight.Preflight(offers=fitting)
 
     def checks(offers: list[Any]) -> list[Any]:
-        """The image in its registry, the model's access with HF_TOKEN, the storage keys by a probe."""
+        """The image in its registry, the model's access with the host's read token, a storage probe."""
         nonlocal checked
         checked = preflight.check(
             ctx.settings,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from bot.engine import approval, instance_env, integrity, runner_bundle
+from bot.engine import approval, instance_env, integrity, runner_bundle, runs
 from bot.engine import states as S
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
@@ -44,7 +44,7 @@ from bot.storage.credentials import CredentialsError, Issued
 from runner.spec import JobSpec
 from store.db import insert_for
 from store.models import Instance as InstanceRow
-from store.models import Job
+from store.models import Job, JobRun
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
@@ -83,16 +83,21 @@ def offer_key(ranked: dict[str, Any]) -> str:
     return f"{ranked['provider']}:{ranked['offer_id']}:{'spot' if ranked.get('interruptible') else 'od'}"
 
 
-def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) -> JobSpec:
-    """The JobSpec for one launch of the job (same checkpoint folder every time, so it resumes).
+def build_spec(
+    eng: EngineContext, job: Job, offer: dict[str, Any], token: str | None, run: JobRun | None = None
+) -> JobSpec:
+    """The JobSpec for one launch of the job: one run (bot/engine/runs.py), writing in its own folder and
+    resuming from the checkpoints the bot acknowledged (``run.resume``).
 
     The training fields were decided when the job was created (bot/engine/jobspec.py, stored once in
     ``job.plan``); a launch adds what depends on the offer and the moment: GPUs, the report token, W&B,
-    and the spend so far for the model card.
+    the run and the spend so far for the model card.
     """
     from bot.engine.spend import job_spend
 
     root = storage_root(eng, job.id)
+    if run is not None:
+        root = runs.run_root(root, run.id)
     gpus = 0 if offer.get("gpu") == "cpu" else int(offer.get("gpu_count") or 1)
     settings = eng.settings
     with eng.session() as s:
@@ -102,7 +107,9 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
         "job_id": job.id,
         "gpus": gpus,
         "checkpoint": {
-            "uri": job.checkpoint_uri or f"{root}/checkpoints",
+            "uri": runs.checkpoint_folder(root)
+            if run is not None
+            else job.checkpoint_uri or f"{root}/checkpoints",
             "every_minutes": job.checkpoint_minutes or 20.0,
             "keep": 2,
         },
@@ -119,7 +126,7 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
             "project": settings.wandb_project,
             "entity": settings.wandb_entity,
         },
-        "output_uri": f"{root}/output",
+        "output_uri": runs.output_folder(root),
         "cost": {
             "price_per_hour": float(offer.get("price_per_hour") or 0.0),
             "spent_before": round(spent, 6),
@@ -130,6 +137,10 @@ def build_spec(eng: EngineContext, job: Job, offer: dict[str, Any], token: str) 
     spec = deep_merge(runtime, job.plan or {})  # the plan wins, as the demo's faster checkpoints do
     spec["job_id"] = job.id
     spec["report"]["token"] = token
+    if run is not None:  # the run's own folder and what it resumes from, whatever the plan says
+        spec["checkpoint"]["uri"] = runtime["checkpoint"]["uri"]
+        spec["run_id"] = run.id
+        spec["resume"] = list(run.resume or [])
     return JobSpec.model_validate(spec)
 
 
@@ -145,7 +156,8 @@ def wandb_mode(settings: Any) -> str:
 
 def runner_env(eng: EngineContext, spec: JobSpec, issued: Issued | None = None) -> dict[str, str]:
     """The instance's environment: the spec and only the secrets this job needs (engine/instance_env.py):
-    storage credentials scoped to the job where ``issued`` is (bot/storage/credentials.py), else the bot's."""
+    storage credentials scoped to the run where ``issued`` is (bot/storage/credentials.py), else the bot's;
+    the run's own key (bot/engine/integrity.py)."""
     from bot.engine.staging import storage_env
     from bot.storage.renewal import credentials_uri
 
@@ -153,13 +165,22 @@ def runner_env(eng: EngineContext, spec: JobSpec, issued: Issued | None = None) 
     if issued is not None and issued.scoped:
         storage = {k: v for k, v in storage.items() if k not in STATIC_KEYS}
         storage.update(issued.env)
-        storage["TUNEBOT_CREDENTIALS_URI"] = credentials_uri(storage_root(eng, spec.job_id))
+        storage["TUNEBOT_CREDENTIALS_URI"] = credentials_uri(spec_root(eng, spec))
+    key = integrity.run_key(eng, spec.job_id, spec.run_id) if spec.run_id else None
+    if key is None:  # never the job-wide key of before runs: a host of another run would hold it too
+        raise ValueError(f"job {spec.job_id}: a launch without a run has no key")
     return instance_env.runner_env(
         eng.settings,
         spec,
         storage=storage,
-        job_key=integrity.job_key(eng, spec.job_id).hex(),  # signs its events and manifests
+        job_key=key.hex(),  # the run's own key: signs its events and manifests
     )
+
+
+def spec_root(eng: EngineContext, spec: JobSpec) -> str:
+    """The folder a spec's run writes in: its run's folder (the job's folder for a spec without a run)."""
+    root = storage_root(eng, spec.job_id)
+    return runs.run_root(root, spec.run_id) if spec.run_id else root
 
 
 STATIC_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -171,11 +192,13 @@ def storage_credentials(eng: EngineContext, spec: JobSpec) -> Issued | None:
     from bot.storage import credentials
     from bot.storage.scope import scope_for
 
-    root = storage_root(eng, spec.job_id)
+    root = spec_root(eng, spec)
     if not root.startswith("s3://"):
         return None
-    scope = scope_for(root, dataset=spec.dataset.uri, base_model=spec.base_model)
-    return credentials.issue(eng.settings, scope, name=spec.job_id, now=eng.now())
+    scope = scope_for(
+        root, dataset=spec.dataset.uri, base_model=spec.base_model, resume=[p.uri for p in spec.resume]
+    )
+    return credentials.issue(eng.settings, scope, name=spec.run_id or spec.job_id, now=eng.now())
 
 
 def unscoped_note(eng: EngineContext) -> str:
@@ -437,6 +460,9 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     price_refused = False
     issued: Issued | None = None
     staged: dict[str, str] | None = None  # the runner for a stock image (bot/engine/runner_bundle.py)
+    run = runs.start(eng, job_id, claim_id, storage_root(eng, job_id))  # this launch's own key and folder
+    if run is None:
+        return False
     for ranked in offers:
         if ranked["provider"] in down or ranked["provider"] in refused:
             continue
@@ -474,7 +500,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
                 continue
         token = secrets.token_urlsafe(32)
         try:
-            spec = build_spec(eng, job, ranked, token)
+            spec = build_spec(eng, job, ranked, token, run)
         except ValueError as exc:  # a bad spec never gets better by retrying: fail with the reason
             now = eng.now()
             problem = str(exc).replace(token, "***")[:500]
@@ -505,7 +531,8 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
         if runner_bundle.uses_stock_image(eng.settings) and not shares_disk(provider):
             if staged is None:  # once per launch: the same wheel and URLs whatever the offer
                 try:
-                    staged = runner_bundle.stage(eng.settings, storage_root(eng, job_id), env)
+                    # in the run's own folder: the only one its storage credentials reach
+                    staged = runner_bundle.stage(eng.settings, spec_root(eng, spec), env)
                 except runner_bundle.StagingError as exc:
                     return _not_staged(eng, job_id, actor, str(exc))
             env = {**env, **staged}
@@ -539,6 +566,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
             j = s.get(Job, job_id)
             assert j is not None
             row = record_instance(eng, s, j, inst, price, ranked)
+            runs.set_instance(s, run.id, inst.provider, inst.instance_id)
             expiring = issued is not None and issued.expires_at is not None
             accepted_price = approval.approved_price(j)
             if not claimed and (accepted_price is None or price > accepted_price):

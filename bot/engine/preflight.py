@@ -8,7 +8,8 @@ for an instance (bot/engine/jobs.py):
   looked up in its registry with the OCI distribution API (token endpoint, then
   ``HEAD /v2/<name>/manifests/<tag>``; anonymous, or with TUNEBOT_REGISTRY_USERNAME/PASSWORD): an image
   that was never pushed, or that the registry will not serve, refuses the launch;
-- a Hugging Face model is fetched the way the runner will fetch it, with the same HF_TOKEN (``HEAD
+- a Hugging Face model is fetched the way the runner will fetch it, with the token the host gets
+  (TUNEBOT_HF_READ_TOKEN, never the bot's HF_TOKEN: bot/engine/instance_env.py) (``HEAD
   <endpoint>/<repo>/resolve/main/config.json``): a gated model the token's account has not accepted, a
   repository that does not exist or a rejected token refuses the launch;
 - the storage credentials the runner will get write, read back and delete a probe object under the job's
@@ -226,6 +227,9 @@ def is_hub_id(name: str) -> bool:
     return "://" not in name and bool(HUB_ID.match(name)) and not Path(name).expanduser().exists()
 
 
+READ_TOKEN = "TUNEBOT_HF_READ_TOKEN"  # the token a host downloads with (bot/engine/instance_env.py)
+
+
 def check_hub_model(
     repo_id: str,
     *,
@@ -252,23 +256,23 @@ def check_hub_model(
         if not token:
             return Check(
                 False,
-                f"{repo_id} is gated: set HF_TOKEN to a token of an account that accepted its license at "
-                f"{page}. {NOTHING_RENTED}",
+                f"{repo_id} is gated: set {READ_TOKEN} to a fine-grained read-only token of an account that "
+                f"accepted its license at {page} (hosts never get HF_TOKEN). {NOTHING_RENTED}",
             )
         return Check(
             False,
-            f"{repo_id} is gated and HF_TOKEN's account has no access yet: accept its license at {page} with "
-            f"that account (or use a token that has), then launch again. {NOTHING_RENTED}",
+            f"{repo_id} is gated and {READ_TOKEN}'s account has no access yet: accept its license at {page} "
+            f"with that account (or use a token that has), then launch again. {NOTHING_RENTED}",
         )
     if code == "RepoNotFound" or (resp.status_code == 404 and code != "EntryNotFound"):
-        hint = "" if token else " (a private repository needs HF_TOKEN)"
+        hint = "" if token else f" (a private repository needs {READ_TOKEN})"
         return Check(False, f"{repo_id} was not found on the Hub{hint}: check the model id. {NOTHING_RENTED}")
     if code == "EntryNotFound":
         return Check(False, f"{repo_id} has no config.json: the runner cannot load it. {NOTHING_RENTED}")
     if resp.status_code in (401, 403):
         return Check(
             False,
-            f"the Hub rejected HF_TOKEN (HTTP {resp.status_code}) for {repo_id}: set a valid "
+            f"the Hub rejected {READ_TOKEN} (HTTP {resp.status_code}) for {repo_id}: set a valid "
             f"token. {NOTHING_RENTED}",
         )
     return Check(None, f"the Hub answered HTTP {resp.status_code} for {repo_id}")
@@ -418,7 +422,9 @@ def check(
                 image_bytes = found.size_bytes
                 _remember(key)
     if is_hub_id(base_model):
-        token = settings.hf_token.get_secret_value() if settings.hf_token else None
+        from bot.engine.instance_env import host_read_token
+
+        token = host_read_token(settings)  # what the host downloads with (never the bot's HF_TOKEN)
         key = ("hub", base_model, hashlib.sha256((token or "").encode()).hexdigest(), settings.hf_endpoint)
         if _offline_hub(settings):
             notes.append(f"access to {base_model} not checked: HF_HUB_OFFLINE is set and HF_ENDPOINT is not")

@@ -69,24 +69,28 @@ def read_raw(uri: str) -> bytes | None:
 
 
 def pull(eng: EngineContext, job: Job) -> int:
-    """Ingest what the runner wrote to its progress object; an object this process has already ingested
-    byte for byte is not parsed or looked up again (at 10,000 running jobs most are unchanged)."""
+    """Ingest what the job's current run wrote to its progress object; an object this process has already
+    ingested byte for byte is not parsed or looked up again (at 10,000 running jobs most are unchanged)."""
     uri = job.checkpoint_uri
     if not uri:
         return 0
-    return pull_raw(eng, job.id, read_raw(progress_uri(uri)))
+    return pull_raw(eng, job.id, read_raw(progress_uri(uri)), run_id=job.run_id)
 
 
-def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None) -> int:
-    """Ingest one progress object's bytes (already-ingested objects and events are skipped)."""
+def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None, *, run_id: str | None = None) -> int:
+    """Ingest one progress object's bytes (already-ingested objects and events are skipped); only what the
+    key of the job's current run (``run_id``, else read from the database) signed counts."""
+    current = integrity.current_key(eng, job_id, run_id)
+    if current is None:
+        return 0  # no current run: nothing is accepted from anyone
     refused: Counter[str] = Counter()
-    parsed = _new_events(eng, job_id, raw, refused=refused)
+    parsed = _new_events(eng, job_id, raw, refused=refused, key=current[1])
     integrity.report_refused(eng, job_id, refused)
     if parsed is None:
         return 0
     items, window = parsed
     events = valid_events(job_id, items)
-    new = ingest(eng, job_id, events) if events else 0
+    new = ingest(eng, job_id, events, run_id=current[0]) if events else 0
     eng.memory.progress_seen[job_id] = window
     return new
 
@@ -114,6 +118,7 @@ def _new_events(
     stored: str | None = None,
     *,
     refused: Counter[str] | None = None,
+    key: bytes,
 ) -> tuple[list[dict[str, Any]], Window] | None:
     """The event objects of a progress object that have not been stored yet as far as the last read
     knows, and the object's window to remember once they are stored. None: nothing to do (no object,
@@ -126,9 +131,9 @@ def _new_events(
     in that read, which was stored: skipped here. A resumed run renumbering from its checkpoint
     writes *newer* events under known seqs; those pass and are checked against the stored ones.
 
-    Only items this job's key signed count, for the window too (bot/engine/integrity.py): a forged item
-    with a huge seq or a future timestamp would otherwise hide the job's real events; the others are
-    counted in ``refused``."""
+    Only items the key of the job's current run (``key``) signed count, for the window too
+    (bot/engine/integrity.py): a forged item with a huge seq or a future timestamp would otherwise hide the
+    job's real events; the others are counted in ``refused``."""
     if raw is None:
         return None
     refused = Counter() if refused is None else refused
@@ -140,7 +145,6 @@ def _new_events(
     if seen is not None and seen[0] == digest:
         eng.memory.progress_seen[job_id] = seen
         return None
-    key = integrity.job_key(eng, job_id)
     items = _tail(raw, seen, key) if seen is not None else None
     whole = items is None
     if items is None:
@@ -235,6 +239,7 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
     to ``jobs.progress_window`` too, so that a restarted bot starts where this one stopped."""
     uris = {j.id: progress_uri(j.checkpoint_uri) for j in jobs if j.checkpoint_uri}
     stored_windows = {j.id: getattr(j, "progress_window", None) for j in jobs}
+    run_ids = {j.id: getattr(j, "run_id", None) for j in jobs}  # read with the rows: no query per job
     remote = [jid for jid, u in uris.items() if "://" in u and not u.startswith("file://")]
     raws: dict[str, bytes | None] = {}
     if len(remote) > 1:
@@ -244,6 +249,7 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             raws.update(zip(remote, pool.map(read_raw, [uris[j] for j in remote]), strict=True))
     batch: dict[str, list[dict[str, Any]]] = {}
     windows: dict[str, Window] = {}
+    verified_by: dict[str, str] = {}
     stats = eng.memory.progress_stat
     now = time.monotonic()
     for jid, uri in uris.items():
@@ -253,8 +259,12 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             if stamp is not None and known is not None and known[:2] == stamp and now - known[2] < 60:
                 continue
         raw = raws[jid] if jid in raws else read_raw(uri)
+        current = integrity.current_key(eng, jid, run_ids.get(jid))
+        if current is None:
+            continue  # no current run (it just ended): nothing is accepted from anyone
+        verified_by[jid] = current[0]
         refused: Counter[str] = Counter()
-        parsed = _new_events(eng, jid, raw, stored_windows.get(jid), refused=refused)
+        parsed = _new_events(eng, jid, raw, stored_windows.get(jid), refused=refused, key=current[1])
         integrity.report_refused(eng, jid, refused)
         if parsed is not None:
             batch[jid], windows[jid] = parsed
@@ -262,14 +272,14 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             stats[jid] = (*stamp, now)
     texts = {jid: window_text(w) for jid, w in windows.items()}
     try:
-        changed, written = ingest_many(eng, {k: v for k, v in batch.items() if v}, texts)
+        changed, written = ingest_many(eng, {k: v for k, v in batch.items() if v}, texts, verified_by)
     except Exception:  # noqa: BLE001 - the batch failed as a whole: store job by job (exact, slower)
         log.exception("storing runner events in one batch failed; storing them job by job")
         changed, written = set(), set()
         for jid, items in batch.items():
             try:
                 events = valid_events(jid, items)
-                if events and ingest(eng, jid, events):
+                if events and ingest(eng, jid, events, run_id=verified_by.get(jid)):
                     changed.add(jid)
             except Exception:  # noqa: BLE001 - one unreadable job never stops the others
                 log.exception("job %s: storing runner events failed", jid)

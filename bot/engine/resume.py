@@ -1,11 +1,11 @@
 """Continue a stopped or failed job, or relaunch one with changes.
 
-``resume``: the same job runs again (a new run of it, not a new job): its checkpoint folder, W&B run, thread
-and spend stay its own, so the runner continues from its newest complete checkpoint and the job's cap keeps
-counting everything it has spent. ``max_cost`` raises the cap (a budget-stopped job needs that); a cap above
-the approval amount goes through approval as a new job would (the permissions policy decides, not this
-module), unless a person already approved at least that much for this job. Only the job's owner or an admin
-may resume it, in a channel where they may launch.
+``resume``: the same job runs again (a new run of it, not a new job): its checkpoints, W&B run, thread and
+spend stay its own, so the new run continues from its newest acknowledged checkpoint (bot/engine/runs.py)
+and the job's cap keeps counting everything it has spent. ``max_cost`` raises the cap (a budget-stopped job
+needs that); a cap above the approval amount goes through approval as a new job would (the permissions
+policy decides, not this module), unless a person already approved at least that much for this job. Only
+the job's owner or an admin may resume it, in a channel where they may launch.
 
 ``clone_request``: the job's request with some options changed (``key=value`` through the same options table
 as estimate and launch), to be estimated, priced and launched as a new job by the caller. Only the job's owner
@@ -21,8 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bot.engine import admission, approval, jobs
-from bot.engine import results as results_mod
+from bot.engine import admission, approval, jobs, runs
 from bot.engine import states as S
 from bot.engine.api import EngineError, JobView, PermissionDenied
 from bot.engine.context import EngineContext
@@ -119,7 +118,7 @@ def resume(
     stake = approval.at_stake((job.spend or 0.0) + remaining, explicit)
     needs_approval = policy.needs_approval(stake) and stake > approval.ceiling(job)
     by_person = job.approved_by not in PERSON_APPROVALS_EXCLUDE
-    checkpoint = results_mod.newest_checkpoint(job.checkpoint_uri)
+    checkpoint = runs.newest_acknowledged(ctx, job.id)  # acknowledged from the run that wrote it
     now = ctx.now()
     dst = S.PENDING_APPROVAL if needs_approval else S.APPROVED
     with ctx.session() as s:

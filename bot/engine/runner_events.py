@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bot.engine import integrity
+from bot.engine import integrity, runs
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.launch import storage_root, token_hash
@@ -58,25 +58,34 @@ def token_ok(job: Job, token: str | None) -> bool:
 
 
 def receive_pushed(eng: EngineContext, job: Job, payload: dict[str, Any] | bytes | str) -> bool:
-    """A pushed event of a job whose token matched: stored when the job is not final and the job's key
-    signed it; False otherwise (what was refused is told once in the thread)."""
+    """A pushed event of a job whose token matched: stored when the job is not final and the key of its
+    current run signed it; False otherwise (what was refused is told once in the thread)."""
     if job.state in S.FINAL:
+        return False
+    current = integrity.current_key(eng, job.id, job.run_id)
+    if current is None:  # between runs: an ended run's token no longer works either
         return False
     if not isinstance(payload, dict):
         try:
             payload = json.loads(payload)
         except ValueError:
             return False
-    events, refused = integrity.signed_events(integrity.job_key(eng, job.id), job.id, [payload])
+    run_id, key = current
+    events, refused = integrity.signed_events(key, job.id, [payload])
     integrity.report_refused(eng, job.id, refused)
     if not events:
         return False
-    ingest(eng, job.id, events)
+    ingest(eng, job.id, events, run_id=run_id)
     return True
 
 
-def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> int:
-    """Store new events (dedupe by seq), update the job's progress and publish; returns how many were new."""
+def ingest(
+    eng: EngineContext, job_id: str, events: Iterable[RunnerEvent], *, run_id: str | None = None
+) -> int:
+    """Store new events (dedupe by seq), update the job's progress and publish; returns how many were new.
+    ``run_id``: the run whose key verified them; nothing is stored unless it is still the job's current run
+    once the job's row is locked (a relaunch in between replaced it). None: the caller checked nothing (tests
+    and tools that feed events straight in): the job's current run then counts as the writer."""
     events = sorted((e for e in events if e.job_id == job_id), key=lambda e: e.seq)
     if not events:
         return 0
@@ -94,6 +103,8 @@ def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> in
         job = S.lock_job(s, job_id)
         if job is None or job.state in S.FINAL:
             return 0  # a final job's outcome is settled: nothing a runner says changes it
+        if run_id is not None and job.run_id != run_id:
+            return 0  # signed by a run that is not (or no longer) the job's current one
         events, refused["link"] = _bounded(eng, job, events)
         known = _known(s, job_id, seqs)
         for e in events:
@@ -121,6 +132,8 @@ def ingest(eng: EngineContext, job_id: str, events: Iterable[RunnerEvent]) -> in
             new.append(e)
         if not new:
             return 0
+        if job.run_id:
+            runs.acknowledge(s, job, job.run_id, new, output_prefix=_output_prefix(eng, job), now=now)
         fields = {**_progress_fields(job, new), "last_event_at": now, "updated_at": now}
         s.execute(update(Job).where(Job.id == job_id).values(**fields))
         try:
@@ -139,6 +152,16 @@ def valid_events(job_id: str, items: list[dict[str, Any]]) -> list[RunnerEvent]:
     return [e for e in readable_events(items) if e.job_id == job_id]
 
 
+def _output_prefix(eng: EngineContext, job: Any) -> str:
+    """Where the output of the job's current run goes (a plan's own output_uri wins)."""
+    plan = getattr(job, "plan", None) or {}
+    if isinstance(plan, dict) and plan.get("output_uri"):
+        return str(plan["output_uri"])
+    if job.run_id and job.run_id != integrity.LEGACY_RUN:
+        return runs.output_folder(runs.run_root(storage_root(eng, job.id), job.run_id))
+    return f"{storage_root(eng, job.id)}/output"
+
+
 def _bounded(eng: EngineContext, job: Any, events: list[RunnerEvent]) -> tuple[list[RunnerEvent], int]:
     """The events cut to their caps, with every link that does not point where this job's may dropped;
     how many links were dropped."""
@@ -148,7 +171,7 @@ def _bounded(eng: EngineContext, job: Any, events: list[RunnerEvent]) -> tuple[l
         e = integrity.cap_event(e)
         if e.output_uri or e.checkpoint_uri or e.wandb_url or e.hub_url:
             if expected is None:
-                expected = integrity.expected_of(eng, job, f"{storage_root(eng, job.id)}/output")
+                expected = integrity.expected_of(eng, job, _output_prefix(eng, job))
             e, n = integrity.check_links(e, expected)
             dropped += n
         out.append(e)
@@ -248,7 +271,7 @@ def _outcome_note(e: RunnerEvent) -> str | None:
     """What the person should read about how the run ended, in the runner's own words."""
     if e.kind is EventKind.failed:
         return f"runner: {e.message}"[:1000] if e.message else None
-    notes = [f"Pushed to the Hub: {e.hub_url}"] if e.hub_url else []
+    notes = []  # "Pushed to the Hub" is the bot's to say: it pushes (bot/engine/hub_push.py)
     if e.message and not e.message.startswith("stopped: the loss"):
         notes.append(e.message)
     return "; ".join(notes)[:1000] or None
@@ -273,20 +296,27 @@ _PROGRESS_COLUMNS = (
     Job.plan,
     Job.last_checkpoint_uri,
     Job.last_checkpoint_step,
+    Job.run_id,
 )
 
 
 def ingest_many(
-    eng: EngineContext, batch: dict[str, list[dict[str, Any]]], windows: dict[str, str] | None = None
+    eng: EngineContext,
+    batch: dict[str, list[dict[str, Any]]],
+    windows: dict[str, str] | None = None,
+    verified_by: dict[str, str] | None = None,
 ) -> tuple[set[str], set[str]]:
     """``ingest`` for many jobs' progress items at once: one read of the jobs and of the stored events
     the batch could repeat, one executemany for the new events and one for the jobs' progress (and
     ``windows``, each job's read, recorded with its events), one commit. Only the items that will be
     stored are validated. A job whose events would replace stored ones (a resumed run renumbering)
-    goes through ``ingest``. Returns (jobs with new events, jobs whose window was recorded)."""
+    goes through ``ingest``. ``verified_by``: the run whose key verified each job's items; a job whose
+    current run is another one once its row is locked stores nothing. Returns (jobs with new events, jobs
+    whose window was recorded)."""
     if not batch:
         return set(), set()
     windows = windows or {}
+    verified_by = verified_by or {}
     now = eng.now()
     single: dict[str, list[RunnerEvent]] = {}
     new_by_job: dict[str, list[RunnerEvent]] = {}
@@ -327,6 +357,8 @@ def ingest_many(
                 job = jobs.get(jid)
                 if job is None or job.state in S.FINAL:
                     continue  # a final job's outcome is settled
+                if jid in verified_by and job.run_id != verified_by[jid]:
+                    continue  # verified with a run that is no longer the job's current one
                 fresh = []
                 for item in batch[jid]:
                     if item["seq"] >= integrity.MAX_STORED_EVENTS:  # past the cap: the exact path decides
@@ -348,6 +380,8 @@ def ingest_many(
         updates: list[dict[str, Any]] = []
         for jid, new in new_by_job.items():
             job = jobs[jid]
+            if job.run_id and any(e.manifest_sha256 for e in new):  # checkpoints and outputs it vouches for
+                runs.acknowledge(s, job, job.run_id, new, output_prefix=_output_prefix(eng, job), now=now)
             rows.extend(
                 {
                     "job_id": jid,
@@ -387,14 +421,17 @@ def ingest_many(
                 job = s.get(Job, jid) or job  # the measurements need the whole row
         _announce(eng, job, new)
     for jid, events in single.items():
-        if events and ingest(eng, jid, events):
+        if events and ingest(eng, jid, events, run_id=verified_by.get(jid)):
             changed.add(jid)
     return changed, written
 
 
-def _in_folder(uri: str | None, job: Job) -> bool:
-    """A checkpoint the runner announced lies in the job's own checkpoint folder (never elsewhere)."""
+def _in_folder(uri: str | None, job: Job, step: int | None = None) -> bool:
+    """A checkpoint the runner announced lies in the checkpoint folder of the job's current run (never
+    elsewhere), named by its step when ``step`` is given."""
     folder = (job.checkpoint_uri or "").rstrip("/")
+    if step is not None:
+        return bool(folder and uri == f"{folder}/checkpoint-{step}")
     return bool(uri and folder and uri.startswith(folder + "/checkpoint-") and ".." not in uri)
 
 
@@ -414,7 +451,11 @@ def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
     }
     for e in new:
         f["last_step"] = e.step
-        if e.kind in (EventKind.checkpoint, EventKind.preempted) and _in_folder(e.checkpoint_uri, job):
+        # A checkpoint counts once acknowledged: in the current run's folder, with its manifest's digest
+        # (bot/engine/runs.py records it in the same transaction).
+        acked = e.manifest_sha256 is not None and getattr(job, "run_id", None) is not None
+        kinds = (EventKind.checkpoint, EventKind.preempted)
+        if e.kind in kinds and acked and _in_folder(e.checkpoint_uri, job, e.step):
             f["last_checkpoint_uri"], f["last_checkpoint_step"] = e.checkpoint_uri, e.step
         if e.max_steps:
             f["max_steps"] = e.max_steps

@@ -131,8 +131,8 @@ def refuse_unsupported(
         )
     if plan.push_to_hub and settings.hf_token is None:
         raise EngineError(
-            f"push_to_hub={plan.push_to_hub} needs HF_TOKEN set for the bot (it reaches the runner as an "
-            "environment variable, never in a message)"
+            f"push_to_hub={plan.push_to_hub} needs HF_TOKEN set for the bot (the bot pushes the output "
+            "itself; the token never reaches a runner)"
         )
     model = Path(plan.base_model).expanduser()
     if plan.base_model.endswith(".json") or (model.is_dir() and not _has_weights(model)):

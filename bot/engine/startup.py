@@ -54,7 +54,7 @@ def start_failed(eng: EngineContext, job_id: str, row: InstanceRow | None, *, wh
         message = (
             f"{why} on {failed} hosts ({money(paid)} paid for the wait), so it was stopped "
             "instead of retried: check that hosts can pull TUNEBOT_RUNNER_IMAGE and download the model "
-            "(HF_TOKEN), and the runner's log on the provider's console"
+            "(TUNEBOT_HF_READ_TOKEN), and the runner's log on the provider's console"
         )
         if finish(eng, job_id, S.FAILED, reason=START_TIMEOUT, actor="monitor", message=message):
             text = f"Job {job_id} failed: {message}."

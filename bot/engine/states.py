@@ -18,7 +18,7 @@ from sqlmodel import Session
 
 from bot.engine.jobstate import ACTIVE, FINAL, OPEN, JobState
 from bot.engine.spend import job_spend
-from store.models import AuditLog, Job
+from store.models import AuditLog, Job, JobRun
 
 PENDING_APPROVAL = JobState.PENDING_APPROVAL
 APPROVED = JobState.APPROVED
@@ -47,6 +47,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     STOPPED: frozenset({APPROVED, PENDING_APPROVAL}),
     FAILED: frozenset({APPROVED, PENDING_APPROVAL}),
 }
+
+
+# The states in which a job has a current run (bot/engine/runs.py); leaving them ends it.
+RUN_STATES = frozenset({LAUNCHING, RUNNING})
 
 
 class IllegalTransition(ValueError):
@@ -96,11 +100,20 @@ def transition(
     values = {"state": dst, "updated_at": now, **fields}
     if dst in FINAL and spend is not None:
         values["spend"] = spend
+    ends_run = dst not in RUN_STATES and any(s in RUN_STATES for s in sources)
+    if ends_run:  # the current run ends with it: nothing it signs counts any more (bot/engine/runs.py)
+        values.update(run_id=None, token_hash=None)
     result = session.execute(update(Job).where(Job.id == job_id, Job.state.in_(sources)).values(**values))
     if result.rowcount != 1:
         if commit:
             session.rollback()
         return False
+    if ends_run:
+        session.execute(
+            update(JobRun)
+            .where(JobRun.job_id == job_id, JobRun.ended_at.is_(None))
+            .values(ended_at=now, end_reason=(reason or str(dst))[:200])
+        )
     if dst in FINAL:
         if spend is None:
             spend = job_spend(session, job_id, now)

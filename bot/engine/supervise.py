@@ -264,6 +264,7 @@ _FACT_COLUMNS = (
     Job.start_deadline_s,
     Job.checkpoint_uri,
     Job.progress_window,
+    Job.run_id,
 )
 
 

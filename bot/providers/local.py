@@ -44,7 +44,7 @@ from bot.providers.common import finish_search
 DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-c", "from runner.cli import main; main()")
 # What a runner process inherits from the bot's environment: an allow-list (the system, Python, caches and
 # the ML libraries' offline/thread switches), never the bot's secrets. Everything else it needs comes in
-# LaunchRequest.env, as on a rented host (the spec, storage credentials, HF_TOKEN when the job needs it).
+# LaunchRequest.env, as on a rented host (the spec, storage credentials, the read-only Hub token when needed).
 INHERITED_ENV = frozenset(
     {
         "PATH",

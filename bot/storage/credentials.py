@@ -7,7 +7,7 @@ keys where the store can do better. One function per kind of store, behind ``iss
                    whose STS takes the same call and policy language);
 - ``federation``   STS GetFederationToken with the same policy (AWS, called with an IAM user's keys);
 - ``r2``           Cloudflare R2's temporary credentials (``POST /accounts/{id}/r2/temp-access-credentials``)
-                   for the job's prefix and inputs;
+                   for the run's prefix, its inputs and the checkpoints it resumes from;
 - ``static``       the bot's own keys (a store that cannot scope: plain keys, an unknown endpoint). Still
                    usable, with one warning at start (``startup_warning``) and on every launch: any host then
                    reaches every job's data - what it writes is still checked (bot/engine/integrity.py).
@@ -213,7 +213,7 @@ def federation(settings: Settings, scope: Scope, *, name: str, seconds: int) -> 
 
 
 def r2(settings: Settings, scope: Scope, *, seconds: int, now: float) -> Issued:
-    """Cloudflare R2 temporary credentials for the job's prefix and inputs."""
+    """Cloudflare R2 temporary credentials for the run's prefix and inputs."""
     import httpx
 
     account = settings.r2_account_id or r2_account(settings.aws_endpoint_url)

@@ -1,15 +1,17 @@
 """Renewing a running job's storage credentials before they expire: a job longer than their lifetime still
 finishes.
 
-Plan (docs/security.md): at half-life of a running job's credentials the bot makes fresh ones for the same
-scope and leaves them in the job's own folder, ``<job folder>/credentials.json``, signed with the job's key
-(runner/integrity.py, purpose "credentials"). Only that job's credentials (and the bot) can read its folder
-where storage is scoped, and only the job's key signs what the runner will accept. The runner
-(runner/credentials.py) reads the object from half-life on and switches to the newer credentials in place;
-if none came - the bot was down for half a lifetime - it saves a checkpoint and exits with
-EXIT_CREDENTIALS (77) before they expire, and the bot relaunches it with fresh ones like a preemption. It
-works for a bot with or without a public URL (the object is pulled, like progress.json), and the instance
-is never given anything long-lived.
+Plan (docs/security.md): at half-life of a run's credentials the bot makes fresh ones for the same scope and
+leaves them in the run's own folder, ``<job folder>/runs/<run id>/credentials.json``, signed with the run's
+key (runner/integrity.py, purpose "credentials") and sealed to it (runner/sealed.py: AES-GCM under a key
+derived from the run's key, the job and run ids bound in). The run's folder is outside every other run's
+credentials where storage is scoped, and the seal keeps the object unreadable to anyone but that run where it
+is not (a store that cannot scope, a host that ran the job before and still holds its old credentials). The
+runner (runner/credentials.py) reads the object from half-life on and switches to the newer credentials in
+place; if none came - the bot was down for half a lifetime - it saves a checkpoint and exits with
+EXIT_CREDENTIALS (77) before they expire, and the bot relaunches it with fresh ones (a new run) like a
+preemption. It works for a bot with or without a public URL (the object is pulled, like progress.json), and
+the instance is never given anything long-lived.
 
 This module is what the object is and where it goes (pure); the tick's step that renews each job due is
 bot/engine/renewal.py.
@@ -17,28 +19,31 @@ bot/engine/renewal.py.
 
 from __future__ import annotations
 
-import json
-
 from runner.integrity import CREDENTIALS, sign
+from runner.sealed import seal
 
 CREDENTIALS_FILE = "credentials.json"
 RENEWED_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-def credentials_uri(job_root: str) -> str:
-    """Where a job's renewed credentials are left for its runner."""
-    return f"{job_root.rstrip('/')}/{CREDENTIALS_FILE}"
+def credentials_uri(run_root: str) -> str:
+    """Where a run's renewed credentials are left for its runner (in the run's own folder)."""
+    return f"{run_root.rstrip('/')}/{CREDENTIALS_FILE}"
 
 
-def renewal_object(key: bytes, job_id: str, env: dict[str, str], expires_at: float) -> bytes:
-    """The signed object a runner accepts: the new keys and when they expire (pure)."""
+def renewal_object(
+    key: bytes, job_id: str, env: dict[str, str], expires_at: float, run_id: str | None = None
+) -> bytes:
+    """The object a runner accepts: the new keys and when they expire, signed with the run's key and sealed to
+    the run (pure but for the seal's random nonce)."""
     body = {
-        "version": 1,
+        "version": 2,
         "job_id": job_id,
+        "run_id": run_id,
         "expires_at": expires_at,
         "env": {k: env[k] for k in RENEWED_KEYS if k in env},
     }
-    return json.dumps(sign(key, CREDENTIALS, body)).encode()
+    return seal(key, CREDENTIALS, job_id, run_id, sign(key, CREDENTIALS, body))
 
 
 def due(issued_at: float | None, expire_at: float | None, now: float) -> bool:

@@ -1,14 +1,17 @@
-"""What one job's runner may touch in object storage, and the session policy that says so (pure).
+"""What one run's runner may touch in object storage, and the session policy that says so (pure).
 
-A job reads and writes under its own folder (``<TUNEBOT_CHECKPOINT_URI>/<job id>/``: checkpoints,
-progress, output) and only reads its inputs (the dataset object, the base model's folder when it is in
-storage). Nothing else - another job's folder, the staged inputs of other jobs, the rest of the bucket - is
-reachable with the credentials made from this scope (bot/storage/credentials.py).
+A run (one launch of a job: bot/engine/runs.py) reads and writes under its own folder
+(``<TUNEBOT_CHECKPOINT_URI>/<job id>/runs/<run id>/``: checkpoints, progress, output, its renewed
+credentials) and only reads its inputs (the dataset object, the base model's folder when it is in storage)
+and the checkpoints of earlier runs it resumes from. Nothing else - another job's folder, another run of the
+same job, the staged inputs of other jobs, the rest of the bucket - is reachable with the credentials made
+from this scope (bot/storage/credentials.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +36,7 @@ class Read:
 @dataclass(frozen=True)
 class Scope:
     bucket: str
-    prefix: str  # the job's own folder as a key prefix ending in "/" ("tunebot/<job id>/")
+    prefix: str  # the run's own folder as a key prefix ending in "/" ("tunebot/<job id>/runs/<run id>/")
     reads: tuple[Read, ...] = field(default_factory=tuple)
 
     def buckets(self) -> list[str]:
@@ -51,9 +54,16 @@ def split_s3(uri: str) -> tuple[str, str] | None:
     return bucket, key.strip("/")
 
 
-def scope_for(job_root: str, *, dataset: str | None = None, base_model: str | None = None) -> Scope | None:
-    """The scope of a job whose folder is ``job_root`` (an s3:// URI), reading these inputs where they are
-    in s3 (a Hub model id or a local path needs nothing here). None when the job's folder is not in s3."""
+def scope_for(
+    job_root: str,
+    *,
+    dataset: str | None = None,
+    base_model: str | None = None,
+    resume: Iterable[str] = (),
+) -> Scope | None:
+    """The scope of a run whose folder is ``job_root`` (an s3:// URI), reading these inputs where they are
+    in s3 (a Hub model id or a local path needs nothing here) and the checkpoint folders in ``resume``. None
+    when the folder is not in s3."""
     root = split_s3(job_root)
     if root is None or not root[1]:
         return None
@@ -62,6 +72,9 @@ def scope_for(job_root: str, *, dataset: str | None = None, base_model: str | No
         reads.append(Read(where[0], where[1]))
     if base_model and (where := split_s3(base_model)) and where[1]:
         reads.append(Read(where[0], where[1], folder=True))
+    for uri in resume:
+        if (where := split_s3(uri)) and where[1]:
+            reads.append(Read(where[0], where[1], folder=True))
     return Scope(bucket=root[0], prefix=root[1] + "/", reads=tuple(reads))
 
 
@@ -72,7 +85,7 @@ def _arn(bucket: str, key: str = "") -> str:
 def session_policy(scope: Scope) -> dict[str, Any]:
     """The IAM session policy (STS AssumeRole / GetFederationToken, MinIO AssumeRole) of a scope.
 
-    - read, write and delete under the job's prefix; list only that prefix;
+    - read, write and delete under the run's prefix; list only that prefix;
     - read each input object, read and list each input folder;
     - GetBucketLocation on the buckets (s3fs asks where a bucket is before it writes; it reveals nothing).
     Credentials made with it can do only what both this and the bot's own policy allow."""
@@ -122,9 +135,10 @@ def policy_json(scope: Scope) -> str:
 
 def r2_request(scope: Scope, *, parent_key_id: str, ttl_seconds: int) -> dict[str, Any]:
     """The body of Cloudflare R2's temporary-credentials call for a scope (one bucket, one permission):
-    read-write on the job's prefix and on its input objects and folders (R2 cannot mix read-only and
-    read-write in one credential: tunebot stages R2 inputs per job, so no other job reads what this one
-    could change; bot/engine/staging.py)."""
+    read-write on the run's prefix and on its input objects and folders, the checkpoints it resumes from
+    too (R2 cannot mix read-only and read-write in one credential: tunebot stages R2 inputs per job, so no
+    other job reads what this one could change, bot/engine/staging.py; a checkpoint it could rewrite is
+    loaded only as its pinned manifest digest says, runner/manifest.py)."""
     if any(r.bucket != scope.bucket for r in scope.reads):
         raise ValueError("R2 temporary credentials cover one bucket: the inputs must be in the job's bucket")
     return {

@@ -64,12 +64,12 @@ def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
     chart = workdir.glob("loss-*.png")
     png = next(chart)
     assert png.read_bytes().startswith(b"\x89PNG") and str(png) in out.replace("\n", "")
-    adapters = list(workdir.glob("data/jobs/*/output/adapter_model.safetensors"))
+    adapters = list(workdir.glob("data/jobs/*/runs/*/output/adapter_model.safetensors"))
     assert adapters
     # Job tokens: the runner keeps its spec (with the report token) next to the checkpoints.
     tokens = {
         json.loads(p.read_text())["report"]["token"]
-        for p in workdir.glob("data/jobs/*/checkpoints/*/job.json")
+        for p in workdir.glob("data/jobs/*/runs/*/checkpoints/*/job.json")
     } - {None, "***"}
     for secret in [*FAKE_SECRETS.values(), *tokens]:
         assert secret not in out, f"secret {secret[:6]}... leaked"

@@ -258,7 +258,10 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
     summary = json.loads(log_b.strip().splitlines()[-1])
     assert summary["status"] == "finished" and summary["steps"] == STEPS_B
     assert view_b.step == STEPS_B and view_b.loss == pytest.approx(summary["final_loss"], rel=1e-6)
-    assert view_b.output_uri == spec_b.output_uri and EVIL not in json.dumps(view_b.model_dump(mode="json"))
+    # Its output is its last run's (each run writes its own folder: issue 28).
+    spec_last = JobSpec.model_validate_json(world.hosts.hosts[last_b].env["TUNEBOT_JOB_SPEC"])
+    assert view_b.output_uri == spec_last.output_uri
+    assert EVIL not in json.dumps(view_b.model_dump(mode="json"))
     model = world.adapter(view_b.output_uri, tmp_path / "out-b")
     assert any("lora_A" in name for name, _ in model.named_parameters())
     with world.engine.session() as s:
@@ -279,4 +282,5 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
         assert thread.count("ignored") >= 1  # told in B's thread (once per kind of thing)
         assert "Storage is not scoped per job" in thread
     fsb = fsspec.filesystem("s3")
-    assert fsb.exists(f"{store.bucket}/tunebot/{b}/output/adapter_model.safetensors")
+    assert fsb.exists(f"{spec_last.output_uri.removeprefix('s3://')}/adapter_model.safetensors")
+    assert spec_last.output_uri.startswith(f"s3://{store.bucket}/tunebot/{b}/runs/")

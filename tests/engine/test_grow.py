@@ -5,7 +5,7 @@ what happened and what it costs (bot/engine/grow.py)."""
 from __future__ import annotations
 
 import pytest
-from fakes.runner_events import signed
+from fakes.runner_events import checkpoint_event, signed
 
 from bot.engine.grow import choose
 from bot.engine.permissions import OPERATOR
@@ -91,15 +91,18 @@ def test_within_the_cap_it_relaunches_on_the_bigger_gpu_from_the_same_checkpoint
     )
     small, big = clouds
     engine, rec, job, token = _start(make_engine, clouds, max_cost=5.0)
+    first = JobSpec.model_validate_json(small.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    saved = checkpoint_event(engine, job.job_id, 2, 40, first.checkpoint.uri)  # the first run's checkpoint
+    assert engine.record_runner_event(job.job_id, token, saved)
     clock.advance(600)  # 10 minutes on the small card: $0.08
     _out_of_memory(engine, job, token)
     engine.tick()
     view = engine.get_job(job.job_id)
     assert view.state == "running" and view.provider == "big" and view.gpu == "a100-80gb"
     assert big.creates == 1 and small.live() == []  # the card that ran out is gone, one instance runs
-    first = JobSpec.model_validate_json(small.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
     second = JobSpec.model_validate_json(big.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
-    assert first.checkpoint.uri == second.checkpoint.uri  # it resumes where it was
+    # it resumes where it was: a new run (issue 28), from the checkpoint the first one saved
+    assert [(p.uri, p.step) for p in second.resume] == [(saved["checkpoint_uri"], 40)]
     said = next(e.message for e in rec.events if e.kind == "out_of_memory")
     assert "ran out of GPU memory on small rtx-4090" in said and "micro-batch 1" in said
     assert "Relaunching on big a100-80gb x1 (on-demand, 80 GB per GPU)" in said

@@ -85,17 +85,19 @@ def test_a_job_using_neither_the_hub_nor_wandb_gets_neither_key(
     eng.create_job(req, user="alice", estimate=planned(eng, req), spec_overrides=no_wandb)
     env = cloud.launch_requests[-1].env
     assert "HF_TOKEN" not in env and "WANDB_API_KEY" not in env, sorted(env)
-    # A job that pushes gets the Hub token; one that logs to W&B online gets the W&B key.
+    # A job that pushes gets no Hub token at all (issue 28: the bot pushes); one that logs to W&B online gets
+    # the W&B key.
     pushing = req.model_copy(update={"push_to_hub": "acme/tiny-lora"})
     eng.create_job(pushing, user="alice", estimate=planned(eng, pushing))
     env = cloud.launch_requests[-1].env
     spec = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"])
-    assert env["HF_TOKEN"] == HF and spec.wandb.mode == "online" and env["WANDB_API_KEY"] == WANDB
+    assert "HF_TOKEN" not in env and HF not in env.values()
+    assert spec.wandb.mode == "online" and env["WANDB_API_KEY"] == WANDB
     assert HF not in env["TUNEBOT_JOB_SPEC"] and WANDB not in env["TUNEBOT_JOB_SPEC"]
     eng.close()
 
 
-def test_the_hub_token_goes_only_for_a_push_or_a_model_the_hub_does_not_serve_to_anyone() -> None:
+def test_the_read_token_goes_only_for_a_model_the_hub_does_not_serve_to_anyone() -> None:
     from bot.engine.instance_env import needs_hf_token
 
     def spec(model: str, push: str | None = None) -> JobSpec:
@@ -114,7 +116,9 @@ def test_the_hub_token_goes_only_for_a_push_or_a_model_the_hub_does_not_serve_to
     assert not needs_hf_token(spec("Qwen/Qwen2.5-0.5B"), access.__getitem__)
     assert needs_hf_token(spec("meta-llama/Llama-3.1-8B"), access.__getitem__)
     assert needs_hf_token(spec("acme/new"), access.__getitem__)  # the Hub could not say: gated ones must work
-    assert needs_hf_token(spec("Qwen/Qwen2.5-0.5B", push="acme/out"), access.__getitem__)
+    assert not needs_hf_token(
+        spec("Qwen/Qwen2.5-0.5B", push="acme/out"), access.__getitem__
+    )  # the bot pushes
     for path in ("s3://b/inputs/models/m-1", "/models/llama", "./m"):
         assert not needs_hf_token(spec(path), lambda m: pytest.fail(f"asked the Hub about {m}"))
 

@@ -27,7 +27,7 @@ def test_create_locks_price_estimate_and_cap_then_launches(engine, fake):
 
     spec = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"])
     assert spec.job_id == job.job_id and spec.report.token
-    assert spec.checkpoint.uri.endswith(f"{job.job_id}/checkpoints")
+    assert spec.checkpoint.uri.endswith(f"{job.job_id}/runs/{spec.run_id}/checkpoints")  # the run's own
     with engine.session() as s:
         row = s.get(Job, job.job_id)
         assert row.token_hash and spec.report.token not in row.token_hash

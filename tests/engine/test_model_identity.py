@@ -65,7 +65,7 @@ def test_launching_an_instruct_model_trains_that_model(
         local = LocalProvider(workdir=tmp_path / "local", price_per_hour=1.0)
         settings = Settings(
             TUNEBOT_DATA_DIR=str(tmp_path / "data"),
-            HF_TOKEN="hf_identity_token",
+            TUNEBOT_HF_READ_TOKEN="hf_identity_token",  # what the host downloads with (issue 28)
             HF_ENDPOINT=hub.url,
             TUNEBOT_LOCAL_MAX_HOURS=100.0,
         )

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes.runner_events import signed
+from fakes.runner_events import checkpoint_event, signed
 from sqlalchemy import func, select
 
 from bot.providers.base import InstanceStatus
@@ -104,6 +104,9 @@ def test_preemption_from_provider_status_relaunches(engine, fake, status, code):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     first = fake.launch_requests[-1]
+    s1 = JobSpec.model_validate_json(first.env["TUNEBOT_JOB_SPEC"])
+    saved = checkpoint_event(engine, job.job_id, 1, 7, s1.checkpoint.uri)
+    assert engine.record_runner_event(job.job_id, s1.report.token, saved)
     iid = next(iter(fake.instances))
     fake.set_status(iid, status, code)
     engine.tick()
@@ -111,9 +114,9 @@ def test_preemption_from_provider_status_relaunches(engine, fake, status, code):
     assert view.state == "running" and view.preemptions == 1
     assert fake.creates == 2 and len(fake.live()) == 1
     second = fake.launch_requests[-1]
-    s1 = JobSpec.model_validate_json(first.env["TUNEBOT_JOB_SPEC"])
     s2 = JobSpec.model_validate_json(second.env["TUNEBOT_JOB_SPEC"])
-    assert s1.checkpoint.uri == s2.checkpoint.uri  # resumes from the same checkpoints
+    # resumes from the same checkpoints: those its first run saved (each run writes its own folder)
+    assert [(p.uri, p.step) for p in s2.resume] == [(saved["checkpoint_uri"], 7)]
     assert s1.report.token != s2.report.token
     assert "preempted" in rec.kinds() and "recovered" in rec.kinds()
 

@@ -214,20 +214,27 @@ def test_a_gated_model_the_token_cannot_read_refuses_before_any_create(
             "HF_ENDPOINT": hub.url,
         }
         req = EstimateRequest(model=model, dataset=str(data), max_steps=5)
-        for token, says in ((None, "is gated: set HF_TOKEN"), ("hf_other_account", "has no access yet")):
-            eng = engine(tmp_path / str(token), vast, **common, **({"HF_TOKEN": token} if token else {}))
+        # Checked with the token the host will download with: the read-only one (issue 28), never HF_TOKEN.
+        for token, says in (
+            (None, "is gated: set TUNEBOT_HF_READ_TOKEN"),
+            ("hf_other_account", "has no access yet"),
+        ):
+            read = {"TUNEBOT_HF_READ_TOKEN": token} if token else {"HF_TOKEN": "hf_accepted_license_token"}
+            eng = engine(tmp_path / str(token), vast, **common, **read)
             with pytest.raises(EngineError, match=says) as err:
                 eng.create_job(req, user="alice")
             assert f"{hub.url}/{model}" in str(err.value)  # where to accept the license
             assert "hf_other_account" not in str(err.value)
             assert vast.count("create") == 0 and jobs_in(eng) == []
             eng.close()
-        unknown = engine(tmp_path / "unknown", vast, **common, HF_TOKEN="hf_accepted_license_token")
+        unknown = engine(
+            tmp_path / "unknown", vast, **common, TUNEBOT_HF_READ_TOKEN="hf_accepted_license_token"
+        )
         with pytest.raises(EngineError, match="was not found on the Hub"):  # known to the planner only
             unknown.create_job(req.model_copy(update={"model": "meta-llama/Llama-3.2-1B"}), user="alice")
         assert vast.count("create") == 0
         unknown.close()
-        eng = engine(tmp_path / "ok", vast, **common, HF_TOKEN="hf_accepted_license_token")
+        eng = engine(tmp_path / "ok", vast, **common, TUNEBOT_HF_READ_TOKEN="hf_accepted_license_token")
         assert eng.create_job(req, user="alice").state == "running"
         assert vast.count("create") == 1
         assert any("/resolve/main/config.json" in path for _, path, _ in hub.requests)

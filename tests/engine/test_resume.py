@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes.runner_events import signed
+from fakes.runner_events import checkpoint_event, signed
 
 from bot.chat import cards
 from bot.chat.terminal import cli_console, render
@@ -24,14 +24,21 @@ def _spec(fake) -> JobSpec:  # noqa: ANN001
     return JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
 
 
-def _save_checkpoint(folder: str, step: int, *, complete: bool = True) -> str:
-    """What the runner leaves: checkpoint-N/ with the adapter files, COMPLETE written last."""
+def _save_checkpoint(folder: str, step: int, *, complete: bool = True, engine=None, job=None) -> str:  # noqa: ANN001
+    """What the runner leaves: checkpoint-N/ with the adapter files, COMPLETE written last; then, once it is
+    complete, the signed event that announces it (what makes the bot acknowledge it: issue 28)."""
     path = Path(folder) / f"checkpoint-{step}"
     path.mkdir(parents=True, exist_ok=True)
     (path / "adapter_model.safetensors").write_bytes(b"weights")
     (path / "adapter_config.json").write_text("{}")
     if complete:
         (path / "COMPLETE").write_text(f"step {step}\n")
+        if engine is not None:
+            token = JobSpec.model_validate_json(job).report.token
+            job_id = JobSpec.model_validate_json(job).job_id
+            assert engine.record_runner_event(
+                job_id, token, checkpoint_event(engine, job_id, step, step, folder)
+            )
     return str(path)
 
 
@@ -45,10 +52,11 @@ def _card_text(view) -> str:  # noqa: ANN001
 
 def test_stopped_job_card_points_at_its_newest_checkpoint_not_a_missing_output(engine, fake, clock):
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    folder = _spec(fake).checkpoint.uri
-    _save_checkpoint(folder, 10)
-    newest = _save_checkpoint(folder, 20)
+    folder, spec = _spec(fake).checkpoint.uri, fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]
+    _save_checkpoint(folder, 10, engine=engine, job=spec)
+    newest = _save_checkpoint(folder, 20, engine=engine, job=spec)
     _save_checkpoint(folder, 30, complete=False)  # a save killed half-way is not a result
+    _save_checkpoint(folder, 40)  # nor one its run never announced (issue 28: not acknowledged)
     clock.advance(600)
     view = engine.stop(job.job_id, user="alice")
     assert view.state == "stopped" and view.stop_reason == "user"
@@ -68,11 +76,25 @@ def test_checkpoint_events_show_on_a_running_job_and_only_inside_its_folder(engi
     spec = _spec(fake)
     token, folder = spec.report.token, spec.checkpoint.uri
     base = {"job_id": job.job_id, "kind": "checkpoint"}
-    mine = {**base, "seq": 1, "step": 5, "timestamp": 1.0, "checkpoint_uri": f"{folder}/checkpoint-5"}
+    mine = {
+        **base,
+        "seq": 1,
+        "step": 5,
+        "timestamp": 1.0,
+        "checkpoint_uri": f"{folder}/checkpoint-5",
+        "manifest_sha256": "5" * 64,
+    }
     engine.record_runner_event(job.job_id, token, signed(engine, mine))
     assert engine.get_job(job.job_id).checkpoint_uri == f"{folder}/checkpoint-5"
     # a host naming a folder that is not this job's is not believed
-    other = {**base, "seq": 2, "step": 9, "timestamp": 2.0, "checkpoint_uri": "s3://other/checkpoint-9"}
+    other = {
+        **base,
+        "seq": 2,
+        "step": 9,
+        "timestamp": 2.0,
+        "checkpoint_uri": "s3://other/checkpoint-9",
+        "manifest_sha256": "9" * 64,
+    }
     engine.record_runner_event(job.job_id, token, signed(engine, other))
     view = engine.get_job(job.job_id)
     assert view.checkpoint_uri == f"{folder}/checkpoint-5" and view.checkpoint_step == 5
@@ -82,7 +104,9 @@ def test_resume_continues_the_same_job_from_its_checkpoint(engine, fake, clock):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake, hours=1.0))
     first = _spec(fake)
-    ckpt = _save_checkpoint(first.checkpoint.uri, 12)
+    ckpt = _save_checkpoint(
+        first.checkpoint.uri, 12, engine=engine, job=fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]
+    )
     clock.advance(900)
     stopped = engine.stop(job.job_id, user="alice")
     spent = stopped.spend
@@ -91,7 +115,7 @@ def test_resume_continues_the_same_job_from_its_checkpoint(engine, fake, clock):
     view = engine.resume(job.job_id, user="alice")
     assert view.state == "running" and fake.creates == 2 and len(fake.live()) == 1
     again = _spec(fake)
-    assert again.job_id == first.job_id and again.checkpoint.uri == first.checkpoint.uri  # resumes there
+    assert again.job_id == first.job_id and [p.uri for p in again.resume] == [ckpt]  # resumes there
     assert again.wandb.run_id == first.wandb.run_id and again.cost.spent_before == pytest.approx(spent)
     assert view.max_cost == stopped.max_cost and view.checkpoint_uri == ckpt
     assert view.stop_reason is None and view.message is None

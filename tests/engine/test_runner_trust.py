@@ -136,6 +136,33 @@ def test_a_final_jobs_token_changes_nothing(engine, fake) -> None:
         assert seqs == [0]
 
 
+def test_a_run_that_ended_speaks_for_nothing_even_before_the_next_one_starts(engine, fake) -> None:
+    """Issue 28: a run's key and token end with the run, not with the job. Run 1 is preempted and no host has
+    capacity: the job waits (recovering) with no current run. Run 1's host, with its old environment, says
+    the job finished: nothing counts. Once a new run starts, run 1's key still counts for nothing."""
+    from bot.providers.base import InstanceStatus
+
+    job = engine.create_job(request(), user="mallory", estimate=estimate_for(fake)).job_id
+    env, spec = env_of(fake, 0), spec_of(fake, 0)
+    fake.capacity = False
+    fake.set_status(next(iter(fake.instances)), InstanceStatus.preempted)
+    engine.tick()
+    assert engine.get_job(job).state == "recovering"
+    forged = as_host(finished(job, 50, output_uri=spec.output_uri), env)
+    assert not engine.record_runner_event(job, spec.report.token, forged)
+    fake.capacity = True
+    engine.tick()
+    assert engine.get_job(job).state == "running" and fake.creates == 2
+    assert env_of(fake, 1)["TUNEBOT_JOB_KEY"] != env["TUNEBOT_JOB_KEY"]  # each run its own key
+    write_progress(spec_of(fake, 1).checkpoint.uri, [forged])  # even where the current run reports
+    assert not engine.record_runner_event(job, spec_of(fake, 1).report.token, forged)
+    engine.tick()
+    view = engine.get_job(job)
+    assert view.state == "running" and view.output_uri is None, (view.state, view.message)
+    with engine.session() as s:
+        assert s.execute(select(RunnerEventRecord.seq).where(RunnerEventRecord.job_id == job)).all() == []
+
+
 def test_events_are_bounded_in_size_and_count(engine, fake) -> None:
     a, b = two_jobs(engine, fake)
     env, spec = env_of(fake, 0), spec_of(fake, 0)

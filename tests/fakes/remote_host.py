@@ -143,6 +143,11 @@ class Host:
         return None if self.proc is None else self.proc.poll()
 
 
+def _source_path() -> list[str]:
+    """The test run's own PYTHONPATH entries (none in CI: the installed package is the checkout)."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 class HostPool:
     def __init__(
         self,
@@ -177,7 +182,9 @@ class HostPool:
             "HOME": str(sandbox / "home"),
             "TMPDIR": str(sandbox / "tmp"),
             "LANG": "C.UTF-8",
-            "PYTHONPATH": str(sandbox / "boot"),
+            # The sandbox's boot first; then the source the tests run (PYTHONPATH=<checkout>, a worktree whose
+            # code is not the installed one): the image is built from that source, so the host runs it too.
+            "PYTHONPATH": os.pathsep.join([str(sandbox / "boot"), *_source_path()]),
             "PYTHONUNBUFFERED": "1",
             "TUNEBOT_SANDBOX_DENY": json.dumps(self.bot_roots),
             **image_env,

@@ -28,17 +28,23 @@ class Clock:
         return self.t
 
 
+NEW = {
+    "AWS_ACCESS_KEY_ID": "ASIANEW",
+    "AWS_SECRET_ACCESS_KEY": "new-secret",
+    "AWS_SESSION_TOKEN": "new-token",
+}
+
+
 def renewal(path: Path, *, job_id: str = "j1", expires_at: float, key: bytes = KEY) -> None:
-    body = {
-        "version": 1,
-        "job_id": job_id,
-        "expires_at": expires_at,
-        "env": {
-            "AWS_ACCESS_KEY_ID": "ASIANEW",
-            "AWS_SECRET_ACCESS_KEY": "new-secret",
-            "AWS_SESSION_TOKEN": "new-token",
-        },
-    }
+    """The object as the bot leaves it: signed with the run's key and sealed to the run (issue 28)."""
+    from bot.storage.renewal import renewal_object
+
+    path.write_bytes(renewal_object(key, job_id, NEW, expires_at))
+
+
+def plain_renewal(path: Path, *, expires_at: float, key: bytes = KEY) -> None:
+    """The object as the bot left it before issue 28: signed, but readable by whoever reads the folder."""
+    body = {"version": 1, "job_id": "j1", "expires_at": expires_at, "env": NEW}
     path.write_text(json.dumps(sign(key, CREDENTIALS, body)))
 
 
@@ -65,6 +71,8 @@ def test_renewed_credentials_are_taken_from_half_life_on(
     renewal(uri, expires_at=1000.0 + 7200, key=bytes.fromhex("aa" * 32))  # another job's key: ignored
     watcher.step(KEY)
     renewal(uri, job_id="j2", expires_at=1000.0 + 7200)  # this job's key, another job: ignored
+    watcher.step(KEY)
+    plain_renewal(uri, expires_at=1000.0 + 7200)  # signed but not sealed: readable by others, so ignored
     watcher.step(KEY)
     assert os.environ["AWS_ACCESS_KEY_ID"] == "ASIAOLD" and credentials.generation == before
     renewal(uri, expires_at=1000.0 + 7200)

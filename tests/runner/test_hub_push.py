@@ -1,5 +1,8 @@
 """Hub pushes (issue 19): never over a repo the job did not create, and nothing pushed names where the job's
-files live (storage URIs, the host's or the bot's paths). The runner pushes to the fake Hub on 127.0.0.1."""
+files live (storage URIs, the host's or the bot's paths). Since issue 28 the bot pushes, with its own token,
+the output its run signed; the runner never pushes (it holds no token that can write). The runner trains to
+its output folder here and the bot's push (bot/engine/hub_push.py: the output checked against the manifest the
+run signed, then runner/outputs.py push_folder) goes to the fake Hub on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,14 +15,18 @@ import pytest
 from runner.spec import EventKind, parse_progress
 from runner.train import run
 
+KEY = bytes.fromhex("3d" * 32)
+
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """The fake Hub, with HF_ENDPOINT / HF_TOKEN pointing at it (the suite runs with HF_HUB_OFFLINE=1)."""
+    """The fake Hub (the suite runs with HF_HUB_OFFLINE=1). The runner's environment has the Hub's token
+    too: it must not push with it all the same."""
     import huggingface_hub.constants
     from fakes.hub import FakeHub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("TUNEBOT_JOB_KEY", KEY.hex())
     with FakeHub() as fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setenv("HF_TOKEN", fake.token)
@@ -30,11 +37,31 @@ def _last_event(spec: Any) -> Any:
     return parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())[-1]
 
 
+def bot_push(spec: Any, hub: Any, tmp_path: Path) -> str:
+    """What the bot does at the finish: the output the run's terminal event vouches for, file by file, pushed
+    with the bot's own token. Raises PushRefused as the bot's push would."""
+    import tempfile
+
+    from bot.engine.hub_push import verified_output
+    from runner.outputs import push_folder
+
+    event = _last_event(spec)
+    assert event.kind is EventKind.finished and event.manifest_sha256, event
+    folder = Path(tempfile.mkdtemp(prefix="bot-push-"))
+    verified_output(spec.output_uri, spec.job_id, event.manifest_sha256, KEY, folder)
+    assert spec.push_to_hub is not None
+    return push_folder(
+        folder, spec.push_to_hub, spec, message="tunebot job: finished", token=hub.token, endpoint=hub.url
+    )
+
+
 def test_a_push_never_overwrites_a_repo_the_job_did_not_create(
-    runner_job: Callable[..., Any], hub: Any
+    runner_job: Callable[..., Any], hub: Any, tmp_path: Path
 ) -> None:
     """a9605e4: `push_to_hub=acme/prod-model` overwrote the existing repo (create_repo(exist_ok=True))."""
     from fakes.hub import HubRepo
+
+    from runner.outputs import PushRefused
 
     hub.repos["acme/prod-model"] = HubRepo(
         "acme/prod-model", private=False, files={"README.md": b"production"}
@@ -42,27 +69,61 @@ def test_a_push_never_overwrites_a_repo_the_job_did_not_create(
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/prod-model"})
     summary, code = run(spec)
     assert code == 0 and summary.status == "finished"  # the output itself is kept
+    with pytest.raises(PushRefused, match="already exists and this job did not create it"):
+        bot_push(spec, hub, tmp_path)
     repo = hub.repos["acme/prod-model"]
     assert repo.files == {"README.md": b"production"} and repo.commits == [] and not repo.private
     event = _last_event(spec)
     assert event.kind is EventKind.finished and event.hub_url is None
-    assert "already exists and this job did not create it" in (event.message or "")
     assert (Path(spec.output_uri) / "adapter_model.safetensors").exists()
 
 
-def test_a_resumed_job_pushes_again_to_the_repo_it_created(runner_job: Callable[..., Any], hub: Any) -> None:
+def test_the_runner_never_pushes_even_with_a_token_in_its_environment(
+    runner_job: Callable[..., Any], hub: Any
+) -> None:
+    """eac3cff: the runner pushed with the HF_TOKEN its host was given (issue 28: a host used the team's token
+    to overwrite a repo outside the allowed namespaces)."""
+    spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "victim/prod-model"})
+    assert run(spec)[1] == 0
+    assert hub.repos == {} and not [r for r in hub.requests if r[0] == "POST"]
+
+
+def test_a_resumed_job_pushes_again_to_the_repo_it_created(
+    runner_job: Callable[..., Any], hub: Any, tmp_path: Path
+) -> None:
+    from runner.outputs import PushRefused
+
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
     assert run(spec)[1] == 0
+    bot_push(spec, hub, tmp_path)
     repo = hub.repos["acme/tiny-lora"]
     assert f".tunebot/job-{spec.job_id}.json" in repo.files and repo.private
     first = len(repo.commits)
     again = spec.model_copy(
         update={"max_steps": 3}
     )  # the same job, relaunched: it may push over its own repo
-    assert run(again)[1] == 0 and len(repo.commits) == first + 1 and _last_event(again).hub_url
+    assert run(again)[1] == 0
+    assert bot_push(again, hub, tmp_path) and len(repo.commits) == first + 1
     other = spec.model_copy(update={"job_id": "someone-else"})
-    assert run(other)[1] == 0 and len(repo.commits) == first + 1  # another job: refused
-    assert "did not create it" in (_last_event(other).message or "")
+    assert run(other)[1] == 0
+    with pytest.raises(PushRefused, match="did not create it"):  # another job: refused
+        bot_push(other, hub, tmp_path)
+    assert len(repo.commits) == first + 1
+
+
+def test_a_swapped_output_file_is_never_pushed(
+    runner_job: Callable[..., Any], hub: Any, tmp_path: Path
+) -> None:
+    """The output as its run signed it, or nothing: a file changed after the run's manifest (a former host
+    that can still write the folder) stops the push."""
+    from bot.engine.hub_push import NotPushed
+
+    spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
+    assert run(spec)[1] == 0
+    (Path(spec.output_uri) / "adapter_model.safetensors").write_bytes(b"someone else's weights")
+    with pytest.raises(NotPushed, match="does not match what its run signed"):
+        bot_push(spec, hub, tmp_path)
+    assert hub.repos == {}
 
 
 def test_pushed_files_name_no_storage_uri_or_local_path(
@@ -74,6 +135,7 @@ def test_pushed_files_name_no_storage_uri_or_local_path(
 
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
     assert run(spec)[1] == 0
+    bot_push(spec, hub, tmp_path)
     files = hub.repos["acme/tiny-lora"].files
     private = {
         spec.checkpoint.uri,
@@ -87,6 +149,7 @@ def test_pushed_files_name_no_storage_uri_or_local_path(
         text = data.decode("utf-8", "replace")
         leaks = [p for p in private if p and p in text]
         assert not leaks, (name, leaks)
+    assert "manifest.json" not in files  # the bot's check, not part of the model
     pushed = json.loads(files["job.json"])
     assert pushed["job_id"] == spec.job_id and pushed["method"] == spec.method.value  # still says what ran
     assert pushed["dataset"]["uri"] == Path(spec.dataset.uri).name

@@ -171,3 +171,60 @@ def test_manifest_checks(tmp_path: Path) -> None:
     (tmp_path / "adapter_model.safetensors").write_bytes(b"x" * 10)
     with pytest.raises(manifest.ManifestError, match="SHA-256"):
         manifest.verify_files(tmp_path, entries)
+
+
+def test_a_former_runs_host_cannot_make_the_next_run_load_its_checkpoint(
+    runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 28: on eac3cff every run of a job signed with the same key, so the host of an earlier run could
+    sign a checkpoint manifest that the next resume accepted. Now each run has its own key and folder, and
+    a run loads an earlier run's checkpoint only as the bot pinned it (JobSpec.resume: the manifest's
+    digest, taken from that run's signed event while it was current)."""
+    from runner import manifest
+
+    def spec(run: str, key: str, **kw: Any) -> Any:
+        monkeypatch.setenv(KEY_ENV, key)
+        return runner_job(
+            seq_len=128,
+            grad_accum=1,
+            plateau={"enabled": False},
+            checkpoint={"uri": str(tmp_path / run / "checkpoints"), "every_minutes": 0.0001, "keep": 2},
+            output_uri=str(tmp_path / run / "output"),
+            run_id=run,
+            **kw,
+        )
+
+    first = spec("r1", KEY, max_steps=3)
+    assert run(first)[1] == EXIT_OK
+    acked = [e for e in events(first) if e.kind == "checkpoint" and e.manifest_sha256]
+    pins = [
+        {"uri": e.checkpoint_uri, "step": e.step, "manifest_sha256": e.manifest_sha256}
+        for e in reversed(acked)
+    ]
+    assert [p["step"] for p in pins] == [2, 1]
+    # The first run's host, after its run ended, with its old key: a newer checkpoint signed with that key,
+    # and the newest acknowledged one's optimizer swapped with its manifest signed again.
+    root, marker = Path(first.checkpoint.uri), tmp_path / "pwned"
+    planted = root / "checkpoint-999999"
+    shutil.copytree(root / "checkpoint-2", planted)
+    plant(planted / "optimizer.pt", marker)
+    (planted / "manifest.json").write_text(
+        json.dumps(manifest.build(planted, job_id=first.job_id, step=999999, key=bytes.fromhex(KEY)))
+    )
+    plant(root / "checkpoint-2" / "optimizer.pt", marker)
+    (root / "checkpoint-2" / "manifest.json").write_text(
+        json.dumps(manifest.build(root / "checkpoint-2", job_id=first.job_id, step=2, key=bytes.fromhex(KEY)))
+    )
+
+    second = spec("r2", OTHER_KEY, max_steps=4, resume=pins)
+    summary, code = run(second)
+    assert not marker.exists(), "the former host's pickle ran"
+    assert code == EXIT_OK, summary
+    assert summary.resumed_from == f"{root}/checkpoint-1"  # the rewritten one refused, never the planted one
+    (warning,) = [e.message for e in events(second) if e.kind == "warning"]
+    assert "checkpoint-2" in warning and "acknowledged" in warning
+    assert not list((tmp_path / "r2" / "checkpoints").glob("checkpoint-9*"))
+    # Not named by the bot, an earlier run's folder is never looked at: a run without pins starts over.
+    third = spec("r3", "77" * 32, max_steps=2)
+    again, code = run(third)
+    assert code == EXIT_OK and again.resumed_from is None and not marker.exists()

@@ -55,7 +55,10 @@ def test_a_launch_gets_scoped_credentials_and_the_bot_renews_them(tmp_path: Path
         and world.secret not in env.values()
         and env["AWS_SESSION_TOKEN"]
     )
-    assert env["TUNEBOT_CREDENTIALS_URI"] == f"s3://{world.bucket}/tunebot/{job_id}/credentials.json"
+    # Left in the run's own folder (issue 28): another run's credentials never reach it.
+    assert env["TUNEBOT_CREDENTIALS_URI"] == (
+        f"s3://{world.bucket}/tunebot/{job_id}/runs/{spec.run_id}/credentials.json"
+    )
     import s3fs
 
     def fs_of(e: dict[str, str]) -> Any:
@@ -76,7 +79,7 @@ def test_a_launch_gets_scoped_credentials_and_the_bot_renews_them(tmp_path: Path
     time.sleep(5.5)
     eng.tick()
     found = read_renewal(
-        uri, bytes.fromhex(env["TUNEBOT_JOB_KEY"]), job_id
+        uri, bytes.fromhex(env["TUNEBOT_JOB_KEY"]), job_id, spec.run_id
     )  # read with the runner's own keys
     assert found is not None, "no renewed credentials"
     fresh, expires = found

@@ -85,3 +85,20 @@ def test_r2_temporary_credentials_cover_the_job_prefix_and_its_inputs() -> None:
     }
     with pytest.raises(ValueError, match="one bucket"):
         r2_request(scope_for("s3://b/t/j1", dataset="s3://other/d.jsonl"), parent_key_id="k", ttl_seconds=60)
+
+
+def test_a_runs_scope_reads_the_checkpoints_it_resumes_from_and_nothing_else_of_its_job() -> None:
+    """Issue 28: a run writes only its own folder; it reads the earlier runs' checkpoints it resumes from."""
+    old = "s3://b/tunebot/j1/runs/r1-aa/checkpoints/checkpoint-40"
+    scope = scope_for("s3://b/tunebot/j1/runs/r2-bb", resume=[old, "/local/ckpt", "s3://b/x/../y"])
+    assert scope is not None and scope.prefix == "tunebot/j1/runs/r2-bb/"
+    assert scope.reads == (Read("b", "tunebot/j1/runs/r1-aa/checkpoints/checkpoint-40", folder=True),)
+    by_sid = {s["Sid"]: s for s in session_policy(scope)["Statement"]}
+    assert by_sid["JobFolder"]["Resource"] == ["arn:aws:s3:::b/tunebot/j1/runs/r2-bb/*"]
+    assert by_sid["Inputs"] == {
+        "Sid": "Inputs",
+        "Effect": "Allow",
+        "Action": ["s3:GetObject"],  # read only: the run cannot change what it resumes from
+        "Resource": ["arn:aws:s3:::b/tunebot/j1/runs/r1-aa/checkpoints/checkpoint-40/*"],
+    }
+    assert "tunebot/j1/*" not in json.dumps(session_policy(scope))  # never the whole job folder
