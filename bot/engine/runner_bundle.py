@@ -11,7 +11,7 @@ cloud job. For each launch the bot
 - writes the constraints file (``constraints``): pinned versions of the libraries the runner trains with, the
   versions this machine's own runner uses where it has them all (the [runner] extra), else those this release
   was tested with (TESTED_PINS);
-- uploads both under ``<job prefix>/runner/`` and hands the host, in the create call, presigned URLs made
+- uploads both under ``<run folder>/runner/`` and hands the host, in the create call, presigned URLs made
   with the very credentials the host gets, their sizes and SHA-256 (TUNEBOT_RUNNER_BUNDLE) and the start
   program runner/bootstrap.py (TUNEBOT_BOOTSTRAP, base64): the host fetches both, checks them against the
   create call's SHA-256, pip-installs the wheel next to the image's torch (pinned to itself, never
@@ -57,6 +57,7 @@ RUNNER_REQUIREMENTS = (
     "accelerate>=0.34",
     "bitsandbytes>=0.43",
     "wandb>=0.17",
+    "cryptography>=42",  # runner/sealed.py opens the renewed credentials sealed to its run
 )
 # Pinned in the constraints file (the list, with what they drag in that the runner imports itself).
 PINNED = (
@@ -72,6 +73,7 @@ PINNED = (
     "s3fs",
     "pydantic",
     "httpx",
+    "cryptography",
 )
 # The versions this release was tested with (the test suite's environment); used where this machine does not
 # have the whole set (a bot-only install).
@@ -88,6 +90,7 @@ TESTED_PINS = {
     "s3fs": "2026.9.0",
     "pydantic": "2.14.4",
     "httpx": "0.29.0",
+    "cryptography": "50.0.2",
 }
 INSTALL_MINUTES = 1.5  # fetch + pip on a fresh host (docs: "on the order of a minute"); priced as start-up
 PACKAGE_DATA = (".py", ".json", ".ini", ".mako", ".yml", ".yaml")  # pyproject.toml's package data, and code

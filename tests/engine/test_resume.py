@@ -215,12 +215,9 @@ def test_a_resume_is_announced_as_a_resume_not_a_recovery(engine, fake, clock):
 
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    spec = _spec(fake)
-    ckpt = _save_checkpoint(spec.checkpoint.uri, 20)
-    event = {"job_id": job.job_id, "kind": "checkpoint", "seq": 1, "step": 20, "timestamp": 1.0}
-    engine.record_runner_event(
-        job.job_id, spec.report.token, signed(engine, {**event, "checkpoint_uri": ckpt})
-    )
+    spec = _spec(fake)  # the checkpoint its run announced (acknowledged: issue 28)
+    announced = fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]
+    _save_checkpoint(spec.checkpoint.uri, 20, engine=engine, job=announced)
     clock.advance(600)
     engine.stop(job.job_id, user="alice")
     rec.events.clear()

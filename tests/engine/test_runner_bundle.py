@@ -266,7 +266,7 @@ def test_the_default_launch_needs_no_published_image(
     _fresh_caches: None,
 ) -> None:
     """No TUNEBOT_RUNNER_IMAGE, and no tunebot image in any registry: preflight checks the public stock image,
-    the create call names it with the start command, and the runner is staged in the job's prefix."""
+    the create call names it with the start command, and the runner is staged in the run's folder."""
     from bot.engine.service import Engine
 
     data = tmp_path / "data.jsonl"
@@ -294,8 +294,10 @@ def test_the_default_launch_needs_no_published_image(
         program = base64.b64decode(body["env"][runner_bundle.BOOTSTRAP_ENV]).decode()
         assert program == (ROOT / "runner" / "bootstrap.py").read_text()
         bundle = json.loads(body["env"][runner_bundle.BUNDLE_ENV])
-        for item in bundle.values():  # staged in the job's storage prefix, as the create call says
-            fs, path = fsspec.core.url_to_fs(f"{s3_bucket}/tunebot/{job.job_id}/runner/{item['name']}")
+        run_id = json.loads(body["env"]["TUNEBOT_JOB_SPEC"])["run_id"]
+        for item in bundle.values():  # staged in the run's own folder (its credentials reach only that)
+            folder = f"{s3_bucket}/tunebot/{job.job_id}/runs/{run_id}/runner"
+            fs, path = fsspec.core.url_to_fs(f"{folder}/{item['name']}")
             data_ = fs.cat_file(path)
             assert hashlib.sha256(data_).hexdigest() == item["sha256"] and len(data_) == item["size"]
             assert "X-Amz-Signature=" in item["url"] and body["env"]["AWS_ACCESS_KEY_ID"] in item["url"]
