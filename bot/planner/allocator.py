@@ -224,6 +224,9 @@ class CachingAllocator:
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         block = hole
+        if _free_mapped(block.next):  # map_block merges with both free neighbours (try_merge_blocks)
+            self._remove(block.next)
+            _merge(block, block.next)
         if _free_mapped(block.prev):
             self._remove(block.prev)
             block = _merge(block.prev, block)

@@ -106,20 +106,38 @@ NCCL_BUFFERS_GB = 0.5
 CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 8
 CUBLAS_STREAMS = 1
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
-FRAGMENTATION = {"packed": 1.03, "variable": 1.12}
+FRAGMENTATION = {"packed": 1.03, "variable": 1.12, "expandable": 1.02}
+
+
+def allocator_mode(req: EstimateRequest) -> str:
+    """Which FRAGMENTATION applies: expandable segments (the runner sets them, runner/cuda_env.py) whatever the
+    shapes; else fixed-length (packed) or varying-length (unpacked) batches with the default allocator."""
+    if req.expandable_segments:
+        return "expandable"
+    return "packed" if req.packing else "variable"
 # Which Linear layers of a block read the same input (q, k, v the attention norm's output; gate, up the MLP's)
 INPUT_OF = {"q": 0, "k": 0, "v": 0, "gate": 1, "up": 1, "o": 2, "down": 3}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
 
+# FSDP (torch.distributed.fsdp), read from its code and measured on gloo (tests/planner/test_fsdp_mechanisms.py):
+# FSDP1's rate limiter lets the CPU run at most this many freed all-gathers ahead of the GPU
+# (torch/distributed/fsdp/_limiter_utils.py, _FreeEventQueue._max_num_inflight_all_gathers = 2, "empirically
+# chosen"): until the GPU has finished with them, their unsharded memory cannot be reused.
+FSDP_FREE_QUEUE = 2
+# Unsharded gradients alive in a full fine-tune's backward: the unit autograd is filling and the previous one,
+# whose reduce-scatter runs on the post-backward stream (_post_backward_hook: record_stream until it is done).
+FSDP_GRAD_UNITS = 2
+
+
 @dataclass(frozen=True)
 class MemoryCoefficients:
-    """The memory model's one fitted quantity (leave-one-source-out checked: bench/planner_crossval.py)."""
+    """The memory model has no fitted quantity since issue 29: every term is a mechanism from the libraries'
+    code. `fsdp_units` overrides the FSDP units in flight (None: fsdp_units_in_flight's count), for
+    experiments and the cross-validation's sensitivity check."""
 
-    # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
-    # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 4.30
+    fsdp_units: float | None = None
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -342,32 +360,89 @@ def loss_path_bytes(arch: Architecture, req: EstimateRequest, tokens: int) -> fl
     return tokens * arch.vocab * _logit_bytes(arch, req)
 
 
+def fsdp_units_in_flight(req: EstimateRequest) -> float:
+    """Transformer-block units whose unsharded parameters are on the GPU at once, from FSDP's code.
+
+    FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, the runner and accelerate): the unit being computed,
+    the one BACKWARD_PRE prefetches (backward_prefetch's default) and up to FSDP_FREE_QUEUE freed units whose
+    all-gather memory the GPU has not released yet (limit_all_gathers=True): 4 when every unit is a block (a
+    full fine-tune, or adapters wrapped inside their block). With peft's wrap policy (the runner's for
+    LoRA/QLoRA: every adapter Linear its own unit) the prefetch and the free queue land on the adapters' tiny
+    units, which come between two blocks in execution order: one block (gloo measures exactly that).
+    FSDP2 (fully_shard; torchtune): the computed unit, the prefetched one and the prefetch's all-gather output
+    before it is copied out to the parameters (_fsdp_collectives.foreach_all_gather / copy-out): 3."""
+    if req.fsdp_version == 2:
+        return 3.0
+    if req.method == "full" or req.fsdp_wrap == "blocks":
+        return 2.0 + FSDP_FREE_QUEUE
+    return 1.0
+
+
 def fsdp_terms(
     arch: Architecture, req: EstimateRequest, gpus: int, coef: MemoryCoefficients
 ) -> dict[str, float]:
-    """What FSDP (torch.distributed.fsdp, FSDP1) adds per GPU beside the shards.
+    """What FSDP adds per GPU beside the shards, each from the library's code (docs/estimation.md).
 
-    gathered: FSDP all-gathers the current unit, prefetches the next (BACKWARD_PRE, limit_all_gathers) and
-    frees the previous one only when the communication stream is done with it: coef.fsdp_units unsharded
-    blocks in flight (the one fitted memory coefficient). frozen_gradients: with use_orig_params=True and a
-    unit that holds frozen and trainable tensors (whole blocks wrapped around LoRA adapters), the
-    FlatParameter requires grad and FSDP gives all of it a gradient, the frozen part as zeros
-    (torch/distributed/fsdp/fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
+    gathered: fsdp_units_in_flight unsharded blocks, in the compute dtype (MixedPrecision's param_dtype; NF4
+    storage for QLoRA, bnb_4bit_quant_storage=bf16 flattens the packed 4-bit bytes).
+    root: the parameters no auto-wrap policy puts in a block's unit (embeddings, an untied lm_head, the final
+    norm) form the root unit, and FSDP does not reshard the root after forward (_runtime_utils._post_forward:
+    `free_unsharded_flat_param = not state._is_root and ...`; FSDP2: `post_forward_mesh_info = None` for the
+    root): unsharded from the first forward to the end of backward.
+    gradient_buffers (a full fine-tune): _post_backward_hook reduce-scatters each unit's unsharded gradient
+    (the compute dtype), casting it to reduce_dtype first when that differs (MixedPrecision(reduce_dtype=fp32):
+    a 4-byte copy), into a new sharded gradient; FSDP_GRAD_UNITS units at once, when backward ends.
+    root_gradients: the root's unsharded gradient (embeddings, lm_head) exists from the lm_head's gradient, the
+    first of backward, to the root's post-backward hook, the last: all through backward, with its reduce_dtype
+    copy at the end (root_reduce).
+    quant_state: bitsandbytes keeps each Linear4bit's quant_state (absmax, its double-quantization constants) on
+    the module, not in the flat parameter (bitsandbytes/nn/modules.py, Linear4bit keeps self.quant_state for
+    FSDP), so every GPU holds all of it (the NF4 bytes beyond 4 bits); torchao's NF4Tensor shards its scalers
+    with its data (fsdp_pre_all_gather).
+    frozen_gradients: with use_orig_params=True and a unit that holds frozen and trainable tensors (whole blocks
+    wrapped around LoRA adapters), the FlatParameter requires grad and FSDP gives all of it a gradient, the
+    frozen part as zeros (fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
     higher than expected (namely, equivalent to not freezing those parameters)"): every block's shard of
     gradients stays until the optimizer step, and one unsharded block gradient is reduce-scattered at a time.
     peft's wrap policy (the runner's) gives adapters their own units and avoids it."""
     block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
     elem = 2.0 if req.precision != "fp32" else 4.0
-    gathered = coef.fsdp_units * block * elem
+    units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
+    gathered = units * block * elem
     if req.method == "qlora":
         gathered *= NF4_BYTES / 2.0
+    root_params = arch.embedding_params + arch.global_other_params
+    root_elem = 4.0 if req.precision == "fp32" or qlora_upcast(req, gpus) else 2.0
+    root = root_params * root_elem
+    grad_buffers = root_grads = root_reduce = 0.0
+    if req.method == "full":
+        grad_elem = elem  # the unsharded gradient has the gathered parameters' dtype
+        reduce_copy = 4.0 if req.precision == "mixed" else 0.0  # reduce_dtype=fp32 (runner/distributed.wrap)
+        shard_out = max(grad_elem, reduce_copy) / gpus
+        grad_buffers = FSDP_GRAD_UNITS * block * (grad_elem + reduce_copy + shard_out)
+        root_grads = root_params * grad_elem
+        root_reduce = root_params * (reduce_copy + shard_out)
+    quant_state = 0.0
+    if (
+        req.method == "qlora" and nf4_quantizer(req) == "bitsandbytes"
+    ):  # torchao's NF4Tensor shards its scalers
+        q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
+        quant_state = (q_bytes - 0.5) * arch.block_linear_params * (1.0 - 1.0 / gpus)
     frozen = 0.0
     if req.method != "full" and req.fsdp_wrap == "blocks" and req.fsdp_orig_params:
         others = arch.parameters - arch.block_linear_params - arch.embedding_params  # norms, biases, routers
         base = arch.block_linear_params * (NF4_BYTES if req.method == "qlora" else elem) + others * elem
         unit = block * (NF4_BYTES if req.method == "qlora" else elem)
         frozen = base / gpus + unit
-    return {"gathered": gathered, "frozen_gradients": frozen}
+    return {
+        "gathered": gathered,
+        "root": root,
+        "gradient_buffers": grad_buffers,
+        "root_gradients": root_grads,
+        "root_reduce": root_reduce,
+        "quant_state": quant_state,
+        "frozen_gradients": frozen,
+    }
 
 
 @dataclass
@@ -382,6 +457,9 @@ class _TrainedState:
     step_temp: float
     param_bytes: float  # bytes per trainable parameter (its dtype)
     state_bytes: float  # optimizer state bytes per trainable parameter
+    fsdp_live: float = 0.0  # FSDP's unsharded root and units in flight, forward and backward
+    fsdp_root_grad: float = 0.0  # the root's unsharded gradient, all through backward
+    fsdp_end: float = 0.0  # the blocks' unsharded gradients and the root's reduce copy, when backward ends
 
 
 @dataclass
@@ -501,15 +579,19 @@ def _add_fsdp(
     state: _TrainedState,
     offloaded: dict[str, float],
 ) -> None:
-    """FSDP's gathered units and frozen gradients on top of the shards; CPU offload moves the shards off."""
+    """FSDP's unsharded buffers (fsdp_terms) beside the shards; CPU offload moves the shards off (the quant
+    state, a module attribute, stays on the GPU)."""
     fsdp = fsdp_terms(arch, req, n_gpus, coef)
-    state.weights += fsdp["gathered"]
     state.grads += fsdp["frozen_gradients"]
+    state.fsdp_live = fsdp["gathered"] + fsdp["root"]
+    state.fsdp_root_grad = fsdp["root_gradients"]
+    state.fsdp_end = fsdp["gradient_buffers"] + fsdp["root_reduce"]
     if req.fsdp_cpu_offload:
         offloaded["sharded weights, gradients and optimizer (CPU)"] = (
-            state.weights - fsdp["gathered"] + state.grads + state.optimizer
+            state.weights + state.grads + state.optimizer + state.adapters
         )
-        state.weights, state.grads, state.optimizer, state.adapters = fsdp["gathered"], 0.0, 0.0, 0.0
+        state.weights, state.grads, state.optimizer, state.adapters = 0.0, 0.0, 0.0, 0.0
+    state.weights += fsdp["quant_state"]
 
 
 def _phases(
@@ -533,16 +615,22 @@ def _phases(
     # the last block's forward is recomputed (torch/utils/checkpoint.py: a checkpointed block recomputes when
     # autograd first unpacks one of its saved tensors, i.e. when its own backward starts), so the logits and
     # one block's working set are never alive together.
+    # FSDP: the root and the units in flight from the first forward to the end of backward, the unsharded
+    # gradients before their reduce-scatter at its end; everything resharded for the optimizer step.
+    live = state.fsdp_live + state.fsdp_root_grad
+    backward = live + state.fsdp_end
     phases = {
         "start of backward": {
             "gradients": persistent_grads,
             "activations": step.stored,
             "logits": step.logits,
+            "fsdp": live,
         },
         "end of backward": {
             "gradients": grads,
             "activations": step.per_layer + step.block_casts,
             "logits": 0.0,
+            "fsdp": backward,
         },
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": state.step_temp},
     }
@@ -551,12 +639,14 @@ def _phases(
             "gradients": persistent_grads,
             "activations": step.stored + step.per_layer + step.block_casts + step.transient,
             "logits": 0.0,
+            "fsdp": live,
         }
     else:  # the last block's forward: everything saved so far, and its own temporaries
         phases["forward of the last layer"] = {
             "gradients": persistent_grads,
             "activations": step.stored + step.transient,
             "logits": 0.0,
+            "fsdp": live,
         }
     return phases
 
@@ -568,12 +658,14 @@ def _transient(parts: dict[str, float]) -> float:
 
 def _peak(phases: dict[str, dict[str, float]], frag: float) -> tuple[str, dict[str, float]]:
     """The moment that reserves the most."""
-    return max(phases.items(), key=lambda kv: kv[1]["gradients"] + _transient(kv[1]) * frag)
+    return max(
+        phases.items(), key=lambda kv: kv[1]["gradients"] + kv[1].get("fsdp", 0.0) + _transient(kv[1]) * frag
+    )
 
 
 def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag: float) -> dict[str, float]:
     """Bytes per component at the peak moment (they sum to the estimate)."""
-    return {
+    out = {
         "weights": state.weights,
         "adapters": state.adapters,
         "gradients": parts["gradients"],
@@ -584,6 +676,9 @@ def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag:
         "cublas_workspace": float(CUBLAS_WORKSPACE_BYTES * CUBLAS_STREAMS),
         "allocator": _transient(parts) * (frag - 1.0),
     }
+    if n_gpus > 1:
+        out["fsdp_buffers"] = parts.get("fsdp", 0.0)
+    return out
 
 
 def _load_phase(
@@ -617,7 +712,7 @@ def estimate_memory(
     step = _step_tensors(arch, req, n_gpus, offloaded)
     if n_gpus > 1:
         _add_fsdp(arch, req, n_gpus, coef, state, offloaded)
-    frag = FRAGMENTATION["packed" if req.packing else "variable"]
+    frag = FRAGMENTATION[allocator_mode(req)]
     phase, parts = _peak(_phases(arch, req, n_gpus, state, step), frag)
     breakdown = _breakdown(state, parts, n_gpus, frag)
     if _load_phase(arch, req, n_gpus, state.weights, breakdown):

@@ -28,6 +28,8 @@ class Row:
         # Every published stack computes its loss from the model's logits (its own path, which chunked_ce,
         # compile, legacy_logits and loss_upcast describe), not with the runner's chunked loss.
         self.request.setdefault("loss", "plain")
+        # No published stack set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the runner does).
+        self.request.setdefault("expandable_segments", False)
         # The Hugging Face Trainer and TRL with bf16=True (the QLoRA paper's qlora.py, PEFT's FSDP+QLoRA docs,
         # Unsloth's notebooks; PEFT's MetaMathQA benchmark priced the same way) compute under torch.autocast;
         # torchtune and fp32 runs do not. tunebot's runner does not autocast LoRA/QLoRA, which is the
@@ -53,7 +55,8 @@ _TT = dict(
     qlora_upcast=False,
     attn="sdpa",
 )
-_TT_LORA = dict(_TT, lora_r=8, lora_targets=["q", "v", "o", "gate", "up", "down"])
+# torchtune's distributed recipes shard with FSDP2 (fully_shard) since 0.2 (the README table is from 0.3).
+_TT_LORA = dict(_TT, lora_r=8, lora_targets=["q", "v", "o", "gate", "up", "down"], fsdp_version=2)
 _TT_FULL = dict(_TT, method="full", optimizer="paged_adamw_8bit", optimizer_in_backward=True)
 # torchtune Llama-3.2-3B on one A100 80GB, batch 2 x 4096, full fine-tune with bf16 AdamW; each row
 # adds one technique to the previous one.
