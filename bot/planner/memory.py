@@ -89,6 +89,9 @@ from bot.planner.request import EstimateRequest
 GB = 1e9
 NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
+NF4_STORAGE_BYTES = (
+    0.5  # the packed 4-bit weight alone (any bnb_4bit_quant_storage dtype); the rest is quant_state
+)
 LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
 FP32_LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 12.0, "compiled": 12.0, "chunked": 4.0}
 CUDA_CONTEXT_GB = 1.2
@@ -110,21 +113,24 @@ FRAGMENTATION = {"packed": 1.03, "variable": 1.12, "expandable": 1.02}
 
 
 def allocator_mode(req: EstimateRequest) -> str:
-    """Which FRAGMENTATION applies: expandable segments (the runner sets them, runner/cuda_env.py) whatever the
-    shapes; else fixed-length (packed) or varying-length (unpacked) batches with the default allocator."""
+    """Which FRAGMENTATION applies: expandable segments (the runner sets them, runner/cuda_env.py) whatever
+    the shapes; else fixed-length (packed) or varying-length (unpacked) batches with the default allocator."""
     if req.expandable_segments:
         return "expandable"
     return "packed" if req.packing else "variable"
+
+
 # Which Linear layers of a block read the same input (q, k, v the attention norm's output; gate, up the MLP's)
 INPUT_OF = {"q": 0, "k": 0, "v": 0, "gate": 1, "up": 1, "o": 2, "down": 3}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
 
-# FSDP (torch.distributed.fsdp), read from its code and measured on gloo (tests/planner/test_fsdp_mechanisms.py):
-# FSDP1's rate limiter lets the CPU run at most this many freed all-gathers ahead of the GPU
-# (torch/distributed/fsdp/_limiter_utils.py, _FreeEventQueue._max_num_inflight_all_gathers = 2, "empirically
-# chosen"): until the GPU has finished with them, their unsharded memory cannot be reused.
+# FSDP (torch.distributed.fsdp), read from its code and measured on gloo
+# (tests/planner/test_fsdp_mechanisms.py): FSDP1's rate limiter lets the CPU run at most this many freed
+# all-gathers ahead of the GPU (torch/distributed/fsdp/_limiter_utils.py,
+# _FreeEventQueue._max_num_inflight_all_gathers = 2, "empirically chosen"): until the GPU has finished with
+# them, their unsharded memory cannot be reused.
 FSDP_FREE_QUEUE = 2
 # Unsharded gradients alive in a full fine-tune's backward: the unit autograd is filling and the previous one,
 # whose reduce-scatter runs on the post-backward stream (_post_backward_hook: record_stream until it is done).
@@ -363,11 +369,12 @@ def loss_path_bytes(arch: Architecture, req: EstimateRequest, tokens: int) -> fl
 def fsdp_units_in_flight(req: EstimateRequest) -> float:
     """Transformer-block units whose unsharded parameters are on the GPU at once, from FSDP's code.
 
-    FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, the runner and accelerate): the unit being computed,
-    the one BACKWARD_PRE prefetches (backward_prefetch's default) and up to FSDP_FREE_QUEUE freed units whose
-    all-gather memory the GPU has not released yet (limit_all_gathers=True): 4 when every unit is a block (a
-    full fine-tune, or adapters wrapped inside their block). With peft's wrap policy (the runner's for
-    LoRA/QLoRA: every adapter Linear its own unit) the prefetch and the free queue land on the adapters' tiny
+    FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, the runner and accelerate): the unit being
+    computed, the one BACKWARD_PRE prefetches (backward_prefetch's default) and up to FSDP_FREE_QUEUE freed
+    units whose all-gather memory the GPU has not released yet (limit_all_gathers=True): 4 when every unit is
+    a block (a full fine-tune, or adapters wrapped inside their block). With peft's wrap policy (the runner's
+    for LoRA/QLoRA: every adapter Linear its own unit) the prefetch and the free queue land on the adapters'
+    tiny
     units, which come between two blocks in execution order: one block (gloo measures exactly that).
     FSDP2 (fully_shard; torchtune): the computed unit, the prefetched one and the prefetch's all-gather output
     before it is copied out to the parameters (_fsdp_collectives.foreach_all_gather / copy-out): 3."""
@@ -390,27 +397,30 @@ def fsdp_terms(
     `free_unsharded_flat_param = not state._is_root and ...`; FSDP2: `post_forward_mesh_info = None` for the
     root): unsharded from the first forward to the end of backward.
     gradient_buffers (a full fine-tune): _post_backward_hook reduce-scatters each unit's unsharded gradient
-    (the compute dtype), casting it to reduce_dtype first when that differs (MixedPrecision(reduce_dtype=fp32):
-    a 4-byte copy), into a new sharded gradient; FSDP_GRAD_UNITS units at once, when backward ends.
-    root_gradients: the root's unsharded gradient (embeddings, lm_head) exists from the lm_head's gradient, the
-    first of backward, to the root's post-backward hook, the last: all through backward, with its reduce_dtype
-    copy at the end (root_reduce).
-    quant_state: bitsandbytes keeps each Linear4bit's quant_state (absmax, its double-quantization constants) on
-    the module, not in the flat parameter (bitsandbytes/nn/modules.py, Linear4bit keeps self.quant_state for
-    FSDP), so every GPU holds all of it (the NF4 bytes beyond 4 bits); torchao's NF4Tensor shards its scalers
-    with its data (fsdp_pre_all_gather).
-    frozen_gradients: with use_orig_params=True and a unit that holds frozen and trainable tensors (whole blocks
-    wrapped around LoRA adapters), the FlatParameter requires grad and FSDP gives all of it a gradient, the
-    frozen part as zeros (fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
+    (the compute dtype), casting it to reduce_dtype first when that differs
+    (MixedPrecision(reduce_dtype=fp32): a 4-byte copy), into a new sharded gradient; FSDP_GRAD_UNITS units at
+    once, when backward ends. root_gradients: the root's unsharded gradient (embeddings, lm_head) exists from
+    the lm_head's gradient, the first of backward, to the root's post-backward hook, the last: all through
+    backward, with its reduce_dtype copy at the end (root_reduce).
+    quant_state: bitsandbytes keeps each Linear4bit's quant_state (absmax, its double-quantization constants)
+    on the module, not in the flat parameter (bitsandbytes/nn/modules.py,
+    fix_4bit_weight_quant_state_from_module: "the quant state got lost when the parameter got converted. This
+    happens for example for fsdp"), so every GPU holds all of it (the NF4 bytes beyond 4 bits); torchao's
+    NF4Tensor shards its scalers with its data (fsdp_pre_all_gather).
+    frozen_gradients: with use_orig_params=True and a unit that holds frozen and trainable tensors (whole
+    blocks wrapped around LoRA adapters), the FlatParameter requires grad and FSDP gives all of it a gradient,
+    the frozen part as zeros (fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
     higher than expected (namely, equivalent to not freezing those parameters)"): every block's shard of
     gradients stays until the optimizer step, and one unsharded block gradient is reduce-scattered at a time.
     peft's wrap policy (the runner's) gives adapters their own units and avoids it."""
     block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
     elem = 2.0 if req.precision != "fp32" else 4.0
     units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
-    gathered = units * block * elem
-    if req.method == "qlora":
-        gathered *= NF4_BYTES / 2.0
+    unit_bytes = block * elem
+    if req.method == "qlora":  # the packed 4-bit bytes (bf16-typed storage); norms in the compute dtype
+        linear = max(sum(lin.params for lin in g.linears) for g in arch.groups)
+        unit_bytes = linear * NF4_STORAGE_BYTES + (block - linear) * elem
+    gathered = units * unit_bytes
     root_params = arch.embedding_params + arch.global_other_params
     root_elem = 4.0 if req.precision == "fp32" or qlora_upcast(req, gpus) else 2.0
     root = root_params * root_elem
@@ -427,7 +437,7 @@ def fsdp_terms(
         req.method == "qlora" and nf4_quantizer(req) == "bitsandbytes"
     ):  # torchao's NF4Tensor shards its scalers
         q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
-        quant_state = (q_bytes - 0.5) * arch.block_linear_params * (1.0 - 1.0 / gpus)
+        quant_state = (q_bytes - NF4_STORAGE_BYTES) * arch.block_linear_params * (1.0 - 1.0 / gpus)
     frozen = 0.0
     if req.method != "full" and req.fsdp_wrap == "blocks" and req.fsdp_orig_params:
         others = arch.parameters - arch.block_linear_params - arch.embedding_params  # norms, biases, routers

@@ -103,7 +103,8 @@ class EstimateRequest(BaseModel):
     optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the runner sets it before CUDA starts
     # (runner/cuda_env.py), so the caching allocator grows one segment instead of caching a new one for every
-    # larger shape; published rows from stacks that did not set it say False (bot/planner/memory.allocator_mode).
+    # larger shape; published rows from stacks that did not set it say False
+    # (bot/planner/memory.allocator_mode).
     expandable_segments: bool = True
 
     @model_validator(mode="after")
