@@ -489,6 +489,16 @@ def _largest_tensor(arch: Architecture) -> int:
     return max(arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears))
 
 
+def _largest_trainable(arch: Architecture, req: EstimateRequest) -> int:
+    """Parameters of the largest trainable tensor: a full fine-tune's largest weight, or the widest adapter
+    matrix (r x the wider side of its Linear)."""
+    if req.method == "full":
+        return _largest_tensor(arch)
+    return max(
+        (req.lora_r * max(lin.d_in, lin.d_out) for lin in arch.lora_targets(req.lora_targets)), default=0
+    )
+
+
 def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> float:
     """The frozen base or the trained model, before sharding."""
     n, quantizable = arch.parameters, arch.block_linear_params
@@ -503,11 +513,18 @@ def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> floa
     return 2.0 * n
 
 
-def _optimizer_step_bytes(
+def optimizer_step_bytes(
     arch: Architecture, req: EstimateRequest, trainable: int, param_bytes: float, shard: float
 ) -> float:
-    """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing)."""
+    """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing;
+    measured by tracing each torch.optim.AdamW path's allocations:
+    tests/planner/test_optimizer_mechanisms.py).
+
+    for-loop (torch/optim/adam.py _single_tensor_adam): `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)`
+    holds the square root and its quotient of one parameter at a time: twice the largest trainable tensor."""
     step_temp = 0.0
+    if req.optimizer == "adamw" and adamw_impl(req) == "for-loop":
+        step_temp = 2.0 * min(trainable, _largest_trainable(arch, req)) * param_bytes / shard
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
         # torch.optim.AdamW without fused=True is foreach on CUDA (torch/optim/optimizer.py
         # _default_to_fused_or_foreach); _multi_tensor_adam builds `exp_avg_sq_sqrt =
@@ -543,7 +560,7 @@ def _trained_state(
     if req.optimizer == "paged_adamw_8bit":
         offloaded["optimizer (paged, may spill to CPU)"] = optimizer
         optimizer = 0.0
-    step_temp = _optimizer_step_bytes(arch, req, trainable, param_bytes, shard)
+    step_temp = optimizer_step_bytes(arch, req, trainable, param_bytes, shard)
     return _TrainedState(weights, adapters, grads, optimizer, step_temp, param_bytes, state_bytes)
 
 
