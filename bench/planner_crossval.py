@@ -67,11 +67,13 @@ def line(label: str, held: list[Held]) -> tuple:
     return out, ins
 
 
-def per_class(label: str, held: list[Held], classes: tuple[str, ...], written: dict) -> Coverage:
+def per_class(
+    label: str, held: list[Held], classes: tuple[str, ...], written: dict, own_dof: bool = True
+) -> Coverage:
     """Held-out errors by class, the class ranges (this run vs the code), and how often the top holds when the
     ranges are built without the row's source (nested leave-one-source-out)."""
-    fresh = class_ranges(held, classes, ranges.Q)
-    cover = nested_coverage(held, classes, ranges.Q)
+    fresh = class_ranges(held, classes, ranges.Q, own_dof)
+    cover = nested_coverage(held, classes, ranges.Q, own_dof)
     print(f"\n{label} by class (held out by source)")
     print(
         f"{'class':10s} {'rows':>4s} {'median |err|':>12s} {'max |err|':>9s} {'under-predicted':>15s} "
@@ -107,7 +109,9 @@ def main() -> int:
     line("memory (+ Unsloth's sizing guide)", guidance)
     speed_out, _ = line("tokens/s", speed)
     mem_cover = per_class("Peak memory", memory, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES)
-    speed_cover = per_class("Tokens per second", speed, ranges.SPEED_CLASSES, ranges.SPEED_RANGES)
+    speed_cover = per_class(
+        "Tokens per second", speed, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, own_dof=ranges.SPEED_OWN_DOF
+    )
     print(
         "\ncoefficients fitted on every source: "
         + ", ".join(

@@ -61,6 +61,7 @@ def spec_fields(
         "warmup_ratio": plan.warmup_ratio,
         "weight_decay": plan.weight_decay,
         "optimizer": plan.optimizer,
+        "optimizer_impl": plan.optimizer_impl,
         "packing": plan.packing,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "attn": plan.attn,

@@ -159,6 +159,7 @@ class MemoryResult:
     sharding: str = "none"
     checkpoint_bytes: float = 0.0  # what a resumable checkpoint holds (trainable weights + optimizer)
     download_bytes: float = 0.0  # the base model in 16-bit, fetched on every (re)start
+    notes: list[str] = field(default_factory=list)  # the mechanisms assumed, for the estimate's assumptions
 
     @property
     def per_gpu_gb(self) -> float:
@@ -376,10 +377,11 @@ def fsdp_units_in_flight(req: EstimateRequest) -> float:
     for LoRA/QLoRA: every adapter Linear its own unit) the prefetch and the free queue land on the adapters'
     tiny
     units, which come between two blocks in execution order: one block (gloo measures exactly that).
-    FSDP2 (fully_shard; torchtune): the computed unit, the prefetched one and the prefetch's all-gather output
-    before it is copied out to the parameters (_fsdp_collectives.foreach_all_gather / copy-out): 3."""
+    FSDP2 (fully_shard; torchtune): the computed unit and the prefetched one; the prefetch's flat all-gather
+    output lives only until foreach_all_gather_copy_out has copied it into the parameters
+    (_fsdp_collectives.py), while the computed unit runs: 2."""
     if req.fsdp_version == 2:
-        return 3.0
+        return 2.0
     if req.method == "full" or req.fsdp_wrap == "blocks":
         return 2.0 + FSDP_FREE_QUEUE
     return 1.0
@@ -745,6 +747,7 @@ def estimate_memory(
     if _load_phase(arch, req, n_gpus, state.weights, breakdown):
         phase = "model load (NF4 quantization on the GPU)"
     full_bytes = 4.0 if req.method == "full" and req.precision != "bf16" else state.param_bytes
+    notes = memory_notes(arch, req, n_gpus, coef, state)
     return MemoryResult(
         per_gpu_bytes=sum(breakdown.values()),
         breakdown=breakdown,
@@ -754,4 +757,48 @@ def estimate_memory(
         sharding="fsdp" if n_gpus > 1 else "none",
         checkpoint_bytes=trainable * full_bytes + trainable * state.state_bytes,
         download_bytes=2.0 * arch.parameters,
+        notes=notes,
     )
+
+
+def memory_notes(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, coef: MemoryCoefficients, state: _TrainedState
+) -> list[str]:
+    """The memory mechanisms this estimate assumes, one line each (the estimate's assumptions)."""
+    notes = []
+    mode = allocator_mode(req)
+    if mode == "expandable":
+        notes.append(
+            "allocator: expandable segments (the runner sets PYTORCH_CUDA_ALLOC_CONF="
+            "expandable_segments:True before CUDA starts): the card needs ~2% above the tensors at the peak, "
+            "whatever the batch shapes"
+        )
+    elif mode == "variable":
+        notes.append(
+            "allocator: PyTorch's default with batches of varying length: the card needs ~12% above the "
+            "step's transient tensors; on a card with room to spare torch keeps old segments cached and its "
+            "reserved memory can read up to ~2x the allocated peak (docs/estimation.md)"
+        )
+    if req.optimizer == "adamw":
+        impl = adamw_impl(req)
+        if impl == "foreach":
+            notes.append(
+                "optimizer: AdamW foreach allocates a temporary the size of one state (the parameters it "
+                f"updates) in each step ({state.step_temp / GB:.1f} GB per GPU); adamw_impl=fused updates in "
+                "place"
+            )
+        elif impl == "fused" and req.method == "full":
+            notes.append("optimizer: fused AdamW (in place, no step temporaries)")
+    if n_gpus > 1:
+        f = fsdp_terms(arch, req, n_gpus, coef)
+        units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
+        text = (
+            f"FSDP{req.fsdp_version}: the root unit (embeddings, lm_head) {f['root'] / GB:.1f} GB unsharded "
+            f"through forward and backward, {units:g} block(s) in flight {f['gathered'] / GB:.1f} GB"
+        )
+        if f["gradient_buffers"]:
+            text += f", unsharded gradients before reduce-scatter {f['gradient_buffers'] / GB:.1f} GB"
+        if f["quant_state"]:
+            text += f", bitsandbytes' quant state on every GPU {f['quant_state'] / GB:.1f} GB"
+        notes.append(text + "; NCCL buffers beside the CUDA context")
+    return notes
