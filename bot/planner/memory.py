@@ -29,9 +29,8 @@ Stack- and library-dependent mechanisms (issue 11), each from the libraries' cod
 - the optimizer: torch's foreach AdamW (its default on CUDA when fused is not asked for: the HF Trainer's
   adamw_torch before torch 2.8, PEFT's benchmark) allocates a temporary the size of the states in the step;
   fused (tunebot's runner on CUDA, torchtune) and for-loop (torch < 2.0) do not (adamw_impl);
-- several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and MemoryCoefficients.
-  fsdp_units unsharded blocks in flight - the one coefficient fitted on published rows (leave-one-source-out
-  checked in bench/planner_crossval.py).
+- several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and FSDP's unsharded
+  buffers (fsdp_terms; issue 29 replaced the one fitted coefficient, fsdp_units, by FSDP's own mechanisms).
 
 Mechanisms added for issue 21 (named terms below, each with its library pointer):
 - loss_path_bytes: the runner's own loss (runner/loss.py, chunked by default) holds one chunk of logits, not
@@ -43,7 +42,13 @@ Mechanisms added for issue 21 (named terms below, each with its library pointer)
 - bitsandbytes' Linear4bit returns fp32 projections on the fp32 residual stream (q, k, v and the MLP saved in
   fp32), and fp32 inputs need no per-adapter cast copy (_activation_bytes_per_token_layer);
 - fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with trainable
-  ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards;
+  ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards; issue 29: the root unit
+  unsharded through forward and backward, units in flight from the prefetch and FSDP1's free queue, unsharded
+  gradients before reduce-scatter, bitsandbytes' quant state on every GPU (gloo-checked:
+  tests/planner/test_fsdp_mechanisms.py);
+- issue 29: the allocator mode (allocator_mode: expandable segments, the runner's, or the default allocator with
+  fixed or varying shapes) and the for-loop AdamW's temporaries (optimizer_step_bytes, traced:
+  tests/planner/test_optimizer_mechanisms.py);
 - fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES);
 - cublas_workspace: cuBLAS' per-stream workspace, torch-reserved on every rank (CUBLAS_WORKSPACE_BYTES);
 - autocast follows the runner (request.runner_autocast): its LoRA/QLoRA steps keep fp32 adapter input copies.
@@ -59,8 +64,10 @@ Calibration constants (few, each a physical quantity):
   (10); a compiled chunked cross-entropy keeps only the bf16 logits and recomputes the rest chunk by chunk
   (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
-- FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
-  1.12 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
+- FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.02 with expandable segments (the
+  runner: traced steps replayed through the emulation need 1.00-1.05x of their tensors whatever the shapes),
+  else 1.03 packed or fixed length, 1.12 with variable-length (unpacked) batches. The number is what a card
+  needs, the least memory the
   step sequence runs in. On a roomy card variable lengths leave whole cached segments behind, and
   reserved climbs to 1.3-1.6x the allocated peak (what nvidia-smi shows), but the allocator hands those
   back before running out: traced full-size Hugging Face steps replayed through bot/planner/allocator.py
