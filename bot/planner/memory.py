@@ -41,13 +41,13 @@ Mechanisms added for issue 21 (named terms below, each with its library pointer)
   moment of a block's forward, the peak once the logits no longer are (a chunked loss under checkpointing);
 - bitsandbytes' Linear4bit returns fp32 projections on the fp32 residual stream (q, k, v and the MLP saved in
   fp32), and fp32 inputs need no per-adapter cast copy (_activation_bytes_per_token_layer);
-- fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with trainable
-  ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards; issue 29: the root unit
-  unsharded through forward and backward, units in flight from the prefetch and FSDP1's free queue, unsharded
-  gradients before reduce-scatter, bitsandbytes' quant state on every GPU (gloo-checked:
+- fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with
+  trainable ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards; issue 29:
+  the root unit unsharded through forward and backward, units in flight from the prefetch and FSDP1's free
+  queue, unsharded gradients before reduce-scatter, bitsandbytes' quant state on every GPU (gloo-checked:
   tests/planner/test_fsdp_mechanisms.py);
-- issue 29: the allocator mode (allocator_mode: expandable segments, the runner's, or the default allocator with
-  fixed or varying shapes) and the for-loop AdamW's temporaries (optimizer_step_bytes, traced:
+- issue 29: the allocator mode (allocator_mode: expandable segments, the runner's, or the default allocator
+  with fixed or varying shapes) and the for-loop AdamW's temporaries (optimizer_step_bytes, traced:
   tests/planner/test_optimizer_mechanisms.py);
 - fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES);
 - cublas_workspace: cuBLAS' per-stream workspace, torch-reserved on every rank (CUBLAS_WORKSPACE_BYTES);
