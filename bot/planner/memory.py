@@ -265,7 +265,39 @@ def _activation_bytes_per_token_layer(
         per_layer += arch.heads * req.seq_len * 6.0  # scores bf16 + fp32 softmax output, per token
         if arch.config.get("attn_logit_softcapping"):
             per_layer += arch.heads * req.seq_len * 2.0  # Gemma 2's tanh-capped scores
+    elif sdpa_math_fallback(arch, req, gpus or req.gpus):
+        per_layer += arch.heads * req.seq_len * 8.0  # SDPA's math path saves fp32 scores and softmax output
     return per_layer
+
+
+def sdpa_math_fallback(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> bool:
+    """Whether torch's SDPA runs its math kernel, which materializes the attention matrix.
+
+    transformers passes grouped-query attention to SDPA as enable_gqa=True when there is no mask
+    (integrations/sdpa_attention.py, use_gqa_in_sdpa); on CUDA only the flash kernel takes enable_gqa, and
+    flash takes 16-bit inputs only, so fp32 queries with GQA and no mask fall back to the math kernel (torch's
+    scaled_dot_product_attention docs: GQA "works only for Flash_attention and math kernel on CUDA tensor").
+    fp32 queries come with QLoRA's fp32 residual stream (prepare_model_for_kbit_training) without autocast
+    (fp32 compute would too on CUDA; the CPU, where the planner prices fp32, has kernels of its own). No mask:
+    a micro-batch of one unpadded row (the runner passes a block-causal mask when it packs;
+    has_attention_mask). Measured on an H200 (bench/gpu_check, QLoRA on Llama-3.2-1B, micro-batch 1, no mask):
+    13.2 GB at 4,096 tokens where LoRA takes 4.1."""
+    if req.attn != "sdpa" or arch.kv_heads >= arch.heads or has_attention_mask(req):
+        return False
+    return fp32_residual(req, gpus) and not req.autocast
+
+
+def has_attention_mask(req: EstimateRequest) -> bool:
+    """Whether the model gets an attention mask (EstimateRequest.attention_mask; None: as the runner does)."""
+    if req.attention_mask is not None:
+        return req.attention_mask
+    return req.packing or req.batch_size > 1
+
+
+def sdpa_math_backward_bytes(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> float:
+    """Per token, the math kernel's backward of one layer: the gradients of the softmax output and of the
+    scores (fp32), alive with what the layer saved."""
+    return arch.heads * req.seq_len * 8.0 if sdpa_math_fallback(arch, req, gpus) else 0.0
 
 
 def forward_transient_bytes(arch: Architecture, req: EstimateRequest) -> float:
@@ -603,7 +635,7 @@ def _step_tensors(
         head = 2.0 * arch.vocab * arch.hidden
         casts = head if req.gradient_checkpointing else 2.0 * arch.matmul_parameters
     stored += casts
-    transient = forward_transient_bytes(arch, req) * tokens
+    transient = (forward_transient_bytes(arch, req) + sdpa_math_backward_bytes(arch, req, n_gpus)) * tokens
     return _StepTensors(per_layer, stored, block_casts, logits, transient)
 
 

@@ -29,15 +29,15 @@ SPEED_OWN_DOF = False  # speed classes keep issue 21's pooled degrees of freedom
 
 # measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
 MEMORY_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.891, 1.150),
-    "multi-gpu": (0.796, 1.174),
-    "cpu-offload": (0.549, 2.066),
-    "full": (0.892, 1.181),
-    "lora": (0.847, 1.198),
-    "quantized": (0.870, 1.159),
+    "all": (0.902, 1.164),
+    "multi-gpu": (0.794, 1.177),
+    "cpu-offload": (0.545, 2.082),
+    "full": (0.890, 1.170),
+    "lora": (0.891, 1.186),
+    "quantized": (0.866, 1.211),
     "short": (0.879, 1.187),
-    "long": (0.887, 1.175),
-    "unpacked": (0.864, 1.219),
+    "long": (0.900, 1.179),
+    "unpacked": (0.875, 1.199),
 }
 SPEED_RANGES: dict[str, tuple[float, float]] = {
     "all": (0.656, 1.403),

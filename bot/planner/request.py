@@ -106,6 +106,11 @@ class EstimateRequest(BaseModel):
     # larger shape; published rows from stacks that did not set it say False
     # (bot/planner/memory.allocator_mode).
     expandable_segments: bool = True
+    # Whether the model gets an attention mask. None: what the runner passes (a block-causal mask when it
+    # packs, a padding mask without packing, which transformers drops for a single unpadded row); False:
+    # fixed-length rows fed without one (bench/gpu_check, most benchmarks). Without a mask transformers hands
+    # grouped-query attention to SDPA as enable_gqa (bot/planner/memory.sdpa_math_fallback).
+    attention_mask: bool | None = None
 
     @model_validator(mode="after")
     def _method_defaults(self) -> EstimateRequest:

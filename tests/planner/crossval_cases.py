@@ -59,6 +59,8 @@ def memory_value(row: Row, coef: MemoryCoefficients = FITTED_MEMORY) -> float:
         return (m.breakdown["weights"] + m.breakdown["cuda_context"]) / 1e9
     if row.convention == "torch":
         return m.torch_reserved_gb
+    if row.convention == "allocated":
+        return m.torch_reserved_gb - m.breakdown["allocator"] / 1e9
     return m.per_gpu_gb
 
 
