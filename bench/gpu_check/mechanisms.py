@@ -240,16 +240,19 @@ def child_alloc(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
         codes = {"alloc": 0, "free_completed": 1, "segment_alloc": 2, "segment_free": 3}
         addrs: dict[int, int] = {}
         events = []
+        count = 0  # a fresh id per allocation (an address is reused once freed)
         for entry in snap["device_traces"][0]:
             code = codes.get(entry.get("action"))
             if code is None:
                 continue
             if code in (0, 1):
-                ident = addrs.setdefault(entry["addr"], len(addrs)) if code == 0 else addrs.get(entry["addr"])
+                if code == 0:
+                    count += 1
+                    addrs[entry["addr"]] = ident = count
+                else:
+                    ident = addrs.pop(entry["addr"], None)
                 if ident is None:
                     continue
-                if code == 1:
-                    del addrs[entry["addr"]]
                 events.append([code, ident, int(entry["size"])])
             else:
                 events.append([code, 0, int(entry["size"])])
@@ -413,6 +416,7 @@ def child_qlora(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
         )
         mem.reset()
         model = load_model(spec, Path(args.model_dir), device)
+        model.train()  # from_pretrained returns an eval-mode model, which skips checkpointing (as the runner)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
         head = HeadLoss(model, loss_kind, model.config)
