@@ -828,6 +828,11 @@ def memory_notes(
             )
         elif impl == "fused" and req.method == "full":
             notes.append("optimizer: fused AdamW (in place, no step temporaries)")
+    if sdpa_math_fallback(arch, req, n_gpus):
+        notes.append(
+            "attention: fp32 queries with grouped-query attention and no mask take SDPA's math kernel, which "
+            "materializes each layer's attention scores (priced); packing passes a mask and avoids it"
+        )
     if n_gpus > 1:
         f = fsdp_terms(arch, req, n_gpus, coef)
         units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
