@@ -100,3 +100,28 @@ def test_unpacked_batches_are_grouped_by_length_and_pad_less() -> None:
     assert max(max(lengths[r[0]] for r in b) for b in plan) == max(lengths)
     widths = [max(lengths[r[0]] for r in b) for b in plan[: GROUP_WINDOW * 2]]
     assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
+
+
+def test_the_adamw_a_person_picks_reaches_the_runner_and_the_estimate_follows() -> None:
+    """adamw_impl=foreach (torch's default when fused is not asked for) is priced with its temporary and goes
+    to the runner in the JobSpec; the default (fused) spec carries nothing new, as older runners expect."""
+    from fakes.snapshot_plan import snapshot_plan
+
+    from bot.engine.jobspec import spec_fields
+    from bot.planner.options import parse_values
+    from bot.planner.request import EstimateRequest
+    from runner.spec import JobSpec
+
+    base = dict(model="llama-3.2-1b", method="full", precision="bf16", seq_len=512, tokens=1_000_000)
+    chosen = EstimateRequest(**base, **parse_values([("adamw_impl", "foreach")]))
+    assert chosen.optimizer_impl == "foreach"
+    foreach, fused = snapshot_plan(chosen), snapshot_plan(EstimateRequest(**base))
+    assert foreach.training is not None and fused.training is not None
+    assert foreach.memory.per_gpu_gb > fused.memory.per_gpu_gb + 2.0  # one bf16 state: 2 B x 1.24B params
+    assert any("foreach" in a for a in foreach.assumptions)
+    fields = spec_fields(foreach.training)
+    assert fields["optimizer_impl"] == "foreach"
+    assert "optimizer_impl" not in spec_fields(fused.training)
+    extra = {"job_id": "j1", "checkpoint": {"uri": "memory://c"}, "output_uri": "memory://o"}
+    spec = JobSpec.model_validate({**fields, **extra, "dataset": {"uri": "memory://d.jsonl"}})
+    assert spec.optimizer_impl == "foreach"
