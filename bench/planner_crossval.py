@@ -67,20 +67,22 @@ def line(label: str, held: list[Held]) -> tuple:
     return out, ins
 
 
-def per_class(label: str, held: list[Held], classes: tuple[str, ...], written: dict) -> Coverage:
+def per_class(
+    label: str, held: list[Held], classes: tuple[str, ...], written: dict, own_dof: bool = True
+) -> Coverage:
     """Held-out errors by class, the class ranges (this run vs the code), and how often the top holds when the
     ranges are built without the row's source (nested leave-one-source-out)."""
-    fresh = class_ranges(held, classes, ranges.Q)
-    cover = nested_coverage(held, classes, ranges.Q)
+    fresh = class_ranges(held, classes, ranges.Q, own_dof)
+    cover = nested_coverage(held, classes, ranges.Q, own_dof)
     print(f"\n{label} by class (held out by source)")
     print(
-        f"{'class':10s} {'rows':>4s} {'median |err|':>12s} {'max |err|':>9s} {'under-predicted':>15s} "
-        f"{'range (this run)':>17s} {'in the code':>13s} {'top holds, nested':>18s}"
+        f"{'class':11s} {'rows':>4s} {'sources':>7s} {'median |err|':>12s} {'max |err|':>9s} "
+        f"{'under-predicted':>15s} {'range (this run)':>17s} {'in the code':>13s} {'top holds, nested':>18s}"
     )
     for name in ("all", *classes):
         rows = [h for h in held if name == "all" or name in h.case.classes]
         if not rows:
-            print(f"{name:10s} {0:4d}  (no published row: the class falls back to 'all')")
+            print(f"{name:11s} {0:4d}  (no published row: the class falls back to 'all')")
             continue
         s = summarize([h.held_out_error for h in rows])
         under = sum(1 for h in rows if h.held_out < h.case.measured)
@@ -88,8 +90,9 @@ def per_class(label: str, held: list[Held], classes: tuple[str, ...], written: d
         code = written.get(name)
         code_text = f"{code[0]:.3f}-{code[1]:.3f}" if code else "-"
         ok, n = cover.by_class.get(name, (0, 0))
+        sources = len({h.case.source for h in rows})
         print(
-            f"{name:10s} {len(rows):4d} {s.median_abs:12.1%} {s.max_abs:9.1%} {under:15d} "
+            f"{name:11s} {len(rows):4d} {sources:7d} {s.median_abs:12.1%} {s.max_abs:9.1%} {under:15d} "
             f"{lo:8.3f}-{hi:.3f} {code_text:>13s} {ok:>10d}/{n:<3d} {ok / max(n, 1):5.0%}"
         )
     return cover
@@ -107,7 +110,9 @@ def main() -> int:
     line("memory (+ Unsloth's sizing guide)", guidance)
     speed_out, _ = line("tokens/s", speed)
     mem_cover = per_class("Peak memory", memory, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES)
-    speed_cover = per_class("Tokens per second", speed, ranges.SPEED_CLASSES, ranges.SPEED_RANGES)
+    speed_cover = per_class(
+        "Tokens per second", speed, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, own_dof=ranges.SPEED_OWN_DOF
+    )
     print(
         "\ncoefficients fitted on every source: "
         + ", ".join(

@@ -109,7 +109,9 @@ def run(argv: list[str] | None = None) -> int:
         return _invalid(str(exc))
 
     from runner import distributed
+    from runner.cuda_env import configure_allocator
 
+    configure_allocator()  # before torch starts CUDA, here and in every worker (they inherit it)
     processes = distributed.processes_for(spec.gpus)
     if processes > 1 and not distributed.is_worker():
         return distributed.launch(spec.model_dump_json(), processes, sigterm_seen=bool(_early_sigterm))

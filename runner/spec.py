@@ -205,6 +205,9 @@ class JobSpec(_Strict):
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
     weight_decay: float = Field(Defaults.weight_decay, ge=0)
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
+    # How torch's AdamW runs (optimizer "adamw"): "fused" on CUDA (the default: updates in place), "foreach"
+    # (one temporary the size of the optimizer states in each step, priced by the planner) or "for-loop".
+    optimizer_impl: Literal["fused", "foreach", "for-loop"] = "fused"
     # None: Defaults.precision_for(method) ("mixed" for full: fp32 master weights + bf16 autocast; "bf16" for
     # adapters on a bf16 base). See Defaults.full_precision.
     precision: Literal["mixed", "bf16", "fp32"] | None = None

@@ -83,6 +83,10 @@ class Preemption:
 def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tuple[RunSummary, int]:
     """Train `spec` to the end (or plateau, or SIGTERM); return the summary and the exit code."""
     started = time.time()
+    from runner.cuda_env import configure_allocator
+
+    if not torch.cuda.is_initialized():  # callers that skip runner/cli.py: still before CUDA starts
+        configure_allocator()
     preemption = Preemption(sigterm_seen)
     trainer = Trainer(spec, preemption)
     from runner.credentials import Watcher
@@ -479,9 +483,18 @@ class Trainer:
                 return cls(self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
             if self.group.main:
                 print(f"note: {spec.optimizer} needs CUDA; using torch AdamW on the CPU", flush=True)
-        # Fused on CUDA, as the planner assumes (no full-size step temporaries); plain on the CPU.
+        # Fused on CUDA by default, as the planner assumes (torch/optim/adam.py _fused_adam updates in place:
+        # no step temporaries); "foreach" (torch's own default when fused is not asked for: one temporary the
+        # size of the states, _multi_tensor_adam's exp_avg_sq_sqrt) and "for-loop" when the spec asks; the
+        # CPU takes torch's default unless the spec names one.
+        impl = spec.optimizer_impl
+        kinds = {
+            "fused": {"fused": True} if cuda else {},
+            "foreach": {"foreach": True},
+            "for-loop": {"foreach": False},
+        }
         return torch.optim.AdamW(
-            self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, fused=True if cuda else None
+            self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, **kinds[impl]
         )
 
     def _resumed(self, uri: str) -> None:

@@ -389,7 +389,9 @@ def hf_report(variable_steps: int) -> int:
 
     def planned(request: dict, **changes) -> float:
         # no autocast on the meta device (fp32 adapters see fp32 inputs); the trace's AdamW is foreach
-        req = EstimateRequest(**dict(request, **changes), autocast=False, optimizer_impl="foreach")
+        req = EstimateRequest(
+            **dict(request, **changes), autocast=False, optimizer_impl="foreach", expandable_segments=False
+        )
         m = estimate_memory(resolve(req.model)[0], req)
         return m.torch_reserved_gb
 

@@ -7,9 +7,10 @@ The model is Llama-3.2-1B's architecture from the planner's built-in table (bot/
 random bf16 weights - nothing is downloaded - so the rows it writes resolve on any tunebot install. Training
 goes through the runner's own model loading (runner.model.load_model: bf16 base + peft LoRA, or bitsandbytes
 NF4 with double quantization + prepare_model_for_kbit_training), with gradient checkpointing, SDPA,
-micro-batch 1, torch's default AdamW, and the runner's meter (runner/measure.py: steady tokens/s after warm-up
-steps, peak torch.cuda.max_memory_reserved, device memory in use). Batches are random token ids of full length
-(what packing produces). On a machine without CUDA it says so and exits 0 without writing anything.
+micro-batch 1, fused AdamW and expandable segments (as the runner), and the runner's meter (runner/measure.py:
+steady tokens/s after warm-up steps, peak torch.cuda.max_memory_reserved, device memory in use). Batches are
+random token ids of full length (what packing produces). On a machine without CUDA it says so and exits 0
+without writing anything.
 
     bench/gpu_check/run.sh [--steps 20] [--seq-lens 1024,4096] [--losses chunked,plain,liger]
                            [--out gpu_check_calibration.csv]
@@ -150,7 +151,7 @@ def train(
     model = load_model(spec, model_dir, device)
     model.train()  # from_pretrained leaves eval mode, where transformers skips gradient checkpointing
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)  # torch's default (foreach), as the runner
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)  # as the runner (runner/train.py)
     generator = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
     meter = measure.RunMeter(device, warmup=warmup)
@@ -186,7 +187,9 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("gpu_check_calibration.csv"))
     args = parser.parse_args()
+    from runner.cuda_env import configure_allocator
 
+    configure_allocator()  # the runner's allocator settings, before CUDA starts (expandable segments)
     import torch
 
     if not torch.cuda.is_available():

@@ -71,6 +71,8 @@ def spec_fields(
         "seed": plan.seed,
         "merge": plan.merge,
     }
+    if plan.optimizer_impl != "fused":  # the runner's default; a spec without it also suits older runners
+        fields["optimizer_impl"] = plan.optimizer_impl
     if plan.push_to_hub:
         fields["push_to_hub"] = {"repo": plan.push_to_hub, "private": plan.hub_private}
     return fields

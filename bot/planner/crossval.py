@@ -199,22 +199,26 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 
 def prediction_range(
-    ratios: Sequence[float], pooled: Sequence[float], q: float = 0.95
+    ratios: Sequence[float], pooled: Sequence[float], q: float = 0.95, own_dof: bool = True
 ) -> tuple[float, float]:
     """The (1-q, q) prediction interval of the next measured/predicted ratio of a class, from the held-out
     ratios of its rows: the class's own mean shift, a spread never narrower than every row's together, and
-    Student's t for the rows it rests on (a class of three rows gets a wide range, as it should).
+    Student's t with the class's own degrees of freedom (issue 29): how far the class's spread and shift can
+    be trusted is set by the rows the class has, not by the rows of every class together, so a class of two
+    rows gets a wide range (t = 6.3), one of four a moderately wide one (2.35), "all" the pooled one.
+    own_dof=False keeps issue 21's rule (the pooled degrees of freedom unless the class's own spread is
+    wider), which the speed ranges still use.
 
-    On log ratios: mean_c +- t(q, dof) * s * sqrt(1 + 1/n_c), s = max(sd_c, sd_all), dof of the sd used."""
+    On log ratios: mean_c +- t(q, n_c - 1) * s * sqrt(1 + 1/n_c), s = max(sd_c, sd_all)."""
     logs = [math.log(r) for r in ratios]
     every = [math.log(r) for r in pooled]
     _, sd_all = _mean_sd(every)
     mean_c, sd_c = _mean_sd(logs)
     n = len(logs)
-    if n >= 3 and sd_c > sd_all:
-        s, dof = sd_c, n - 1
-    else:
-        s, dof = sd_all, len(every) - 1
+    s = max(sd_c, sd_all) if n >= 3 else sd_all
+    dof = max(1, n - 1)
+    if not own_dof and not (n >= 3 and sd_c > sd_all):
+        dof = len(every) - 1
     half = t_quantile(q, dof) * s * math.sqrt(1 + 1 / n)
     return math.exp(mean_c - half), math.exp(mean_c + half)
 
@@ -225,15 +229,15 @@ def held_ratio(h: Held) -> float:
 
 
 def class_ranges(
-    held: Sequence[Held], classes: Iterable[str], q: float = 0.95
+    held: Sequence[Held], classes: Iterable[str], q: float = 0.95, own_dof: bool = True
 ) -> dict[str, tuple[float, float]]:
     """Per class ("all" = every row), the prediction range of measured/predicted from the held-out errors."""
     pooled = [held_ratio(h) for h in held]
-    out = {"all": prediction_range(pooled, pooled, q)}
+    out = {"all": prediction_range(pooled, pooled, q, own_dof)}
     for name in classes:
         mine = [held_ratio(h) for h in held if name in h.case.classes]
         if mine:
-            out[name] = prediction_range(mine, pooled, q)
+            out[name] = prediction_range(mine, pooled, q, own_dof)
     return out
 
 
@@ -254,7 +258,9 @@ class Coverage:
         return self.under_top / self.n if self.n else math.nan
 
 
-def nested_coverage(held: Sequence[Held], classes: Sequence[str], q: float = 0.95) -> Coverage:
+def nested_coverage(
+    held: Sequence[Held], classes: Sequence[str], q: float = 0.95, own_dof: bool = True
+) -> Coverage:
     """How often the measured figure is under the top of its range when the ranges, too, were built without
     the row's source: for each source, class ranges from the other sources' held-out errors, checked on it."""
     under, by_class = 0, {c: [0, 0] for c in ("all", *classes)}
@@ -262,7 +268,7 @@ def nested_coverage(held: Sequence[Held], classes: Sequence[str], q: float = 0.9
         rest = [h for h in held if h.case.source != source]
         if not rest:
             continue
-        ranges = class_ranges(rest, classes, q)
+        ranges = class_ranges(rest, classes, q, own_dof)
         for h in held:
             if h.case.source != source:
                 continue

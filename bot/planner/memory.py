@@ -29,9 +29,8 @@ Stack- and library-dependent mechanisms (issue 11), each from the libraries' cod
 - the optimizer: torch's foreach AdamW (its default on CUDA when fused is not asked for: the HF Trainer's
   adamw_torch before torch 2.8, PEFT's benchmark) allocates a temporary the size of the states in the step;
   fused (tunebot's runner on CUDA, torchtune) and for-loop (torch < 2.0) do not (adamw_impl);
-- several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and MemoryCoefficients.
-  fsdp_units unsharded blocks in flight - the one coefficient fitted on published rows (leave-one-source-out
-  checked in bench/planner_crossval.py).
+- several GPUs: NCCL buffers beside the CUDA context (device memory, not torch's), and FSDP's unsharded
+  buffers (fsdp_terms; issue 29 replaced the one fitted coefficient, fsdp_units, by FSDP's own mechanisms).
 
 Mechanisms added for issue 21 (named terms below, each with its library pointer):
 - loss_path_bytes: the runner's own loss (runner/loss.py, chunked by default) holds one chunk of logits, not
@@ -42,8 +41,14 @@ Mechanisms added for issue 21 (named terms below, each with its library pointer)
   moment of a block's forward, the peak once the logits no longer are (a chunked loss under checkpointing);
 - bitsandbytes' Linear4bit returns fp32 projections on the fp32 residual stream (q, k, v and the MLP saved in
   fp32), and fp32 inputs need no per-adapter cast copy (_activation_bytes_per_token_layer);
-- fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with trainable
-  ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards;
+- fsdp_terms: units in flight, FSDP1's gradients for frozen tensors that share a flat parameter with
+  trainable ones (use_orig_params=True with whole-block wrapping), and CPU offload of the shards; issue 29:
+  the root unit unsharded through forward and backward, units in flight from the prefetch and FSDP1's free
+  queue, unsharded gradients before reduce-scatter, bitsandbytes' quant state on every GPU (gloo-checked:
+  tests/planner/test_fsdp_mechanisms.py);
+- issue 29: the allocator mode (allocator_mode: expandable segments, the runner's, or the default allocator
+  with fixed or varying shapes) and the for-loop AdamW's temporaries (optimizer_step_bytes, traced:
+  tests/planner/test_optimizer_mechanisms.py);
 - fp32 logits are not twice the bf16 path's (FP32_LOGIT_BYTES);
 - cublas_workspace: cuBLAS' per-stream workspace, torch-reserved on every rank (CUBLAS_WORKSPACE_BYTES);
 - autocast follows the runner (request.runner_autocast): its LoRA/QLoRA steps keep fp32 adapter input copies.
@@ -59,8 +64,10 @@ Calibration constants (few, each a physical quantity):
   (10); a compiled chunked cross-entropy keeps only the bf16 logits and recomputes the rest chunk by chunk
   (2).
 - CUDA_CONTEXT_GB = 1.2 (0.6-1.3 GB measured; HF measured 1.34 GB including cuBLAS workspaces).
-- FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.03 packed or fixed length,
-  1.12 with variable-length (unpacked) batches. The number is what a card needs, the least memory the
+- FRAGMENTATION: reserved/allocated on transient tensors at the peak: 1.02 with expandable segments (the
+  runner: traced steps replayed through the emulation need 1.00-1.05x of their tensors whatever the shapes),
+  else 1.03 packed or fixed length, 1.12 with variable-length (unpacked) batches. The number is what a card
+  needs, the least memory the
   step sequence runs in. On a roomy card variable lengths leave whole cached segments behind, and
   reserved climbs to 1.3-1.6x the allocated peak (what nvidia-smi shows), but the allocator hands those
   back before running out: traced full-size Hugging Face steps replayed through bot/planner/allocator.py
@@ -89,6 +96,9 @@ from bot.planner.request import EstimateRequest
 GB = 1e9
 NF4_BYTES = 0.5625  # 4 bits + fp32 absmax per block of 64
 NF4_DQ_BYTES = 0.516  # double quantization: 8-bit absmax + fp32 constant per 256 blocks
+NF4_STORAGE_BYTES = (
+    0.5  # the packed 4-bit weight alone (any bnb_4bit_quant_storage dtype); the rest is quant_state
+)
 LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 8.0, "compiled": 10.0, "chunked": 2.0}
 FP32_LOGIT_BYTES = {"plain": 12.0, "legacy": 18.0, "plain16": 12.0, "compiled": 12.0, "chunked": 4.0}
 CUDA_CONTEXT_GB = 1.2
@@ -106,20 +116,41 @@ NCCL_BUFFERS_GB = 0.5
 CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 8
 CUBLAS_STREAMS = 1
 QK_NORM_MODELS = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
-FRAGMENTATION = {"packed": 1.03, "variable": 1.12}
+FRAGMENTATION = {"packed": 1.03, "variable": 1.12, "expandable": 1.02}
+
+
+def allocator_mode(req: EstimateRequest) -> str:
+    """Which FRAGMENTATION applies: expandable segments (the runner sets them, runner/cuda_env.py) whatever
+    the shapes; else fixed-length (packed) or varying-length (unpacked) batches with the default allocator."""
+    if req.expandable_segments:
+        return "expandable"
+    return "packed" if req.packing else "variable"
+
+
 # Which Linear layers of a block read the same input (q, k, v the attention norm's output; gate, up the MLP's)
 INPUT_OF = {"q": 0, "k": 0, "v": 0, "gate": 1, "up": 1, "o": 2, "down": 3}
 # per parameter of the largest Linear
 NF4_DEQUANT_BYTES = {"kernel": 2.0 * 2, "torchao eager": 14.0, "unsloth buffer": 2.0}
 
 
+# FSDP (torch.distributed.fsdp), read from its code and measured on gloo
+# (tests/planner/test_fsdp_mechanisms.py): FSDP1's rate limiter lets the CPU run at most this many freed
+# all-gathers ahead of the GPU (torch/distributed/fsdp/_limiter_utils.py,
+# _FreeEventQueue._max_num_inflight_all_gathers = 2, "empirically chosen"): until the GPU has finished with
+# them, their unsharded memory cannot be reused.
+FSDP_FREE_QUEUE = 2
+# Unsharded gradients alive in a full fine-tune's backward: the unit autograd is filling and the previous one,
+# whose reduce-scatter runs on the post-backward stream (_post_backward_hook: record_stream until it is done).
+FSDP_GRAD_UNITS = 2
+
+
 @dataclass(frozen=True)
 class MemoryCoefficients:
-    """The memory model's one fitted quantity (leave-one-source-out checked: bench/planner_crossval.py)."""
+    """The memory model has no fitted quantity since issue 29: every term is a mechanism from the libraries'
+    code. `fsdp_units` overrides the FSDP units in flight (None: fsdp_units_in_flight's count), for
+    experiments and the cross-validation's sensitivity check."""
 
-    # FSDP: unsharded units alive at once per GPU (the block being computed, the prefetched next one, and the
-    # previous one until the communication stream lets its all-gather buffer go; separate stream pools).
-    fsdp_units: float = 4.30
+    fsdp_units: float | None = None
 
 
 FITTED_MEMORY = MemoryCoefficients()
@@ -135,6 +166,7 @@ class MemoryResult:
     sharding: str = "none"
     checkpoint_bytes: float = 0.0  # what a resumable checkpoint holds (trainable weights + optimizer)
     download_bytes: float = 0.0  # the base model in 16-bit, fetched on every (re)start
+    notes: list[str] = field(default_factory=list)  # the mechanisms assumed, for the estimate's assumptions
 
     @property
     def per_gpu_gb(self) -> float:
@@ -233,7 +265,39 @@ def _activation_bytes_per_token_layer(
         per_layer += arch.heads * req.seq_len * 6.0  # scores bf16 + fp32 softmax output, per token
         if arch.config.get("attn_logit_softcapping"):
             per_layer += arch.heads * req.seq_len * 2.0  # Gemma 2's tanh-capped scores
+    elif sdpa_math_fallback(arch, req, gpus or req.gpus):
+        per_layer += arch.heads * req.seq_len * 8.0  # SDPA's math path saves fp32 scores and softmax output
     return per_layer
+
+
+def sdpa_math_fallback(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> bool:
+    """Whether torch's SDPA runs its math kernel, which materializes the attention matrix.
+
+    transformers passes grouped-query attention to SDPA as enable_gqa=True when there is no mask
+    (integrations/sdpa_attention.py, use_gqa_in_sdpa); on CUDA only the flash kernel takes enable_gqa, and
+    flash takes 16-bit inputs only, so fp32 queries with GQA and no mask fall back to the math kernel (torch's
+    scaled_dot_product_attention docs: GQA "works only for Flash_attention and math kernel on CUDA tensor").
+    fp32 queries come with QLoRA's fp32 residual stream (prepare_model_for_kbit_training) without autocast
+    (fp32 compute would too on CUDA; the CPU, where the planner prices fp32, has kernels of its own). No mask:
+    a micro-batch of one unpadded row (the runner passes a block-causal mask when it packs;
+    has_attention_mask). Measured on an H200 (bench/gpu_check, QLoRA on Llama-3.2-1B, micro-batch 1, no mask):
+    13.2 GB at 4,096 tokens where LoRA takes 4.1."""
+    if req.attn != "sdpa" or arch.kv_heads >= arch.heads or has_attention_mask(req):
+        return False
+    return fp32_residual(req, gpus) and not req.autocast
+
+
+def has_attention_mask(req: EstimateRequest) -> bool:
+    """Whether the model gets an attention mask (EstimateRequest.attention_mask; None: as the runner does)."""
+    if req.attention_mask is not None:
+        return req.attention_mask
+    return req.packing or req.batch_size > 1
+
+
+def sdpa_math_backward_bytes(arch: Architecture, req: EstimateRequest, gpus: int = 1) -> float:
+    """Per token, the math kernel's backward of one layer: the gradients of the softmax output and of the
+    scores (fp32), alive with what the layer saved."""
+    return arch.heads * req.seq_len * 8.0 if sdpa_math_fallback(arch, req, gpus) else 0.0
 
 
 def forward_transient_bytes(arch: Architecture, req: EstimateRequest) -> float:
@@ -342,32 +406,94 @@ def loss_path_bytes(arch: Architecture, req: EstimateRequest, tokens: int) -> fl
     return tokens * arch.vocab * _logit_bytes(arch, req)
 
 
+def fsdp_units_in_flight(req: EstimateRequest) -> float:
+    """Transformer-block units whose unsharded parameters are on the GPU at once, from FSDP's code.
+
+    FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, the runner and accelerate): the unit being
+    computed, the one BACKWARD_PRE prefetches (backward_prefetch's default) and up to FSDP_FREE_QUEUE freed
+    units whose all-gather memory the GPU has not released yet (limit_all_gathers=True): 4 when every unit is
+    a block (a full fine-tune, or adapters wrapped inside their block). With peft's wrap policy (the runner's
+    for LoRA/QLoRA: every adapter Linear its own unit) the prefetch and the free queue land on the adapters'
+    tiny
+    units, which come between two blocks in execution order: one block (gloo measures exactly that).
+    FSDP2 (fully_shard; torchtune): the computed unit and the prefetched one; the prefetch's flat all-gather
+    output lives only until foreach_all_gather_copy_out has copied it into the parameters
+    (_fsdp_collectives.py), while the computed unit runs: 2."""
+    if req.fsdp_version == 2:
+        return 2.0
+    if req.method == "full" or req.fsdp_wrap == "blocks":
+        return 2.0 + FSDP_FREE_QUEUE
+    return 1.0
+
+
 def fsdp_terms(
     arch: Architecture, req: EstimateRequest, gpus: int, coef: MemoryCoefficients
 ) -> dict[str, float]:
-    """What FSDP (torch.distributed.fsdp, FSDP1) adds per GPU beside the shards.
+    """What FSDP adds per GPU beside the shards, each from the library's code (docs/estimation.md).
 
-    gathered: FSDP all-gathers the current unit, prefetches the next (BACKWARD_PRE, limit_all_gathers) and
-    frees the previous one only when the communication stream is done with it: coef.fsdp_units unsharded
-    blocks in flight (the one fitted memory coefficient). frozen_gradients: with use_orig_params=True and a
-    unit that holds frozen and trainable tensors (whole blocks wrapped around LoRA adapters), the
-    FlatParameter requires grad and FSDP gives all of it a gradient, the frozen part as zeros
-    (torch/distributed/fsdp/fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
+    gathered: fsdp_units_in_flight unsharded blocks, in the compute dtype (MixedPrecision's param_dtype; NF4
+    storage for QLoRA, bnb_4bit_quant_storage=bf16 flattens the packed 4-bit bytes).
+    root: the parameters no auto-wrap policy puts in a block's unit (embeddings, an untied lm_head, the final
+    norm) form the root unit, and FSDP does not reshard the root after forward (_runtime_utils._post_forward:
+    `free_unsharded_flat_param = not state._is_root and ...`; FSDP2: `post_forward_mesh_info = None` for the
+    root): unsharded from the first forward to the end of backward.
+    gradient_buffers (a full fine-tune): _post_backward_hook reduce-scatters each unit's unsharded gradient
+    (the compute dtype), casting it to reduce_dtype first when that differs
+    (MixedPrecision(reduce_dtype=fp32): a 4-byte copy), into a new sharded gradient; FSDP_GRAD_UNITS units at
+    once, when backward ends. root_gradients: the root's unsharded gradient (embeddings, lm_head) exists from
+    the lm_head's gradient, the first of backward, to the root's post-backward hook, the last: all through
+    backward, with its reduce_dtype copy at the end (root_reduce).
+    quant_state: bitsandbytes keeps each Linear4bit's quant_state (absmax, its double-quantization constants)
+    on the module, not in the flat parameter (bitsandbytes/nn/modules.py,
+    fix_4bit_weight_quant_state_from_module: "the quant state got lost when the parameter got converted. This
+    happens for example for fsdp"), so every GPU holds all of it (the NF4 bytes beyond 4 bits); torchao's
+    NF4Tensor shards its scalers with its data (fsdp_pre_all_gather).
+    frozen_gradients: with use_orig_params=True and a unit that holds frozen and trainable tensors (whole
+    blocks wrapped around LoRA adapters), the FlatParameter requires grad and FSDP gives all of it a gradient,
+    the frozen part as zeros (fully_sharded_data_parallel.py, use_orig_params: "gradient memory usage will be
     higher than expected (namely, equivalent to not freezing those parameters)"): every block's shard of
     gradients stays until the optimizer step, and one unsharded block gradient is reduce-scattered at a time.
     peft's wrap policy (the runner's) gives adapters their own units and avoids it."""
     block = max(sum(lin.params for lin in g.linears) + g.other_params for g in arch.groups)
     elem = 2.0 if req.precision != "fp32" else 4.0
-    gathered = coef.fsdp_units * block * elem
-    if req.method == "qlora":
-        gathered *= NF4_BYTES / 2.0
+    units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
+    unit_bytes = block * elem
+    if req.method == "qlora":  # the packed 4-bit bytes (bf16-typed storage); norms in the compute dtype
+        linear = max(sum(lin.params for lin in g.linears) for g in arch.groups)
+        unit_bytes = linear * NF4_STORAGE_BYTES + (block - linear) * elem
+    gathered = units * unit_bytes
+    root_params = arch.embedding_params + arch.global_other_params
+    root_elem = 4.0 if req.precision == "fp32" or qlora_upcast(req, gpus) else 2.0
+    root = root_params * root_elem
+    grad_buffers = root_grads = root_reduce = 0.0
+    if req.method == "full":
+        grad_elem = elem  # the unsharded gradient has the gathered parameters' dtype
+        reduce_copy = 4.0 if req.precision == "mixed" else 0.0  # reduce_dtype=fp32 (runner/distributed.wrap)
+        shard_out = max(grad_elem, reduce_copy) / gpus
+        grad_buffers = FSDP_GRAD_UNITS * block * (grad_elem + reduce_copy + shard_out)
+        root_grads = root_params * grad_elem
+        root_reduce = root_params * (reduce_copy + shard_out)
+    quant_state = 0.0
+    if (
+        req.method == "qlora" and nf4_quantizer(req) == "bitsandbytes"
+    ):  # torchao's NF4Tensor shards its scalers
+        q_bytes = NF4_DQ_BYTES if req.double_quant else NF4_BYTES
+        quant_state = (q_bytes - NF4_STORAGE_BYTES) * arch.block_linear_params * (1.0 - 1.0 / gpus)
     frozen = 0.0
     if req.method != "full" and req.fsdp_wrap == "blocks" and req.fsdp_orig_params:
         others = arch.parameters - arch.block_linear_params - arch.embedding_params  # norms, biases, routers
         base = arch.block_linear_params * (NF4_BYTES if req.method == "qlora" else elem) + others * elem
         unit = block * (NF4_BYTES if req.method == "qlora" else elem)
         frozen = base / gpus + unit
-    return {"gathered": gathered, "frozen_gradients": frozen}
+    return {
+        "gathered": gathered,
+        "root": root,
+        "gradient_buffers": grad_buffers,
+        "root_gradients": root_grads,
+        "root_reduce": root_reduce,
+        "quant_state": quant_state,
+        "frozen_gradients": frozen,
+    }
 
 
 @dataclass
@@ -382,6 +508,9 @@ class _TrainedState:
     step_temp: float
     param_bytes: float  # bytes per trainable parameter (its dtype)
     state_bytes: float  # optimizer state bytes per trainable parameter
+    fsdp_live: float = 0.0  # FSDP's unsharded root and units in flight, forward and backward
+    fsdp_root_grad: float = 0.0  # the root's unsharded gradient, all through backward
+    fsdp_end: float = 0.0  # the blocks' unsharded gradients and the root's reduce copy, when backward ends
 
 
 @dataclass
@@ -401,6 +530,16 @@ def _largest_tensor(arch: Architecture) -> int:
     return max(arch.vocab * arch.hidden, *(lin.d_in * lin.d_out for g in arch.groups for lin in g.linears))
 
 
+def _largest_trainable(arch: Architecture, req: EstimateRequest) -> int:
+    """Parameters of the largest trainable tensor: a full fine-tune's largest weight, or the widest adapter
+    matrix (r x the wider side of its Linear)."""
+    if req.method == "full":
+        return _largest_tensor(arch)
+    return max(
+        (req.lora_r * max(lin.d_in, lin.d_out) for lin in arch.lora_targets(req.lora_targets)), default=0
+    )
+
+
 def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> float:
     """The frozen base or the trained model, before sharding."""
     n, quantizable = arch.parameters, arch.block_linear_params
@@ -415,11 +554,18 @@ def _weight_bytes(arch: Architecture, req: EstimateRequest, n_gpus: int) -> floa
     return 2.0 * n
 
 
-def _optimizer_step_bytes(
+def optimizer_step_bytes(
     arch: Architecture, req: EstimateRequest, trainable: int, param_bytes: float, shard: float
 ) -> float:
-    """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing)."""
+    """What the optimizer step allocates beyond its states (fused optimizers update in place: nothing;
+    measured by tracing each torch.optim.AdamW path's allocations:
+    tests/planner/test_optimizer_mechanisms.py).
+
+    for-loop (torch/optim/adam.py _single_tensor_adam): `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)`
+    holds the square root and its quotient of one parameter at a time: twice the largest trainable tensor."""
     step_temp = 0.0
+    if req.optimizer == "adamw" and adamw_impl(req) == "for-loop":
+        step_temp = 2.0 * min(trainable, _largest_trainable(arch, req)) * param_bytes / shard
     if req.optimizer == "adamw" and adamw_impl(req) == "foreach":
         # torch.optim.AdamW without fused=True is foreach on CUDA (torch/optim/optimizer.py
         # _default_to_fused_or_foreach); _multi_tensor_adam builds `exp_avg_sq_sqrt =
@@ -455,7 +601,7 @@ def _trained_state(
     if req.optimizer == "paged_adamw_8bit":
         offloaded["optimizer (paged, may spill to CPU)"] = optimizer
         optimizer = 0.0
-    step_temp = _optimizer_step_bytes(arch, req, trainable, param_bytes, shard)
+    step_temp = optimizer_step_bytes(arch, req, trainable, param_bytes, shard)
     return _TrainedState(weights, adapters, grads, optimizer, step_temp, param_bytes, state_bytes)
 
 
@@ -489,7 +635,7 @@ def _step_tensors(
         head = 2.0 * arch.vocab * arch.hidden
         casts = head if req.gradient_checkpointing else 2.0 * arch.matmul_parameters
     stored += casts
-    transient = forward_transient_bytes(arch, req) * tokens
+    transient = (forward_transient_bytes(arch, req) + sdpa_math_backward_bytes(arch, req, n_gpus)) * tokens
     return _StepTensors(per_layer, stored, block_casts, logits, transient)
 
 
@@ -501,15 +647,19 @@ def _add_fsdp(
     state: _TrainedState,
     offloaded: dict[str, float],
 ) -> None:
-    """FSDP's gathered units and frozen gradients on top of the shards; CPU offload moves the shards off."""
+    """FSDP's unsharded buffers (fsdp_terms) beside the shards; CPU offload moves the shards off (the quant
+    state, a module attribute, stays on the GPU)."""
     fsdp = fsdp_terms(arch, req, n_gpus, coef)
-    state.weights += fsdp["gathered"]
     state.grads += fsdp["frozen_gradients"]
+    state.fsdp_live = fsdp["gathered"] + fsdp["root"]
+    state.fsdp_root_grad = fsdp["root_gradients"]
+    state.fsdp_end = fsdp["gradient_buffers"] + fsdp["root_reduce"]
     if req.fsdp_cpu_offload:
         offloaded["sharded weights, gradients and optimizer (CPU)"] = (
-            state.weights - fsdp["gathered"] + state.grads + state.optimizer
+            state.weights + state.grads + state.optimizer + state.adapters
         )
-        state.weights, state.grads, state.optimizer, state.adapters = fsdp["gathered"], 0.0, 0.0, 0.0
+        state.weights, state.grads, state.optimizer, state.adapters = 0.0, 0.0, 0.0, 0.0
+    state.weights += fsdp["quant_state"]
 
 
 def _phases(
@@ -533,16 +683,22 @@ def _phases(
     # the last block's forward is recomputed (torch/utils/checkpoint.py: a checkpointed block recomputes when
     # autograd first unpacks one of its saved tensors, i.e. when its own backward starts), so the logits and
     # one block's working set are never alive together.
+    # FSDP: the root and the units in flight from the first forward to the end of backward, the unsharded
+    # gradients before their reduce-scatter at its end; everything resharded for the optimizer step.
+    live = state.fsdp_live + state.fsdp_root_grad
+    backward = live + state.fsdp_end
     phases = {
         "start of backward": {
             "gradients": persistent_grads,
             "activations": step.stored,
             "logits": step.logits,
+            "fsdp": live,
         },
         "end of backward": {
             "gradients": grads,
             "activations": step.per_layer + step.block_casts,
             "logits": 0.0,
+            "fsdp": backward,
         },
         "optimizer step": {"gradients": grads, "activations": 0.0, "logits": 0.0, "step": state.step_temp},
     }
@@ -551,12 +707,14 @@ def _phases(
             "gradients": persistent_grads,
             "activations": step.stored + step.per_layer + step.block_casts + step.transient,
             "logits": 0.0,
+            "fsdp": live,
         }
     else:  # the last block's forward: everything saved so far, and its own temporaries
         phases["forward of the last layer"] = {
             "gradients": persistent_grads,
             "activations": step.stored + step.transient,
             "logits": 0.0,
+            "fsdp": live,
         }
     return phases
 
@@ -568,12 +726,14 @@ def _transient(parts: dict[str, float]) -> float:
 
 def _peak(phases: dict[str, dict[str, float]], frag: float) -> tuple[str, dict[str, float]]:
     """The moment that reserves the most."""
-    return max(phases.items(), key=lambda kv: kv[1]["gradients"] + _transient(kv[1]) * frag)
+    return max(
+        phases.items(), key=lambda kv: kv[1]["gradients"] + kv[1].get("fsdp", 0.0) + _transient(kv[1]) * frag
+    )
 
 
 def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag: float) -> dict[str, float]:
     """Bytes per component at the peak moment (they sum to the estimate)."""
-    return {
+    out = {
         "weights": state.weights,
         "adapters": state.adapters,
         "gradients": parts["gradients"],
@@ -584,6 +744,9 @@ def _breakdown(state: _TrainedState, parts: dict[str, float], n_gpus: int, frag:
         "cublas_workspace": float(CUBLAS_WORKSPACE_BYTES * CUBLAS_STREAMS),
         "allocator": _transient(parts) * (frag - 1.0),
     }
+    if n_gpus > 1:
+        out["fsdp_buffers"] = parts.get("fsdp", 0.0)
+    return out
 
 
 def _load_phase(
@@ -617,12 +780,13 @@ def estimate_memory(
     step = _step_tensors(arch, req, n_gpus, offloaded)
     if n_gpus > 1:
         _add_fsdp(arch, req, n_gpus, coef, state, offloaded)
-    frag = FRAGMENTATION["packed" if req.packing else "variable"]
+    frag = FRAGMENTATION[allocator_mode(req)]
     phase, parts = _peak(_phases(arch, req, n_gpus, state, step), frag)
     breakdown = _breakdown(state, parts, n_gpus, frag)
     if _load_phase(arch, req, n_gpus, state.weights, breakdown):
         phase = "model load (NF4 quantization on the GPU)"
     full_bytes = 4.0 if req.method == "full" and req.precision != "bf16" else state.param_bytes
+    notes = memory_notes(arch, req, n_gpus, coef, state)
     return MemoryResult(
         per_gpu_bytes=sum(breakdown.values()),
         breakdown=breakdown,
@@ -632,4 +796,53 @@ def estimate_memory(
         sharding="fsdp" if n_gpus > 1 else "none",
         checkpoint_bytes=trainable * full_bytes + trainable * state.state_bytes,
         download_bytes=2.0 * arch.parameters,
+        notes=notes,
     )
+
+
+def memory_notes(
+    arch: Architecture, req: EstimateRequest, n_gpus: int, coef: MemoryCoefficients, state: _TrainedState
+) -> list[str]:
+    """The memory mechanisms this estimate assumes, one line each (the estimate's assumptions)."""
+    notes = []
+    mode = allocator_mode(req)
+    if mode == "expandable":
+        notes.append(
+            "allocator: expandable segments (the runner sets PYTORCH_CUDA_ALLOC_CONF="
+            "expandable_segments:True before CUDA starts): the card needs ~2% above the tensors at the peak, "
+            "whatever the batch shapes"
+        )
+    elif mode == "variable":
+        notes.append(
+            "allocator: PyTorch's default with batches of varying length: the card needs ~12% above the "
+            "step's transient tensors; on a card with room to spare torch keeps old segments cached and its "
+            "reserved memory can read up to ~2x the allocated peak (docs/estimation.md)"
+        )
+    if req.optimizer == "adamw":
+        impl = adamw_impl(req)
+        if impl == "foreach":
+            notes.append(
+                "optimizer: AdamW foreach allocates a temporary the size of one state (the parameters it "
+                f"updates) in each step ({state.step_temp / GB:.1f} GB per GPU); adamw_impl=fused updates in "
+                "place"
+            )
+        elif impl == "fused" and req.method == "full":
+            notes.append("optimizer: fused AdamW (in place, no step temporaries)")
+    if sdpa_math_fallback(arch, req, n_gpus):
+        notes.append(
+            "attention: fp32 queries with grouped-query attention and no mask take SDPA's math kernel, which "
+            "materializes each layer's attention scores (priced); packing passes a mask and avoids it"
+        )
+    if n_gpus > 1:
+        f = fsdp_terms(arch, req, n_gpus, coef)
+        units = coef.fsdp_units if coef.fsdp_units is not None else fsdp_units_in_flight(req)
+        text = (
+            f"FSDP{req.fsdp_version}: the root unit (embeddings, lm_head) {f['root'] / GB:.1f} GB unsharded "
+            f"through forward and backward, {units:g} block(s) in flight {f['gathered'] / GB:.1f} GB"
+        )
+        if f["gradient_buffers"]:
+            text += f", unsharded gradients before reduce-scatter {f['gradient_buffers'] / GB:.1f} GB"
+        if f["quant_state"]:
+            text += f", bitsandbytes' quant state on every GPU {f['quant_state'] / GB:.1f} GB"
+        notes.append(text + "; NCCL buffers beside the CUDA context")
+    return notes

@@ -377,6 +377,14 @@ OPTIONS: tuple[Option, ...] = (
         "AdamW_8bit",
         aliases=("optim",),
     ),
+    Option(
+        "adamw_impl",
+        "optimizer_impl",
+        choice("fused", "foreach", "for-loop", aliases={"for_loop": "for-loop", "loop": "for-loop"}),
+        "how torch's AdamW steps: fused (default, in place), foreach (a state-sized temporary) or for-loop",
+        "foreach",
+        aliases=("optimizer_impl",),
+    ),
     Option("gpus", "gpus", parse_int, "GPUs per offer (FSDP shards across them)", "2", group="offers"),
     Option("gpu", "gpu", parse_gpu, "only this GPU (rtx-4090, a100-80gb, ...)", "A100-80GB", group="offers"),
     Option(

@@ -443,6 +443,8 @@ def estimate(
     ]
     noted = req.model_copy(update={"precision": "fp32", "adapter_dtype": "fp32"}) if cpu else req
     assumptions.append(_method_note(arch, noted, mem))
+    if not cpu:
+        assumptions.extend(mem.notes)  # the memory mechanisms assumed (bot/planner/memory.memory_notes)
     lo, hi = mem_ratio
     classes = ", ".join(memory_classes(req)) or "no special class"
     assumptions.append(
@@ -455,7 +457,7 @@ def estimate(
     if req.gpus > 1:
         assumptions.append(
             f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
-            "activations and logits per GPU, three unsharded blocks in flight; the GPUs talk over "
+            "activations and logits per GPU; the GPUs talk over "
             f"{device.link or 'their interconnect'}"
         )
     if req.gpus > 1 and req.optimizer != "adamw":

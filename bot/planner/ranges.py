@@ -1,13 +1,16 @@
 """Ranges around the point estimates: how far off the planner was on published sources it was not fitted on,
 per class of job where the classes differ, never the in-sample spread.
 
-bench/planner_crossval.py holds each published source out in turn, refits the few coefficients on the others
-and predicts the held-out rows. Per class (several GPUs, a quantized base, long sequences for memory; several
-GPUs, quantized, short sequences for speed) the held-out measured/predicted ratios give a 90% prediction
-interval (bot/planner/crossval.prediction_range: the class's own mean shift, a spread never narrower than
-every row's, and Student's t for the few rows a class rests on). A job in several classes gets the widest of
-them and of "all". Whether an offer fits is judged on the top of its memory range (the 95% one-sided bound),
-with the safety margin on top. The figures below are what that computation gives
+bench/planner_crossval.py holds each published source out in turn (the whole source: every row of a README
+table, a paper, a benchmark), refits the few coefficients on the others and predicts the held-out rows. Per
+class the held-out measured/predicted ratios give a 90% prediction interval
+(bot/planner/crossval.prediction_range: the class's own mean shift, a spread never narrower than every row's,
+and Student's t with the class's own degrees of freedom, so a class the published rows hold little of gets a
+wide range). Memory classes, one per axis of a job (issue 29): GPUs and sharding (multi-gpu; cpu-offload),
+method (full, lora, quantized), sequence length (short below 1,024 tokens, long from 4,096) and packing
+(unpacked: batches of varying length). Speed: several GPUs, quantized, short sequences. A job in several
+classes gets the widest of them and of "all". Whether an offer fits is judged on the top of its memory range
+(the 95% one-sided bound), with the safety margin on top. The figures below are what that computation gives
 (tests/planner/test_crossval.py recomputes them and fails when they drift); bench/planner_crossval.py also
 checks how often the top holds when the ranges, too, are built without the row's source.
 """
@@ -20,15 +23,21 @@ from bot.planner.request import EstimateRequest
 Q = 0.95  # the top of a range is the one-sided 95% prediction bound; the bottom the 5% one
 LONG_SEQUENCE = 4096  # memory class "long": tokens per sequence from here on (the loss path grows with them)
 SHORT_SEQUENCE = 1024  # speed class "short": fixed per-step costs weigh most up to here
-MEMORY_CLASSES = ("multi-gpu", "quantized", "long")
+MEMORY_CLASSES = ("multi-gpu", "cpu-offload", "full", "lora", "quantized", "short", "long", "unpacked")
 SPEED_CLASSES = ("multi-gpu", "quantized", "short")
+SPEED_OWN_DOF = False  # speed classes keep issue 21's pooled degrees of freedom (crossval.prediction_range)
 
 # measured / predicted, (5%, 95%) prediction bounds from held-out errors (bench/planner_crossval.py)
 MEMORY_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.883, 1.165),
-    "multi-gpu": (0.694, 1.383),
-    "quantized": (0.871, 1.183),
-    "long": (0.885, 1.177),
+    "all": (0.902, 1.164),
+    "multi-gpu": (0.794, 1.177),
+    "cpu-offload": (0.545, 2.082),
+    "full": (0.890, 1.170),
+    "lora": (0.891, 1.186),
+    "quantized": (0.866, 1.211),
+    "short": (0.879, 1.187),
+    "long": (0.900, 1.179),
+    "unpacked": (0.875, 1.199),
 }
 SPEED_RANGES: dict[str, tuple[float, float]] = {
     "all": (0.656, 1.403),
@@ -39,12 +48,18 @@ SPEED_RANGES: dict[str, tuple[float, float]] = {
 
 
 def memory_classes(req: EstimateRequest, gpus: int | None = None) -> tuple[str, ...]:
+    """The memory classes of a job: one per axis (GPUs and sharding, method, sequence length, packing)."""
     n = gpus or req.gpus
     out = ["multi-gpu"] if n > 1 else []
-    if req.method == "qlora":
-        out.append("quantized")
-    if req.seq_len >= LONG_SEQUENCE:
+    if n > 1 and req.fsdp_cpu_offload:
+        out.append("cpu-offload")
+    out.append({"full": "full", "lora": "lora", "qlora": "quantized"}[req.method])
+    if req.seq_len < SHORT_SEQUENCE:
+        out.append("short")
+    elif req.seq_len >= LONG_SEQUENCE:
         out.append("long")
+    if not req.packing:
+        out.append("unpacked")
     return tuple(out)
 
 

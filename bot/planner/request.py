@@ -80,6 +80,8 @@ class EstimateRequest(BaseModel):
     # whole blocks with use_orig_params=True (frozen and trainable tensors in one flat parameter) or offloaded
     # to the CPU say so (bot/planner/memory.fsdp_terms).
     fsdp_wrap: Literal["peft", "blocks"] = "peft"
+    # 1: FullyShardedDataParallel (the runner, accelerate, the HF Trainer); 2: fully_shard (torchtune >= 0.2).
+    fsdp_version: Literal[1, 2] = 1
     fsdp_orig_params: bool = False
     fsdp_cpu_offload: bool = False
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
@@ -99,6 +101,16 @@ class EstimateRequest(BaseModel):
     # torch's own default when fused is not asked for (the HF Trainer's adamw_torch before torch 2.8);
     # "for-loop" = torch < 2.0's default.
     optimizer_impl: Literal["foreach", "fused", "for-loop"] | None = None
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the runner sets it before CUDA starts
+    # (runner/cuda_env.py), so the caching allocator grows one segment instead of caching a new one for every
+    # larger shape; published rows from stacks that did not set it say False
+    # (bot/planner/memory.allocator_mode).
+    expandable_segments: bool = True
+    # Whether the model gets an attention mask. None: what the runner passes (a block-causal mask when it
+    # packs, a padding mask without packing, which transformers drops for a single unpadded row); False:
+    # fixed-length rows fed without one (bench/gpu_check, most benchmarks). Without a mask transformers hands
+    # grouped-query attention to SDPA as enable_gqa (bot/planner/memory.sdpa_math_fallback).
+    attention_mask: bool | None = None
 
     @model_validator(mode="after")
     def _method_defaults(self) -> EstimateRequest:

@@ -140,6 +140,7 @@ class TrainingPlan(BaseModel):
     warmup_ratio: float
     weight_decay: float
     optimizer: str
+    optimizer_impl: str = "fused"  # fused | foreach | for-loop: how torch's AdamW steps (runner/train.py)
     attn: str
     loss: str = "chunked"  # chunked | plain | liger (runner/loss.py)
     gradient_checkpointing: bool

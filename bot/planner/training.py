@@ -80,6 +80,9 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
         else f"{plan.epochs:g} epoch(s)"
     )
     pairs.append(("length", length))
+    if plan.optimizer != "adamw" or plan.optimizer_impl != "fused":
+        impl = f" ({plan.optimizer_impl})" if plan.optimizer == "adamw" else ""
+        pairs.append(("optimizer", f"{plan.optimizer}{impl}"))
     gpus = f" x {plan.gpus} GPUs ({plan.sharding})" if plan.gpus > 1 else ""
     pairs.append(
         ("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum {plan.grad_accum}{gpus}")
@@ -121,6 +124,7 @@ def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
         warmup_ratio=req.warmup_ratio,
         weight_decay=req.weight_decay,
         optimizer=req.optimizer,
+        optimizer_impl=req.optimizer_impl or "fused",
         attn=req.attn,
         loss=req.loss,
         gradient_checkpointing=req.gradient_checkpointing,

@@ -20,14 +20,29 @@ def epoch_rng(seed: int, epoch: int) -> random.Random:
     return random.Random(f"tunebot:{seed}:{epoch}")
 
 
+GROUP_WINDOW = 64  # micro-batches whose examples are sorted by length together (unpacked, length-grouped)
+
+
 def plan_unpacked(lengths: Sequence[int], *, micro_batch_size: int, rng: random.Random) -> Plan:
-    """Shuffle and chunk: one example per row, the last micro-batch may be short."""
+    """One example per row, grouped by length: shuffle, sort each window of GROUP_WINDOW micro-batches' worth
+    of examples by length, chunk it into micro-batches and shuffle the micro-batches (the last, short one
+    stays last). Rows of a micro-batch are padded to its longest, so grouping similar lengths pads little
+    (what transformers' group_by_length does); the epoch's order stays random between micro-batches. The
+    widest micro-batch, which sets the memory peak, is the same as without grouping."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    return [
-        [[i] for i in order[start : start + micro_batch_size]]
-        for start in range(0, len(order), micro_batch_size)
-    ]
+    if micro_batch_size == 1:
+        return [[[i]] for i in order]
+    window = GROUP_WINDOW * micro_batch_size
+    batches: Plan = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: -lengths[i])
+        batches += [
+            [[i] for i in chunk[s : s + micro_batch_size]] for s in range(0, len(chunk), micro_batch_size)
+        ]
+    short = batches.pop() if len(batches[-1]) < micro_batch_size else None
+    rng.shuffle(batches)
+    return batches + ([short] if short else [])
 
 
 def pack_rows(lengths: Sequence[int], *, capacity: int, rng: random.Random) -> list[Row]:

@@ -20,7 +20,9 @@ class Row:
     gpu: str
     memory_gb: float | None = None
     tokens_per_second: float | None = None
-    convention: str = "torch"  # "torch" (no CUDA context) | "device" | "footprint" (weights + context)
+    # "torch" (reserved, no CUDA context) | "allocated" (torch.cuda.max_memory_allocated: no allocator slack
+    # either) | "device" | "footprint" (weights + context)
+    convention: str = "torch"
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -28,6 +30,8 @@ class Row:
         # Every published stack computes its loss from the model's logits (its own path, which chunked_ce,
         # compile, legacy_logits and loss_upcast describe), not with the runner's chunked loss.
         self.request.setdefault("loss", "plain")
+        # No published stack set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the runner does).
+        self.request.setdefault("expandable_segments", False)
         # The Hugging Face Trainer and TRL with bf16=True (the QLoRA paper's qlora.py, PEFT's FSDP+QLoRA docs,
         # Unsloth's notebooks; PEFT's MetaMathQA benchmark priced the same way) compute under torch.autocast;
         # torchtune and fp32 runs do not. tunebot's runner does not autocast LoRA/QLoRA, which is the
@@ -53,7 +57,8 @@ _TT = dict(
     qlora_upcast=False,
     attn="sdpa",
 )
-_TT_LORA = dict(_TT, lora_r=8, lora_targets=["q", "v", "o", "gate", "up", "down"])
+# torchtune's distributed recipes shard with FSDP2 (fully_shard) since 0.2 (the README table is from 0.3).
+_TT_LORA = dict(_TT, lora_r=8, lora_targets=["q", "v", "o", "gate", "up", "down"], fsdp_version=2)
 _TT_FULL = dict(_TT, method="full", optimizer="paged_adamw_8bit", optimizer_in_backward=True)
 # torchtune Llama-3.2-3B on one A100 80GB, batch 2 x 4096, full fine-tune with bf16 AdamW; each row
 # adds one technique to the previous one.
@@ -287,6 +292,133 @@ ROWS: list[Row] = [
     ),
 ]
 
+# tunebot's own runs on one H200 (issue 29; bench/gpu_check/README.md "Results" has the tables):
+# Llama-3.2-1B's architecture with random weights (transformers 5.17, peft 0.21, bitsandbytes 0.50.2, torch
+# 2.11+cu130), LoRA/QLoRA r=16 on all linear layers, gradient checkpointing, SDPA.
+# bench/gpu_check/gpu_check.py: micro-batch 1 of fixed-length random rows fed without a mask, torch's default
+# (foreach) AdamW, the default allocator, the runner's losses; torch.cuda.max_memory_reserved on a card with
+# room to spare (convention "torch", as the other reserved rows).
+_H200 = dict(
+    model="meta-llama/Llama-3.2-1B",
+    lora_r=16,
+    lora_targets="all-linear",
+    batch_size=1,
+    gradient_checkpointing=True,
+    attn="sdpa",
+    attention_mask=False,
+    optimizer_impl="foreach",
+    autocast=False,
+)
+# bench/gpu_check/mechanisms.py (at e23f87c): micro-batch 2, the plain loss, fused AdamW (LoRA) or the named
+# AdamW (full fine-tunes of 2 x 1,024 tokens); torch.cuda.max_memory_allocated (convention "allocated": the
+# tensors, no allocator cache), which the default and expandable allocators share.
+_H200_MECH = dict(
+    model="meta-llama/Llama-3.2-1B",
+    gradient_checkpointing=True,
+    attn="sdpa",
+    loss="plain",
+    batch_size=2,
+    autocast=False,
+)
+ROWS += [
+    Row(
+        "tunebot h200 lora 1024 chunked",
+        dict(_H200, method="lora", seq_len=1024, loss="chunked"),
+        "h200",
+        3.19,
+    ),
+    Row("tunebot h200 lora 1024 plain", dict(_H200, method="lora", seq_len=1024, loss="plain"), "h200", 4.81),
+    Row(
+        "tunebot h200 lora 4096 chunked",
+        dict(_H200, method="lora", seq_len=4096, loss="chunked"),
+        "h200",
+        4.13,
+    ),
+    Row(
+        "tunebot h200 lora 4096 plain", dict(_H200, method="lora", seq_len=4096, loss="plain"), "h200", 10.94
+    ),
+    Row(
+        "tunebot h200 qlora 1024 chunked",
+        dict(_H200, method="qlora", seq_len=1024, loss="chunked"),
+        "h200",
+        2.81,
+    ),
+    Row(
+        "tunebot h200 qlora 1024 plain", dict(_H200, method="qlora", seq_len=1024, loss="plain"), "h200", 4.53
+    ),
+    Row(
+        "tunebot h200 qlora 4096 chunked",
+        dict(_H200, method="qlora", seq_len=4096, loss="chunked"),
+        "h200",
+        13.15,
+        note="fp32 queries (prepare_model_for_kbit_training's residual stream) with GQA and no mask: SDPA's "
+        "math kernel (memory.sdpa_math_fallback)",
+    ),
+    Row(
+        "tunebot h200 mech lora 4096 fixed",
+        dict(
+            _H200_MECH, method="lora", lora_r=16, seq_len=4096, optimizer_impl="fused", attention_mask=False
+        ),
+        "h200",
+        15.89,
+        convention="allocated",
+    ),
+    Row(
+        "tunebot h200 mech lora 8192 fixed",
+        dict(
+            _H200_MECH, method="lora", lora_r=16, seq_len=8192, optimizer_impl="fused", attention_mask=False
+        ),
+        "h200",
+        29.10,
+        convention="allocated",
+    ),
+    Row(
+        "tunebot h200 mech lora 8192 varying",
+        dict(_H200_MECH, method="lora", lora_r=16, seq_len=8192, optimizer_impl="fused", packing=False),
+        "h200",
+        29.24,
+        convention="allocated",
+        note="12 micro-batches of 2 rows, log-normal lengths padded to the longest (at most 8,192)",
+    ),
+    Row(
+        "tunebot h200 mech full bf16 foreach",
+        dict(_H200_MECH, method="full", precision="bf16", seq_len=1024, optimizer_impl="foreach"),
+        "h200",
+        12.43,
+        convention="allocated",
+    ),
+    Row(
+        "tunebot h200 mech full bf16 fused",
+        dict(_H200_MECH, method="full", precision="bf16", seq_len=1024, optimizer_impl="fused"),
+        "h200",
+        11.01,
+        convention="allocated",
+    ),
+    Row(
+        "tunebot h200 mech full mixed foreach",
+        dict(
+            _H200_MECH,
+            method="full",
+            precision="mixed",
+            seq_len=1024,
+            optimizer_impl="foreach",
+            autocast=True,
+        ),
+        "h200",
+        24.78,
+        convention="allocated",
+    ),
+    Row(
+        "tunebot h200 mech full mixed fused",
+        dict(
+            _H200_MECH, method="full", precision="mixed", seq_len=1024, optimizer_impl="fused", autocast=True
+        ),
+        "h200",
+        20.91,
+        convention="allocated",
+    ),
+]
+
 # Unsloth "minimum VRAM" (QLoRA GB, 16-bit LoRA GB): Unsloth's fused stack, batch 1, short sequences.
 # A sizing guide rather than measurements: four of its twelve figures contradict the others (same blocks,
 # different vocabulary; a per-parameter slope that changes with size). UNSLOTH_XFAIL in test_published.py
@@ -313,6 +445,7 @@ SOURCES = {
     "qlora paper": "QLoRA paper",
     "unsloth min": "Unsloth minimum-VRAM table",
     "unsloth context": "Unsloth max-context table",
+    "tunebot h200": "tunebot H200 runs (issue 29)",
 }
 
 

@@ -71,11 +71,11 @@ def test_the_code_uses_the_coefficients_fitted_on_every_source(speed_cv, memory_
 
 
 def test_the_ranges_are_the_held_out_error_spread_per_class(speed_cv, memory_cv) -> None:
-    for (held, _), classes, written in (
-        (memory_cv, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES),
-        (speed_cv, ranges.SPEED_CLASSES, ranges.SPEED_RANGES),
+    for (held, _), classes, written, own_dof in (
+        (memory_cv, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES, True),
+        (speed_cv, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, ranges.SPEED_OWN_DOF),
     ):
-        fresh = class_ranges(held, classes, ranges.Q)
+        fresh = class_ranges(held, classes, ranges.Q, own_dof)
         assert fresh.keys() == written.keys()
         for name, bounds in fresh.items():
             assert bounds == pytest.approx(written[name], abs=0.01), name
@@ -144,3 +144,35 @@ def test_utilization_rises_with_tokens_per_micro_step_and_model_size() -> None:
     for model, gpus in (("meta-llama/Llama-3.1-8B", 1), ("Qwen/Qwen2.5-72B", 4)):
         assert 0.5 <= _mfu(model, "full", 32768, gpus) <= 0.85
         assert 0.5 <= _mfu(model, "lora", 32768, gpus) <= 0.85
+
+
+def test_memory_classes_follow_every_axis_of_a_job() -> None:
+    """Issue 29: GPUs and sharding, method, sequence length and packing each name a class, so a job is judged
+    by the held-out errors of every kind of row it resembles (the widest range wins)."""
+    req = EstimateRequest(
+        model="meta-llama/Llama-3.1-8B", method="qlora", seq_len=8192, packing=False, gpus=2
+    )
+    assert ranges.memory_classes(req) == ("multi-gpu", "quantized", "long", "unpacked")
+    full = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="full", seq_len=512)
+    assert ranges.memory_classes(full) == ("full", "short")
+    offload = EstimateRequest(
+        model="meta-llama/Llama-2-70b-hf", method="qlora", gpus=2, fsdp_cpu_offload=True
+    )
+    assert "cpu-offload" in ranges.memory_classes(offload)
+    assert set(ranges.MEMORY_RANGES) == {"all", *ranges.MEMORY_CLASSES}
+    lo, hi = ranges.memory_ratio(req)
+    assert hi == max(ranges.MEMORY_RANGES[c][1] for c in ("all", *ranges.memory_classes(req)))
+
+
+def test_a_class_of_few_rows_is_judged_by_its_own_degrees_of_freedom() -> None:
+    """Two rows that agree with the pooled spread still leave the class's shift uncertain: Student's t with
+    one degree of freedom (6.3), not the pooled rows' (issue 21's rule gave such a class nearly the pooled
+    range)."""
+    pooled = [0.9, 0.95, 1.0, 1.02, 1.05, 1.1, 0.97, 1.01, 0.99, 1.03, 0.96, 1.04]
+    own_lo, own_hi = prediction_range([1.0, 1.02], pooled)
+    old_lo, old_hi = prediction_range([1.0, 1.02], pooled, own_dof=False)
+    assert own_hi / own_lo > (old_hi / old_lo) ** 2  # far wider
+    many = pooled * 3
+    assert prediction_range(many, many) == pytest.approx(
+        prediction_range(many, many, own_dof=False), rel=0.01
+    )

@@ -10,6 +10,8 @@ from bot.planner.request import EstimateRequest
 
 
 def _qlora(**kw: object) -> EstimateRequest:
+    # the published stacks' default allocator (no expandable segments), fixed-length batches
+    kw.setdefault("expandable_segments", False)
     return EstimateRequest(model="meta-llama/Llama-2-7b-hf", method="qlora", batch_size=2, seq_len=768, **kw)
 
 
