@@ -24,7 +24,7 @@ from runner.records import (
 )
 from runner.spec import DatasetFormat, Defaults
 
-MAX_PROMPT_CHARS = 4000
+MAX_PROMPT_CHARS = 2000  # eight prompts stay within 16 KB of a JobSpec
 PROMPT_LIMITS = ReadLimits(max_line_bytes=64 * 1024, max_ratio=100.0, seconds=30.0)
 
 
@@ -77,12 +77,24 @@ def _check_length(chars: int, fail: Any) -> None:
         raise fail(f"the prompt has {chars:,} characters; at most {MAX_PROMPT_CHARS:,}")
 
 
-def read_prompts(uri: str, *, limit: int = Defaults.max_samples) -> list[Record]:
-    """The first ``limit`` prompts of a jsonl file or fsspec URI; DatasetError when one is malformed or
-    there is none."""
-    out: list[Record] = []
+def read_prompt_lines(uri: str, *, limit: int = Defaults.max_samples) -> list[dict[str, Any]]:
+    """The first ``limit`` prompt lines of a jsonl file or fsspec URI as JSON objects, each checked with
+    ``parse_prompt``; DatasetError when one is malformed or there is none."""
+    out: list[dict[str, Any]] = []
     for line, text in LineReader(uri, PROMPT_LIMITS.with_records(limit)):
-        out.append(parse_prompt(text, uri=uri, line=line))
+        parse_prompt(text, uri=uri, line=line)
+        out.append(json.loads(text))
     if not out:
         raise DatasetError("no prompts in the file", uri=uri)
     return out
+
+
+def read_prompts(uri: str, *, limit: int = Defaults.max_samples) -> list[Record]:
+    """The first ``limit`` prompts of a jsonl file or fsspec URI; DatasetError when one is malformed or
+    there is none."""
+    return prompts_of(read_prompt_lines(uri, limit=limit))
+
+
+def prompts_of(lines: list[dict[str, Any]], *, where: str = "prompts") -> list[Record]:
+    """Prompt records of JSON objects (a spec's inline prompts), checked again: the runner trusts no caller."""
+    return [parse_prompt(json.dumps(obj), uri=where, line=i) for i, obj in enumerate(lines, 1)]

@@ -138,8 +138,10 @@ class SamplesSpec(_Strict):
     None: the first ``count`` held-out eval examples' prompts (none without an eval split)."""
 
     count: int = Field(Defaults.samples, ge=0, le=Defaults.max_samples)
-    prompts_uri: str | None = None
-    prompts_name: str | None = None  # what the person gave (the model card), as DatasetSpec.name
+    # The prompts themselves, one JSON object each as in a prompts file: the bot reads prompts=FILE (bounded,
+    # checked with runner/prompts.py) and sends them inline, so no host needs to reach the file.
+    prompts: list[dict[str, Any]] | None = Field(None, max_length=Defaults.max_samples)
+    prompts_uri: str | None = None  # or a file the runner reads (a runner started by hand)
     max_new_tokens: int = Field(Defaults.sample_tokens, ge=1, le=512)
 
 

@@ -352,11 +352,14 @@ class Trainer:
         count = spec.samples.count
         if count == 0:
             return
-        if spec.samples.prompts_uri:
-            from runner.prompts import read_prompts
+        if spec.samples.prompts or spec.samples.prompts_uri:
+            from runner.prompts import prompts_of, read_prompts
 
             try:
-                records = read_prompts(spec.samples.prompts_uri, limit=count)
+                if spec.samples.prompts:
+                    records = prompts_of(spec.samples.prompts[:count])
+                else:
+                    records = read_prompts(spec.samples.prompts_uri or "", limit=count)
                 self.sample_prompts = samples.from_records(records, self.tokenizer)
             except DatasetError as exc:
                 raise InvalidJob(f"prompts: {exc}") from None

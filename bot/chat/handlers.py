@@ -338,7 +338,7 @@ class ChatHandlers:
 
         policy = None if actor.operator else self.sources
         updates: dict[str, str] = {}
-        for role in ("model", "dataset"):
+        for role in ("model", "dataset", "prompts"):
             value = getattr(request, role)
             if value is None:
                 continue

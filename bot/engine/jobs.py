@@ -160,6 +160,7 @@ def create(
         base_model=prepared.base_model,
         dataset_uri=prepared.dataset_uri,
         dataset_format=prepared.dataset_format,
+        prompts=prepared.prompts,
     )
     stored_plan = deep_merge(fields, spec_overrides or {})  # the one stored plan (store/models.py Job.plan)
     now = ctx.now()
