@@ -96,5 +96,5 @@ def read_prompts(uri: str, *, limit: int = Defaults.max_samples) -> list[Record]
 
 
 def prompts_of(lines: list[dict[str, Any]], *, where: str = "prompts") -> list[Record]:
-    """Prompt records of JSON objects (a spec's inline prompts), checked again: the runner trusts no caller."""
+    """Prompt records of JSON objects (a spec's inline prompts), checked again (the runner trusts none)."""
     return [parse_prompt(json.dumps(obj), uri=where, line=i) for i, obj in enumerate(lines, 1)]

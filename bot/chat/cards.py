@@ -31,6 +31,7 @@ from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
 from bot.planner.result import Estimate, RankedOffer
 from bot.planner.training import describe as describe_plan
+from runner.spec import RunResults
 
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40
@@ -412,6 +413,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
         ("Spend", spend),
         ("Preemptions", str(job.preemptions)),
     ]
+    fields += result_fields(job)
     if job.output_uri:
         fields.append(("Output", f"`{esc(job.output_uri)}`"))
     elif job.checkpoint_uri:  # a stopped or failed job's result; a running job's newest save
@@ -434,8 +436,9 @@ def result_hints(job: JobView) -> list[str]:
     return [f"{first} · {go_on} · `clone {job_id} key=value ...` relaunches it with changes"]
 
 
-def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
-    """The status card: edited in place in the job's thread, shown by `status JOB`."""
+def job_card(job: JobView, *, with_buttons: bool = True, with_samples: bool = False) -> Reply:
+    """The status card: edited in place in the job's thread, shown by `status JOB` (``with_samples``: and the
+    side-by-side answers under it)."""
     state = _state(job)
     job_id = esc(job.job_id)
     reply = Reply(fallback=f"Job {job_id}: {state}, step {job.step}, spend {money(job.spend)}")
@@ -448,6 +451,8 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     hints = result_hints(job)
     if hints:
         reply.add(Context(hints))
+    if with_samples:
+        reply.add(*samples_parts(job))
     updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     reply.add(Context([f"updated {updated}"]))
     if with_buttons and job.state in OPEN:
@@ -837,3 +842,91 @@ def approval_request(
         )
     )
     return reply
+
+
+# ---- what the money bought: before/after, the result's step, side-by-side answers (issue 31) ------------
+
+SAMPLE_CELL = 300  # characters of a prompt or an answer in a table cell (the full text is in the model card)
+
+
+def untrusted(text: str | None, limit: int = SAMPLE_CELL) -> str:
+    """Text a rented host generated: one line, cut to ``limit``, escaped (never markup that acts)."""
+    flat = " ".join(str(text or "").split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return esc(flat) or "-"
+
+
+def eval_change(before: float, after: float) -> str:
+    """'2.31 -> 1.42 (-38%)': two decimals, four where two would read the same."""
+    digits = 2 if round(before, 2) != round(after, 2) else 4
+    change = f"{(after / before - 1.0) * 100:+.0f}%" if before > 0 else "-"
+    return f"{before:.{digits}f} -> {after:.{digits}f} ({change})"
+
+
+def result_step_text(results: RunResults) -> str:
+    """'step 16 of 24 (lowest eval loss)' / 'step 24 (the last)'."""
+    if results.keep == "best" and results.result_step != results.last_step:
+        return f"step {results.result_step} of {results.last_step} (lowest eval loss)"
+    if results.keep == "best":
+        return f"step {results.result_step} (the last, also the lowest eval loss)"
+    return f"step {results.result_step} (the last)"
+
+
+def result_line(job: JobView, spend: float | None = None) -> str | None:
+    """'eval loss 2.31 -> 1.42 (-38%) for $4.10; result: step 16 of 24 (lowest eval loss)', or None when the
+    job measured nothing (no eval split, no samples)."""
+    r = job.results
+    if r is None:
+        return None
+    cost = job.spend if spend is None else spend
+    bits = []
+    if r.eval_before is not None and r.eval_after is not None:
+        bits.append(f"eval loss {eval_change(r.eval_before, r.eval_after)} for {money(cost)}")
+    bits.append(f"result: {result_step_text(r)}")
+    return "; ".join(bits)
+
+
+def result_fields(job: JobView) -> list[tuple[str, str]]:
+    """The card's lines for a job that measured its result."""
+    r = job.results
+    if r is None:
+        return []
+    fields = []
+    if r.eval_before is not None and r.eval_after is not None:
+        fields.append(("Eval loss", f"{eval_change(r.eval_before, r.eval_after)} for {money(job.spend)}"))
+    fields.append(("Result", result_step_text(r)))
+    return fields
+
+
+def samples_parts(job: JobView) -> list[Part]:
+    """The side-by-side answers as a table (one row per prompt), its text escaped and cut: a host wrote it."""
+    r = job.results
+    if r is None or not r.samples:
+        return []
+    expected = any(s.expected is not None for s in r.samples)
+    columns = ["prompt", *(["held-out answer"] if expected else []), "base model", "tuned"]
+    rows = [
+        [
+            untrusted(s.prompt),
+            *([untrusted(s.expected)] if expected else []),
+            untrusted(s.base),
+            untrusted(s.tuned),
+        ]
+        for s in r.samples
+    ]
+    title = (
+        f"Side by side: job {esc(job.job_id)}, base model vs step {r.result_step} (greedy, at most "
+        f"{r.sample_tokens} tokens)"
+    )
+    return [Table(columns, rows, title=title)]
+
+
+def samples_reply(job: JobView) -> Reply | None:
+    """The thread's side-by-side answers after the finish (None when there are none)."""
+    parts = samples_parts(job)
+    if not parts:
+        return None
+    return Reply(
+        parts=parts, fallback=f"Job {esc(job.job_id)}: the base model's and the tuned model's answers"
+    )

@@ -85,7 +85,13 @@ class ConsoleNotifier:
             )
             self.console.print(f"{tag}step {d.get('step', '?')}{total}{loss}{eta}", highlight=False)
         elif kind in MILESTONES:
-            self.console.print(tag + markup(milestone_text(event, self._job(event))), highlight=False)
+            job = self._job(event)
+            self.console.print(tag + markup(milestone_text(event, job)), highlight=False)
+            samples = (
+                cards.samples_reply(job) if job is not None and kind in (K.finished, K.plateau) else None
+            )
+            if samples is not None:  # the side-by-side answers under the finish
+                render(samples, self.console)
         elif kind == K.job_created:
             self.console.print(tag + markup(event.message or "job created"), style="dim", highlight=False)
         elif kind == K.approval_needed:

@@ -286,7 +286,7 @@ class ChatHandlers:
             return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
         if isinstance(command, StatusCmd):
             if command.job_id:
-                return cards.job_card(self.engine.get_job(command.job_id))
+                return cards.job_card(self.engine.get_job(command.job_id), with_samples=True)
             jobs = self.engine.list_jobs(user=actor.user, active_only=True)
             return cards.jobs_reply(jobs, title="Your active jobs")
         if isinstance(command, JobsCmd):

@@ -81,15 +81,18 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         return f":hourglass: {msg}"
     if event.kind == K.recovered:
         return ":white_check_mark: Recovered: " + (msg or f"resumed from step {step}.")
+    bought = cards.result_line(job, spend) if job is not None else None
+    bought_s = f" {bought[0].upper()}{bought[1:]}." if bought else ""
     if event.kind == K.plateau:
         return (
             f":chart_with_downwards_trend: Loss plateaued at {loss_s} (step {step}); stopped early. "
-            f"Cost *{cards.money(spend)}*.{note}"
+            f"Cost *{cards.money(spend)}*.{bought_s}{note}"
         )
     if event.kind == K.finished:
         out = d.get("output_uri") or (job.output_uri if job else None)
         return (
             f":white_check_mark: Finished at step {step}, final loss {loss_s}, cost *{cards.money(spend)}*."
+            + bought_s
             + (f" Adapter: `{esc(out)}`" if out else "")
             + note
         )
@@ -354,6 +357,9 @@ class SlackNotifier:
             return
         text = milestone_text(event, job)
         self._post(job.channel, Reply(parts=[Text(text)], fallback=text), thread_ts=job.thread_ts)
+        samples = cards.samples_reply(job) if event.kind in (K.finished, K.plateau) else None
+        if samples is not None:  # the side-by-side answers under the finish (a table block)
+            self._post(job.channel, samples, thread_ts=job.thread_ts)
         self._update_card(job)
         if event.kind in CHART_AT:
             self._chart(job, final=event.kind in FINAL)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
+from runner.spec import RunResults
 
 
 class EngineError(Exception):
@@ -58,6 +59,10 @@ class JobView(BaseModel):
     updated_at: datetime
     message: str | None = None
     losses: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss) for charts
+    # What the money bought (the runner's results event): eval loss before and after, the result's step and
+    # why, the side-by-side answers. None: not finished, or nothing measured.
+    results: RunResults | None = None
+    sweep_id: str | None = None  # the sweep this job is one configuration of
 
 
 class JobSeries(BaseModel):

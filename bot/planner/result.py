@@ -63,7 +63,7 @@ class TimeEstimate(BaseModel):
     evaluations: int = 0
     eval_tokens: int = 0
     eval_hours: float = 0.0
-    # The side-by-side answers (runner/samples.py): prompts, new tokens at most each, their hours (in `hours`).
+    # The side-by-side answers (runner/samples.py): prompts, most new tokens each, their hours (in `hours`).
     samples: int = 0
     sample_tokens: int = 0
     sample_hours: float = 0.0

@@ -107,7 +107,7 @@ def _split_text(plan: TrainingPlan) -> str:
     if plan.eval_split is None:
         if plan.eval_examples is None:
             return ", eval split automatic (5% of 1,000+ examples, at most 200)"
-        return f", eval split automatic{held}" if held else ", no eval split (automatic: under 1,000 examples)"
+        return f", eval split automatic{held}" if held else ", no eval split (automatic: < 1,000 examples)"
     return f", eval split {plan.eval_split:.0%}{held}" if plan.eval_split else ", no eval split"
 
 
