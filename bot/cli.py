@@ -12,7 +12,13 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from bot.commands import calibrate_commands, chat_commands, engine_commands, estimate_commands
+from bot.commands import (
+    calibrate_commands,
+    chat_commands,
+    engine_commands,
+    estimate_commands,
+    sweep_commands,
+)
 
 
 def input_error_message(exc: BaseException) -> str:
@@ -54,6 +60,7 @@ estimate_commands.register(app)
 engine_commands.register(app)
 chat_commands.register(app)
 calibrate_commands.register(app)
+sweep_commands.register(app)
 
 
 def main() -> None:

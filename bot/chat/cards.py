@@ -7,6 +7,7 @@ tests render exactly the same content.
 from __future__ import annotations
 
 from datetime import UTC
+from pathlib import Path
 
 from bot.chat.escaping import esc, mention
 from bot.chat.grammar import COMMAND_USAGE, KEYS_HELP, usage_for
@@ -17,13 +18,25 @@ from bot.chat.replies import (
     Context,
     Fields,
     Header,
+    Image,
     Part,
     Reply,
     Table,
     Text,
     text_reply,
 )
-from bot.engine.api import BudgetView, JobView, PriceList, SpendLine, SpendReport, VolumeView
+from bot.engine.api import (
+    BudgetView,
+    CompareView,
+    JobView,
+    PriceList,
+    SpendLine,
+    SpendReport,
+    SweepEstimate,
+    SweepRunView,
+    SweepView,
+    VolumeView,
+)
 from bot.engine.jobstate import ACTIVE, OPEN, resumable
 from bot.engine.results import how_to_load
 from bot.money import money
@@ -930,3 +943,201 @@ def samples_reply(job: JobView) -> Reply | None:
     return Reply(
         parts=parts, fallback=f"Job {esc(job.job_id)}: the base model's and the tuned model's answers"
     )
+
+
+MAX_COMPARE_SETTINGS = 10  # setting columns in a comparison (a table block takes 20 cells a row)
+
+
+def compare_reply(view: CompareView, *, chart: Path | None = None, title: str | None = None) -> Reply:
+    """`compare JOB JOB...`: one row per run (the settings that differ, eval before -> after, cost, time,
+    state), the best result named, notes, and the eval-curve chart."""
+    from bot.planner.options import BY_FIELD
+
+    keys = view.differing[:MAX_COMPARE_SETTINGS]
+    names = [BY_FIELD[f].key if f in BY_FIELD else f for f in keys]
+    columns = ["job", *names, "eval before", "eval after", "change", "result", "cost", "time", "state"]
+    rows = []
+    for run in view.runs:
+        job, r = run.job, run.job.results
+        before = f"{r.eval_before:.4f}" if r and r.eval_before is not None else "-"
+        after = f"{r.eval_after:.4f}" if r and r.eval_after is not None else "-"
+        change = (
+            f"{(r.eval_after / r.eval_before - 1) * 100:+.0f}%"
+            if r and r.eval_before and r.eval_after is not None
+            else "-"
+        )
+        result = f"step {r.result_step}" if r else "-"
+        rows.append(
+            [
+                esc(job.job_id),
+                *(esc(run.settings.get(f, "-")) for f in keys),
+                before,
+                after,
+                change,
+                result,
+                money(job.spend),
+                duration(run.hours * 3600),
+                _state(job),
+            ]
+        )
+    heading = title or f"{len(view.runs)} runs side by side"
+    reply = Reply(fallback=heading)
+    reply.add(Header(heading), Table(columns, rows))
+    scored = [r for r in view.runs if r.job.results and r.job.results.eval_after is not None]
+    notes = [esc(n) for n in view.notes]
+    if scored:
+        best = min(scored, key=lambda r: r.job.results.eval_after)  # type: ignore[union-attr]
+        cheapest = min(scored, key=lambda r: r.job.spend)
+        line = (
+            f"lowest eval loss: *{esc(best.job.job_id)}* "
+            f"({best.job.results.eval_after:.4f} for {money(best.job.spend)})"  # type: ignore[union-attr]
+        )
+        if cheapest is not best:
+            line += f"; cheapest: {esc(cheapest.job.job_id)} ({money(cheapest.job.spend)})"
+        notes.insert(0, line)
+    if len(view.differing) > len(keys):
+        notes.append(f"{len(view.differing) - len(keys)} more differing settings not shown")
+    if notes:
+        reply.add(Context(notes))
+    if chart is not None:
+        reply.add(
+            Image(
+                alt=f"Eval loss of {len(view.runs)} runs against step, each result starred with its cost",
+                path=chart,
+                title="Eval loss by step",
+            )
+        )
+    return reply
+
+
+# ---- sweeps: the best run for a budget (bot/engine/sweeps.py) ---------------------------------------------
+
+SWEEP_EMOJI = {
+    "pending_approval": ":hourglass:",
+    "running": ":zap:",
+    "done": ":trophy:",
+    "stopped": ":octagonal_sign:",
+    "failed": ":x:",
+    "cancelled": ":octagonal_sign:",
+}
+
+
+def _stages_text(survivors: list[int], steps: list[int] | None = None) -> str:
+    """'4 -> 2 -> 1 runs (to step 8, 16, 32)'."""
+    runs = " -> ".join(str(n) for n in survivors)
+    return f"{runs} runs" + (f" (to step {', '.join(str(s) for s in steps)})" if steps else "")
+
+
+def sweep_estimate_reply(est: SweepEstimate, *, estimate_id: str | None = None) -> Reply:
+    """A sweep priced before launch: its configurations, stages, expected and worst cost against max_cost,
+    and the button that launches it (when max_cost covers the worst case)."""
+    keys = list(est.settings[0]) if est.settings else []
+    same_steps = all(s == est.steps[0] for s in est.steps)
+    columns = ["#", *keys, "where", "full run"] + ([] if same_steps else ["stage steps"])
+    rows = [
+        [
+            str(i + 1),
+            *(esc(s.get(k, "-")) for k in keys),
+            esc(est.where[i]),
+            money(est.run_costs[i]),
+            *([] if same_steps else [", ".join(map(str, est.steps[i]))]),
+        ]
+        for i, s in enumerate(est.settings)
+    ]
+    n = len(est.settings)
+    title = f"Sweep of {n} configurations: {esc(est.request.model)} {esc(est.request.method)}"
+    reply = Reply(fallback=f"{title}: estimated {money(est.estimated_cost)}, at most {money(est.max_cost)}")
+    reply.add(Header(title[:150]))
+    reply.add(
+        Fields(
+            [
+                ("Stages", _stages_text(est.survivors, est.steps[0] if same_steps else None)),
+                ("Estimated", money(est.estimated_cost)),
+                ("At most", f"{money(est.max_cost)} (max_cost)"),
+                ("Worst case needs", money(est.needed_cost)),
+            ]
+        )
+    )
+    reply.add(Table(columns, rows))
+    notes = [
+        "every configuration trains at once to the first stage; at each stage the better half (eval loss on "
+        "held-out data) goes on and the others are stopped and torn down; the last one trains to the end",
+        "each run has a cap, and the caps are reserved so that their sum never passes max_cost",
+        *(esc(n) for n in est.notes),
+    ]
+    reply.add(Context(notes))
+    if estimate_id and est.feasible:
+        reply.add(
+            Buttons(
+                [
+                    Button(
+                        f"Launch sweep (at most {money(est.max_cost)})",
+                        "launch_sweep",
+                        estimate_id,
+                        style="primary",
+                    ),
+                    Button("Cancel", "cancel_estimate", estimate_id),
+                ]
+            )
+        )
+    return reply
+
+
+def _run_row(run: SweepRunView, steps: list[int], keys: list[str]) -> list[str]:
+    job = run.job
+    evals = [f"{run.stage_evals[s]:.4f}" if s in run.stage_evals else "-" for s in steps]
+    progress = "-"
+    if job is not None:
+        progress = f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step)
+    status = run.status + (f" ({esc(run.note)})" if run.note and run.status != "running" else "")
+    return [
+        str(run.index + 1),
+        *(esc(run.settings.get(k, "-")) for k in keys),
+        esc(job.job_id) if job else "-",
+        progress,
+        *evals,
+        money(job.spend) if job else "-",
+        status,
+    ]
+
+
+def sweep_card(view: SweepView) -> Reply:
+    """The sweep's status card (its thread's root, `status SWEEP`): one line per run."""
+    sid = esc(view.sweep_id)
+    stages = len(view.survivors) or 1
+    state = view.state + (
+        f", stage {min(view.stage + 1, stages)} of {stages}" if view.state == "running" else ""
+    )
+    reply = Reply(fallback=f"Sweep {sid}: {state}, spent {money(view.spend)} of {money(view.max_cost)}")
+    reply.add(Header(f"Sweep {sid}: {esc(state)}"))
+    reply.add(
+        Text(f"{SWEEP_EMOJI.get(view.state, '')} *{esc(view.model)}* · owner {mention(view.owner)}".strip())
+    )
+    keys = list(view.runs[0].settings) if view.runs else []
+    steps = sorted({s for r in view.runs for s in r.stage_evals})
+    columns = ["run", *keys, "job", "step", *(f"eval @{s}" for s in steps), "spend", "status"]
+    reply.add(Table(columns, [_run_row(r, steps, keys) for r in view.runs]))
+    fields = [
+        ("Spend", f"{money(view.spend)} of max {money(view.max_cost)}"),
+        ("Reserved", f"{money(view.reserved)} (caps of the live runs + what the others spent)"),
+    ]
+    if view.estimated_cost is not None:
+        fields.append(("Estimated", money(view.estimated_cost)))
+    if view.winner:
+        fields.append(("Winner", f"job *{esc(view.winner)}*"))
+    reply.add(Fields(fields))
+    if view.message:
+        reply.add(Context([esc(view.message)]))
+    if view.state in ("running", "pending_approval"):
+        reply.add(Context([f"`stop {sid}` stops every run · `compare {sid}` shows them side by side"]))
+    return reply
+
+
+def sweep_done_reply(view: SweepView, compare: CompareView | None, *, chart: Path | None = None) -> Reply:
+    """The end of a sweep: what it found (the winner, its adapter, the spend), and its runs compared."""
+    reply = Reply(fallback=esc(view.message or f"Sweep {view.sweep_id} {view.state}"))
+    reply.add(Text(f"{SWEEP_EMOJI.get(view.state, '')} {esc(view.message or view.state)}".strip()))
+    if compare is not None:
+        done = compare_reply(compare, chart=chart, title=f"Sweep {esc(view.sweep_id)}: its runs side by side")
+        reply.add(*done.parts)
+    return reply

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from bot.engine.api import JobSeries
+    from bot.engine.api import CompareView, JobSeries
 
 TRAIN, EVAL, LR = "#1f77b4", "#ff7f0e", "#7f7f7f"
 PREEMPTED, RESUMED = "#d62728", "#2ca02c"
@@ -178,3 +178,58 @@ def spend_figure(
 
 def spend_chart(path: Path, days: list[str], by_person: dict[str, list[float]], **kwargs: Any) -> Path:
     return _save(spend_figure(days, by_person, **kwargs), path)
+
+
+def compare_figure(view: CompareView) -> Figure:
+    """Every run's eval loss against step (step 0: the base model) on one chart; each run's result marked
+    with a star at its step and its cost written beside it."""
+    fig = _figure(10, 5.2)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, run in enumerate(view.runs):
+        color = PALETTE[i % len(PALETTE)]
+        settings = " ".join(f"{k}={v}" for k, v in run.settings.items())
+        label = f"{run.job.job_id} {settings}".strip()[:60] + f" · ${run.job.spend:,.2f}"
+        if run.eval:
+            steps, losses = zip(*run.eval, strict=True)
+            ax.plot(
+                steps,
+                losses,
+                color=color,
+                marker="o",
+                markersize=3,
+                linewidth=1.4,
+                label=label,
+                gid=run.job.job_id,
+            )
+        r = run.job.results
+        if r is not None and r.eval_after is not None:
+            ax.plot(
+                [r.result_step],
+                [r.eval_after],
+                marker="*",
+                markersize=13,
+                color=color,
+                gid=f"result-{run.job.job_id}",
+            )
+            ax.annotate(
+                f"${run.job.spend:,.2f}",
+                xy=(r.result_step, r.eval_after),
+                xytext=(6, -12),
+                textcoords="offset points",
+                color=color,
+                fontsize=8,
+                gid=f"cost-{run.job.job_id}",
+            )
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval loss (held-out)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
+    fig.suptitle(f"Eval loss of {len(view.runs)} runs (star: the result, with its cost)"[:120], fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def compare_chart(view: CompareView, path: Path) -> Path:
+    """The comparison's chart as a PNG at ``path``."""
+    return _save(compare_figure(view), path)

@@ -446,6 +446,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 BY_NAME: dict[str, Option] = {name: o for o in OPTIONS for name in o.names}
+# What `sweep` may vary (`lr=1e-4,2e-4 r=8,16`): options that train differently on the same data and length.
+SWEEPABLE = (
+    "learning_rate",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "warmup_ratio",
+    "weight_decay",
+    "lr_scheduler",
+    "batch_size",
+    "grad_accum",
+)
+MAX_SWEEP_RUNS = 8  # configurations in one sweep (they run at once)
 BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}
 
 
