@@ -99,15 +99,14 @@ def survivors(n: int) -> list[int]:
 
 
 def stage_steps(total: int, stages: int) -> list[int]:
-    """The step each stage ends at: every x 2^k, the last the full length (every = total / 2^(stages-1))."""
+    """The step each stage ends at: every x 2^k, the last the full length (every = total / 2^(stages-1));
+    ValueError when the run is too short to halve that often."""
     if stages <= 1:
         return [total]
-    every = max(1, total // 2 ** (stages - 1))
-    rungs = [every * 2**k for k in range(stages - 1)]
-    rungs = [r for r in rungs if r < total]
-    while len(rungs) < stages - 1:  # a run too short to halve at every stage: stages one step apart
-        rungs.append(min(total - 1, (rungs[-1] if rungs else 0) + 1))
-    return [*rungs, total]
+    if total < 2 ** (stages - 1):
+        raise ValueError(f"{total} steps are too few for {stages} stages: at least {2 ** (stages - 1)}")
+    every = total // 2 ** (stages - 1)
+    return [*(every * 2**k for k in range(stages - 1)), total]
 
 
 @dataclass(frozen=True)
@@ -230,7 +229,12 @@ def estimate_sweep(
             raise EngineError(
                 f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
             )
-        steps = stage_steps(est.time.steps, len(alive))
+        try:
+            steps = stage_steps(est.time.steps, len(alive))
+        except ValueError as exc:
+            raise EngineError(
+                f"{exc}: give steps= (or more epochs) for a sweep of {len(configs)} runs"
+            ) from None
         costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps))
         where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
     worst = worst_case(costs, alive)
