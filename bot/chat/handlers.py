@@ -18,6 +18,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bot.chat import cards
@@ -191,8 +192,10 @@ class ChatHandlers:
         files: Any = None,
         names: Names | None = None,
         slow: SlowWork | None = None,
+        chart_dir: Path | None = None,
     ) -> None:
         self.engine = engine
+        self._charts = chart_dir  # where `compare` draws its charts (None: a temporary folder)
         # Display names for where a mention does not render (bot/chat/people.py in Slack; ids elsewhere).
         self.names: Names = names or no_names
         # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
@@ -511,11 +514,10 @@ class ChatHandlers:
         chart = compare_chart(view, self._chart_dir() / f"compare-{'-'.join(ids)[:100]}.png")
         return cards.compare_reply(view, chart=chart)
 
-    def _chart_dir(self) -> Any:
+    def _chart_dir(self) -> Path:
         import tempfile
-        from pathlib import Path
 
-        if getattr(self, "_charts", None) is None:
+        if self._charts is None:
             self._charts = Path(tempfile.mkdtemp(prefix="tunebot-compare-"))
         return self._charts
 
