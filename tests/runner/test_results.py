@@ -159,3 +159,55 @@ def test_a_bad_prompts_file_is_an_invalid_job(runner_job: Callable[..., Any], tm
     summary, code = run(spec)
     assert code == EXIT_BAD_SPEC and "prompts:" in (summary.message or "")
     assert "a prompt line needs 'prompt', 'messages', 'instruction' or 'text'" in (summary.message or "")
+
+
+@pytest.mark.slow
+def test_eval_passes_and_answers_are_estimated_as_the_runner_does_them(
+    runner_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The estimate of a job with an eval split and samples counts the runner's passes (the base model's
+    included) and the prompts it answers, and prices both; the runner, given the estimate's plan, does
+    exactly those."""
+    from fakes.snapshot_plan import snapshot_plan
+
+    from bot.engine.jobspec import spec_fields
+    from bot.planner.request import EstimateRequest
+    from runner.spec import JobSpec
+
+    req = EstimateRequest(
+        model=str(runner_tiny_dir / "model"),
+        dataset=str(runner_tiny_dir / "data.jsonl"),
+        seq_len=256,
+        batch_size=4,
+        grad_accum=1,
+        gradient_checkpointing=False,
+        plateau=False,
+        gpu="cpu",
+        lora_r=8,
+        learning_rate=1e-2,
+        max_steps=12,
+        eval_split=0.05,
+        samples=2,
+        sample_tokens=6,
+    )
+    est = snapshot_plan(req)
+    assert est.time.evaluations == 1 + 2  # before training, at step 10, at the end (12)
+    assert est.time.samples == 2 and est.time.sample_tokens == 6 and est.time.sample_hours > 0
+    assert est.time.hours >= est.time.eval_hours + est.time.sample_hours
+    assert "2 side-by-side answers" in " ".join(est.assumptions)
+    assert est.training is not None
+    fields = spec_fields(est.training)
+    fields.update(
+        job_id="priced",
+        gpus=0,
+        output_uri=str(tmp_path / "out"),
+        report={"every_seconds": 3600},
+        checkpoint={"uri": str(tmp_path / "ckpt"), "every_minutes": 60},
+    )
+    spec = JobSpec.model_validate(fields)
+    summary, code = run(spec)
+    assert code == EXIT_OK and summary.steps == est.time.steps
+    printed = capsys.readouterr().out.splitlines()
+    assert len([line for line in printed if line.startswith("eval loss ")]) == est.time.evaluations
+    results = _results(spec)
+    assert len(results.samples) == est.time.samples and results.sample_tokens == est.time.sample_tokens
