@@ -4,8 +4,9 @@ Prompts come from ``prompts=FILE`` (runner/prompts.py) or from the first held-ou
 part: the tokens before the first one that carries loss; a text example's first half). Generation is greedy
 (deterministic whatever the seed), one prompt at a time, at most ``max_new_tokens`` new tokens, stopping at
 EOS; prompts longer than ``Defaults.sample_prompt_tokens`` keep their last tokens. It runs the model's plain
-forward (the loss hook of runner/loss.py is idle outside a loss computation) without a KV cache, on every
-process alike (FSDP needs every rank in each forward), which is what bot/planner/length.py prices.
+forward (the loss hook of runner/loss.py is idle outside a loss computation) with its KV cache: one forward
+over the prompt, then one per new token, on every process alike (FSDP needs every rank in each forward),
+which is what bot/planner/length.py prices.
 """
 
 from __future__ import annotations
@@ -103,16 +104,19 @@ def answer(
     try:
         for prompt in prompts:
             ids = torch.tensor([prompt.ids], dtype=torch.long, device=device)
+            past: Any = None
             new: list[int] = []
             for _ in range(max_new_tokens):
                 with precision():
-                    logits = model(input_ids=ids, use_cache=False).logits
-                token = int(logits[0, -1].float().argmax())
+                    out = model(input_ids=ids, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = int(out.logits[0, -1].float().argmax())
                 if eos is not None and token == eos:
                     break
                 new.append(token)
-                ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
+                ids = torch.tensor([[token]], dtype=torch.long, device=device)  # the cache holds the rest
             answers.append(_decode(tokenizer, new))
+            del past
     finally:
         if was_training:
             model.train()

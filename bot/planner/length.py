@@ -7,8 +7,8 @@ seq_len, unpacked ones pad to the longest of their micro-batch). With ``tokens=`
 approximation) every row is assumed full. Eval passes are forward-only over the whole eval split on every
 GPU: the forward share of a training micro-step's FLOPs; the base model's pass before the first step is one
 of them (runner/steps.py). The side-by-side answers (runner/samples.py) are priced as what the runner does:
-two models x prompts x new tokens greedy forwards of one row, without a KV cache, each as wide as the prompt
-plus what was generated so far.
+for each of two models and each prompt, one forward over the prompt, then one forward of one token per new
+token (greedy, with the KV cache: each of those reads the weights once).
 """
 
 from __future__ import annotations
@@ -124,12 +124,20 @@ class RunTime:
         if samples:
             prompt = min(Defaults.sample_prompt_tokens, length.eval_pass.width if length is not None else 0)
             prompt = prompt or Defaults.sample_prompt_tokens // 2
-            width = max(1, prompt + req.sample_tokens // 2)
-            greq = req.model_copy(
-                update={"seq_len": width, "batch_size": 1, "gradient_checkpointing": False, "grad_accum": 1}
-            )
-            micro = correct(estimate_speed(arch, greq, device, gpus)).micro_step_seconds
-            sample_seconds = 2 * samples * req.sample_tokens * micro * forward_share(arch, greq)
+
+            def forward(width: int) -> float:
+                one = req.model_copy(
+                    update={
+                        "seq_len": width,
+                        "batch_size": 1,
+                        "gradient_checkpointing": False,
+                        "grad_accum": 1,
+                    }
+                )
+                micro = correct(estimate_speed(arch, one, device, gpus)).micro_step_seconds
+                return micro * forward_share(arch, one)
+
+            sample_seconds = 2 * samples * (forward(max(1, prompt)) + req.sample_tokens * forward(1))
         return Timing(
             steps=steps,
             steps_per_epoch=per_epoch,
