@@ -212,12 +212,12 @@ def model_card(
 
 
 def _eval_split(spec: JobSpec, data: dict[str, Any]) -> str:
+    """'10%', 'automatic (50 examples)', 'none' (the held-out count is the Data section's)."""
     held = data.get("eval_examples")
     fraction = spec.dataset.eval_fraction
-    rule = "automatic" if fraction is None else f"{fraction:.0%}"
-    if not held:
-        return "none" if fraction is not None else "none (automatic: datasets of 1,000+ examples)"
-    return f"{rule}: {held} examples held out, never trained on"
+    if fraction is not None:
+        return f"{fraction:.0%}" if fraction else "none"
+    return f"automatic ({held} examples)" if held else "none (automatic: datasets of 1,000+ examples)"
 
 
 def change_text(before: float, after: float) -> str:
