@@ -959,13 +959,14 @@ def compare_reply(view: CompareView, *, chart: Path | None = None, title: str | 
     rows = []
     for run in view.runs:
         job, r = run.job, run.job.results
-        before = f"{r.eval_before:.4f}" if r and r.eval_before is not None else "-"
-        after = f"{r.eval_after:.4f}" if r and r.eval_after is not None else "-"
-        change = (
-            f"{(r.eval_after / r.eval_before - 1) * 100:+.0f}%"
-            if r and r.eval_before and r.eval_after is not None
-            else "-"
-        )
+        first = run.eval[0][1] if run.eval and run.eval[0][0] == 0 else None
+        last = run.eval[-1] if run.eval and run.eval[-1][0] > 0 else None
+        b = r.eval_before if r and r.eval_before is not None else first
+        a = r.eval_after if r and r.eval_after is not None else (last[1] if last else None)
+        before = f"{b:.4f}" if b is not None else "-"
+        # A run without a result (stopped, or still training): its latest eval loss, at its step.
+        after = f"{a:.4f}" if r and r.eval_after is not None else (f"{a:.4f} @{last[0]}" if last else "-")
+        change = f"{(a / b - 1) * 100:+.0f}%" if a is not None and b else "-"
         result = f"step {r.result_step}" if r else "-"
         rows.append(
             [

@@ -194,7 +194,12 @@ def check_grid(base: EstimateRequest, grid: dict[str, list[Any]]) -> None:
 
 
 def estimate_sweep(
-    ctx: EngineContext, estimate: Any, request: EstimateRequest, grid: dict[str, list[Any]]
+    ctx: EngineContext,
+    estimate: Any,
+    request: EstimateRequest,
+    grid: dict[str, list[Any]],
+    *,
+    eval_added: bool = False,
 ) -> SweepEstimate:
     """Price every configuration (one planner estimate per distinct shape: the learning rate and schedule do
     not change the price), plan the stages and the worst case, and say whether max_cost covers it."""
@@ -218,7 +223,7 @@ def estimate_sweep(
     # Ranking needs held-out data: without an automatic split on this data, the sweep asks for one.
     if request.eval_split is None and estimates and not (estimates[0].training or _NO).eval_examples:
         request = request.model_copy(update={"eval_split": SWEEP_EVAL_SPLIT})
-        return estimate_sweep(ctx, estimate, request, grid)
+        return estimate_sweep(ctx, estimate, request, grid, eval_added=True)
     alive = survivors(len(configs))
     costs: list[RunCost] = []
     where: list[str] = []
@@ -241,8 +246,11 @@ def estimate_sweep(
     budget = max_cost * (1.0 - MARGIN)
     needed = worst / (1.0 - MARGIN)
     feasible = worst <= budget
-    if request.eval_split and request.eval_split == SWEEP_EVAL_SPLIT and "eval_split" not in grid:
-        notes.append(f"ranked on a {SWEEP_EVAL_SPLIT:.0%} held-out split (eval= changes it)")
+    if eval_added:
+        notes.append(
+            f"ranked on a {SWEEP_EVAL_SPLIT:.0%} held-out split: the data is too small for the automatic one "
+            "(eval= changes it)"
+        )
     if not feasible:
         notes.append(
             f"max_cost {money(max_cost)} is not enough: the worst case needs {money(needed)} (the dearest "

@@ -229,3 +229,14 @@ def test_the_sweep_card_is_one_line_per_run_within_block_kit() -> None:
     assert len(table.rows) == 4 and table.rows[2][-1] == "lost (stopped after stage 1)"
     header = next(p for p in reply.parts if isinstance(p, cards.Header))
     assert header.text == "Sweep sw-0123456789: running, stage 2 of 3"
+
+
+def test_a_run_stopped_before_its_result_shows_its_last_eval_at_its_step() -> None:
+    view = compare_view()
+    stopped = CompareRun(
+        job=job("j9", state="stopped", stop_reason="sweep", spend=0.4), eval=[(0, 2.31), (8, 2.0)], hours=0.2
+    )
+    view = view.model_copy(update={"runs": [*view.runs, stopped]})
+    table = next(p for p in cards.compare_reply(view).parts if isinstance(p, cards.Table))
+    assert table.rows[-1][2:7] == ["2.3100", "2.0000 @8", "-13%", "-", "$0.40"]
+    assert table.rows[-1][-1] == "stopped (sweep)"
