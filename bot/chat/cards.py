@@ -1142,3 +1142,35 @@ def sweep_done_reply(view: SweepView, compare: CompareView | None, *, chart: Pat
         done = compare_reply(compare, chart=chart, title=f"Sweep {esc(view.sweep_id)}: its runs side by side")
         reply.add(*done.parts)
     return reply
+
+
+def sweep_approval_request(view: SweepView, *, approvers: list[str], threshold: float) -> Reply:
+    """Approve / Reject a sweep whose max_cost is above the approval amount (its runs then need no more)."""
+    who = " ".join(mention(a) for a in approvers) or "an admin"
+    sid = esc(view.sweep_id)
+    text = (
+        f":bell: {who}: {mention(view.owner)} asks to launch sweep *{sid}* ({len(view.runs)} runs of "
+        f"{esc(view.model)}), estimated *{money(view.estimated_cost)}*, may spend up to "
+        f"*{money(view.max_cost)}*, above the {money(threshold)} approval amount."
+    )
+    reply = Reply(fallback=f"Approval needed for sweep {sid} ({money(view.max_cost)})", public=True)
+    reply.add(Text(text))
+    reply.add(
+        Buttons(
+            [
+                Button(
+                    "Approve",
+                    "approve_job",
+                    view.sweep_id,
+                    style="primary",
+                    confirm=Confirm(
+                        "Approve this sweep?",
+                        f"Sweep {sid} may spend up to {money(view.max_cost)}.",
+                        ok="Approve",
+                    ),
+                ),
+                Button("Reject", "reject_job", view.sweep_id, style="danger"),
+            ]
+        )
+    )
+    return reply

@@ -582,6 +582,18 @@ class ChatHandlers:
         )
 
     def _reject(self, job_id: str, actor: Actor) -> Reply:
+        if is_sweep(job_id):
+            sweep = self.engine.get_sweep(job_id)
+            decision = self.permissions.can_approve(actor.user, sweep.owner, amount=sweep.max_cost)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            if sweep.state != "pending_approval":
+                return text_reply(f"Sweep *{esc(sweep.sweep_id)}* is {esc(sweep.state)}; nothing to reject.")
+            sweep = self.engine.stop_sweep(job_id, user=actor.user)
+            return text_reply(
+                f"{mention(actor.user)} rejected sweep *{esc(sweep.sweep_id)}*; it is {esc(sweep.state)}.",
+                public=True,
+            )
         job = self.engine.get_job(job_id)
         at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
         decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)

@@ -426,11 +426,11 @@ class SlackNotifier:
             view = self.engine.get_sweep(sweep_id)
         assert view.channel and view.thread_ts
         if event.kind == K.sweep_created and event.data.get("approval"):
-            self._post(
-                view.channel,
-                Reply(parts=[Text(f":bell: {esc(event.message)}")], fallback=esc(event.message)),
-                thread_ts=view.thread_ts,
-            )
+            ask = cards.sweep_approval_request(view, approvers=self.admins, threshold=self.approval_above)
+            self._post(view.channel, ask, thread_ts=view.thread_ts)
+            for admin in self.admins:
+                if admin != view.owner:
+                    self._dm(admin, ask)
         elif event.kind == K.sweep_stage:
             text = f":bar_chart: {esc(event.message)}"
             self._post(view.channel, Reply(parts=[Text(text)], fallback=text), thread_ts=view.thread_ts)

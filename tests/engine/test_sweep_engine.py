@@ -131,3 +131,26 @@ def test_compare_shows_only_jobs_the_caller_may_read(make_engine: Any, fake: Any
     with pytest.raises(PermissionDenied, match="you can compare your own jobs"):
         engine.compare([a.job_id, c.job_id], user="alice")
     assert len(engine.compare([a.job_id, c.job_id], user="admin").runs) == 2
+
+
+def test_the_approval_buttons_take_a_sweep(make_engine: Any, fake: Any) -> None:
+    """Approve / Reject on a sweep's approval request are the jobs' buttons with the sweep's id."""
+    from bot.chat.blockkit import to_message, violations
+    from bot.chat.cards import sweep_approval_request
+    from bot.chat.handlers import Actor, ChatHandlers
+
+    policy = Permissions(admins=frozenset({"bob"}), approval_above=50.0)
+    engine = make_engine(permissions=policy)
+    chat = ChatHandlers(engine, policy)
+    first = engine.create_sweep(_priced(engine, fake, max_cost=80.0), user="carol")
+    second = engine.create_sweep(_priced(engine, fake, max_cost=80.0), user="carol")
+    ask = sweep_approval_request(first, approvers=["bob"], threshold=50.0)
+    assert [b.value for b in ask.buttons] == [first.sweep_id] * 2 and not violations(to_message(ask))
+    assert "Not allowed" in chat.approve(first.sweep_id, Actor("carol")).text()  # not one's own
+    approved = chat.approve(first.sweep_id, Actor("bob"))
+    assert (
+        f"approved sweep *{first.sweep_id}*" in approved.text()
+        and engine.get_sweep(first.sweep_id).state == "running"
+    )
+    rejected = chat.reject(second.sweep_id, Actor("bob"))
+    assert "rejected sweep" in rejected.text() and engine.get_sweep(second.sweep_id).state == "cancelled"
