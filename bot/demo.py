@@ -40,7 +40,7 @@ JOB_OPTIONS = (
     "plateau=no checkpointing=no eval=10% samples=2 max_cost=1"
 )
 # The second run: the same job with another learning rate, shorter (the demo stays fast), then compared.
-SECOND_RUN = "lr=3e-3 steps=20"
+SECOND_RUN = "lr=3e-3 steps=15"
 DEMO_SPEC = {
     "checkpoint": {"every_minutes": 0.2, "keep": 2},
     "report": {"every_seconds": 0.5},
@@ -214,15 +214,18 @@ class Demo:
                 "the recovery",
             )
 
-        self.step("6. The finish: adapter and cost")
+        self.step("6. Meanwhile, the same job with another learning rate")
+        second_id = self.second_run(session, job_id)
+
+        self.step("7. The finish: adapter, cost and what it bought (eval loss before -> after, answers)")
         self.tick_until(lambda: self.engine.get_job(job_id).state in FINAL, "the finish", timeout_s=120)
         job = self.engine.get_job(job_id)
         session.run([f"status {job_id}", "spend today"])
 
-        self.step("7. Another learning rate, and the two runs compared")
-        second = self.second_run(session, job_id)
+        self.step("8. The two runs compared")
+        second = self.compare(session, job_id, second_id)
 
-        self.step("8. The daily spend summary and an idle-volume reminder")
+        self.step("9. The daily spend summary and an idle-volume reminder")
         self.summary_and_reminders()
         session.run(["volumes"])
 
@@ -241,17 +244,26 @@ class Demo:
         ok = job.state == JobState.SUCCEEDED and (second is None or second.state == JobState.SUCCEEDED)
         return 0 if ok else 1
 
-    def second_run(self, session: ConsoleSession, job_id: str) -> Any:
-        """`clone JOB lr=...`: the same data and options with another learning rate; then `compare`."""
+    def second_run(self, session: ConsoleSession, job_id: str) -> str | None:
+        """`clone JOB lr=...`: the same data and options with another learning rate, training beside the first
+        (the demo stays fast); its id."""
         before = {j.job_id for j in self.engine.list_jobs(user=USER)}
         session.run([f"clone {job_id} {SECOND_RUN}", "cheapest"])
         new = [j.job_id for j in self.engine.list_jobs(user=USER) if j.job_id not in before]
         if not new:
             self.console.print("[red]the second run was not launched[/red]")
             return None
-        self.tick_until(lambda: self.engine.get_job(new[0]).state in FINAL, "the second run", timeout_s=120)
-        session.run([f"compare {job_id} {new[0]}"])
-        return self.engine.get_job(new[0])
+        return new[0]
+
+    def compare(self, session: ConsoleSession, job_id: str, second_id: str | None) -> Any:
+        """Both runs ended: `compare` them (what differs, eval before -> after, cost, time, the chart)."""
+        if second_id is None:
+            return None
+        self.tick_until(
+            lambda: self.engine.get_job(second_id).state in FINAL, "the second run", timeout_s=120
+        )
+        session.run([f"compare {job_id} {second_id}"])
+        return self.engine.get_job(second_id)
 
     def close(self) -> None:
         if self.engine is not None:
