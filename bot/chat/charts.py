@@ -181,51 +181,50 @@ def spend_chart(path: Path, days: list[str], by_person: dict[str, list[float]], 
 
 
 def compare_figure(view: CompareView) -> Figure:
-    """Every run's eval loss against step (step 0: the base model) on one chart; each run's result marked
-    with a star at its step and its cost written beside it."""
+    """Every run's eval loss against step (step 0: the base model) on one chart, each run's cost written at
+    its end: a star at the result's step for a run that finished, a cross at the last eval of one stopped
+    before it (a sweep's losers)."""
+    from bot.money import money
+    from bot.planner.options import BY_FIELD
+
     fig = _figure(10, 5.2)
     ax = fig.add_subplot(1, 1, 1)
     for i, run in enumerate(view.runs):
         color = PALETTE[i % len(PALETTE)]
-        settings = " ".join(f"{k}={v}" for k, v in run.settings.items())
-        label = f"{run.job.job_id} {settings}".strip()[:60] + f" · ${run.job.spend:,.2f}"
+        job_id, cost = run.job.job_id, money(run.job.spend)
+        settings = " ".join(f"{BY_FIELD[k].key if k in BY_FIELD else k}={v}" for k, v in run.settings.items())
+        label = f"{job_id} {settings}".strip()[:60] + f" · {cost}"
         if run.eval:
             steps, losses = zip(*run.eval, strict=True)
             ax.plot(
-                steps,
-                losses,
-                color=color,
-                marker="o",
-                markersize=3,
-                linewidth=1.4,
-                label=label,
-                gid=run.job.job_id,
+                steps, losses, color=color, marker="o", markersize=3, linewidth=1.4, label=label, gid=job_id
             )
         r = run.job.results
         if r is not None and r.eval_after is not None:
-            ax.plot(
-                [r.result_step],
-                [r.eval_after],
-                marker="*",
-                markersize=13,
-                color=color,
-                gid=f"result-{run.job.job_id}",
-            )
-            ax.annotate(
-                f"${run.job.spend:,.2f}",
-                xy=(r.result_step, r.eval_after),
-                xytext=(6, -12),
-                textcoords="offset points",
-                color=color,
-                fontsize=8,
-                gid=f"cost-{run.job.job_id}",
-            )
+            end, marker = (r.result_step, r.eval_after), "*"
+        elif run.eval and run.eval[-1][0] > 0:
+            end, marker = run.eval[-1], "X"
+        else:
+            continue
+        ax.plot([end[0]], [end[1]], marker=marker, markersize=12, color=color, gid=f"result-{job_id}")
+        ax.annotate(
+            cost,
+            xy=end,
+            xytext=(6, -12),
+            textcoords="offset points",
+            color=color,
+            fontsize=8,
+            gid=f"cost-{job_id}",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("eval loss (held-out)")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
-    fig.suptitle(f"Eval loss of {len(view.runs)} runs (star: the result, with its cost)"[:120], fontsize=12)
+        ax.legend(loc="best", fontsize=8, framealpha=0.85)
+    title = (
+        f"Eval loss of {len(view.runs)} runs (star: a result, cross: stopped before it; each with its cost)"
+    )
+    fig.suptitle(title[:120], fontsize=12)
     fig.tight_layout()
     return fig
 

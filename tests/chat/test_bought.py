@@ -240,3 +240,10 @@ def test_a_run_stopped_before_its_result_shows_its_last_eval_at_its_step() -> No
     table = next(p for p in cards.compare_reply(view).parts if isinstance(p, cards.Table))
     assert table.rows[-1][2:7] == ["2.3100", "2.0000 @8", "-13%", "-", "$0.40"]
     assert table.rows[-1][-1] == "stopped (sweep)"
+    from bot.chat.charts import compare_figure
+
+    ax = compare_figure(view).axes[0]
+    stopped_mark = next(line for line in ax.lines if line.get_gid() == "result-j9")
+    assert stopped_mark.get_marker() == "X" and list(stopped_mark.get_xdata()) == [8]  # where it stopped
+    assert {t.get_gid(): t.get_text() for t in ax.texts}["cost-j9"] == "$0.40"
+    assert any("j1 lr=0.0002 · $1.30" in text.get_text() for text in ax.get_legend().get_texts())
