@@ -74,8 +74,10 @@ def sweep_command(
     engine, (chat, actor), reply = _run(["sweep", model, *(words or [])], user)
     try:
         _show(reply)
-        if not (yes or wait) or not reply.buttons:
+        if not (yes or wait):
             return
+        if not reply.buttons:  # priced, but max_cost does not cover its worst case (the note above says so)
+            fail("not launched: raise max_cost or sweep fewer values")
         estimate_id = next(b.value for b in reply.buttons if b.action == "launch_sweep")
         launched = chat.launch(estimate_id, "sweep", actor)
         _show(launched)
