@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from runner.data.example import IGNORE_INDEX, Example
-from runner.records import Conversation, PromptCompletion, Record, Text
+from runner.records import Conversation, PromptCompletion, Record
 from runner.spec import MAX_SAMPLE_TEXT, Defaults
 
 
@@ -121,13 +121,3 @@ def answer(
         if was_training:
             model.train()
     return answers
-
-
-def prompt_text(record: Record) -> str:
-    """What a prompts-file record shows as its prompt."""
-    if isinstance(record, Conversation):
-        return record.messages[-1]["content"]
-    if isinstance(record, PromptCompletion):
-        return record.prompt
-    assert isinstance(record, Text)
-    return record.text

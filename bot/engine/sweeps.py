@@ -221,7 +221,8 @@ def estimate_sweep(
             )
         estimates.append(est)
     # Ranking needs held-out data: without an automatic split on this data, the sweep asks for one.
-    if request.eval_split is None and estimates and not (estimates[0].training or _NO).eval_examples:
+    held = estimates[0].training.eval_examples if estimates and estimates[0].training else None
+    if request.eval_split is None and not held:
         request = request.model_copy(update={"eval_split": SWEEP_EVAL_SPLIT})
         return estimate_sweep(ctx, estimate, request, grid, eval_added=True)
     alive = survivors(len(configs))
@@ -274,13 +275,6 @@ def estimate_sweep(
     out._estimates = estimates
     out._costs = costs
     return out
-
-
-class _NoPlan:
-    eval_examples = None
-
-
-_NO = _NoPlan()
 
 
 def _chosen(ctx: EngineContext, est: Estimate) -> Any:
