@@ -104,12 +104,12 @@ def answer(
     try:
         for prompt in prompts:
             ids = torch.tensor([prompt.ids], dtype=torch.long, device=device)
-            past: Any = None
+            past: dict[str, Any] = {}  # the cache, under the name this transformers calls it
             new: list[int] = []
             for _ in range(max_new_tokens):
                 with precision():
-                    out = model(input_ids=ids, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                    out = model(input_ids=ids, use_cache=True, **past)
+                past = _cache_of(out)
                 token = int(out.logits[0, -1].float().argmax())
                 if eos is not None and token == eos:
                     break
@@ -121,3 +121,12 @@ def answer(
         if was_training:
             model.train()
     return answers
+
+
+def _cache_of(out: Any) -> dict[str, Any]:
+    """The KV cache a forward returned, as the keyword the next forward takes: ``cache`` (transformers 5.x),
+    else ``past_key_values``."""
+    cache = getattr(out, "cache", None)
+    if cache is not None:
+        return {"cache": cache}
+    return {"past_key_values": out.past_key_values}
