@@ -18,6 +18,7 @@ from bot.commands import (
     chat_commands,
     engine_commands,
     estimate_commands,
+    sweep_commands,
 )
 
 
@@ -61,6 +62,7 @@ engine_commands.register(app)
 chat_commands.register(app)
 calibrate_commands.register(app)
 budget_commands.register(app)
+sweep_commands.register(app)
 
 
 def main() -> None:

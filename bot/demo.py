@@ -3,8 +3,10 @@
 It makes a tiny model and dataset, starts the engine on SQLite with the local provider (the runner
 as a process on this CPU), then types into the console: an estimate, a launch, progress with the
 loss, a simulated spot preemption and its recovery from the last checkpoint, the finish with the
-adapter path and the cost, the daily spend summary and an idle-volume reminder. It saves the loss
-chart as a PNG and exits 0 when the job succeeded.
+adapter path, the cost and what it bought (the eval loss of the base model before training and of the
+result after, on the same held-out data, and both models' answers side by side), a second run with another
+learning rate and the two compared, the daily spend summary and an idle-volume reminder. It saves the loss
+chart and the comparison chart as PNGs and exits 0 when the jobs succeeded.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ USER = "you"
 # only the cadence of checkpoints and reports is the demo's own: every few seconds instead of minutes.
 JOB_OPTIONS = (
     "seq=256 batch=4 accum=1 r=8 alpha=16 dropout=0.05 lr=1e-2 warmup=5% scheduler=cosine steps=30 seed=0 "
-    "plateau=no checkpointing=no max_cost=1"
+    "plateau=no checkpointing=no eval=10% samples=2 max_cost=1"
 )
+# The second run: the same job with another learning rate, shorter (the demo stays fast), then compared.
+SECOND_RUN = "lr=3e-3 steps=15"
 DEMO_SPEC = {
     "checkpoint": {"every_minutes": 0.2, "keep": 2},
     "report": {"every_seconds": 0.5},
+    "samples": {"max_new_tokens": 16},  # short answers: the tiny model's are short anyway
 }
 PREEMPT_AT_STEP = 3  # SIGTERM makes the runner finish its step and save a checkpoint, then exit 75
 STEP_LINE = re.compile(r"^step (\d+)/", re.MULTILINE)  # the runner's progress lines: "step 3/30 | loss ..."
@@ -176,6 +181,7 @@ class Demo:
             self.engine,
             Permissions(admins=frozenset({USER}), approval_above=self.engine.settings.approval_above_usd),
             job_options={"spec_overrides": DEMO_SPEC},
+            chart_dir=self.workdir,
         )
         session = ConsoleSession(chat, self.console, user=USER)
         options = f"dataset={data} {JOB_OPTIONS}"
@@ -208,12 +214,18 @@ class Demo:
                 "the recovery",
             )
 
-        self.step("6. The finish: adapter and cost")
+        self.step("6. Meanwhile, the same job with another learning rate")
+        second_id = self.second_run(session, job_id)
+
+        self.step("7. The finish: adapter, cost and what it bought (eval loss before -> after, answers)")
         self.tick_until(lambda: self.engine.get_job(job_id).state in FINAL, "the finish", timeout_s=120)
         job = self.engine.get_job(job_id)
         session.run([f"status {job_id}", "spend today"])
 
-        self.step("7. The daily spend summary and an idle-volume reminder")
+        self.step("8. The two runs compared")
+        second = self.compare(session, job_id, second_id)
+
+        self.step("9. The daily spend summary and an idle-volume reminder")
         self.summary_and_reminders()
         session.run(["volumes"])
 
@@ -229,7 +241,29 @@ class Demo:
             f"adapter    {job.output_uri}\nloss chart {chart}",
             highlight=False,
         )
-        return 0 if job.state == JobState.SUCCEEDED else 1
+        ok = job.state == JobState.SUCCEEDED and (second is None or second.state == JobState.SUCCEEDED)
+        return 0 if ok else 1
+
+    def second_run(self, session: ConsoleSession, job_id: str) -> str | None:
+        """`clone JOB lr=...`: the same data and options with another learning rate, training beside the first
+        (the demo stays fast); its id."""
+        before = {j.job_id for j in self.engine.list_jobs(user=USER)}
+        session.run([f"clone {job_id} {SECOND_RUN}", "cheapest"])
+        new = [j.job_id for j in self.engine.list_jobs(user=USER) if j.job_id not in before]
+        if not new:
+            self.console.print("[red]the second run was not launched[/red]")
+            return None
+        return new[0]
+
+    def compare(self, session: ConsoleSession, job_id: str, second_id: str | None) -> Any:
+        """Both runs ended: `compare` them (what differs, eval before -> after, cost, time, the chart)."""
+        if second_id is None:
+            return None
+        self.tick_until(
+            lambda: self.engine.get_job(second_id).state in FINAL, "the second run", timeout_s=120
+        )
+        session.run([f"compare {job_id} {second_id}"])
+        return self.engine.get_job(second_id)
 
     def close(self) -> None:
         if self.engine is not None:

@@ -47,6 +47,9 @@ STATE_FILE = "trainer_state.json"
 ADAPTER_FILE = "adapter_model.safetensors"
 MODEL_FILE = "model.safetensors"
 TRAINABLE_FILE = "trainable.safetensors"  # under FSDP: every trainable parameter by its unwrapped name
+# keep=best: the weights of the step with the lowest eval loss so far, when that is not this checkpoint's step
+# (the same tensors as the weights file, runner/train.py); listed in the signed manifest like every file.
+BEST_FILE = "best.safetensors"
 _DIR_RE = re.compile(r"checkpoint-(\d+)$")
 # Test hook: SIGKILL this process after the first file of the Nth checkpoint upload (1-based).
 KILL_DURING_SAVE_ENV = "TUNEBOT_TEST_KILL_DURING_SAVE"
@@ -67,6 +70,13 @@ class TrainState:
     plateau: dict[str, Any] = field(default_factory=dict)
     train_seconds: float = 0.0  # time spent training before this checkpoint, across resumes
     world_size: int = 1
+    # What the result is measured against (runner/train.py): the base model's eval loss before the first step,
+    # the lowest eval loss since and its step, the eval passes after step 0, the base model's answers.
+    base_eval_loss: float | None = None
+    best_eval_loss: float | None = None
+    best_step: int | None = None
+    evaluations: int = 0
+    base_answers: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:
@@ -173,6 +183,21 @@ def write_local(
         torch.save(rng, out_dir / f"rng_state_{rank}.pth")
     (out_dir / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
     (out_dir / "job.json").write_text(spec_json, encoding="utf-8")
+
+
+def weights_name(ckpt_dir: Path) -> str | None:
+    """The weights file of a checkpoint folder (adapter, trainable or whole model), None when none is."""
+    return next((n for n in (ADAPTER_FILE, TRAINABLE_FILE, MODEL_FILE) if (ckpt_dir / n).exists()), None)
+
+
+def apply_weights(model: Any, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Load weights as ``checkpoint_weights`` returned them (its file name says how) into the bare model."""
+    if name == ADAPTER_FILE:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, tensors)
+    else:
+        model.load_state_dict(tensors, strict=False)
 
 
 def read_weights(ckpt_dir: Path, model: Any) -> None:

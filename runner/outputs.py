@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from runner.spec import HubSpec, JobSpec, Method
+from runner.spec import HubSpec, JobSpec, Method, RunResults
 
 MARKER_DIR = ".tunebot"
 PRIVATE_FILES = ("job.json", "training_summary.json")  # replaced by their public form in a push
@@ -173,6 +173,7 @@ def model_card(
     cost: float | None,
     model_dir: Path | None = None,
     ran: dict[str, Any] | None = None,
+    results: RunResults | None = None,
 ) -> str:
     """README.md for the output folder (and the Hub repo): the base model by its Hub id where one is known
     (``base_model:`` in the header, and in the title), a load snippet with the real repo id or folder."""
@@ -211,11 +212,11 @@ def model_card(
         ("packing", "yes" if spec.packing else "no"),
         ("activation checkpointing", "yes" if spec.gradient_checkpointing else "no"),
         ("attention", spec.attn),
-        ("eval split", f"{spec.dataset.eval_fraction:.0%}" if spec.dataset.eval_fraction else "none"),
+        ("eval split", _eval_split(spec, data or {})),
         (
             "plateau stop",
             (
-                f"on ({'eval' if spec.dataset.eval_fraction else 'train'} loss, patience "
+                f"on ({'eval' if (data or {}).get('eval_examples') else 'train'} loss, patience "
                 f"{spec.plateau.patience})"
             )
             if spec.plateau.enabled
@@ -275,7 +276,9 @@ def model_card(
         f"- eval loss: {_loss(eval_loss)}",
         f"- training time: {_duration(train_seconds)}",
         f"- cost: {_money(cost)} {RECKONING}{where_ran}{price}{estimate}",
+        *evaluation_lines(results, cost=cost, eval_examples=data.get("eval_examples")),
         "",
+        *sample_lines(results),
         "## Use",
         "",
         "```python",
@@ -284,6 +287,61 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _eval_split(spec: JobSpec, data: dict[str, Any]) -> str:
+    """'10%', 'automatic (50 examples)', 'none' (the held-out count is the Data section's)."""
+    held = data.get("eval_examples")
+    fraction = spec.dataset.eval_fraction
+    if fraction is not None:
+        return f"{fraction:.0%}" if fraction else "none"
+    return f"automatic ({held} examples)" if held else "none (automatic: datasets of 1,000+ examples)"
+
+
+def change_text(before: float, after: float) -> str:
+    """'-38%' (or '+4%') from an eval loss before and after."""
+    return f"{(after / before - 1.0) * 100:+.0f}%" if before > 0 else "-"
+
+
+def evaluation_lines(
+    results: RunResults | None, *, cost: float | None, eval_examples: Any = None
+) -> list[str]:
+    """The card's before/after ('eval loss 2.31 -> 1.42 (-38%) for $4.10') and which step is the result."""
+    if results is None:
+        return []
+    out: list[str] = []
+    if results.eval_before is not None and results.eval_after is not None:
+        held = f" on {eval_examples} held-out examples" if eval_examples else ""
+        out.append(
+            f"- eval loss{held}: {results.eval_before:.4f} (base model) -> {results.eval_after:.4f} "
+            f"({change_text(results.eval_before, results.eval_after)}) for {_money(cost)}"
+        )
+    out.append(f"- result: the weights of step {results.result_step} ({results.why or results.keep})")
+    return out
+
+
+def _fenced(text: str) -> list[str]:
+    body = (text or "-").replace("```", "` ` `")
+    return ["```text", body, "```"]
+
+
+def sample_lines(results: RunResults | None) -> list[str]:
+    """The side-by-side answers of the base and the tuned model (greedy), one section per prompt."""
+    if results is None or not results.samples:
+        return []
+    out = [
+        "## Side by side",
+        "",
+        "The same prompts to the base model and to this result (greedy decoding, at most "
+        f"{results.sample_tokens} new tokens).",
+        "",
+    ]
+    for i, sample in enumerate(results.samples, 1):
+        out += [f"### Prompt {i}", "", *_fenced(sample.prompt), ""]
+        if sample.expected is not None:
+            out += ["Held-out answer:", "", *_fenced(sample.expected), ""]
+        out += ["Base model:", "", *_fenced(sample.base), "", "Tuned:", "", *_fenced(sample.tuned), ""]
+    return out
 
 
 def merge_adapter(adapter_dir: Path, model_dir: Path, out_dir: Path, *, dtype: Any) -> None:

@@ -63,7 +63,22 @@ class Defaults:
     weight_decay = 0.0
     epochs = 1.0
     seed = 42
-    eval_fraction = 0.0
+    # The eval split when none is asked for (eval= not given: None, "auto"): 5% of the examples held out,
+    # at most 200, and only on datasets of 1,000 examples or more (a small dataset needs every example to
+    # train on; eval=5% asks for a split on any dataset, eval=0 for none). runner/data/prepare.eval_size is
+    # the one rule; the planner counts with it.
+    eval_fraction: float | None = None
+    auto_eval_fraction = 0.05
+    auto_eval_min_examples = 1000
+    auto_eval_max_examples = 200
+    # With an eval split the result is the checkpoint with the lowest eval loss ("best"), else the last step.
+    keep_with_eval = "best"
+    # Side-by-side answers of the base and the tuned model (runner/samples.py): a few held-out examples'
+    # prompts (or prompts=FILE), greedy decoding (deterministic), at most sample_tokens new tokens each.
+    samples = 3
+    max_samples = 8
+    sample_tokens = 48
+    sample_prompt_tokens = 192  # a prompt is cut to its last tokens past this (bounded generation)
     plateau = True
     plateau_patience = 10  # evaluations in a row without improvement
     plateau_min_delta = 0.01
@@ -115,7 +130,22 @@ class DatasetSpec(_Strict):
     format: DatasetFormat = DatasetFormat.alpaca
     # Records longer than seq_len are truncated (default) or dropped; either way they are counted.
     overlong: Literal["truncate", "drop"] = "truncate"
-    eval_fraction: float = Field(Defaults.eval_fraction, ge=0.0, lt=0.5)
+    # None: the automatic split (Defaults.eval_fraction: 5% of 1,000+ examples, at most 200).
+    eval_fraction: float | None = Field(Defaults.eval_fraction, ge=0.0, lt=0.5)
+
+
+class SamplesSpec(_Strict):
+    """Answers of the base model and of the tuned one to the same prompts, side by side (runner/samples.py).
+
+    ``prompts_uri``: a jsonl of prompts ({"prompt": ...}, {"messages": [...]} or alpaca's instruction/input);
+    None: the first ``count`` held-out eval examples' prompts (none without an eval split)."""
+
+    count: int = Field(Defaults.samples, ge=0, le=Defaults.max_samples)
+    # The prompts themselves, one JSON object each as in a prompts file: the bot reads prompts=FILE (bounded,
+    # checked with runner/prompts.py) and sends them inline, so no host needs to reach the file.
+    prompts: list[dict[str, Any]] | None = Field(None, max_length=Defaults.max_samples)
+    prompts_uri: str | None = None  # or a file the runner reads (a runner started by hand)
+    max_new_tokens: int = Field(Defaults.sample_tokens, ge=1, le=512)
 
 
 class CheckpointSpec(_Strict):
@@ -231,6 +261,10 @@ class JobSpec(_Strict):
     push_to_hub: HubSpec | None = None
     merge: bool = False  # also save the base model with the adapter merged in (<output>/merged)
     cost: CostSpec = Field(default_factory=CostSpec)
+    # The result: "best" (the lowest eval loss) or "last" (the last step); None: best with an eval split, else
+    # last. On several processes the result is the last step (the best weights are not gathered there).
+    keep: Literal["best", "last"] | None = None
+    samples: SamplesSpec = Field(default_factory=SamplesSpec)
 
     @model_validator(mode="after")
     def _known_version(self) -> JobSpec:
@@ -274,6 +308,9 @@ class EventKind(StrEnum):
     warning = "warning"  # something the person should know (a checkpoint skipped because it did not verify)
     # Out of memory at every back-off level (runner/oom.py): the job needs a GPU with more memory.
     out_of_memory = "out_of_memory"
+    # What the run bought, right before its terminal event: eval loss before and after, the kept step and
+    # the side-by-side answers (RunResults, within RESULTS_EVENT_BYTES).
+    results = "results"
 
 
 TERMINAL_EVENTS = frozenset(
@@ -293,6 +330,78 @@ def thin_points(points: list[Any], limit: int = MAX_EVENT_POINTS) -> list[Any]:
     if kept[-1] is not points[-1]:
         kept = kept[: limit - 1] + [points[-1]]
     return kept
+
+
+# The results event stays well under the bot's 16 KB event cap (bot/engine/integrity.MAX_EVENT_BYTES) however
+# long the answers are: fit_results shortens the texts until the event's JSON fits this many bytes.
+RESULTS_EVENT_BYTES = 10 * 1024
+MAX_SAMPLE_TEXT = 2000  # characters of one prompt or answer in a results event (before fitting)
+
+
+class Sample(BaseModel):
+    """One prompt and what each model answered (``expected``: the held-out example's own answer)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str = Field("", max_length=MAX_SAMPLE_TEXT)
+    base: str = Field("", max_length=MAX_SAMPLE_TEXT)
+    tuned: str = Field("", max_length=MAX_SAMPLE_TEXT)
+    expected: str | None = Field(None, max_length=MAX_SAMPLE_TEXT)
+
+
+class RunResults(BaseModel):
+    """What the money bought, measured on the held-out split: the base model's eval loss before training,
+    the result's after, which step the result is (and why), and the side-by-side answers."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    eval_before: float | None = None  # the base model (step 0)
+    eval_after: float | None = None  # the kept result
+    last_eval: float | None = None  # the last step's (differs from eval_after when the best is kept)
+    evaluations: int = Field(0, ge=0)  # eval passes after step 0
+    keep: Literal["best", "last"] = "last"
+    result_step: int = Field(0, ge=0)  # the step whose weights are the result
+    last_step: int = Field(0, ge=0)
+    why: str | None = Field(None, max_length=500)  # "lowest eval loss of 5 evaluations", ...
+    samples: list[Sample] = Field(default_factory=list, max_length=Defaults.max_samples)
+    sample_tokens: int = 0  # the bound on each answer (new tokens)
+
+    @property
+    def change(self) -> float | None:
+        """after / before - 1 (-0.38 for 2.31 -> 1.42); None without both."""
+        if self.eval_before is None or self.eval_after is None or self.eval_before <= 0:
+            return None
+        return self.eval_after / self.eval_before - 1.0
+
+
+def fit_results(results: RunResults, limit: int = RESULTS_EVENT_BYTES) -> RunResults:
+    """``results`` with its sample texts shortened (longest first, an ellipsis where cut) until its JSON
+    takes at most ``limit`` bytes: one results event always fits the bot's event cap."""
+    import json
+
+    def size(r: RunResults) -> int:
+        return len(json.dumps(r.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":")))
+
+    out = results.model_copy(deep=True)
+    cap = MAX_SAMPLE_TEXT
+    while size(out) > limit and cap > 16:
+        cap = cap * 3 // 4
+        out.samples = [
+            Sample(
+                prompt=_clip(s.prompt, cap),
+                base=_clip(s.base, cap),
+                tuned=_clip(s.tuned, cap),
+                expected=None if s.expected is None else _clip(s.expected, cap),
+            )
+            for s in out.samples
+        ]
+    while size(out) > limit and out.samples:
+        out.samples = out.samples[:-1]
+    return out
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
 
 
 class RunnerEvent(BaseModel):
@@ -331,6 +440,7 @@ class RunnerEvent(BaseModel):
     # What this run measured (terminal events; see runner/measure.py): max_memory_reserved_gb,
     # device_memory_used_gb, tokens_per_second (steady), steady_steps. Absent values were not measurable.
     metrics: dict[str, float | None] | None = None
+    results: RunResults | None = None  # on the `results` event
 
 
 class RunSummary(BaseModel):

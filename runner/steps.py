@@ -10,8 +10,9 @@ the runner will do. The rules, also in README ("How long a job runs") and docs/r
   (the few micro-batches left over are not trained in that epoch; the next epoch's shuffle puts others last);
 - ``steps`` (max_steps), when given, is the number of optimizer steps trained, whatever ``epochs`` says: the
   data repeats as often as needed (or is cut short). Without it, steps = ceil(epochs x steps per epoch);
-- with an eval split the runner evaluates every ``plateau.every_steps`` steps and once more at the end unless
-  the last step was one of those: ceil(steps / every) passes, each over the whole split on every process.
+- with an eval split the runner evaluates the base model once before the first step (the "before" of the
+  result), then every ``plateau.every_steps`` steps and once more at the end unless the last step was one of
+  those: 1 + ceil(steps / every) passes, each over the whole split on every process.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class RunLength:
     tokens_per_step: int  # seq_len x micro-batch x grad_accum x processes (the most a step can hold)
     epoch: Tokens  # the micro-batches one epoch trains (epoch 0's shuffle)
     eval_every: int | None = None  # None: no eval split
-    evaluations: int = 0
+    evaluations: int = 0  # eval passes, the base model's before the first step included
     eval_pass: Tokens = Tokens()  # one eval pass on one process (every process computes the whole split)
 
     @property
@@ -122,8 +123,8 @@ class RunLength:
         )
         if self.eval_every:
             line += (
-                f"; eval every {self.eval_every} steps and at the end: {self.evaluations} passes of "
-                f"{self.eval_pass.real:,} tokens"
+                f"; eval before training, every {self.eval_every} steps and at the end: {self.evaluations} "
+                f"passes of {self.eval_pass.real:,} tokens"
             )
         return line
 
@@ -165,7 +166,7 @@ def run_length(
     eval_pass = Tokens()
     if eval_lengths:
         every = (plateau or PlateauSpec()).resolved(steps).every_steps or 1
-        evals = evaluations(steps, every)
+        evals = 1 + evaluations(steps, every)  # the base model's pass before the first step
         eval_plan = (
             plans[1]
             if plans

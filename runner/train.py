@@ -39,10 +39,14 @@ from runner.spec import (
     EXIT_OK,
     EXIT_OUT_OF_MEMORY,
     EXIT_PREEMPTED,
+    Defaults,
     EventKind,
     JobSpec,
     Method,
+    RunResults,
     RunSummary,
+    Sample,
+    fit_results,
     thin_points,
 )
 
@@ -177,6 +181,12 @@ class Trainer:
         self.optimizer: Any = None
         self.scheduler: Any = None
         self.plateau: Any = None  # runner/plateau.PlateauDetector
+        # What the money bought (runner/samples.py, RunResults): the result is the best or the last step, the
+        # sample prompts both models answer, the best step's weights while training (keep=best), the results.
+        self.keep = "last"
+        self.sample_prompts: list[Any] = []
+        self.best_weights: tuple[str, dict[str, torch.Tensor]] | None = None
+        self.results: RunResults | None = None
 
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
@@ -187,6 +197,7 @@ class Trainer:
         self._read_config()  # 2. the config and tokenizer (small files), LoRA targets on the meta device
         self._prepare_data(records)
         self._plan_length()
+        self._plan_samples()
         strategy = self.spec.strategy(self._group().world)
         self._describe(strategy)
         self._load_weights(strategy)  # 3. the weights
@@ -333,6 +344,39 @@ class Trainer:
             )
         self.max_steps = self.length.steps
 
+    def _plan_samples(self) -> None:
+        """keep (what the result will be) and sample_prompts: a prompts file's, read and checked now (a bad
+        one is an invalid job, before any weights are fetched), else the first held-out examples'."""
+        from runner import samples
+        from runner.reading import DatasetError
+
+        spec, group = self.spec, self._group()
+        self.keep = "last"
+        if self.data.eval and (spec.keep or Defaults.keep_with_eval) == "best":
+            if group.distributed:
+                if group.main:
+                    print("note: keep=best needs a single process; the result is the last step", flush=True)
+            else:
+                self.keep = "best"
+        count = spec.samples.count
+        if count == 0:
+            return
+        if spec.samples.prompts or spec.samples.prompts_uri:
+            from runner.prompts import prompts_of, read_prompts
+
+            try:
+                if spec.samples.prompts:
+                    records = prompts_of(spec.samples.prompts[:count])
+                else:
+                    records = read_prompts(spec.samples.prompts_uri or "", limit=count)
+                self.sample_prompts = samples.from_records(records, self.tokenizer)
+            except DatasetError as exc:
+                raise InvalidJob(f"prompts: {exc}") from None
+            except (ValueError, TypeError) as exc:  # e.g. chat prompts and a tokenizer without a template
+                raise InvalidJob(f"prompts: {exc}") from None
+        elif self.data.eval:
+            self.sample_prompts = samples.from_examples(self.data.eval, self.tokenizer, count)
+
     def _describe(self, strategy: str) -> None:
         """The run's shape in the log (main process)."""
         spec, group, data = self.spec, self._group(), self.data
@@ -349,6 +393,14 @@ class Trainer:
             f"{spec.micro_batch_size} x grad_accum {spec.grad_accum} x processes {group.world})"
         )
         print(f"length: {self.length.describe()}")
+        if self.data.eval or self.sample_prompts:
+            said = [f"result: the {'best (lowest eval loss)' if self.keep == 'best' else 'last'} step"]
+            if self.sample_prompts:
+                said.append(
+                    f"{len(self.sample_prompts)} sample prompt(s) answered by the base and the tuned model "
+                    f"(greedy, at most {spec.samples.max_new_tokens} new tokens)"
+                )
+            print("; ".join(said))
         mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
         print(
             f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
@@ -404,10 +456,26 @@ class Trainer:
             if resume_dir is not None:
                 ckpt.read_optimizer(resume_dir, self.ddp_model, self.optimizer, fsdp=self.fsdp)
                 self.state = ckpt.read_rest(resume_dir, scheduler=self.scheduler, rank=group.rank)
+                self._read_best(resume_dir)
                 self._resumed(fetched.uri or self.store.uri_of(resume_step))
         finally:
             if resume_dir is not None:
                 shutil.rmtree(resume_dir, ignore_errors=True)
+
+    def _read_best(self, resume_dir: Path) -> None:
+        """keep=best: the best step's weights back in memory (its own file, or the checkpoint's weights when
+        the best step is the checkpoint's)."""
+        state = self.state
+        if self.keep != "best" or state.best_step is None:
+            return
+        from safetensors.torch import load_file
+
+        name = ckpt.weights_name(resume_dir)
+        path = resume_dir / ckpt.BEST_FILE
+        if not path.exists():
+            path = resume_dir / name if name and state.best_step == state.step else None  # type: ignore[assignment]
+        if name and path is not None and path.exists():
+            self.best_weights = (name, load_file(str(path)))
 
     def _scheduler(self) -> Any:
         """The learning-rate schedule over max_steps, warming up for warmup_ratio of them."""
@@ -518,6 +586,8 @@ class Trainer:
             wandb_url=self.wandb.url if self.wandb is not None else None,
             wandb_note=self._wandb_note(),
         )
+        if state.step == 0:
+            self._before_training()
         from runner.measure import RunMeter
 
         self.meter = RunMeter(group.device)
@@ -607,7 +677,10 @@ class Trainer:
                 state.micro_batch = 0
         if self.data.eval and (self.state.eval_loss is None or state.step % self.plateau.every_steps):
             self._eval_now(state.step)  # the final eval loss, for the model card
+        self.results = self._results()
         self.output_uri = self.save_output(status)
+        if self.results is not None:
+            self.emit(EventKind.results, results=fit_results(self.results))
         kind = EventKind.plateau if status == "plateau" else EventKind.finished
         notes = ["stopped: the loss stopped improving"] if status == "plateau" else []
         if self.publish_problem:
@@ -620,6 +693,81 @@ class Trainer:
             message="; ".join(notes) or None,
         )
         return status
+
+    def _before_training(self) -> None:
+        """The base model measured once, before the first step: its eval loss and its answers to the sample
+        prompts (kept in the trainer state: a resumed run does not measure again)."""
+        if self.data.eval:
+            self._eval_now(0)
+        if self.sample_prompts:
+            self.state.base_answers = self._answers()
+            if self._group().main:
+                print(f"samples: the base model answered {len(self.sample_prompts)} prompt(s)", flush=True)
+
+    def _answers(self) -> list[str]:
+        from runner import samples
+
+        return samples.answer(
+            self.ddp_model,
+            self.sample_prompts,
+            self.tokenizer,
+            device=self._group().device,
+            max_new_tokens=self.spec.samples.max_new_tokens,
+            precision=self._precision,
+        )
+
+    def _results(self) -> RunResults | None:
+        """The result chosen (keep=best: the best step's weights loaded back when it is not the last), the
+        tuned model's answers, and what both say against the base model."""
+        state, spec = self.state, self.spec
+        if not self.data.eval and not self.sample_prompts:
+            return None
+        best, last_step = state.best_step, state.step
+        restored = self.keep == "best" and best not in (None, last_step) and self.best_weights is not None
+        if restored:
+            assert self.best_weights is not None
+            ckpt.apply_weights(self.model, *self.best_weights)
+        answers = self._answers() if self.sample_prompts else []
+        base = list(state.base_answers) + [""] * (len(answers) - len(state.base_answers))
+        result_step = best if restored and best is not None else last_step
+        after = state.best_eval_loss if restored else (state.eval_loss if self.data.eval else None)
+        why = self._why(restored)
+        if self._group().main:
+            print(f"result: step {result_step} ({why})", flush=True)
+        return RunResults(
+            eval_before=state.base_eval_loss,
+            eval_after=after,
+            last_eval=state.eval_loss if self.data.eval else None,
+            evaluations=state.evaluations,
+            keep=self.keep,  # type: ignore[arg-type]
+            result_step=result_step,
+            last_step=last_step,
+            why=why[:500],
+            samples=[
+                Sample(prompt=p.text, base=b, tuned=t, expected=p.expected)
+                for p, b, t in zip(self.sample_prompts, base, answers, strict=False)
+            ],
+            sample_tokens=spec.samples.max_new_tokens if answers else 0,
+        )
+
+    def _why(self, restored: bool) -> str:
+        """Which step the result is, in words (the card and the thread say it)."""
+        state, n = self.state, self.state.evaluations
+        if not self.data.eval:
+            return "the last step (no eval split to choose by)"
+        best, low = state.best_step, state.best_eval_loss
+        if self.keep == "best":
+            if restored and low is not None and state.eval_loss is not None:
+                return (
+                    f"keep=best: the lowest eval loss of {n} evaluations, {low:.4f} at step {best}; the last "
+                    f"step's ({state.step}) was {state.eval_loss:.4f}"
+                )
+            return f"keep=best: the last step had the lowest eval loss of {n} evaluations"
+        if self.spec.keep != "last" and self._group().distributed:
+            return "the last step (keep=best needs a single process)"
+        if best is not None and best != state.step and low is not None:
+            return f"keep=last: the last step (the lowest eval loss, {low:.4f}, was at step {best})"
+        return "keep=last: the last step"
 
     def _step(self, micro: list[Any]) -> tuple[float, int]:
         """One optimizer step over `grad_accum` micro-batches; returns (mean loss per label token, tokens).
@@ -727,11 +875,26 @@ class Trainer:
         return bool(self.plateau.update(step, loss))
 
     def _eval_now(self, step: int) -> float:
+        """An eval pass: step 0 measures the base model (the "before"); later ones track the best step (and,
+        keep=best, keep its weights)."""
         loss = self.evaluate()
-        self.state.eval_loss = loss
+        state = self.state
+        state.eval_loss = loss
         self.evals.append((step, loss))
+        if step == 0:
+            state.base_eval_loss = loss
+        else:
+            state.evaluations += 1
+            if state.best_eval_loss is None or loss < state.best_eval_loss:
+                state.best_eval_loss, state.best_step = loss, step
+                if self.keep == "best":  # a copy: on the CPU checkpoint_weights' tensors are the live ones
+                    name, tensors = ckpt.checkpoint_weights(
+                        self.model, self.ddp_model, fsdp=self.fsdp, trainable_names=self.trainable_names
+                    )
+                    self.best_weights = (name, {k: v.clone() for k, v in tensors.items()})
         if self.group is not None and self.group.main:
-            print(f"eval loss {loss:.4f} at step {step}", flush=True)
+            base = " (the base model, before training)" if step == 0 else ""
+            print(f"eval loss {loss:.4f} at step {step}{base}", flush=True)
         if self.wandb is not None:
             self.wandb.log({"eval/loss": loss}, step=step)
         return loss
@@ -784,6 +947,10 @@ class Trainer:
                     rng_states=rngs,
                     spec_json=self.spec.redacted().model_dump_json(indent=2),
                 )
+                if self.best_weights is not None and self.state.best_step not in (None, self.state.step):
+                    from safetensors.torch import save_file
+
+                    save_file(self.best_weights[1], str(local / ckpt.BEST_FILE))
                 # Every checkpoint is also a result people can load (a stopped job's is all there is).
                 loadable.add_loadable_files(
                     local,
@@ -841,6 +1008,7 @@ class Trainer:
                     "data": self.stats.as_dict() if self.stats is not None else None,
                     "method": self.spec.method.value,
                     "job_id": self.spec.job_id,
+                    "results": self.results.model_dump(mode="json") if self.results is not None else None,
                 }
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
                 # no report token in outputs; the precision and sharding that ran, not only those asked for
@@ -859,6 +1027,7 @@ class Trainer:
                     cost=cost,
                     model_dir=self.model_dir,
                     ran=self._ran(),
+                    results=self.results,
                 )
                 (local / "README.md").write_text(card, encoding="utf-8")
                 if self.spec.merge and self.spec.method is not Method.full:
@@ -924,10 +1093,11 @@ class Trainer:
         fields.setdefault("tokens_seen", self.state.tokens_seen)
         if self.state.last_loss is not None:
             fields.setdefault("loss", self.state.last_loss)
-        if self.points:  # every step since the last event rides along (the chart's data)
+        chart = kind is not EventKind.results  # a results event is big already: the chart's data waits
+        if self.points and chart:  # every step since the last event rides along (the chart's data)
             fields.setdefault("points", thin_points(self.points))
             self.points = []
-        if self.evals:
+        if self.evals and chart:
             fields.setdefault("evals", thin_points(self.evals))
             self.evals = []
         try:

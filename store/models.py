@@ -96,6 +96,11 @@ class Job(SQLModel, table=True):
     hub_claimed_at: float | None = None
     hub_url: str | None = Field(default=None, max_length=300)
 
+    # What the money bought (the runner's results event, bounded): eval loss before and after, the result's
+    # step and why, the side-by-side answers (runner.spec.RunResults as JSON).
+    results: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    sweep_id: str | None = Field(default=None, index=True, max_length=64)  # one configuration of a sweep
+
     created_at: float
     updated_at: float
     started_at: float | None = None
@@ -142,6 +147,35 @@ class RunCheckpoint(SQLModel, table=True):
     uri: str
     manifest_sha256: str = Field(max_length=64)
     acknowledged_at: float
+
+
+class Sweep(SQLModel, table=True):
+    """A search for the best run within a budget (bot/engine/sweeps.py): configurations trained by successive
+    halving, the losers stopped at each stage, never more than ``max_cost`` in total (per-run caps reserved so
+    that their sum cannot pass it)."""
+
+    __tablename__ = "sweeps"
+
+    id: str = Field(primary_key=True, max_length=64)
+    owner: str = Field(index=True)
+    team: str | None = None
+    channel: str | None = None
+    thread_ts: str | None = None
+    state: str = Field(index=True)  # pending_approval | running | done | stopped | failed | cancelled
+    message: str | None = None
+    request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the EstimateRequest shared
+    grid: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # {request field: [values]}
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # stages, costs, the reserve
+    runs: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # one per config
+    max_cost: float
+    estimated_cost: float | None = None
+    stage: int = 0  # the stage being trained (0: all configurations)
+    winner: str | None = Field(default=None, max_length=64)  # the winning job
+    approved_by: str | None = None
+    idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
+    created_at: float
+    updated_at: float
+    finished_at: float | None = None
 
 
 class Instance(SQLModel, table=True):

@@ -7,6 +7,7 @@ tests render exactly the same content.
 from __future__ import annotations
 
 from datetime import UTC
+from pathlib import Path
 
 from bot.chat.escaping import esc, mention
 from bot.chat.grammar import COMMAND_USAGE, KEYS_HELP, usage_for
@@ -17,6 +18,7 @@ from bot.chat.replies import (
     Context,
     Fields,
     Header,
+    Image,
     Part,
     Reply,
     Table,
@@ -26,10 +28,14 @@ from bot.chat.replies import (
 from bot.engine.api import (
     BudgetView,
     CalibrationView,
+    CompareView,
     JobView,
     PriceList,
     SpendLine,
     SpendReport,
+    SweepEstimate,
+    SweepRunView,
+    SweepView,
     VolumeView,
 )
 from bot.engine.jobstate import ACTIVE, OPEN, resumable
@@ -39,6 +45,7 @@ from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
 from bot.planner.result import Estimate, RankedOffer, SpeedEstimate
 from bot.planner.training import describe as describe_plan
+from runner.spec import RunResults
 
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40
@@ -435,6 +442,7 @@ def job_fields(job: JobView) -> list[tuple[str, str]]:
         ("Spend", spend),
         ("Preemptions", str(job.preemptions)),
     ]
+    fields += result_fields(job)
     if job.output_uri:
         fields.append(("Output", f"`{esc(job.output_uri)}`"))
     elif job.checkpoint_uri:  # a stopped or failed job's result; a running job's newest save
@@ -457,8 +465,9 @@ def result_hints(job: JobView) -> list[str]:
     return [f"{first} · {go_on} · `clone {job_id} key=value ...` relaunches it with changes"]
 
 
-def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
-    """The status card: edited in place in the job's thread, shown by `status JOB`."""
+def job_card(job: JobView, *, with_buttons: bool = True, with_samples: bool = False) -> Reply:
+    """The status card: edited in place in the job's thread, shown by `status JOB` (``with_samples``: and the
+    side-by-side answers under it)."""
     state = _state(job)
     job_id = esc(job.job_id)
     reply = Reply(fallback=f"Job {job_id}: {state}, step {job.step}, spend {money(job.spend)}")
@@ -471,6 +480,8 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     hints = result_hints(job)
     if hints:
         reply.add(Context(hints))
+    if with_samples:
+        reply.add(*samples_parts(job))
     updated = job.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     reply.add(Context([f"updated {updated}"]))
     if with_buttons and job.state in OPEN:
@@ -942,6 +953,325 @@ def approval_request(
                     ),
                 ),
                 Button("Reject", "reject_job", job.job_id, style="danger"),
+            ]
+        )
+    )
+    return reply
+
+
+# ---- what the money bought: before/after, the result's step, side-by-side answers (issue 31) ------------
+
+SAMPLE_CELL = 300  # characters of a prompt or an answer in a table cell (the full text is in the model card)
+
+
+def untrusted(text: str | None, limit: int = SAMPLE_CELL) -> str:
+    """Text a rented host generated: one line, cut to ``limit``, escaped (never markup that acts)."""
+    flat = " ".join(str(text or "").split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return esc(flat) or "-"
+
+
+def eval_change(before: float, after: float) -> str:
+    """'2.31 -> 1.42 (-38%)': two decimals, four where two would read the same."""
+    digits = 2 if round(before, 2) != round(after, 2) else 4
+    change = f"{(after / before - 1.0) * 100:+.0f}%" if before > 0 else "-"
+    return f"{before:.{digits}f} -> {after:.{digits}f} ({change})"
+
+
+def result_step_text(results: RunResults) -> str:
+    """'step 16 of 24 (lowest eval loss)' / 'step 24 (the last)'."""
+    if results.keep == "best" and results.result_step != results.last_step:
+        return f"step {results.result_step} of {results.last_step} (lowest eval loss)"
+    if results.keep == "best":
+        return f"step {results.result_step} (the last, also the lowest eval loss)"
+    return f"step {results.result_step} (the last)"
+
+
+def result_line(job: JobView, spend: float | None = None) -> str | None:
+    """'eval loss 2.31 -> 1.42 (-38%) for $4.10; result: step 16 of 24 (lowest eval loss)', or None when the
+    job measured nothing (no eval split, no samples)."""
+    r = job.results
+    if r is None:
+        return None
+    cost = job.spend if spend is None else spend
+    bits = []
+    if r.eval_before is not None and r.eval_after is not None:
+        bits.append(f"eval loss {eval_change(r.eval_before, r.eval_after)} for {money(cost)}")
+    bits.append(f"result: {result_step_text(r)}")
+    return "; ".join(bits)
+
+
+def result_fields(job: JobView) -> list[tuple[str, str]]:
+    """The card's lines for a job that measured its result."""
+    r = job.results
+    if r is None:
+        return []
+    fields = []
+    if r.eval_before is not None and r.eval_after is not None:
+        fields.append(("Eval loss", f"{eval_change(r.eval_before, r.eval_after)} for {money(job.spend)}"))
+    fields.append(("Result", result_step_text(r)))
+    return fields
+
+
+def samples_parts(job: JobView) -> list[Part]:
+    """The side-by-side answers as a table (one row per prompt), its text escaped and cut: a host wrote it."""
+    r = job.results
+    if r is None or not r.samples:
+        return []
+    expected = any(s.expected is not None for s in r.samples)
+    columns = ["prompt", *(["held-out answer"] if expected else []), "base model", "tuned"]
+    rows = [
+        [
+            untrusted(s.prompt),
+            *([untrusted(s.expected)] if expected else []),
+            untrusted(s.base),
+            untrusted(s.tuned),
+        ]
+        for s in r.samples
+    ]
+    title = (
+        f"Side by side: job {esc(job.job_id)}, base model vs step {r.result_step} (greedy, at most "
+        f"{r.sample_tokens} tokens)"
+    )
+    return [Table(columns, rows, title=title)]
+
+
+def samples_reply(job: JobView) -> Reply | None:
+    """The thread's side-by-side answers after the finish (None when there are none)."""
+    parts = samples_parts(job)
+    if not parts:
+        return None
+    return Reply(
+        parts=parts, fallback=f"Job {esc(job.job_id)}: the base model's and the tuned model's answers"
+    )
+
+
+MAX_COMPARE_SETTINGS = 10  # setting columns in a comparison (a table block takes 20 cells a row)
+
+
+def compare_reply(view: CompareView, *, chart: Path | None = None, title: str | None = None) -> Reply:
+    """`compare JOB JOB...`: one row per run (the settings that differ, eval before -> after, cost, time,
+    state), the best result named, notes, and the eval-curve chart."""
+    from bot.planner.options import BY_FIELD
+
+    keys = view.differing[:MAX_COMPARE_SETTINGS]
+    names = [BY_FIELD[f].key if f in BY_FIELD else f for f in keys]
+    columns = ["job", *names, "eval before", "eval after", "change", "result", "cost", "time", "state"]
+    rows = []
+    for run in view.runs:
+        job, r = run.job, run.job.results
+        first = run.eval[0][1] if run.eval and run.eval[0][0] == 0 else None
+        last = run.eval[-1] if run.eval and run.eval[-1][0] > 0 else None
+        b = r.eval_before if r and r.eval_before is not None else first
+        a = r.eval_after if r and r.eval_after is not None else (last[1] if last else None)
+        before = f"{b:.4f}" if b is not None else "-"
+        # A run without a result (stopped, or still training): its latest eval loss, at its step.
+        after = f"{a:.4f}" if r and r.eval_after is not None else (f"{a:.4f} @{last[0]}" if last else "-")
+        change = f"{(a / b - 1) * 100:+.0f}%" if a is not None and b else "-"
+        result = f"step {r.result_step}" if r else "-"
+        rows.append(
+            [
+                esc(job.job_id),
+                *(esc(run.settings.get(f, "-")) for f in keys),
+                before,
+                after,
+                change,
+                result,
+                money(job.spend),
+                duration(run.hours * 3600),
+                _state(job),
+            ]
+        )
+    heading = title or f"{len(view.runs)} runs side by side"
+    reply = Reply(fallback=heading)
+    reply.add(Header(heading), Table(columns, rows))
+    scored = [r for r in view.runs if r.job.results and r.job.results.eval_after is not None]
+    notes = [esc(n) for n in view.notes]
+    if scored:
+        best = min(scored, key=lambda r: r.job.results.eval_after)  # type: ignore[union-attr]
+        cheapest = min(scored, key=lambda r: r.job.spend)
+        line = (
+            f"lowest eval loss: *{esc(best.job.job_id)}* "
+            f"({best.job.results.eval_after:.4f} for {money(best.job.spend)})"  # type: ignore[union-attr]
+        )
+        if cheapest is not best:
+            line += f"; cheapest: {esc(cheapest.job.job_id)} ({money(cheapest.job.spend)})"
+        notes.insert(0, line)
+    if len(view.differing) > len(keys):
+        notes.append(f"{len(view.differing) - len(keys)} more differing settings not shown")
+    if notes:
+        reply.add(Context(notes))
+    if chart is not None:
+        reply.add(
+            Image(
+                alt=f"Eval loss of {len(view.runs)} runs against step, each result starred with its cost",
+                path=chart,
+                title="Eval loss by step",
+            )
+        )
+    return reply
+
+
+# ---- sweeps: the best run for a budget (bot/engine/sweeps.py) ---------------------------------------------
+
+SWEEP_EMOJI = {
+    "pending_approval": ":hourglass:",
+    "running": ":zap:",
+    "done": ":trophy:",
+    "stopped": ":octagonal_sign:",
+    "failed": ":x:",
+    "cancelled": ":octagonal_sign:",
+}
+
+
+def _stages_text(survivors: list[int], steps: list[int] | None = None) -> str:
+    """'4 -> 2 -> 1 runs (to step 8, 16, 32)'."""
+    runs = " -> ".join(str(n) for n in survivors)
+    return f"{runs} runs" + (f" (to step {', '.join(str(s) for s in steps)})" if steps else "")
+
+
+def sweep_estimate_reply(est: SweepEstimate, *, estimate_id: str | None = None) -> Reply:
+    """A sweep priced before launch: its configurations, stages, expected and worst cost against max_cost,
+    and the button that launches it (when max_cost covers the worst case)."""
+    keys = list(est.settings[0]) if est.settings else []
+    same_steps = all(s == est.steps[0] for s in est.steps)
+    columns = ["#", *keys, "where", "full run"] + ([] if same_steps else ["stage steps"])
+    rows = [
+        [
+            str(i + 1),
+            *(esc(s.get(k, "-")) for k in keys),
+            esc(est.where[i]),
+            money(est.run_costs[i]),
+            *([] if same_steps else [", ".join(map(str, est.steps[i]))]),
+        ]
+        for i, s in enumerate(est.settings)
+    ]
+    n = len(est.settings)
+    title = f"Sweep of {n} configurations: {esc(est.request.model)} {esc(est.request.method)}"
+    reply = Reply(fallback=f"{title}: estimated {money(est.estimated_cost)}, at most {money(est.max_cost)}")
+    reply.add(Header(title[:150]))
+    reply.add(
+        Fields(
+            [
+                ("Stages", _stages_text(est.survivors, est.steps[0] if same_steps else None)),
+                ("Estimated", money(est.estimated_cost)),
+                ("At most", f"{money(est.max_cost)} (max_cost)"),
+                ("Worst case needs", money(est.needed_cost)),
+            ]
+        )
+    )
+    reply.add(Table(columns, rows))
+    notes = [
+        "every configuration trains at once to the first stage; at each stage the better half (eval loss on "
+        "held-out data) goes on and the others are stopped and torn down; the last one trains to the end",
+        "each run has a cap, and the caps are reserved so that their sum never passes max_cost",
+        *(esc(n) for n in est.notes),
+    ]
+    reply.add(Context(notes))
+    if estimate_id and est.feasible:
+        reply.add(
+            Buttons(
+                [
+                    Button(
+                        f"Launch sweep (at most {money(est.max_cost)})",
+                        "launch_sweep",
+                        estimate_id,
+                        style="primary",
+                    ),
+                    Button("Cancel", "cancel_estimate", estimate_id),
+                ]
+            )
+        )
+    return reply
+
+
+def _run_row(run: SweepRunView, steps: list[int], keys: list[str]) -> list[str]:
+    job = run.job
+    evals = [f"{run.stage_evals[s]:.4f}" if s in run.stage_evals else "-" for s in steps]
+    progress = "-"
+    if job is not None:
+        progress = f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step)
+    status = run.status + (f" ({esc(run.note)})" if run.note and run.status != "running" else "")
+    return [
+        str(run.index + 1),
+        *(esc(run.settings.get(k, "-")) for k in keys),
+        esc(job.job_id) if job else "-",
+        progress,
+        *evals,
+        money(job.spend) if job else "-",
+        status,
+    ]
+
+
+def sweep_card(view: SweepView) -> Reply:
+    """The sweep's status card (its thread's root, `status SWEEP`): one line per run."""
+    sid = esc(view.sweep_id)
+    stages = len(view.survivors) or 1
+    state = view.state + (
+        f", stage {min(view.stage + 1, stages)} of {stages}" if view.state == "running" else ""
+    )
+    reply = Reply(fallback=f"Sweep {sid}: {state}, spent {money(view.spend)} of {money(view.max_cost)}")
+    reply.add(Header(f"Sweep {sid}: {esc(state)}"))
+    reply.add(
+        Text(f"{SWEEP_EMOJI.get(view.state, '')} *{esc(view.model)}* · owner {mention(view.owner)}".strip())
+    )
+    keys = list(view.runs[0].settings) if view.runs else []
+    steps = sorted({s for r in view.runs for s in r.stage_evals})
+    columns = ["run", *keys, "job", "step", *(f"eval @{s}" for s in steps), "spend", "status"]
+    reply.add(Table(columns, [_run_row(r, steps, keys) for r in view.runs]))
+    fields = [
+        ("Spend", f"{money(view.spend)} of max {money(view.max_cost)}"),
+        ("Reserved", f"{money(view.reserved)} (caps of the live runs + what the others spent)"),
+    ]
+    if view.estimated_cost is not None:
+        fields.append(("Estimated", money(view.estimated_cost)))
+    if view.winner:
+        fields.append(("Winner", f"job *{esc(view.winner)}*"))
+    reply.add(Fields(fields))
+    if view.message:
+        reply.add(Context([esc(view.message)]))
+    if view.state in ("running", "pending_approval"):
+        reply.add(Context([f"`stop {sid}` stops every run · `compare {sid}` shows them side by side"]))
+    return reply
+
+
+def sweep_done_reply(view: SweepView, compare: CompareView | None, *, chart: Path | None = None) -> Reply:
+    """The end of a sweep: what it found (the winner, its adapter, the spend), and its runs compared."""
+    reply = Reply(fallback=esc(view.message or f"Sweep {view.sweep_id} {view.state}"))
+    reply.add(Text(f"{SWEEP_EMOJI.get(view.state, '')} {esc(view.message or view.state)}".strip()))
+    if compare is not None:
+        done = compare_reply(compare, chart=chart, title=f"Sweep {esc(view.sweep_id)}: its runs side by side")
+        reply.add(*done.parts)
+    return reply
+
+
+def sweep_approval_request(view: SweepView, *, approvers: list[str], threshold: float) -> Reply:
+    """Approve / Reject a sweep whose max_cost is above the approval amount (its runs then need no more)."""
+    who = " ".join(mention(a) for a in approvers) or "an admin"
+    sid = esc(view.sweep_id)
+    text = (
+        f":bell: {who}: {mention(view.owner)} asks to launch sweep *{sid}* ({len(view.runs)} runs of "
+        f"{esc(view.model)}), estimated *{money(view.estimated_cost)}*, may spend up to "
+        f"*{money(view.max_cost)}*, above the {money(threshold)} approval amount."
+    )
+    reply = Reply(fallback=f"Approval needed for sweep {sid} ({money(view.max_cost)})", public=True)
+    reply.add(Text(text))
+    reply.add(
+        Buttons(
+            [
+                Button(
+                    "Approve",
+                    "approve_job",
+                    view.sweep_id,
+                    style="primary",
+                    confirm=Confirm(
+                        "Approve this sweep?",
+                        f"Sweep {sid} may spend up to {money(view.max_cost)}.",
+                        ok="Approve",
+                    ),
+                ),
+                Button("Reject", "reject_job", view.sweep_id, style="danger"),
             ]
         )
     )

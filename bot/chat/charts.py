@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from bot.engine.api import JobSeries
+    from bot.engine.api import CompareView, JobSeries
 
 TRAIN, EVAL, LR = "#1f77b4", "#ff7f0e", "#7f7f7f"
 PREEMPTED, RESUMED = "#d62728", "#2ca02c"
@@ -178,3 +178,57 @@ def spend_figure(
 
 def spend_chart(path: Path, days: list[str], by_person: dict[str, list[float]], **kwargs: Any) -> Path:
     return _save(spend_figure(days, by_person, **kwargs), path)
+
+
+def compare_figure(view: CompareView) -> Figure:
+    """Every run's eval loss against step (step 0: the base model) on one chart, each run's cost written at
+    its end: a star at the result's step for a run that finished, a cross at the last eval of one stopped
+    before it (a sweep's losers)."""
+    from bot.money import money
+    from bot.planner.options import BY_FIELD
+
+    fig = _figure(10, 5.2)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, run in enumerate(view.runs):
+        color = PALETTE[i % len(PALETTE)]
+        job_id, cost = run.job.job_id, money(run.job.spend)
+        settings = " ".join(f"{BY_FIELD[k].key if k in BY_FIELD else k}={v}" for k, v in run.settings.items())
+        label = f"{job_id} {settings}".strip()[:60] + f" · {cost}"
+        if run.eval:
+            steps, losses = zip(*run.eval, strict=True)
+            ax.plot(
+                steps, losses, color=color, marker="o", markersize=3, linewidth=1.4, label=label, gid=job_id
+            )
+        r = run.job.results
+        if r is not None and r.eval_after is not None:
+            end, marker = (r.result_step, r.eval_after), "*"
+        elif run.eval and run.eval[-1][0] > 0:
+            end, marker = run.eval[-1], "X"
+        else:
+            continue
+        ax.plot([end[0]], [end[1]], marker=marker, markersize=12, color=color, gid=f"result-{job_id}")
+        ax.annotate(
+            cost,
+            xy=end,
+            xytext=(6, -12),
+            textcoords="offset points",
+            color=color,
+            fontsize=8,
+            gid=f"cost-{job_id}",
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval loss (held-out)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8, framealpha=0.85)
+    title = (
+        f"Eval loss of {len(view.runs)} runs (star: a result, cross: stopped before it; each with its cost)"
+    )
+    fig.suptitle(title[:120], fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def compare_chart(view: CompareView, path: Path) -> Path:
+    """The comparison's chart as a PNG at ``path``."""
+    return _save(compare_figure(view), path)

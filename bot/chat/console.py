@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bot.chat import cards
-from bot.chat.grammar import ApproveCmd, CloneCmd, LaunchCmd, ParseError, parse
+from bot.chat.grammar import ApproveCmd, CloneCmd, LaunchCmd, ParseError, SweepCmd, parse
 from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.notifier import MILESTONES, K, milestone_text, summary_reply, volume_from_event
 from bot.chat.replies import Buttons, Reply, error_reply
@@ -50,6 +50,8 @@ class ConsoleNotifier:
         self._last_progress: dict[str, float] = {}
         self._lock = threading.Lock()
         self.seen: list[EngineEvent] = []
+        self._sweep_of: dict[str, str | None] = {}  # job id -> its sweep (a sweep's runs print as its lines)
+        self.chart_dir: Any = None  # where a finished sweep's comparison chart is drawn
 
     def attach(self, bus: Any) -> ConsoleNotifier:
         bus.subscribe(self.on_event)
@@ -68,9 +70,48 @@ class ConsoleNotifier:
         except Exception:  # noqa: BLE001 - printing never fails the engine
             return None
 
+    def _in_sweep(self, event: EngineEvent) -> str | None:
+        """The sweep the event's job is a run of (looked up once per job)."""
+        job_id = event.job_id
+        if not job_id:
+            return None
+        if job_id not in self._sweep_of:
+            job = self._job(event)
+            self._sweep_of[job_id] = getattr(job, "sweep_id", None)
+        return self._sweep_of[job_id]
+
+    def _sweep_event(self, event: EngineEvent) -> None:
+        """A sweep's own lines: created, each stage's decision, the end with its runs compared."""
+        sweep_id = str(event.data.get("sweep_id") or "")
+        tag = f"[dim]\\[{sweep_id}][/dim] "
+        self.console.print(tag + markup(f":bar_chart: {event.message}"), highlight=False)
+        if event.kind != K.sweep_done:
+            return
+        try:
+            view = self.engine.get_sweep(sweep_id)
+            ids = [r.job.job_id for r in view.runs if r.job is not None]
+            compare = self.engine.compare(ids, user=view.owner) if len(ids) > 1 else None
+            chart = None
+            if compare is not None:
+                import tempfile
+                from pathlib import Path
+
+                from bot.chat.charts import compare_chart
+
+                folder = Path(self.chart_dir or tempfile.mkdtemp(prefix="tunebot-sweep-"))
+                chart = compare_chart(compare, folder / f"{sweep_id}-compare.png")
+            render(cards.sweep_done_reply(view, compare, chart=chart), self.console)
+        except Exception:  # noqa: BLE001 - printing never fails the engine
+            log.exception("could not print the end of sweep %s", sweep_id)
+
     def _print(self, event: EngineEvent) -> None:
         kind = event.kind
         tag = f"[dim]\\[{event.job_id}][/dim] " if event.job_id else ""
+        if kind in (K.sweep_created, K.sweep_stage, K.sweep_done):
+            self._sweep_event(event)
+            return
+        if self._in_sweep(event) and kind not in (K.finished, K.failed, K.preempted, K.warning):
+            return  # a sweep's run: its stage lines say what matters, not every step of every run
         if kind == K.progress:
             now = self.clock()
             if now - self._last_progress.get(event.job_id or "", -1e9) < self.progress_every_s:
@@ -86,7 +127,13 @@ class ConsoleNotifier:
             )
             self.console.print(f"{tag}step {d.get('step', '?')}{total}{loss}{eta}", highlight=False)
         elif kind in MILESTONES:
-            self.console.print(tag + markup(milestone_text(event, self._job(event))), highlight=False)
+            job = self._job(event)
+            self.console.print(tag + markup(milestone_text(event, job)), highlight=False)
+            samples = (
+                cards.samples_reply(job) if job is not None and kind in (K.finished, K.plateau) else None
+            )
+            if samples is not None:  # the side-by-side answers under the finish
+                render(samples, self.console)
         elif kind == K.job_created:
             self.console.print(tag + markup(event.message or "job created"), style="dim", highlight=False)
         elif kind == K.approval_needed:
@@ -165,7 +212,7 @@ class ConsoleSession:
         else:
             reply = self.chat.handle(command, self.actor)
         self.say(reply)
-        if isinstance(command, LaunchCmd | CloneCmd) and reply.buttons:
+        if isinstance(command, LaunchCmd | CloneCmd | SweepCmd) and reply.buttons:
             return self._confirm(reply, stream)
         return reply
 

@@ -26,6 +26,8 @@ COMMAND_USAGE: dict[str, str] = {
     "stop": "stop JOB",
     "resume": "resume JOB [max_cost=$X]",
     "clone": "clone JOB [key=value ...]",
+    "compare": "compare JOB JOB [JOB ...] | compare SWEEP",
+    "sweep": "sweep MODEL key=v1,v2 [key=v1,v2 ...] [key=value ...] max_cost=$X",
     "approve": "approve JOB",
     "spend": "spend [today|week|month] [@user]",
     "volumes": "volumes",
@@ -120,6 +122,23 @@ class CloneCmd(Command):
 
 
 @dataclass(frozen=True)
+class CompareCmd(Command):
+    """Runs side by side (or a sweep's runs): settings that differ, eval before/after, cost, time."""
+
+    name: ClassVar[str] = "compare"
+    job_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepCmd(Command):
+    """The best run for a budget: configurations (the product of the values) by successive halving."""
+
+    name: ClassVar[str] = "sweep"
+    request: EstimateRequest  # the shared options (max_cost: the whole sweep's)
+    grid: dict[str, list[Any]] = field(default_factory=dict)  # request field -> values tried
+
+
+@dataclass(frozen=True)
 class ApproveCmd(Command):
     name: ClassVar[str] = "approve"
     job_id: str
@@ -174,7 +193,7 @@ class HelpCmd(Command):
 
 def usage_for(name: str) -> str:
     line = "/tune " + COMMAND_USAGE[name]
-    return line + ("\n" + KEYS_HELP if name in ("estimate", "launch", "clone") else "")
+    return line + ("\n" + KEYS_HELP if name in ("estimate", "launch", "clone", "sweep") else "")
 
 
 def _split(text: str) -> list[str]:
@@ -241,6 +260,84 @@ def _clone(args: list[str]) -> CloneCmd:
         raise ParseError("`clone` needs a JOB id first (see `jobs`)", usage_for("clone"))
     job_id = _job_arg("clone", args[:1], required=True) or ""
     return CloneCmd(job_id=job_id, changes=_key_values("clone", args[1:]))
+
+
+def _compare(args: list[str]) -> CompareCmd:
+    ids = []
+    for word in args:
+        if not is_job_id(word):
+            raise ParseError(f"{shown(word)} is not a job id", usage_for("compare"))
+        ids.append(word)
+    ids = list(dict.fromkeys(ids))
+    sweep = len(ids) == 1 and ids[0].startswith("sw-")
+    if len(ids) < 2 and not sweep:
+        raise ParseError("`compare` needs two jobs or more (or one sweep)", usage_for("compare"))
+    if len(ids) > 12:
+        raise ParseError("`compare` takes at most 12 jobs", usage_for("compare"))
+    return CompareCmd(job_ids=tuple(ids))
+
+
+def _sweep(args: list[str]) -> SweepCmd:
+    """`sweep MODEL lr=1e-4,2e-4 r=8,16 ... max_cost=$20`: swept options take comma-separated values."""
+    if not args or "=" in args[0]:
+        raise ParseError("`sweep` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for("sweep"))
+    model, rest = args[0], args[1:]
+    if len(model) > 300:
+        raise ParseError("the model name is too long", usage_for("sweep"))
+    try:
+        pairs = options.key_values(rest)
+    except ValueError as exc:
+        raise ParseError(str(exc), usage_for("sweep")) from None
+    grid: dict[str, list[Any]] = {}
+    single: list[tuple[str, str]] = []
+    for key, raw in pairs:
+        option = options.option_named(key)
+        if option is None or option.field not in options.SWEEPABLE or "," not in raw:
+            single.append((key, raw))
+            continue
+        if option.field in grid:
+            raise ParseError(f"{option.key}: is given twice", usage_for("sweep"))
+        values: list[Any] = []
+        for text in (t for t in raw.split(",") if t.strip()):
+            try:
+                value = option.parse(text)
+            except ValueError as exc:
+                raise ParseError(f"{option.key}: {exc}", usage_for("sweep")) from None
+            if value not in values:
+                values.append(value)
+        if len(values) < 2:
+            single.append((key, raw.strip(",")))
+            continue
+        grid[option.field] = values
+    shared = _key_values("sweep", [f"{k}={v}" for k, v in single])
+    both = set(shared) & set(grid)
+    if both:
+        raise ParseError(f"{options.BY_FIELD[both.pop()].key}: is given twice", usage_for("sweep"))
+    if not grid:
+        keys = ", ".join(options.BY_FIELD[f].key for f in options.SWEEPABLE)
+        raise ParseError(
+            f"a sweep needs an option with several values, e.g. lr=1e-4,2e-4 (it may vary {keys})",
+            usage_for("sweep"),
+        )
+    runs = 1
+    for values in grid.values():
+        runs *= len(values)
+    if runs > options.MAX_SWEEP_RUNS:
+        raise ParseError(
+            f"{runs} configurations: a sweep runs at most {options.MAX_SWEEP_RUNS} (they train at once): "
+            "give fewer values",
+            usage_for("sweep"),
+        )
+    if "max_cost" not in shared:
+        raise ParseError("a sweep needs max_cost=$X: the most the whole sweep may spend", usage_for("sweep"))
+    try:
+        request = EstimateRequest(model=model, **shared)
+        for name, values in grid.items():  # every value is one a request takes
+            for value in values:
+                EstimateRequest(model=model, **{**shared, name: value})
+    except ValidationError as exc:
+        raise _friendly_validation("sweep", exc) from None
+    return SweepCmd(request=request, grid=grid)
 
 
 def _user_ref(text: str) -> str | None:
@@ -347,6 +444,10 @@ def parse(text: str) -> Command:
         return _resume(args)
     if name == "clone":
         return _clone(args)
+    if name == "compare":
+        return _compare(args)
+    if name == "sweep":
+        return _sweep(args)
     if name == "spend":
         return _spend(args)
     if name == "volumes":

@@ -18,6 +18,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bot.chat import cards
@@ -31,6 +32,7 @@ from bot.chat.grammar import (
     CalibrateCmd,
     CloneCmd,
     Command,
+    CompareCmd,
     EstimateCmd,
     GpusCmd,
     HelpCmd,
@@ -42,6 +44,7 @@ from bot.chat.grammar import (
     SpendCmd,
     StatusCmd,
     StopCmd,
+    SweepCmd,
     VolumesCmd,
     parse,
     usage_for,
@@ -114,16 +117,38 @@ class StoredEstimate:
         return Estimate.model_validate_json(zlib.decompress(self.packed))
 
 
+@dataclass
+class StoredSweep:
+    """A sweep a person saw priced, as its Launch button needs it (the engine's SweepEstimate, whose runs'
+    estimates ride along in private attributes)."""
+
+    estimate: Any  # bot.engine.api.SweepEstimate
+    user: str
+    channel: str | None
+    created: float = field(default_factory=time.time)
+    job_id: str | None = None  # the sweep's id once launched
+    cancelled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def request(self) -> EstimateRequest:
+        return self.estimate.request  # type: ignore[no-any-return]
+
+
+def is_sweep(ref: str) -> bool:
+    return ref.startswith("sw-")
+
+
 class EstimateStore:
     """Recent estimates by a short id, so buttons carry an id instead of the whole request."""
 
     def __init__(self, *, max_items: int = 2000, ttl_s: float = 86400.0) -> None:
-        self._items: OrderedDict[str, StoredEstimate] = OrderedDict()
+        self._items: OrderedDict[str, StoredEstimate | StoredSweep] = OrderedDict()
         self._lock = threading.Lock()
         self.max_items = max_items
         self.ttl_s = ttl_s
 
-    def put(self, stored: StoredEstimate) -> str:
+    def put(self, stored: StoredEstimate | StoredSweep) -> str:
         key = "e" + uuid.uuid4().hex[:12]
         with self._lock:
             self._items[key] = stored
@@ -131,7 +156,7 @@ class EstimateStore:
                 self._items.popitem(last=False)
         return key
 
-    def get(self, key: str) -> StoredEstimate | None:
+    def get(self, key: str) -> StoredEstimate | StoredSweep | None:
         with self._lock:
             item = self._items.get(key)
         if item is None or time.time() - item.created > self.ttl_s:
@@ -168,8 +193,10 @@ class ChatHandlers:
         files: Any = None,
         names: Names | None = None,
         slow: SlowWork | None = None,
+        chart_dir: Path | None = None,
     ) -> None:
         self.engine = engine
+        self._charts = chart_dir  # where `compare` draws its charts (None: a temporary folder)
         # Display names for where a mention does not render (bot/chat/people.py in Slack; ids elsewhere).
         self.names: Names = names or no_names
         # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
@@ -243,7 +270,7 @@ class ChatHandlers:
     def is_slow(command: Command) -> bool:
         """Commands that read datasets, the Hub or every cloud: they run on ``self.slow`` (a clone estimates
         its job's dataset again)."""
-        return isinstance(command, EstimateCmd | LaunchCmd | GpusCmd | CloneCmd)
+        return isinstance(command, EstimateCmd | LaunchCmd | GpusCmd | CloneCmd | SweepCmd | CompareCmd)
 
     @staticmethod
     def quick_ack(command: Command) -> str | None:
@@ -253,6 +280,12 @@ class ChatHandlers:
             return f":hourglass: Estimating {esc(r.model[:200])} {r.method}…"
         if isinstance(command, CloneCmd):
             return f":hourglass: Estimating a clone of job {esc(command.job_id)}…"
+        if isinstance(command, SweepCmd):
+            runs = 1
+            for values in command.grid.values():
+                runs *= len(values)
+            model = esc(command.request.model[:200])
+            return f":hourglass: Estimating a sweep of {runs} configurations of {model}…"
         if isinstance(command, HelpCmd):
             return None
         return ":hourglass: Working on it…"
@@ -301,15 +334,35 @@ class ChatHandlers:
             if not decision:
                 raise PermissionDenied(decision.reason)
             return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
+        if isinstance(command, StatusCmd) and command.job_id and is_sweep(command.job_id):
+            return cards.sweep_card(self.engine.get_sweep(command.job_id, viewer=actor.user))
         if isinstance(command, StatusCmd):
             if command.job_id:  # the engine refuses another member's job (the policy's can_read)
-                return cards.job_card(self.engine.get_job(command.job_id, viewer=actor.user))
+                return cards.job_card(
+                    self.engine.get_job(command.job_id, viewer=actor.user), with_samples=True
+                )
             jobs = self.engine.list_jobs(user=actor.user, active_only=True, viewer=actor.user)
             return cards.jobs_reply(jobs, title="Your active jobs")
         if isinstance(command, JobsCmd):
             return self._jobs(command.scope, actor)
+        if isinstance(command, StopCmd) and is_sweep(command.job_id):
+            view = self.engine.stop_sweep(command.job_id, user=actor.user)
+            return text_reply(
+                f":octagonal_sign: Sweep *{esc(view.sweep_id)}* is {esc(view.state)}: its runs stop after a "
+                f"checkpoint; spent {cards.money(view.spend)} of {cards.money(view.max_cost)}."
+            )
         if isinstance(command, StopCmd):
             return self._stop(command.job_id, actor)
+        if isinstance(command, CompareCmd):
+            return self._compare(list(command.job_ids), actor)
+        if isinstance(command, SweepCmd):
+            decision = self.permissions.can_launch(actor.user, _where(actor))
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            request = self._checked_sources(command.request, actor)
+            estimate = self.engine.estimate_sweep(request, command.grid)
+            estimate_id = self.store.put(StoredSweep(estimate, actor.user, actor.channel))
+            return cards.sweep_estimate_reply(estimate, estimate_id=estimate_id)
         if isinstance(command, ResumeCmd):
             return self._resume(command.job_id, command.max_cost, actor)
         if isinstance(command, CloneCmd):
@@ -391,7 +444,7 @@ class ChatHandlers:
 
         policy = None if actor.operator else self.sources
         updates: dict[str, str] = {}
-        for role in ("model", "dataset"):
+        for role in ("model", "dataset", "prompts"):
             value = getattr(request, role)
             if value is None:
                 continue
@@ -431,11 +484,15 @@ class ChatHandlers:
         return cards.estimate_reply(estimate, estimate_id=estimate_id, launching=launching)
 
     def _launch(self, estimate_id: str, choice: str, actor: Actor) -> Reply:
+        if choice == "sweep":
+            return self._launch_sweep(estimate_id, actor)
         if choice not in CHOICES:
             raise EngineError(f"unknown launch choice {choice[:40]!r}")
         stored = self.store.get(estimate_id)
         if stored is None:
             return error_reply("This estimate has expired; run the estimate again.")
+        if not isinstance(stored, StoredEstimate):
+            return error_reply("This is a sweep's estimate: its button launches it.")
         channel = _where(actor, stored.channel)
         decision = self.permissions.can_launch(actor.user, channel)
         if not decision:
@@ -462,6 +519,62 @@ class ChatHandlers:
             )
             stored.job_id = job.job_id
         return self._launched(job, choice)
+
+    def _launch_sweep(self, estimate_id: str, actor: Actor) -> Reply:
+        stored = self.store.get(estimate_id)
+        if not isinstance(stored, StoredSweep):
+            return error_reply("This sweep estimate has expired; run the sweep command again.")
+        channel = _where(actor, stored.channel)
+        decision = self.permissions.can_launch(actor.user, channel)
+        if not decision:
+            raise PermissionDenied(decision.reason)
+        with stored.lock:  # a double click waits here, then sees the sweep of the first click
+            if stored.cancelled:
+                return text_reply("This sweep was cancelled; run it again to launch.")
+            if stored.job_id:
+                view = self.engine.get_sweep(stored.job_id)
+                return text_reply(f"Already launched as sweep *{esc(view.sweep_id)}* ({esc(view.state)}).")
+            view = self.engine.create_sweep(
+                stored.estimate,
+                user=actor.user,
+                channel=channel,
+                team=actor.team,
+                idempotency_key=f"sweep:{estimate_id}",
+                **{k: v for k, v in self.job_options.items() if k == "spec_overrides"},
+            )
+            stored.job_id = view.sweep_id
+        if view.state == "pending_approval":
+            return text_reply(
+                f":hourglass: Sweep *{esc(view.sweep_id)}* may spend up to {cards.money(view.max_cost)}, "
+                f"above the {cards.money(self.permissions.approval_above)} approval amount: an admin has "
+                f"been asked to approve it (`approve {esc(view.sweep_id)}`).",
+                kind="warning",
+            )
+        runs = len(view.runs)
+        return text_reply(
+            f":rocket: Sweep *{esc(view.sweep_id)}* launched: {runs} runs, at most "
+            f"{cards.money(view.max_cost)} in total. Each run is a line in its thread; `status "
+            f"{esc(view.sweep_id)}` shows them.",
+            kind="success",
+        )
+
+    def _compare(self, ids: list[str], actor: Actor) -> Reply:
+        """Runs side by side with their eval curves on one chart (a sweep's runs for a sweep id)."""
+        from bot.chat.charts import compare_chart
+
+        if len(ids) == 1 and is_sweep(ids[0]):
+            sweep = self.engine.get_sweep(ids[0])
+            ids = [r.job.job_id for r in sweep.runs if r.job is not None]
+        view = self.engine.compare(ids, user=actor.user)
+        chart = compare_chart(view, self._chart_dir() / f"compare-{'-'.join(ids)[:100]}.png")
+        return cards.compare_reply(view, chart=chart)
+
+    def _chart_dir(self) -> Path:
+        import tempfile
+
+        if self._charts is None:
+            self._charts = Path(tempfile.mkdtemp(prefix="tunebot-compare-"))
+        return self._charts
 
     def _estimate_kwarg(self, stored: StoredEstimate) -> dict[str, Any]:
         """Launch from the estimate the person saw, where the engine accepts it (EngineAPI does not say)."""
@@ -504,6 +617,14 @@ class ChatHandlers:
         return text_reply("Cancelled; nothing was launched.")
 
     def _approve(self, job_id: str, actor: Actor) -> Reply:
+        if is_sweep(job_id):
+            view = self.engine.approve_sweep(job_id, approver=actor.user)
+            return text_reply(
+                f":white_check_mark: {mention(actor.user)} approved sweep *{esc(view.sweep_id)}*; it is "
+                f"{esc(view.state)}." + (f" {esc(view.message)}" if view.message else ""),
+                public=True,
+                kind="success",
+            )
         job = self.engine.get_job(job_id)
         at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
         decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)
@@ -520,6 +641,18 @@ class ChatHandlers:
         )
 
     def _reject(self, job_id: str, actor: Actor) -> Reply:
+        if is_sweep(job_id):
+            sweep = self.engine.get_sweep(job_id)
+            decision = self.permissions.can_approve(actor.user, sweep.owner, amount=sweep.max_cost)
+            if not decision:
+                raise PermissionDenied(decision.reason)
+            if sweep.state != "pending_approval":
+                return text_reply(f"Sweep *{esc(sweep.sweep_id)}* is {esc(sweep.state)}; nothing to reject.")
+            sweep = self.engine.stop_sweep(job_id, user=actor.user)
+            return text_reply(
+                f"{mention(actor.user)} rejected sweep *{esc(sweep.sweep_id)}*; it is {esc(sweep.state)}.",
+                public=True,
+            )
         job = self.engine.get_job(job_id)
         at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
         decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)

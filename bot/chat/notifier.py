@@ -52,6 +52,11 @@ FINAL = {K.plateau, K.finished, K.failed, K.stopped}
 HOME_CHANGES = {K.job_created, K.approval_needed, K.job_started, K.preempted, K.recovered} | FINAL
 CHART_AT = {K.checkpoint, K.preempted, K.recovered} | FINAL
 NOT_POSTABLE = ("not_in_channel", "channel_not_found", "is_archived")
+SWEEP_QUIET = {
+    K.job_created,
+    K.progress,
+    K.approval_needed,
+}  # a sweep's runs: no thread, no card of their own
 
 
 def milestone_text(event: EngineEvent, job: JobView | None) -> str:
@@ -83,15 +88,18 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         return f":hourglass: {msg}"
     if event.kind == K.recovered:
         return ":white_check_mark: Recovered: " + (msg or f"resumed from step {step}.")
+    bought = cards.result_line(job, spend) if job is not None else None
+    bought_s = f" {bought[0].upper()}{bought[1:]}." if bought else ""
     if event.kind == K.plateau:
         return (
             f":chart_with_downwards_trend: Loss plateaued at {loss_s} (step {step}); stopped early. "
-            f"Cost *{cards.money(spend)}*.{note}"
+            f"Cost *{cards.money(spend)}*.{bought_s}{note}"
         )
     if event.kind == K.finished:
         out = d.get("output_uri") or (job.output_uri if job else None)
         return (
             f":white_check_mark: Finished at step {step}, final loss {loss_s}, cost *{cards.money(spend)}*."
+            + bought_s
             + (f" Adapter: `{esc(out)}`" if out else "")
             + note
         )
@@ -260,6 +268,14 @@ class SlackNotifier:
         kind = event.kind
         if self.home is not None and kind in HOME_CHANGES:
             self.home.changed(event.user)
+        if kind in (K.sweep_created, K.sweep_stage, K.sweep_done):
+            self._sweep(event)
+            return
+        sweep = self._sweep_run(event.job_id) if event.job_id and kind in MILESTONES | SWEEP_QUIET else None
+        if sweep:  # a sweep's run is a line of the sweep's card, not a thread of its own
+            if kind in MILESTONES:
+                self._refresh_sweep(sweep)
+            return
         if kind == K.job_created:
             self._ensure_thread(event)
         elif kind == K.approval_needed:
@@ -356,6 +372,9 @@ class SlackNotifier:
             return
         text = milestone_text(event, job)
         self._post(job.channel, Reply(parts=[Text(text)], fallback=text), thread_ts=job.thread_ts)
+        samples = cards.samples_reply(job) if event.kind in (K.finished, K.plateau) else None
+        if samples is not None:  # the side-by-side answers under the finish (a table block)
+            self._post(job.channel, samples, thread_ts=job.thread_ts)
         self._update_card(job)
         if event.kind in CHART_AT:
             self._chart(job, final=event.kind in FINAL)
@@ -383,6 +402,64 @@ class SlackNotifier:
                 f"{series.train[0][0]} to {series.train[-1][0]}, learning rate on the right axis{marks}"
             ),
         )
+
+    def _sweep_run(self, job_id: str) -> str | None:
+        """The sweep the job is a run of (None: a job of its own); its card is refreshed at its milestones."""
+        cache: dict[str, str | None] = self.__dict__.setdefault("_sweep_of", {})
+        if job_id not in cache:
+            try:
+                cache[job_id] = getattr(self.engine.get_job(job_id), "sweep_id", None)
+            except Exception:  # noqa: BLE001 - an unknown job: its own events say so where they go
+                return None
+        return cache[job_id]
+
+    def _sweep(self, event: EngineEvent) -> None:
+        """A sweep's thread: its card as the root (one line per run, edited in place), each stage's decision
+        and the end (the runs compared, the chart, the winner) as replies."""
+        sweep_id = str(event.data.get("sweep_id") or "")
+        view = self.engine.get_sweep(sweep_id)
+        if not view.thread_ts:
+            if not view.channel:
+                return  # a console sweep: nowhere to post
+            posted = self._post(view.channel, cards.sweep_card(view))
+            self.engine.set_sweep_thread(
+                sweep_id, channel=posted.get("channel") or view.channel, thread_ts=posted["ts"]
+            )
+            view = self.engine.get_sweep(sweep_id)
+        assert view.channel and view.thread_ts
+        if event.kind == K.sweep_created and event.data.get("approval"):
+            ask = cards.sweep_approval_request(view, approvers=self.admins, threshold=self.approval_above)
+            self._post(view.channel, ask, thread_ts=view.thread_ts)
+            for admin in self.admins:
+                if admin != view.owner:
+                    self._dm(admin, ask)
+        elif event.kind == K.sweep_stage:
+            text = f":bar_chart: {esc(event.message)}"
+            self._post(view.channel, Reply(parts=[Text(text)], fallback=text), thread_ts=view.thread_ts)
+        elif event.kind == K.sweep_done:
+            ids = [r.job.job_id for r in view.runs if r.job is not None]
+            compare = self.engine.compare(ids, user=view.owner) if len(ids) > 1 else None
+            self._post(view.channel, cards.sweep_done_reply(view, compare), thread_ts=view.thread_ts)
+            if compare is not None:
+                from bot.chat.charts import compare_chart
+
+                path = compare_chart(compare, self.chart_dir / f"{sweep_id}-compare.png")
+                self.client.files_upload_v2(
+                    file=str(path),
+                    filename=path.name,
+                    channel=view.channel,
+                    thread_ts=view.thread_ts,
+                    title=f"Sweep {sweep_id}: eval loss of its runs",
+                    alt_txt=f"Eval loss against step of the {len(ids)} runs of sweep {sweep_id}, each result "
+                    "starred with its cost",
+                )
+        self._refresh_sweep(sweep_id)
+
+    def _refresh_sweep(self, sweep_id: str) -> None:
+        view = self.engine.get_sweep(sweep_id)
+        if view.channel and view.thread_ts:
+            message = to_message(cards.sweep_card(view), names=self.names)
+            self.client.chat_update(channel=view.channel, ts=view.thread_ts, **message)
 
     def _weekly(self, event: EngineEvent) -> None:
         """The weekly report to the summary channel, and its spend-per-day chart (people by name) under it."""

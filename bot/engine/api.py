@@ -11,11 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
+from runner.spec import RunResults
 
 
 class EngineError(Exception):
@@ -58,6 +59,81 @@ class JobView(BaseModel):
     updated_at: datetime
     message: str | None = None
     losses: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss) for charts
+    # What the money bought (the runner's results event): eval loss before and after, the result's step and
+    # why, the side-by-side answers. None: not finished, or nothing measured.
+    results: RunResults | None = None
+    sweep_id: str | None = None  # the sweep this job is one configuration of
+
+
+class CompareRun(BaseModel):
+    """One run of a comparison: the job, its differing settings as option values, the billed hours and its
+    eval curve (step 0: the base model)."""
+
+    job: JobView
+    settings: dict[str, str] = Field(default_factory=dict)  # request field -> value (only those that differ)
+    hours: float = 0.0
+    eval: list[tuple[int, float]] = Field(default_factory=list)
+
+
+class CompareView(BaseModel):
+    """`compare JOB JOB...` (engine/compare.py): runs side by side, as bought."""
+
+    runs: list[CompareRun]
+    differing: list[str] = Field(default_factory=list)  # request fields whose values differ
+    same_data: bool = True
+    notes: list[str] = Field(default_factory=list)
+
+
+class SweepEstimate(BaseModel):
+    """A sweep priced before launch (bot/engine/sweeps.py): its configurations, the stages of successive
+    halving, each run's estimate, what the whole is expected to cost and the most it can commit."""
+
+    request: EstimateRequest  # what every run shares (max_cost: the whole sweep's)
+    grid: dict[str, list[Any]]  # request field -> the values tried
+    settings: list[dict[str, str]]  # per configuration: option key -> value as typed
+    survivors: list[int]  # runs per stage: [4, 2, 1]
+    steps: list[list[int]]  # per configuration: the step each stage ends at (the last: the full run)
+    run_costs: list[float]  # per configuration: the estimate of a full run on its offer
+    where: list[str]  # per configuration: "local cpu x1 at $0.10/h"
+    estimated_cost: float  # expected: every run to the first stage, the better half onwards, ...
+    needed_cost: float  # the least max_cost that covers the worst case (the dearest runs promoted)
+    max_cost: float
+    feasible: bool
+    scale: float = 1.0  # max_cost (less its margin) over what the worst case needs: the caps' headroom
+    notes: list[str] = Field(default_factory=list)
+    # What creating it needs and a person never sees: each run's planner estimate, its money model.
+    _estimates: list[Any] = PrivateAttr(default_factory=list)
+    _costs: list[Any] = PrivateAttr(default_factory=list)
+
+
+class SweepRunView(BaseModel):
+    index: int
+    settings: dict[str, str]  # option key -> value
+    job: JobView | None = None
+    status: str = "pending"  # pending | running | lost | failed | won | stopped
+    stage_evals: dict[int, float] = Field(default_factory=dict)  # rung step -> eval loss there
+    cap: float = 0.0  # what this run may spend now (reserved out of max_cost)
+    note: str | None = None  # why it stopped
+
+
+class SweepView(BaseModel):
+    sweep_id: str
+    owner: str
+    state: str  # pending_approval | running | done | stopped | failed | cancelled
+    model: str
+    stage: int = 0
+    survivors: list[int] = Field(default_factory=list)
+    max_cost: float
+    estimated_cost: float | None = None
+    spend: float = 0.0  # every run's spend (the ledger's formula)
+    reserved: float = 0.0  # what the runs may still commit: final spend of the ended + caps of the live
+    runs: list[SweepRunView] = Field(default_factory=list)
+    winner: str | None = None  # job id
+    message: str | None = None
+    channel: str | None = None
+    thread_ts: str | None = None
+    created_at: datetime
+    updated_at: datetime
 
 
 class JobSeries(BaseModel):
@@ -307,6 +383,26 @@ class EngineAPI(Protocol):
     def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView: ...
 
     def series(self, job_id: str, *, viewer: str | None = None) -> JobSeries: ...
+
+    def compare(self, job_ids: list[str], *, user: str) -> CompareView: ...
+
+    def estimate_sweep(self, request: EstimateRequest, grid: dict[str, list[Any]]) -> SweepEstimate: ...
+
+    def create_sweep(
+        self,
+        estimate: SweepEstimate,
+        *,
+        user: str,
+        channel: str | None = None,
+        team: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> SweepView: ...
+
+    def get_sweep(self, sweep_id: str, *, viewer: str | None = None) -> SweepView: ...
+
+    def approve_sweep(self, sweep_id: str, *, approver: str) -> SweepView: ...
+
+    def stop_sweep(self, sweep_id: str, *, user: str) -> SweepView: ...
 
     def dashboard(self, user: str) -> Dashboard: ...
 

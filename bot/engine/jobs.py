@@ -82,11 +82,15 @@ def create(
     team: str | None = None,
     spec_overrides: dict[str, Any] | None = None,
     auto_launch: bool = True,
+    approved_by: str | None = None,
+    sweep_id: str | None = None,
 ) -> JobView:
     """Create a job with the chosen offer's price locked; launches at once unless approval is needed.
 
     Refused before anything is staged when a budget covering the owner or the team is spent, or when the
-    owner already runs as many jobs as one person may (bot/engine/admission.py)."""
+    owner already runs as many jobs as one person may (bot/engine/admission.py). ``approved_by``: the job is
+    one run of something already approved within its cap (a sweep, bot/engine/sweeps.py): not asked again;
+    ``sweep_id``: that sweep."""
     decision = policy.can_launch(user, channel)  # where (TUNEBOT_ALLOWED_CHANNELS) and who (CHANNEL_ALLOW)
     if not decision:
         raise PermissionDenied(decision.reason)
@@ -133,9 +137,11 @@ def create(
     cap = explicit or round(max(chosen.total_cost * DEFAULT_CAP_FACTOR, 0.01), 2)
     stake = approval.at_stake(chosen.total_cost, explicit)
     admin_push = public_push and policy.public_push_needs_approval(user)
-    needs_approval = policy.needs_approval(stake) or admin_push
+    needs_approval = (approved_by is None and policy.needs_approval(stake)) or admin_push
     threshold = policy.approval_above
     auto_accepted = None if needs_approval else approval.accepted(cap, by_person=False, threshold=threshold)
+    if approved_by is not None and not needs_approval:
+        auto_accepted = cap  # accepted with what approved it (a sweep's max_cost covers this cap)
     if not needs_approval:  # fail fast, before staging; decided again under the owner's lock below
         with ctx.session() as s:
             admission.check_running(ctx, s, owner=user)
@@ -164,6 +170,7 @@ def create(
         base_model=prepared.base_model,
         dataset_uri=prepared.dataset_uri,
         dataset_format=prepared.dataset_format,
+        prompts=prepared.prompts,
     )
     stored_plan = deep_merge(fields, spec_overrides or {})  # the one stored plan (store/models.py Job.plan)
     now = ctx.now()
@@ -193,9 +200,10 @@ def create(
         checkpoint_uri=f"{storage_root(ctx, job_id)}/checkpoints",
         created_at=now,
         updated_at=now,
-        approved_by=None if needs_approval else "auto",
+        approved_by=None if needs_approval else (approved_by or "auto"),
         approved_cost=auto_accepted,
         approved_price_per_hour=None if needs_approval else chosen.price_per_hour,
+        sweep_id=sweep_id,
     )
     with ctx.session() as s:
         if not needs_approval:

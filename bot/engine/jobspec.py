@@ -28,9 +28,11 @@ def spec_fields(
     base_model: str | None = None,
     dataset_uri: str | None = None,
     dataset_format: str | None = None,
+    prompts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """JobSpec fields of the training itself. ``base_model`` / ``dataset_uri`` override where the runner
-    reads them (staged copies); the plan's names stay for the model card."""
+    reads them (staged copies); the plan's names stay for the model card. ``prompts``: the lines of the plan's
+    prompts file as read on the bot's side (bot/engine/staging.py), sent inline."""
     dataset: dict[str, Any] = {
         "uri": dataset_uri or plan.dataset or "",
         "name": display_name(plan.dataset) if plan.dataset else None,
@@ -70,6 +72,8 @@ def spec_fields(
         "plateau": {"enabled": plan.plateau, "patience": plan.plateau_patience},
         "seed": plan.seed,
         "merge": plan.merge,
+        "keep": plan.keep,
+        "samples": {"count": plan.samples, "max_new_tokens": plan.sample_tokens, "prompts": prompts},
     }
     if plan.optimizer_impl != "fused":  # the runner's default; a spec without it also suits older runners
         fields["optimizer_impl"] = plan.optimizer_impl

@@ -199,6 +199,8 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
                 url=e.wandb_url,
                 name="W&B run",
             )
+        if e.kind is EventKind.results and e.results is not None:
+            _keep_results(eng, job_id, e)
         if e.kind is EventKind.warning and e.message:
             eng.publish(EngineEventKind.warning, job_id, f"Job {job_id}: {e.message}", job=owner_job)
         if e.kind is EventKind.started and e.wandb_note and not _wandb_noted(eng, job_id, e.seq):
@@ -238,6 +240,19 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
             tokens_per_second=e.tokens_per_second,
             checkpoint_uri=e.checkpoint_uri,
         )
+
+
+def _keep_results(eng: EngineContext, job_id: str, e: RunnerEvent) -> None:
+    """What the run bought (eval before and after, the result's step, the answers) on the job's row: the
+    event was signed, capped in size and validated with runner.spec.RunResults's bounds on the way here."""
+    assert e.results is not None
+    with eng.session() as s:
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.state.not_in(sorted(S.FINAL)))
+            .values(results=e.results.model_dump(mode="json"))
+        )
+        s.commit()
 
 
 def _wandb_noted(eng: EngineContext, job_id: str, seq: int) -> bool:

@@ -33,6 +33,7 @@ from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
     CalibrationView,
+    CompareView,
     DailySummary,
     Dashboard,
     EngineError,
@@ -40,6 +41,8 @@ from bot.engine.api import (
     JobView,
     PriceList,
     SpendReport,
+    SweepEstimate,
+    SweepView,
     VolumeView,
     WeeklyReport,
 )
@@ -261,6 +264,66 @@ class Engine:
             reports.check_read(self.permissions, viewer, jobs.load(self.ctx, job_id).owner)
         return series.job_series(self.ctx, job_id)
 
+    def compare(self, job_ids: list[str], *, user: str) -> CompareView:
+        """Runs side by side: differing settings, eval before/after, cost, time, eval curves (compare.py)."""
+        from bot.engine.compare import compare
+
+        return compare(self.ctx, self.permissions, job_ids, user=user)
+
+    # --- sweeps: the best run for a budget (bot/engine/sweeps.py) ---------------------------------
+    def estimate_sweep(self, request: EstimateRequest, grid: dict[str, list[Any]]) -> SweepEstimate:
+        from bot.engine import sweeps
+
+        return sweeps.estimate_sweep(self.ctx, self.estimate, request, grid)
+
+    def create_sweep(
+        self,
+        estimate: SweepEstimate,
+        *,
+        user: str,
+        channel: str | None = None,
+        team: str | None = None,
+        idempotency_key: str | None = None,
+        spec_overrides: dict[str, Any] | None = None,
+    ) -> SweepView:
+        from bot.engine import sweeps
+
+        if not estimate._estimates:  # priced elsewhere (a copy): priced again here
+            estimate = self.estimate_sweep(estimate.request, estimate.grid)
+        return sweeps.create(
+            self.ctx,
+            self.permissions,
+            estimate,
+            user=user,
+            channel=channel,
+            team=team,
+            idempotency_key=idempotency_key,
+            spec_overrides=spec_overrides,
+        )
+
+    def get_sweep(self, sweep_id: str, *, viewer: str | None = None) -> SweepView:
+        """A sweep; ``viewer``: who asks, refused another member's sweep unless the policy lets them read."""
+        from bot.engine import sweeps
+
+        view = sweeps.view(self.ctx, sweep_id)
+        reports.check_read(self.permissions, viewer, view.owner)
+        return view
+
+    def approve_sweep(self, sweep_id: str, *, approver: str) -> SweepView:
+        from bot.engine import sweeps
+
+        return sweeps.approve(self.ctx, self.permissions, self.estimate, sweep_id, approver=approver)
+
+    def stop_sweep(self, sweep_id: str, *, user: str) -> SweepView:
+        from bot.engine import sweeps
+
+        return sweeps.stop(self.ctx, self.permissions, sweep_id, user=user)
+
+    def set_sweep_thread(self, sweep_id: str, *, channel: str, thread_ts: str) -> None:
+        from bot.engine import sweeps
+
+        sweeps.set_thread(self.ctx, sweep_id, channel=channel, thread_ts=thread_ts)
+
     def list_jobs(
         self, *, user: str | None = None, active_only: bool = False, viewer: str | None = None
     ) -> list[JobView]:
@@ -406,6 +469,9 @@ class Engine:
                 roll_up_recent(self.ctx, scope=scope)
         budgets_mod.check(self.ctx)
         jobs.stop_covered_by_spent_budgets(self.ctx)
+        from bot.engine import sweeps
+
+        sweeps.tick(self.ctx, self.permissions)  # stages decided, losers stopped, winners' caps raised
         return n
 
     def reconcile(self) -> ReconcileReport:

@@ -86,6 +86,7 @@ class PreparedJob:
     dataset_format: str
     offers: list[RankedOffer]
     notes: list[str] = field(default_factory=list)
+    prompts: list[dict[str, Any]] | None = None  # the prompts file's lines, checked (sent in the spec)
 
 
 def storage_env(settings: Settings) -> dict[str, str]:
@@ -158,6 +159,21 @@ def check_dataset(uri: str, fmt: str | None, limits: ReadLimits | None = None) -
     return found.format.value
 
 
+def check_prompts(uri: str, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` lines of a prompts file, read bounded and checked with the runner's rules
+    (runner/prompts.py): they travel inside the spec, so the host never reads the file. EngineError naming
+    the bad line."""
+    from runner.prompts import read_prompt_lines
+    from runner.reading import DatasetError
+
+    try:
+        return read_prompt_lines(uri, limit=max(count, 1))
+    except DatasetError as exc:
+        raise EngineError(f"prompts: {exc}") from None
+    except OSError as exc:
+        raise EngineError(f"prompts: cannot read {uri}: {exc.strerror or type(exc).__name__}") from None
+
+
 def prepare(
     settings: Settings,
     providers: dict[str, Any],
@@ -174,6 +190,7 @@ def prepare(
     chosen_remote = not shares_disk(providers.get(chosen.provider))
     refuse_unsupported(request, plan, settings, remote=chosen_remote)
     fmt = check_dataset(dataset, plan.dataset_format, settings.dataset_limits())
+    prompts = check_prompts(request.prompts, request.samples) if request.prompts else None
     notes: list[str] = []
     offers = list(fitting)
     root = settings.checkpoint_base_uri or ""
@@ -222,7 +239,12 @@ def prepare(
             base_model = private_copy(plan.base_model, root, folder=True)
             notes.append(f"model copied to {base_model} (this job's own copy)")
     return PreparedJob(
-        base_model=base_model, dataset_uri=dataset, dataset_format=fmt, offers=offers, notes=notes
+        base_model=base_model,
+        dataset_uri=dataset,
+        dataset_format=fmt,
+        offers=offers,
+        notes=notes,
+        prompts=prompts,
     )
 
 

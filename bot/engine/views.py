@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bot.engine.api import JobView
+from runner.spec import RunResults
 from store.models import Job
 
 
@@ -45,4 +46,16 @@ def job_view(
         updated_at=ts(job.updated_at),
         message=job.message,
         losses=losses or [],
+        results=_results(job.results),
+        sweep_id=job.sweep_id,
     )
+
+
+def _results(data: object) -> RunResults | None:
+    """The stored results, read back (None when absent or unreadable: they came from a host)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return RunResults.model_validate(data)
+    except ValueError:
+        return None

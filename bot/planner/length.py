@@ -5,7 +5,10 @@ With a dataset and the model's tokenizer (bot/planner/data_plan.py) the steps, t
 exactly the runner's, and a micro-step is priced at the mean width of its rows (packed rows fill up to
 seq_len, unpacked ones pad to the longest of their micro-batch). With ``tokens=`` (or the character
 approximation) every row is assumed full. Eval passes are forward-only over the whole eval split on every
-GPU: the forward share of a training micro-step's FLOPs.
+GPU: the forward share of a training micro-step's FLOPs; the base model's pass before the first step is one
+of them (runner/steps.py). The side-by-side answers (runner/samples.py) are priced as what the runner does:
+for each of two models and each prompt, one forward over the prompt, then one forward of one token per new
+token (greedy, with the KV cache: each of those reads the weights once).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from bot.planner.gpus import GPU
 from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DataPlan
 from bot.planner.speed import SpeedResult, estimate_speed, flops_per_token
+from runner.spec import Defaults
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,13 @@ class Timing:
     eval_seconds: float
     speed: SpeedResult  # of a training micro-step as wide as the runner's rows
     describe: str  # the runner's own "length:" line (or the rule applied to tokens=)
+    samples: int = 0  # prompts both models answer
+    sample_tokens: int = 0  # new tokens each answer may have (greedy, stops at EOS)
+    sample_seconds: float = 0.0
 
     @property
     def hours(self) -> float:
-        return (self.train_seconds + self.eval_seconds) / 3600.0
+        return (self.train_seconds + self.eval_seconds + self.sample_seconds) / 3600.0
 
 
 def forward_share(arch: Architecture, req: EstimateRequest) -> float:
@@ -112,6 +119,25 @@ class RunTime:
             )
             micro = correct(estimate_speed(arch, ereq, device, gpus)).micro_step_seconds
             eval_seconds = evals * length.eval_pass.micro_batches * micro * forward_share(arch, ereq)
+        samples = self.samples(length)
+        sample_seconds = 0.0
+        if samples:
+            prompt = min(Defaults.sample_prompt_tokens, length.eval_pass.width if length is not None else 0)
+            prompt = prompt or Defaults.sample_prompt_tokens // 2
+
+            def forward(width: int) -> float:
+                one = req.model_copy(
+                    update={
+                        "seq_len": width,
+                        "batch_size": 1,
+                        "gradient_checkpointing": False,
+                        "grad_accum": 1,
+                    }
+                )
+                micro = correct(estimate_speed(arch, one, device, gpus)).micro_step_seconds
+                return micro * forward_share(arch, one)
+
+            sample_seconds = 2 * samples * (forward(max(1, prompt)) + req.sample_tokens * forward(1))
         return Timing(
             steps=steps,
             steps_per_epoch=per_epoch,
@@ -123,4 +149,19 @@ class RunTime:
             eval_seconds=eval_seconds,
             speed=speed,
             describe=describe,
+            samples=samples,
+            sample_tokens=req.sample_tokens if samples else 0,
+            sample_seconds=sample_seconds,
         )
+
+    def samples(self, length: Any) -> int:
+        """The prompts both models will answer: the prompts file's, else held-out examples' (none without an
+        eval split), at most ``samples=``."""
+        req = self.req
+        if not req.samples:
+            return 0
+        if req.prompts:
+            return req.samples
+        if length is None or not length.evaluations or self.data is None:
+            return 0
+        return min(req.samples, len(self.data.eval_lengths))

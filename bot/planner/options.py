@@ -301,6 +301,15 @@ OPTIONS: tuple[Option, ...] = (
         aliases=("eval_split", "eval_fraction"),
         group="training",
     ),
+    Option(
+        "keep",
+        "keep",
+        choice("best", "last"),
+        "the result: best (lowest eval loss; the default with an eval split) or last",
+        "last",
+        aliases=("result",),
+        group="training",
+    ),
     Option("seed", "seed", parse_int, "seed of the data order, eval split and init", "7", group="training"),
     Option(
         "precision",
@@ -417,6 +426,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("public", "hub_public", parse_bool, "make the Hub repo public", "yes", flag=True, group="output"),
     Option(
+        "prompts",
+        "prompts",
+        parse_text,
+        "jsonl of prompts both models answer side by side (default: held-out examples)",
+        "prompts.jsonl",
+        aliases=("prompts_file",),
+        group="output",
+    ),
+    Option(
+        "samples",
+        "samples",
+        parse_int,
+        "side-by-side answers: how many prompts (0: none)",
+        "3",
+        aliases=("n_samples",),
+        group="output",
+    ),
+    Option(
         "merge",
         "merge",
         parse_bool,
@@ -427,6 +454,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 BY_NAME: dict[str, Option] = {name: o for o in OPTIONS for name in o.names}
+# What `sweep` may vary (`lr=1e-4,2e-4 r=8,16`): options that train differently on the same data and length.
+SWEEPABLE = (
+    "learning_rate",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "warmup_ratio",
+    "weight_decay",
+    "lr_scheduler",
+    "batch_size",
+    "grad_accum",
+)
+MAX_SWEEP_RUNS = 8  # configurations in one sweep (they run at once)
 BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}
 
 

@@ -433,7 +433,13 @@ def estimate(
         + (f"counted with the {run.token_source}" if run.data else f"tokens: {run.token_source}")
         + "); steps= is the number of optimizer "
         "steps trained (the data repeats as needed), else steps = ceil(epochs x steps per epoch)"
-        + (f"; eval passes add {timing.eval_seconds / 60:.1f} min" if timing.evaluations else ""),
+        + (f"; eval passes add {timing.eval_seconds / 60:.1f} min" if timing.evaluations else "")
+        + (
+            f"; {timing.samples} side-by-side answers (base and tuned, greedy, at most "
+            f"{timing.sample_tokens} tokens) add {timing.sample_seconds / 60:.1f} min"
+            if timing.samples
+            else ""
+        ),
         "interruptible offers: expected cost includes lost work and restarts with a Young/Daly checkpoint "
         "interval; storage is the disk asked for; egress the result download",
         f"disk: {disk.gb:.0f} GB asked on every host ("
@@ -472,6 +478,11 @@ def estimate(
         assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
     sugg = [] if n_fit else (budget_suggestions(offers, job, req, steps) or suggestions(arch, req, offers))
     plan = training_plan(arch, req, sharding=mem.sharding, dataset_format=inputs.dataset_format)
+    if run.data is not None:  # the held-out examples as counted (the automatic split decided by the data)
+        held = len(run.data.eval_lengths)
+        plan = plan.model_copy(
+            update={"eval_examples": held, "plateau_on": "eval loss" if held else "train loss"}
+        )
 
     return Estimate(
         model=ModelInfo(
@@ -517,6 +528,9 @@ def estimate(
             evaluations=timing.evaluations,
             eval_tokens=timing.eval_tokens,
             eval_hours=round(timing.eval_seconds / 3600.0, 6),
+            samples=timing.samples,
+            sample_tokens=timing.sample_tokens,
+            sample_hours=round(timing.sample_seconds / 3600.0, 6),
             length=timing.describe,
         ),
         offers=ranked,

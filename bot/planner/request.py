@@ -52,7 +52,15 @@ class EstimateRequest(BaseModel):
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
     weight_decay: float = Field(Defaults.weight_decay, ge=0, le=10)
-    eval_split: float = Field(Defaults.eval_fraction, ge=0, lt=0.5)
+    # None: the automatic split (runner/data/prepare.eval_size: 5% of 1,000+ examples, at most 200).
+    eval_split: float | None = Field(Defaults.eval_fraction, ge=0, lt=0.5)
+    # The result: "best" (lowest eval loss) or "last"; None: best with an eval split, else last.
+    keep: Literal["best", "last"] | None = None
+    # Side-by-side answers of the base and the tuned model: this many prompts (held-out examples', or the
+    # first lines of ``prompts``, a jsonl file or URI the bot reads), greedy, at most sample_tokens new each.
+    samples: int = Field(Defaults.samples, ge=0, le=Defaults.max_samples)
+    prompts: str | None = Field(None, max_length=1000)
+    sample_tokens: int = Field(Defaults.sample_tokens, ge=1, le=512)
     seed: int = Field(Defaults.seed, ge=0, le=2**32 - 1)
     plateau: bool = Defaults.plateau
     plateau_patience: int = Field(Defaults.plateau_patience, ge=1, le=10_000)

@@ -71,6 +71,10 @@ class TimeEstimate(BaseModel):
     evaluations: int = 0
     eval_tokens: int = 0
     eval_hours: float = 0.0
+    # The side-by-side answers (runner/samples.py): prompts, most new tokens each, their hours (in `hours`).
+    samples: int = 0
+    sample_tokens: int = 0
+    sample_hours: float = 0.0
     length: str | None = None
 
 
@@ -147,7 +151,12 @@ class TrainingPlan(BaseModel):
     packing: bool
     gpus: int
     sharding: str  # "none" | "fsdp": what the memory estimate assumed
-    eval_split: float
+    eval_split: float | None  # None: the automatic split (runner/data/prepare.eval_size)
+    eval_examples: int | None = None  # held out, as counted from the data (None: not counted)
+    keep: str | None = None  # best | last | None (best with an eval split)
+    samples: int = 0  # prompts both models answer (held-out examples', or the prompts file's)
+    prompts: str | None = None  # the prompts file as given
+    sample_tokens: int = 48
     seed: int
     plateau: bool
     plateau_patience: int

@@ -141,7 +141,9 @@ def scheme(value: str) -> str:
     return head.lower() if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", head) else ""
 
 
-def classify(value: str, role: Literal["model", "dataset"], *, is_name: Callable[[str], bool]) -> Kind:
+def classify(
+    value: str, role: Literal["model", "dataset", "prompts"], *, is_name: Callable[[str], bool]
+) -> Kind:
     """What kind of source a value is (without touching the disk)."""
     if slack_file_id(value):
         return "slack_file"
@@ -171,7 +173,7 @@ def _within(path: str, root: str) -> bool:
 
 def check_source(
     value: str,
-    role: Literal["model", "dataset"],
+    role: Literal["model", "dataset", "prompts"],
     policy: SourcePolicy | None,
     *,
     is_name: Callable[[str], bool] = lambda _: False,

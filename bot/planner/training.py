@@ -87,11 +87,14 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
     pairs.append(
         ("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum {plan.grad_accum}{gpus}")
     )
-    split = f", eval split {plan.eval_split:.0%}" if plan.eval_split else ", no eval split"
+    split = _split_text(plan)
     pairs.append(("data", (plan.dataset_format or "none yet") + split))
     plateau = f"on ({plan.plateau_on}, patience {plan.plateau_patience})" if plan.plateau else "off"
     pairs.append(("plateau stop", plateau))
     pairs.append(("seed", str(plan.seed)))
+    result = _result_text(plan)
+    if result:
+        pairs.append(("result", result))
     outputs = []
     if plan.push_to_hub:
         outputs.append(f"push to {plan.push_to_hub} ({'private' if plan.hub_private else 'public'})")
@@ -100,6 +103,30 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
     if outputs:
         pairs.append(("output", ", ".join(outputs)))
     return pairs
+
+
+def _split_text(plan: TrainingPlan) -> str:
+    held = f": {plan.eval_examples:,} examples held out" if plan.eval_examples else ""
+    if plan.eval_split is None:
+        if plan.eval_examples is None:
+            return ", eval split automatic (5% of 1,000+ examples, at most 200)"
+        return f", eval split automatic{held}" if held else ", no eval split (automatic: < 1,000 examples)"
+    return f", eval split {plan.eval_split:.0%}{held}" if plan.eval_split else ", no eval split"
+
+
+def _result_text(plan: TrainingPlan) -> str:
+    """'best eval loss; 3 side-by-side answers (held-out prompts)': what the run measures and keeps."""
+    evaluated = bool(plan.eval_examples) or bool(plan.eval_split)
+    keep = plan.keep or ("best" if evaluated else "last")
+    parts = ["the step with the lowest eval loss" if keep == "best" and evaluated else "the last step"]
+    if evaluated:
+        parts.append("eval loss of the base model before training and of the result after")
+    if plan.samples and (plan.prompts or evaluated):
+        source = f"prompts from {plan.prompts}" if plan.prompts else "held-out prompts"
+        parts.append(
+            f"{plan.samples} side-by-side answers ({source}, greedy, at most {plan.sample_tokens} tokens)"
+        )
+    return "; ".join(parts)
 
 
 def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
@@ -132,10 +159,14 @@ def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
         gpus=req.gpus,
         sharding="fsdp" if req.gpus > 1 else "none",
         eval_split=req.eval_split,
+        keep=req.keep,
+        samples=req.samples,
+        prompts=req.prompts,
+        sample_tokens=req.sample_tokens,
         seed=req.seed,
         plateau=req.plateau,
         plateau_patience=req.plateau_patience,
-        plateau_on="eval loss" if req.eval_split > 0 else "train loss",
+        plateau_on="eval loss" if req.eval_split else "train loss",
         push_to_hub=req.push_to_hub,
         hub_private=not req.hub_public,
         merge=req.merge,

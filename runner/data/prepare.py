@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from runner.data.example import IGNORE_INDEX, Example
 from runner.data.tokenize import encode_record
 from runner.records import DatasetError, Record, read_records
-from runner.spec import JobSpec
+from runner.spec import Defaults, JobSpec
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def prepare_records(
     *,
     seq_len: int,
     overlong: str,
-    eval_fraction: float,
+    eval_fraction: float | None,
     seed: int,
     uri: str | None = None,
 ) -> PreparedData:
@@ -121,14 +121,28 @@ def fit_example(
     return example
 
 
-def split(examples: list[T], eval_fraction: float, *, seed: int) -> tuple[list[T], list[T]]:
+def eval_size(examples: int, eval_fraction: float | None) -> int:
+    """How many of ``examples`` are held out: ``eval_fraction`` of them (at least one, at least one left to
+    train); None is the automatic split (runner.spec.Defaults: 5% of 1,000 examples or more, at most 200)."""
+    if examples < 2:
+        return 0
+    if eval_fraction is None:
+        if examples < Defaults.auto_eval_min_examples:
+            return 0
+        return min(Defaults.auto_eval_max_examples, math.ceil(examples * Defaults.auto_eval_fraction))
+    if eval_fraction <= 0:
+        return 0
+    return min(examples - 1, max(1, math.ceil(examples * eval_fraction)))
+
+
+def split(examples: list[T], eval_fraction: float | None, *, seed: int) -> tuple[list[T], list[T]]:
     """Deterministic train/eval split; at least one example stays in train. It depends only on the number of
     examples and the seed, so the planner splits token lengths exactly as the runner splits examples."""
-    if eval_fraction <= 0 or len(examples) < 2:
+    n_eval = eval_size(len(examples), eval_fraction)
+    if n_eval == 0:
         return list(examples), []
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
-    n_eval = min(len(examples) - 1, max(1, math.ceil(len(examples) * eval_fraction)))
     eval_ids = set(order[:n_eval])
     train = [e for i, e in enumerate(examples) if i not in eval_ids]
     evaluation = [e for i, e in enumerate(examples) if i in eval_ids]

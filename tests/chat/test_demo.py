@@ -58,9 +58,16 @@ def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
         "Delete | Keep",
         "(step 1) ->",  # the chart's data starts at the first step, not at the first report
         "1 preemption(s) marked at step",
+        "Side by side: job",  # both models' answers to the same prompts
+        "2 runs side by side",  # the second run, compared
+        "lowest eval loss:",
     ):
         assert needle in out, needle
     assert "Traceback" not in out
+    import re
+
+    # What the money bought, on the finish line: eval loss before and after, on the same held-out data.
+    assert re.search(r"Eval loss \d+\.\d+ -> \d+\.\d+ \([+-]\d+%\) for \$", out), out[-3000:]
     chart = workdir.glob("loss-*.png")
     png = next(chart)
     assert png.read_bytes().startswith(b"\x89PNG") and str(png) in out.replace("\n", "")

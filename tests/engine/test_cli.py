@@ -54,3 +54,21 @@ def test_jobs_spend_reconcile_volumes_show_engine_state(cli_env):
     assert out.exit_code == 0 and "adopted 0" in out.output
     out = runner.invoke(app, ["volumes"])
     assert out.exit_code == 0 and "no volumes" in out.output.lower()
+
+
+def test_compare_and_sweep_refuse_bad_input_with_exit_2(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`tunebot compare` and `tunebot sweep` speak the chat's grammar: a correction and exit status 2."""
+    from typer.testing import CliRunner
+
+    from bot.cli import app
+
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(tmp_path / "home"))
+    runner = CliRunner()
+    one = runner.invoke(app, ["compare", "j1"])
+    assert one.exit_code == 2 and "`compare` needs two jobs or more" in one.output
+    flat = runner.invoke(app, ["sweep", "llama-3.1-8b", "lr=1e-4", "max_cost=5"])
+    assert flat.exit_code == 2 and "a sweep needs an option with several values" in flat.output
+    capless = runner.invoke(app, ["sweep", "llama-3.1-8b", "lr=1e-4,2e-4"])
+    assert capless.exit_code == 2 and "a sweep needs max_cost=$X" in capless.output
+    unknown = runner.invoke(app, ["compare", "nope1", "nope2", "--user", "alice"])
+    assert unknown.exit_code == 2 and "no job nope1" in unknown.output and "Traceback" not in unknown.output

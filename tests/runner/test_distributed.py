@@ -123,3 +123,30 @@ def test_lora_under_fsdp_finishes_with_an_adapter_peft_loads(
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) == sum(
         t.numel() for t in adapter.values()
     )
+
+
+@pytest.mark.slow
+def test_two_processes_measure_before_and_after_and_answer_side_by_side(
+    runner_job: Callable[..., Any], write_spec: Callable[..., Path], runner_process: Callable[..., Any]
+) -> None:
+    """Under FSDP every rank takes part in the base model's eval and in each generated token; the result is
+    the last step there (keep=best needs one process), and the card says so."""
+    import json
+
+    spec = runner_job(
+        max_steps=4,
+        seq_len=128,
+        grad_accum=1,
+        dataset={"eval_fraction": 0.05},
+        plateau={"enabled": False, "every_steps": 2},
+        samples={"count": 1, "max_new_tokens": 4},
+        checkpoint={"every_minutes": 60},
+    )
+    proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
+    rc, summary = proc.finish()
+    assert rc == 0 and summary["status"] == "finished", proc.stderr[-3000:]
+    evals = [line for line in proc.lines if line.startswith("eval loss ")]
+    assert len(evals) == 3 and "(the base model, before training)" in evals[0]  # steps 0, 2, 4
+    results = json.loads((Path(spec.output_uri) / "training_summary.json").read_text())["results"]
+    assert results["keep"] == "last" and results["result_step"] == 4 and len(results["samples"]) == 1
+    assert "keep=best needs a single process" in results["why"]

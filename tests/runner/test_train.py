@@ -94,7 +94,7 @@ def test_every_step_reaches_the_chart_from_step_1_with_eval_and_learning_rate(
     assert all(loss is not None for e in events for _, loss, _ in e.points or [])
     assert max(rates) > 0 and rates[-1] < max(rates)  # the schedule, as trained (warmup, then cosine)
     evals = [s for e in events for s, _ in e.evals or []]
-    assert evals == [4, 8, 12]
+    assert evals == [0, 4, 8, 12]  # the base model before the first step, then every 4 steps
 
 
 def test_thin_points_keeps_the_newest_and_the_cap() -> None:

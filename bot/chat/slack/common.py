@@ -96,10 +96,11 @@ def after_ack(
     names: Names | None = None,
     slow: SlowWork | None = None,
     user: str = "",
+    after: Callable[[Reply], Awaitable[None]] | None = None,
 ) -> None:
     """Run ``fn(*args)`` in a thread after the ack and send its reply (people by ``names`` where mentions
     do not render); failures get a friendly line. Slow work (``slow``: estimates, launches) runs on that
-    pool for ``user``, never on the shared executor."""
+    pool for ``user``, never on the shared executor. ``after``: what follows the reply (a chart's upload)."""
 
     async def run() -> None:
         try:
@@ -108,6 +109,8 @@ def after_ack(
             reply = await (slow.run(fn, *args, user=user) if slow is not None else in_thread(fn, *args))
             again = replace(reply) if callable(replace) else replace
             await send(respond, reply, replace_original=again, names=names)
+            if after is not None:
+                await after(reply)
         except Exception:  # noqa: BLE001 - the person gets a friendly line, the log the details
             logger.exception("%s failed after the ack", what)
             try:

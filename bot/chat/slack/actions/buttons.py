@@ -77,7 +77,7 @@ def button(
 
 
 BUTTONS: dict[str | re.Pattern[str], Listener] = {
-    re.compile(r"^launch_(cheapest|safest|fastest)$"): button(
+    re.compile(r"^launch_(cheapest|safest|fastest|sweep)$"): button(
         "launch",
         "launch",
         id_prefix="launch_",

@@ -11,7 +11,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.blockkit import to_message
 from bot.chat.grammar import LaunchFormCmd, ParseError, parse
-from bot.chat.replies import error_reply
+from bot.chat.replies import Image, Reply, error_reply
 from bot.chat.slack.common import actor_of, after_ack, chat_of
 from bot.chat.slack.views.launch_form import open_launch_form
 
@@ -52,4 +52,26 @@ async def tune_callback(
         names=chat.names,
         slow=slow,
         user=actor.user,
+        after=_uploader(client, actor.channel, logger),
     )
+
+
+def _uploader(client: AsyncWebClient, channel: str | None, logger: Logger):  # type: ignore[no-untyped-def]
+    """After a reply with local charts (`compare`): each one uploaded where the command was typed (a file
+    cannot be ephemeral; the table above it was)."""
+
+    async def upload(reply: Reply) -> None:
+        for part in reply.parts:
+            if isinstance(part, Image) and part.path is not None and channel:
+                try:
+                    await client.files_upload_v2(
+                        file=str(part.path),
+                        filename=part.path.name,
+                        channel=channel,
+                        title=part.title or part.alt[:200],
+                        alt_txt=part.alt[:1000],
+                    )
+                except Exception:  # noqa: BLE001 - the table was answered; a chart that fails is logged
+                    logger.exception("could not upload %s", part.path.name)
+
+    return upload

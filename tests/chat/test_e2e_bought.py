@@ -1,0 +1,197 @@
+"""What the money bought, end to end: real tiny training on this CPU through the chat commands, the real
+engine and the local provider (the harness of tests/chat/test_e2e_result.py).
+
+- A job with an eval split and samples: the base model measured before training and the result after, on
+  the same held-out data; the thread's finish line says "eval loss A -> B (-N%) for $X" with the ledger's
+  spend; both models' answers are shown side by side (escaped, cut); the model card has them.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.chat.handlers import Actor, ChatHandlers
+from bot.chat.permissions import Permissions
+from bot.chat.replies import Buttons, Image, Reply, Table
+from bot.chat.terminal import cli_console, render
+from bot.engine.events import EngineEvent, EngineEventKind
+from bot.engine.jobstate import FINAL
+
+CADENCE = {"checkpoint": {"every_minutes": 0.02, "keep": 2}, "report": {"every_seconds": 0.3}}
+ALICE = Actor("alice", None, operator=True)
+SHARED = "seq=256 batch=4 accum=1 warmup=5% scheduler=cosine seed=0 plateau=no checkpointing=no"
+TINY = f"{SHARED} r=8 alpha=16"
+
+
+def text(reply: Reply) -> str:
+    buf = io.StringIO()
+    render(reply, cli_console(buf))
+    return " ".join(buf.getvalue().split())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny model and dataset for every test here (made once: the suite stays fast)."""
+    from runner.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("bought-tiny"), seed=0).parent
+
+
+class World:
+    def __init__(self, tmp: Path, tiny: Path) -> None:
+        from bot.engine.service import Engine
+        from bot.providers.local import LocalProvider
+        from bot.settings import Settings
+
+        self.model, self.data = tiny / "model", tiny / "data.jsonl"
+        self.local = LocalProvider(
+            workdir=tmp / "local", price_per_hour=50.0, extra_env={"PYTHONUNBUFFERED": "1"}
+        )
+        settings = Settings(
+            TUNEBOT_DATA_DIR=str(tmp / "data"),
+            TUNEBOT_RECONCILE_EVERY=1.0,
+            TUNEBOT_HEARTBEAT_TIMEOUT=300,
+            TUNEBOT_APPROVAL_ABOVE=50.0,
+        )
+        self.engine = Engine(
+            settings, db_url=f"sqlite:///{tmp / 'db.sqlite'}", providers={"local": self.local}
+        )
+        self.chat = ChatHandlers(
+            self.engine, Permissions(approval_above=50.0), job_options={"spec_overrides": CADENCE}
+        )
+        self.events: list[EngineEvent] = []
+        self.engine.bus.subscribe(self.events.append)
+
+    def say(self, line: str) -> Reply:
+        return self.chat.handle_text(line, ALICE)
+
+    def launch(self, line: str) -> str:
+        reply = self.say(line)
+        buttons = [b for p in reply.parts if isinstance(p, Buttons) for b in p.buttons]
+        assert buttons, text(reply)
+        launched = self.chat.launch(buttons[0].value, "cheapest", ALICE)
+        assert launched.kind == "success", text(launched)
+        return next(j.job_id for j in self.engine.list_jobs(user="alice"))
+
+    def until(self, done, what: str, timeout: float = 480) -> None:  # type: ignore[no-untyped-def]
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.engine.tick()
+            if done():
+                return
+            time.sleep(0.3)
+        logs = "\n".join(p.read_text()[-3000:] for p in sorted(self.local.workdir.rglob("*.log")))
+        raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+    def close(self) -> None:
+        for inst in self.local.list_instances():
+            self.local.terminate(inst.instance_id)
+        self.engine.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path, tiny: Path) -> Iterator[World]:
+    w = World(tmp_path, tiny)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.mark.slow
+def test_before_and_after_on_the_same_data_with_answers_side_by_side(world: World) -> None:
+    from bot.chat.notifier import milestone_text
+
+    job_id = world.launch(
+        f"launch {world.model} dataset={world.data} {TINY} lr=1e-2 steps=20 eval=10% samples=2 max_cost=$20"
+    )
+    world.until(lambda: world.engine.get_job(job_id).state in FINAL, "the finish")
+    job = world.engine.get_job(job_id)
+    assert job.state == "succeeded", job.message
+    r = job.results
+    assert r is not None and r.eval_before is not None and r.eval_after is not None
+    assert r.eval_after < r.eval_before  # the tuned model is better on the held-out split
+    series = world.engine.series(job_id)
+    assert series.eval[0] == (0, pytest.approx(r.eval_before))  # measured at step 0, on the chart too
+    # The finish line: before -> after with the change, for the job's spend (the ledger's).
+    finished = next(e for e in world.events if e.kind is EngineEventKind.finished and e.job_id == job_id)
+    line = milestone_text(finished, job)
+    change = f"{(r.eval_after / r.eval_before - 1) * 100:+.0f}%"
+    assert f"Eval loss {r.eval_before:.2f} -> {r.eval_after:.2f} ({change}) for ${job.spend:,.2f}" in line
+    # Both models answered the same two held-out prompts: shown side by side by `status JOB`.
+    assert len(r.samples) == 2 and all(s.prompt for s in r.samples)
+    card = world.say(f"status {job_id}")
+    tables = [p for p in card.parts if isinstance(p, Table)]
+    assert tables and tables[0].columns == ["prompt", "held-out answer", "base model", "tuned"]
+    assert len(tables[0].rows) == 2 and "Eval loss" in text(card)
+    readme = Path(job.output_uri or "", "README.md").read_text()
+    assert "(base model) ->" in readme and "## Side by side" in readme
+
+
+@pytest.mark.slow
+def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_winner(world: World) -> None:
+    """lr x r = 4 configurations, successive halving 4 -> 2 -> 1: at each stage the worse half is stopped
+    (and its host torn down), the caps reserved never add up to more than max_cost, the whole sweep spends
+    less than max_cost, and it ends with the runs compared and the winner's adapter."""
+    from bot.chat.replies import Table as TableT
+
+    max_cost = 40.0  # the caps scale with it: room for runner start-ups on a loaded 2-core machine
+    reply = world.say(
+        f"sweep {world.model} dataset={world.data} {SHARED} steps=32 eval=10% samples=1 "
+        f"lr=1e-3,2e-2 r=4,8 max_cost=${max_cost:g}"
+    )
+    said = text(reply)
+    assert "Sweep of 4 configurations" in said and "4 -> 2 -> 1 runs (to step 8, 16, 32)" in said, said
+    launch = [b for b in reply.buttons if b.action == "launch_sweep"]
+    assert launch, said
+    launched = world.chat.launch(launch[0].value, "sweep", ALICE)
+    assert launched.kind == "success", text(launched)
+    sweep_id = world.engine.list_jobs(user="alice")[0].sweep_id
+    assert sweep_id
+
+    reserved: list[float] = []
+
+    def ended() -> bool:
+        view = world.engine.get_sweep(sweep_id)
+        reserved.append(
+            sum(r.cap if r.status == "running" else (r.job.spend if r.job else 0) for r in view.runs)
+        )
+        return view.state not in ("running", "pending_approval")
+
+    world.until(ended, "the sweep's end", timeout=900)
+    view = world.engine.get_sweep(sweep_id)
+    assert view.state == "done", (view.message, [(r.status, r.note) for r in view.runs])
+    assert max(reserved) <= max_cost * 0.9 + 1e-6  # the caps as reserved: never more than max_cost
+    statuses = sorted(r.status for r in view.runs)
+    assert statuses == ["lost", "lost", "lost", "won"], statuses
+    stage_events = [e for e in world.events if e.kind is EngineEventKind.sweep_stage]
+    assert [len(e.data["stopped"]) for e in stage_events] == [2, 1]  # the losing half, then the next
+    first_stopped = stage_events[0].data["stopped"]
+    for job_id in first_stopped:  # stopped at the first stage, long before the full length, torn down
+        job = world.engine.get_job(job_id)
+        assert job.state == "stopped" and job.stop_reason == "sweep" and job.step < 32, job
+    assert not [i for i in world.local.list_instances() if i.job_id in first_stopped]
+    # It never spent more than max_cost, and says so with the winner and its adapter.
+    total = sum(r.job.spend for r in view.runs if r.job)
+    assert 0 < total <= max_cost and view.spend == pytest.approx(total, abs=1e-6)
+    winner = world.engine.get_job(view.winner or "")
+    assert winner.state == "succeeded" and winner.step == 32 and winner.output_uri
+    assert Path(winner.output_uri, "adapter_model.safetensors").is_file()
+    done = next(e for e in world.events if e.kind is EngineEventKind.sweep_done)
+    assert f"Winner: job {winner.job_id}" in done.message and winner.output_uri in done.message
+    # The winner had the lowest eval loss at every stage it went through.
+    for e in stage_events:
+        kept = e.data["kept"]
+        assert winner.job_id in kept
+    # The compare view of the sweep's runs: one row each, the chart with every eval curve.
+    compared = world.say(f"compare {sweep_id}")
+    table = next(p for p in compared.parts if isinstance(p, TableT))
+    assert table.columns[:3] == ["job", "r", "lr"] and len(table.rows) == 4, text(compared)
+    assert f"lowest eval loss: {winner.job_id}" in text(compared), text(compared)
+    assert any(isinstance(p, Image) and p.path and p.path.is_file() for p in compared.parts)

@@ -1,0 +1,166 @@
+"""A sweep driven through the real engine and store with the fake cloud, the runner's evals fed as events:
+each stage keeps the better half and stops the rest, the caps reserved never pass max_cost, the winner is the
+best run; approval is a launch's; compare shows only what the caller may read. (SQLite and PostgreSQL.)"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from bot.engine.api import EngineError, PermissionDenied
+from bot.engine.permissions import Permissions
+from runner.spec import EventKind, RunnerEvent, RunResults
+
+from .conftest import estimate_for, request
+
+GRID = {"learning_rate": [1e-4, 2e-4], "lora_r": [8, 16]}
+_seq = itertools.count(1)
+
+
+def _priced(engine: Any, fake: Any, **kw: Any) -> Any:
+    """The sweep estimate, each run priced by the fake cloud's offer (10 steps, 1 h at $1/h)."""
+    from bot.engine import sweeps
+
+    engine.estimate = lambda req: estimate_for(fake, hours=1.0)
+    return sweeps.estimate_sweep(engine.ctx, engine.estimate, request(**kw), GRID)
+
+
+def _eval(engine: Any, job_id: str, step: int, loss: float, kind: EventKind = EventKind.progress) -> None:
+    from bot.engine.runner_events import ingest
+
+    events = [
+        RunnerEvent(job_id=job_id, seq=next(_seq), kind=EventKind.progress, step=step, evals=[(step, loss)])
+    ]
+    if kind is EventKind.finished:  # the runner's results event comes right before its last one
+        results = RunResults(eval_before=3.0, eval_after=loss, result_step=step, last_step=step)
+        events.append(
+            RunnerEvent(job_id=job_id, seq=next(_seq), kind=EventKind.results, step=step, results=results)
+        )
+        events.append(RunnerEvent(job_id=job_id, seq=next(_seq), kind=kind, step=step, max_steps=10))
+    ingest(engine.ctx, job_id, events)
+
+
+def _reserved(view: Any) -> float:
+    return sum(r.cap if r.status == "running" else (r.job.spend if r.job else 0.0) for r in view.runs)
+
+
+def test_each_stage_keeps_the_better_half_within_max_cost(make_engine: Any, fake: Any, clock: Any) -> None:
+    engine = make_engine()
+    est = _priced(engine, fake, max_cost=20.0)
+    assert est.feasible and est.survivors == [4, 2, 1] and est.steps[0] == [2, 4, 10]
+    assert est.estimated_cost < est.needed_cost <= 20.0 and est.request.eval_split == 0.1
+    view = engine.create_sweep(est, user="alice")
+    assert view.state == "running" and [r.status for r in view.runs] == ["running"] * 4
+    assert _reserved(view) <= 20.0 * 0.9 + 1e-9
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    assert all(engine.get_job(j).state == "running" for j in jobs.values())
+    # Stage 1 at step 2: losses 3.0, 1.0, 4.0, 2.0 -> runs 1 and 3 go on, 0 and 2 are stopped.
+    for index, loss in {0: 3.0, 1: 1.0, 2: 4.0, 3: 2.0}.items():
+        clock.advance(60)
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    view = engine.get_sweep(view.sweep_id)
+    assert view.stage == 1 and [r.status for r in view.runs] == ["lost", "running", "lost", "running"]
+    for index in (0, 2):
+        job = engine.get_job(jobs[index])
+        assert job.state == "stopped" and job.stop_reason == "sweep" and not fake.instances.get(job.job_id)
+    assert _reserved(view) <= 20.0 * 0.9 + 1e-9
+    assert engine.get_job(jobs[1]).max_cost == pytest.approx(view.runs[1].cap)  # raised within the reserve
+    # Stage 2 at step 4: run 3 beats run 1 now; run 1 is stopped, run 3 trains to the end and wins.
+    clock.advance(60)
+    _eval(engine, jobs[1], 4, 0.9)
+    _eval(engine, jobs[3], 4, 0.7)
+    engine.tick()
+    view = engine.get_sweep(view.sweep_id)
+    assert view.stage == 2 and [r.status for r in view.runs] == ["lost", "lost", "lost", "running"]
+    clock.advance(60)
+    _eval(engine, jobs[3], 10, 0.5, EventKind.finished)
+    engine.tick()
+    engine.tick()
+    view = engine.get_sweep(view.sweep_id)
+    assert view.state == "done" and view.winner == jobs[3], view.message
+    assert [r.status for r in view.runs] == ["lost", "lost", "lost", "won"]
+    assert view.spend <= 20.0 and f"Winner: job {jobs[3]}" in (view.message or "")
+    assert "eval loss 3.0000 -> 0.5000 (-83%)" in (view.message or "")
+
+
+def test_a_sweep_that_max_cost_cannot_cover_is_refused_before_anything_runs(
+    make_engine: Any, fake: Any
+) -> None:
+    engine = make_engine()
+    est = _priced(engine, fake, max_cost=2.0)
+    assert not est.feasible and "is not enough: the worst case needs" in est.notes[-1]
+    with pytest.raises(EngineError, match="is not enough"):
+        engine.create_sweep(est, user="alice")
+    assert engine.list_jobs() == []
+
+
+def test_above_the_approval_amount_someone_else_approves_the_sweep(make_engine: Any, fake: Any) -> None:
+    engine = make_engine(permissions=Permissions(admins=frozenset({"bob"}), approval_above=50.0))
+    est = _priced(engine, fake, max_cost=80.0)
+    view = engine.create_sweep(est, user="bob")
+    assert view.state == "pending_approval" and engine.list_jobs() == []  # nothing rented yet
+    with pytest.raises(PermissionDenied):
+        engine.approve_sweep(view.sweep_id, approver="bob")  # not one's own
+    other = _priced(engine, fake, max_cost=80.0)
+    mine = engine.create_sweep(other, user="carol")
+    approved = engine.approve_sweep(mine.sweep_id, approver="bob")
+    assert approved.state == "running" and all(r.job and r.job.state == "running" for r in approved.runs)
+    stopped = engine.stop_sweep(view.sweep_id, user="bob")
+    assert stopped.state == "cancelled"
+
+
+def test_a_sweep_larger_than_the_running_limit_is_refused(make_engine: Any, fake: Any) -> None:
+    engine = make_engine(permissions=Permissions(max_running_per_user=3))
+    est = _priced(engine, fake, max_cost=20.0)
+    with pytest.raises(EngineError, match="runs its 4 configurations at once"):
+        engine.create_sweep(est, user="alice")
+
+
+def test_compare_shows_only_jobs_the_caller_may_read(make_engine: Any, fake: Any) -> None:
+    engine = make_engine(permissions=Permissions(admins=frozenset({"admin"})))
+    a = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    b = engine.create_job(request(learning_rate=1e-3), user="alice", estimate=estimate_for(fake))
+    c = engine.create_job(request(), user="mallory", estimate=estimate_for(fake))
+    view = engine.compare([a.job_id, b.job_id], user="alice")
+    assert view.differing == ["learning_rate"] and [r.settings for r in view.runs][1] == {
+        "learning_rate": "0.001"
+    }
+    with pytest.raises(PermissionDenied, match="you can compare the jobs you may read"):
+        engine.compare([a.job_id, c.job_id], user="alice")
+    assert len(engine.compare([a.job_id, c.job_id], user="admin").runs) == 2
+
+
+def test_a_sweep_is_read_by_its_owner_and_admins_only(make_engine: Any, fake: Any) -> None:
+    """`/tune status sw-...` is `status`: another member's sweep (its runs, spend, datasets) is not shown."""
+    engine = make_engine(permissions=Permissions(admins=frozenset({"admin"})))
+    sweep = engine.create_sweep(_priced(engine, fake, max_cost=80.0), user="alice")
+    assert engine.get_sweep(sweep.sweep_id, viewer="alice").owner == "alice"
+    assert engine.get_sweep(sweep.sweep_id, viewer="admin").sweep_id == sweep.sweep_id
+    with pytest.raises(PermissionDenied, match="another member's"):
+        engine.get_sweep(sweep.sweep_id, viewer="mallory")
+
+
+def test_the_approval_buttons_take_a_sweep(make_engine: Any, fake: Any) -> None:
+    """Approve / Reject on a sweep's approval request are the jobs' buttons with the sweep's id."""
+    from bot.chat.blockkit import to_message, violations
+    from bot.chat.cards import sweep_approval_request
+    from bot.chat.handlers import Actor, ChatHandlers
+
+    policy = Permissions(admins=frozenset({"bob"}), approval_above=50.0)
+    engine = make_engine(permissions=policy)
+    chat = ChatHandlers(engine, policy)
+    first = engine.create_sweep(_priced(engine, fake, max_cost=80.0), user="carol")
+    second = engine.create_sweep(_priced(engine, fake, max_cost=80.0), user="carol")
+    ask = sweep_approval_request(first, approvers=["bob"], threshold=50.0)
+    assert [b.value for b in ask.buttons] == [first.sweep_id] * 2 and not violations(to_message(ask))
+    assert "Not allowed" in chat.approve(first.sweep_id, Actor("carol")).text()  # not one's own
+    approved = chat.approve(first.sweep_id, Actor("bob"))
+    assert (
+        f"approved sweep *{first.sweep_id}*" in approved.text()
+        and engine.get_sweep(first.sweep_id).state == "running"
+    )
+    rejected = chat.reject(second.sweep_id, Actor("bob"))
+    assert "rejected sweep" in rejected.text() and engine.get_sweep(second.sweep_id).state == "cancelled"
