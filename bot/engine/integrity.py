@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from runner.integrity import EVENT, canonical, verify
-from runner.spec import RunnerEvent, readable_events
+
+# The size caps are the contract's (runner/spec.py): the runner splits a report so that none is over them.
+from runner.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
@@ -42,8 +44,6 @@ log = logging.getLogger(__name__)
 
 KEY_PURPOSE = b"tunebot job key v1\0"
 MASTER_NAME = "job-keys"
-MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (the runner's are ~0.5 KB)
-MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: ~100 KB)
 MAX_STORED_EVENTS = 20_000  # rows per job: seq 0 .. 19,999 (a week of progress every 30 s)
 MAX_MESSAGE = 2000
 MAX_URI = 1024

@@ -47,6 +47,7 @@ TERMINAL = {
     EventKind.plateau.value,
     EventKind.failed.value,
     EventKind.out_of_memory.value,
+    EventKind.budget.value,
 }
 MEASURED = {EventKind.finished.value, EventKind.plateau.value}  # runs whose metrics teach the planner
 
@@ -414,7 +415,8 @@ def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
     }
     for e in new:
         f["last_step"] = e.step
-        if e.kind in (EventKind.checkpoint, EventKind.preempted) and _in_folder(e.checkpoint_uri, job):
+        saved = (EventKind.checkpoint, EventKind.preempted, EventKind.budget)
+        if e.kind in saved and _in_folder(e.checkpoint_uri, job):
             f["last_checkpoint_uri"], f["last_checkpoint_step"] = e.checkpoint_uri, e.step
         if e.max_steps:
             f["max_steps"] = e.max_steps
