@@ -196,6 +196,8 @@ class SlackNotifier:
         self.approval_above = approval_above
         self.update_every_s = update_every_s
         self.chart_every_s = chart_every_s
+        # Charts are written here before each upload; a folder made here is removed by stop().
+        self._own_chart_dir = chart_dir is None
         self.chart_dir = chart_dir or Path(tempfile.mkdtemp(prefix="tunebot-charts-"))
         self.clock = clock
         self._queue: queue.Queue[EngineEvent | None] = queue.Queue()
@@ -223,6 +225,10 @@ class SlackNotifier:
             self._queue.put(None)
             self._thread.join(timeout)
             self._thread = None
+        if self._own_chart_dir:  # `tunebot serve` left one tunebot-charts-* folder per start in the temp dir
+            import shutil
+
+            shutil.rmtree(self.chart_dir, ignore_errors=True)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every queued event has been sent (tests, shutdown)."""

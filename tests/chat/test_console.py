@@ -113,11 +113,24 @@ def test_cli_console_reads_stdin(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-def test_cli_serve_without_slack_explains_and_exits_2(tmp_path: Path) -> None:
-    proc = run_cli(["serve"], tmp_path)
+def test_cli_serve_with_slack_half_configured_explains_and_exits_2(tmp_path: Path) -> None:
+    """Issue 27: without any Slack variable `serve` runs the supervisor alone
+    (tests/engine/test_supervisor_everywhere.py); a bot token without an app token or --http is a mistake
+    to fix, explained, not a mode to guess."""
+    env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "SLACK_BOT_TOKEN": "xoxb-half"}
+    env.pop("SLACK_APP_TOKEN", None)
+    env.pop("SLACK_SIGNING_SECRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from bot.cli import main; main()", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert "Slack is not configured" in proc.stderr and "tunebot console" in proc.stderr
-    assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr
+    assert "Slack is only partly configured (SLACK_BOT_TOKEN set)" in proc.stderr
+    assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr and "--no-slack" in proc.stderr
+    assert "Traceback" not in proc.stderr
     bad = run_cli(["serve", "--port", "0"], tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
