@@ -177,6 +177,9 @@ class Demo:
             Permissions(admins=frozenset({USER}), approval_above=self.engine.settings.approval_above_usd),
             job_options={"spec_overrides": DEMO_SPEC},
         )
+        from bot.chat.cards import PROGRESS_IN_CONSOLE
+
+        chat.progress_note = PROGRESS_IN_CONSOLE
         session = ConsoleSession(chat, self.console, user=USER)
         options = f"dataset={data} {JOB_OPTIONS}"
 

@@ -471,8 +471,16 @@ def job_card(job: JobView, *, with_buttons: bool = True) -> Reply:
     return reply
 
 
-def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
-    """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first."""
+# Where a job's progress shows, said when it is launched or resumed: the door decides (issue 27: the terminal
+# said "its thread" where there is none).
+PROGRESS_IN_THREAD = "Progress goes to its thread."
+PROGRESS_IN_CONSOLE = "Progress prints here while the console is open (`status JOB` shows the job)."
+PROGRESS_ON_CLI = "Follow it with `tunebot jobs {job_id}` (or `--wait`)."
+
+
+def resumed_reply(job: JobView, *, approval_above: float, progress: str = PROGRESS_IN_THREAD) -> Reply:
+    """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first;
+    ``progress``: where its progress shows (PROGRESS_IN_THREAD in Slack, the console's, the CLI's)."""
     job_id = esc(job.job_id)
     if job.state == "pending_approval":
         return Reply(
@@ -496,7 +504,7 @@ def resumed_reply(job: JobView, *, approval_above: float) -> Reply:
         parts=[
             Text(
                 f":arrow_forward: Resuming job *{job_id}* {where}; it is {esc(job.state)}, spend so far "
-                f"{money(job.spend)} of max {money(job.max_cost)}. Progress goes to its thread."
+                f"{money(job.spend)} of max {money(job.max_cost)}. {progress.format(job_id=job_id)}"
             )
         ],
         fallback=f"Resuming job {job_id}",

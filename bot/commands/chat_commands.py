@@ -76,6 +76,9 @@ def _run_console(user: str) -> int:
 
     console = cli_console()  # piped: tables neither wrap at 80 columns nor cut job ids
     settings, engine, chat = _runtime(user)
+    from bot.chat.cards import PROGRESS_IN_CONSOLE
+
+    chat.progress_note = PROGRESS_IN_CONSOLE  # the ConsoleNotifier below prints it
     from bot.storage.credentials import startup_warning
 
     if unscoped := startup_warning(settings):  # runners get the bot's own storage keys

@@ -176,9 +176,10 @@ def resume_command(
     except EngineError as exc:
         engine.close()
         fail(str(exc))
-    from bot.chat.cards import resumed_reply
+    from bot.chat.cards import PROGRESS_ON_CLI, resumed_reply
 
-    _show(resumed_reply(view, approval_above=engine.permissions.approval_above))
+    where = "" if wait else PROGRESS_ON_CLI  # with --wait the lines below are its progress
+    _show(resumed_reply(view, approval_above=engine.permissions.approval_above, progress=where))
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)

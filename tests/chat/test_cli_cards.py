@@ -344,3 +344,14 @@ def test_estimate_card_for_slack_is_unchanged_by_the_detailed_form() -> None:
     short = terminal(cards.estimate_reply(est, estimate_id="e1"))
     assert "Memory breakdown:" in short and "s per optimizer step" not in short
     assert "Offers ranked by expected total cost" in short and "Launch cheapest" in short
+
+
+def test_resume_on_the_command_line_says_how_to_follow_the_job(engine: CliEngine) -> None:
+    """Issue 27: `tunebot resume` printed "Progress goes to its thread": the CLI has no thread."""
+    from bot.chat.permissions import Permissions
+
+    engine.permissions = Permissions()  # type: ignore[attr-defined]
+    engine.jobs["j7"] = full_job(state="stopped", stop_reason="user")
+    out = " ".join(cli("resume", "j7", "--user", "alice").split())
+    assert "Resuming job j7" in out and "its thread" not in out
+    assert "Follow it with tunebot jobs j7 (or --wait)." in out

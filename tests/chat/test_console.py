@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from bot.chat.console import ConsoleNotifier, ConsoleSession
@@ -267,3 +268,33 @@ def test_cli_console_piped_keeps_tables_whole(tmp_path: Path) -> None:
     for job_id in ("3f9a0c1b2d4e", "7b8c9d0e1f2a"):
         row = next((line for line in proc.stdout.splitlines() if job_id in line), "")
         assert "meta-llama/Llama-3.1-8B-Instruct qlora" in row and "stopped (budget)" in row, proc.stdout
+
+
+def test_the_console_says_where_progress_goes_not_a_thread(
+    engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27: the terminal printed "Progress goes to its thread" where there is no thread."""
+    import bot.commands.chat_commands as chat_commands
+    from bot.settings import Settings
+
+    class ConsoleEngine(FakeEngine):
+        def resume_all(self) -> None: ...
+
+        def tick(self) -> None: ...
+
+        def close(self) -> None: ...
+
+        def supervised(self) -> bool:
+            return True
+
+    eng = ConsoleEngine()
+    chat = ChatHandlers(eng, Permissions())
+    monkeypatch.setattr(chat_commands, "_runtime", lambda user: (Settings(), eng, chat))
+    monkeypatch.setattr("sys.stdin", io.StringIO("launch Llama-3.1-8B\nyes\nexit\n"))
+    assert chat_commands._run_console("me") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Launching job j1" in out and "its thread" not in out
+    assert "Progress prints here while the console is open (status JOB shows the job)." in out
+    # Slack's answer still names the thread: there is one.
+    slack = ChatHandlers(FakeEngine(), Permissions())
+    assert slack.progress_note == "Progress goes to its thread."
