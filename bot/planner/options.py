@@ -117,8 +117,8 @@ def parse_interruptible(text: str) -> bool | None:
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """ " did you mean `x`?" for the known word closest to a typo ("" when none is close): every door's
-    message for a mistyped option, value or command says it the same way."""
+    """The hint " did you mean `x`?" for the known word closest to a typo ("" when none is close): every
+    door's message for a mistyped option, value or command says it the same way."""
     import difflib
 
     close = difflib.get_close_matches(word.strip().lower(), list(known), n=1, cutoff=0.75)
