@@ -40,7 +40,9 @@ from bot.providers.base import (
 )
 from bot.providers.common import finish_search
 
-DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-c", "from runner.cli import main; main()")
+# The runner as a module, in its instance's own folder and with -P (no current directory on sys.path): a file
+# in the bot's working directory named like a module (runner.py, torch.py) never shadows the real one.
+DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-P", "-m", "runner.cli")
 # What a runner process inherits from the bot's environment: an allow-list (the system, Python, caches and
 # the ML libraries' offline/thread switches), never the bot's secrets. Everything else it needs comes in
 # LaunchRequest.env, as on a rented host (the spec, storage credentials, HF_TOKEN when the job needs it).
@@ -297,6 +299,7 @@ class LocalProvider:
                 try:
                     proc = subprocess.Popen(
                         ["/bin/sh", "-c", _WRAPPER, "tunebot-local", *command],
+                        cwd=folder,  # not the bot's working directory (see DEFAULT_RUNNER_COMMAND)
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
