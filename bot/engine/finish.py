@@ -33,26 +33,42 @@ def terminate_instance(eng: EngineContext, row: InstanceRow, *, reason: str, act
     """Terminate at the provider and, once confirmed gone, close the row; True when closed."""
     if row.ended_at is not None:
         return True
-    if not _gone_at_provider(eng, row):
+    billed_until = _gone_at_provider(eng, row)
+    if billed_until is None:
         return False
-    close_instance(eng, row, reason=reason, actor=actor)
+    close_instance(eng, row, reason=reason, actor=actor, at=billed_until)
     return True
 
 
-def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> bool:
-    """Terminate at the provider until it confirms the instance is gone (or the deadline passes)."""
+def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> float | None:
+    """Terminate at the provider until it confirms the instance is gone (or the deadline passes): when it
+    stopped billing (``billed_end``), None when not confirmed."""
     from bot.providers.lifecycle import ensure_terminated
 
     provider = eng.providers.get(row.provider)
     if provider is None:
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
-        return False
+        return None
+    sent: list[float] = []
     try:
         deadline = eng.limits.terminate_deadline_s
-        return ensure_terminated(provider, row.provider_instance_id, deadline_s=deadline)
+        if not ensure_terminated(
+            provider, row.provider_instance_id, deadline_s=deadline, sent=sent, wall=eng.now
+        ):
+            return None
     except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
         log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
-        return False
+        return None
+    return billed_end(row, sent[-1] if sent else eng.now(), eng.now())
+
+
+def billed_end(row: InstanceRow, terminate_sent: float, confirmed: float) -> float:
+    """When a terminated instance stopped billing, as the books record it: the provider bills until the
+    terminate call it confirmed (Vast: start to destroy), not until its confirmation reached us (a poll
+    later: seconds more). Bounded by what was observed: never before the instance was last seen running (or
+    launched), never after the confirmation. Pure."""
+    seen_running = row.last_seen_at if row.status == "running" and row.last_seen_at else row.launched_at
+    return min(confirmed, max(terminate_sent, seen_running, row.launched_at))
 
 
 def close_instance(
@@ -148,8 +164,9 @@ def finish(
     # the restarted engine's finish closes the same way).
     gone: list[tuple[InstanceRow, float]] = []
     for row in rows:
-        if _gone_at_provider(eng, row):
-            gone.append((row, eng.now()))
+        billed_until = _gone_at_provider(eng, row)
+        if billed_until is not None:
+            gone.append((row, billed_until))
     all_gone = len(gone) == len(rows)
     crashpoint("finish.after_terminate")
     end_reason = final if final != S.STOPPED else f"stopped:{reason}"
