@@ -47,7 +47,8 @@ def test_the_docs_say_where_dotenv_is_read_and_it_is_read_there(tmp_path: Path) 
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`.env` file in the **current working directory**" in readme
     deploy = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
-    assert "a `.env` file in the working directory" in deploy and "WorkingDirectory=/var/lib/tunebot" in deploy
+    assert "a `.env` file in the working directory" in deploy
+    assert "WorkingDirectory=/var/lib/tunebot" in deploy
     here = tmp_path / "project"
     here.mkdir()
     (here / ".env").write_text(f"TUNEBOT_DATA_DIR={tmp_path / 'from-dotenv'}\n")
