@@ -188,7 +188,10 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo_cmd(
         workdir: Path | None = typer.Option(
-            None, "--dir", help="Folder for the demo's files (default: a temp dir)."
+            None,
+            "--dir",
+            help="Folder for the demo's files (default: a new one in TUNEBOT_DATA_DIR when set, else in "
+            "the temp dir).",
         ),
     ) -> None:
         """Play the whole product on this CPU in about a minute: estimate, launch, preempt, finish, spend."""
