@@ -98,7 +98,10 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
         code = {"preempted": EXIT_PREEMPTED, "budget": EXIT_BUDGET}.get(status, EXIT_OK)
         if status == "preempted" and preemption.why != "SIGTERM":
             code = EXIT_CREDENTIALS  # the bot relaunches it with fresh credentials
-        return trainer.summary(status, started), code
+        summary = trainer.summary(status, started)
+        if status == "budget":  # the summary line says why, as the `budget` event did
+            summary.message = trainer.cap_note
+        return summary, code
     except OutOfMemory as exc:  # runner/oom.py: every level tried; the bot relaunches on a bigger GPU
         message = f"{exc}; needs a GPU with more memory"
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -145,6 +148,7 @@ class Trainer:
         self.session_started = time.time()
         self.session_clock = time.monotonic()  # this run's paid time (CostSpec.paid) counts from here
         self.paid_at_cap: float | None = None  # the spend when the runner last looked at its cap
+        self.cap_note: str | None = None  # why it stopped there (the budget event's and the summary's line)
         self.meter: Any = None  # runner/measure.RunMeter: what the planner's calibration learns from
         # The chart's data since the last event: (step, loss, lr) of every step, (step, eval loss) of evals.
         self.points: list[tuple[int, float, float]] = []
@@ -512,7 +516,8 @@ class Trainer:
         session_start, session_train_seconds = time.monotonic(), state.train_seconds
         status = "finished"
         if group.all_max([float(self._at_cap())])[0]:  # the set-up alone (a long download) spent it all
-            self.emit(EventKind.budget, message=self._cap_message())
+            self.cap_note = self._cap_message()
+            self.emit(EventKind.budget, message=self.cap_note)
             return "budget"
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
@@ -576,7 +581,8 @@ class Trainer:
                 )
                 if capped and not preempted:  # no bot may be alive to stop it: the runner stops itself
                     uri = self.save()
-                    self.emit(EventKind.budget, checkpoint_uri=uri, message=self._cap_message(saved=True))
+                    self.cap_note = self._cap_message(saved=True)
+                    self.emit(EventKind.budget, checkpoint_uri=uri, message=self.cap_note)
                     return "budget"
                 if preempted:
                     uri = self.save()

@@ -49,6 +49,7 @@ def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> float | None:
     if provider is None:
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
         return None
+    exited = _process_exit(provider, row)  # before the terminate: afterwards the record is gone
     sent: list[float] = []
     try:
         deadline = eng.limits.terminate_deadline_s
@@ -59,16 +60,33 @@ def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> float | None:
     except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
         log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
         return None
-    return billed_end(row, sent[-1] if sent else eng.now(), eng.now())
+    return billed_end(row, sent[-1] if sent else eng.now(), eng.now(), exited_at=exited)
 
 
-def billed_end(row: InstanceRow, terminate_sent: float, confirmed: float) -> float:
+def _process_exit(provider: object, row: InstanceRow) -> float | None:
+    """When an instance that is a process on this machine (the local provider) ended, as its provider knows
+    it; None for anything else (a cloud machine bills until it is terminated, whatever its runner did)."""
+    if getattr(getattr(provider, "capabilities", None), "kind", None) != "process":
+        return None
+    try:
+        inst = provider.status(row.provider_instance_id)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - no exit time: billed until the terminate call
+        return None
+    exited = getattr(inst, "exited_at", None)
+    return exited.timestamp() if exited is not None else None
+
+
+def billed_end(
+    row: InstanceRow, terminate_sent: float, confirmed: float, *, exited_at: float | None = None
+) -> float:
     """When a terminated instance stopped billing, as the books record it: the provider bills until the
     terminate call it confirmed (Vast: start to destroy), not until its confirmation reached us (a poll
-    later: seconds more). Bounded by what was observed: never before the instance was last seen running (or
-    launched), never after the confirmation. Pure."""
+    later: seconds more); a process on this machine (``exited_at``, from its provider) until it ended.
+    Bounded by what was observed: never before the instance was last seen running (or launched), never after
+    the confirmation. Pure."""
     seen_running = row.last_seen_at if row.status == "running" and row.last_seen_at else row.launched_at
-    return min(confirmed, max(terminate_sent, seen_running, row.launched_at))
+    end = terminate_sent if exited_at is None else min(exited_at, terminate_sent)
+    return min(confirmed, max(end, seen_running, row.launched_at))
 
 
 def close_instance(

@@ -23,9 +23,10 @@ LEASE_NAME = "scheduler"  # the scheduler leader's lease row (bot/scheduler.py w
 
 UNWATCHED = (
     "No tunebot supervisor is running on this job database (no live scheduler lease): nothing will "
-    "terminate the instance when the job ends, enforce its spend cap or relaunch it after a preemption, so "
-    "it bills until something does. Run `tunebot serve` (the way to run tunebot: docs/deploy.md), or follow "
-    "the job from here with `--wait`; `tunebot jobs JOB` also ends a job its runner reports finished."
+    "terminate the instance when the job ends or relaunch it after a preemption (the runner stops itself "
+    "at the spend cap, but its machine bills until something terminates it). Run `tunebot serve` (the way "
+    "to run tunebot: docs/deploy.md), or follow the job from here with `--wait`; `tunebot jobs JOB` also "
+    "ends a job its runner reports finished."
 )
 
 

@@ -256,6 +256,12 @@ class LocalProvider:
         else:
             exit_code = self._read_exit(iid) if exit_code is None else exit_code
             status, raw = InstanceStatus.exited, f"exited({exit_code})"
+        exited_at = None
+        if status != InstanceStatus.running:
+            try:  # the wrapper writes the exit code as the runner ends
+                exited_at = datetime.fromtimestamp(self.exit_code_path(iid).stat().st_mtime, UTC)
+            except OSError:
+                exited_at = None
         return Instance(
             provider=self.name,
             instance_id=iid,
@@ -269,6 +275,7 @@ class LocalProvider:
             started_at=datetime.fromtimestamp(rec["started_at"], UTC),
             created_at=datetime.fromtimestamp(rec["started_at"], UTC),
             exit_code=exit_code,
+            exited_at=exited_at,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------------

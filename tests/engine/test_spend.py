@@ -226,3 +226,37 @@ def test_the_billed_end_is_bounded_by_what_was_observed() -> None:
     row.status, row.last_seen_at = "running", 152.0  # seen running after the call was sent (another process)
     assert billed_end(row, terminate_sent=150.0, confirmed=155.0) == 152.0
     assert billed_end(row, terminate_sent=160.0, confirmed=155.0) == 155.0  # never after the confirmation
+
+
+@pytest.mark.parametrize(("kind", "billed_s"), [("process", 600.0), ("container", 900.0)])
+def test_a_process_bills_until_it_exited_a_machine_until_it_is_terminated(make_engine, clock, kind, billed_s):
+    """Issue 27: no bot was alive when the runner stopped itself at its cap; the next supervisor charged the
+    whole wait. A process on this machine (the local provider says when it exited) bills nothing after its
+    exit; a rented machine bills until it is terminated, whatever its runner did."""
+    from datetime import UTC, datetime
+
+    from bot.providers.base import Capabilities, InstanceStatus
+
+    p = FakeProvider("p", price=36.0)
+    eng = make_engine(providers={"p": p})
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p, hours=0.5), max_cost=40.0)
+    p.capabilities = Capabilities(interruptible=False, volumes=False, kind=kind)  # what the instance is
+    clock.advance(600)
+    (iid,) = p.instances
+    p.set_status(iid, InstanceStatus.exited, exit_code=78)  # the runner stopped at the cap
+    p.instances[iid].exited_at = datetime.fromtimestamp(clock(), UTC)
+    clock.advance(300)  # nobody supervised for five minutes
+    eng.tick()
+    view = eng.get_job(job.job_id)
+    assert view.state == "stopped" and view.stop_reason == "budget", view
+    assert view.spend == pytest.approx(billed_s * 36.0 / 3600, abs=1e-6)
+
+
+def test_a_process_exit_is_bounded_by_what_was_observed() -> None:
+    from bot.engine.finish import billed_end
+
+    row = Instance(provider="p", provider_instance_id="i", price_per_hour=1.0, launched_at=100.0)
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=700.0) == 700.0
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=2000.0) == 900.0  # not after
+    row.status, row.last_seen_at = "running", 800.0  # seen running after the claimed exit: ran until then
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=700.0) == 800.0
