@@ -4,7 +4,8 @@ A job costs money until its instance is terminated, and the supervisor (the sche
 `tunebot serve`: its tick follows every running job, ends finished ones, enforces caps, relaunches after
 preemptions) is what terminates it. The leader renews a lease row in the store every few seconds (on
 PostgreSQL beside its advisory lock), so any process can tell whether one is alive: `tunebot launch` without
-a live one says so, and how to start one. And a runner's terminal event ends its job in whichever process
+a live one starts one in the background (bot/commands/supervisor.py), or says so and how to start one
+(TUNEBOT_START_SUPERVISOR=0). And a runner's terminal event ends its job in whichever process
 reads it first (a push to /runner/events, `tunebot jobs`, `launch --wait`, the console, the tick): the finish
 terminates the instance and is idempotent with the others.
 """
