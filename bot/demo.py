@@ -183,6 +183,9 @@ class Demo:
             job_options={"spec_overrides": DEMO_SPEC},
             chart_dir=self.workdir,
         )
+        from bot.chat.cards import PROGRESS_IN_CONSOLE
+
+        chat.progress_note = PROGRESS_IN_CONSOLE
         session = ConsoleSession(chat, self.console, user=USER)
         options = f"dataset={data} {JOB_OPTIONS}"
 
@@ -226,6 +229,11 @@ class Demo:
         second = self.compare(session, job_id, second_id)
 
         self.step("9. The daily spend summary and an idle-volume reminder")
+        self.console.print(
+            "A 200 GB volume left from an earlier job (made up: first seen 12 days ago, idle for 5) bills "
+            "storage every day: the summary counts it beside this job's compute.",
+            highlight=False,
+        )
         self.summary_and_reminders()
         session.run(["volumes"])
 
@@ -275,13 +283,26 @@ class Demo:
             self.engine.close()
 
 
+def demo_folder() -> Path:
+    """A new folder for one demo's files: in TUNEBOT_DATA_DIR when it is set (the environment or .env), else
+    in the temp directory. Never the data folder itself: the demo's jobs and its made-up idle volume stay out
+    of the real job database."""
+    from bot.settings import get_settings
+
+    settings = get_settings()
+    if "data_dir" in settings.model_fields_set:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="demo-", dir=settings.data_dir))
+    return Path(tempfile.mkdtemp(prefix="tunebot-demo-"))
+
+
 def run_demo(*, workdir: Path | None = None, console: Console | None = None) -> int:
     """Play the demo; returns the process exit code. Its files (chart, adapter) stay in ``workdir``."""
     if console is None:  # piped: lines are not wrapped, tables not squeezed (what scripts and tests read)
         from bot.chat.terminal import cli_console
 
         console = Console() if sys.stdout.isatty() else cli_console()
-    workdir = Path(tempfile.mkdtemp(prefix="tunebot-demo-")) if workdir is None else Path(workdir)
+    workdir = demo_folder() if workdir is None else Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     demo = Demo(console, workdir)

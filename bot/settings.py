@@ -122,8 +122,15 @@ class Settings(BaseSettings):
     local_provider: bool | None = Field(
         None,
         alias="TUNEBOT_LOCAL_PROVIDER",
-        description="the local CPU provider (the runner on this machine): unset, on for the console, demo "
-        "and CLI and off in `tunebot serve`; 1/0 forces it",
+        description="the local CPU provider (the runner on this machine): unset, on for the console, demo, "
+        "CLI and a `tunebot serve` without Slack, off in a Slack `tunebot serve`; 1/0 forces it",
+    )
+    start_supervisor: bool = Field(
+        True,
+        alias="TUNEBOT_START_SUPERVISOR",
+        description="a CLI command that leaves a job active (launch, approve, resume, clone) while no "
+        "supervisor is alive starts one in the background (`tunebot serve --auto`, log in TUNEBOT_DATA_DIR, "
+        "gone 5 min after the last active job); 0: it only says so",
     )
     local_max_hours: float = Field(
         1.0,

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.spec import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED
+from runner.spec import EXIT_BUDGET, EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED
 
 CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to end by themselves
@@ -112,7 +112,7 @@ def _launch_once(spec_json: str, processes: int, *, sigterm_seen: bool, level: i
     try:
         first_failure: float | None = None
         while any(worker.poll() is None for worker in workers):
-            failed = [w for w in workers if w.poll() not in (None, 0, EXIT_PREEMPTED)]
+            failed = [w for w in workers if w.poll() not in (None, 0, EXIT_PREEMPTED, EXIT_BUDGET)]
             if any(w.poll() == EXIT_OUT_OF_MEMORY for w in failed):  # the others wait in a collective
                 for worker in workers:
                     if worker.poll() is None:
@@ -136,7 +136,7 @@ def _launch_once(spec_json: str, processes: int, *, sigterm_seen: bool, level: i
     if stopped_by_launcher:  # rank 0 could not print its summary: the launcher does
         from runner.spec import RunSummary
 
-        failures = [(r, c) for r, c in enumerate(codes) if c not in (0, EXIT_PREEMPTED)]
+        failures = [(r, c) for r, c in enumerate(codes) if c not in (0, EXIT_PREEMPTED, EXIT_BUDGET)]
         rank, code = next(((r, c) for r, c in failures if c != -9), failures[0])
         message = f"worker rank {rank} exited with code {code}; the other workers were stopped"
         print(RunSummary(status="failed", message=message).model_dump_json(), flush=True)

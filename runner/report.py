@@ -30,11 +30,19 @@ from fsspec.implementations.local import LocalFileSystem
 
 from runner.integrity import EVENT, key_from_env, sign, verify
 from runner.redact import scrub, secret_values
-from runner.spec import EventKind, JobSpec, RunnerEvent, progress_uri, readable_events
+from runner.spec import (
+    MAX_PROGRESS_BYTES,
+    EventKind,
+    JobSpec,
+    RunnerEvent,
+    progress_uri,
+    readable_events,
+    report_events,
+)
 
 log = logging.getLogger(__name__)
 
-KEEP_EVENTS = 200
+KEEP_EVENTS = 200  # x MAX_EVENT_BYTES (and a MAC each): within MAX_PROGRESS_BYTES
 
 
 class Reporter:
@@ -102,23 +110,27 @@ class Reporter:
             return self._seq
 
     def emit(self, kind: EventKind, **fields: Any) -> RunnerEvent:
-        """Number and queue an event; returns at once whatever the state of the receiver."""
+        """Number and queue a report; returns at once whatever the state of the receiver. A report too big
+        for one event (MAX_EVENT_BYTES: many chart points) goes as several (runner.spec.report_events);
+        the last one, returned, is the report itself."""
         if fields.get("message"):
             fields["message"] = scrub(fields["message"], self._secrets)
         with self._lock:
-            event = RunnerEvent(job_id=self.job_id, seq=self._seq, kind=EventKind(kind), **fields)
-            self._seq += 1
-            self._events.append(event)
+            events = report_events(self.job_id, self._seq, EventKind(kind), fields)
+            self._seq += len(events)
+            self._events.extend(events)
             self._dirty = True
-            self._urgent = self._urgent or event.kind is not EventKind.progress
+            self._urgent = self._urgent or events[-1].kind is not EventKind.progress
             self._wake.notify_all()
-        if self._client is not None and not self._closing.is_set():
+        for event in events:
+            if self._client is None or self._closing.is_set():
+                break
             try:
                 self._outbox.put_nowait(event)
             except queue.Full:
                 self.dropped += 1
                 log.warning("report queue full: event %d not sent (the progress object has it)", event.seq)
-        return event
+        return events[-1]
 
     def events(self) -> list[RunnerEvent]:
         """The events the progress object holds (the last 200)."""
@@ -242,9 +254,6 @@ class Reporter:
             write_atomically(self.progress_uri, data)
         except Exception as exc:  # noqa: BLE001 - reporting never stops training
             log.warning("could not write the progress object: %s: %s", type(exc).__name__, exc)
-
-
-MAX_PROGRESS_BYTES = 4 << 20  # the runner writes 200 events (~100 KB); anything far larger is not its own
 
 
 def read_signed_events(uri: str, key: bytes | None) -> list[dict[str, Any]] | None:

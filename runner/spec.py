@@ -9,12 +9,13 @@ exception; it is a per-job bearer token that only authorises posting this job's 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 SPEC_VERSION = 1
 
@@ -32,6 +33,9 @@ EXIT_CREDENTIALS = 77
 # The runner could not be installed on a stock image (runner/bootstrap.py: fetch, SHA-256 check or pip install
 # failed): nothing was trained; the bot retries once on another host, then fails the job saying so.
 EXIT_INSTALL = 78
+# The job's paid time reached its spend cap (JobSpec.cost.max_cost), counted by the runner itself: a
+# checkpoint was saved and a `budget` event sent. The runner's own stop, for when no bot is alive to stop it.
+EXIT_BUDGET = 79
 
 # The runner's chunked cross-entropy (runner/loss.py) computes at most this many logits at once; the planner
 # prices a chunk of chunk_tokens(vocab) tokens instead of the whole sequence's logits.
@@ -205,13 +209,38 @@ class ResumePoint(_Strict):
     manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+def billed_cost(seconds: float, price_per_hour: float) -> float:
+    """The one spend formula: billed seconds at the price locked at launch. The bot's ledger (bot/engine/
+    spend.py ``cost``) and the runner's own stop at the cap (``CostSpec.paid``) both use it."""
+    return max(0.0, seconds) * price_per_hour / 3600.0
+
+
 class CostSpec(_Strict):
-    """What the bot knows about the money, for the model card (the runner never decides anything with it)."""
+    """What the bot knows about the money: for the model card, and for the runner's own stop at the cap
+    (a second line of defence: it holds with no bot alive to stop the job)."""
 
     price_per_hour: float | None = Field(None, ge=0)  # the instance's locked price
     spent_before: float = Field(0.0, ge=0)  # spend of the job's earlier instances (preempted runs)
     estimated_total: float | None = Field(None, ge=0)
     where: str | None = None  # "vast rtx-4090 x1 (spot)"
+    max_cost: float | None = Field(None, gt=0)  # the job's spend cap: the runner stops itself there
+    # When this run's billing began at the earliest, on the bot's clock (the launch call; the provider bills
+    # from its own creation time, a little later). The time before the runner started (boot, image, model) is
+    # counted from it, but never more than ``max_start_s``: a host clock that is far off neither stops a
+    # run at once nor hides its boot.
+    billed_from: float | None = Field(None, ge=0)
+    max_start_s: float = Field(3600.0, ge=0)
+
+    def paid(self, started_at: float, ran_s: float) -> float | None:
+        """The job's spend at the locked price once this run has run ``ran_s`` seconds since the runner
+        started at ``started_at`` (its wall clock): the earlier runs' spend, the boot, this run. None when
+        the price is not known."""
+        if self.price_per_hour is None:
+            return None
+        boot = 0.0
+        if self.billed_from is not None:
+            boot = min(max(0.0, started_at - self.billed_from), self.max_start_s)
+        return self.spent_before + billed_cost(boot + ran_s, self.price_per_hour)
 
 
 class JobSpec(_Strict):
@@ -311,17 +340,25 @@ class EventKind(StrEnum):
     # What the run bought, right before its terminal event: eval loss before and after, the kept step and
     # the side-by-side answers (RunResults, within RESULTS_EVENT_BYTES).
     results = "results"
+    # The job's paid time reached its spend cap: the runner saved a checkpoint and stopped (EXIT_BUDGET).
+    budget = "budget"
 
 
 TERMINAL_EVENTS = frozenset(
-    {EventKind.finished, EventKind.failed, EventKind.plateau, EventKind.out_of_memory}
+    {EventKind.finished, EventKind.failed, EventKind.plateau, EventKind.out_of_memory, EventKind.budget}
 )
 
 
-MAX_EVENT_POINTS = 512  # chart points one event carries (runner: thin_points keeps the newest)
+# How much one event and one progress object may be: the bot refuses anything bigger (bot/engine/integrity.py
+# imports these), and the runner never sends anything bigger (``report_events`` splits a report to fit).
+MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (runner/integrity.canonical: what its MAC covers)
+MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: 3.3 MB at most)
+MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry
+MAX_REPORT_POINTS = 2048  # chart points one report keeps (thin_points: evenly spread, the newest exact)
+MAX_URI_CHARS = 1024  # a link longer than this is dropped (the bot drops it too)
 
 
-def thin_points(points: list[Any], limit: int = MAX_EVENT_POINTS) -> list[Any]:
+def thin_points(points: list[Any], limit: int = MAX_REPORT_POINTS) -> list[Any]:
     """At most ``limit`` points, evenly spread, the newest kept (a fast run's steps between two reports)."""
     if len(points) <= limit:
         return list(points)
@@ -442,11 +479,162 @@ class RunnerEvent(BaseModel):
     metrics: dict[str, float | None] | None = None
     results: RunResults | None = None  # on the `results` event
 
+    @model_validator(mode="after")
+    def _finite(self) -> RunnerEvent:
+        """NaN and infinities travel as null: strict JSON (a push's body, orjson's reads) has no NaN."""
+        for name in ("epoch", "loss", "learning_rate", "tokens_per_second", "eta_seconds"):
+            self.__dict__[name] = _finite_or_none(self.__dict__[name])
+        for name in ("points", "evals"):
+            rows = self.__dict__[name]
+            if rows and any(not _all_finite(row) for row in rows):
+                self.__dict__[name] = [tuple(_finite_or_none(v) for v in row) for row in rows]
+        if self.metrics and not _all_finite(self.metrics.values()):
+            self.__dict__["metrics"] = {k: _finite_or_none(v) for k, v in self.metrics.items()}
+        return self
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _all_finite(values: Iterable[Any]) -> bool:
+    return all(not isinstance(v, float) or math.isfinite(v) for v in values)
+
+
+def event_bytes(event: RunnerEvent) -> int:
+    """The size the bot measures an event by: its canonical JSON (the bytes its MAC covers)."""
+    from runner.integrity import canonical
+
+    return len(canonical(event.model_dump(mode="json")))
+
+
+def report_events(
+    job_id: str,
+    first_seq: int,
+    kind: EventKind,
+    fields: dict[str, Any],
+    *,
+    limit: int = MAX_EVENT_BYTES,
+    _spare: int = 16,
+) -> list[RunnerEvent]:
+    """One report as the events that carry it, numbered from ``first_seq``, each at most ``limit`` bytes
+    (``event_bytes``) and ``MAX_EVENT_POINTS`` points, whatever the report holds.
+
+    Chart points that do not fit in the report's own event go ahead of it, in step order, in ``progress``
+    events of their own (each one's step, loss and learning rate are its last point's); the last event is
+    the report itself (its kind and fields) with the newest points. Text too long for any event is cut
+    (message, W&B note), over-long links are dropped, metrics kept to 32: the bot would cut them too."""
+    fields = dict(fields)
+    # Each point and eval as an event carries it (validated, NaN as null), tagged and in step order (an eval
+    # after the point of its step), with its size in the event's JSON.
+    points = [_finite_row(p) for p in _POINTS.validate_python(fields.pop("points", None) or [])]
+    evals = [_finite_row(e) for e in _EVALS.validate_python(fields.pop("evals", None) or [])]
+    head = _fit_text(RunnerEvent(job_id=job_id, seq=first_seq, kind=kind, **fields), limit // 2)
+    items = [(p[0], 0, i, _json_len(p)) for i, p in enumerate(points)]
+    items += [(e[0], 1, i, _json_len(e)) for i, e in enumerate(evals)]
+    items.sort()
+    # What is left for chart data in the report's own event and in a progress event of chart data only
+    # (a few bytes spare: a later part's seq may be a digit longer; a part's step, loss and rate are numbers).
+    room_head = limit - event_bytes(head.model_copy(update={"points": [], "evals": []})) - _spare
+    empty = RunnerEvent(job_id=job_id, seq=first_seq, kind=EventKind.progress, max_steps=head.max_steps)
+    room_part = limit - event_bytes(empty.model_copy(update={"points": [], "evals": []})) - 80 - _spare
+    # Chunks from the newest backwards: the report's own event keeps the newest points.
+    chunks: list[list[tuple[int, int, int, int]]] = []
+    end = len(items)
+    while end > 0 or not chunks:
+        start, used, counts = end, 0, [0, 0]
+        room = room_part if chunks else room_head
+        while start > 0:
+            _, which, _, size = items[start - 1]
+            if counts[which] >= MAX_EVENT_POINTS or (used + size + 1 > room and start < end):
+                break
+            start -= 1
+            used += size + 1
+            counts[which] += 1
+        chunks.append(items[start:end])
+        end = start
+    chunks.reverse()
+    out: list[RunnerEvent] = []
+    for i, chunk in enumerate(chunks):
+        pts = [points[k] for _, which, k, _ in chunk if which == 0]
+        evs = [evals[k] for _, which, k, _ in chunk if which == 1]
+        chart: dict[str, Any] = {"points": pts or None, "evals": evs or None}
+        if i == len(chunks) - 1:
+            out.append(RunnerEvent.model_validate({**head.model_dump(), "seq": first_seq + i, **chart}))
+            continue
+        last = pts[-1] if pts else None
+        out.append(
+            RunnerEvent(
+                job_id=job_id,
+                seq=first_seq + i,
+                kind=EventKind.progress,
+                step=chunk[-1][0],
+                max_steps=head.max_steps,
+                loss=last[1] if last else None,
+                learning_rate=last[2] if last else None,
+                timestamp=head.timestamp,
+                **chart,
+            )
+        )
+    over = max(event_bytes(e) for e in out) - limit
+    if over > 0 and _spare < limit // 4:  # never seen: the sizes above are exact; room for it all the same
+        again = {**fields, "points": points, "evals": evals}
+        return report_events(job_id, first_seq, kind, again, limit=limit, _spare=2 * (_spare + over))
+    return out
+
+
+_POINTS: TypeAdapter[list[tuple[int, float | None, float | None]]] = TypeAdapter(
+    list[tuple[int, float | None, float | None]]
+)
+_EVALS: TypeAdapter[list[tuple[int, float | None]]] = TypeAdapter(list[tuple[int, float | None]])
+
+
+def _finite_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(_finite_or_none(v) for v in row)
+
+
+def _json_len(value: Any) -> int:
+    import json
+
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=True))
+
+
+def _fit_text(event: RunnerEvent, budget: int) -> RunnerEvent:
+    """The event with its text cut until it takes at most ``budget`` bytes (points and evals aside)."""
+    update: dict[str, Any] = {}
+    for name in ("output_uri", "checkpoint_uri", "wandb_url", "hub_url"):
+        value = getattr(event, name)
+        if value and len(value) > MAX_URI_CHARS:
+            update[name] = None
+    if event.metrics and len(event.metrics) > 32:
+        update["metrics"] = dict(list(event.metrics.items())[:32])
+    if event.metrics and any(len(k) > 64 for k in event.metrics):
+        metrics = update.get("metrics") or event.metrics
+        update["metrics"] = {k: v for k, v in metrics.items() if len(k) <= 64}
+    event = event.model_copy(update=update) if update else event
+    while event_bytes(event) > budget:
+        texts = {n: getattr(event, n) for n in ("message", "wandb_note") if getattr(event, n)}
+        if texts:
+            name = max(texts, key=lambda n: len(texts[n]))
+            text = texts[name]
+            event = event.model_copy(update={name: text[: len(text) // 2] or None})
+            continue
+        links = {n: getattr(event, n) for n in ("wandb_url", "hub_url", "checkpoint_uri", "output_uri")}
+        links = {n: v for n, v in links.items() if v}
+        if links:
+            event = event.model_copy(update={max(links, key=lambda n: len(links[n])): None})
+            continue
+        if event.metrics:
+            event = event.model_copy(update={"metrics": None})
+            continue
+        break  # numbers and the job id only: far below any budget the bot sets
+    return event
+
 
 class RunSummary(BaseModel):
     """The runner's last line of stdout: one JSON object."""
 
-    status: Literal["finished", "plateau", "preempted", "failed", "invalid", "out_of_memory"]
+    status: Literal["finished", "plateau", "preempted", "failed", "invalid", "out_of_memory", "budget"]
     steps: int = 0
     max_steps: int | None = None
     tokens: int = 0

@@ -34,6 +34,7 @@ from runner.integrity import key_from_env
 from runner.oom import OutOfMemory
 from runner.spec import (
     EXIT_BAD_SPEC,
+    EXIT_BUDGET,
     EXIT_CREDENTIALS,
     EXIT_FAILED,
     EXIT_OK,
@@ -46,6 +47,7 @@ from runner.spec import (
     RunResults,
     RunSummary,
     Sample,
+    billed_cost,
     fit_results,
     thin_points,
 )
@@ -105,10 +107,13 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
     try:
         trainer.setup()
         status = trainer.train()
-        code = {"preempted": EXIT_PREEMPTED}.get(status, EXIT_OK)
+        code = {"preempted": EXIT_PREEMPTED, "budget": EXIT_BUDGET}.get(status, EXIT_OK)
         if status == "preempted" and preemption.why != "SIGTERM":
             code = EXIT_CREDENTIALS  # the bot relaunches it with fresh credentials
-        return trainer.summary(status, started), code
+        summary = trainer.summary(status, started)
+        if status == "budget":  # the summary line says why, as the `budget` event did
+            summary.message = trainer.cap_note
+        return summary, code
     except OutOfMemory as exc:  # runner/oom.py: every level tried; the bot relaunches on a bigger GPU
         message = f"{exc}; needs a GPU with more memory"
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -154,6 +159,9 @@ class Trainer:
         self.wandb: Any = None
         self.fsdp = False
         self.session_started = time.time()
+        self.session_clock = time.monotonic()  # this run's paid time (CostSpec.paid) counts from here
+        self.paid_at_cap: float | None = None  # the spend when the runner last looked at its cap
+        self.cap_note: str | None = None  # why it stopped there (the budget event's and the summary's line)
         self.meter: Any = None  # runner/measure.RunMeter: what the planner's calibration learns from
         # The chart's data since the last event: (step, loss, lr) of every step, (step, eval loss) of evals.
         self.points: list[tuple[int, float, float]] = []
@@ -595,6 +603,10 @@ class Trainer:
         window_tokens, window_start = 0, time.monotonic()
         session_start, session_train_seconds = time.monotonic(), state.train_seconds
         status = "finished"
+        if group.all_max([float(self._at_cap())])[0]:  # the set-up alone (a long download) spent it all
+            self.cap_note = self._cap_message()
+            self.emit(EventKind.budget, message=self.cap_note)
+            return "budget"
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
             mine = epoch_batches[group.rank :: group.world] if group.distributed else epoch_batches
@@ -603,7 +615,8 @@ class Trainer:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
                 step_started = time.monotonic()
                 loss, tokens = self._step(micro)
-                self.meter.step(tokens, time.monotonic() - step_started)
+                step_seconds = time.monotonic() - step_started
+                self.meter.step(tokens, step_seconds)
                 state.micro_batch += spec.grad_accum
                 state.step += 1
                 state.tokens_seen += tokens
@@ -647,12 +660,18 @@ class Trainer:
 
                 plateau_stop = self._plateau_says_stop(state.step, loss)
                 due = now - last_save >= spec.checkpoint.every_minutes * 60
-                preempted, due, plateau_stop = (
+                capped = state.step < self.max_steps and self._at_cap(ahead_s=step_seconds)
+                preempted, due, plateau_stop, capped = (
                     bool(v)
                     for v in group.all_max(
-                        [float(self.preemption.requested), float(due), float(plateau_stop)]
+                        [float(self.preemption.requested), float(due), float(plateau_stop), float(capped)]
                     )
                 )
+                if capped and not preempted:  # no bot may be alive to stop it: the runner stops itself
+                    uri = self.save()
+                    self.cap_note = self._cap_message(saved=True)
+                    self.emit(EventKind.budget, checkpoint_uri=uri, message=self.cap_note)
+                    return "budget"
                 if preempted:
                     uri = self.save()
                     self.emit(
@@ -1075,6 +1094,27 @@ class Trainer:
             "precision": precision,
             "sharding": sharding,
         }
+
+    def _at_cap(self, ahead_s: float = 0.0) -> bool:
+        """Whether the job's paid time, with one more step, reaches its spend cap (JobSpec.cost.max_cost):
+        priced as the bot's ledger prices it (runner.spec.billed_cost, at the locked price)."""
+        cost = self.spec.cost
+        if cost.max_cost is None:
+            return False
+        paid = cost.paid(self.session_started, time.monotonic() - self.session_clock)
+        self.paid_at_cap = paid
+        return paid is not None and paid + billed_cost(ahead_s, cost.price_per_hour or 0.0) >= cost.max_cost
+
+    def _cap_message(self, saved: bool = False) -> str:
+        """Why the runner stopped, with the spend when it decided to (``self.paid_at_cap``)."""
+        cost = self.spec.cost
+        paid = self.paid_at_cap or 0.0
+        step = self.state.step
+        where = f"checkpoint saved at step {step}" if saved else f"stopped at step {step}"
+        return (
+            f"stopped at the spend cap: ${paid:.4f} of max ${cost.max_cost or 0:.4f} at "
+            f"${cost.price_per_hour or 0:.4f}/h; {where}"
+        )
 
     def _cost(self) -> float | None:
         """The job's spend so far at its locked prices: earlier instances (from the bot) + this one."""

@@ -15,6 +15,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# A CLI launch with no live supervisor starts one in the background (bot/commands/supervisor.py): no test
+# leaves such a process behind unless it asks for one (TUNEBOT_START_SUPERVISOR=1) and stops it.
+os.environ.setdefault("TUNEBOT_START_SUPERVISOR", "0")
 from bot.providers.registry import CLOUDS  # noqa: E402 - after the offline switches above
 
 # No cloud key of the person running the tests reaches them (every cloud module's key variable).

@@ -171,3 +171,38 @@ def test_slack_replies_never_quote_command_line_flags(tmp_path) -> None:  # type
     flags = {m for text in texts for m in re.findall(r"(?<![\w-])--[a-z][a-z-]+", text)}
     assert flags == set(), flags
     assert any("gpus=" in t or "method=qlora" in t for t in texts[:1])
+
+
+@pytest.mark.parametrize(
+    ("chat", "cli", "hint"),
+    [
+        ("lerning_rate=1e-4", ["lerning_rate=1e-4"], "did you mean `learning_rate`?"),
+        ("max_cots=$5", ["max_cots=$5"], "did you mean `max_cost`?"),
+        ("method=lorra", ["--method", "lorra"], "did you mean `lora`?"),
+        ("scheduler=cosin", ["scheduler=cosin"], "did you mean `cosine`?"),
+    ],
+)
+def test_a_typo_gets_a_did_you_mean_at_every_door(
+    capture: dict[str, EstimateRequest], chat: str, cli: list[str], hint: str
+) -> None:
+    """Issue 27: a mistyped option or value got no suggestion. The chat grammar (Slack and the console) and
+    the CLI (key=value words and flags) read options through bot/planner/options.py: the same hint."""
+    from bot.chat.grammar import ParseError
+
+    with pytest.raises(ParseError) as info:
+        parse(f"estimate {MODEL} {chat}")
+    assert hint in info.value.message, info.value.message
+    result = CliRunner().invoke(app, ["estimate", MODEL, *cli])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert hint in " ".join(result.output.split()), result.output
+
+
+def test_a_mistyped_command_gets_a_did_you_mean() -> None:
+    from bot.chat.grammar import ParseError
+
+    with pytest.raises(ParseError) as info:
+        parse(f"estmate {MODEL}")
+    assert "unknown command `estmate`; did you mean `estimate`?" in info.value.message
+    with pytest.raises(ParseError) as far:
+        parse("frobnicate")
+    assert "did you mean" not in far.value.message  # nothing close: no guess

@@ -513,8 +513,18 @@ def operator_approves(job_id: str) -> str:
     )
 
 
-def resumed_reply(job: JobView, *, approval_above: float, admins: bool = True) -> Reply:
-    """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first."""
+# Where a job's progress shows, said when it is launched or resumed: the door decides (issue 27: the terminal
+# said "its thread" where there is none).
+PROGRESS_IN_THREAD = "Progress goes to its thread."
+PROGRESS_IN_CONSOLE = "Progress prints here while the console is open (`status JOB` shows the job)."
+PROGRESS_ON_CLI = "Follow it with `tunebot jobs {job_id}` (or `--wait`)."
+
+
+def resumed_reply(
+    job: JobView, *, approval_above: float, admins: bool = True, progress: str = PROGRESS_IN_THREAD
+) -> Reply:
+    """What `resume JOB` answers: where the job continues from, its cap, or who must approve it first;
+    ``progress``: where its progress shows (PROGRESS_IN_THREAD in Slack, the console's, the CLI's)."""
     job_id = esc(job.job_id)
     if job.state == "pending_approval":
         who = "an admin has been asked to approve it." if admins else operator_approves(job.job_id)
@@ -539,7 +549,7 @@ def resumed_reply(job: JobView, *, approval_above: float, admins: bool = True) -
         parts=[
             Text(
                 f":arrow_forward: Resuming job *{job_id}* {where}; it is {esc(job.state)}, spend so far "
-                f"{money(job.spend)} of max {money(job.max_cost)}. Progress goes to its thread."
+                f"{money(job.spend)} of max {money(job.max_cost)}. {progress.format(job_id=job_id)}"
             )
         ],
         fallback=f"Resuming job {job_id}",

@@ -7,6 +7,7 @@ next line answers the confirmation (`cheapest`, `safest`, `yes` = cheapest, anyt
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
@@ -154,6 +155,32 @@ class ConsoleNotifier:
             render(summary_reply(event, self.engine), self.console)
         elif kind == K.weekly_report:
             render(weekly_reply(WeeklyReport.model_validate(event.data.get("report") or {})), self.console)
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose every line becomes an INFO record of ``logger`` (a rich Console writes to it)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                self.logger.info(line.rstrip())
+        return len(text)
+
+
+def log_notifier(engine: EngineAPI, *, progress_every_s: float = 30.0) -> ConsoleNotifier:
+    """What the console prints as a job goes (progress, milestones, alerts, summaries, reminders), as log
+    lines of ``tunebot.jobs``: `tunebot serve` without Slack writes there what would go to a job's thread."""
+    stream = _LogLines(logging.getLogger("tunebot.jobs"))
+    console = Console(file=stream, width=200, soft_wrap=True, color_system=None, force_terminal=False)
+    return ConsoleNotifier(engine, console, progress_every_s=progress_every_s)
 
 
 def _answers(buttons: list[Any]) -> dict[str, str]:

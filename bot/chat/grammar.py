@@ -465,4 +465,5 @@ def parse(text: str) -> Command:
     if name in ("help", "?", "-h", "--help"):
         topic = args[0].lower() if args else None
         return HelpCmd(topic=topic if topic in COMMAND_USAGE else None)
-    raise ParseError(f"unknown command `{name[:80]}`")
+    hint = options.did_you_mean(name[:80], COMMAND_USAGE)
+    raise ParseError(f"unknown command `{name[:80]}`" + (f";{hint}" if hint else ""))

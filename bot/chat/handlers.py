@@ -210,6 +210,8 @@ class ChatHandlers:
         self.permissions = permissions or getattr(engine, "permissions", None) or Permissions()
         self.store = store or EstimateStore()
         self.secrets = [s for s in (secrets or []) if s and len(s) >= 4]
+        # Where a launched or resumed job's progress shows: its Slack thread, or the console's own lines.
+        self.progress_note = cards.PROGRESS_IN_THREAD
 
     # ---- entry points (never raise) -------------------------------------------------------------
 
@@ -601,7 +603,7 @@ class ChatHandlers:
         price = f" at {cards.money(job.price_per_hour)}/h" if job.price_per_hour is not None else ""
         return text_reply(
             f":rocket: Launching job *{esc(job.job_id)}* ({esc(choice)}){where}{price}. "
-            "Progress goes to its thread.",
+            + self.progress_note.format(job_id=esc(job.job_id)),
             kind="success",
         )
 
@@ -682,7 +684,10 @@ class ChatHandlers:
         """Ask the engine to continue the job (it checks the owner, the cap and approval)."""
         job = self.engine.resume(job_id, user=actor.user, max_cost=max_cost, channel=actor.channel)
         return cards.resumed_reply(
-            job, approval_above=self.permissions.approval_above, admins=bool(self.permissions.admins)
+            job,
+            approval_above=self.permissions.approval_above,
+            admins=bool(self.permissions.admins),
+            progress=self.progress_note,
         )
 
     def _volume(self, ref: str, action: str, actor: Actor) -> Reply:

@@ -130,13 +130,23 @@ def volume_from_event(event: EngineEvent, engine: EngineAPI) -> VolumeView | Non
     return next((v for v in engine.volumes() if v.volume_id == vid), None) if vid else None
 
 
+def _of_which(total: float, storage: float) -> str:
+    """An amount, and what it is made of when volumes' storage is part of it ("$1.62 (compute $0.0028,
+    volume storage $1.62)"): a summary never shows money without saying where it came from."""
+    if storage <= 0:
+        return cards.money(total)
+    compute = max(0.0, total - storage)
+    return f"{cards.money(total)} (compute {cards.money(compute)}, volume storage {cards.money(storage)})"
+
+
 def summary_text(summary: DailySummary) -> str:
     """The daily summary in one sentence (the message's notification text, and its footer)."""
     done = ", ".join(f"{n} {state}" for state, n in sorted(summary.finished.items())) or "none"
     top = ", ".join(f"{line.key} {cards.money(line.amount)}" for line in summary.by_user) or "nobody"
     return (
-        f"Spend on {summary.day}: {cards.money(summary.spent)} (today so far "
-        f"{cards.money(summary.spent_today)}, month to date {cards.money(summary.spent_month)}). "
+        f"Spend on {summary.day}: {_of_which(summary.spent, summary.storage)}; today so far "
+        f"{_of_which(summary.spent_today, summary.storage_today)}; month to date "
+        f"{_of_which(summary.spent_month, summary.storage_month)}. "
         f"Top: {top}. Jobs finished: {done}. Active: "
         f"{summary.active}, awaiting approval: {summary.pending_approval}. Idle volumes: "
         f"{summary.idle_volumes} ({cards.money(summary.idle_volume_cost_per_month)}/month)."
@@ -150,8 +160,8 @@ def summary_reply(event: EngineEvent, engine: EngineAPI) -> Reply:
     reply = Reply(fallback=esc(text))
     reply.add(Header(f"Daily spend summary for {esc(summary.day)}: {cards.money(summary.spent)}"))
     fields = [
-        ("Today so far", cards.money(summary.spent_today)),
-        ("Month to date", cards.money(summary.spent_month)),
+        ("Today so far", _of_which(summary.spent_today, summary.storage_today)),
+        ("Month to date", _of_which(summary.spent_month, summary.storage_month)),
         ("Active jobs", str(summary.active)),
         ("Awaiting approval", str(summary.pending_approval)),
     ]
@@ -206,6 +216,8 @@ class SlackNotifier:
         self.approval_above = approval_above
         self.update_every_s = update_every_s
         self.chart_every_s = chart_every_s
+        # Charts are written here before each upload; a folder made here is removed by stop().
+        self._own_chart_dir = chart_dir is None
         self.chart_dir = chart_dir or Path(tempfile.mkdtemp(prefix="tunebot-charts-"))
         self.clock = clock
         self._queue: queue.Queue[EngineEvent | None] = queue.Queue()
@@ -233,6 +245,10 @@ class SlackNotifier:
             self._queue.put(None)
             self._thread.join(timeout)
             self._thread = None
+        if self._own_chart_dir:  # `tunebot serve` left one tunebot-charts-* folder per start in the temp dir
+            import shutil
+
+            shutil.rmtree(self.chart_dir, ignore_errors=True)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every queued event has been sent (tests, shutdown)."""

@@ -11,7 +11,8 @@ from pathlib import Path
 import typer
 
 SLACK_HELP = """\
-Slack is not configured, so there is nothing to serve yet. To connect Slack (docs/slack-setup.md):
+Slack is only partly configured ({have} set), so tunebot serve does not start. To connect Slack
+(docs/slack-setup.md):
   1. https://api.slack.com/apps -> Create New App -> From an app manifest -> paste manifest.yml.
   2. Install it to your workspace; copy the Bot User OAuth Token (xoxb-...).
   3. Socket Mode (no public URL): Basic Information -> App-Level Tokens -> generate one with
@@ -20,8 +21,15 @@ Slack is not configured, so there is nothing to serve yet. To connect Slack (doc
   4. Or HTTP mode: copy the Signing Secret, set the request URLs of manifest.yml to
      https://YOUR-HOST/slack/events, then
        export SLACK_BOT_TOKEN=xoxb-... SLACK_SIGNING_SECRET=...;  tunebot serve --http --port 3000
-Meanwhile the same commands work in this terminal: tunebot console"""
+Without Slack, unset the SLACK_ variables (or pass --no-slack): tunebot serve then supervises the jobs and
+writes what would go to their threads to its log."""
 
+NO_SLACK = (
+    "Slack is not configured: tunebot serve runs the supervisor alone (schedules, /runner/events and "
+    "/healthz on {where}). What would go to a job's thread is written here. To connect Slack: "
+    "docs/slack-setup.md."
+)
+AUTO_IDLE_S = 300.0  # `serve --auto` (started by a CLI command) leaves this long after the last active job
 
 EMPTY_SECRET = """\
 SLACK_SIGNING_SECRET is set but empty: tunebot would accept requests it cannot verify, so it does not start.
@@ -40,7 +48,7 @@ def listen_host(settings) -> str:  # type: ignore[no-untyped-def]
     return "0.0.0.0" if (settings.public_url or "").strip() else "127.0.0.1"
 
 
-def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore[no-untyped-def]
+def _runtime(user: str | None = None, *, serving: bool = False, slack: bool = True):  # type: ignore[no-untyped-def]
     from bot.chat.handlers import ChatHandlers
     from bot.chat.permissions import Permissions
     from bot.engine.service import Engine
@@ -49,9 +57,12 @@ def _runtime(user: str | None = None, *, serving: bool = False):  # type: ignore
     settings = get_settings()
     extra = (user,) if user else ()
     policy = Permissions.from_settings(settings, extra_admins=extra)  # one policy: engine and chat
-    # The local provider trains on this machine: on in the console, off in `serve` unless enabled.
+    # The local provider trains on this machine: on in the console and the CLI, and in a `serve` without
+    # Slack (it supervises what the CLI launched there); off in a Slack `serve` unless enabled.
     engine = Engine(
-        settings, local_provider=bool(settings.local_provider) if serving else None, permissions=policy
+        settings,
+        local_provider=bool(settings.local_provider) if serving and slack else None,
+        permissions=policy,
     )
     from bot.providers.registry import secrets
 
@@ -65,6 +76,9 @@ def _run_console(user: str) -> int:
 
     console = cli_console()  # piped: tables neither wrap at 80 columns nor cut job ids
     settings, engine, chat = _runtime(user)
+    from bot.chat.cards import PROGRESS_IN_CONSOLE
+
+    chat.progress_note = PROGRESS_IN_CONSOLE  # the ConsoleNotifier below prints it
     from bot.storage.credentials import startup_warning
 
     if unscoped := startup_warning(settings):  # runners get the bot's own storage keys
@@ -136,11 +150,36 @@ def register(app: typer.Typer) -> None:
             None,
             help="Interface to listen on (default 127.0.0.1; all interfaces when TUNEBOT_PUBLIC_URL is set).",
         ),
+        no_slack: bool = typer.Option(
+            False, "--no-slack", help="Run the supervisor alone, even where Slack is configured."
+        ),
+        auto: bool = typer.Option(
+            False,
+            "--auto",
+            hidden=True,
+            help="Started by a CLI command for its job: no Slack; leaves when another supervisor leads, or "
+            "5 minutes after the last active job.",
+        ),
+        auto_idle: float = typer.Option(AUTO_IDLE_S, "--auto-idle", hidden=True, min=0.0),
     ) -> None:
-        """Run the Slack bot (Socket Mode with SLACK_APP_TOKEN, or --http) and the runner event endpoint."""
+        """Run the supervisor (schedules, the runner event endpoint, /healthz) and, where configured, the
+        Slack bot (Socket Mode with SLACK_APP_TOKEN, or --http). Without Slack it supervises jobs alone."""
         from bot.settings import get_settings
 
         settings = get_settings()
+        given = [
+            name
+            for name, value in (
+                ("SLACK_BOT_TOKEN", settings.slack_bot_token),
+                ("SLACK_APP_TOKEN", settings.slack_app_token),
+                ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
+            )
+            if value is not None
+        ]
+        where = host or ("127.0.0.1" if auto else listen_host(settings))
+        if no_slack or auto or not given:
+            idle = auto_idle if auto else None
+            raise typer.Exit(_serve(where, port, socket_mode=False, slack=False, leave_when_idle=idle))
         socket_mode = not http and settings.slack_app_token is not None
         if http and settings.slack_bot_token is not None and not _secret_set(settings.slack_signing_secret):
             if settings.slack_signing_secret is not None:  # set, but empty: no request could be verified
@@ -149,19 +188,18 @@ def register(app: typer.Typer) -> None:
         ready = settings.slack_bot_token is not None and (
             socket_mode or (http and _secret_set(settings.slack_signing_secret))
         )
-        if not ready:
-            typer.echo(SLACK_HELP, err=True)
-            if sys.stdin.isatty() and typer.confirm("Start the console now?", default=True):
-                from bot.engine.permissions import OPERATOR
-
-                raise typer.Exit(_run_console(OPERATOR))
+        if not ready:  # some Slack variables, not enough to connect: a mistake to fix, not a mode to guess
+            typer.echo(SLACK_HELP.format(have=", ".join(given)), err=True)
             raise typer.Exit(2)
-        raise typer.Exit(_serve(host or listen_host(settings), port, socket_mode=socket_mode))
+        raise typer.Exit(_serve(where, port, socket_mode=socket_mode))
 
     @app.command("demo")
     def demo_cmd(
         workdir: Path | None = typer.Option(
-            None, "--dir", help="Folder for the demo's files (default: a temp dir)."
+            None,
+            "--dir",
+            help="Folder for the demo's files (default: a new one in TUNEBOT_DATA_DIR when set, else in "
+            "the temp dir).",
         ),
     ) -> None:
         """Play the whole product on this CPU in about a minute: estimate, launch, preempt, finish, spend."""
@@ -170,30 +208,100 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_demo(workdir=workdir))
 
 
-def _serve(host: str, port: int, *, socket_mode: bool) -> int:
-    import asyncio
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # APScheduler logs every run of every task at INFO (the tick: every 10 s); its warnings still show.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _serve(
+    host: str, port: int, *, socket_mode: bool, slack: bool = True, leave_when_idle: float | None = None
+) -> int:
     import logging
 
     import uvicorn
 
-    from bot.chat.notifier import SlackNotifier
-    from bot.chat.slack.app import build_app, make_async_client, make_sync_client
     from bot.web import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bot.chat.people import People
-
-    settings, engine, chat = _runtime(serving=True)
-    for warning in chat.permissions.startup_warnings():  # who may approve, where members may launch
-        logging.getLogger("tunebot").warning(warning)
+    _logging()
+    log = logging.getLogger("tunebot")
+    settings, engine, chat = _runtime(serving=True, slack=slack)
+    for warning in chat.permissions.startup_warnings() if slack else ():  # who approves, where to launch
+        log.warning(warning)
     from bot.storage.credentials import startup_warning
 
     if unscoped := startup_warning(settings):  # runners get the bot's own storage keys
-        logging.getLogger("tunebot").warning(unscoped)
-    admins = sorted(chat.permissions.admins)
-    chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
+        log.warning(unscoped)
+    stops: list = []  # type: ignore[type-arg]
+    if slack:
+        bolt, secret = _slack(settings, engine, chat, socket_mode, stops)
+    else:
+        from bot.chat.console import log_notifier
+
+        log.info(NO_SLACK.format(where=f"{host}:{port}"))
+        log_notifier(engine).attach(engine.bus)  # a job's milestones, progress, summaries: to this log
+        bolt, secret = None, None
+    web = create_app(
+        bolt_app=None if socket_mode else bolt,
+        record_runner_event=engine.record_runner_event,
+        runner_token_job=engine.runner_token_job,
+        signing_secret=secret,
+        max_body_bytes=settings.http_max_body_kb << 10,
+    )
+    if host in ("127.0.0.1", "localhost", "::1") and slack and not socket_mode:
+        logging.getLogger(__name__).warning(
+            "listening on %s:%d only: Slack and remote runners reach it through a reverse proxy on this "
+            "machine, or set TUNEBOT_PUBLIC_URL (or --host) to listen on every interface",
+            host,
+            port,
+        )
+    scheduler = _start_scheduler(engine, settings)
+    server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="info", access_log=False))
+    if leave_when_idle is not None:  # `serve --auto`, started by a CLI command for its job
+        _leave_when_not_needed(engine, scheduler, server, idle_s=leave_when_idle)
+
+    async def main() -> None:
+        if socket_mode:
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            handler = AsyncSocketModeHandler(bolt, settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
+            await handler.connect_async()
+        await server.serve()
+
+    import asyncio
+    import signal
+
+    def stopping(signum: int, _frame: object) -> None:
+        # uvicorn takes SIGTERM/SIGINT while it serves, shuts down, then raises the signal again: here, so
+        # that the finally below still stops the scheduler (its lease cleared at once) and the notifiers.
+        if not server.started:  # a signal during the start-up: leave now, the same way
+            raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopping)
+    try:
+        # No resume here: only the scheduler's leader runs it (reconcile, adoption, stale launches), so a
+        # replica started next to a running leader neither steals its launches nor races its adoptions.
+        asyncio.run(main())
+    finally:
+        getattr(scheduler, "shutdown", lambda: None)()
+        for stop in stops:
+            stop()
+        engine.close()
+    return 0 if server.started else 1
+
+
+def _slack(settings, engine, chat, socket_mode: bool, stops: list):  # type: ignore[no-untyped-def, type-arg]
+    """The Slack side of `serve`: names, App Home, the notifier (job threads), uploads, the bolt app."""
+    from bot.chat.notifier import SlackNotifier
+    from bot.chat.people import People
+    from bot.chat.slack.app import build_app, make_async_client, make_sync_client
     from bot.chat.slack.home import HomePublisher
 
+    admins = sorted(chat.permissions.admins)
+    chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
     home = HomePublisher(chat, make_sync_client(settings), admins=admins).start()
     notifier = SlackNotifier(
         engine,
@@ -205,6 +313,7 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
         home=home,
     )
     notifier.attach(engine.bus).start()
+    stops.extend([notifier.stop, home.stop])
     secret = settings.slack_signing_secret.get_secret_value() if settings.slack_signing_secret else None
     from bot.chat.slack.files import SlackFiles
 
@@ -212,56 +321,48 @@ def _serve(host: str, port: int, *, socket_mode: bool) -> int:
     bolt = build_app(
         chat, client=make_async_client(settings), signing_secret=secret, socket_mode=socket_mode, home=home
     )
-    web = create_app(
-        bolt_app=None if socket_mode else bolt,
-        record_runner_event=engine.record_runner_event,
-        runner_token_job=engine.runner_token_job,
-        signing_secret=secret,
-        max_body_bytes=settings.http_max_body_kb << 10,
-    )
-    if host in ("127.0.0.1", "localhost", "::1") and not socket_mode:
-        logging.getLogger(__name__).warning(
-            "listening on %s:%d only: Slack and remote runners reach it through a reverse proxy on this "
-            "machine, or set TUNEBOT_PUBLIC_URL (or --host) to listen on every interface",
-            host,
-            port,
-        )
-    scheduler = _start_scheduler(engine, settings)
-    server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="info", access_log=False))
+    return bolt, secret
 
-    async def main() -> None:
-        if socket_mode:
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
-            handler = AsyncSocketModeHandler(bolt, settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
-            await handler.connect_async()
-        await server.serve()
+def _leave_when_not_needed(engine, scheduler, server, *, idle_s: float = AUTO_IDLE_S) -> None:  # type: ignore[no-untyped-def]
+    """`serve --auto`: a supervisor a CLI command started for its job. It leaves when another supervisor leads
+    (two CLI commands started one each: the scheduler's lease chose the other) and once no job has been
+    active for ``idle_s`` (the next CLI command starts a new one)."""
+    import logging
+    import threading
+    import time
 
-    try:
-        # No resume here: only the scheduler's leader runs it (reconcile, adoption, stale launches), so a
-        # replica started next to a running leader neither steals its launches nor races its adoptions.
-        asyncio.run(main())
-    finally:
-        scheduler()
-        notifier.stop()
-        home.stop()
-        engine.close()
-    return 0
+    from bot.engine.jobstate import ACTIVE
+    from bot.engine.watch import supervisor
+
+    log = logging.getLogger("tunebot")
+    holder = getattr(scheduler, "holder", None)
+    lease_s = float(getattr(scheduler, "lease_s", 15.0))
+
+    def watch() -> None:
+        started = idle_since = time.monotonic()
+        while not server.should_exit:
+            time.sleep(2.0)
+            now = time.monotonic()
+            leading = bool(getattr(scheduler, "is_leader", False))
+            if not leading and now - started > lease_s:
+                other = supervisor(engine.ctx)
+                if other is not None and other.holder != holder:
+                    log.info("another supervisor leads (%s): this one leaves", other.holder)
+                    server.should_exit = True
+                    return
+            if any(j.state in ACTIVE for j in engine.list_jobs(active_only=True)):
+                idle_since = now
+            elif now - idle_since > idle_s:
+                log.info("no active job for %.0f s: this supervisor leaves", idle_s)
+                server.should_exit = True
+                return
+
+    threading.Thread(target=watch, name="tunebot-auto-leave", daemon=True).start()
 
 
 def _start_scheduler(engine, settings):  # type: ignore[no-untyped-def]
-    """The scheduler's loop when bot.scheduler exists; else a ticker. Returns a stop function."""
-    try:
-        from bot import scheduler as sched  # type: ignore[attr-defined]
+    """The scheduler (leader lease, periodic tasks; ``on_lead``: the engine's resume_all)."""
+    from bot import scheduler as sched
 
-        start = getattr(sched, "start_scheduler", None)
-        if callable(start):
-            handle = start(engine, settings, on_lead=engine.resume_all)
-            return getattr(handle, "shutdown", lambda: None)
-    except ImportError:
-        pass
-    from bot.chat.console import Ticker
-
-    engine.resume_all()
-    ticker = Ticker(engine.tick, every_s=min(settings.reconcile_every_s, 10.0)).__enter__()
-    return lambda: ticker.__exit__(None, None, None)
+    return sched.start_scheduler(engine, settings, on_lead=engine.resume_all)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from bot.commands.errors import fail
-from bot.engine.jobstate import ACTIVE, FINAL, JobState
+from bot.engine.jobstate import FINAL, JobState
 
 if TYPE_CHECKING:
     from bot.chat.replies import Reply
@@ -121,19 +121,20 @@ def _create(
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
-    if not wait:
-        _warn_if_unwatched(engine, view)
+    _supervise(engine, view, wait=wait)
     _follow(engine, view, wait)
 
 
-def _warn_if_unwatched(engine: Any, view: JobView) -> None:
-    """A job that may rent (or is renting) a machine while no supervisor runs: say so, and what to do."""
-    if view.state not in ACTIVE or engine.supervised():
-        return
+def _supervise(engine: Any, view: JobView, *, wait: bool = False) -> None:
+    """One line: who supervises this job (this command with --wait, a live `tunebot serve`, or one started
+    now in the background); a warning when nothing does (bot/commands/supervisor.py)."""
     from bot.chat.replies import text_reply
-    from bot.engine.watch import UNWATCHED
+    from bot.commands.supervisor import supervision_line
 
-    _show(text_reply(f":warning: {UNWATCHED}", kind="warning"))
+    line = supervision_line(engine, view, wait=wait)
+    if line is not None:
+        text, kind = line
+        _show(text_reply(text, kind=kind))
 
 
 def _follow(engine: Any, view: JobView, wait: bool) -> None:
@@ -150,7 +151,7 @@ def _follow(engine: Any, view: JobView, wait: bool) -> None:
             view = new
     except KeyboardInterrupt:
         typer.echo("stopped following; the job keeps running (tunebot jobs to check).")
-        _warn_if_unwatched(engine, engine.get_job(view.job_id))
+        _supervise(engine, engine.get_job(view.job_id))
     finally:
         engine.close()
 
@@ -185,14 +186,14 @@ def resume_command(
     except EngineError as exc:
         engine.close()
         fail(str(exc))
-    from bot.chat.cards import resumed_reply
+    from bot.chat.cards import PROGRESS_ON_CLI, resumed_reply
 
-    _show(resumed_reply(view, approval_above=engine.permissions.approval_above))
+    where = "" if wait else PROGRESS_ON_CLI  # with --wait the lines below are its progress
+    _show(resumed_reply(view, approval_above=engine.permissions.approval_above, progress=where))
     _print_job(view)
     if view.state == JobState.PENDING_APPROVAL:
         _approval_hint(view.job_id)
-    if not wait:
-        _warn_if_unwatched(engine, view)
+    _supervise(engine, view, wait=wait)
     _follow(engine, view, wait)
 
 
@@ -323,7 +324,7 @@ def approve_command(
     try:
         view = engine.approve(job_id, approver=OPERATOR)
         _print_job(view)
-        _warn_if_unwatched(engine, view)
+        _supervise(engine, view)
     except EngineError as exc:
         fail(str(exc))
     finally:

@@ -289,6 +289,11 @@ class DailySummary(BaseModel):
     spent: float = 0.0  # on that day
     spent_today: float = 0.0  # today so far
     spent_month: float = 0.0  # month to date
+    # Of each of the three: volumes' storage (the rest is compute): a volume bills every day since it was
+    # first seen, so a day without jobs can still cost (say where the money went).
+    storage: float = 0.0
+    storage_today: float = 0.0
+    storage_month: float = 0.0
     by_user: list[SpendLine] = Field(default_factory=list)  # the top ten on that day, biggest first
     by_provider: list[SpendLine] = Field(default_factory=list)
     finished: dict[str, int] = Field(default_factory=dict)  # jobs finished that day, by final state

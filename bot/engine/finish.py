@@ -33,26 +33,60 @@ def terminate_instance(eng: EngineContext, row: InstanceRow, *, reason: str, act
     """Terminate at the provider and, once confirmed gone, close the row; True when closed."""
     if row.ended_at is not None:
         return True
-    if not _gone_at_provider(eng, row):
+    billed_until = _gone_at_provider(eng, row)
+    if billed_until is None:
         return False
-    close_instance(eng, row, reason=reason, actor=actor)
+    close_instance(eng, row, reason=reason, actor=actor, at=billed_until)
     return True
 
 
-def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> bool:
-    """Terminate at the provider until it confirms the instance is gone (or the deadline passes)."""
+def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> float | None:
+    """Terminate at the provider until it confirms the instance is gone (or the deadline passes): when it
+    stopped billing (``billed_end``), None when not confirmed."""
     from bot.providers.lifecycle import ensure_terminated
 
     provider = eng.providers.get(row.provider)
     if provider is None:
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
-        return False
+        return None
+    exited = _process_exit(provider, row)  # before the terminate: afterwards the record is gone
+    sent: list[float] = []
     try:
         deadline = eng.limits.terminate_deadline_s
-        return ensure_terminated(provider, row.provider_instance_id, deadline_s=deadline)
+        if not ensure_terminated(
+            provider, row.provider_instance_id, deadline_s=deadline, sent=sent, wall=eng.now
+        ):
+            return None
     except Exception as exc:  # noqa: BLE001 - retried on the next tick; never lose track of the row
         log.warning("terminate %s/%s failed: %s", row.provider, row.provider_instance_id, exc)
-        return False
+        return None
+    return billed_end(row, sent[-1] if sent else eng.now(), eng.now(), exited_at=exited)
+
+
+def _process_exit(provider: object, row: InstanceRow) -> float | None:
+    """When an instance that is a process on this machine (the local provider) ended, as its provider knows
+    it; None for anything else (a cloud machine bills until it is terminated, whatever its runner did)."""
+    if getattr(getattr(provider, "capabilities", None), "kind", None) != "process":
+        return None
+    try:
+        inst = provider.status(row.provider_instance_id)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - no exit time: billed until the terminate call
+        return None
+    exited = getattr(inst, "exited_at", None)
+    return exited.timestamp() if exited is not None else None
+
+
+def billed_end(
+    row: InstanceRow, terminate_sent: float, confirmed: float, *, exited_at: float | None = None
+) -> float:
+    """When a terminated instance stopped billing, as the books record it: the provider bills until the
+    terminate call it confirmed (Vast: start to destroy), not until its confirmation reached us (a poll
+    later: seconds more); a process on this machine (``exited_at``, from its provider) until it ended.
+    Bounded by what was observed: never before the instance was last seen running (or launched), never after
+    the confirmation. Pure."""
+    seen_running = row.last_seen_at if row.status == "running" and row.last_seen_at else row.launched_at
+    end = terminate_sent if exited_at is None else min(exited_at, terminate_sent)
+    return min(confirmed, max(end, seen_running, row.launched_at))
 
 
 def close_instance(
@@ -148,8 +182,9 @@ def finish(
     # the restarted engine's finish closes the same way).
     gone: list[tuple[InstanceRow, float]] = []
     for row in rows:
-        if _gone_at_provider(eng, row):
-            gone.append((row, eng.now()))
+        billed_until = _gone_at_provider(eng, row)
+        if billed_until is not None:
+            gone.append((row, billed_until))
     all_gone = len(gone) == len(rows)
     crashpoint("finish.after_terminate")
     if all_gone and (final == S.SUCCEEDED or (final == S.STOPPED and reason == "plateau")):

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from runner.integrity import EVENT, canonical, verify
-from runner.spec import RunnerEvent, readable_events
+
+# The size caps are the contract's (runner/spec.py): the runner splits a report so that none is over them.
+from runner.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
@@ -48,8 +50,6 @@ KEY_PURPOSE = b"tunebot job key v1\0"  # the job-wide key of a run launched befo
 RUN_KEY_PURPOSE = b"tunebot run key v1\0"
 LEGACY_RUN = "legacy"
 MASTER_NAME = "job-keys"
-MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (the runner's are ~0.5 KB)
-MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: ~100 KB)
 MAX_STORED_EVENTS = 20_000  # rows per job: seq 0 .. 19,999 (a week of progress every 30 s)
 MAX_MESSAGE = 2000
 MAX_URI = 1024

@@ -132,6 +132,12 @@ def build_spec(
             "spent_before": round(spent, 6),
             "estimated_total": job.estimated_cost,
             "where": f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind})",
+            # The runner's own stop at the cap (runner/spec.py CostSpec.paid): billing of this run starts
+            # after this moment (the create call comes next), and a runner that has not started within the
+            # job's start deadline is ended by the bot (engine/startup.py), so no boot is longer.
+            "max_cost": job.max_cost or None,
+            "billed_from": eng.now(),
+            "max_start_s": float(job.start_deadline_s or settings.heartbeat_timeout_s * 2),
         },
     }
     spec = deep_merge(runtime, job.plan or {})  # the plan wins, as the demo's faster checkpoints do

@@ -47,6 +47,7 @@ TERMINAL = {
     EventKind.plateau.value,
     EventKind.failed.value,
     EventKind.out_of_memory.value,
+    EventKind.budget.value,
 }
 MEASURED = {EventKind.finished.value, EventKind.plateau.value}  # runs whose metrics teach the planner
 
@@ -469,7 +470,7 @@ def _progress_fields(job: Job, new: list[RunnerEvent]) -> dict[str, Any]:
         # A checkpoint counts once acknowledged: in the current run's folder, with its manifest's digest
         # (bot/engine/runs.py records it in the same transaction).
         acked = e.manifest_sha256 is not None and getattr(job, "run_id", None) is not None
-        kinds = (EventKind.checkpoint, EventKind.preempted)
+        kinds = (EventKind.checkpoint, EventKind.preempted, EventKind.budget)
         if e.kind in kinds and acked and _in_folder(e.checkpoint_uri, job, e.step):
             f["last_checkpoint_uri"], f["last_checkpoint_step"] = e.checkpoint_uri, e.step
         if e.max_steps:

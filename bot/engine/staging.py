@@ -238,14 +238,24 @@ def prepare(
         elif private and scheme(plan.base_model) == "s3":
             base_model = private_copy(plan.base_model, root, folder=True)
             notes.append(f"model copied to {base_model} (this job's own copy)")
+    # A path on this machine is kept absolute: the runner starts in a folder of its own, and the process that
+    # relaunches the job (a supervisor started elsewhere) may have another working directory.
     return PreparedJob(
-        base_model=base_model,
-        dataset_uri=dataset,
+        base_model=_absolute(base_model),
+        dataset_uri=_absolute(dataset),
         dataset_format=fmt,
         offers=offers,
         notes=notes,
         prompts=prompts,
     )
+
+
+def _absolute(uri: str) -> str:
+    """A relative path that names something here, made absolute; anything else (a Hub id, a URI) as it is."""
+    if scheme(uri) or not uri:
+        return uri
+    path = Path(uri).expanduser()
+    return os.path.abspath(path) if not path.is_absolute() and path.exists() else uri
 
 
 def _digest_file(path: Path) -> str:

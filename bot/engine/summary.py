@@ -30,18 +30,20 @@ def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> DailySummary
     month_start, _ = period_bounds("month", now)
     with eng.session() as s:
 
-        def total(lo: float, hi: float) -> float:
-            return float(
-                s.execute(
-                    select(func.coalesce(func.sum(SpendEntry.amount), 0.0)).where(
-                        SpendEntry.period_start >= lo, SpendEntry.period_start < hi
-                    )
-                ).scalar_one()
+        def total(lo: float, hi: float, kind: str | None = None) -> float:
+            q = select(func.coalesce(func.sum(SpendEntry.amount), 0.0)).where(
+                SpendEntry.period_start >= lo, SpendEntry.period_start < hi
             )
+            if kind is not None:
+                q = q.where(SpendEntry.kind == kind)
+            return float(s.execute(q).scalar_one())
 
         spent_day = total(start, end)
         spent_today = total(today, today + DAY)
         spent_month = total(month_start, today + DAY)
+        storage_day = total(start, end, "storage")
+        storage_today = total(today, today + DAY, "storage")
+        storage_month = total(month_start, today + DAY, "storage")
         by_user = s.execute(
             select(SpendEntry.owner, func.sum(SpendEntry.amount))
             .where(SpendEntry.period_start >= start, SpendEntry.period_start < end)
@@ -84,6 +86,9 @@ def daily_summary(eng: EngineContext, *, day: str = "yesterday") -> DailySummary
         spent=round(spent_day, 4),
         spent_today=round(spent_today, 4),
         spent_month=round(spent_month, 4),
+        storage=round(storage_day, 4),
+        storage_today=round(storage_today, 4),
+        storage_month=round(storage_month, 4),
         by_user=[SpendLine(key=u or "-", amount=round(float(a), 4)) for u, a in by_user],
         by_provider=[SpendLine(key=p or "-", amount=round(float(a), 4)) for p, a in by_provider],
         finished={str(k): int(n) for k, n in finished.items()},

@@ -26,7 +26,7 @@ from bot.engine.launch import launch_job, reclaim_stale
 from bot.engine.recovery import mark_preempted, relaunch
 from bot.engine.spend import jobs_spend
 from bot.engine.states import JobState
-from runner.spec import EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
+from runner.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
 from store.models import Job
 
@@ -37,6 +37,7 @@ OUTCOME_STATE = {
     "finished": (JobState.SUCCEEDED, "finished"),
     "plateau": (JobState.STOPPED, "plateau"),
     "failed": (JobState.FAILED, "runner failed"),
+    "budget": (JobState.STOPPED, "budget"),  # the runner stopped itself at the job's spend cap
 }
 ENDED = ("exited", "preempted", "gone")  # verdicts after which the instance no longer trains
 
@@ -168,6 +169,8 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
                 reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
                 "its SHA-256 check or pip install failed; the host's log says which)",
             )
+        if code == EXIT_BUDGET:  # the runner stopped itself at the cap (its event may not be read yet)
+            return Action(Do.finish, JobState.STOPPED, "budget")
         return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
     if v in ("preempted", "gone"):
         return Action(Do.preempt, reason=f"instance {v}", gone=v == "gone")

@@ -4,7 +4,8 @@ A job costs money until its instance is terminated, and the supervisor (the sche
 `tunebot serve`: its tick follows every running job, ends finished ones, enforces caps, relaunches after
 preemptions) is what terminates it. The leader renews a lease row in the store every few seconds (on
 PostgreSQL beside its advisory lock), so any process can tell whether one is alive: `tunebot launch` without
-a live one says so, and how to start one. And a runner's terminal event ends its job in whichever process
+a live one starts one in the background (bot/commands/supervisor.py), or says so and how to start one
+(TUNEBOT_START_SUPERVISOR=0). And a runner's terminal event ends its job in whichever process
 reads it first (a push to /runner/events, `tunebot jobs`, `launch --wait`, the console, the tick): the finish
 terminates the instance and is idempotent with the others.
 """
@@ -23,9 +24,10 @@ LEASE_NAME = "scheduler"  # the scheduler leader's lease row (bot/scheduler.py w
 
 UNWATCHED = (
     "No tunebot supervisor is running on this job database (no live scheduler lease): nothing will "
-    "terminate the instance when the job ends, enforce its spend cap or relaunch it after a preemption, so "
-    "it bills until something does. Run `tunebot serve` (the way to run tunebot: docs/deploy.md), or follow "
-    "the job from here with `--wait`; `tunebot jobs JOB` also ends a job its runner reports finished."
+    "terminate the instance when the job ends or relaunch it after a preemption (the runner stops itself "
+    "at the spend cap, but its machine bills until something terminates it). Run `tunebot serve` (the way "
+    "to run tunebot: docs/deploy.md), or follow the job from here with `--wait`; `tunebot jobs JOB` also "
+    "ends a job its runner reports finished."
 )
 
 

@@ -116,6 +116,15 @@ def parse_interruptible(text: str) -> bool | None:
         raise ValueError(f"`{text}` is not one of yes, no, spot, on-demand, any") from None
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """The hint " did you mean `x`?" for the known word closest to a typo ("" when none is close): every
+    door's message for a mistyped option, value or command says it the same way."""
+    import difflib
+
+    close = difflib.get_close_matches(word.strip().lower(), list(known), n=1, cutoff=0.75)
+    return f" did you mean `{close[0]}`?" if close else ""
+
+
 def choice(*values: str, aliases: dict[str, str] | None = None) -> Callable[[str], str]:
     """A case-insensitive choice among ``values`` (plus aliases), for methods, schedulers, kernels."""
     table = {v.lower(): v for v in values} | {k.lower(): v for k, v in (aliases or {}).items()}
@@ -127,7 +136,8 @@ def choice(*values: str, aliases: dict[str, str] | None = None) -> Callable[[str
         dashed = key.replace("_", "-")
         if dashed in table:
             return table[dashed]
-        raise ValueError(f"`{text}` is not one of {', '.join(values)}")
+        hint = did_you_mean(key, table)
+        raise ValueError(f"`{text}` is not one of {', '.join(values)}" + (f";{hint}" if hint else ""))
 
     parse.choices = values  # type: ignore[attr-defined]
     return parse
@@ -495,8 +505,10 @@ def parse_values(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
         if option is None:
             known = ", ".join(o.key for o in OPTIONS)
             name = normalise_key(key)
-            message = f"unknown option (known: {known})"
-            raise OptionError(name, message, text=f"unknown option `{name}` (known: {known})")
+            hint = did_you_mean(name, BY_NAME)
+            hint = f";{hint}" if hint else ""
+            message = f"unknown option{hint} (known: {known})"
+            raise OptionError(name, message, text=f"unknown option `{name}`{hint} (known: {known})")
         if raw is None or str(raw).strip() == "":
             raise OptionError(option.key, "needs a value")
         if option.field in values:

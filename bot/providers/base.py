@@ -139,6 +139,9 @@ class Instance:
     ip: str | None = None
     started_at: datetime | None = None
     exit_code: int | None = None  # where known (local provider)
+    # When its process ended, where the provider itself knows it (local provider: the runner's exit, written
+    # by the wrapper on this machine). A process bills nothing after it: the books end there.
+    exited_at: datetime | None = None
     # When the provider created it, on the provider's clock (billing starts there); None where its API
     # does not say (Lambda, TensorDock): the engine then bills from its launch request.
     created_at: datetime | None = None

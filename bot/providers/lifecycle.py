@@ -128,12 +128,18 @@ def ensure_terminated(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    sent: list[float] | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> bool:
-    """True once the provider confirms the instance is gone; False if the deadline passed first."""
+    """True once the provider confirms the instance is gone; False if the deadline passed first. ``sent``
+    gets the ``wall`` time of each terminate call (the last one is the call the provider confirmed: it bills
+    until then, not until the confirmation came back)."""
     rng = rng or random.Random()
     deadline = clock() + deadline_s
     attempt = 0
     while True:
+        if sent is not None:
+            sent.append(wall())
         try:
             provider.terminate(instance_id)  # returns only once the provider confirms it is gone
             return True

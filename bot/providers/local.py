@@ -41,7 +41,9 @@ from bot.providers.base import (
 )
 from bot.providers.common import finish_search
 
-DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-c", "from runner.cli import main; main()")
+# The runner as a module, in its instance's own folder and with -P (no current directory on sys.path): a file
+# in the bot's working directory named like a module (runner.py, torch.py) never shadows the real one.
+DEFAULT_RUNNER_COMMAND: tuple[str, ...] = (sys.executable, "-P", "-m", "runner.cli")
 # What a runner process inherits from the bot's environment: an allow-list (the system, Python, caches and
 # the ML libraries' offline/thread switches), never the bot's secrets. Everything else it needs comes in
 # LaunchRequest.env, as on a rented host (the spec, storage credentials, the read-only Hub token when needed).
@@ -277,6 +279,12 @@ class LocalProvider:
         else:
             exit_code = self._read_exit(iid) if exit_code is None else exit_code
             status, raw = InstanceStatus.exited, f"exited({exit_code})"
+        exited_at = None
+        if status != InstanceStatus.running:
+            try:  # the wrapper writes the exit code as the runner ends
+                exited_at = datetime.fromtimestamp(self.exit_code_path(iid).stat().st_mtime, UTC)
+            except OSError:
+                exited_at = None
         return Instance(
             provider=self.name,
             instance_id=iid,
@@ -290,6 +298,7 @@ class LocalProvider:
             started_at=datetime.fromtimestamp(rec["started_at"], UTC),
             created_at=datetime.fromtimestamp(rec["started_at"], UTC),
             exit_code=exit_code,
+            exited_at=exited_at,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -320,6 +329,7 @@ class LocalProvider:
                 try:
                     proc = subprocess.Popen(
                         ["/bin/sh", "-c", _WRAPPER, "tunebot-local", *command],
+                        cwd=folder,  # not the bot's working directory (see DEFAULT_RUNNER_COMMAND)
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,

@@ -194,7 +194,16 @@ def test_launch_prints_the_card_then_progress_lines_then_the_final_card(engine: 
     engine.create_job = lambda request, **kw: first  # type: ignore[method-assign]
     engine.jobs["j1"] = first
     out = cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000", "--wait")
-    expected = terminal(card(first)) + terminal(text_reply(cards.job_line(running))) + terminal(card(done))
+    from bot.commands.supervisor import supervision_line
+
+    who = supervision_line(engine, first, wait=True)  # one line: who supervises the job (this command)
+    assert who is not None and who[0].startswith("Supervisor: this command, until the job ends (--wait)")
+    expected = (
+        terminal(card(first))
+        + terminal(text_reply(who[0]))
+        + terminal(text_reply(cards.job_line(running)))
+        + terminal(card(done))
+    )
     assert out == expected
     assert "running · meta-llama/Llama-3.1-8B qlora · step 50/400 · loss 2.500" in out
     assert "Job j1: succeeded" in out and "all done" in out
@@ -207,22 +216,54 @@ def test_launch_above_the_approval_amount_says_who_must_approve(engine: CliEngin
     assert "tunebot approve j1" in out and "--user" not in out
 
 
-def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(engine: CliEngine) -> None:
+def test_launch_with_no_supervisor_alive_says_so_and_how_to_start_one(
+    engine: CliEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEBOT_START_SUPERVISOR", "0")  # not to start one: only say so
+    from bot.settings import get_settings
+
+    get_settings.cache_clear()
     engine.supervisor_alive = False
     out = " ".join(cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000").split())
     assert "Job j1: launching" in out
     assert "No tunebot supervisor is running on this job database" in out
     assert "Run tunebot serve (the way to run tunebot: docs/deploy.md)" in out and "--wait" in out
     engine.supervisor_alive = True
-    assert "No tunebot supervisor" not in cli(
-        "launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000"
-    )
+    out = " ".join(cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000").split())
+    assert "No tunebot supervisor" not in out
+    assert "Supervisor: the tunebot serve alive on this job database watches the job." in out
+
+
+def test_launch_with_no_supervisor_alive_starts_one_and_says_so(
+    engine: CliEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    import bot.commands.supervisor as supervisor
+    from bot.settings import get_settings
+
+    monkeypatch.setenv("TUNEBOT_START_SUPERVISOR", "1")
+    get_settings.cache_clear()
+    started: list[str] = []
+
+    def start(settings):  # type: ignore[no-untyped-def]
+        started.append(str(settings.data_dir))
+        engine.supervisor_alive = True  # it takes the lease
+        return supervisor.Started(4242, Path(settings.data_dir) / "supervisor.log")
+
+    monkeypatch.setattr(supervisor, "start_background", start)
+    engine.supervisor_alive = False
+    out = " ".join(cli("launch", "llama-3.1-8b", "--dataset", "data.jsonl", "--tokens", "1000").split())
+    assert len(started) == 1 and "No tunebot supervisor" not in out
+    assert "Supervisor: none was alive on this job database, so one was started in the background" in out
+    assert "(tunebot serve --auto, pid 4242, log " in out and "supervisor.log" in out
 
 
 def test_approve_and_stop_print_the_job_card(engine: CliEngine) -> None:
     engine.jobs["j7"] = full_job(state="pending_approval", stop_reason=None)
     out = cli("approve", "j7")
-    assert out == terminal(card(engine.jobs["j7"])) and "Job j7: approved" in out
+    who = terminal(text_reply("Supervisor: the `tunebot serve` alive on this job database watches the job."))
+    assert out == terminal(card(engine.jobs["j7"])) + who and "Job j7: approved" in out
     out = cli("stop", "j7", "--user", "alice")
     assert out == terminal(card(engine.jobs["j7"])) and "stopped (user)" in out
 
@@ -310,3 +351,14 @@ def test_estimate_card_for_slack_is_unchanged_by_the_detailed_form() -> None:
     short = terminal(cards.estimate_reply(est, estimate_id="e1"))
     assert "Memory breakdown:" in short and "s per optimizer step" not in short
     assert "Offers ranked by expected total cost" in short and "Launch cheapest" in short
+
+
+def test_resume_on_the_command_line_says_how_to_follow_the_job(engine: CliEngine) -> None:
+    """Issue 27: `tunebot resume` printed "Progress goes to its thread": the CLI has no thread."""
+    from bot.chat.permissions import Permissions
+
+    engine.permissions = Permissions()  # type: ignore[attr-defined]
+    engine.jobs["j7"] = full_job(state="stopped", stop_reason="user")
+    out = " ".join(cli("resume", "j7", "--user", "alice").split())
+    assert "Resuming job j7" in out and "its thread" not in out
+    assert "Follow it with tunebot jobs j7 (or --wait)." in out

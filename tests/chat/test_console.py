@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from bot.chat.console import ConsoleNotifier, ConsoleSession
@@ -113,11 +114,24 @@ def test_cli_console_reads_stdin(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-def test_cli_serve_without_slack_explains_and_exits_2(tmp_path: Path) -> None:
-    proc = run_cli(["serve"], tmp_path)
+def test_cli_serve_with_slack_half_configured_explains_and_exits_2(tmp_path: Path) -> None:
+    """Issue 27: without any Slack variable `serve` runs the supervisor alone
+    (tests/engine/test_supervisor_everywhere.py); a bot token without an app token or --http is a mistake
+    to fix, explained, not a mode to guess."""
+    env = {**os.environ, "TUNEBOT_DATA_DIR": str(tmp_path / "data"), "SLACK_BOT_TOKEN": "xoxb-half"}
+    env.pop("SLACK_APP_TOKEN", None)
+    env.pop("SLACK_SIGNING_SECRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from bot.cli import main; main()", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert "Slack is not configured" in proc.stderr and "tunebot console" in proc.stderr
-    assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr
+    assert "Slack is only partly configured (SLACK_BOT_TOKEN set)" in proc.stderr
+    assert "SLACK_APP_TOKEN" in proc.stderr and "--http" in proc.stderr and "--no-slack" in proc.stderr
+    assert "Traceback" not in proc.stderr
     bad = run_cli(["serve", "--port", "0"], tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
@@ -254,3 +268,33 @@ def test_cli_console_piped_keeps_tables_whole(tmp_path: Path) -> None:
     for job_id in ("3f9a0c1b2d4e", "7b8c9d0e1f2a"):
         row = next((line for line in proc.stdout.splitlines() if job_id in line), "")
         assert "meta-llama/Llama-3.1-8B-Instruct qlora" in row and "stopped (budget)" in row, proc.stdout
+
+
+def test_the_console_says_where_progress_goes_not_a_thread(
+    engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27: the terminal printed "Progress goes to its thread" where there is no thread."""
+    import bot.commands.chat_commands as chat_commands
+    from bot.settings import Settings
+
+    class ConsoleEngine(FakeEngine):
+        def resume_all(self) -> None: ...
+
+        def tick(self) -> None: ...
+
+        def close(self) -> None: ...
+
+        def supervised(self) -> bool:
+            return True
+
+    eng = ConsoleEngine()
+    chat = ChatHandlers(eng, Permissions())
+    monkeypatch.setattr(chat_commands, "_runtime", lambda user: (Settings(), eng, chat))
+    monkeypatch.setattr("sys.stdin", io.StringIO("launch Llama-3.1-8B\nyes\nexit\n"))
+    assert chat_commands._run_console("me") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Launching job j1" in out and "its thread" not in out
+    assert "Progress prints here while the console is open (status JOB shows the job)." in out
+    # Slack's answer still names the thread: there is one.
+    slack = ChatHandlers(FakeEngine(), Permissions())
+    assert slack.progress_note == "Progress goes to its thread."

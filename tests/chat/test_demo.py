@@ -113,3 +113,63 @@ def test_demo_summary_counts_the_idle_volume_its_reminder_names(tmp_path: Path) 
     assert summary < reminder, out
     assert "Idle volumes: 1 ($14.00/month)" in out[summary:reminder], out
     assert "Idle volumes: 0" not in out
+
+
+def test_the_demo_keeps_its_files_in_the_data_folder_when_one_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: `tunebot demo` ignored TUNEBOT_DATA_DIR (its files went to the temp directory)."""
+    import io
+
+    from rich.console import Console
+
+    import bot.demo as demo
+    from bot.settings import get_settings
+
+    seen: list[Path] = []
+    monkeypatch.setattr(demo.Demo, "run", lambda self: seen.append(self.workdir) or 0)
+    monkeypatch.setattr(demo.Demo, "close", lambda self: None)
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNEBOT_DATA_DIR", str(home))
+    get_settings.cache_clear()
+    buf = io.StringIO()
+    assert demo.run_demo(console=Console(file=buf, width=300)) == 0
+    (first,) = seen
+    assert first.parent == home and first.name.startswith("demo-")  # its own folder, not the data folder
+    assert f"files in {first}" in buf.getvalue()
+    monkeypatch.delenv("TUNEBOT_DATA_DIR")
+    get_settings.cache_clear()
+    assert demo.run_demo(console=Console(file=io.StringIO(), width=300)) == 0
+    assert not seen[1].is_relative_to(home)  # unset: a temp folder, as before
+
+
+def test_the_demo_summary_says_where_its_money_came_from(tmp_path: Path) -> None:
+    """Issue 27: the demo's summary said today's spend was $0.0005 and the month's $0.09 with no word on
+    where the rest came from (the made-up idle volume's storage, billed since it was first seen)."""
+    import io
+
+    from rich.console import Console
+
+    from bot.chat.console import ConsoleNotifier
+    from bot.demo import Demo
+    from bot.engine.service import Engine
+    from bot.providers.local import LocalProvider
+    from bot.settings import Settings
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=200, force_terminal=False, color_system=None)
+    demo = Demo(console, tmp_path)
+    demo.local = LocalProvider(workdir=tmp_path / "local")
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
+    demo.engine = Engine(
+        settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"local": demo.local}
+    )
+    demo.notifier = ConsoleNotifier(demo.engine, console).attach(demo.engine.bus)
+    try:
+        demo.summary_and_reminders()
+        summary = demo.engine.daily_summary(day="today")
+    finally:
+        demo.engine.close()
+    assert summary.storage_month == summary.spent_month > 0  # no job ran: it is all the volume's storage
+    out = " ".join(buf.getvalue().split())
+    assert "month to date $" in out and "(compute $0.00, volume storage $" in out, out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -101,3 +102,28 @@ def test_server_memory_stays_bounded_under_big_bodies_and_a_gzip_bomb(tmp_path: 
             bomb = server.peak_mb() - start
             assert bomb < 50, f"peak RSS grew {bomb:.0f} MB under a gzip bomb"
             assert "Traceback" not in server.output()
+
+
+def test_the_slack_notifier_removes_the_chart_folder_it_made() -> None:
+    """Issue 27: every `tunebot serve` left a tunebot-charts-* folder in the temp directory."""
+    from bot.chat.notifier import SlackNotifier
+
+    notifier = SlackNotifier(engine=None, client=None).start()  # type: ignore[arg-type]
+    folder = notifier.chart_dir
+    assert folder.is_dir() and folder.name.startswith("tunebot-charts-")
+    (folder / "job-training.png").write_bytes(b"png")
+    notifier.stop()
+    assert not folder.exists()
+    given = Path(tempfile.mkdtemp())  # a folder the caller gave is the caller's
+    SlackNotifier(engine=None, client=None, chart_dir=given).stop()  # type: ignore[arg-type]
+    assert given.is_dir()
+
+
+@pytest.mark.slow
+def test_serve_leaves_no_chart_folder_in_the_temp_directory(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with FakeSlack() as slack:
+        with ServeProcess(tmp_path, slack_api=slack.api_url, env={"TMPDIR": str(tmp)}):
+            assert [p.name for p in tmp.glob("tunebot-charts-*")] != []  # made while it serves
+    assert list(tmp.glob("tunebot-charts-*")) == []

@@ -66,6 +66,18 @@ TABLE = [
         Action(Do.finish, JobState.FAILED, "runner failed", "runner: CUDA out of memory"),
     ),
     (
+        "runner stopped itself at the spend cap (no bot was alive): stopped (budget)",
+        running(outcome="budget", max_cost=1.0),
+        seen("exited", exit_code=79),
+        Action(Do.finish, JobState.STOPPED, "budget"),
+    ),
+    (
+        "exit 79 before its event was read: stopped (budget), not failed",
+        running(max_cost=1.0),
+        seen("exited", exit_code=79),
+        Action(Do.finish, JobState.STOPPED, "budget"),
+    ),
+    (
         "healthy and under its cap: nothing",
         running(max_cost=10.0),
         seen(spent=1.0, burn_per_hour=1.0),

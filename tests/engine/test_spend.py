@@ -175,3 +175,89 @@ def test_a_long_lived_bot_forgets_the_ledger_sources_that_stopped_billing(engine
         lines = s.execute(select(SpendEntry.job_id, SpendEntry.amount)).all()
     spend = engine.get_job(first.job_id).spend
     assert sum(a for j, a in lines if j == first.job_id) == pytest.approx(spend, abs=1e-5)
+
+
+class SlowToConfirm(FakeProvider):
+    """Terminates at once (the provider stops billing at the call), but confirms only a poll later: the
+    clock moves on while the bot waits for the confirmation, as a cloud's `terminating` state makes it."""
+
+    def __init__(self, clock, **kw):  # type: ignore[no-untyped-def]
+        super().__init__("slow", **kw)
+        self.clock = clock
+        self.billed_until: dict[str, float] = {}
+
+    def terminate(self, instance_id: str) -> None:
+        if instance_id in self.instances:
+            self.billed_until[instance_id] = self.clock()  # what the provider bills to
+        super().terminate(instance_id)
+        self.clock.advance(5.0)  # the confirmation: a poll later
+
+
+def test_a_terminated_instance_is_billed_until_the_terminate_call_not_its_confirmation(make_engine, clock):
+    """Issue 27: the ledger charged a finished cloud instance until the bot saw the end confirmed (5 s more
+    than the provider billed, in one case). The end is the terminate call the provider confirmed, bounded by
+    what was observed (never before the instance was last seen running, never after the confirmation)."""
+    slow = SlowToConfirm(clock, price=36.0)  # a cent a second: 5 s is 5 cents
+    eng = make_engine(providers={"slow": slow})
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(slow))
+    clock.advance(3600)
+    eng.stop(job.job_id, user="alice")
+    for _ in range(10):
+        eng.tick()
+        if eng.get_job(job.job_id).state == "stopped":
+            break
+    view = eng.get_job(job.job_id)
+    assert view.state == "stopped"
+    with eng.session() as s:
+        (row,) = s.execute(select(Instance).where(Instance.job_id == job.job_id)).scalars().all()
+        ledger = sum(e.amount for e in s.execute(select(SpendEntry)).scalars())
+    (billed,) = slow.billed_until.values()
+    assert row.ended_at == pytest.approx(billed)  # the provider's end, not 5 s later
+    billed_money = (billed - row.launched_at) * 36.0 / 3600
+    assert view.spend == pytest.approx(billed_money, abs=1e-6)
+    assert ledger == pytest.approx(billed_money, abs=1e-6)
+
+
+def test_the_billed_end_is_bounded_by_what_was_observed() -> None:
+    from bot.engine.finish import billed_end
+
+    row = Instance(provider="p", provider_instance_id="i", price_per_hour=1.0, launched_at=100.0)
+    assert billed_end(row, terminate_sent=150.0, confirmed=155.0) == 150.0
+    assert billed_end(row, terminate_sent=50.0, confirmed=155.0) == 100.0  # never before its launch
+    row.status, row.last_seen_at = "running", 152.0  # seen running after the call was sent (another process)
+    assert billed_end(row, terminate_sent=150.0, confirmed=155.0) == 152.0
+    assert billed_end(row, terminate_sent=160.0, confirmed=155.0) == 155.0  # never after the confirmation
+
+
+@pytest.mark.parametrize(("kind", "billed_s"), [("process", 600.0), ("container", 900.0)])
+def test_a_process_bills_until_it_exited_a_machine_until_it_is_terminated(make_engine, clock, kind, billed_s):
+    """Issue 27: no bot was alive when the runner stopped itself at its cap; the next supervisor charged the
+    whole wait. A process on this machine (the local provider says when it exited) bills nothing after its
+    exit; a rented machine bills until it is terminated, whatever its runner did."""
+    from datetime import UTC, datetime
+
+    from bot.providers.base import Capabilities, InstanceStatus
+
+    p = FakeProvider("p", price=36.0)
+    eng = make_engine(providers={"p": p})
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p, hours=0.5), max_cost=40.0)
+    p.capabilities = Capabilities(interruptible=False, volumes=False, kind=kind)  # what the instance is
+    clock.advance(600)
+    (iid,) = p.instances
+    p.set_status(iid, InstanceStatus.exited, exit_code=78)  # the runner stopped at the cap
+    p.instances[iid].exited_at = datetime.fromtimestamp(clock(), UTC)
+    clock.advance(300)  # nobody supervised for five minutes
+    eng.tick()
+    view = eng.get_job(job.job_id)
+    assert view.state == "stopped" and view.stop_reason == "budget", view
+    assert view.spend == pytest.approx(billed_s * 36.0 / 3600, abs=1e-6)
+
+
+def test_a_process_exit_is_bounded_by_what_was_observed() -> None:
+    from bot.engine.finish import billed_end
+
+    row = Instance(provider="p", provider_instance_id="i", price_per_hour=1.0, launched_at=100.0)
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=700.0) == 700.0
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=2000.0) == 900.0  # not after
+    row.status, row.last_seen_at = "running", 800.0  # seen running after the claimed exit: ran until then
+    assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=700.0) == 800.0

@@ -210,3 +210,28 @@ def test_a_job_that_fits_only_on_unconfigured_clouds_says_which_key_to_set(tmp_p
         eng.create_job(req, user="alice")
     assert eng.list_jobs() == [] and local.list_instances() == []
     eng.close()
+
+
+def test_the_daily_summary_says_how_much_of_the_spend_is_volume_storage(make_engine, clock):
+    from bot.chat.notifier import summary_text
+    from store.models import VolumeRecord
+
+    p = FakeProvider("p", price=2.0)
+    eng = make_engine(providers={"p": p})
+    now = eng.now()
+    with eng.session() as s:  # 300 GB at $0.10/GB-month: $1.00 a day, seen since two days ago
+        s.add(
+            VolumeRecord(
+                provider="p", volume_id="v1", size_gb=300, price_per_gb_month=0.1, first_seen_at=now - 2 * DAY
+            )
+        )
+        s.commit()
+    job = eng.create_job(request(), user="alice", estimate=estimate_for(p))
+    clock.advance(3600)
+    eng.stop(job.job_id, user="alice")
+    summary = eng.daily_summary(day="today")
+    assert summary.storage_today == pytest.approx(1.0 / 24, abs=1e-3)  # the hour since midnight
+    assert summary.spent_today == pytest.approx(2.0 + 1.0 / 24, abs=1e-3)
+    assert summary.storage_month == pytest.approx(summary.spent_month - 2.0, abs=1e-3)
+    text = summary_text(summary)
+    assert "today so far $2.04 (compute $2.00, volume storage $0.04)" in text, text
