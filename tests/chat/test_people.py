@@ -57,7 +57,7 @@ def test_slack_shows_people_not_ids(slack_stack: SlackStack) -> None:
     stack = slack_stack
     launch_job(stack, user=ALICE)
     n = len(stack.slack.of("response"))
-    stack.command("jobs all", user=BOB)
+    stack.command("jobs all", user=ALICE)  # a member sees their own jobs (issue 28)
     jobs = stack.responses(n + 1)[-1]
     (table,) = [b for b in jobs["blocks"] if b["type"] == "table"]
     owner = table["rows"][1][2]
@@ -65,7 +65,7 @@ def test_slack_shows_people_not_ids(slack_stack: SlackStack) -> None:
     assert {"type": "user", "user_id": ALICE} in owner["elements"][0]["elements"]
     # the id appears only inside user elements (Slack renders those as the member's name)
     assert not [s for s in _strings(jobs["blocks"]) if ALICE in s and s != ALICE]
-    stack.command(f"spend week <@{BOB}|bob>", user=ALICE)
+    stack.command(f"spend week <@{BOB}|bob>", user=BOB)  # one's own spend (another's: admins only)
     spend = stack.responses(n + 2)[-1]
     assert spend["blocks"][0]["text"]["text"] == "Spend week for @Bob Stone: $12.50"  # a header: plain text
     assert stack.notifier.drain()

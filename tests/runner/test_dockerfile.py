@@ -94,7 +94,9 @@ def test_adamw_is_the_fused_kernel_on_cuda() -> None:
     from runner.train import Trainer
 
     trainer = Trainer.__new__(Trainer)
-    trainer.spec = types.SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.0)
+    trainer.spec = types.SimpleNamespace(
+        optimizer="adamw", optimizer_impl="fused", learning_rate=1e-3, weight_decay=0.0
+    )
     trainer.params = [torch.nn.Parameter(torch.zeros(4))]
     trainer.group = types.SimpleNamespace(device=torch.device("cpu"), main=True)
     assert not trainer._optimizer().defaults.get("fused")

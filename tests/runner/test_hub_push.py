@@ -37,7 +37,7 @@ def _last_event(spec: Any) -> Any:
     return parse_progress((Path(spec.checkpoint.uri) / "progress.json").read_bytes())[-1]
 
 
-def bot_push(spec: Any, hub: Any, tmp_path: Path) -> str:
+def bot_push(spec: Any, hub: Any, tmp_path: Path, *, token: str | None = None) -> str:
     """What the bot does at the finish: the output the run's terminal event vouches for, file by file, pushed
     with the bot's own token. Raises PushRefused as the bot's push would."""
     import tempfile
@@ -51,7 +51,12 @@ def bot_push(spec: Any, hub: Any, tmp_path: Path) -> str:
     verified_output(spec.output_uri, spec.job_id, event.manifest_sha256, KEY, folder)
     assert spec.push_to_hub is not None
     return push_folder(
-        folder, spec.push_to_hub, spec, message="tunebot job: finished", token=hub.token, endpoint=hub.url
+        folder,
+        spec.push_to_hub,
+        spec,
+        message="tunebot job: finished",
+        token=token or hub.token,
+        endpoint=hub.url,
     )
 
 
@@ -160,3 +165,44 @@ def test_pushed_files_name_no_storage_uri_or_local_path(
         json.loads((Path(spec.output_uri) / "job.json").read_text())["checkpoint"]["uri"]
         == spec.checkpoint.uri
     )
+
+
+def test_the_bots_push_creates_a_private_repo_with_the_adapter_and_the_card(
+    runner_job: Callable[..., Any], hub: Any, tmp_path: Path
+) -> None:
+    """Moved here from test_job_checks when the push moved to the bot (issue 28): the run's output, pushed
+    by the bot, is a private repo with the adapter, the card and the tokenizer, and the adapter loads."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
+    summary, code = run(spec)
+    assert code == 0, summary
+    url = bot_push(spec, hub, tmp_path)
+    assert url == f"{hub.url}/acme/tiny-lora"
+    repo = hub.repos["acme/tiny-lora"]
+    assert repo.private  # private unless asked otherwise
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "tokenizer.json"} <= set(
+        repo.files
+    )
+    pulled = repo.write_to(tmp_path / "pulled")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec.base_model), str(pulled))
+    assert any("lora_A" in n for n, _ in model.named_parameters())
+
+
+def test_a_refused_push_keeps_the_output_and_says_why(
+    runner_job: Callable[..., Any], hub: Any, tmp_path: Path
+) -> None:
+    """A push the Hub refuses (a wrong token) loses nothing: the output stays in storage and the refusal
+    names the Hub's reason (bot/engine/hub_push.py writes it into the job's message as "not pushed to the
+    Hub (...)")."""
+    import huggingface_hub
+
+    spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
+    summary, code = run(spec)
+    assert code == 0 and summary.status == "finished"
+    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as refused:
+        bot_push(spec, hub, tmp_path, token="hf_wrong_token")  # refused by the Hub
+    assert "401" in str(refused.value) or "Unauthorized" in str(refused.value)
+    assert (Path(spec.output_uri) / "adapter_model.safetensors").exists()
+    assert "acme/tiny-lora" not in hub.repos
