@@ -244,7 +244,7 @@ def test_a_process_bills_until_it_exited_a_machine_until_it_is_terminated(make_e
     p.capabilities = Capabilities(interruptible=False, volumes=False, kind=kind)  # what the instance is
     clock.advance(600)
     (iid,) = p.instances
-    p.set_status(iid, InstanceStatus.exited, exit_code=78)  # the runner stopped at the cap
+    p.set_status(iid, InstanceStatus.exited, exit_code=79)  # the runner stopped at the cap
     p.instances[iid].exited_at = datetime.fromtimestamp(clock(), UTC)
     clock.advance(300)  # nobody supervised for five minutes
     eng.tick()

@@ -36,7 +36,7 @@ def test_lora_checkpoint_is_a_peft_adapter_that_loads_on_the_base(runner_job: Ca
         seq_len=128,
         learning_rate=1e-2,
         lora={"target_modules": ["q_proj", "v_proj"]},
-        checkpoint={"every_minutes": 0.0001, "keep": 1},
+        checkpoint={"every_minutes": 1e-9, "keep": 1},
         base_model_name="acme/tiny-llama",
     )
     summary, code = run(spec)
@@ -76,7 +76,7 @@ def test_full_checkpoint_is_a_model_transformers_loads(runner_job: Callable[...,
         max_steps=3,
         seq_len=128,
         learning_rate=3e-3,
-        checkpoint={"every_minutes": 0.0001, "keep": 1},
+        checkpoint={"every_minutes": 1e-9, "keep": 1},
     )
     summary, code = run(spec)
     assert code == EXIT_OK, summary

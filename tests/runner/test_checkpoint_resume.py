@@ -99,7 +99,7 @@ def test_sigkill_mid_upload_to_s3_then_a_fresh_directory_resumes_from_the_previo
         max_steps=6,
         base_model="s3://tunebot/base/model",
         dataset={"uri": "s3://tunebot/data/small.jsonl"},
-        checkpoint={"uri": "s3://tunebot/jobs/j1", "every_minutes": 0.001, "keep": 2},
+        checkpoint={"uri": "s3://tunebot/jobs/j1", "every_minutes": 1e-9, "keep": 2},
         output_uri="s3://tunebot/out/j1",
     )
     first_dir, fresh_dir = tmp_path / "host-1", tmp_path / "host-2"

@@ -67,7 +67,7 @@ def test_full_fine_tuning_on_two_cpu_processes_shards_with_fsdp_and_saves_whole_
         seq_len=128,
         grad_accum=1,
         report={"every_seconds": 0.01},
-        checkpoint={"every_minutes": 0.001, "keep": 1},
+        checkpoint={"every_minutes": 1e-9, "keep": 1},
     )
     proc = runner_process(write_spec(spec), env={"TUNEBOT_CPU_PROCESSES": "2"})
     rc, summary = proc.finish()

@@ -50,7 +50,7 @@ def job(runner_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Call
             "seq_len": 128,
             "grad_accum": 1,
             "plateau": {"enabled": False},
-            "checkpoint": {"every_minutes": 0.0001, "keep": 2},
+            "checkpoint": {"every_minutes": 1e-9, "keep": 2},
             **kw,
         }
     )
@@ -188,7 +188,7 @@ def test_a_former_runs_host_cannot_make_the_next_run_load_its_checkpoint(
             seq_len=128,
             grad_accum=1,
             plateau={"enabled": False},
-            checkpoint={"uri": str(tmp_path / run / "checkpoints"), "every_minutes": 0.0001, "keep": 2},
+            checkpoint={"uri": str(tmp_path / run / "checkpoints"), "every_minutes": 1e-9, "keep": 2},
             output_uri=str(tmp_path / run / "output"),
             run_id=run,
             **kw,
