@@ -115,7 +115,7 @@ def reporting_host(eng: EngineContext, job: Job) -> str:
             .limit(1)
         ).first()
     provider = row[0] if row else (job.provider or "?")
-    provider_obj = eng.providers.get(provider)
+    provider_obj = eng.supervisable.get(provider)
     if provider == "local" or getattr(getattr(provider_obj, "capabilities", None), "kind", None) == "local":
         return LOCAL_HOST
     where = (row[1] or row[2]) if row else None

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,18 @@ class EngineContext:
     limits: Limits = field(default_factory=Limits)
     memory: ProcessMemory = field(default_factory=ProcessMemory)
     permissions: Permissions | None = None  # the policy (default: from the settings)
+    # Providers this process supervises but does not offer for new jobs: a Slack `serve` with the local
+    # provider off still observes, stops, charges and tears down the local jobs the CLI launched on its store.
+    watch_only: Mapping[str, Provider] = field(default_factory=dict)
+
+    @property
+    def supervisable(self) -> Mapping[str, Provider]:
+        """Every provider a job of this store may run on that this process can reach: the offered ones
+        (``providers``, where new jobs launch) and the watch-only ones. Observing, stopping, charging and
+        tearing down ask this; launching and pricing ask ``providers``."""
+        if not self.watch_only:
+            return self.providers
+        return ChainMap(self.providers, self.watch_only)  # type: ignore[arg-type]
 
     @property
     def policy(self) -> Permissions:

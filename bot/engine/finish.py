@@ -45,7 +45,7 @@ def _gone_at_provider(eng: EngineContext, row: InstanceRow) -> float | None:
     stopped billing (``billed_end``), None when not confirmed."""
     from bot.providers.lifecycle import ensure_terminated
 
-    provider = eng.providers.get(row.provider)
+    provider = eng.supervisable.get(row.provider)
     if provider is None:
         log.error("cannot terminate %s/%s: provider not configured", row.provider, row.provider_instance_id)
         return None

@@ -370,7 +370,7 @@ def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) ->
             finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
         return
     for row in rows:  # graceful: SIGTERM lets the runner checkpoint; the exit then ends the job
-        provider = ctx.providers.get(row.provider)
+        provider = ctx.supervisable.get(row.provider)
         graceful = getattr(provider, "preempt", None)
         if callable(graceful):
             try:
@@ -378,7 +378,7 @@ def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) ->
                 continue
             except Exception as exc:  # noqa: BLE001
                 log.warning("graceful stop of %s failed: %s", row.provider_instance_id, exc)
-    if not any(callable(getattr(ctx.providers.get(r.provider), "preempt", None)) for r in rows):
+    if not any(callable(getattr(ctx.supervisable.get(r.provider), "preempt", None)) for r in rows):
         finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
 
 

@@ -56,7 +56,7 @@ def observe_many(eng: EngineContext, rows: list[InstanceRow]) -> dict[int, tuple
     seen: dict[int, Instance] = {}
     listings = _listings(eng, {n: g for n, g in by_provider.items() if len(g) > 1})
     for name, group in by_provider.items():
-        provider = eng.providers.get(name)
+        provider = eng.supervisable.get(name)
         if provider is None:
             out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
             continue  # not configured in this process: decide nothing
@@ -90,7 +90,7 @@ def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any
     from concurrent.futures import ThreadPoolExecutor
 
     def one(name: str) -> Any:
-        provider = eng.providers.get(name)
+        provider = eng.supervisable.get(name)
         if provider is None:
             return None
         try:
@@ -100,7 +100,7 @@ def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any
         except ProviderError as exc:
             return exc
 
-    names = [n for n in groups if n in eng.providers]
+    names = [n for n in groups if n in eng.supervisable]
     if len(names) <= 1:
         return {n: one(n) for n in names}
     with ThreadPoolExecutor(max_workers=len(names)) as pool:

@@ -49,7 +49,7 @@ def reconcile(eng: EngineContext) -> ReconcileReport:
     strays) and adoptions, which are rare, happen after it, each on its own."""
     report = ReconcileReport()
     listings: dict[str, tuple[list[Instance], float]] = {}
-    for name, provider in eng.providers.items():
+    for name, provider in eng.supervisable.items():
         listed_at = eng.now()
         try:
             listed = [i for i in provider.list_instances() if i.status not in GONE_STATUSES]
@@ -201,7 +201,7 @@ def _terminate_stray(
 ) -> None:
     """Not ours in the books: terminate and audit it (no row, so spend stays exact)."""
     try:
-        eng.providers[name].terminate(inst.instance_id)
+        eng.supervisable[name].terminate(inst.instance_id)
     except ProviderError as exc:
         log.warning("reconcile: terminating %s %s failed: %s", why, inst.instance_id, exc)
         return

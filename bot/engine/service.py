@@ -68,7 +68,8 @@ DEFAULT_CAP_FACTOR = jobs.DEFAULT_CAP_FACTOR
 
 
 class Engine:
-    """The engine. ``providers`` defaults to the configured ones (the local one where enabled)."""
+    """The engine. ``providers`` (offered for new jobs) defaults to the configured ones (the local one where
+    enabled); what it supervises adds the local provider where it is not offered (``supervisable``)."""
 
     def __init__(
         self,
@@ -85,11 +86,14 @@ class Engine:
         settings = settings or get_settings()
         self.db_url = normalize_url(db_url or settings.resolved_database_url())
         migrate(self.db_url)
+        watch_only: dict[str, Provider] = {}
         if providers is None:
-            from bot.providers.registry import build_providers
+            from bot.providers.registry import build_providers, watch_only_providers
 
             # None: TUNEBOT_LOCAL_PROVIDER decides (on for the console and CLI; serve passes False unless set)
             providers = build_providers(settings, local_workdir=local_workdir, include_local=local_provider)
+            # What new jobs may use is not what this process supervises: a job of this store ran where it ran.
+            watch_only = watch_only_providers(settings, providers, local_workdir=local_workdir)
         self.ctx = EngineContext(
             settings=settings,
             db=make_engine(self.db_url),
@@ -99,6 +103,7 @@ class Engine:
             limits=Limits(),
             memory=ProcessMemory(),
             permissions=permissions or Permissions.from_settings(settings),
+            watch_only=watch_only,
         )
         self.local_workdir = local_workdir
         self.auto_launch = True  # create_job/approve launch at once; otherwise the next tick does
@@ -106,7 +111,8 @@ class Engine:
     # --- the context, under the names callers have always used ----------------------------------
     settings = property(lambda self: self.ctx.settings)
     db = property(lambda self: self.ctx.db)
-    providers = property(lambda self: self.ctx.providers)
+    providers = property(lambda self: self.ctx.providers)  # offered for new jobs
+    supervisable = property(lambda self: self.ctx.supervisable)  # observed, stopped, charged, torn down
     bus = property(lambda self: self.ctx.bus)
     clock = property(lambda self: self.ctx.clock)
     limits = property(lambda self: self.ctx.limits)

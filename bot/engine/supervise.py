@@ -244,7 +244,7 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
 
 def _exit_message(ctx: EngineContext, row: InstanceRow | None) -> str | None:
     """The runner's own last words, where the provider can read them (the local provider's log)."""
-    provider = ctx.providers.get(row.provider) if row is not None else None
+    provider = ctx.supervisable.get(row.provider) if row is not None else None
     read = getattr(provider, "exit_message", None)
     if row is None or not callable(read):
         return None

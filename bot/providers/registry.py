@@ -130,6 +130,19 @@ def build_providers(
     return providers
 
 
+def watch_only_providers(
+    settings: Settings, offered: dict[str, Provider], *, local_workdir: str | Path | None = None
+) -> dict[str, Provider]:
+    """The providers a process supervises without offering them for new jobs: this machine's runners when
+    the local provider is off here (a Slack `tunebot serve`, a bot-only install). The CLI on the same store
+    and data folder may have launched local jobs; stopping, observing and tearing them down needs only the
+    local provider's state file and the processes' pids, not the runner's libraries."""
+    if "local" in offered:
+        return {}
+    workdir = Path(local_workdir) if local_workdir else settings.data_dir / "local-provider"
+    return {"local": LocalProvider(workdir=workdir)}
+
+
 def local_unavailable() -> str | None:
     """Why this machine's CPU is not offered although the local provider is on: the runner's libraries are
     missing here (bot/providers/local.runner_missing), or None."""
