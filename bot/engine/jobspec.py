@@ -75,6 +75,8 @@ def spec_fields(
         "keep": plan.keep,
         "samples": {"count": plan.samples, "max_new_tokens": plan.sample_tokens, "prompts": prompts},
     }
+    if plan.eval_every is not None:  # the cadence the estimate priced (None: the runner's automatic one)
+        fields["plateau"]["every_steps"] = plan.eval_every
     if plan.optimizer_impl != "fused":  # the runner's default; a spec without it also suits older runners
         fields["optimizer_impl"] = plan.optimizer_impl
     if plan.push_to_hub:

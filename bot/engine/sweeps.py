@@ -47,7 +47,6 @@ from bot.engine.api import (
 )
 from bot.engine.context import EngineContext
 from bot.engine.events import EngineEvent, EngineEventKind
-from bot.engine.jobspec import deep_merge
 from bot.engine.jobstate import ACTIVE, FINAL, JobState
 from bot.engine.permissions import Permissions
 from bot.engine.views import ts
@@ -165,14 +164,19 @@ def settings_text(config: dict[str, Any]) -> str:
 # ---- estimate --------------------------------------------------------------------------------------------
 
 
-def run_request(base: EstimateRequest, config: dict[str, Any]) -> EstimateRequest:
+def run_request(
+    base: EstimateRequest, config: dict[str, Any], eval_every: int | None = None
+) -> EstimateRequest:
     """One configuration's request: the shared options, this configuration's values, an eval split to rank
     on (eval= as given, else SWEEP_EVAL_SPLIT unless the data gets the automatic one), no plateau stop (the
-    sweep decides who stops), the best step kept."""
+    sweep decides who stops), the best step kept, and its eval cadence: the first stage's step (the stages end
+    at its multiples). The cadence is in the request, so the estimate prices the passes the runner makes."""
     data = base.model_dump(exclude_unset=True)
     data.update(config)
     data["plateau"] = False
     data.setdefault("keep", "best")
+    if eval_every is not None:
+        data["eval_every"] = eval_every
     return EstimateRequest(**data)
 
 
@@ -207,25 +211,27 @@ def estimate_sweep(
     configs = configurations(grid)
     max_cost = float(request.max_cost or 0.0)
     approval.checked_cap(max_cost, ctx.settings.max_cost_limit_usd)
-    requests = [run_request(request, c) for c in configs]
-    estimates: list[Estimate] = []
-    by_shape: dict[str, Estimate] = {}
-    for req in requests:
-        shape = req.model_dump_json(exclude=set(PRICE_FREE))
-        if shape not in by_shape:
-            by_shape[shape] = estimate(req)
-        est = by_shape[shape]
-        if est.training is not None:
-            est = est.model_copy(
-                update={"training": est.training.model_copy(update={f: getattr(req, f) for f in PRICE_FREE})}
-            )
-        estimates.append(est)
+    estimates = _priced_runs(estimate, [run_request(request, c) for c in configs])
     # Ranking needs held-out data: without an automatic split on this data, the sweep asks for one.
     held = estimates[0].training.eval_examples if estimates and estimates[0].training else None
     if request.eval_split is None and not held:
         request = request.model_copy(update={"eval_split": SWEEP_EVAL_SPLIT})
         return estimate_sweep(ctx, estimate, request, grid, eval_added=True)
     alive = survivors(len(configs))
+
+    def stages(est: Estimate) -> list[int]:
+        try:
+            return stage_steps(est.time.steps, len(alive))
+        except ValueError as exc:
+            raise EngineError(
+                f"{exc}: give steps= (or more epochs) for a sweep of {len(configs)} runs"
+            ) from None
+
+    # Every run evaluates at its first stage's step: priced again with that cadence (the eval passes change,
+    # the steps do not), the one _launch_runs gives the runs.
+    estimates = _priced_runs(
+        estimate, [run_request(request, c, stages(e)[0]) for c, e in zip(configs, estimates, strict=True)]
+    )
     costs: list[RunCost] = []
     where: list[str] = []
     notes: list[str] = []
@@ -235,12 +241,7 @@ def estimate_sweep(
             raise EngineError(
                 f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
             )
-        try:
-            steps = stage_steps(est.time.steps, len(alive))
-        except ValueError as exc:
-            raise EngineError(
-                f"{exc}: give steps= (or more epochs) for a sweep of {len(configs)} runs"
-            ) from None
+        steps = stages(est)
         costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps))
         where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
     worst = worst_case(costs, alive)
@@ -275,6 +276,24 @@ def estimate_sweep(
     out._estimates = estimates
     out._costs = costs
     return out
+
+
+def _priced_runs(estimate: Any, requests: list[EstimateRequest]) -> list[Estimate]:
+    """One planner estimate per distinct shape (the learning rate and schedule do not change the price), each
+    run's training plan with its own values."""
+    estimates: list[Estimate] = []
+    by_shape: dict[str, Estimate] = {}
+    for req in requests:
+        shape = req.model_dump_json(exclude=set(PRICE_FREE))
+        if shape not in by_shape:
+            by_shape[shape] = estimate(req)
+        est = by_shape[shape]
+        if est.training is not None:
+            est = est.model_copy(
+                update={"training": est.training.model_copy(update={f: getattr(req, f) for f in PRICE_FREE})}
+            )
+        estimates.append(est)
+    return estimates
 
 
 def _chosen(ctx: EngineContext, est: Estimate) -> Any:
@@ -452,10 +471,9 @@ def _launch_runs(
     runs = [dict(r) for r in row.runs]
     for run, est, cost in zip(runs, estimates, costs, strict=True):
         cap = round(plan["scale"] * cost.need(0), 6)
-        req = run_request(base, run["config"]).model_copy(update={"max_cost": cap})
-        overrides = deep_merge(
-            plan.get("spec_overrides") or {}, {"plateau": {"enabled": False, "every_steps": cost.steps[0]}}
-        )
+        # The cadence the estimate priced (run_request): its JobSpec gets it from the plan, like every field.
+        req = run_request(base, run["config"], cost.steps[0]).model_copy(update={"max_cost": cap})
+        overrides = plan.get("spec_overrides") or {}
         try:
             job = jobs.create(
                 ctx,

@@ -65,7 +65,9 @@ class DataPlan:
             seed=req.seed,
             epochs=req.epochs,
             max_steps=req.max_steps,
-            plateau=PlateauSpec(enabled=req.plateau, patience=req.plateau_patience),
+            plateau=PlateauSpec(
+                enabled=req.plateau, patience=req.plateau_patience, every_steps=req.eval_every
+            ),
             plans=self._plans[key],
         )
 

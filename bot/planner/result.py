@@ -161,6 +161,7 @@ class TrainingPlan(BaseModel):
     plateau: bool
     plateau_patience: int
     plateau_on: str  # "eval loss" | "train loss"
+    eval_every: int | None = None  # the runner's eval cadence in steps (None: PlateauSpec's automatic one)
     push_to_hub: str | None = None
     hub_private: bool = True
     merge: bool = False

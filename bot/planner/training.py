@@ -167,6 +167,7 @@ def training_plan_without_model(req: EstimateRequest) -> TrainingPlan:
         plateau=req.plateau,
         plateau_patience=req.plateau_patience,
         plateau_on="eval loss" if req.eval_split else "train loss",
+        eval_every=req.eval_every,
         push_to_hub=req.push_to_hub,
         hub_private=not req.hub_public,
         merge=req.merge,
