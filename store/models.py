@@ -131,6 +131,9 @@ class JobRun(SQLModel, table=True):
     # pushes to the Hub (bot/engine/hub_push.py).
     output_uri: str | None = None
     output_manifest_sha256: str | None = Field(default=None, max_length=64)
+    # When the bot deleted this run's folder, all but what it pinned, once a newer run replaced it and its
+    # storage credentials had expired (bot/engine/pruning.py). None: not pruned.
+    pruned_at: float | None = None
 
 
 class RunCheckpoint(SQLModel, table=True):

@@ -51,6 +51,7 @@ from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 from bot.engine.ids import check_job_id, is_job_id
 from bot.engine.launch import launch_job, reclaim_stale, token_hash
 from bot.engine.permissions import Permissions
+from bot.engine.pruning import prune_superseded
 from bot.engine.reconcile import ReconcileReport
 from bot.engine.reconcile import reconcile as reconcile_pass
 from bot.engine.renewal import renew_due
@@ -481,7 +482,12 @@ class Engine:
         return n
 
     def reconcile(self) -> ReconcileReport:
-        return reconcile_pass(self.ctx)
+        report = reconcile_pass(self.ctx)
+        try:  # superseded runs' folders, once their credentials expired (bot/engine/pruning.py)
+            prune_superseded(self.ctx)
+        except Exception:  # noqa: BLE001 - storage is tidied on the next pass; the books are what matter
+            log.exception("pruning superseded runs' folders failed")
+        return report
 
     def resume_all(self) -> int:
         """After a (re)start: reconcile, take over launches whose process died, then one tick.
