@@ -223,7 +223,9 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
         kind = {
             EventKind.progress: EngineEventKind.progress,
             EventKind.checkpoint: EngineEventKind.checkpoint,
-            EventKind.plateau: EngineEventKind.plateau,
+            # The plateau milestone is the finish's (bot/engine/finish.py: with the spend and what the run
+            # bought), as "finished" is: the runner's event only moves the progress, or it is said twice.
+            EventKind.plateau: EngineEventKind.progress,
         }.get(e.kind)
         if kind is None:
             continue

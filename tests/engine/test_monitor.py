@@ -90,6 +90,33 @@ def test_plateau_stops_with_output(engine, fake):
     assert "plateau" in rec.kinds()
 
 
+def test_a_plateau_stop_is_announced_once(engine, fake):
+    """The runner's plateau event and the finish both announced it: the thread and the console said "Loss
+    plateaued" twice. The finish says it (with the spend and what the run bought), the runner's event moves
+    the progress."""
+    import io
+
+    from bot.chat.console import ConsoleNotifier
+    from bot.chat.terminal import cli_console
+
+    rec = Recorder(engine.bus)
+    out = io.StringIO()
+    ConsoleNotifier(engine, cli_console(out), progress_every_s=0.0).attach(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    spec = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    plateau = _sev(
+        engine, job.job_id, 1, "plateau", step=5, max_steps=10, loss=1.2345, output_uri=spec.output_uri
+    )
+    assert engine.record_runner_event(job.job_id, _token(fake), plateau)
+    engine.tick()
+    engine.tick()
+    assert engine.get_job(job.job_id).state == "stopped"
+    assert rec.kinds().count("plateau") == 1, rec.kinds()
+    printed = out.getvalue()
+    assert printed.count("Loss plateaued") == 1, printed
+    assert "Loss plateaued at 1.2345 (step 5)" in " ".join(printed.split()), printed
+
+
 @pytest.mark.parametrize(
     "status,code",
     [
