@@ -78,8 +78,8 @@ CLOCK_FILE_ENV = "TUNEBOT_FAKE_STS_CLOCK_FILE"
 
 
 def _clock_ahead() -> Any:
-    """How far the test has moved this server's clock forward (``StsMoto.advance_clock``): expiry is
-    then checked on that clock, so a test waits for no real lifetime to pass."""
+    """How far the test has moved this server's clock forward (``StsMoto.advance_clock``): credentials
+    are issued and their expiry checked on that clock, so a test waits for no real lifetime to pass."""
     import datetime
     import os
 
@@ -94,11 +94,14 @@ def _clock_ahead() -> Any:
 def _patch() -> None:
     import datetime
 
+    import moto.sts.models as sts_models
     import xmltodict
     from moto.iam import access_control as ac
     from moto.s3.exceptions import S3AccessDeniedError
     from moto.sts.models import sts_backends
 
+    real_utcnow = sts_models.utcnow
+    sts_models.utcnow = lambda: real_utcnow() + _clock_ahead()  # credentials are issued on that clock too
     original = ac.S3IAMRequest.check_action_permitted
 
     def check_action_permitted(self: Any, resource: str) -> None:
