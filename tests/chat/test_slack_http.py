@@ -30,7 +30,7 @@ def launch_job(stack: SlackStack, model: str = "Llama-3.1-8B", user: str = "U_AL
 
 def test_the_ack_comes_while_the_estimate_is_still_running(slack_stack: SlackStack) -> None:
     """Slack wants the ack within 3 s, whatever the work takes: the acks arrive while every estimate is
-    held (an event, not a clock), and the answers only once they are let go."""
+    held (an event, not a clock), the answers only once they are let go. Latency: bench/slack_ack.py."""
     gate = slack_stack.engine.estimate_gate = threading.Event()
     try:
         resp = slack_stack.command("estimate Llama-3.1-8B method=qlora")
