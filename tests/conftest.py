@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import os
+import shutil
 import socket
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -70,3 +77,43 @@ def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     from bot.settings import get_settings
 
     get_settings.cache_clear()
+
+
+# --- a migrated SQLite schema made once per test process, copied where a test opens a new database -------
+
+_TEMPLATE: dict[str, Path] = {}
+
+
+def _sqlite_template(real_upgrade: Callable[[str], None]) -> Path:
+    """The newest schema, migrated once by the real Alembic upgrade (checkpointed: one file holds it all)."""
+    if "path" not in _TEMPLATE:
+        folder = Path(tempfile.mkdtemp(prefix="tunebot-schema-"))
+        atexit.register(shutil.rmtree, folder, True)
+        real_upgrade(f"sqlite:///{folder / 'template.db'}")
+        with sqlite3.connect(folder / "template.db") as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        _TEMPLATE["path"] = folder / "template.db"
+    return _TEMPLATE["path"]
+
+
+@pytest.fixture(autouse=True)
+def _new_sqlite_databases_from_a_template(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new SQLite database starts as a copy of the migrated template, then goes through the real
+    ``migrate`` (which finds it at head): the same schema as migrating it, without ~1 s of Alembic per
+    database. tests/store, which tests the migrations themselves, migrates every database for real."""
+    if "store" in request.node.path.relative_to(Path(__file__).parent).parts[:1]:
+        return
+    import store.db as db
+
+    real_upgrade = db._upgrade
+
+    def upgrade(url: str) -> None:
+        path = make_url(url).database if db.is_sqlite(url) else None
+        if path and path != ":memory:" and not path.startswith("file:") and not Path(path).exists():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_sqlite_template(real_upgrade), path)
+        real_upgrade(url)
+
+    monkeypatch.setattr(db, "_upgrade", upgrade)

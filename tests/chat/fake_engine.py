@@ -109,6 +109,7 @@ class FakeEngine:
     ) -> None:
         self.bus = EventBus()
         self.estimate_delay = estimate_delay
+        self.estimate_gate: threading.Event | None = None  # set: estimates wait until it is set
         self.n_offers = n_offers
         self.approval_above = approval_above
         self.jobs: dict[str, JobView] = {}
@@ -139,6 +140,8 @@ class FakeEngine:
     def estimate(self, request: EstimateRequest) -> Estimate:
         if self.estimate_delay:
             time.sleep(self.estimate_delay)
+        if self.estimate_gate is not None:
+            self.estimate_gate.wait(60)
         if request.model == "no-such-model":
             raise UnknownModelError("unknown model `no-such-model`; did you mean Llama-3.1-8B?")
         if request.model == "leaky":  # an engine bug: a key inside a refusal

@@ -203,12 +203,12 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
         "timestamp": time.time() + 3600,
         "metrics": {"tokens_per_second": 1e9, "max_memory_reserved_gb": 0.1},
     }
-    try:  # the best A can sign with: its own job's key
-        from runner.integrity import EVENT, sign
+    # The best A can sign with: its own job's key (every host gets one; without it the forgery would go
+    # unsigned and prove nothing about the key check).
+    from runner.integrity import EVENT, sign
 
-        forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)
-    except (ImportError, KeyError):  # the code before issue 19 had no job keys
-        pass
+    assert host_a.env.get("TUNEBOT_JOB_KEY"), "A's host got no job key: events would go unsigned"
+    forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)
     marker = tmp_path / "pwned"
     evil_pt = tmp_path / "optimizer.pt"
     torch.save({"state": _RunsCode(str(marker)), "param_groups": []}, evil_pt)

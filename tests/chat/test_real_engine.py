@@ -8,7 +8,6 @@ milestones, the loss chart and the finish with its cost in the thread.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,9 +73,8 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
     record = {"instruction": "Say hi.", "input": "", "output": "Hi there! " * 20}
     data.write_text("\n".join(json.dumps(record) for _ in range(200)) + "\n")
     cmd = f"estimate Llama-3.1-8B method=qlora epochs=2 dataset={data}"
-    started = time.monotonic()
-    ack = stack.command(cmd)
-    assert ack.status_code == 200 and time.monotonic() - started < 3
+    ack = stack.command(cmd)  # the ack says the work started; the answer comes later (the ack's timing:
+    assert ack.status_code == 200 and "Estimating" in ack.json()["text"]  # test_slack_http, on an event)
     estimate = stack.responses(1)[0]
     assert not violations(estimate) and "vast" in str(estimate["blocks"])
     eid = estimate_id_from(estimate)

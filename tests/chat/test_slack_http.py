@@ -28,18 +28,19 @@ def launch_job(stack: SlackStack, model: str = "Llama-3.1-8B", user: str = "U_AL
     return eid
 
 
-def test_ack_under_3s_while_the_estimate_takes_5s(slack_stack: SlackStack) -> None:
-    slack_stack.engine.estimate_delay = 5.0
-    started = time.monotonic()
-    resp = slack_stack.command("estimate Llama-3.1-8B method=qlora")
-    elapsed = time.monotonic() - started
-    assert resp.status_code == 200
-    assert elapsed < 3.0, elapsed
-    assert "Estimating Llama-3.1-8B qlora" in resp.json()["text"]
-    # a second command meanwhile is acknowledged just as fast
-    started = time.monotonic()
-    assert slack_stack.command("estimate Qwen2.5-7B").status_code == 200
-    assert time.monotonic() - started < 3.0
+def test_the_ack_comes_while_the_estimate_is_still_running(slack_stack: SlackStack) -> None:
+    """Slack wants the ack within 3 s, whatever the work takes: the acks arrive while every estimate is
+    held (an event, not a clock), the answers only once they are let go. Latency: bench/slack_ack.py."""
+    gate = slack_stack.engine.estimate_gate = threading.Event()
+    try:
+        resp = slack_stack.command("estimate Llama-3.1-8B method=qlora")
+        assert resp.status_code == 200
+        assert "Estimating Llama-3.1-8B qlora" in resp.json()["text"]
+        # a second command meanwhile is acknowledged too, still before any estimate ended
+        assert slack_stack.command("estimate Qwen2.5-7B").status_code == 200
+        assert not gate.is_set() and slack_stack.slack.of("response") == []
+    finally:
+        gate.set()
     full = slack_stack.responses(2, timeout=20)
     first = next(m for m in full if "Llama-3.1-8B" in m["text"])
     assert first["replace_original"] is True and first["response_type"] == "ephemeral"
@@ -85,8 +86,10 @@ def test_wrong_or_stale_signature_is_401(slack_stack: SlackStack) -> None:
         headers={"Content-Type": "application/x-www-form-urlencoded", **sign(body, secret="not-the-secret")},
     )
     assert other_secret.status_code == 401
-    time.sleep(0.3)
-    assert slack_stack.slack.of("response") == []
+    # A barrier, not a sleep: a signed command sent after them is answered, and its answer is the only one.
+    assert slack_stack.command("estimate Qwen2.5-7B").status_code == 200
+    (only,) = slack_stack.responses(1)
+    assert "Qwen2.5-7B" in str(only) and len(slack_stack.slack.of("response")) == 1
 
 
 def test_retried_and_double_clicked_launch_starts_one_job(slack_stack: SlackStack) -> None:

@@ -36,13 +36,12 @@ def spec_of(fake: Any, n: int) -> JobSpec:
 
 
 def as_host(item: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """An event signed the way a host with this environment can sign (with its own job's key)."""
-    key = env.get("TUNEBOT_JOB_KEY")
-    try:
-        from runner.integrity import EVENT, sign
-    except ImportError:  # the code before issue 19 had no keys: the event goes as it is
-        return item
-    return sign(bytes.fromhex(key), EVENT, item) if key else item
+    """An event signed the way a host with this environment can sign (with its own job's key). Every host
+    gets a key: one without it fails here rather than sending the event unsigned."""
+    from runner.integrity import EVENT, sign
+
+    assert env.get("TUNEBOT_JOB_KEY"), "the host got no job key: events would go unsigned"
+    return sign(bytes.fromhex(env["TUNEBOT_JOB_KEY"]), EVENT, item)
 
 
 def write_progress(path: str, events: list[dict[str, Any]]) -> None:
@@ -112,6 +111,23 @@ def test_a_host_cannot_finish_another_job_through_its_progress_object(engine, fa
     view = engine.get_job(b)
     assert view.state == "succeeded" and view.loss == 0.4321 and view.output_uri == mine.output_uri
     assert engine.get_job(a).state == "running"
+
+
+def test_an_unsigned_event_is_refused_even_with_the_jobs_own_token(engine, fake) -> None:
+    """Signing is on: the job's own token and its own progress object carry no unsigned event; the same
+    event signed with the job's key counts."""
+    a, _ = two_jobs(engine, fake)
+    env, spec = env_of(fake, 0), spec_of(fake, 0)
+    event = finished(a, 0, output_uri=spec.output_uri)
+    assert not engine.record_runner_event(a, spec.report.token, event)
+    write_progress(spec.checkpoint.uri, [event])
+    engine.tick()
+    assert engine.get_job(a).state == "running" and engine.get_job(a).output_uri is None
+    with engine.session() as s:
+        assert s.execute(select(RunnerEventRecord.seq).where(RunnerEventRecord.job_id == a)).all() == []
+    assert engine.record_runner_event(a, spec.report.token, as_host(event, env))
+    engine.tick()
+    assert engine.get_job(a).state == "succeeded"
 
 
 def test_a_final_jobs_token_changes_nothing(engine, fake) -> None:

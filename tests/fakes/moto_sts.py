@@ -74,14 +74,34 @@ def session_allows(policy: dict[str, Any], action: str, resource: str, context: 
     return allowed
 
 
+CLOCK_FILE_ENV = "TUNEBOT_FAKE_STS_CLOCK_FILE"
+
+
+def _clock_ahead() -> Any:
+    """How far the test has moved this server's clock forward (``StsMoto.advance_clock``): credentials
+    are issued and their expiry checked on that clock, so a test waits for no real lifetime to pass."""
+    import datetime
+    import os
+
+    path = os.environ.get(CLOCK_FILE_ENV)
+    try:
+        seconds = float(Path(path).read_text()) if path else 0.0
+    except (OSError, ValueError):
+        seconds = 0.0
+    return datetime.timedelta(seconds=seconds)
+
+
 def _patch() -> None:
     import datetime
 
+    import moto.sts.models as sts_models
     import xmltodict
     from moto.iam import access_control as ac
     from moto.s3.exceptions import S3AccessDeniedError
     from moto.sts.models import sts_backends
 
+    real_utcnow = sts_models.utcnow
+    sts_models.utcnow = lambda: real_utcnow() + _clock_ahead()  # credentials are issued on that clock too
     original = ac.S3IAMRequest.check_action_permitted
 
     def check_action_permitted(self: Any, resource: str) -> None:
@@ -94,7 +114,8 @@ def _patch() -> None:
             for r in sts_backends[key.account_id][key.partition].assumed_roles
             if r.access_key_id == key._access_key_id
         )
-        if role.expiration < datetime.datetime.now(datetime.UTC).replace(tzinfo=None):
+        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) + _clock_ahead()
+        if role.expiration < now:
             raise S3AccessDeniedError()  # expired credentials
         if not role.policy:
             return
@@ -132,10 +153,16 @@ class StsMoto:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        import os
+        import tempfile
+
+        self.clock_file = Path(tempfile.mkdtemp(prefix="tunebot-sts-clock-")) / "ahead"
+        self.clock_file.write_text("0")
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__)), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, CLOCK_FILE_ENV: str(self.clock_file)},
         )
         deadline = time.monotonic() + 30
         while True:
@@ -147,6 +174,13 @@ class StsMoto:
                     self.proc.kill()
                     raise RuntimeError("moto (STS) did not start") from None
                 time.sleep(0.1)
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move the server's clock (the one expiry is checked on) ``seconds`` further ahead."""
+        ahead = float(self.clock_file.read_text())
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(str(ahead + seconds))
+        tmp.replace(self.clock_file)
 
     def enforce(self, on: bool = True) -> None:
         import httpx
@@ -259,6 +293,7 @@ def sts_server() -> Iterator[StsMoto]:
 @pytest.fixture
 def sts_s3(sts_server: StsMoto, monkeypatch: pytest.MonkeyPatch) -> Iterator[StsWorld]:
     """A bucket on the enforcing server, the bot's keys in the environment (AWS_*), the runner role."""
+    sts_server.clock_file.write_text("0")  # a clock an earlier test moved ahead starts again at now
     world = StsWorld(sts_server)
     for key, value in world.env.items():
         monkeypatch.setenv(key, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import pytest
@@ -73,9 +74,15 @@ def test_memory_is_monotone_in_batch_sequence_and_rank(req: EstimateRequest, db:
 @FAST
 @given(requests)
 def test_more_gpus_never_raise_sharded_memory_per_gpu(req: EstimateRequest) -> None:
+    """Once sharded, more GPUs never raise the memory per GPU: the request's own count (2, 4 or 8) is held
+    against every other sharded count, fewer and more, so the 8-GPU draws are checked too. One GPU is not
+    compared: unsharded it carries no NCCL buffers and no gathered FSDP unit, so 1 -> 2 may rise."""
+    own = max(req.gpus, 2)
     for n in (2, 4, 8):
-        if n > req.gpus:
-            assert mem(req, gpus=n) <= mem(req) or req.gpus == 1 and mem(req, gpus=n) <= mem(req, gpus=2) + 1
+        if n > own:
+            assert mem(req, gpus=n) <= mem(req, gpus=own), (n, own)
+        elif n < own:
+            assert mem(req, gpus=own) <= mem(req, gpus=n), (n, own)
 
 
 @FAST
@@ -153,8 +160,20 @@ def test_every_offer_fits_or_says_why_and_totals_are_non_negative(req: EstimateR
     )
 )
 def test_random_bad_numbers_are_planning_or_validation_errors(fields: dict) -> None:
+    """Any numbers give a validation error that names a field it was given, a planning error that says
+    why, or an estimate whose every figure is a finite, non-negative number."""
     try:
         req = EstimateRequest(model="llama-3.2-1b", **fields)
-        plan_request(req, offers=OFFERS[:10])
-    except (ValidationError, PlanningError):
-        pass
+    except ValidationError as exc:
+        blamed = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        assert blamed and blamed <= set(fields), (blamed, fields)
+        return
+    try:
+        est = plan_request(req, offers=OFFERS[:10])
+    except PlanningError as exc:
+        assert str(exc).strip()
+        return
+    assert math.isfinite(est.memory.per_gpu_gb) and est.memory.per_gpu_gb > 0
+    assert math.isfinite(est.time.hours) and est.time.hours > 0
+    for o in est.offers:
+        assert math.isfinite(o.total_cost) and o.total_cost >= 0 and (o.fits or o.reason)

@@ -94,7 +94,8 @@ def test_preempt_kills_after_the_grace_period(tmp_path: Path) -> None:
     wait_for(lambda: "ready" in provider.log_path(inst.instance_id).read_text())
     started = time.monotonic()
     after = provider.preempt(inst.instance_id, grace_s=0.3)
-    assert 0.3 <= time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.3  # it gave the grace period (a lower bound: load cannot flake it)
+    # ... and then killed it: left alone, the process would have slept its 30 s out and exited 0
     assert after.status == InstanceStatus.exited and after.exit_code == KILLED_EXIT_CODE
     provider.terminate(inst.instance_id)
 

@@ -108,8 +108,17 @@ def test_the_creation_time_comes_from_the_rented_by_user_status(runpod) -> None:
 
 
 def test_terminate_of_a_missing_pod_is_already_gone(runpod) -> None:
-    provider, _ = runpod
+    """The delete goes out, RunPod answers "pod not found to terminate", and terminate takes that as done
+    (no error) without touching another pod."""
+    provider, fake = runpod
+    offer = provider.search_offers(OfferQuery())[0]
+    kept = provider.launch(LaunchRequest(job_id="kept", offer=offer, image="img"))
+    deletes = fake.count("delete")
     provider.terminate("pod-that-never-was")
+    assert fake.count("delete") == deletes + 1
+    assert fake.last_body("delete")["variables"]["input"]["podId"] == "pod-that-never-was"
+    assert "pod-that-never-was" not in fake.instances
+    assert fake.instances[kept.instance_id]["desiredStatus"] != "TERMINATED"
 
 
 def test_burn_rate_comes_from_current_spend(runpod) -> None:

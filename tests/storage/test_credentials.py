@@ -137,11 +137,15 @@ def test_assume_role_credentials_reach_the_jobs_folder_and_inputs_only(sts_s3: S
 def test_credentials_stop_working_when_they_expire(sts_s3: StsWorld) -> None:
     world = sts_s3
     cfg = settings(TUNEBOT_STORAGE_ROLE_ARN=world.role_arn, **world.env)
-    issued = credentials.assume_role(cfg, scope_for(f"s3://{world.bucket}/tunebot/j1"), name="j1", seconds=2)
+    issued = credentials.assume_role(
+        cfg, scope_for(f"s3://{world.bucket}/tunebot/j1"), name="j1", seconds=3600
+    )
     fs = runner_fs(issued, world)
     fs.pipe_file(f"{world.bucket}/tunebot/j1/a", b"1")
-    time.sleep(3)
-    assert denied(lambda: fs.pipe_file(f"{world.bucket}/tunebot/j1/b", b"2"))
+    world.server.advance_clock(3600 - 120)  # on the server's clock: two minutes of life left
+    fs.pipe_file(f"{world.bucket}/tunebot/j1/b", b"2")
+    world.server.advance_clock(240)  # two minutes past the expiry
+    assert denied(lambda: fs.pipe_file(f"{world.bucket}/tunebot/j1/c", b"3"))
 
 
 def test_federation_asks_sts_for_the_job_policy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from runner.spec import JobSpec
 ROWS = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}"} for i in range(20)]
 
 
-def engine_for(tmp_path: Path, world: StsWorld, **env: Any) -> tuple[Any, Any]:
+def engine_for(tmp_path: Path, world: StsWorld, clock: Any = time.time, **env: Any) -> tuple[Any, Any]:
     from engine.fakes import FakeProvider
 
     from bot.engine.service import Engine
@@ -32,7 +32,8 @@ def engine_for(tmp_path: Path, world: StsWorld, **env: Any) -> tuple[Any, Any]:
         TUNEBOT_STORAGE_ROLE_ARN=world.role_arn,
         **{**world.env, **env},
     )
-    return Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": cloud}), cloud
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    return Engine(settings, db_url=db_url, providers={"vast": cloud}, clock=clock), cloud
 
 
 def launch(eng: Any, cloud: Any, tmp_path: Path) -> tuple[str, dict[str, str]]:
@@ -47,7 +48,15 @@ def launch(eng: Any, cloud: Any, tmp_path: Path) -> tuple[str, dict[str, str]]:
 
 def test_a_launch_gets_scoped_credentials_and_the_bot_renews_them(tmp_path: Path, sts_s3: StsWorld) -> None:
     world = sts_s3
-    eng, cloud = engine_for(tmp_path, world, TUNEBOT_STORAGE_CREDENTIALS_SECONDS="10")
+    ahead = [0.0]  # the bot's and the store's clocks move together, by hand: no lifetime is waited out
+
+    def move(seconds: float) -> None:
+        ahead[0] += seconds
+        world.server.advance_clock(seconds)
+
+    eng, cloud = engine_for(
+        tmp_path, world, clock=lambda: time.time() + ahead[0], TUNEBOT_STORAGE_CREDENTIALS_SECONDS="60"
+    )
     job_id, env = launch(eng, cloud, tmp_path)
     spec = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"])
     assert (
@@ -76,7 +85,7 @@ def test_a_launch_gets_scoped_credentials_and_the_bot_renews_them(tmp_path: Path
     eng.tick()  # not yet at half-life: nothing written
     uri = env["TUNEBOT_CREDENTIALS_URI"]
     assert not runner.exists(uri.removeprefix("s3://"))
-    time.sleep(5.5)
+    move(30 + 1)  # past half-life
     eng.tick()
     found = read_renewal(
         uri, bytes.fromhex(env["TUNEBOT_JOB_KEY"]), job_id, spec.run_id
@@ -87,7 +96,7 @@ def test_a_launch_gets_scoped_credentials_and_the_bot_renews_them(tmp_path: Path
         expires > float(env["TUNEBOT_CREDENTIALS_EXPIRE_AT"])
         and fresh["AWS_ACCESS_KEY_ID"] != env["AWS_ACCESS_KEY_ID"]
     )
-    time.sleep(5)  # the first credentials have expired; the renewed ones work, for this job only
+    move(30)  # the first credentials have expired; the renewed ones work, for this job only
     try:
         runner.pipe_file(spec.checkpoint.uri.removeprefix("s3://") + "/progress.json", b"{}")
         raise AssertionError("expired credentials still work")

@@ -34,6 +34,7 @@ def _error(status: int, code: str, message: str, suggestion: str | None = None) 
 class FakeLambda(FakeCloud):
     provider = "lambda"
     url_suffix = "/api/v1"
+    unhealthy_polls = 1  # status reads a VM on a failed host reads unhealthy before it reads terminated
 
     def unauthorized(self, req: Request) -> Response:
         return _error(
@@ -175,6 +176,14 @@ class FakeLambda(FakeCloud):
                     inst["status"] = "terminated"
                     inst["_gone_in"] = 0
             return
+        if inst["status"] == "unhealthy" and "_dead_in" in inst:
+            if listing:
+                return
+            inst["_dead_in"] -= 1
+            if inst["_dead_in"] < 0:
+                inst["status"] = "terminated"
+                inst["_gone_in"] = self.gone_polls
+            return
         if listing:
             return
         inst["_polls"] += 1
@@ -220,9 +229,13 @@ class FakeLambda(FakeCloud):
 
     # -- test controls -----------------------------------------------------------------------------
     def preempt(self, instance_id: str) -> None:
-        """Lambda sells no spot; the closest event is a host failure: the VM turns unhealthy."""
+        """Lambda sells no spot; the closest event is a host failure. Its API has no "preempted" status
+        (booting|active|unhealthy|terminating|terminated, docs/providers.md): the VM reads ``unhealthy``
+        (which may still recover) for ``unhealthy_polls`` status reads, then ``terminated``."""
         with self.lock:
-            self.instances[instance_id]["status"] = "unhealthy"
+            inst = self.instances[instance_id]
+            inst["status"] = "unhealthy"
+            inst["_dead_in"] = self.unhealthy_polls
 
     def is_live(self, inst: dict[str, Any]) -> bool:
         return inst["status"] not in ("terminating", "terminated")
