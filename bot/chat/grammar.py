@@ -289,6 +289,24 @@ def _sweep(args: list[str]) -> SweepCmd:
         pairs = options.key_values(rest)
     except ValueError as exc:
         raise ParseError(str(exc), usage_for("sweep")) from None
+    grid, single = _sweep_grid(pairs)
+    shared = _key_values("sweep", [f"{k}={v}" for k, v in single])
+    _check_sweep_grid(grid, shared)
+    if "max_cost" not in shared:
+        raise ParseError("a sweep needs max_cost=$X: the most the whole sweep may spend", usage_for("sweep"))
+    try:
+        request = EstimateRequest(model=model, **shared)
+        for name, values in grid.items():  # every value is one a request takes
+            for value in values:
+                EstimateRequest(model=model, **{**shared, name: value})
+    except ValidationError as exc:
+        raise _friendly_validation("sweep", exc) from None
+    return SweepCmd(request=request, grid=grid)
+
+
+def _sweep_grid(pairs: list[tuple[str, str]]) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
+    """The swept options (a sweepable option given two values or more: request field -> distinct values)
+    and the (key, value) pairs every run shares."""
     grid: dict[str, list[Any]] = {}
     single: list[tuple[str, str]] = []
     for key, raw in pairs:
@@ -298,19 +316,29 @@ def _sweep(args: list[str]) -> SweepCmd:
             continue
         if option.field in grid:
             raise ParseError(f"{option.key}: is given twice", usage_for("sweep"))
-        values: list[Any] = []
-        for text in (t for t in raw.split(",") if t.strip()):
-            try:
-                value = option.parse(text)
-            except ValueError as exc:
-                raise ParseError(f"{option.key}: {exc}", usage_for("sweep")) from None
-            if value not in values:
-                values.append(value)
+        values = _swept_values(option, raw)
         if len(values) < 2:
             single.append((key, raw.strip(",")))
             continue
         grid[option.field] = values
-    shared = _key_values("sweep", [f"{k}={v}" for k, v in single])
+    return grid, single
+
+
+def _swept_values(option: options.Option, raw: str) -> list[Any]:
+    """The distinct values of a comma-separated list, each parsed as the option does, in the order given."""
+    values: list[Any] = []
+    for text in (t for t in raw.split(",") if t.strip()):
+        try:
+            value = option.parse(text)
+        except ValueError as exc:
+            raise ParseError(f"{option.key}: {exc}", usage_for("sweep")) from None
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _check_sweep_grid(grid: dict[str, list[Any]], shared: dict[str, Any]) -> None:
+    """A sweep varies something, nothing both shared and swept, and at most MAX_SWEEP_RUNS configurations."""
     both = set(shared) & set(grid)
     if both:
         raise ParseError(f"{options.BY_FIELD[both.pop()].key}: is given twice", usage_for("sweep"))
@@ -329,16 +357,6 @@ def _sweep(args: list[str]) -> SweepCmd:
             "give fewer values",
             usage_for("sweep"),
         )
-    if "max_cost" not in shared:
-        raise ParseError("a sweep needs max_cost=$X: the most the whole sweep may spend", usage_for("sweep"))
-    try:
-        request = EstimateRequest(model=model, **shared)
-        for name, values in grid.items():  # every value is one a request takes
-            for value in values:
-                EstimateRequest(model=model, **{**shared, name: value})
-    except ValidationError as exc:
-        raise _friendly_validation("sweep", exc) from None
-    return SweepCmd(request=request, grid=grid)
 
 
 def _user_ref(text: str) -> str | None:
