@@ -102,6 +102,28 @@ def _usd(value: float) -> str:
 
 
 ONE_HOST_MAX = 8  # the runner trains on one host (runner/distributed.py): no offer is sold with more GPUs
+_GPU_COUNTS = (1, 2, 4, ONE_HOST_MAX)  # the counts a suggestion of more GPUs tries
+
+
+class _Fitter:
+    """Where a variant of the request fits: the smallest GPU type among ``sold`` that holds it (None: none),
+    and the GB per GPU it needs. A full fine-tune's LoRA alternatives resolve their targets once."""
+
+    def __init__(self, arch: Architecture, sold: list[str]) -> None:
+        self.arch = arch
+        self.sold = sold
+        self._adapted: Architecture | None = None
+
+    def model_for(self, r: EstimateRequest) -> Architecture:
+        if r.method == "full":
+            return self.arch
+        if self._adapted is None:
+            self._adapted = self.arch.adapt(r.lora_targets)
+        return self._adapted
+
+    def __call__(self, r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
+        m = estimate_memory(self.model_for(r), r, gpus).per_gpu_gb
+        return _fits_anywhere(m, self.sold, memory_ratio(r, gpus)[1]), m
 
 
 def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -> list[str]:
@@ -110,47 +132,58 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
     suggestion was priced here and fits a GPU type that is sold; what would need more GPUs than one host has
     (ONE_HOST_MAX) is said as such, not suggested."""
     sold = sorted({o.gpu for o in offers if o.gpu in GPUS} or set(GPUS), key=lambda g: GPUS[g].memory_gb)
-    counts = [1, 2, 4, ONE_HOST_MAX]
-    out: list[str] = []
-    adapted: dict[str, Architecture] = {}
-
-    def model_for(r: EstimateRequest) -> Architecture:
-        if r.method == "full":
-            return arch
-        if "targets" not in adapted:  # a full fine-tune's LoRA alternatives resolve their targets here, once
-            adapted["targets"] = arch.adapt(r.lora_targets)
-        return adapted["targets"]
-
-    def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
-        m = estimate_memory(model_for(r), r, gpus).per_gpu_gb
-        return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
-
+    fits = _Fitter(arch, sold)
     if req.gpu == CPU.name and not any(o.gpu == CPU.name for o in offers):  # no local provider here
         where, m = fits(req.model_copy(update={"gpu": None}))
         rent = f": {where} holds it ({m:.1f} GB)" if where else ""
         return [f"no CPU offer here (only the local provider runs on this machine's CPU): drop gpu=cpu{rent}"]
+    out = _bigger_gpu(req, fits)
+    more = _more_gpus(req, fits)
+    out += more
+    said = [] if more else _beyond_one_host(req, fits)  # not suggestions: what would need more than one host
+    out += _lighter_training(req, fits)
+    if not out:
+        out.append(
+            f"nothing in the catalog fits even with QLoRA on {ONE_HOST_MAX} GPUs; pick a smaller model"
+        )
+    return out + said
+
+
+def _bigger_gpu(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """A bigger GPU than the one asked for, when one that is sold holds the job."""
     if req.gpu:
         where, m = fits(req)
         if where and where != req.gpu:
-            out.append(f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)")
-    more = False
-    for n in [c for c in counts if c > req.gpus]:
+            return [f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)"]
+    return []
+
+
+def _more_gpus(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """The fewest GPUs on one host (more than asked for) that hold the job with FSDP."""
+    for n in [c for c in _GPU_COUNTS if c > req.gpus]:
         where, m = fits(req.model_copy(update={"gpus": n}), n)
         if where:
-            out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
-            more = True
-            break
-    said: list[str] = []  # not suggestions: what would need more than one host
-    if not more:  # beyond one host: say it, do not suggest it
-        for n in (2 * max(req.gpus, ONE_HOST_MAX), 4 * max(req.gpus, ONE_HOST_MAX)):
-            r = req.model_copy(update={"gpus": n})
-            m = estimate_memory(model_for(r), r, n).per_gpu_gb
-            if _fits_anywhere(m, list(GPUS), memory_ratio(r, n)[1]):
-                said.append(
-                    f"{n} GPUs would need {m:.1f} GB per GPU, but no offer has more than {max(counts)} GPUs "
-                    "and the runner trains on one host (no multi-node, no CPU offload)"
-                )
-                break
+            return [f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU"]
+    return []
+
+
+def _beyond_one_host(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """What more GPUs than one host has would need: said, not suggested (the runner trains on one host)."""
+    for n in (2 * max(req.gpus, ONE_HOST_MAX), 4 * max(req.gpus, ONE_HOST_MAX)):
+        r = req.model_copy(update={"gpus": n})
+        m = estimate_memory(fits.model_for(r), r, n).per_gpu_gb
+        if _fits_anywhere(m, list(GPUS), memory_ratio(r, n)[1]):
+            return [
+                f"{n} GPUs would need {m:.1f} GB per GPU, but no offer has more than {ONE_HOST_MAX} GPUs "
+                "and the runner trains on one host (no multi-node, no CPU offload)"
+            ]
+    return []
+
+
+def _lighter_training(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """Lighter ways to train the same job that fit: LoRA, QLoRA, activation checkpointing, a micro-batch of
+    one, shorter sequences."""
+    out: list[str] = []
     if req.method == "full":
         where, m = fits(req.for_method("lora"))
         if where:
@@ -172,16 +205,18 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
             out.append(
                 f"{suggest('batch_size', 1)} {suggest('grad_accum', r.grad_accum)} needs {m:.1f} GB ({where})"
             )
+    return out + _shorter_sequences(req, fits)
+
+
+def _shorter_sequences(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """The longest of half, a quarter, ... of the sequence length (256 tokens at least) that fits."""
     seq = req.seq_len // 2
     while seq >= 256:
         where, m = fits(req.model_copy(update={"seq_len": seq}))
         if where:
-            out.append(f"shorter sequences: {suggest('seq_len', seq)} needs {m:.1f} GB ({where})")
-            break
+            return [f"shorter sequences: {suggest('seq_len', seq)} needs {m:.1f} GB ({where})"]
         seq //= 2
-    if not out:
-        out.append(f"nothing in the catalog fits even with QLoRA on {max(counts)} GPUs; pick a smaller model")
-    return out + said
+    return []
 
 
 def budget_suggestions(offers: list[Offer], job: JobShape, req: EstimateRequest, steps: int) -> list[str]:
