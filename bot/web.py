@@ -97,6 +97,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+class _Refused(Exception):
+    """A request turned away: the status and the message the client gets (``_error``)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 def create_app(
     *,
     bolt_app: Any | None = None,
@@ -107,80 +116,28 @@ def create_app(
 ) -> Starlette:
     """The app. ``signing_secret`` defaults to the bolt app's own (HTTP mode needs one: ValueError without);
     ``runner_token_job`` lets /runner/events refuse an unknown token before reading the body."""
-    verifier = None
-    if bolt_app is not None:
-        from slack_sdk.signature import SignatureVerifier
-
-        # bolt keeps the secret it verifies with; the same one is checked here, before bolt parses anything
-        secret = signing_secret or getattr(bolt_app, "_signing_secret", "") or ""
-        if not secret.strip():
-            raise ValueError("HTTP mode needs SLACK_SIGNING_SECRET: without it no request can be verified")
-        verifier = SignatureVerifier(secret)
+    verifier = _slack_verifier(bolt_app, signing_secret) if bolt_app is not None else None
 
     async def slack_events(request: Request) -> Response:
         if bolt_app is None or verifier is None:
             return _error(404, "Slack is not configured")
         from slack_bolt.adapter.starlette.async_handler import to_async_bolt_request, to_starlette_response
 
-        timestamp = request.headers.get("x-slack-request-timestamp", "")
-        signature = request.headers.get("x-slack-signature", "")
-        if not (SLACK_TIMESTAMP.fullmatch(timestamp) and SLACK_SIGNATURE.fullmatch(signature)):
-            return _error(401, "missing or malformed Slack signature")
-        if abs(verifier.clock.now() - int(timestamp)) > 60 * 5:
-            return _error(401, "stale Slack request")
         try:
-            body = await read_body(request, max_body_bytes)
-        except BodyTooLarge:
-            return _error(413, f"body over {max_body_bytes:,} bytes")
-        except BadLength:
-            return _error(400, "bad Content-Length")
-        if not verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
-            return _error(401, "invalid Slack signature")
-        if not slack_body_ok(body, request.headers.get("content-type", "")):
-            return _error(400, "body is not a Slack payload")
+            body = await _verified_slack_body(request, verifier, max_body_bytes)
+        except _Refused as refused:
+            return _error(refused.status, refused.message)
         bolt_response = await bolt_app.async_dispatch(to_async_bolt_request(request, body))
         return to_starlette_response(bolt_response)
 
     async def runner_events(request: Request) -> Response:
         if record_runner_event is None:
             return _error(503, "no engine")
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not BEARER_TOKEN.fullmatch(token):
-            return _error(401, "missing or malformed bearer token")
-        if declared_too_large(request, max_body_bytes):
-            return _error(413, f"body over {max_body_bytes:,} bytes")
-        owner = None
-        if runner_token_job is not None:
-            owner = await asyncio.to_thread(runner_token_job, token)
-            if owner is None:
-                return _error(401, "invalid token")
         try:
-            raw = await read_body(request, max_body_bytes)
-        except BodyTooLarge:
-            return _error(413, f"body over {max_body_bytes:,} bytes")
-        except BadLength:
-            return _error(400, "bad Content-Length")
-        try:
-            payload = parse_json(raw)
-        except ValueError:
-            return _error(400, "body is not JSON")
-        job_id = payload.get("job_id") if isinstance(payload, dict) else None
-        if not isinstance(job_id, str):
-            return _error(400, "expected a RunnerEvent object with job_id")
-        if not is_job_id(job_id):  # before any lookup: no NUL to the database, no newline to a log
-            return _error(400, "job_id is not a job id")
-        if owner is not None and job_id != owner:
-            return _error(401, "invalid token")
-        try:
-            ok = await asyncio.to_thread(record_runner_event, job_id, token, payload)
-        except (ValueError, RecursionError) as exc:  # a malformed event: the runner should not retry it
-            return _error(400, f"invalid event: {type(exc).__name__}")
-        except Exception:  # noqa: BLE001 - the runner retries; the log says why
-            log.exception("could not record a runner event for job %s", shown(job_id))
-            return _error(500, "could not record the event")
-        if not ok:
-            return _error(401, "invalid token")
+            token, payload, job_id = await _runner_event(request, runner_token_job, max_body_bytes)
+            await _record(record_runner_event, job_id, token, payload)
+        except _Refused as refused:
+            return _error(refused.status, refused.message)
         return JSONResponse({"ok": True})
 
     async def healthz(request: Request) -> Response:
@@ -195,3 +152,100 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )
+
+
+def _slack_verifier(bolt_app: Any, signing_secret: str | None) -> Any:
+    """The SignatureVerifier for the secret bolt verifies with: the same one is checked here, before bolt
+    parses anything (ValueError without a secret: no request could be verified)."""
+    from slack_sdk.signature import SignatureVerifier
+
+    secret = signing_secret or getattr(bolt_app, "_signing_secret", "") or ""
+    if not secret.strip():
+        raise ValueError("HTTP mode needs SLACK_SIGNING_SECRET: without it no request can be verified")
+    return SignatureVerifier(secret)
+
+
+async def _verified_slack_body(request: Request, verifier: Any, cap: int) -> bytes:
+    """The body of a Slack request, once its signature headers are well formed and recent, the body is
+    within the cap, its signature is Slack's and bolt can parse it; ``_Refused`` otherwise."""
+    timestamp = request.headers.get("x-slack-request-timestamp", "")
+    signature = request.headers.get("x-slack-signature", "")
+    if not (SLACK_TIMESTAMP.fullmatch(timestamp) and SLACK_SIGNATURE.fullmatch(signature)):
+        raise _Refused(401, "missing or malformed Slack signature")
+    if abs(verifier.clock.now() - int(timestamp)) > 60 * 5:
+        raise _Refused(401, "stale Slack request")
+    body = await _capped_body(request, cap)
+    if not verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
+        raise _Refused(401, "invalid Slack signature")
+    if not slack_body_ok(body, request.headers.get("content-type", "")):
+        raise _Refused(400, "body is not a Slack payload")
+    return body
+
+
+async def _capped_body(request: Request, cap: int) -> bytes:
+    """``read_body``, its refusals as the client sees them (413 over the cap, 400 a bad length)."""
+    try:
+        return await read_body(request, cap)
+    except BodyTooLarge:
+        raise _Refused(413, f"body over {cap:,} bytes") from None
+    except BadLength:
+        raise _Refused(400, "bad Content-Length") from None
+
+
+async def _runner_event(
+    request: Request, runner_token_job: RunnerTokenJob | None, cap: int
+) -> tuple[str, dict[str, Any], str]:
+    """(token, event, job id) of a runner's POST, in the order that reads least before it trusts: the
+    bearer token's form, the declared length, the token's job, the body, its JSON, its job id; ``_Refused``
+    at the first that fails."""
+    token = _bearer_token(request)
+    if declared_too_large(request, cap):
+        raise _Refused(413, f"body over {cap:,} bytes")
+    owner = None
+    if runner_token_job is not None:
+        owner = await asyncio.to_thread(runner_token_job, token)
+        if owner is None:
+            raise _Refused(401, "invalid token")
+    raw = await _capped_body(request, cap)
+    try:
+        payload = parse_json(raw)
+    except ValueError:
+        raise _Refused(400, "body is not JSON") from None
+    job_id = _event_job_id(payload)
+    if owner is not None and job_id != owner:
+        raise _Refused(401, "invalid token")
+    return token, payload, job_id
+
+
+def _bearer_token(request: Request) -> str:
+    """The token of an ``Authorization: Bearer`` header of the expected form."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not BEARER_TOKEN.fullmatch(token):
+        raise _Refused(401, "missing or malformed bearer token")
+    return token
+
+
+def _event_job_id(payload: Any) -> str:
+    """The event's job id, checked to be one before any lookup: no NUL to the database, no newline to a
+    log."""
+    job_id = payload.get("job_id") if isinstance(payload, dict) else None
+    if not isinstance(job_id, str):
+        raise _Refused(400, "expected a RunnerEvent object with job_id")
+    if not is_job_id(job_id):
+        raise _Refused(400, "job_id is not a job id")
+    return job_id
+
+
+async def _record(record_runner_event: RecordRunnerEvent, job_id: str, token: str, payload: Any) -> None:
+    """Hand the event to the engine: a malformed one is 400 (the runner should not retry it), a failure to
+    record it 500 (the runner retries; the log says why), one the engine refuses 401."""
+    try:
+        ok = await asyncio.to_thread(record_runner_event, job_id, token, payload)
+    except (ValueError, RecursionError) as exc:
+        raise _Refused(400, f"invalid event: {type(exc).__name__}") from None
+    except Exception:  # noqa: BLE001 - the runner retries; the log says why
+        log.exception("could not record a runner event for job %s", shown(job_id))
+        raise _Refused(500, "could not record the event") from None
+    if not ok:
+        raise _Refused(401, "invalid token")

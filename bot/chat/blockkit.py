@@ -370,65 +370,108 @@ def _text_len(obj: Any) -> int:
 
 def violations(payload: dict[str, Any], *, max_blocks: int | None = None) -> list[str]:
     """Every Block Kit limit a message (or view) payload breaks; empty when it is valid."""
-    problems: list[str] = []
+    blocks = _blocks_of(payload)
+    problems = _payload_problems(payload, blocks, max_blocks)
+    for i, block in enumerate(blocks):
+        problems.extend(f"block {i}: {p}" for p in _block_problems(block))
+    return problems
+
+
+def _blocks_of(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The payload's blocks (chat.postMessage also takes them as a JSON string)."""
     blocks = payload.get("blocks") or []
     if isinstance(blocks, str):
         import json
 
         blocks = json.loads(blocks)
-    cap = max_blocks or (MAX_BLOCKS_VIEW if payload.get("type") in ("home", "modal") else MAX_BLOCKS)
+    return blocks  # type: ignore[no-any-return]
+
+
+def _payload_problems(
+    payload: dict[str, Any], blocks: list[dict[str, Any]], max_blocks: int | None
+) -> list[str]:
+    """The limits on the message or view as a whole: block count, modal titles, text fallback, tables."""
+    problems: list[str] = []
+    view = payload.get("type") in ("home", "modal")
+    cap = max_blocks or (MAX_BLOCKS_VIEW if view else MAX_BLOCKS)
     if len(blocks) > cap:
         problems.append(f"{len(blocks)} blocks > {cap}")
     for key in ("title", "submit", "close"):
         if payload.get("type") == "modal" and _text_len(payload.get(key)) > MAX_MODAL_TITLE:
             problems.append(f"modal {key} > {MAX_MODAL_TITLE}")
-    if blocks and not payload.get("text") and payload.get("type") not in ("home", "modal"):
+    if blocks and not payload.get("text") and not view:
         problems.append("blocks without a text fallback")
     tables = [b for b in blocks if b.get("type") == "table"]
-    if tables and payload.get("type") in ("home", "modal"):
+    if tables and view:
         problems.append(f"a table block in a {payload['type']} view")
     if len(tables) > 1:
         problems.append(f"{len(tables)} table blocks in one message")
-    for i, block in enumerate(blocks):
-        kind = block.get("type")
-        if kind == "table":
-            problems.extend(f"block {i}: {p}" for p in table_problems(block))
-        if len(block.get("block_id", "")) > MAX_ACTION_ID:
-            problems.append(f"block {i}: block_id too long")
-        if kind == "header" and _text_len(block.get("text")) > MAX_HEADER:
-            problems.append(f"block {i}: header > {MAX_HEADER}")
-        if kind == "section":
-            if _text_len(block.get("text")) > MAX_SECTION_TEXT:
-                problems.append(f"block {i}: section text > {MAX_SECTION_TEXT}")
-            fields = block.get("fields") or []
-            if len(fields) > MAX_FIELDS:
-                problems.append(f"block {i}: {len(fields)} fields > {MAX_FIELDS}")
-            if any(_text_len(f) > MAX_FIELD_TEXT for f in fields):
-                problems.append(f"block {i}: field > {MAX_FIELD_TEXT}")
-            if "text" not in block and not fields:
-                problems.append(f"block {i}: section without text or fields")
-        if kind == "context" and len(block.get("elements") or []) > MAX_CONTEXT:
-            problems.append(f"block {i}: context > {MAX_CONTEXT} elements")
-        if kind == "actions":
-            elements = block.get("elements") or []
-            if len(elements) > MAX_ACTIONS:
-                problems.append(f"block {i}: actions > {MAX_ACTIONS}")
-            ids = [e.get("action_id", "") for e in elements]
-            if len(set(ids)) != len(ids):
-                problems.append(f"block {i}: duplicate action_id")
-            for e in elements:
-                if _text_len(e.get("text")) > MAX_BUTTON_TEXT:
-                    problems.append(f"block {i}: button text > {MAX_BUTTON_TEXT}")
-                if len(e.get("value", "")) > MAX_BUTTON_VALUE:
-                    problems.append(f"block {i}: button value > {MAX_BUTTON_VALUE}")
-                if len(e.get("action_id", "")) > MAX_ACTION_ID:
-                    problems.append(f"block {i}: action_id > {MAX_ACTION_ID}")
-                confirm = e.get("confirm")
-                if confirm:
-                    if _text_len(confirm.get("title")) > MAX_CONFIRM_TITLE:
-                        problems.append(f"block {i}: confirm title > {MAX_CONFIRM_TITLE}")
-                    if _text_len(confirm.get("text")) > MAX_CONFIRM_TEXT:
-                        problems.append(f"block {i}: confirm text > {MAX_CONFIRM_TEXT}")
+    return problems
+
+
+def _block_problems(block: dict[str, Any]) -> list[str]:
+    """The limits one block breaks, by its type."""
+    kind = block.get("type")
+    problems: list[str] = []
+    if kind == "table":
+        problems.extend(table_problems(block))
+    if len(block.get("block_id", "")) > MAX_ACTION_ID:
+        problems.append("block_id too long")
+    if kind == "header" and _text_len(block.get("text")) > MAX_HEADER:
+        problems.append(f"header > {MAX_HEADER}")
+    if kind == "section":
+        problems.extend(_section_problems(block))
+    if kind == "context" and len(block.get("elements") or []) > MAX_CONTEXT:
+        problems.append(f"context > {MAX_CONTEXT} elements")
+    if kind == "actions":
+        problems.extend(_actions_problems(block))
+    return problems
+
+
+def _section_problems(block: dict[str, Any]) -> list[str]:
+    """A section's text and fields: each within its length, at most MAX_FIELDS fields, one given."""
+    problems: list[str] = []
+    if _text_len(block.get("text")) > MAX_SECTION_TEXT:
+        problems.append(f"section text > {MAX_SECTION_TEXT}")
+    fields = block.get("fields") or []
+    if len(fields) > MAX_FIELDS:
+        problems.append(f"{len(fields)} fields > {MAX_FIELDS}")
+    if any(_text_len(f) > MAX_FIELD_TEXT for f in fields):
+        problems.append(f"field > {MAX_FIELD_TEXT}")
+    if "text" not in block and not fields:
+        problems.append("section without text or fields")
+    return problems
+
+
+def _actions_problems(block: dict[str, Any]) -> list[str]:
+    """An actions block: how many elements, unique action ids, and each button's own limits."""
+    elements = block.get("elements") or []
+    problems: list[str] = []
+    if len(elements) > MAX_ACTIONS:
+        problems.append(f"actions > {MAX_ACTIONS}")
+    ids = [e.get("action_id", "") for e in elements]
+    if len(set(ids)) != len(ids):
+        problems.append("duplicate action_id")
+    for e in elements:
+        problems.extend(_button_problems(e))
+    return problems
+
+
+def _button_problems(element: dict[str, Any]) -> list[str]:
+    """A button's text, value and action id lengths, and those of its confirm dialog."""
+    problems: list[str] = []
+    if _text_len(element.get("text")) > MAX_BUTTON_TEXT:
+        problems.append(f"button text > {MAX_BUTTON_TEXT}")
+    if len(element.get("value", "")) > MAX_BUTTON_VALUE:
+        problems.append(f"button value > {MAX_BUTTON_VALUE}")
+    if len(element.get("action_id", "")) > MAX_ACTION_ID:
+        problems.append(f"action_id > {MAX_ACTION_ID}")
+    confirm = element.get("confirm")
+    if confirm:
+        if _text_len(confirm.get("title")) > MAX_CONFIRM_TITLE:
+            problems.append(f"confirm title > {MAX_CONFIRM_TITLE}")
+        if _text_len(confirm.get("text")) > MAX_CONFIRM_TEXT:
+            problems.append(f"confirm text > {MAX_CONFIRM_TEXT}")
     return problems
 
 

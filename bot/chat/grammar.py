@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -288,6 +289,24 @@ def _sweep(args: list[str]) -> SweepCmd:
         pairs = options.key_values(rest)
     except ValueError as exc:
         raise ParseError(str(exc), usage_for("sweep")) from None
+    grid, single = _sweep_grid(pairs)
+    shared = _key_values("sweep", [f"{k}={v}" for k, v in single])
+    _check_sweep_grid(grid, shared)
+    if "max_cost" not in shared:
+        raise ParseError("a sweep needs max_cost=$X: the most the whole sweep may spend", usage_for("sweep"))
+    try:
+        request = EstimateRequest(model=model, **shared)
+        for name, values in grid.items():  # every value is one a request takes
+            for value in values:
+                EstimateRequest(model=model, **{**shared, name: value})
+    except ValidationError as exc:
+        raise _friendly_validation("sweep", exc) from None
+    return SweepCmd(request=request, grid=grid)
+
+
+def _sweep_grid(pairs: list[tuple[str, str]]) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
+    """The swept options (a sweepable option given two values or more: request field -> distinct values)
+    and the (key, value) pairs every run shares."""
     grid: dict[str, list[Any]] = {}
     single: list[tuple[str, str]] = []
     for key, raw in pairs:
@@ -297,19 +316,29 @@ def _sweep(args: list[str]) -> SweepCmd:
             continue
         if option.field in grid:
             raise ParseError(f"{option.key}: is given twice", usage_for("sweep"))
-        values: list[Any] = []
-        for text in (t for t in raw.split(",") if t.strip()):
-            try:
-                value = option.parse(text)
-            except ValueError as exc:
-                raise ParseError(f"{option.key}: {exc}", usage_for("sweep")) from None
-            if value not in values:
-                values.append(value)
+        values = _swept_values(option, raw)
         if len(values) < 2:
             single.append((key, raw.strip(",")))
             continue
         grid[option.field] = values
-    shared = _key_values("sweep", [f"{k}={v}" for k, v in single])
+    return grid, single
+
+
+def _swept_values(option: options.Option, raw: str) -> list[Any]:
+    """The distinct values of a comma-separated list, each parsed as the option does, in the order given."""
+    values: list[Any] = []
+    for text in (t for t in raw.split(",") if t.strip()):
+        try:
+            value = option.parse(text)
+        except ValueError as exc:
+            raise ParseError(f"{option.key}: {exc}", usage_for("sweep")) from None
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _check_sweep_grid(grid: dict[str, list[Any]], shared: dict[str, Any]) -> None:
+    """A sweep varies something, nothing both shared and swept, and at most MAX_SWEEP_RUNS configurations."""
     both = set(shared) & set(grid)
     if both:
         raise ParseError(f"{options.BY_FIELD[both.pop()].key}: is given twice", usage_for("sweep"))
@@ -328,16 +357,6 @@ def _sweep(args: list[str]) -> SweepCmd:
             "give fewer values",
             usage_for("sweep"),
         )
-    if "max_cost" not in shared:
-        raise ParseError("a sweep needs max_cost=$X: the most the whole sweep may spend", usage_for("sweep"))
-    try:
-        request = EstimateRequest(model=model, **shared)
-        for name, values in grid.items():  # every value is one a request takes
-            for value in values:
-                EstimateRequest(model=model, **{**shared, name: value})
-    except ValidationError as exc:
-        raise _friendly_validation("sweep", exc) from None
-    return SweepCmd(request=request, grid=grid)
 
 
 def _user_ref(text: str) -> str | None:
@@ -414,8 +433,93 @@ def _calibrate(args: list[str]) -> CalibrateCmd:
     return CalibrateCmd(action=action, run=args[1])  # type: ignore[arg-type]
 
 
+def _estimate(args: list[str]) -> EstimateCmd:
+    return EstimateCmd(request=_request("estimate", args))
+
+
+def _launch(args: list[str]) -> Command:
+    """`launch MODEL ...`, or `launch` alone: the form."""
+    return LaunchCmd(request=_request("launch", args)) if args else LaunchFormCmd()
+
+
+def _status(args: list[str]) -> StatusCmd:
+    return StatusCmd(job_id=_job_arg("status", args, required=False))
+
+
+def _jobs(args: list[str]) -> JobsCmd:
+    if len(args) > 1 or (args and args[0].lower() not in ("mine", "all")):
+        raise ParseError("`jobs` takes `mine` or `all`", usage_for("jobs"))
+    return JobsCmd(scope=(args[0].lower() if args else "mine"))  # type: ignore[arg-type]
+
+
+def _stop(args: list[str]) -> StopCmd:
+    return StopCmd(job_id=_job_arg("stop", args, required=True) or "")
+
+
+def _approve(args: list[str]) -> ApproveCmd:
+    return ApproveCmd(job_id=_job_arg("approve", args, required=True) or "")
+
+
+def _volumes(args: list[str]) -> VolumesCmd:
+    if args:
+        raise ParseError("`volumes` takes no arguments", usage_for("volumes"))
+    return VolumesCmd()
+
+
+def _gpus(args: list[str]) -> GpusCmd:
+    if len(args) > 1:
+        raise ParseError("`gpus` takes at most one GPU name", usage_for("gpus"))
+    return GpusCmd(gpu=(args[0].lower() if args else None))
+
+
+def _help(args: list[str]) -> HelpCmd:
+    topic = args[0].lower() if args else None
+    return HelpCmd(topic=topic if topic in COMMAND_USAGE else None)
+
+
+# Each command word (aliases included) and the function that reads its arguments.
+_PARSERS: dict[str, Callable[[list[str]], Command]] = {
+    "estimate": _estimate,
+    "est": _estimate,
+    "launch": _launch,
+    "status": _status,
+    "jobs": _jobs,
+    "stop": _stop,
+    "cancel": _stop,
+    "approve": _approve,
+    "resume": _resume,
+    "continue": _resume,
+    "clone": _clone,
+    "compare": _compare,
+    "sweep": _sweep,
+    "spend": _spend,
+    "volumes": _volumes,
+    "gpus": _gpus,
+    "budget": _budget,
+    "calibrate": _calibrate,
+    "calibration": _calibrate,
+    "help": _help,
+    "?": _help,
+    "-h": _help,
+    "--help": _help,
+}
+
+
 def parse(text: str) -> Command:
     """Parse one command line (with or without the `/tune` prefix)."""
+    words = _words(text)
+    if not words:
+        return HelpCmd()
+    name, args = words[0].lower(), words[1:]
+    parser = _PARSERS.get(name)
+    if parser is None:
+        hint = options.did_you_mean(name[:80], COMMAND_USAGE)
+        raise ParseError(f"unknown command `{name[:80]}`" + (f";{hint}" if hint else ""))
+    return parser(args)
+
+
+def _words(text: str) -> list[str]:
+    """The command's words, without the `/tune` prefix: only text of a sane length is read."""
     if not isinstance(text, str):
         raise ParseError("the command must be text")
     if len(text) > 4000:
@@ -423,47 +527,4 @@ def parse(text: str) -> Command:
     words = _split(text)
     if words and words[0].lower() in ("/tune", "tune", "tunebot"):
         words = words[1:]
-    if not words:
-        return HelpCmd()
-    name, args = words[0].lower(), words[1:]
-    if name in ("estimate", "est"):
-        return EstimateCmd(request=_request("estimate", args))
-    if name == "launch":
-        return LaunchCmd(request=_request("launch", args)) if args else LaunchFormCmd()
-    if name == "status":
-        return StatusCmd(job_id=_job_arg("status", args, required=False))
-    if name == "jobs":
-        if len(args) > 1 or (args and args[0].lower() not in ("mine", "all")):
-            raise ParseError("`jobs` takes `mine` or `all`", usage_for("jobs"))
-        return JobsCmd(scope=(args[0].lower() if args else "mine"))  # type: ignore[arg-type]
-    if name in ("stop", "cancel"):
-        return StopCmd(job_id=_job_arg("stop", args, required=True) or "")
-    if name == "approve":
-        return ApproveCmd(job_id=_job_arg("approve", args, required=True) or "")
-    if name in ("resume", "continue"):
-        return _resume(args)
-    if name == "clone":
-        return _clone(args)
-    if name == "compare":
-        return _compare(args)
-    if name == "sweep":
-        return _sweep(args)
-    if name == "spend":
-        return _spend(args)
-    if name == "volumes":
-        if args:
-            raise ParseError("`volumes` takes no arguments", usage_for("volumes"))
-        return VolumesCmd()
-    if name == "gpus":
-        if len(args) > 1:
-            raise ParseError("`gpus` takes at most one GPU name", usage_for("gpus"))
-        return GpusCmd(gpu=(args[0].lower() if args else None))
-    if name == "budget":
-        return _budget(args)
-    if name in ("calibrate", "calibration"):
-        return _calibrate(args)
-    if name in ("help", "?", "-h", "--help"):
-        topic = args[0].lower() if args else None
-        return HelpCmd(topic=topic if topic in COMMAND_USAGE else None)
-    hint = options.did_you_mean(name[:80], COMMAND_USAGE)
-    raise ParseError(f"unknown command `{name[:80]}`" + (f";{hint}" if hint else ""))
+    return words

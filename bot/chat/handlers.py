@@ -327,78 +327,99 @@ class ChatHandlers:
             return error_reply(GENERIC_ERROR)
 
     def _dispatch(self, command: Command, actor: Actor) -> Reply:
-        if isinstance(command, EstimateCmd):
-            return self._estimate(self._checked_sources(command.request, actor), actor, launching=False)
-        if isinstance(command, LaunchFormCmd):  # Slack opens a form instead; here a MODEL is needed
-            raise ParseError("`launch` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for("launch"))
-        if isinstance(command, LaunchCmd):
-            decision = self.permissions.can_launch(actor.user, _where(actor))
-            if not decision:
-                raise PermissionDenied(decision.reason)
-            return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
-        if isinstance(command, StatusCmd) and command.job_id and is_sweep(command.job_id):
-            return cards.sweep_card(self.engine.get_sweep(command.job_id, viewer=actor.user))
-        if isinstance(command, StatusCmd):
-            if command.job_id:  # the engine refuses another member's job (the policy's can_read)
-                return cards.job_card(
-                    self.engine.get_job(command.job_id, viewer=actor.user), with_samples=True
-                )
-            jobs = self.engine.list_jobs(user=actor.user, active_only=True, viewer=actor.user)
-            return cards.jobs_reply(jobs, title="Your active jobs")
-        if isinstance(command, JobsCmd):
-            return self._jobs(command.scope, actor)
-        if isinstance(command, StopCmd) and is_sweep(command.job_id):
-            view = self.engine.stop_sweep(command.job_id, user=actor.user)
-            return text_reply(
-                f":octagonal_sign: Sweep *{esc(view.sweep_id)}* is {esc(view.state)}: its runs stop after a "
-                f"checkpoint; spent {cards.money(view.spend)} of {cards.money(view.max_cost)}."
-            )
-        if isinstance(command, StopCmd):
-            return self._stop(command.job_id, actor)
-        if isinstance(command, CompareCmd):
-            return self._compare(list(command.job_ids), actor)
-        if isinstance(command, SweepCmd):
-            decision = self.permissions.can_launch(actor.user, _where(actor))
-            if not decision:
-                raise PermissionDenied(decision.reason)
-            request = self._checked_sources(command.request, actor)
-            estimate = self.engine.estimate_sweep(request, command.grid)
-            estimate_id = self.store.put(StoredSweep(estimate, actor.user, actor.channel))
-            return cards.sweep_estimate_reply(estimate, estimate_id=estimate_id)
-        if isinstance(command, ResumeCmd):
-            return self._resume(command.job_id, command.max_cost, actor)
-        if isinstance(command, CloneCmd):
-            decision = self.permissions.can_launch(actor.user, _where(actor))
-            if not decision:
-                raise PermissionDenied(decision.reason)
-            # The engine refuses another member's job; the data is checked for the cloner, as a launch's is.
-            request = self.engine.clone_request(command.job_id, command.changes, user=actor.user)
-            return self._estimate(self._checked_sources(request, actor), actor, launching=True)
-        if isinstance(command, ApproveCmd):
-            return self._approve(command.job_id, actor)
-        if isinstance(command, SpendCmd):
-            return self._spend(command.period, command.user, actor)
-        if isinstance(command, VolumesCmd):
-            return cards.volumes_reply(self.engine.volumes(viewer=actor.user))
-        if isinstance(command, GpusCmd):
-            return self._gpus(command.gpu)
-        if isinstance(command, BudgetShowCmd):
-            return cards.budgets_reply(
-                self.engine.budgets(viewer=actor.user),  # a member: their own (the engine filters)
-                who_sets=self.permissions.budget_setter_hint(),
-                only_yours=not self.permissions.sees_everyone(actor.user),
-            )
-        if isinstance(command, BudgetSetCmd):
-            self.check_budget_setter(actor)  # the engine decides again, whatever the door
-            view = self.engine.set_budget(
-                command.scope, command.target, daily=command.daily, monthly=command.monthly, user=actor.user
-            )
-            return cards.budget_saved_reply(view)
-        if isinstance(command, CalibrateCmd):
-            return self._calibrate(command, actor)
-        if isinstance(command, HelpCmd):
-            return cards.help_reply(command.topic)
+        """The reply to a parsed command: the answer its type is given in ``_ANSWERS``."""
+        for kind, answer in _ANSWERS:
+            if isinstance(command, kind):
+                return answer(self, command, actor)
         raise ParseError(f"unsupported command {command.name}")
+
+    def _check_can_launch(self, actor: Actor) -> None:
+        """Raise PermissionDenied unless ``actor`` may launch from where they are."""
+        decision = self.permissions.can_launch(actor.user, _where(actor))
+        if not decision:
+            raise PermissionDenied(decision.reason)
+
+    def _answer_estimate(self, command: EstimateCmd, actor: Actor) -> Reply:
+        return self._estimate(self._checked_sources(command.request, actor), actor, launching=False)
+
+    def _answer_launch_form(self, command: LaunchFormCmd, actor: Actor) -> Reply:
+        """Slack opens a form instead; here a MODEL is needed."""
+        raise ParseError("`launch` needs a MODEL first (e.g. Llama-3.1-8B)", usage_for("launch"))
+
+    def _answer_launch(self, command: LaunchCmd, actor: Actor) -> Reply:
+        self._check_can_launch(actor)
+        return self._estimate(self._checked_sources(command.request, actor), actor, launching=True)
+
+    def _answer_status(self, command: StatusCmd, actor: Actor) -> Reply:
+        """A sweep's card, a job's card, or the person's active jobs."""
+        if command.job_id and is_sweep(command.job_id):
+            return cards.sweep_card(self.engine.get_sweep(command.job_id, viewer=actor.user))
+        if command.job_id:  # the engine refuses another member's job (the policy's can_read)
+            return cards.job_card(self.engine.get_job(command.job_id, viewer=actor.user), with_samples=True)
+        jobs = self.engine.list_jobs(user=actor.user, active_only=True, viewer=actor.user)
+        return cards.jobs_reply(jobs, title="Your active jobs")
+
+    def _answer_jobs(self, command: JobsCmd, actor: Actor) -> Reply:
+        return self._jobs(command.scope, actor)
+
+    def _answer_stop(self, command: StopCmd, actor: Actor) -> Reply:
+        """A job, or a whole sweep (its runs stop after a checkpoint)."""
+        if not is_sweep(command.job_id):
+            return self._stop(command.job_id, actor)
+        view = self.engine.stop_sweep(command.job_id, user=actor.user)
+        return text_reply(
+            f":octagonal_sign: Sweep *{esc(view.sweep_id)}* is {esc(view.state)}: its runs stop after a "
+            f"checkpoint; spent {cards.money(view.spend)} of {cards.money(view.max_cost)}."
+        )
+
+    def _answer_compare(self, command: CompareCmd, actor: Actor) -> Reply:
+        return self._compare(list(command.job_ids), actor)
+
+    def _answer_sweep(self, command: SweepCmd, actor: Actor) -> Reply:
+        """The sweep priced and stored: its Launch button carries the stored id."""
+        self._check_can_launch(actor)
+        request = self._checked_sources(command.request, actor)
+        estimate = self.engine.estimate_sweep(request, command.grid)
+        estimate_id = self.store.put(StoredSweep(estimate, actor.user, actor.channel))
+        return cards.sweep_estimate_reply(estimate, estimate_id=estimate_id)
+
+    def _answer_resume(self, command: ResumeCmd, actor: Actor) -> Reply:
+        return self._resume(command.job_id, command.max_cost, actor)
+
+    def _answer_clone(self, command: CloneCmd, actor: Actor) -> Reply:
+        self._check_can_launch(actor)
+        # The engine refuses another member's job; the data is checked for the cloner, as a launch's is.
+        request = self.engine.clone_request(command.job_id, command.changes, user=actor.user)
+        return self._estimate(self._checked_sources(request, actor), actor, launching=True)
+
+    def _answer_approve(self, command: ApproveCmd, actor: Actor) -> Reply:
+        return self._approve(command.job_id, actor)
+
+    def _answer_spend(self, command: SpendCmd, actor: Actor) -> Reply:
+        return self._spend(command.period, command.user, actor)
+
+    def _answer_volumes(self, command: VolumesCmd, actor: Actor) -> Reply:
+        return cards.volumes_reply(self.engine.volumes(viewer=actor.user))
+
+    def _answer_gpus(self, command: GpusCmd, actor: Actor) -> Reply:
+        return self._gpus(command.gpu)
+
+    def _answer_budget_show(self, command: BudgetShowCmd, actor: Actor) -> Reply:
+        return cards.budgets_reply(
+            self.engine.budgets(viewer=actor.user),  # a member: their own (the engine filters)
+            who_sets=self.permissions.budget_setter_hint(),
+            only_yours=not self.permissions.sees_everyone(actor.user),
+        )
+
+    def _answer_budget_set(self, command: BudgetSetCmd, actor: Actor) -> Reply:
+        self.check_budget_setter(actor)  # the engine decides again, whatever the door
+        view = self.engine.set_budget(
+            command.scope, command.target, daily=command.daily, monthly=command.monthly, user=actor.user
+        )
+        return cards.budget_saved_reply(view)
+
+    def _answer_help(self, command: HelpCmd, actor: Actor) -> Reply:
+        return cards.help_reply(command.topic)
 
     def _calibrate(self, command: CalibrateCmd, actor: Actor) -> Reply:
         """`calibrate [show | exclude RUN | include RUN]`: admins only (the engine decides again)."""
@@ -728,3 +749,26 @@ class ChatHandlers:
 
     def _home(self, user: str) -> Reply:
         return home_reply(self.engine.dashboard(user))
+
+
+# Each command's answer, by its type (``ChatHandlers._dispatch``).
+_ANSWERS: tuple[tuple[type[Command], Callable[[ChatHandlers, Any, Actor], Reply]], ...] = (
+    (EstimateCmd, ChatHandlers._answer_estimate),
+    (LaunchFormCmd, ChatHandlers._answer_launch_form),
+    (LaunchCmd, ChatHandlers._answer_launch),
+    (StatusCmd, ChatHandlers._answer_status),
+    (JobsCmd, ChatHandlers._answer_jobs),
+    (StopCmd, ChatHandlers._answer_stop),
+    (CompareCmd, ChatHandlers._answer_compare),
+    (SweepCmd, ChatHandlers._answer_sweep),
+    (ResumeCmd, ChatHandlers._answer_resume),
+    (CloneCmd, ChatHandlers._answer_clone),
+    (ApproveCmd, ChatHandlers._answer_approve),
+    (SpendCmd, ChatHandlers._answer_spend),
+    (VolumesCmd, ChatHandlers._answer_volumes),
+    (GpusCmd, ChatHandlers._answer_gpus),
+    (BudgetShowCmd, ChatHandlers._answer_budget_show),
+    (BudgetSetCmd, ChatHandlers._answer_budget_set),
+    (CalibrateCmd, ChatHandlers._calibrate),
+    (HelpCmd, ChatHandlers._answer_help),
+)

@@ -155,27 +155,9 @@ def finish(
         if job is None or job.state in S.FINAL:
             return False
     result = _result_fields(eng, job, final, reason)  # reads storage: before any lock is taken
-    with eng.session() as s:
-        job = s.get(Job, job_id)
-        if job is None or job.state in S.FINAL:
-            return False
-        # Record the decision (and the output) before touching the instance, so that an engine
-        # restarted after a crash in this sequence finishes the same way instead of "recovering".
-        fields: dict[str, object] = dict(result)
-        outcome = {S.SUCCEEDED: "finished", S.FAILED: "failed"}.get(final)
-        if final == S.STOPPED and reason == "plateau":
-            outcome = "plateau"
-        if outcome and job.outcome is None:
-            fields["outcome"] = outcome
-        if final == S.STOPPED and outcome is None and job.stop_requested_at is None:
-            fields.update(stop_requested_at=eng.now(), stop_reason=reason)
-        if message and not job.message:
-            fields["message"] = message
-        if fields:
-            s.execute(update(Job).where(Job.id == job_id).values(**fields))
-        rows = _open_rows(s, job_id)
-        if fields:
-            s.commit()
+    rows = _record_decision(eng, job_id, final, reason, message, result)
+    if rows is None:
+        return False
     crashpoint("finish.before_terminate")
     # Terminate and confirm at the provider first; the rows are closed below, in the transaction that
     # records the final state (a crash before it commits leaves open rows of gone instances, which
@@ -194,6 +176,65 @@ def finish(
 
         if not hub_push.push(eng, job_id):
             return False
+    ended = _commit_final(eng, job_id, final, reason, actor, message, gone, all_gone)
+    if ended is None:
+        return False
+    owner_job, spend = ended
+    crashpoint("finish.after_commit")
+    if owner_job.output_uri and final in (S.SUCCEEDED, S.STOPPED):  # the card says what the ledger billed
+        from bot.engine.billed_card import record_billed_cost
+
+        record_billed_cost(owner_job.output_uri, spend)
+    _announce_finish(eng, job_id, owner_job, final, reason, message, spend)
+    return True
+
+
+def _record_decision(
+    eng: EngineContext,
+    job_id: str,
+    final: str,
+    reason: str | None,
+    message: str | None,
+    result: dict[str, object],
+) -> list[InstanceRow] | None:
+    """Record the decision (and the output) before touching the instance, so that an engine restarted after
+    a crash in this sequence finishes the same way instead of "recovering"; the job's open instance rows,
+    None when the job is gone or already final."""
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state in S.FINAL:
+            return None
+        fields: dict[str, object] = dict(result)
+        outcome = {S.SUCCEEDED: "finished", S.FAILED: "failed"}.get(final)
+        if final == S.STOPPED and reason == "plateau":
+            outcome = "plateau"
+        if outcome and job.outcome is None:
+            fields["outcome"] = outcome
+        if final == S.STOPPED and outcome is None and job.stop_requested_at is None:
+            fields.update(stop_requested_at=eng.now(), stop_reason=reason)
+        if message and not job.message:
+            fields["message"] = message
+        if fields:
+            s.execute(update(Job).where(Job.id == job_id).values(**fields))
+        rows = _open_rows(s, job_id)
+        if fields:
+            s.commit()
+    return rows
+
+
+def _commit_final(
+    eng: EngineContext,
+    job_id: str,
+    final: str,
+    reason: str | None,
+    actor: str,
+    message: str | None,
+    gone: list[tuple[InstanceRow, float]],
+    all_gone: bool,
+) -> tuple[Job, float] | None:
+    """Close the rows of the instances confirmed gone and, when all are, move the job to ``final`` with its
+    spend and ledger lines, in one transaction under the job's row lock; (the job, its spend), or None when
+    the job stays active (the next tick tries again)."""
     end_reason = final if final != S.STOPPED else f"stopped:{reason}"
     now = eng.now()
     with eng.session() as s, s.no_autoflush:  # the audit rows go in one INSERT at the commit
@@ -204,35 +245,51 @@ def finish(
             if any(closed) and job is not None and job.state in S.FINAL:  # it billed until now
                 s.execute(update(Job).where(Job.id == job_id).values(spend=job_spend(s, job_id, now)))
             s.commit()
-            return False
+            return None
         insts = job_instances(s, job_id)  # the row is locked: no instance of it closes meanwhile
         spend = job_spend(s, job_id, now, insts)
-        fields = {"finished_at": now, "claim_id": None}
+        fields: dict[str, object] = {"finished_at": now, "claim_id": None}
         if final == S.STOPPED:
             fields["stop_reason"] = reason
         if message:
             fields["message"] = message
-        src = job.state
         if not S.transition(
-            s, job_id, src, final, actor=actor, now=now, reason=reason, commit=False, spend=spend, **fields
+            s,
+            job_id,
+            job.state,
+            final,
+            actor=actor,
+            now=now,
+            reason=reason,
+            commit=False,
+            spend=spend,
+            **fields,
         ):
             s.rollback()
-            return False
+            return None
         roll_up(s, now, since=0.0, job_id=job_id, job_rows=(job, insts))  # this job's lines: O(its instances)
         s.commit()
-        owner_job = job
-    crashpoint("finish.after_commit")
-    if owner_job.output_uri and final in (S.SUCCEEDED, S.STOPPED):  # the card says what the ledger billed
-        from bot.engine.billed_card import record_billed_cost
+    return job, spend
 
-        record_billed_cost(owner_job.output_uri, spend)
+
+def _announce_finish(
+    eng: EngineContext,
+    job_id: str,
+    job: Job,
+    final: str,
+    reason: str | None,
+    message: str | None,
+    spend: float,
+) -> None:
+    """Tell the job's thread how it ended: its output and spend, or why it stopped or failed and the
+    checkpoint it can resume from."""
     kind = {S.SUCCEEDED: EngineEventKind.finished, S.FAILED: EngineEventKind.failed}.get(final)
     if final == S.STOPPED:
         kind = EngineEventKind.plateau if reason == "plateau" else EngineEventKind.stopped
     assert kind is not None
-    note = f" {owner_job.message}." if owner_job.message and kind in _DONE else ""
-    output = f" Output: {owner_job.output_uri}." if owner_job.output_uri else ""
-    left = "" if kind in _DONE else _checkpoint_sentence(owner_job)
+    note = f" {job.message}." if job.message and kind in _DONE else ""
+    output = f" Output: {job.output_uri}." if job.output_uri else ""
+    left = "" if kind in _DONE else _checkpoint_sentence(job)
     text = {
         EngineEventKind.finished: f"Job {job_id} finished.{output} Spend {money(spend)}.{note}",
         EngineEventKind.plateau: f"Job {job_id} stopped on a loss plateau.{output} "
@@ -244,16 +301,15 @@ def finish(
         kind,
         job_id,
         text,
-        job=owner_job,
+        job=job,
         spend=round(spend, 6),
         reason=reason,
-        output_uri=owner_job.output_uri,
-        checkpoint_uri=owner_job.last_checkpoint_uri,
-        checkpoint_step=owner_job.last_checkpoint_step,
+        output_uri=job.output_uri,
+        checkpoint_uri=job.last_checkpoint_uri,
+        checkpoint_step=job.last_checkpoint_step,
         state=final,
-        note=owner_job.message if kind in _DONE else None,
+        note=job.message if kind in _DONE else None,
     )
-    return True
 
 
 def _result_fields(eng: EngineContext, job: Job, final: str, reason: str | None) -> dict[str, object]:

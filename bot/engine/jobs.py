@@ -30,7 +30,7 @@ from bot.engine.spend import job_spend
 from bot.engine.views import job_view
 from bot.money import money
 from bot.planner.request import EstimateRequest
-from bot.planner.result import Estimate
+from bot.planner.result import Estimate, RankedOffer
 from store.models import Job, RunnerEventRecord
 
 log = logging.getLogger(__name__)
@@ -98,39 +98,11 @@ def create(
     admission.check_budgets(ctx, owner=user, team=team)
     fitting = offers_mod.launchable(est.offers, ctx.providers)
     if not fitting:
-        # why this machine's CPU is not among them, where the estimate says (engine/offers.local_note)
-        said = "prices: local: "
-        local = next((a.removeprefix(said) for a in est.assumptions if a.startswith(said)), "")
-        local = f" ({local})" if local else ""
-        elsewhere = sorted({o.provider for o in est.offers if o.fits})
-        if elsewhere:
-            raise EngineError(
-                f"it fits only on {', '.join(elsewhere)}, which this bot has no keys for: "
-                f"set the provider's API key to launch there{local}"
-            )
-        hint = f" Suggestions: {'; '.join(est.suggestions)}" if est.suggestions else ""
-        raise EngineError(f"no offer fits this fine-tune{local}.{hint}")
-    chosen = next((o for o in fitting if choice in o.labels), None)
-    if chosen is None:
-        chosen = next(
-            (
-                o
-                for o in fitting
-                if f"{o.provider}:{o.offer_id}:{'spot' if o.interruptible else 'od'}" == choice
-                or o.offer_id == choice
-            ),
-            None,
-        )
-    if chosen is None:
-        chosen = offers_mod.pick(fitting, choice)
-    if chosen is None:
-        raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+        raise _nothing_launchable(est)
+    chosen = _chosen_offer(fitting, choice)
     plan = plan_of(request, est.training)
     public_push = bool(plan.push_to_hub) and not plan.hub_private
-    if plan.push_to_hub:  # only into the allowed namespaces; public only with an admin's approval
-        decision = policy.can_push_to_hub(user, plan.push_to_hub, public=public_push)
-        if not decision:
-            raise PermissionDenied(decision.reason)
+    _check_hub_push(policy, user, plan.push_to_hub, public=public_push)
     explicit = approval.checked_cap(
         max_cost if max_cost is not None else request.max_cost, ctx.settings.max_cost_limit_usd
     )
@@ -271,6 +243,52 @@ def create(
     elif auto_launch:
         launch(ctx, job_id, user=user)
     return view(ctx, job_id)
+
+
+def _nothing_launchable(est: Estimate) -> EngineError:
+    """Why no offer of the estimate can be launched: it fits only on clouds this bot has no keys for, or
+    nowhere (with the estimate's suggestions); why this machine's CPU is not among them, where the estimate
+    says (engine/offers.local_note)."""
+    said = "prices: local: "
+    local = next((a.removeprefix(said) for a in est.assumptions if a.startswith(said)), "")
+    local = f" ({local})" if local else ""
+    elsewhere = sorted({o.provider for o in est.offers if o.fits})
+    if elsewhere:
+        return EngineError(
+            f"it fits only on {', '.join(elsewhere)}, which this bot has no keys for: "
+            f"set the provider's API key to launch there{local}"
+        )
+    hint = f" Suggestions: {'; '.join(est.suggestions)}" if est.suggestions else ""
+    return EngineError(f"no offer fits this fine-tune{local}.{hint}")
+
+
+def _chosen_offer(fitting: list[RankedOffer], choice: str) -> RankedOffer:
+    """The offer a person chose: by its label (cheapest, safest, fastest), its key or id, else as
+    offers.pick reads the choice; EngineError for none."""
+    chosen = next((o for o in fitting if choice in o.labels), None)
+    if chosen is None:
+        chosen = next(
+            (
+                o
+                for o in fitting
+                if f"{o.provider}:{o.offer_id}:{'spot' if o.interruptible else 'od'}" == choice
+                or o.offer_id == choice
+            ),
+            None,
+        )
+    if chosen is None:
+        chosen = offers_mod.pick(fitting, choice)
+    if chosen is None:
+        raise EngineError(f"unknown offer {choice!r}: use cheapest, safest, fastest or an offer key")
+    return chosen
+
+
+def _check_hub_push(policy: Permissions, user: str, repo: str | None, *, public: bool) -> None:
+    """A push goes only into the allowed namespaces; a public one only with an admin's approval."""
+    if repo:
+        decision = policy.can_push_to_hub(user, repo, public=public)
+        if not decision:
+            raise PermissionDenied(decision.reason)
 
 
 def approve(

@@ -14,6 +14,7 @@ import logging
 import math
 import secrets
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -417,212 +418,309 @@ def billing_start(inst: Instance, job: Job, now: float) -> float:
     return now
 
 
+@dataclass
+class _Walk:
+    """One launch's walk down the ranked offers: what it may rent without asking again, why each offer was
+    passed over, and what it prepares once whatever the offer."""
+
+    job: Job
+    run: JobRun  # this launch's own key and folder
+    spent: float
+    approved_key: str
+    # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py);
+    # when the projection leans on progress a host reported (done > 0), also within the accepted hourly price.
+    limit: float
+    done: float
+    hourly: float
+    held: list[approval.Proposal] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    down: dict[str, str] = field(default_factory=dict)  # a cloud whose API does not answer: not asked again
+    refused: set[str] = field(default_factory=set)  # a cloud that rejects the key: the same for every offer
+    price_refused: bool = False
+    issued: Issued | None = None
+    staged: dict[str, str] | None = None  # the runner for a stock image (bot/engine/runner_bundle.py)
+
+    @classmethod
+    def start(cls, eng: EngineContext, job: Job, run: JobRun, spent: float) -> _Walk:
+        done = approval.done_fraction(job)
+        hourly = approval.hourly_ceiling(job, eng.settings.price_tolerance) if done > 0 else math.inf
+        return cls(job, run, spent, offer_key(job.offer), approval.launch_limit(job), done, hourly)
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+    @property
+    def claimed(self) -> bool:
+        """Whether the projection leans on progress a host reported."""
+        return self.done > 0
+
+
 def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "engine") -> bool:
     """Launch the claimed job on the best offer that has capacity; True when an instance runs."""
-    from bot.providers.lifecycle import check_price, ensure_launched
-
     eng.own_claims.add(claim_id)
     crashpoint("launch.after_claim")
     with eng.session() as s:
         job = s.get(Job, job_id)
         if job is None or job.state != S.LAUNCHING or job.claim_id != claim_id:
             return False
-        # An instance adopted while the claim was open (reconciler, crashed launcher): just run it.
-        open_rows = (
-            s.execute(select(InstanceRow).where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None)))
-            .scalars()
-            .all()
-        )
-        if open_rows:
-            return _commit_running(eng, job_id, claim_id, open_rows[-1], None, None)
-        last_preempted = (
-            s.execute(
-                select(InstanceRow)
-                .where(InstanceRow.job_id == job_id, InstanceRow.end_reason == "preempted")
-                .order_by(InstanceRow.id.desc())
-            )
-            .scalars()
-            .first()
-        )
-        never_started = s.execute(  # bot/engine/startup.py: retried on another host
-            select(InstanceRow.provider, InstanceRow.offer_id).where(
-                InstanceRow.job_id == job_id, InstanceRow.end_reason == "start timeout"
-            )
-        ).all()
-        avoid = {f"{p}:{o}" for p, o in never_started}
-        if last_preempted:
-            avoid.add(f"{last_preempted.provider}:{last_preempted.offer_id}")
-        offers = candidate_offers(job, avoid=avoid)
+        adopted = _open_instance(s, job_id)
+        if (
+            adopted is not None
+        ):  # adopted while the claim was open (reconciler, crashed launcher): just run it
+            return _commit_running(eng, job_id, claim_id, adopted, None, None)
+        offers = candidate_offers(job, avoid=_hosts_to_avoid(s, job_id))
         spent = job_spend(s, job_id, eng.now())
-    # Another offer than the approved one is rented only within what was accepted (bot/engine/approval.py);
-    # when the projection leans on progress a host reported (done > 0), also within the accepted hourly price.
-    approved_key, limit, done = offer_key(job.offer), approval.launch_limit(job), approval.done_fraction(job)
-    claimed = done > 0
-    hourly = approval.hourly_ceiling(job, eng.settings.price_tolerance) if claimed else math.inf
-    held: list[approval.Proposal] = []
-    reasons: list[str] = []
-    down: dict[str, str] = {}  # a cloud whose API does not answer: its other offers are not asked again
-    refused: set[str] = set()  # a cloud that rejects the key: the same for every offer of it
-    price_refused = False
-    issued: Issued | None = None
-    staged: dict[str, str] | None = None  # the runner for a stock image (bot/engine/runner_bundle.py)
-    run = runs.start(eng, job_id, claim_id, storage_root(eng, job_id))  # this launch's own key and folder
+    run = runs.start(eng, job_id, claim_id, storage_root(eng, job_id))
     if run is None:
         return False
+    walk = _Walk.start(eng, job, run, spent)
     for ranked in offers:
-        if ranked["provider"] in down or ranked["provider"] in refused:
-            continue
-        provider = eng.providers.get(ranked["provider"])
-        if provider is None:
-            reasons.append(f"{ranked['provider']}: not configured")
-            continue
-        accepted = float(ranked["price_per_hour"])
+        launched = _try_offer(eng, walk, ranked, claim_id, actor)
+        if launched is not None:
+            return launched
+    return _nothing_launched(eng, walk, actor)
+
+
+def _open_instance(s: Any, job_id: str) -> InstanceRow | None:
+    """The job's newest open instance, if any."""
+    open_rows = (
+        s.execute(select(InstanceRow).where(InstanceRow.job_id == job_id, InstanceRow.ended_at.is_(None)))
+        .scalars()
+        .all()
+    )
+    return open_rows[-1] if open_rows else None
+
+
+def _hosts_to_avoid(s: Any, job_id: str) -> set[str]:
+    """ "provider:offer" of the hosts this job is not launched on again: those that never started the runner
+    (bot/engine/startup.py: retried on another host) and the last one that preempted it."""
+    last_preempted = (
+        s.execute(
+            select(InstanceRow)
+            .where(InstanceRow.job_id == job_id, InstanceRow.end_reason == "preempted")
+            .order_by(InstanceRow.id.desc())
+        )
+        .scalars()
+        .first()
+    )
+    never_started = s.execute(
+        select(InstanceRow.provider, InstanceRow.offer_id).where(
+            InstanceRow.job_id == job_id, InstanceRow.end_reason == "start timeout"
+        )
+    ).all()
+    avoid = {f"{p}:{o}" for p, o in never_started}
+    if last_preempted:
+        avoid.add(f"{last_preempted.provider}:{last_preempted.offer_id}")
+    return avoid
+
+
+def _try_offer(
+    eng: EngineContext, walk: _Walk, ranked: dict[str, Any], claim_id: str, actor: str
+) -> bool | None:
+    """Launch on one ranked offer: None when it was passed over (the reason noted in ``walk``), else whether
+    the launch ended with an instance running (False: the job failed or waits, with its reason)."""
+    if ranked["provider"] in walk.down or ranked["provider"] in walk.refused:
+        return None
+    provider = eng.providers.get(ranked["provider"])
+    if provider is None:
+        walk.reasons.append(f"{ranked['provider']}: not configured")
+        return None
+    live = _live_offer(eng, walk, provider, ranked)
+    if live is None or not _within_approval(walk, ranked, live):
+        return None
+    token = secrets.token_urlsafe(32)
+    try:
+        spec = build_spec(eng, walk.job, ranked, token, walk.run)
+    except ValueError as exc:  # a bad spec never gets better by retrying: fail with the reason
+        return _invalid_spec(eng, walk.job_id, actor, str(exc).replace(token, "***")[:500])
+    started = _runner_start(eng, walk, spec, provider, actor)
+    if started is None:
+        return False
+    inst = _create_instance(eng, walk, provider, ranked, live, spec, *started)
+    if inst is None:
+        return None
+    crashpoint("launch.after_provider_create")
+    price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour
+    row = _record_launch(eng, walk, inst, price, ranked, token)
+    return _commit_running(eng, walk.job_id, claim_id, row, ranked, price)
+
+
+def _live_offer(eng: EngineContext, walk: _Walk, provider: Any, ranked: dict[str, Any]) -> Offer | None:
+    """The offer at its live price, within the tolerance of the accepted one; None (the reason noted) when
+    the price rose or the cloud failed."""
+    from bot.providers.lifecycle import check_price
+
+    accepted = float(ranked["price_per_hour"])
+    try:
+        return check_price(provider, offer_from_ranked(ranked), accepted, eng.settings.price_tolerance)
+    except PriceChangedError as exc:
+        walk.price_refused = True
+        walk.reasons.append(f"{ranked['provider']} {ranked['gpu']}: {exc}")
+    except ProviderError as exc:
+        walk.reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
+        _note_cloud_failure(exc, ranked["provider"], walk.down, walk.refused, str(exc))
+    return None
+
+
+def _within_approval(walk: _Walk, ranked: dict[str, Any], live: Offer) -> bool:
+    """Whether this offer may be rented without asking: the approved one always; another one when its
+    projected cost stays within what was accepted and its live price within the hourly ceiling (else it is
+    held, to be asked about, with the reason noted)."""
+    if offer_key(ranked) == walk.approved_key:
+        return True
+    accepted = float(ranked["price_per_hour"])
+    ratio = live.price_per_hour / accepted if accepted > 0 else 1.0
+    total = float(ranked.get("total_cost") or 0.0)
+    projected = approval.projected_cost(spent=walk.spent, done=walk.done, total_cost=total, price_ratio=ratio)
+    if projected > walk.limit + 1e-9:
+        walk.held.append(approval.Proposal(ranked, projected, live.price_per_hour))
+        walk.reasons.append(
+            f"{ranked['provider']} {ranked['gpu']}: projects {money(projected)}, above {money(walk.limit)}"
+        )
+        return False
+    if live.price_per_hour > walk.hourly + 1e-9:
+        walk.held.append(approval.Proposal(ranked, projected, live.price_per_hour, hourly_limit=walk.hourly))
+        walk.reasons.append(
+            f"{ranked['provider']} {ranked['gpu']}: {money(live.price_per_hour)}/h, above the "
+            f"{money(walk.hourly)}/h a relaunch may rent without asking"
+        )
+        return False
+    return True
+
+
+def _invalid_spec(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
+    """The job fails with why its spec is invalid (the token already masked in ``problem``)."""
+    now = eng.now()
+    with eng.session() as s:
+        if S.transition(
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.FAILED,
+            actor=actor,
+            now=now,
+            reason="invalid spec",
+            message=f"invalid job spec: {problem}",
+            finished_at=now,
+            claim_id=None,
+        ):
+            eng.publish(EngineEventKind.failed, job_id, f"Job {job_id} failed: invalid job spec: {problem}")
+    return False
+
+
+def _runner_start(
+    eng: EngineContext, walk: _Walk, spec: JobSpec, provider: Any, actor: str
+) -> tuple[dict[str, str], list[str] | None] | None:
+    """The runner's environment and command on this offer's host: storage credentials issued once per
+    launch (the same scope whatever the offer), and on a stock image the runner staged once, in the run's
+    own folder (the only one its storage credentials reach). None when either could not be made: the job
+    waits (recovering) with the reason."""
+    if walk.issued is None:
         try:
-            live = check_price(provider, offer_from_ranked(ranked), accepted, eng.settings.price_tolerance)
-        except PriceChangedError as exc:
-            price_refused = True
-            reasons.append(f"{ranked['provider']} {ranked['gpu']}: {exc}")
-            continue
-        except ProviderError as exc:
-            reasons.append(f"{ranked['provider']}: {type(exc).__name__}: {exc}")
-            _note_cloud_failure(exc, ranked["provider"], down, refused, str(exc))
-            continue
-        if offer_key(ranked) != approved_key:
-            ratio = live.price_per_hour / accepted if accepted > 0 else 1.0
-            total = float(ranked.get("total_cost") or 0.0)
-            projected = approval.projected_cost(spent=spent, done=done, total_cost=total, price_ratio=ratio)
-            if projected > limit + 1e-9:
-                held.append(approval.Proposal(ranked, projected, live.price_per_hour))
-                reasons.append(
-                    f"{ranked['provider']} {ranked['gpu']}: projects {money(projected)}, above {money(limit)}"
-                )
-                continue
-            if live.price_per_hour > hourly + 1e-9:
-                held.append(approval.Proposal(ranked, projected, live.price_per_hour, hourly_limit=hourly))
-                reasons.append(
-                    f"{ranked['provider']} {ranked['gpu']}: {money(live.price_per_hour)}/h, above the "
-                    f"{money(hourly)}/h a relaunch may rent without asking"
-                )
-                continue
-        token = secrets.token_urlsafe(32)
+            walk.issued = storage_credentials(eng, spec)
+        except CredentialsError as exc:
+            _no_credentials(eng, walk.job_id, actor, str(exc))
+            return None
+    env = runner_env(eng, spec, walk.issued)
+    if not runner_bundle.uses_stock_image(eng.settings) or shares_disk(provider):
+        return env, None
+    if walk.staged is None:  # the same wheel and URLs whatever the offer
         try:
-            spec = build_spec(eng, job, ranked, token, run)
-        except ValueError as exc:  # a bad spec never gets better by retrying: fail with the reason
-            now = eng.now()
-            problem = str(exc).replace(token, "***")[:500]
-            with eng.session() as s:
-                if S.transition(
-                    s,
-                    job_id,
-                    S.LAUNCHING,
-                    S.FAILED,
-                    actor=actor,
-                    now=now,
-                    reason="invalid spec",
-                    message=f"invalid job spec: {problem}",
-                    finished_at=now,
-                    claim_id=None,
-                ):
-                    eng.publish(
-                        EngineEventKind.failed, job_id, f"Job {job_id} failed: invalid job spec: {problem}"
-                    )
-            return False
-        if issued is None:
-            try:  # once per launch: the same scope whatever the offer
-                issued = storage_credentials(eng, spec)
-            except CredentialsError as exc:
-                return _no_credentials(eng, job_id, actor, str(exc))
-        env = runner_env(eng, spec, issued)
-        command: list[str] | None = None
-        if runner_bundle.uses_stock_image(eng.settings) and not shares_disk(provider):
-            if staged is None:  # once per launch: the same wheel and URLs whatever the offer
-                try:
-                    # in the run's own folder: the only one its storage credentials reach
-                    staged = runner_bundle.stage(eng.settings, spec_root(eng, spec), env)
-                except runner_bundle.StagingError as exc:
-                    return _not_staged(eng, job_id, actor, str(exc))
-            env = {**env, **staged}
-            command = list(runner_bundle.BOOTSTRAP_COMMAND)
-        hidden = [*instance_env.secret_values(env, spec), *all_secrets(eng.settings)]
-        try:
-            req = LaunchRequest(
-                job_id=job_id,
-                offer=live,
-                image=runner_bundle.image_for(eng.settings),
-                command=command,
-                env=env,
-                bid_per_hour=live.price_per_hour if live.interruptible else None,
-                disk_gb=int(job.disk_gb or DEFAULT_DISK_GB),
-            )
-            with eng.session() as s:  # before the create call: the fallback start of billing
-                s.execute(update(Job).where(Job.id == job_id).values(launch_requested_at=eng.now()))
-                s.commit()
-            with redacting(hidden):  # a provider error that echoes the request names none of them
-                inst = ensure_launched(provider, req)
-        except CapacityError as exc:
-            reasons.append(redact(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})", hidden))
-            continue
-        except ProviderError as exc:
-            reasons.append(redact(f"{ranked['provider']}: {type(exc).__name__}: {exc}", hidden))
-            _note_cloud_failure(exc, ranked["provider"], down, refused, redact(str(exc), hidden))
-            continue
-        crashpoint("launch.after_provider_create")
-        price = inst.price_per_hour if inst.price_per_hour else live.price_per_hour
-        with eng.session() as s:
-            j = s.get(Job, job_id)
-            assert j is not None
-            row = record_instance(eng, s, j, inst, price, ranked)
-            runs.set_instance(s, run.id, inst.provider, inst.instance_id)
-            expiring = issued is not None and issued.expires_at is not None
-            accepted_price = approval.approved_price(j)
-            if not claimed and (accepted_price is None or price > accepted_price):
-                accepted_price = price  # a fallback the projection alone accepted (no host's claim in it)
-            s.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(
-                    token_hash=token_hash(token),
-                    credentials_issued_at=eng.now() if expiring else None,
-                    credentials_expire_at=issued.expires_at if expiring else None,  # type: ignore[union-attr]
-                    approved_price_per_hour=accepted_price,
-                )
-            )
+            walk.staged = runner_bundle.stage(eng.settings, spec_root(eng, spec), env)
+        except runner_bundle.StagingError as exc:
+            _not_staged(eng, walk.job_id, actor, str(exc))
+            return None
+    return {**env, **walk.staged}, list(runner_bundle.BOOTSTRAP_COMMAND)
+
+
+def _create_instance(
+    eng: EngineContext,
+    walk: _Walk,
+    provider: Any,
+    ranked: dict[str, Any],
+    live: Offer,
+    spec: JobSpec,
+    env: dict[str, str],
+    command: list[str] | None,
+) -> Instance | None:
+    """Create the instance on this offer (or adopt the one the job's label already names); None when the
+    cloud had no capacity or failed (the reason noted, every secret redacted from it)."""
+    from bot.providers.lifecycle import ensure_launched
+
+    hidden = [*instance_env.secret_values(env, spec), *all_secrets(eng.settings)]
+    try:
+        req = LaunchRequest(
+            job_id=walk.job_id,
+            offer=live,
+            image=runner_bundle.image_for(eng.settings),
+            command=command,
+            env=env,
+            bid_per_hour=live.price_per_hour if live.interruptible else None,
+            disk_gb=int(walk.job.disk_gb or DEFAULT_DISK_GB),
+        )
+        with eng.session() as s:  # before the create call: the fallback start of billing
+            s.execute(update(Job).where(Job.id == walk.job_id).values(launch_requested_at=eng.now()))
             s.commit()
-        return _commit_running(eng, job_id, claim_id, row, ranked, price)
-    # Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
-    # capacity waits for the next tick. Each reason once (several offers of one cloud fail alike).
-    message = "; ".join(dict.fromkeys(reasons)) or "no offer to launch on"
-    if held:
-        cheapest = min(held, key=lambda p: p.projected)
-        why = "the approved offer cannot be rented now" if job.started_at is None else "relaunching"
-        if approval.ask_again(eng, job, cheapest, why=why, actor=actor):
+        with redacting(hidden):  # a provider error that echoes the request names none of them
+            return ensure_launched(provider, req)
+    except CapacityError as exc:
+        walk.reasons.append(redact(f"{ranked['provider']} {ranked['gpu']}: no capacity ({exc})", hidden))
+    except ProviderError as exc:
+        walk.reasons.append(redact(f"{ranked['provider']}: {type(exc).__name__}: {exc}", hidden))
+        _note_cloud_failure(exc, ranked["provider"], walk.down, walk.refused, redact(str(exc), hidden))
+    return None
+
+
+def _record_launch(
+    eng: EngineContext, walk: _Walk, inst: Instance, price: float, ranked: dict[str, Any], token: str
+) -> InstanceRow:
+    """The instance's row, the run's instance, and on the job its token's hash, its credentials' expiry and
+    the hourly price now accepted, in one commit."""
+    with eng.session() as s:
+        j = s.get(Job, walk.job_id)
+        assert j is not None
+        row = record_instance(eng, s, j, inst, price, ranked)
+        runs.set_instance(s, walk.run.id, inst.provider, inst.instance_id)
+        expiring = walk.issued is not None and walk.issued.expires_at is not None
+        accepted_price = approval.approved_price(j)
+        if not walk.claimed and (accepted_price is None or price > accepted_price):
+            accepted_price = price  # a fallback the projection alone accepted (no host's claim in it)
+        s.execute(
+            update(Job)
+            .where(Job.id == walk.job_id)
+            .values(
+                token_hash=token_hash(token),
+                credentials_issued_at=eng.now() if expiring else None,
+                credentials_expire_at=walk.issued.expires_at if expiring else None,  # type: ignore[union-attr]
+                approved_price_per_hour=accepted_price,
+            )
+        )
+        s.commit()
+    return row
+
+
+def _nothing_launched(eng: EngineContext, walk: _Walk, actor: str) -> bool:
+    """Nothing launched. Only pricier offers left: ask again. A price rise stops the job with its reason;
+    capacity waits for the next tick. Each reason once (several offers of one cloud fail alike)."""
+    job_id = walk.job_id
+    message = "; ".join(dict.fromkeys(walk.reasons)) or "no offer to launch on"
+    if walk.held:
+        cheapest = min(walk.held, key=lambda p: p.projected)
+        why = "the approved offer cannot be rented now" if walk.job.started_at is None else "relaunching"
+        if approval.ask_again(eng, walk.job, cheapest, why=why, actor=actor):
             log.warning("launch of %s held for approval: %s", job_id, message)
             return False
     now = eng.now()
     with eng.session() as s:
-        if price_refused and all("no capacity" not in r for r in reasons):
-            if S.transition(
-                s,
-                job_id,
-                S.LAUNCHING,
-                S.STOPPED,
-                actor=actor,
-                now=now,
-                reason="price",
-                stop_reason="price",
-                message=f"launch stopped: {message}",
-                finished_at=now,
-            ):
-                eng.publish(
-                    EngineEventKind.stopped,
-                    job_id,
-                    f"Job {job_id} not launched: the live price rose above the accepted estimate. {message}",
-                    reason="price",
-                )
+        if walk.price_refused and all("no capacity" not in r for r in walk.reasons):
+            _stop_on_price(eng, s, job_id, actor, now, message)
             return False
-        unreachable = bool(down) and all(_is_down_reason(r, down) for r in dict.fromkeys(reasons))
+        unreachable = bool(walk.down) and all(
+            _is_down_reason(r, walk.down) for r in dict.fromkeys(walk.reasons)
+        )
         if unreachable:
-            message = unreachable_message(eng, job, down)
+            message = unreachable_message(eng, walk.job, walk.down)
         S.transition(
             s,
             job_id,
@@ -635,6 +733,28 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
         )
     log.warning("launch of %s failed: %s", job_id, message)
     return False
+
+
+def _stop_on_price(eng: EngineContext, s: Any, job_id: str, actor: str, now: float, message: str) -> None:
+    """A live price rose and no offer lacked capacity: the job stops, saying why."""
+    if S.transition(
+        s,
+        job_id,
+        S.LAUNCHING,
+        S.STOPPED,
+        actor=actor,
+        now=now,
+        reason="price",
+        stop_reason="price",
+        message=f"launch stopped: {message}",
+        finished_at=now,
+    ):
+        eng.publish(
+            EngineEventKind.stopped,
+            job_id,
+            f"Job {job_id} not launched: the live price rose above the accepted estimate. {message}",
+            reason="price",
+        )
 
 
 CLOUD_UNREACHABLE = "cloud unreachable"

@@ -336,7 +336,7 @@ def ingest_many(
     windows = windows or {}
     verified_by = verified_by or {}
     now = eng.now()
-    single: dict[str, list[RunnerEvent]] = {}
+    single: dict[str, list[RunnerEvent]] = {}  # jobs for the exact path, one by one
     new_by_job: dict[str, list[RunnerEvent]] = {}
     links: dict[str, int] = {}  # links dropped per job
     jobs: dict[str, Any] = {}  # plain rows of the progress columns
@@ -344,104 +344,158 @@ def ingest_many(
         ids = sorted(batch)
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
-            # The jobs' rows are locked first, in id order (as S.lock_job does for one job): another
-            # supervisor or a push on the same jobs waits here, then reads what this one stored.
-            q = select(*_PROGRESS_COLUMNS).where(Job.id.in_(chunk)).order_by(Job.id)
-            if s.get_bind().dialect.name == "sqlite":
-                s.execute(
-                    update(Job)
-                    .where(Job.id.in_(chunk))
-                    .values(updated_at=Job.updated_at)
-                    .execution_options(synchronize_session=False)
-                )
-            else:
-                q = q.with_for_update()
-            for j in s.execute(q).all():
-                jobs[j.id] = j
-            # Stored events the batch could repeat: seqs at or below each job's last stored seq.
-            low = {
-                jid: min(i["seq"] for i in batch[jid])
-                for jid in chunk
-                if jid in jobs and min(i["seq"] for i in batch[jid]) <= jobs[jid].last_event_seq
-            }
-            stored: dict[tuple[str, int], float] = {}
-            if low:
-                ts_col = RunnerEventRecord.payload["timestamp"].as_float()
-                q = select(RunnerEventRecord.job_id, RunnerEventRecord.seq, ts_col).where(
-                    RunnerEventRecord.job_id.in_(sorted(low)), RunnerEventRecord.seq >= min(low.values())
-                )
-                stored = {(jid, seq): float(ts or 0.0) for jid, seq, ts in s.execute(q)}
+            jobs.update(_lock_progress_rows(s, chunk))
+            stored = _stored_timestamps(s, batch, chunk, jobs)
             for jid in chunk:
                 job = jobs.get(jid)
-                if job is None or job.state in S.FINAL:
-                    continue  # a final job's outcome is settled
-                if jid in verified_by and job.run_id != verified_by[jid]:
-                    continue  # verified with a run that is no longer the job's current one
-                fresh = []
-                for item in batch[jid]:
-                    if item["seq"] >= integrity.MAX_STORED_EVENTS:  # past the cap: the exact path decides
-                        single[jid] = valid_events(jid, batch[jid])
-                        break
-                    old = stored.get((jid, item["seq"]))
-                    if old is None:
-                        fresh.append(item)
-                    elif old < item["timestamp"] - 1e-6:
-                        # replaces a stored event: the exact path
-                        single[jid] = valid_events(jid, batch[jid])
-                        break
-                if jid not in single and fresh:
-                    events, dropped = _bounded(eng, job, valid_events(jid, fresh))
-                    links[jid] = dropped
+                if not _still_writable(job, jid, verified_by):
+                    continue
+                fresh, exact = _fresh_items(jid, batch[jid], stored)
+                if exact:
+                    single[jid] = valid_events(jid, batch[jid])
+                elif fresh:
+                    events, links[jid] = _bounded(eng, job, valid_events(jid, fresh))
                     if events:
                         new_by_job[jid] = events
-        rows: list[dict[str, Any]] = []
-        updates: list[dict[str, Any]] = []
-        for jid, new in new_by_job.items():
-            job = jobs[jid]
-            if job.run_id and any(e.manifest_sha256 for e in new):  # checkpoints and outputs it vouches for
-                runs.acknowledge(s, job, job.run_id, new, output_prefix=_output_prefix(eng, job), now=now)
-            rows.extend(
-                {
-                    "job_id": jid,
-                    "seq": e.seq,
-                    "kind": e.kind.value,
-                    "step": e.step,
-                    "loss": e.loss,
-                    "at": now,
-                    "payload": e.model_dump(mode="json"),
-                }
-                for e in new
-            )
-            f = _progress_fields(job, new)
-            window = windows.get(jid) or job.progress_window
-            updates.append(
-                {"id": jid, "last_event_at": now, "updated_at": now, "progress_window": window, **f}
-            )
-        try:
-            if rows:
-                rows.sort(key=lambda r: (r["job_id"], r["seq"]))
-                s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
-                update_each(s, Job, updates)
-            s.commit()
-        except IntegrityError:  # another supervisor or a push stored some of them: the exact path, job by job
-            s.rollback()
-            single.update({jid: new_by_job[jid] for jid in new_by_job})
+        if not _store_batch(eng, s, jobs, new_by_job, windows, now):
+            # another supervisor or a push stored some of them: the exact path, job by job
+            single.update(new_by_job)
             new_by_job = {}
     changed = set(new_by_job)
     written = {jid for jid in new_by_job if windows.get(jid)}
     for jid, n in links.items():
         if jid in new_by_job:
             integrity.report_refused(eng, jid, Counter(link=n))
-    for jid, new in new_by_job.items():
-        job = jobs[jid]
-        if any(e.kind.value in MEASURED and e.metrics for e in new):
-            with eng.session() as s:
-                job = s.get(Job, jid) or job  # the measurements need the whole row
-        _announce(eng, job, new)
+    _announce_batch(eng, jobs, new_by_job)
     for jid, events in single.items():
         if events and ingest(eng, jid, events, run_id=verified_by.get(jid)):
             changed.add(jid)
     return changed, written
+
+
+def _lock_progress_rows(s: Any, chunk: list[str]) -> dict[str, Any]:
+    """The progress columns of these jobs, their rows locked first, in id order (as S.lock_job does for one
+    job): another supervisor or a push on the same jobs waits here, then reads what this one stored."""
+    q = select(*_PROGRESS_COLUMNS).where(Job.id.in_(chunk)).order_by(Job.id)
+    if s.get_bind().dialect.name == "sqlite":
+        s.execute(
+            update(Job)
+            .where(Job.id.in_(chunk))
+            .values(updated_at=Job.updated_at)
+            .execution_options(synchronize_session=False)
+        )
+    else:
+        q = q.with_for_update()
+    return {j.id: j for j in s.execute(q).all()}
+
+
+def _stored_timestamps(
+    s: Any, batch: dict[str, list[dict[str, Any]]], chunk: list[str], jobs: dict[str, Any]
+) -> dict[tuple[str, int], float]:
+    """The timestamps of the stored events the batch could repeat: seqs at or below each job's last stored
+    seq, by (job, seq)."""
+    low = {
+        jid: min(i["seq"] for i in batch[jid])
+        for jid in chunk
+        if jid in jobs and min(i["seq"] for i in batch[jid]) <= jobs[jid].last_event_seq
+    }
+    if not low:
+        return {}
+    ts_col = RunnerEventRecord.payload["timestamp"].as_float()
+    q = select(RunnerEventRecord.job_id, RunnerEventRecord.seq, ts_col).where(
+        RunnerEventRecord.job_id.in_(sorted(low)), RunnerEventRecord.seq >= min(low.values())
+    )
+    return {(jid, seq): float(ts or 0.0) for jid, seq, ts in s.execute(q)}
+
+
+def _still_writable(job: Any, jid: str, verified_by: dict[str, str]) -> bool:
+    """Whether the job may still take events: it exists, is not final (its outcome is settled), and the run
+    that verified them is still its current one."""
+    if job is None or job.state in S.FINAL:
+        return False
+    return jid not in verified_by or job.run_id == verified_by[jid]
+
+
+def _fresh_items(
+    jid: str, items: list[dict[str, Any]], stored: dict[tuple[str, int], float]
+) -> tuple[list[dict[str, Any]], bool]:
+    """The items not stored yet, and whether the job needs the exact path instead: an item past the
+    stored-events cap, or one that replaces a stored event (a resumed run renumbering). The same event
+    again is skipped."""
+    fresh = []
+    for item in items:
+        if item["seq"] >= integrity.MAX_STORED_EVENTS:  # past the cap: the exact path decides
+            return [], True
+        old = stored.get((jid, item["seq"]))
+        if old is None:
+            fresh.append(item)
+        elif old < item["timestamp"] - 1e-6:  # replaces a stored event: the exact path
+            return [], True
+    return fresh, False
+
+
+def _store_batch(
+    eng: EngineContext,
+    s: Any,
+    jobs: dict[str, Any],
+    new_by_job: dict[str, list[RunnerEvent]],
+    windows: dict[str, str],
+    now: float,
+) -> bool:
+    """Store the new events and the jobs' progress (and read windows) in one commit, with what their runs
+    vouch for acknowledged; False when another writer stored some of them first (rolled back)."""
+    rows: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    for jid, new in new_by_job.items():
+        job = jobs[jid]
+        if job.run_id and any(e.manifest_sha256 for e in new):  # checkpoints and outputs it vouches for
+            runs.acknowledge(s, job, job.run_id, new, output_prefix=_output_prefix(eng, job), now=now)
+        rows.extend(_event_row(jid, e, now) for e in new)
+        window = windows.get(jid) or job.progress_window
+        updates.append(
+            {
+                "id": jid,
+                "last_event_at": now,
+                "updated_at": now,
+                "progress_window": window,
+                **_progress_fields(job, new),
+            }
+        )
+    try:
+        if rows:
+            rows.sort(key=lambda r: (r["job_id"], r["seq"]))
+            s.execute(insert(RunnerEventRecord.__table__), rows)  # type: ignore[attr-defined]
+            update_each(s, Job, updates)
+        s.commit()
+    except IntegrityError:
+        s.rollback()
+        return False
+    return True
+
+
+def _event_row(jid: str, e: RunnerEvent, now: float) -> dict[str, Any]:
+    return {
+        "job_id": jid,
+        "seq": e.seq,
+        "kind": e.kind.value,
+        "step": e.step,
+        "loss": e.loss,
+        "at": now,
+        "payload": e.model_dump(mode="json"),
+    }
+
+
+def _announce_batch(
+    eng: EngineContext, jobs: dict[str, Any], new_by_job: dict[str, list[RunnerEvent]]
+) -> None:
+    """``_announce`` for each job's new events; a job whose events carry measurements is read whole first
+    (recording them needs the whole row)."""
+    for jid, new in new_by_job.items():
+        job = jobs[jid]
+        if any(e.kind.value in MEASURED and e.metrics for e in new):
+            with eng.session() as s:
+                job = s.get(Job, jid) or job
+        _announce(eng, job, new)
 
 
 def _in_folder(uri: str | None, job: Job, step: int | None = None) -> bool:

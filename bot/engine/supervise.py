@@ -138,6 +138,25 @@ NOTHING = Action()
 
 def decide(job: JobFacts, obs: Observation | None, now: float, limits: SupervisionLimits) -> Action:
     """The one place that says what happens to an active job next. Pure: no I/O, no clock."""
+    if job.state != JobState.RUNNING:
+        return _decide_not_running(job)
+    said = _runner_outcome(job)
+    if said is not None:
+        return said
+    obs = obs or Observation()
+    # Each rule in turn: None passes the job to the next one; an Action (NOTHING included) is the decision.
+    return (
+        _instance_ended(job, obs)
+        or _stop_requested(job, obs, now, limits)
+        or _provider_unanswered(obs)
+        or _instance_silent(job, obs, now, limits)
+        or _spend_reaches_cap(job, obs, limits)
+        or NOTHING
+    )
+
+
+def _decide_not_running(job: JobFacts) -> Action:
+    """Approved, recovering or launching: the step that moves it on; any other state waits."""
     if job.state == JobState.APPROVED:
         return Action(Do.launch)
     if job.state == JobState.RECOVERING:
@@ -146,42 +165,67 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
         return Action(Do.relaunch)
     if job.state == JobState.LAUNCHING:
         return Action(Do.take_over)
-    if job.state != JobState.RUNNING:
-        return NOTHING
+    return NOTHING
+
+
+def _runner_outcome(job: JobFacts) -> Action | None:
+    """The runner's own terminal event decides: out of memory grows the job (unless a stop was asked
+    for), any other outcome ends it; None while the runner has said nothing final."""
     if job.outcome == EventKind.out_of_memory.value and job.stop_requested_at is None:
         return Action(Do.grow, reason="out of memory", message=job.message)
-    if job.outcome in OUTCOME_STATE:  # the runner said how it ended; a failure carries its own words
+    if job.outcome in OUTCOME_STATE:  # a failure carries its own words
         final, reason = OUTCOME_STATE[job.outcome]
         return Action(Do.finish, final, reason, job.message if final == JobState.FAILED else None)
-    obs = obs or Observation()
-    v, code = obs.verdict, obs.exit_code
-    has_instance = obs.launched_at is not None
+    return None
+
+
+def _instance_ended(job: JobFacts, obs: Observation) -> Action | None:
+    """The instance no longer trains: the stop we asked for, the runner's exit code, or a lost host."""
+    v = obs.verdict
     if v in ENDED and job.stop_requested_at is not None:
         return Action(Do.finish, JobState.STOPPED, job.stop_reason)  # the stop we asked for
     if v == "exited":
-        if code == EXIT_OUT_OF_MEMORY:  # the exit code alone (its event may not have been read yet)
-            return Action(Do.grow, reason="out of memory")
-        if code == 0:
-            return Action(Do.finish, JobState.SUCCEEDED, "finished")
-        if code == EXIT_INSTALL:  # runner/bootstrap.py: the runner could not be installed on this host
-            return Action(
-                Do.start_failed,
-                reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
-                "its SHA-256 check or pip install failed; the host's log says which)",
-            )
-        if code == EXIT_BUDGET:  # the runner stopped itself at the cap (its event may not be read yet)
-            return Action(Do.finish, JobState.STOPPED, "budget")
-        return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
+        return _exit_action(obs.exit_code)
     if v in ("preempted", "gone"):
         return Action(Do.preempt, reason=f"instance {v}", gone=v == "gone")
-    if job.stop_requested_at is not None:
-        # Past the grace period, or launched after the stop was asked for (nothing to save): end it.
-        launched_after = has_instance and obs.launched_at >= job.stop_requested_at  # type: ignore[operator]
-        if launched_after or now - job.stop_requested_at > limits.stop_grace_s:
-            return Action(Do.finish, JobState.STOPPED, job.stop_reason)
-        return NOTHING
-    if not has_instance or v == "error":
-        return NOTHING  # nothing is decided on a failed provider call
+    return None
+
+
+def _exit_action(code: int | None) -> Action:
+    """What an exited runner's code says, before (or without) its last event being read."""
+    if code == EXIT_OUT_OF_MEMORY:  # the exit code alone (its event may not have been read yet)
+        return Action(Do.grow, reason="out of memory")
+    if code == 0:
+        return Action(Do.finish, JobState.SUCCEEDED, "finished")
+    if code == EXIT_INSTALL:  # runner/bootstrap.py: the runner could not be installed on this host
+        return Action(
+            Do.start_failed,
+            reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
+            "its SHA-256 check or pip install failed; the host's log says which)",
+        )
+    if code == EXIT_BUDGET:  # the runner stopped itself at the cap (its event may not be read yet)
+        return Action(Do.finish, JobState.STOPPED, "budget")
+    return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
+
+
+def _stop_requested(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
+    """A stop was asked for and the instance still runs: end the job past the grace period, or when the
+    instance was launched after the stop was asked for (nothing to save); else wait (NOTHING)."""
+    if job.stop_requested_at is None:
+        return None
+    launched_after = obs.launched_at is not None and obs.launched_at >= job.stop_requested_at
+    if launched_after or now - job.stop_requested_at > limits.stop_grace_s:
+        return Action(Do.finish, JobState.STOPPED, job.stop_reason)
+    return NOTHING
+
+
+def _provider_unanswered(obs: Observation) -> Action | None:
+    """No instance, or the provider could not be asked: nothing is decided on a failed provider call."""
+    return NOTHING if obs.launched_at is None or obs.verdict == "error" else None
+
+
+def _instance_silent(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
+    """Too long without a word: a runner that never started, an idle or silent one, a host never up."""
     assert obs.launched_at is not None
     heard = max(job.last_event_at or 0.0, obs.launched_at)
     starting = job.last_event_at is None or job.last_event_at < obs.launched_at  # not a word from this host
@@ -191,19 +235,24 @@ def decide(job: JobFacts, obs: Observation | None, now: float, limits: Supervisi
         if now - obs.launched_at > job.start_deadline_s:
             minutes = job.start_deadline_s / 60
             return Action(Do.start_failed, reason=f"the runner did not start within {minutes:.0f} min")
-    elif v == "running":
+    elif obs.verdict == "running":
         last_activity = job.last_event_at or job.started_at or obs.launched_at
         if now - last_activity > limits.idle_stop_s:
             return Action(Do.stop_now, reason="idle")
         if now - heard > limits.heartbeat_timeout_s:
             return Action(Do.preempt, reason=f"no heartbeat for {limits.heartbeat_timeout_s:.0f} s")
     elif now - heard > 2 * limits.heartbeat_timeout_s:  # provisioning | unknown: never came up
-        return Action(Do.preempt, reason=f"instance stuck in {v}")
-    if job.max_cost:  # stop before the projected spend passes the cap
+        return Action(Do.preempt, reason=f"instance stuck in {obs.verdict}")
+    return None
+
+
+def _spend_reaches_cap(job: JobFacts, obs: Observation, limits: SupervisionLimits) -> Action | None:
+    """Stop before the projected spend (one reconcile period ahead) passes the job's cap."""
+    if job.max_cost:
         projected = obs.spent + obs.burn_per_hour * limits.cap_horizon_s / 3600.0
         if projected >= job.max_cost:
             return Action(Do.stop, reason="budget")
-    return NOTHING
+    return None
 
 
 def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | None = None) -> None:

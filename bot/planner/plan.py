@@ -8,7 +8,8 @@ bot/planner/inputs.py (the planner's only I/O); the offers come in as an argumen
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bot.planner.architectures import Architecture
@@ -18,7 +19,7 @@ from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import CPU, GPU, GPUS
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
-from bot.planner.length import RunTime
+from bot.planner.length import RunTime, Timing
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
@@ -33,7 +34,16 @@ from bot.planner.ranges import (
 from bot.planner.rank import SAFETY_MARGIN, JobShape, rank_offers
 from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DEFAULT_TOKENS, PlanInputs
-from bot.planner.result import DiskEstimate, Estimate, MemoryEstimate, ModelInfo, SpeedEstimate, TimeEstimate
+from bot.planner.result import (
+    DiskEstimate,
+    Estimate,
+    MemoryEstimate,
+    ModelInfo,
+    RankedOffer,
+    SpeedEstimate,
+    TimeEstimate,
+    TrainingPlan,
+)
 from bot.planner.speed import SpeedResult, estimate_speed
 from bot.planner.training import training_plan
 from runner.spec import Defaults
@@ -92,6 +102,28 @@ def _usd(value: float) -> str:
 
 
 ONE_HOST_MAX = 8  # the runner trains on one host (runner/distributed.py): no offer is sold with more GPUs
+_GPU_COUNTS = (1, 2, 4, ONE_HOST_MAX)  # the counts a suggestion of more GPUs tries
+
+
+class _Fitter:
+    """Where a variant of the request fits: the smallest GPU type among ``sold`` that holds it (None: none),
+    and the GB per GPU it needs. A full fine-tune's LoRA alternatives resolve their targets once."""
+
+    def __init__(self, arch: Architecture, sold: list[str]) -> None:
+        self.arch = arch
+        self.sold = sold
+        self._adapted: Architecture | None = None
+
+    def model_for(self, r: EstimateRequest) -> Architecture:
+        if r.method == "full":
+            return self.arch
+        if self._adapted is None:
+            self._adapted = self.arch.adapt(r.lora_targets)
+        return self._adapted
+
+    def __call__(self, r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
+        m = estimate_memory(self.model_for(r), r, gpus).per_gpu_gb
+        return _fits_anywhere(m, self.sold, memory_ratio(r, gpus)[1]), m
 
 
 def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -> list[str]:
@@ -100,47 +132,58 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
     suggestion was priced here and fits a GPU type that is sold; what would need more GPUs than one host has
     (ONE_HOST_MAX) is said as such, not suggested."""
     sold = sorted({o.gpu for o in offers if o.gpu in GPUS} or set(GPUS), key=lambda g: GPUS[g].memory_gb)
-    counts = [1, 2, 4, ONE_HOST_MAX]
-    out: list[str] = []
-    adapted: dict[str, Architecture] = {}
-
-    def model_for(r: EstimateRequest) -> Architecture:
-        if r.method == "full":
-            return arch
-        if "targets" not in adapted:  # a full fine-tune's LoRA alternatives resolve their targets here, once
-            adapted["targets"] = arch.adapt(r.lora_targets)
-        return adapted["targets"]
-
-    def fits(r: EstimateRequest, gpus: int | None = None) -> tuple[str | None, float]:
-        m = estimate_memory(model_for(r), r, gpus).per_gpu_gb
-        return _fits_anywhere(m, sold, memory_ratio(r, gpus)[1]), m
-
+    fits = _Fitter(arch, sold)
     if req.gpu == CPU.name and not any(o.gpu == CPU.name for o in offers):  # no local provider here
         where, m = fits(req.model_copy(update={"gpu": None}))
         rent = f": {where} holds it ({m:.1f} GB)" if where else ""
         return [f"no CPU offer here (only the local provider runs on this machine's CPU): drop gpu=cpu{rent}"]
+    out = _bigger_gpu(req, fits)
+    more = _more_gpus(req, fits)
+    out += more
+    said = [] if more else _beyond_one_host(req, fits)  # not suggestions: what would need more than one host
+    out += _lighter_training(req, fits)
+    if not out:
+        out.append(
+            f"nothing in the catalog fits even with QLoRA on {ONE_HOST_MAX} GPUs; pick a smaller model"
+        )
+    return out + said
+
+
+def _bigger_gpu(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """A bigger GPU than the one asked for, when one that is sold holds the job."""
     if req.gpu:
         where, m = fits(req)
         if where and where != req.gpu:
-            out.append(f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)")
-    more = False
-    for n in [c for c in counts if c > req.gpus]:
+            return [f"a bigger GPU: {where} ({m:.1f} GB per GPU needed)"]
+    return []
+
+
+def _more_gpus(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """The fewest GPUs on one host (more than asked for) that hold the job with FSDP."""
+    for n in [c for c in _GPU_COUNTS if c > req.gpus]:
         where, m = fits(req.model_copy(update={"gpus": n}), n)
         if where:
-            out.append(f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU")
-            more = True
-            break
-    said: list[str] = []  # not suggestions: what would need more than one host
-    if not more:  # beyond one host: say it, do not suggest it
-        for n in (2 * max(req.gpus, ONE_HOST_MAX), 4 * max(req.gpus, ONE_HOST_MAX)):
-            r = req.model_copy(update={"gpus": n})
-            m = estimate_memory(model_for(r), r, n).per_gpu_gb
-            if _fits_anywhere(m, list(GPUS), memory_ratio(r, n)[1]):
-                said.append(
-                    f"{n} GPUs would need {m:.1f} GB per GPU, but no offer has more than {max(counts)} GPUs "
-                    "and the runner trains on one host (no multi-node, no CPU offload)"
-                )
-                break
+            return [f"more GPUs: {suggest('gpus', n)} (FSDP) on {where}, {m:.1f} GB per GPU"]
+    return []
+
+
+def _beyond_one_host(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """What more GPUs than one host has would need: said, not suggested (the runner trains on one host)."""
+    for n in (2 * max(req.gpus, ONE_HOST_MAX), 4 * max(req.gpus, ONE_HOST_MAX)):
+        r = req.model_copy(update={"gpus": n})
+        m = estimate_memory(fits.model_for(r), r, n).per_gpu_gb
+        if _fits_anywhere(m, list(GPUS), memory_ratio(r, n)[1]):
+            return [
+                f"{n} GPUs would need {m:.1f} GB per GPU, but no offer has more than {ONE_HOST_MAX} GPUs "
+                "and the runner trains on one host (no multi-node, no CPU offload)"
+            ]
+    return []
+
+
+def _lighter_training(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """Lighter ways to train the same job that fit: LoRA, QLoRA, activation checkpointing, a micro-batch of
+    one, shorter sequences."""
+    out: list[str] = []
     if req.method == "full":
         where, m = fits(req.for_method("lora"))
         if where:
@@ -162,16 +205,18 @@ def suggestions(arch: Architecture, req: EstimateRequest, offers: list[Offer]) -
             out.append(
                 f"{suggest('batch_size', 1)} {suggest('grad_accum', r.grad_accum)} needs {m:.1f} GB ({where})"
             )
+    return out + _shorter_sequences(req, fits)
+
+
+def _shorter_sequences(req: EstimateRequest, fits: _Fitter) -> list[str]:
+    """The longest of half, a quarter, ... of the sequence length (256 tokens at least) that fits."""
     seq = req.seq_len // 2
     while seq >= 256:
         where, m = fits(req.model_copy(update={"seq_len": seq}))
         if where:
-            out.append(f"shorter sequences: {suggest('seq_len', seq)} needs {m:.1f} GB ({where})")
-            break
+            return [f"shorter sequences: {suggest('seq_len', seq)} needs {m:.1f} GB ({where})"]
         seq //= 2
-    if not out:
-        out.append(f"nothing in the catalog fits even with QLoRA on {max(counts)} GPUs; pick a smaller model")
-    return out + said
+    return []
 
 
 def budget_suggestions(offers: list[Offer], job: JobShape, req: EstimateRequest, steps: int) -> list[str]:
@@ -305,6 +350,22 @@ def _corrected_speed(speed: SpeedResult, corr: Correction | None) -> SpeedResult
     )
 
 
+@dataclass(frozen=True)
+class _Headline:
+    """The GPU the card's figures are shown on, and those figures (calibrated where runs taught them)."""
+
+    gpu: str
+    fits: bool  # False: nothing fits and neither does this GPU at this count; its time is a "what if"
+    device: GPU
+    corr: Correction | None
+    timing: Timing
+    mfu_peak: float  # model FLOPs over the GPUs' peak dense rate
+    cpu: bool
+    mem: MemoryResult  # on a CPU: the runner's fp32 memory in host RAM
+    mem_gb: float
+    breakdown: dict[str, float]
+
+
 def estimate(
     request: EstimateRequest,
     inputs: PlanInputs,
@@ -319,22 +380,120 @@ def estimate(
 
     `calibration` (from finished runs, see calibration.py) moves memory and speed for the GPUs it has evidence
     on; without it the estimate is the physics alone."""
-    req = request
-    check_request(req)
-    if req.gpu:
-        req = req.model_copy(update={"gpu": lookup_gpu(req.gpu).name})  # aliases -> canonical names
+    req = _checked(request)
     arch, source = inputs.arch, inputs.model_source
     if req.method != "full":
         arch = arch.adapt(req.lora_targets)  # resolved once (by resolve_inputs already: then a no-op)
     mem = estimate_memory(arch, req)
     run = _run_time(arch, req, inputs)
     run.check(req.gpus)
+    correction = _correction_lookup(calibration or Calibration(), req, arch)
+    mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
+    disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
+    job = _job_shape(arch, req, mem, run, disk, correction)
+    ranked, n_fit, _ = rank_offers(
+        offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
+    )
+    head = _headline(arch, req, mem, run, [o for o in ranked if o.fits], correction)
+    mem = head.mem
+    timing, speed = head.timing, head.timing.speed
+    assumptions = _assumptions(arch, source, req, inputs, run, disk, head)
+    sugg = (
+        []
+        if n_fit
+        else (budget_suggestions(offers, job, req, timing.steps) or suggestions(arch, req, offers))
+    )
+    return Estimate(
+        model=ModelInfo(
+            name=arch.name,
+            architecture=arch.model_type,
+            parameters=arch.parameters,
+            active_parameters=arch.active_parameters,
+            trainable_parameters=mem.trainable,
+            layers=arch.layers,
+            hidden_size=arch.hidden,
+            vocab_size=arch.vocab,
+            source=source,
+        ),
+        method=req.method,
+        memory=MemoryEstimate(
+            per_gpu_gb=round(head.mem_gb, 3),
+            breakdown_gb=head.breakdown,
+            gpus=req.gpus,
+            sharding=mem.sharding,
+            per_gpu_gb_range=[round(v, 3) for v in memory_range(head.mem_gb, mem_ratio)],
+        ),
+        speed=SpeedEstimate(
+            gpu=head.gpu,
+            gpus=req.gpus,
+            tokens_per_second=round(speed.tokens_per_second, 2),
+            step_seconds=round(speed.step_seconds, 4),
+            mfu=round(head.mfu_peak, 4),
+            matmul_share=round(speed.mfu, 4),
+            fits=head.fits,
+            flops_per_token=speed.flops_per_token,
+            tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second, speed_ratios)],
+            calibrated_runs=head.corr.speed_runs if head.corr else 0,
+            calibration=head.corr.describe() if head.corr else None,
+        ),
+        time=TimeEstimate(
+            tokens=timing.tokens_per_epoch,
+            epochs=round(timing.epochs, 4),
+            steps=timing.steps,
+            hours=round(timing.hours, 4),
+            token_source=run.token_source,
+            hours_range=[round(v, 4) for v in hours_range(timing.hours, speed_ratios)],
+            steps_per_epoch=timing.steps_per_epoch,
+            evaluations=timing.evaluations,
+            eval_tokens=timing.eval_tokens,
+            eval_hours=round(timing.eval_seconds / 3600.0, 6),
+            samples=timing.samples,
+            sample_tokens=timing.sample_tokens,
+            sample_hours=round(timing.sample_seconds / 3600.0, 6),
+            length=timing.describe,
+        ),
+        offers=ranked,
+        assumptions=assumptions,
+        suggestions=sugg,
+        prices_as_of=prices_as_of,
+        prices_source=prices_source,
+        training=_training_plan(arch, req, mem, inputs, run),
+        warnings=risk_warnings(req),
+        disk=DiskEstimate(gb=disk.gb, breakdown_gb=disk.breakdown()),
+    )
 
-    memo: dict[int, MemoryResult] = {req.gpus: mem}
-    calibration = calibration or Calibration()
+
+def _checked(request: EstimateRequest) -> EstimateRequest:
+    """The request checked (check_request), its GPU under its canonical name (aliases resolved)."""
+    check_request(request)
+    if request.gpu:
+        return request.model_copy(update={"gpu": lookup_gpu(request.gpu).name})
+    return request
+
+
+def _correction_lookup(
+    calibration: Calibration, req: EstimateRequest, arch: Architecture
+) -> Callable[[str], Correction | None]:
+    """What finished runs of this stack, method and size teach about a GPU (None: nothing yet)."""
 
     def correction(g: str) -> Correction | None:
         return calibration.lookup(g, req.stack, req.method, arch.parameters) if calibration else None
+
+    return correction
+
+
+def _job_shape(
+    arch: Architecture,
+    req: EstimateRequest,
+    mem: MemoryResult,
+    run: RunTime,
+    disk: DiskNeed,
+    correction: Callable[[str], Correction | None],
+) -> JobShape:
+    """What ranking needs of the job on any GPU and count: memory (calibrated, on a CPU the runner's own),
+    hours (calibrated speed), the ranges and the sizes to store and move; each count's memory and each
+    (GPU, count)'s hours worked out once."""
+    memo: dict[int, MemoryResult] = {req.gpus: mem}
 
     def memory_result(n: int) -> MemoryResult:
         if n not in memo:
@@ -360,56 +519,75 @@ def estimate(
 
     full = req.method == "full"
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
-    mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
-    disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
-    job = JobShape(
+    mem_ratio = memory_ratio(req)
+    return JobShape(
         memory_gb=memory_gb,
         memory_on=memory_on,
         memory_upper=mem_ratio[1],
         memory_lower=mem_ratio[0],
-        hours_low_high=hours_range(1.0, speed_ratios),
+        hours_low_high=hours_range(1.0, speed_ratio(req)),
         hours=hours,
         checkpoint_gb=mem.checkpoint_bytes / GB,
         download_gb=mem.download_bytes / GB,
         output_gb=output_gb,
         disk_gb=disk.gb,
     )
-    ranked, n_fit, _ = rank_offers(
-        offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
-    )
 
-    fitting = [o for o in ranked if o.fits]
+
+def _headline(
+    arch: Architecture,
+    req: EstimateRequest,
+    mem: MemoryResult,
+    run: RunTime,
+    fitting: list[RankedOffer],
+    correction: Callable[[str], Correction | None],
+) -> _Headline:
+    """The GPU the card shows: the one asked for, else the best fitting offer's, else the smallest that
+    holds the job (h200 when none does); its time, MFU and memory, calibrated."""
+    upper = memory_ratio(req)[1]
     if req.gpu:
-        headline = req.gpu
+        gpu = req.gpu
     elif fitting:
-        headline = fitting[0].gpu
+        gpu = fitting[0].gpu
     else:
-        headline = _fits_anywhere(mem.per_gpu_gb, list(GPUS), mem_ratio[1]) or "h200"
+        gpu = _fits_anywhere(mem.per_gpu_gb, list(GPUS), upper) or "h200"
     # Nothing fits and the GPU the figures are shown on cannot hold the job at this count: its time is a "what
     # if", said so on the card (SpeedEstimate.fits), never passed off as this GPU's time.
-    headline_fits = (
+    fits = (
         bool(fitting)
-        or headline == CPU.name
-        or (
-            headline in GPUS
-            and mem.per_gpu_gb * mem_ratio[1] * (1 + SAFETY_MARGIN) <= GPUS[headline].memory_gb
-        )
+        or gpu == CPU.name
+        or (gpu in GPUS and mem.per_gpu_gb * upper * (1 + SAFETY_MARGIN) <= GPUS[gpu].memory_gb)
     )
-    device = lookup_gpu(headline)
-    corr = correction(headline)
+    device = lookup_gpu(gpu)
+    corr = correction(gpu)
     timing = run.timing(device, req.gpus, lambda s: _corrected_speed(s, corr))
-    speed, steps, time_hours = timing.speed, timing.steps, timing.hours
+    speed = timing.speed
     # MFU as defined: model FLOPs over the GPUs' peak dense rate; the roofline's own figure is over the
     # measured matmul rate (a larger share of a smaller number), named for what it is
     mfu_peak = speed.mfu * device.matmul_tflops / device.dense_tflops if device.dense_tflops else speed.mfu
-    cpu = headline == CPU.name
+    cpu = gpu == CPU.name
     if cpu:  # the runner on this machine's CPU: fp32, host RAM, no CUDA context
         mem = on_cpu(arch, req, req.gpus)
     mem_gb = _corrected_memory(mem, corr)
     breakdown = mem.breakdown_gb()
     if corr is not None and corr.memory_runs:
         breakdown["calibration"] = round(mem_gb - mem.per_gpu_gb, 3)
+    return _Headline(gpu, fits, device, corr, timing, mfu_peak, cpu, mem, mem_gb, breakdown)
 
+
+def _assumptions(
+    arch: Architecture,
+    source: str,
+    req: EstimateRequest,
+    inputs: PlanInputs,
+    run: RunTime,
+    disk: DiskNeed,
+    head: _Headline,
+) -> list[str]:
+    """What the figures assume, in the card's words: the model, memory, speed, length, interruptions, disk,
+    the method, the ranges, then what applies to this job only."""
+    mem, device, timing, cpu = head.mem, head.device, head.timing, head.cpu
+    speed = timing.speed
     config_of = inputs.config_of
     shared = f" (config shared with {config_of})" if config_of and config_of != arch.name else ""
     assumptions = [
@@ -424,11 +602,11 @@ def estimate(
         )
         + "; GB = 10^9 bytes (a card sold as 24 GB has 24 GiB = 25.8 GB)",
         f"speed on {device.label} x{req.gpus}: {speed.flops_per_token / 1e9:.1f} GFLOP per token, MFU "
-        f"{mfu_peak:.0%} of the {device.dense_tflops:g} TFLOPS bf16 dense peak ({speed.mfu:.0%} of the "
+        f"{head.mfu_peak:.0%} of the {device.dense_tflops:g} TFLOPS bf16 dense peak ({speed.mfu:.0%} of the "
         f"{device.matmul_tflops:g} TFLOPS measured matmul rate; {req.stack} stack"
         + (", compiled" if req.compile else "")
         + ")"
-        + ("" if headline_fits else f"; it does not fit {device.label} x{req.gpus}: a time if it did"),
+        + ("" if head.fits else f"; it does not fit {device.label} x{req.gpus}: a time if it did"),
         f"length: {timing.describe} ("
         + (f"counted with the {run.token_source}" if run.data else f"tokens: {run.token_source}")
         + "); steps= is the number of optimizer "
@@ -451,94 +629,53 @@ def estimate(
     assumptions.append(_method_note(arch, noted, mem))
     if not cpu:
         assumptions.extend(mem.notes)  # the memory mechanisms assumed (bot/planner/memory.memory_notes)
-    lo, hi = mem_ratio
+    assumptions.append(_ranges_note(req))
+    return assumptions + _job_notes(req, run, head)
+
+
+def _ranges_note(req: EstimateRequest) -> str:
+    """How wide the memory and speed ranges are, and where they come from."""
+    (lo, hi), speed_ratios = memory_ratio(req), speed_ratio(req)
     classes = ", ".join(memory_classes(req)) or "no special class"
-    assumptions.append(
+    return (
         f"ranges: memory x{lo:.2f}-{hi:.2f} ({classes}), speed x{speed_ratios[0]:.2f}-{speed_ratios[1]:.2f}: "
         "90% prediction intervals from the planner's errors on published sources it was not fitted on (leave "
         "one source out, per class of job); offers must fit the top"
     )
-    if corr is not None:
-        assumptions.append(corr.describe())
+
+
+def _job_notes(req: EstimateRequest, run: RunTime, head: _Headline) -> list[str]:
+    """The assumptions only some jobs carry: a calibration, several GPUs, memory kept off the GPU, no
+    length given."""
+    notes = []
+    if head.corr is not None:
+        notes.append(head.corr.describe())
     if req.gpus > 1:
-        assumptions.append(
+        notes.append(
             f"{req.gpus} GPUs with FSDP full sharding: weights, gradients and optimizer states split, "
             "activations and logits per GPU; the GPUs talk over "
-            f"{device.link or 'their interconnect'}"
+            f"{head.device.link or 'their interconnect'}"
         )
     if req.gpus > 1 and req.optimizer != "adamw":
-        assumptions.append(
-            f"warning: {req.optimizer} (bitsandbytes) breaks checkpoint saves under FSDP: use adamw"
-        )
-    if mem.offloaded:
-        assumptions.append(
-            "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in mem.offloaded.items())
+        notes.append(f"warning: {req.optimizer} (bitsandbytes) breaks checkpoint saves under FSDP: use adamw")
+    if head.mem.offloaded:
+        notes.append(
+            "kept off the GPU: " + ", ".join(f"{k} {v / GB:.1f} GB" for k, v in head.mem.offloaded.items())
         )
     if run.token_source == "default":
-        assumptions.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
-    sugg = [] if n_fit else (budget_suggestions(offers, job, req, steps) or suggestions(arch, req, offers))
+        notes.append(f"no dataset or tokens= given: assumed {DEFAULT_TOKENS:,} tokens")
+    return notes
+
+
+def _training_plan(
+    arch: Architecture, req: EstimateRequest, mem: MemoryResult, inputs: PlanInputs, run: RunTime
+) -> TrainingPlan:
+    """How the runner will train, with the held-out examples as counted (the automatic split decided by the
+    data)."""
     plan = training_plan(arch, req, sharding=mem.sharding, dataset_format=inputs.dataset_format)
-    if run.data is not None:  # the held-out examples as counted (the automatic split decided by the data)
+    if run.data is not None:
         held = len(run.data.eval_lengths)
         plan = plan.model_copy(
             update={"eval_examples": held, "plateau_on": "eval loss" if held else "train loss"}
         )
-
-    return Estimate(
-        model=ModelInfo(
-            name=arch.name,
-            architecture=arch.model_type,
-            parameters=arch.parameters,
-            active_parameters=arch.active_parameters,
-            trainable_parameters=mem.trainable,
-            layers=arch.layers,
-            hidden_size=arch.hidden,
-            vocab_size=arch.vocab,
-            source=source,
-        ),
-        method=req.method,
-        memory=MemoryEstimate(
-            per_gpu_gb=round(mem_gb, 3),
-            breakdown_gb=breakdown,
-            gpus=req.gpus,
-            sharding=mem.sharding,
-            per_gpu_gb_range=[round(v, 3) for v in memory_range(mem_gb, mem_ratio)],
-        ),
-        speed=SpeedEstimate(
-            gpu=headline,
-            gpus=req.gpus,
-            tokens_per_second=round(speed.tokens_per_second, 2),
-            step_seconds=round(speed.step_seconds, 4),
-            mfu=round(mfu_peak, 4),
-            matmul_share=round(speed.mfu, 4),
-            fits=headline_fits,
-            flops_per_token=speed.flops_per_token,
-            tokens_per_second_range=[round(v, 2) for v in speed_range(speed.tokens_per_second, speed_ratios)],
-            calibrated_runs=corr.speed_runs if corr else 0,
-            calibration=corr.describe() if corr else None,
-        ),
-        time=TimeEstimate(
-            tokens=timing.tokens_per_epoch,
-            epochs=round(timing.epochs, 4),
-            steps=steps,
-            hours=round(time_hours, 4),
-            token_source=run.token_source,
-            hours_range=[round(v, 4) for v in hours_range(time_hours, speed_ratios)],
-            steps_per_epoch=timing.steps_per_epoch,
-            evaluations=timing.evaluations,
-            eval_tokens=timing.eval_tokens,
-            eval_hours=round(timing.eval_seconds / 3600.0, 6),
-            samples=timing.samples,
-            sample_tokens=timing.sample_tokens,
-            sample_hours=round(timing.sample_seconds / 3600.0, 6),
-            length=timing.describe,
-        ),
-        offers=ranked,
-        assumptions=assumptions,
-        suggestions=sugg,
-        prices_as_of=prices_as_of,
-        prices_source=prices_source,
-        training=plan,
-        warnings=risk_warnings(req),
-        disk=DiskEstimate(gb=disk.gb, breakdown_gb=disk.breakdown()),
-    )
+    return plan
