@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bot.providers.base import Instance, InstanceStatus, NotFoundError, ProviderError
@@ -45,21 +44,17 @@ def observe(eng: EngineContext, row: InstanceRow) -> tuple[str, int | None]:
     return seen[row.id]  # type: ignore[index]
 
 
-def observe_many(
-    eng: EngineContext, rows: list[InstanceRow], listed: Future[dict[str, Any]] | None = None
-) -> dict[int, tuple[str, int | None]]:
+def observe_many(eng: EngineContext, rows: list[InstanceRow]) -> dict[int, tuple[str, int | None]]:
     """The verdicts of many instance rows: one listing per provider, a per-instance ``status`` only for
     a provider without a listing and for a row its listing does not show (just launched, or gone: the
-    status call says which). Refreshed statuses are written in one transaction. ``listed``: the listings
-    ``start_listings`` began for these rows or more (a provider it did not list is listed here)."""
+    status call says which). Refreshed statuses are written in one transaction."""
     now = eng.now()
     out: dict[int, tuple[str, int | None]] = {}
-    by_provider = _by_provider(rows)
+    by_provider: dict[str, list[InstanceRow]] = {}
+    for r in rows:
+        by_provider.setdefault(r.provider, []).append(r)
     seen: dict[int, Instance] = {}
-    groups = {n: g for n, g in by_provider.items() if len(g) > 1}
-    early = listed.result() if listed is not None else {}
-    listings = {n: early[n] for n in groups if n in early}
-    listings.update(_listings(eng, {n: g for n, g in groups.items() if n not in early}))
+    listings = _listings(eng, {n: g for n, g in by_provider.items() if len(g) > 1})
     for name, group in by_provider.items():
         provider = eng.providers.get(name)
         if provider is None:
@@ -87,27 +82,6 @@ def observe_many(
     if seen:
         _record_seen(eng, {r.id: r for r in rows}, seen, now)  # type: ignore[misc]
     return out
-
-
-def _by_provider(rows: list[Any]) -> dict[str, list[Any]]:
-    by_provider: dict[str, list[Any]] = {}
-    for r in rows:
-        by_provider.setdefault(r.provider, []).append(r)
-    return by_provider
-
-
-def start_listings(eng: EngineContext, rows: list[Any]) -> Future[dict[str, Any]]:
-    """Begin, in the background, the listings ``observe_many`` will need for these rows: the tick reads
-    the progress objects meanwhile instead of waiting for the clouds (at 10,000 jobs each takes about as
-    long as the four listings). What the listings say is read by ``observe_many`` once the pulls are done."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    groups = {n: g for n, g in _by_provider(rows).items() if len(g) > 1}
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="listings")
-    try:
-        return pool.submit(_listings, eng, groups)
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any]:

@@ -299,21 +299,19 @@ def tick(ctx: EngineContext) -> int:
 
 
 def _supervise_running(ctx: EngineContext, running: list[Any], limits: SupervisionLimits) -> None:
-    rows = _open_rows(ctx, [j.id for j in running])
-    # The clouds are asked while the progress objects are read (the listings' answers are used after).
-    listed = observe.start_listings(ctx, [r for job_rows in rows.values() for r in job_rows[-1:]])
     changed = progress.pull_many(ctx, running)
     facts = {j.id: JobFacts.of(j) for j in running}
     if changed:
         for fresh in _refresh(ctx, sorted(changed)):
             facts[fresh.id] = fresh
+    rows = _open_rows(ctx, list(facts))
     newest: dict[str, Any] = {}
     for job_id, job_rows in rows.items():
         for extra in job_rows[:-1]:  # a job never keeps two instances: the newest one stays
             finish_mod.terminate_instance(ctx, _model(ctx, extra), reason="duplicate")
         newest[job_id] = job_rows[-1]
     to_ask = [r for jid, r in newest.items() if facts[jid].outcome not in OUTCOME_STATE]
-    verdicts = observe.observe_many(ctx, to_ask, listed) if to_ask else {}
+    verdicts = observe.observe_many(ctx, to_ask) if to_ask else {}
     ended = [jid for jid, r in newest.items() if verdicts.get(r.id, ("", None))[0] in ENDED]
     ended += [jid for jid in facts if jid not in newest]
     if ended:  # the last events may have landed just before the exit
