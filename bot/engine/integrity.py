@@ -193,10 +193,10 @@ def refusal(key: bytes, item: Any) -> str | None:
 
 
 def _fast_canonical(item: Any) -> bytes | None:
-    """The canonical bytes as orjson writes them (a tenth of json.dumps's time), or None. They differ from
-    ``canonical``'s for some objects (non-ASCII text, exponents, NaN): then the MAC does not match and the
-    exact check decides. When it does match, the runner signed exactly these bytes, which are ``canonical``'s
-    for this object: the verdict is the exact check's, at a first read's 200,000 events much sooner."""
+    """The canonical bytes as orjson writes them (a third of json.dumps's time, stripping the MAC
+    included), or None. They differ from ``canonical``'s for some objects (non-ASCII text, exponents, NaN):
+    then the MAC does not match them and the exact check decides. When it does match, the runner signed
+    exactly these bytes, which are ``canonical``'s for this object: the verdict is the exact check's."""
     if _orjson is None or not isinstance(item, dict):
         return None
     body = {k: v for k, v in item.items() if k != MAC_FIELD}
