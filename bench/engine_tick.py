@@ -39,19 +39,20 @@ from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
 from bench.engine_seed import backend, bench_database, bulk_insert, cloud_fleet  # noqa: E402
-from bot.engine.integrity import job_key  # noqa: E402
+from bot.engine.integrity import derive_run_key, master_key  # noqa: E402
 from bot.engine.progress import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from runner.integrity import EVENT, sign  # noqa: E402
 from runner.spec import RunnerEvent, progress_uri  # noqa: E402
-from store.models import Instance, Job, RunnerEventRecord  # noqa: E402
+from store.models import Instance, Job, JobRun, RunnerEventRecord  # noqa: E402
 
 TARGET_S = 2.0
+PROFILE_SORT = os.environ.get("TICK_PROFILE_SORT", "tottime")  # with TICK_PROFILE=first|restart|quiet|report
 REPEATS = 3
 
 
-KEYS: dict[str, bytes] = {}  # job id -> its integrity key (what its runner signs with)
+KEYS: dict[str, bytes] = {}  # job id -> the key of its current run (what its runner signs with)
 
 
 def event(job_id: str, seq: int, ts: float) -> dict:
@@ -100,11 +101,16 @@ def main() -> None:
         per = args.jobs // len(fakes)
         print(f"building {per * len(fakes)} running jobs, {args.events} events each ...", flush=True)
         progress: dict[str, tuple[Path, list[dict]]] = {}
+        runs: list[dict] = []
+        master = master_key(engine.ctx)
 
         def with_progress(job_id: str) -> dict:
-            """The runner's progress object for this job, and the job's fields after those events."""
+            """The job's current run (its own key, as launched since issue 28), the runner's progress
+            object for this job, and the job's fields after those events."""
             ckpt = tmp / "jobs" / job_id / "checkpoints"
-            KEYS[job_id] = job_key(engine.ctx, job_id)
+            run_id, secret = f"run-{job_id}", os.urandom(16).hex()
+            runs.append(JobRun(id=run_id, job_id=job_id, secret=secret, created_at=now - 600).model_dump())
+            KEYS[job_id] = derive_run_key(master, job_id, run_id, secret)
             evs = [event(job_id, q, now - 600 + q) for q in range(args.events)]
             path = Path(progress_uri(str(ckpt)))
             write_progress(path, job_id, evs)
@@ -115,6 +121,7 @@ def main() -> None:
                 "last_event_seq": args.events - 1,
                 "last_event_at": now - 5,
                 "last_step": (args.events - 1) * 10,
+                "run_id": run_id,
             }
 
         jobs, rows = cloud_fleet(fakes, clients, per, now=now - 600, extra=with_progress)
@@ -133,9 +140,11 @@ def main() -> None:
         ]
         bulk_insert(engine, Job, jobs)
         bulk_insert(engine, Instance, rows)
+        bulk_insert(engine, JobRun, runs)
         bulk_insert(engine, RunnerEventRecord, records)
         n_records = len(records)
         del jobs, rows, records
+        runs.clear()
         engine.close()
         # The bench's own data (and the in-process fake clouds' 10,000 instances) would otherwise be
         # traversed by every full garbage collection during the ticks: a bot process holds none of it.
@@ -163,7 +172,7 @@ def main() -> None:
         if os.environ.get("TICK_PROFILE") == "quiet":
             import cProfile
 
-            cProfile.runctx("tick()", globals(), locals(), sort="tottime")
+            cProfile.runctx("tick()", globals(), locals(), sort=PROFILE_SORT)
         quiet = []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
@@ -180,7 +189,7 @@ def main() -> None:
             if os.environ.get("TICK_PROFILE") == "report" and r == 0:
                 import cProfile
 
-                cProfile.runctx("tick()", globals(), locals(), sort="tottime")
+                cProfile.runctx("tick()", globals(), locals(), sort=PROFILE_SORT)
             else:
                 tick()
             reporting.append(time.perf_counter() - t0)
@@ -205,13 +214,13 @@ def main() -> None:
         for fake in fakes.values():
             fake.stop()
     q, rp = statistics.median(quiet), statistics.median(reporting)
-    verdict = "PASS" if max(restart_s, q, rp) < TARGET_S else "FAIL"
+    verdict = "PASS" if max(first_s, restart_s, *quiet, *reporting) < TARGET_S else "FAIL"
     n = per * len(fakes)
     print(
         f"tick with {n} running jobs on {len(fakes)} fake clouds ({backend(db_url)}): first ever (no read "
         f"recorded) {first_s * 1000:.0f} ms; first after a restart {restart_s * 1000:.0f} ms; steady quiet "
         f"median {q * 1000:.0f} ms; steady with {n // 3} new runner events median {rp * 1000:.0f} ms "
-        f"(target < {TARGET_S * 1000:.0f} ms after a restart and steady) {verdict}"
+        f"(target: every tick < {TARGET_S * 1000:.0f} ms, the first ever included) {verdict}"
     )
     print(
         "each tick, s: quiet "

@@ -36,13 +36,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from runner.integrity import EVENT, canonical, verify
+from runner.integrity import EVENT, MAC_FIELD, canonical, verify
 
 # The size caps are the contract's (runner/spec.py): the runner splits a report so that none is over them.
 from runner.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
+
+try:  # the fast path of the MAC check (``_fast_canonical``); without it the exact check alone
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,30 @@ def run_key(ctx: EngineContext, job_id: str, run_id: str) -> bytes | None:
     return key
 
 
+def load_run_keys(ctx: EngineContext, runs: dict[str, str | None]) -> None:
+    """Derive and cache the keys of these (job id -> run id) runs not cached yet, reading their rows in a
+    few queries: a restarted bot's first tick needs every running job's key, and one query per job was
+    most of that tick. ``run_key`` then finds them cached (what it returns is unchanged)."""
+    cache = ctx.memory.run_keys
+    wanted = {
+        (jid, rid) for jid, rid in runs.items() if rid and rid != LEGACY_RUN and (jid, rid) not in cache
+    }
+    if not wanted:
+        return
+    from sqlalchemy import select
+
+    from store.models import JobRun
+
+    master = master_key(ctx)
+    ids = sorted({rid for _, rid in wanted})
+    with ctx.session() as s:
+        for k in range(0, len(ids), 500):
+            q = select(JobRun.id, JobRun.job_id, JobRun.secret).where(JobRun.id.in_(ids[k : k + 500]))
+            for run_id, job_id, secret in s.execute(q):
+                if (job_id, run_id) in wanted:  # a run of another job is no key of this one
+                    cache[(job_id, run_id)] = derive_run_key(master, job_id, run_id, secret)
+
+
 def current_key(ctx: EngineContext, job_id: str, run_id: str | None = None) -> tuple[str, bytes] | None:
     """(run id, key) of the job's current run, None when it has none (between runs: nothing is accepted).
     ``run_id``: the job's ``run_id`` column as the caller just read it (saves a query)."""
@@ -151,6 +180,9 @@ def current_key(ctx: EngineContext, job_id: str, run_id: str | None = None) -> t
 def refusal(key: bytes, item: Any) -> str | None:
     """Why an event object does not count ("too_large", "unsigned"), None when it does: within the size
     cap and signed with ``key``. Its canonical bytes are made once, for both checks. Pure."""
+    fast = _fast_canonical(item)
+    if fast is not None and len(fast) <= MAX_EVENT_BYTES and verify(key, EVENT, item, fast):
+        return None
     try:
         body = canonical(item)
     except (TypeError, ValueError, AttributeError):
@@ -158,6 +190,20 @@ def refusal(key: bytes, item: Any) -> str | None:
     if len(body) > MAX_EVENT_BYTES:
         return "too_large"
     return None if verify(key, EVENT, item, body) else "unsigned"
+
+
+def _fast_canonical(item: Any) -> bytes | None:
+    """The canonical bytes as orjson writes them (a third of json.dumps's time, stripping the MAC
+    included), or None. They differ from ``canonical``'s for some objects (non-ASCII text, exponents, NaN):
+    then the MAC does not match them and the exact check decides. When it does match, the runner signed
+    exactly these bytes, which are ``canonical``'s for this object: the verdict is the exact check's."""
+    if _orjson is None or not isinstance(item, dict):
+        return None
+    body = {k: v for k, v in item.items() if k != MAC_FIELD}
+    try:
+        return _orjson.dumps(body, option=_orjson.OPT_SORT_KEYS)
+    except (TypeError, ValueError):
+        return None
 
 
 def signed_events(key: bytes, job_id: str, items: Iterable[Any]) -> tuple[list[RunnerEvent], Counter[str]]:

@@ -252,6 +252,7 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
     verified_by: dict[str, str] = {}
     stats = eng.memory.progress_stat
     now = time.monotonic()
+    integrity.load_run_keys(eng, {jid: run_ids.get(jid) for jid in uris})  # one query, not one per job
     for jid, uri in uris.items():
         if jid not in raws:  # a file on this machine: unchanged (same size and mtime) is not read again,
             stamp = _stat(uri)  # though at least once a minute in case two writes shared an mtime
