@@ -13,8 +13,9 @@ So:
   time: another replica may have launched a new run), None between runs: nothing is accepted then. A run
   launched before runs existed is named ``legacy`` and keeps the old job-wide key until it ends.
 - **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC of the job's
-  current run (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the
-  job's thread (``report_refused``). Events for a final job are refused on both paths (runner_events.ingest).
+  current run (runner/contract/integrity.py, ``hmac.compare_digest``); anything else is ignored and told
+  once in the job's thread (``report_refused``). Events for a final job are refused on both paths
+  (runner_events.ingest).
 - **Caps**: an event over ``MAX_EVENT_BYTES`` is refused; messages, URIs and metrics are cut to their caps;
   a progress object over ``MAX_PROGRESS_BYTES`` is not read; a job stores at most ``MAX_STORED_EVENTS``
   events (later ones still move its progress, without a row each).
@@ -36,10 +37,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from runner.integrity import EVENT, canonical, verify
+from runner.contract.integrity import EVENT, canonical, verify
 
-# The size caps are the contract's (runner/spec.py): the runner splits a report so that none is over them.
-from runner.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
+# The size caps are the contract's (runner/contract/spec.py): the runner splits a report so that none is
+# over them.
+from runner.contract.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext

@@ -36,7 +36,7 @@ from fakes.slack_api import FakeSlack
 from sqlalchemy import select
 
 from bot.settings import Settings
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from store.models import CalibrationRun, Instance
 
 from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
@@ -204,7 +204,7 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
         "metrics": {"tokens_per_second": 1e9, "max_memory_reserved_gb": 0.1},
     }
     try:  # the best A can sign with: its own job's key
-        from runner.integrity import EVENT, sign
+        from runner.contract.integrity import EVENT, sign
 
         forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)
     except (ImportError, KeyError):  # the code before issue 19 had no job keys

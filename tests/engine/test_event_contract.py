@@ -2,11 +2,11 @@
 
 On eac3cff the runner sent up to 512 chart points in one event (about 50 bytes each) while the bot refused
 any event over 16 KB: when a few hundred steps passed between two reports, the report was refused and the
-job's status froze (one 500-step job stopped at step 81). Now the limit is written once (runner/spec.py, the
-contract the bot imports) and the runner's Reporter splits a report into as many events as it takes. Here
-the largest report a runner can make goes through the runner's own Reporter, over the wire (a signed JSON
-body per event), into the bot's acceptance path (/runner/events' ``record_runner_event``): every event is
-accepted, and the job's view and chart have every step.
+job's status froze (one 500-step job stopped at step 81). Now the limit is written once
+(runner/contract/spec.py, the contract the bot imports) and the runner's Reporter splits a report into as many
+events as it takes. Here the largest report a runner can make goes through the runner's own Reporter, over the
+wire (a signed JSON body per event), into the bot's acceptance path (/runner/events' ``record_runner_event``):
+every event is accepted, and the job's view and chart have every step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runner.spec import (
+from runner.contract.spec import (
     MAX_EVENT_BYTES,
     MAX_EVENT_POINTS,
     MAX_PROGRESS_BYTES,
@@ -86,7 +86,7 @@ def test_the_largest_report_a_runner_can_send_is_accepted_whole(engine, fake, mo
     finally:
         reporter.close(timeout=30)
     assert len(bodies) > 1 and reporter.dropped == 0
-    from runner.integrity import canonical
+    from runner.contract.integrity import canonical
 
     sizes = [len(canonical(b)) for b in bodies]
     assert max(sizes) <= MAX_EVENT_BYTES, sizes
@@ -103,7 +103,7 @@ def test_the_largest_report_a_runner_can_send_is_accepted_whole(engine, fake, mo
 
     # The bot keeps refusing anything bigger than the contract.
     from bot.engine.integrity import refusal
-    from runner.integrity import EVENT, sign
+    from runner.contract.integrity import EVENT, sign
 
     key = bytes.fromhex(env["TUNEBOT_JOB_KEY"])
     too_big = dict(bodies[-1])
@@ -122,7 +122,7 @@ def test_a_progress_object_of_the_largest_events_is_still_read() -> None:
 
 @pytest.mark.parametrize("count", [0, 1, MAX_EVENT_POINTS, MAX_EVENT_POINTS + 1, 5000])
 def test_a_report_is_split_in_step_order_and_nothing_is_lost(count: int) -> None:
-    from runner.spec import event_bytes, report_events
+    from runner.contract.spec import event_bytes, report_events
 
     points = [(s, 1.0 / s, 1e-4) for s in range(1, count + 1)]
     evals = [(s, 2.0) for s in range(10, count + 1, 10)]

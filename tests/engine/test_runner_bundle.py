@@ -225,7 +225,7 @@ def test_an_image_without_torch_says_so(tmp_path: Path, files_served) -> None:
 
 
 def runner_bundle_exit() -> int:
-    from runner.spec import EXIT_INSTALL
+    from runner.contract.spec import EXIT_INSTALL
 
     return EXIT_INSTALL
 

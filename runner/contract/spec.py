@@ -69,8 +69,8 @@ class Defaults:
     seed = 42
     # The eval split when none is asked for (eval= not given: None, "auto"): 5% of the examples held out,
     # at most 200, and only on datasets of 1,000 examples or more (a small dataset needs every example to
-    # train on; eval=5% asks for a split on any dataset, eval=0 for none). runner/data/prepare.eval_size is
-    # the one rule; the planner counts with it.
+    # train on; eval=5% asks for a split on any dataset, eval=0 for none). runner/contract/fitting.eval_size
+    # is the one rule; the planner counts with it.
     eval_fraction: float | None = None
     auto_eval_fraction = 0.05
     auto_eval_min_examples = 1000
@@ -146,7 +146,7 @@ class SamplesSpec(_Strict):
 
     count: int = Field(Defaults.samples, ge=0, le=Defaults.max_samples)
     # The prompts themselves, one JSON object each as in a prompts file: the bot reads prompts=FILE (bounded,
-    # checked with runner/prompts.py) and sends them inline, so no host needs to reach the file.
+    # checked with runner/contract/prompts.py) and sends them inline, so no host needs to reach the file.
     prompts: list[dict[str, Any]] | None = Field(None, max_length=Defaults.max_samples)
     prompts_uri: str | None = None  # or a file the runner reads (a runner started by hand)
     max_new_tokens: int = Field(Defaults.sample_tokens, ge=1, le=512)
@@ -201,7 +201,7 @@ class HubSpec(_Strict):
 class ResumePoint(_Strict):
     """A checkpoint the bot acknowledged from the run that wrote it (bot/engine/runs.py): where it is, its
     step and the SHA-256 of its manifest's bytes. A resume loads a checkpoint of an earlier run only through
-    one of these (runner/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
+    one of these (runner/contract/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
     recorded while that run was current, whoever can still write the folder."""
 
     uri: str = Field(min_length=1, max_length=1024)  # <folder>/checkpoint-<step>
@@ -257,7 +257,7 @@ class JobSpec(_Strict):
     micro_batch_size: int = Field(1, ge=1, le=4096)
     grad_accum: int = Field(1, ge=1, le=65536)
     epochs: float = Field(Defaults.epochs, gt=0, le=1000)
-    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/steps.py)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/contract/steps.py)
     # Not given: Defaults.learning_rate_for(method) (2e-4 for adapters, 2e-5 for a full fine-tune).
     learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
@@ -351,7 +351,8 @@ TERMINAL_EVENTS = frozenset(
 
 # How much one event and one progress object may be: the bot refuses anything bigger (bot/engine/integrity.py
 # imports these), and the runner never sends anything bigger (``report_events`` splits a report to fit).
-MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (runner/integrity.canonical: what its MAC covers)
+# one event as canonical JSON (runner/contract/integrity.canonical: what its MAC covers)
+MAX_EVENT_BYTES = 16 * 1024
 MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: 3.3 MB at most)
 MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry
 MAX_REPORT_POINTS = 2048  # chart points one report keeps (thin_points: evenly spread, the newest exact)
@@ -503,7 +504,7 @@ def _all_finite(values: Iterable[Any]) -> bool:
 
 def event_bytes(event: RunnerEvent) -> int:
     """The size the bot measures an event by: its canonical JSON (the bytes its MAC covers)."""
-    from runner.integrity import canonical
+    from runner.contract.integrity import canonical
 
     return len(canonical(event.model_dump(mode="json")))
 
