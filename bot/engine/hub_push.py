@@ -12,8 +12,8 @@ When the job finishes (finished, or stopped on a plateau), before its final stat
   bytes hash to the digest the run reported and the run's key signed it;
 - downloads every file it lists and checks its size and SHA-256 (a file a former host swapped afterwards,
   or one not listed, never goes up);
-- pushes with the bot's HF_TOKEN through runner/contract/publish.py ``push_folder``: only into a repo this job creates
-  (or created before: its marker), the job's files in their public form.
+- pushes with the bot's HF_TOKEN through runner/contract/publish.py ``push_folder``: only into a repo this job
+  creates (or created before: its marker), the job's files in their public form.
 
 The outcome is recorded on the job (``hub_state``, ``hub_url``) and in its message ("Pushed to the Hub:
 URL", or why not): a push that failed never fails the job (its output stays in storage).
@@ -117,8 +117,8 @@ def _push(ctx: EngineContext, job: Job, repo: str, *, private: bool) -> str:
     from bot.engine import integrity, runs
     from bot.engine.launch import build_spec
     from bot.providers.base import redact
-    from runner.contract.spec import HubSpec
     from runner.contract.publish import PushRefused, push_folder
+    from runner.contract.spec import HubSpec
 
     settings = ctx.settings
     allowed = ctx.policy.can_push_to_hub(job.owner, repo, public=not private)

@@ -349,14 +349,19 @@ TERMINAL_EVENTS = frozenset(
 )
 
 
-# How much one event and one progress object may be: the bot refuses anything bigger (bot/engine/integrity.py
-# imports these), and the runner never sends anything bigger (``report_events`` splits a report to fit).
-# one event as canonical JSON (runner/contract/integrity.canonical: what its MAC covers)
+# Every cap on an event, for both sides. How much one event and one progress object may be: the bot refuses
+# anything bigger (bot/engine/integrity.py), and the runner never sends anything bigger (``report_events``
+# splits a report into events of at most MAX_EVENT_BYTES and MAX_EVENT_POINTS each: both are checked on
+# both sides, tests/engine/test_event_contract.py). One event is measured as canonical JSON
+# (runner/contract/integrity.canonical: what its MAC covers).
 MAX_EVENT_BYTES = 16 * 1024
 MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: 3.3 MB at most)
-MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry
+MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry (RunnerEvent refuses more)
 MAX_REPORT_POINTS = 2048  # chart points one report keeps (thin_points: evenly spread, the newest exact)
-MAX_URI_CHARS = 1024  # a link longer than this is dropped (the bot drops it too)
+MAX_URI_CHARS = 1024  # a link longer than this is dropped (by the runner and by the bot)
+MAX_MESSAGE_CHARS = 2000  # the bot keeps this much of an event's message
+MAX_EVENT_METRICS = 32  # metrics one event keeps (the first ones; the runner and the bot cut alike)
+MAX_METRIC_NAME = 64  # characters of a metric's name: a longer one is dropped
 
 
 def thin_points(points: list[Any], limit: int = MAX_REPORT_POINTS) -> list[Any]:
@@ -524,7 +529,8 @@ def report_events(
     Chart points that do not fit in the report's own event go ahead of it, in step order, in ``progress``
     events of their own (each one's step, loss and learning rate are its last point's); the last event is
     the report itself (its kind and fields) with the newest points. Text too long for any event is cut
-    (message, W&B note), over-long links are dropped, metrics kept to 32: the bot would cut them too."""
+    (message, W&B note), over-long links are dropped, metrics kept to MAX_EVENT_METRICS: the bot would cut
+    them too."""
     fields = dict(fields)
     # Each point and eval as an event carries it (validated, NaN as null), tagged and in step order (an eval
     # after the point of its step), with its size in the event's JSON.
@@ -607,11 +613,11 @@ def _fit_text(event: RunnerEvent, budget: int) -> RunnerEvent:
         value = getattr(event, name)
         if value and len(value) > MAX_URI_CHARS:
             update[name] = None
-    if event.metrics and len(event.metrics) > 32:
-        update["metrics"] = dict(list(event.metrics.items())[:32])
-    if event.metrics and any(len(k) > 64 for k in event.metrics):
+    if event.metrics and len(event.metrics) > MAX_EVENT_METRICS:
+        update["metrics"] = dict(list(event.metrics.items())[:MAX_EVENT_METRICS])
+    if event.metrics and any(len(k) > MAX_METRIC_NAME for k in event.metrics):
         metrics = update.get("metrics") or event.metrics
-        update["metrics"] = {k: v for k, v in metrics.items() if len(k) <= 64}
+        update["metrics"] = {k: v for k, v in metrics.items() if len(k) <= MAX_METRIC_NAME}
     event = event.model_copy(update=update) if update else event
     while event_bytes(event) > budget:
         texts = {n: getattr(event, n) for n in ("message", "wandb_note") if getattr(event, n)}
