@@ -6,6 +6,7 @@ model, the Hugging Face Hub.
   in the bucket and on the Hub.
 - ``merge_adapter``: the base model in 16-bit with the adapter merged in (``<output>/merged``), loaded on
   the CPU so that it never competes with training for GPU memory (it needs the 16-bit model in host RAM).
+
 What of it is public and how it is pushed (by the bot) is the contract's: runner/contract/publish.py.
 """
 

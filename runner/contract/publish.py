@@ -24,12 +24,9 @@ from typing import Any
 from runner.contract.spec import HubSpec, JobSpec
 
 MARKER_DIR = ".tunebot"
-
 PRIVATE_FILES = ("job.json", "training_summary.json")  # replaced by their public form in a push
-
-NOT_PUSHED = (
-    "manifest.json",
-)  # the output's manifest (runner/contract/manifest.py): the bot's check, not the model's
+# The output's manifest (runner/contract/manifest.py): the bot's check, not the model's.
+NOT_PUSHED = ("manifest.json",)
 
 
 class PushRefused(Exception):
@@ -93,8 +90,8 @@ def money(value: float | None) -> str:
     return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
 
 
+# The card's cost line: the runner's figure while it runs, the bot's ledger once the job ended.
 RECKONING = "so far (the runner's reckoning; the bot writes the billed cost here at the end)"
-
 BILLED = "as billed (tunebot's ledger: every instance's billed time at its locked price)"
 
 
