@@ -28,8 +28,8 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
+from runner.contract.spec import chunk_tokens  # noqa: E402
 from runner.loss import HeadLoss  # noqa: E402
-from runner.spec import chunk_tokens  # noqa: E402
 
 GB = 1e9
 

@@ -43,8 +43,8 @@ from bot.engine.integrity import derive_run_key, master_key  # noqa: E402
 from bot.engine.progress import read_raw  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
 from bot.settings import Settings  # noqa: E402
-from runner.integrity import EVENT, sign  # noqa: E402
-from runner.spec import RunnerEvent, progress_uri  # noqa: E402
+from runner.contract.integrity import EVENT, sign  # noqa: E402
+from runner.contract.spec import RunnerEvent, progress_uri  # noqa: E402
 from store.models import Instance, Job, JobRun, RunnerEventRecord  # noqa: E402
 
 TARGET_S = 2.0
@@ -56,7 +56,7 @@ KEYS: dict[str, bytes] = {}  # job id -> the key of its current run (what its ru
 
 
 def event(job_id: str, seq: int, ts: float) -> dict:
-    """A runner event as the runner writes it: signed with the job's key (runner/integrity.py)."""
+    """A runner event as the runner writes it: signed with the job's key (runner/contract/integrity.py)."""
     kind = "started" if seq == 0 else "progress"
     return sign(
         KEYS[job_id],

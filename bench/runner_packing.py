@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runner.contract.spec import DatasetSpec, JobSpec  # noqa: E402
 from runner.data import make_batches, prepare  # noqa: E402
 from runner.model import load_model, load_tokenizer  # noqa: E402
-from runner.spec import DatasetSpec, JobSpec  # noqa: E402
 from runner.tiny import make_tiny  # noqa: E402
 
 WARMUP_STEPS = 2

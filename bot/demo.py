@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,11 +68,19 @@ class Demo:
         self.console.rule(f"[bold]{text}[/bold]", align="left")
 
     def setup(self) -> tuple[Path, Path]:
-        from runner.tiny import make_tiny
+        from bot.providers.local import DEFAULT_RUNNER_COMMAND
 
         self.step("1. A tiny model and dataset, made here (no download)")
         started = time.monotonic()
-        job_json = make_tiny(self.workdir / "tiny", seed=0)
+        # The runner's own `make-tiny`, in its own process: the bot imports nothing of the runner but its
+        # contract (and never torch).
+        made = subprocess.run(
+            [*DEFAULT_RUNNER_COMMAND, "make-tiny", str(self.workdir / "tiny"), "--seed", "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        job_json = Path(made.stdout.strip().splitlines()[-1])
         model, data = job_json.parent / "model", job_json.parent / "data.jsonl"
         self.console.print(
             f"model   {model}\ndataset {data}  ({time.monotonic() - started:.1f} s)", highlight=False

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from runner.reading import ReadLimits
+    from runner.contract.reading import ReadLimits
 
 # A team's own prebuilt runner image (the Dockerfile; scripts/runner-image.sh builds and pushes it, by default
 # under this name): set TUNEBOT_RUNNER_IMAGE to it. Unset, hosts start STOCK_IMAGE and install the runner the
@@ -438,7 +438,7 @@ class Settings(BaseSettings):
     )
 
     # Bounded work for untrusted input (docs/slack-setup.md, "Limits on what the bot reads"): datasets are
-    # read in chunks (runner/reading.py), slow commands on their own pool (bot/chat/slowwork.py).
+    # read in chunks (runner/contract/reading.py), slow commands on their own pool (bot/chat/slowwork.py).
     dataset_sample_records: int = Field(
         10_000,
         gt=0,
@@ -529,8 +529,8 @@ class Settings(BaseSettings):
         return [v.get_secret_value() for v in values if v is not None]
 
     def dataset_limits(self) -> ReadLimits:
-        """What one read of a dataset someone pointed the bot at may cost (runner/reading.py)."""
-        from runner.reading import ReadLimits
+        """What one read of a dataset someone pointed the bot at may cost (runner/contract/reading.py)."""
+        from runner.contract.reading import ReadLimits
 
         return ReadLimits(
             sample_records=self.dataset_sample_records,

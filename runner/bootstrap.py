@@ -31,7 +31,7 @@ import urllib.request
 from importlib import metadata
 from pathlib import Path
 
-EXIT_INSTALL = 78  # runner/spec.py names it too (the bot's side); this file imports nothing of ours
+EXIT_INSTALL = 78  # runner/contract/spec.py names it too (the bot's side); this file imports nothing of ours
 BUNDLE_ENV = "TUNEBOT_RUNNER_BUNDLE"
 FETCH_ATTEMPTS = 4
 FETCH_TIMEOUT_S = 60.0

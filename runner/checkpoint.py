@@ -11,8 +11,9 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
         rng_state_<rank>.pth                             python, numpy, torch and CUDA RNG per rank
         trainer_state.json                               step, data position, tokens, plateau, seq, W&B id
         job.json                                         the spec the checkpoint was made with
-        manifest.json                                    names, sizes, SHA-256, signed (runner/manifest.py)
-        COMPLETE                                         written LAST: only a checkpoint with it is used
+        manifest.json                                    names, sizes, SHA-256, signed
+        (runner/contract/manifest.py) COMPLETE                                         written LAST: only a
+        checkpoint with it is used
     <uri>/progress.json                                  written by runner.report (latest RunnerEvent)
 
 A checkpoint is written to a local staging folder first, then uploaded file by file with COMPLETE last.
@@ -40,7 +41,8 @@ import fsspec
 import numpy as np
 import torch
 
-from runner import credentials, manifest
+from runner import credentials
+from runner.contract import manifest
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"

@@ -4,7 +4,7 @@
     tunebot-runner make-tiny DIR [--seed N] [--method lora|qlora|full]
 
 The last line of stdout is always the RunSummary as one JSON object; the exit code is one of
-runner.spec's EXIT_* (0 finished or plateau, 1 failed, 2 invalid spec or dataset, 75 preempted).
+runner.contract.spec's EXIT_* (0 finished or plateau, 1 failed, 2 invalid spec or dataset, 75 preempted).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from runner.spec import EXIT_BAD_SPEC, EXIT_FAILED, JobSpec, RunSummary
+from runner.contract.spec import EXIT_BAD_SPEC, EXIT_FAILED, JobSpec, RunSummary
 
 SPEC_ENV = "TUNEBOT_JOB_SPEC"
 _early_sigterm: list[int] = []

@@ -2,8 +2,8 @@
 
 The bot gives a runner storage credentials scoped to its job and valid until TUNEBOT_CREDENTIALS_EXPIRE_AT
 (bot/storage/credentials.py), and from their half-life on leaves fresh ones at TUNEBOT_CREDENTIALS_URI (in
-the run's own folder), signed with the run's key and sealed to it (runner/sealed.py: no other run, and no
-host that held this job before, can read them; bot/storage/renewal.py). A ``Watcher`` thread reads that
+the run's own folder), signed with the run's key and sealed to it (runner/contract/sealed.py: no other run,
+and no host that held this job before, can read them; bot/storage/renewal.py). A ``Watcher`` thread reads that
 object from half-life on; a newer, validly signed one replaces the process's AWS_* variables and s3fs's cached
 clients (new clients read the new keys; ``generation`` tells CheckpointStore to make its own again). If none
 has come when only ``margin`` is left, it calls ``on_expiring``: the trainer saves a checkpoint while the
@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from runner.integrity import CREDENTIALS, key_from_env, verify
-from runner.sealed import SealError, open_sealed
+from runner.contract.integrity import CREDENTIALS, key_from_env, verify
+from runner.contract.sealed import SealError, open_sealed
 
 EXPIRE_ENV = "TUNEBOT_CREDENTIALS_EXPIRE_AT"
 URI_ENV = "TUNEBOT_CREDENTIALS_URI"

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.spec import EXIT_BUDGET, EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED
+from runner.contract.spec import EXIT_BUDGET, EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED
 
 CPU_PROCESSES_ENV = "TUNEBOT_CPU_PROCESSES"
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to end by themselves
@@ -66,7 +66,7 @@ def launch(spec_json: str, processes: int, *, sigterm_seen: bool = False) -> int
             return code
         following, where, now = oom.next_level(spec_json, level)
         if following is None:
-            from runner.spec import RunSummary
+            from runner.contract.spec import RunSummary
 
             message = f"out of GPU memory at {where} on every rank's share; needs a GPU with more memory"
             oom.report(spec_json, "out_of_memory", message)
@@ -134,7 +134,7 @@ def _launch_once(spec_json: str, processes: int, *, sigterm_seen: bool, level: i
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopped_by_launcher:  # rank 0 could not print its summary: the launcher does
-        from runner.spec import RunSummary
+        from runner.contract.spec import RunSummary
 
         failures = [(r, c) for r, c in enumerate(codes) if c not in (0, EXIT_PREEMPTED, EXIT_BUDGET)]
         rank, code = next(((r, c) for r, c in failures if c != -9), failures[0])

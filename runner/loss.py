@@ -6,9 +6,9 @@ log_softmax_backward's output: ~12 bytes per token and vocabulary entry, 1.5 GB 
 3's 128,256 entries, and often the largest activation of a LoRA run at long sequence. ``chunked`` (the
 default) computes the loss from the final hidden states a chunk of label tokens at a time, each chunk under
 ``torch.utils.checkpoint``: only the hidden states are kept for backward, and each chunk's logits, upcast and
-log-softmax are recomputed there, one chunk at a time (CHUNK_LOGIT_ELEMENTS logits per chunk, runner/spec.py,
-which the planner prices). Prompt and padding positions get no logits at all. The cost is one more lm_head
-matmul per label token in backward.
+log-softmax are recomputed there, one chunk at a time (CHUNK_LOGIT_ELEMENTS logits per chunk,
+runner/contract/spec.py, which the planner prices). Prompt and padding positions get no logits at all. The
+cost is one more lm_head matmul per label token in backward.
 
 The loss runs inside the lm_head's own call (a forward pre-hook that computes it and hands the head an empty
 slice), so every wrapper sees a normal forward: FSDP has gathered the head's weight there, peft and gradient
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from runner.spec import CHUNK_LOGIT_ELEMENTS, chunk_tokens
+from runner.contract.spec import CHUNK_LOGIT_ELEMENTS, chunk_tokens
 
 IGNORE_INDEX = -100
 

@@ -1,8 +1,8 @@
 """Loading the base model and tokenizer, and making it trainable by method (full, LoRA, QLoRA).
 
-Dtypes (runner.spec.Defaults.precision_for): a full fine-tune on CUDA keeps fp32 master weights and runs its
-forward under bf16 autocast (mixed precision; precision=bf16 asks for pure bf16 weights, fp32 for fp32
-compute); LoRA adapters (fp32, peft's default) train on a bf16 base; QLoRA computes in bf16 over NF4
+Dtypes (runner.contract.spec.Defaults.precision_for): a full fine-tune on CUDA keeps fp32 master weights and
+runs its forward under bf16 autocast (mixed precision; precision=bf16 asks for pure bf16 weights, fp32 for
+fp32 compute); LoRA adapters (fp32, peft's default) train on a bf16 base; QLoRA computes in bf16 over NF4
 weights. On CPU everything is float32, because bf16 matmuls on CPU are slow and numerically coarser, and CPU
 runs exist for tests and demos only.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from runner.spec import JobSpec, Method
+from runner.contract.spec import JobSpec, Method
 
 # Files of a model folder that are not weights: enough to read the config, build the model on the meta
 # device (to check LoRA targets) and load the tokenizer before the weights are fetched.
@@ -163,7 +163,8 @@ def weights_dtype(spec: JobSpec, device: torch.device) -> torch.dtype:
 
 
 def uses_autocast(spec: JobSpec, device: torch.device) -> bool:
-    """fp32 master weights, bf16 matmuls: the full fine-tune's default on CUDA (runner.spec.Defaults)."""
+    """fp32 master weights, bf16 matmuls: the full fine-tune's default on CUDA
+    (runner.contract.spec.Defaults)."""
     return device.type == "cuda" and spec.method is Method.full and spec.resolved_precision == "mixed"
 
 

@@ -128,8 +128,8 @@ def next_level(spec_json: str, level: int) -> tuple[int | None, str, str]:
 def report(spec_json: str, kind: str, message: str) -> None:
     """An event from the launcher (rank 0 may have been stopped before it could say it), after the newest
     one the progress object knows."""
+    from runner.contract.spec import EventKind, JobSpec
     from runner.report import Reporter, next_seq_in_progress
-    from runner.spec import EventKind, JobSpec
 
     spec = JobSpec.model_validate_json(spec_json)
     reporter = Reporter(spec, start_seq=next_seq_in_progress(spec))

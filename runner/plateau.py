@@ -12,7 +12,7 @@ How the detector decides (``update(step, loss)`` returns True = stop now):
   ``1 / (1 - a)`` steps to fall by ``min_delta``. So that lag alone can never look like a plateau, the
   patience actually used is at least ``ceil(1 / ((1 - a) * every_steps))`` evaluations
   (``effective_patience``); with the defaults (a=0.95, every 20 steps on a 1000-step run) that is 1.
-- The defaults (``runner.spec.Defaults``: patience 10, min_delta 0.01, ema 0.95, a look every max(10,
+- The defaults (``runner.contract.spec.Defaults``: patience 10, min_delta 0.01, ema 0.95, a look every max(10,
   max_steps/50) steps after the first 10%; ``PlateauSpec.resolved``) let a normal noisy curve run to its end
   and stop one that went flat for a fifth of the run; tests/runner/test_plateau.py has the curve from issue 10
   that the old defaults (patience 5, ema 0.9, every 10 steps, no warmup) stopped at step 161 of 1000.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from runner.spec import PlateauSpec
+from runner.contract.spec import PlateauSpec
 
 _STATE_VERSION = 1
 

@@ -7,8 +7,8 @@ event is dropped; while the receiver is down each event gets a single try) and a
 ``<checkpoint uri>/progress.json`` (throttled for ``progress`` events, at once for the others). The
 progress object is what a bot without a public URL pulls, so it is the durable record: on a resume
 the writer first reads the old object back and keeps its events (only those signed with this job's key).
-Every event pushed or written carries its MAC (runner/integrity.py): the bot ignores what this job's key
-did not sign, whoever could write the object. The token and the key never appear in logs, exceptions or
+Every event pushed or written carries its MAC (runner/contract/integrity.py): the bot ignores what this job's
+key did not sign, whoever could write the object. The token and the key never appear in logs, exceptions or
 reprs.
 """
 
@@ -28,9 +28,8 @@ import fsspec
 import httpx
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.integrity import EVENT, key_from_env, sign, verify
-from runner.redact import scrub, secret_values
-from runner.spec import (
+from runner.contract.integrity import EVENT, key_from_env, sign, verify
+from runner.contract.spec import (
     MAX_PROGRESS_BYTES,
     EventKind,
     JobSpec,
@@ -39,6 +38,7 @@ from runner.spec import (
     readable_events,
     report_events,
 )
+from runner.redact import scrub, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Reporter:
         self._start_seq = start_seq
         self._url = spec.report.callback_url
         self._secrets = secret_values(extra=[spec.report.token])  # never in a message (runner/redact.py)
-        self._key = key_from_env()  # signs every event (runner/integrity.py)
+        self._key = key_from_env()  # signs every event (runner/contract/integrity.py)
         self._retries = max(1, retries)
         self._backoff = backoff
         # progress.json follows the job's own reporting cadence, at most every 5 s by default.
@@ -111,8 +111,8 @@ class Reporter:
 
     def emit(self, kind: EventKind, **fields: Any) -> RunnerEvent:
         """Number and queue a report; returns at once whatever the state of the receiver. A report too big
-        for one event (MAX_EVENT_BYTES: many chart points) goes as several (runner.spec.report_events);
-        the last one, returned, is the report itself."""
+        for one event (MAX_EVENT_BYTES: many chart points) goes as several
+        (runner.contract.spec.report_events); the last one, returned, is the report itself."""
         if fields.get("message"):
             fields["message"] = scrub(fields["message"], self._secrets)
         with self._lock:

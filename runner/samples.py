@@ -1,12 +1,12 @@
 """Side-by-side answers: the same prompts to the base model (before the first step) and to the result.
 
-Prompts come from ``prompts=FILE`` (runner/prompts.py) or from the first held-out eval examples (their prompt
-part: the tokens before the first one that carries loss; a text example's first half). Generation is greedy
-(deterministic whatever the seed), one prompt at a time, at most ``max_new_tokens`` new tokens, stopping at
-EOS; prompts longer than ``Defaults.sample_prompt_tokens`` keep their last tokens. It runs the model's plain
-forward (the loss hook of runner/loss.py is idle outside a loss computation) with its KV cache: one forward
-over the prompt, then one per new token, on every process alike (FSDP needs every rank in each forward),
-which is what bot/planner/length.py prices.
+Prompts come from ``prompts=FILE`` (runner/contract/prompts.py) or from the first held-out eval examples
+(their prompt part: the tokens before the first one that carries loss; a text example's first half).
+Generation is greedy (deterministic whatever the seed), one prompt at a time, at most ``max_new_tokens`` new
+tokens, stopping at EOS; prompts longer than ``Defaults.sample_prompt_tokens`` keep their last tokens. It runs
+the model's plain forward (the loss hook of runner/loss.py is idle outside a loss computation) with its KV
+cache: one forward over the prompt, then one per new token, on every process alike (FSDP needs every rank in
+each forward), which is what bot/planner/length.py prices.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from runner.data.example import IGNORE_INDEX, Example
-from runner.records import Conversation, PromptCompletion, Record
-from runner.spec import MAX_SAMPLE_TEXT, Defaults
+from runner.contract.example import IGNORE_INDEX, Example
+from runner.contract.records import Conversation, PromptCompletion, Record
+from runner.contract.spec import MAX_SAMPLE_TEXT, Defaults
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]

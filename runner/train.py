@@ -28,11 +28,10 @@ from typing import Any
 import torch
 
 from runner import checkpoint as ckpt
-from runner import loadable, manifest
-from runner.distributed import Group, setup, wrap
-from runner.integrity import key_from_env
-from runner.oom import OutOfMemory
-from runner.spec import (
+from runner import loadable
+from runner.contract import manifest
+from runner.contract.integrity import key_from_env
+from runner.contract.spec import (
     EXIT_BAD_SPEC,
     EXIT_BUDGET,
     EXIT_CREDENTIALS,
@@ -51,6 +50,8 @@ from runner.spec import (
     fit_results,
     thin_points,
 )
+from runner.distributed import Group, setup, wrap
+from runner.oom import OutOfMemory
 
 MAX_GRAD_NORM = 1.0  # gradient clipping, as in most fine-tuning recipes
 
@@ -166,7 +167,8 @@ class Trainer:
         # The chart's data since the last event: (step, loss, lr) of every step, (step, eval loss) of evals.
         self.points: list[tuple[int, float, float]] = []
         self.evals: list[tuple[int, float]] = []
-        self.key = key_from_env()  # this job's integrity key (runner/integrity.py); None when run by hand
+        # this job's integrity key (runner/contract/integrity.py); None when run by hand
+        self.key = key_from_env()
         # Made by setup(), step by step (each step's docstring names what it makes).
         self.model_dir: Path | None = None  # config and tokenizer first, the weights after the checks
         self.target_modules: list[str] | str = spec.lora.target_modules  # as checked against the model
@@ -175,7 +177,8 @@ class Trainer:
         self.dtype = torch.float32  # what activations are computed in (runner/model.compute_dtype)
         self.autocast = False  # bf16 autocast over fp32 master weights (runner/model.uses_autocast)
         self.batches_for: Callable[[Any, int], Any] = _not_set_up
-        self.length: Any = None  # runner/steps.RunLength: the run's steps, as the planner priced them
+        # runner/contract/steps.RunLength: the run's steps, as the planner priced them
+        self.length: Any = None
         self.steps_per_epoch = 0
         self.model: Any = None
         self.trainable_names: set[str] = set()
@@ -225,7 +228,7 @@ class Trainer:
 
     def _read_dataset(self) -> list[Any]:
         """Every record of the dataset, read and checked: an unreadable or empty one is an invalid job."""
-        from runner.records import DatasetError, read_records
+        from runner.contract.records import DatasetError, read_records
 
         spec = self.spec
         try:
@@ -289,9 +292,9 @@ class Trainer:
     def _prepare_data(self, records: list[Any]) -> None:
         """tokenizer, data and stats (tokenized, split), dtype and autocast, and batches_for: an epoch's
         micro-batches as a pure function of (seed, epoch)."""
+        from runner.contract.records import DatasetError
         from runner.data import make_batches, mask_dtype_for, prepare
         from runner.model import compute_dtype, load_tokenizer, uses_autocast
-        from runner.records import DatasetError
 
         spec, group = self.spec, self._group()
         assert self.model_dir is not None
@@ -326,8 +329,8 @@ class Trainer:
 
     def _plan_length(self) -> None:
         """length, steps_per_epoch and max_steps, from the arithmetic the planner priced the run with
-        (runner/steps.py); a dataset too small for one optimizer step is an invalid job."""
-        from runner.steps import run_length
+        (runner/contract/steps.py); a dataset too small for one optimizer step is an invalid job."""
+        from runner.contract.steps import run_length
 
         spec, group, data = self.spec, self._group(), self.data
         self.length = run_length(
@@ -356,7 +359,7 @@ class Trainer:
         """keep (what the result will be) and sample_prompts: a prompts file's, read and checked now (a bad
         one is an invalid job, before any weights are fetched), else the first held-out examples'."""
         from runner import samples
-        from runner.reading import DatasetError
+        from runner.contract.reading import DatasetError
 
         spec, group = self.spec, self._group()
         self.keep = "last"
@@ -370,7 +373,7 @@ class Trainer:
         if count == 0:
             return
         if spec.samples.prompts or spec.samples.prompts_uri:
-            from runner.prompts import prompts_of, read_prompts
+            from runner.contract.prompts import prompts_of, read_prompts
 
             try:
                 if spec.samples.prompts:
@@ -438,7 +441,7 @@ class Trainer:
 
     def _build_step(self, strategy: str) -> None:
         """ddp_model, fsdp, params, head_loss, the out-of-memory levels, optimizer and scheduler; a checkpoint
-        whose signed manifest verifies (runner/manifest.py) is loaded into them, others are told."""
+        whose signed manifest verifies (runner/contract/manifest.py) is loaded into them, others are told."""
         from runner import oom
 
         spec, group = self.spec, self._group()
@@ -610,7 +613,8 @@ class Trainer:
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
             mine = epoch_batches[group.rank :: group.world] if group.distributed else epoch_batches
-            n_micro = self.steps_per_epoch * spec.grad_accum  # the same on every process (runner/steps.py)
+            # the same on every process (runner/contract/steps.py)
+            n_micro = self.steps_per_epoch * spec.grad_accum
             while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
                 step_started = time.monotonic()
@@ -980,7 +984,7 @@ class Trainer:
                 )
                 written = manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
                 # The event announcing this checkpoint carries its manifest's digest: the bot pins it for a
-                # later run's resume (runner/manifest.py fetch_pinned).
+                # later run's resume (runner/contract/manifest.py fetch_pinned).
                 self.manifest_sha256 = manifest.sha256_of(written.read_bytes())
                 uri = self.store.upload(local, self.state.step)
             self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
@@ -1001,6 +1005,7 @@ class Trainer:
             import fsspec
 
             from runner import outputs
+            from runner.contract.publish import as_ran
             from runner.model import save_final
 
             with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
@@ -1031,7 +1036,7 @@ class Trainer:
                 }
                 (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
                 # no report token in outputs; the precision and sharding that ran, not only those asked for
-                ran = outputs.as_ran(json.loads(self.spec.redacted().model_dump_json()), self._ran())
+                ran = as_ran(json.loads(self.spec.redacted().model_dump_json()), self._ran())
                 (local / "job.json").write_text(json.dumps(ran, indent=2), encoding="utf-8")
                 card = outputs.model_card(
                     self.spec,
@@ -1097,7 +1102,7 @@ class Trainer:
 
     def _at_cap(self, ahead_s: float = 0.0) -> bool:
         """Whether the job's paid time, with one more step, reaches its spend cap (JobSpec.cost.max_cost):
-        priced as the bot's ledger prices it (runner.spec.billed_cost, at the locked price)."""
+        priced as the bot's ledger prices it (runner.contract.spec.billed_cost, at the locked price)."""
         cost = self.spec.cost
         if cost.max_cost is None:
             return False

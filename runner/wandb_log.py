@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 INIT_TIMEOUT_ENV = "TUNEBOT_WANDB_INIT_TIMEOUT"
 INIT_TIMEOUT_S = 3.0

@@ -1,7 +1,8 @@
 """Preview Block Kit as a person sees it: blocks -> a small HTML page in Slack's look (screenshot it with
-headless Chromium). For reviews and screenshots only; Slack's own renderer is the truth.
+headless Chromium). For reviews and screenshots only; Slack's own renderer is the truth. The screens
+themselves (the App Home, a job thread, a chart) are scripts/slack_screens.py's, which imports this module:
 
-    python scripts/blockkit_preview.py OUT_DIR     # the App Home, a job thread and a chart, as PNGs
+    python -m scripts.slack_screens OUT_DIR     # from the repository's root: the screens, as PNGs
 
 Renders header, section (text and fields), context, divider, actions (buttons), table (raw_text and
 rich_text cells with user elements), image; mrkdwn *bold*, `code`, ```blocks```, <@U...> (shown as
@@ -14,7 +15,6 @@ import html
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,10 +172,3 @@ def screenshot(html_path: Path, png: Path, *, height: int) -> Path:
         timeout=120,
     )
     return png
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts.slack_screens import main
-
-    raise SystemExit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "screens")))

@@ -1,11 +1,15 @@
 """Screens of what a team sees in Slack, rendered from the bot's own replies (scripts/blockkit_preview.py):
 the App Home of an admin, a job's thread with its card and chart, the training chart, an estimate and the
-weekly report. The figures are a made-up but plausible week; the rendering is the bot's code."""
+weekly report. The figures are a made-up but plausible week; the rendering is the bot's code.
+
+    python -m scripts.slack_screens OUT_DIR     # from the repository's root: the screens, as PNGs
+"""
 
 from __future__ import annotations
 
 import math
 import random
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -399,3 +403,7 @@ def blocks_only(blocks: list) -> str:
     from scripts.blockkit_preview import blocks_html
 
     return blocks_html(blocks, names)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "screens")))

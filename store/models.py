@@ -97,7 +97,7 @@ class Job(SQLModel, table=True):
     hub_url: str | None = Field(default=None, max_length=300)
 
     # What the money bought (the runner's results event, bounded): eval loss before and after, the result's
-    # step and why, the side-by-side answers (runner.spec.RunResults as JSON).
+    # step and why, the side-by-side answers (runner.contract.spec.RunResults as JSON).
     results: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     sweep_id: str | None = Field(default=None, index=True, max_length=64)  # one configuration of a sweep
 

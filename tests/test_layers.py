@@ -1,4 +1,6 @@
-"""Layers of bot/, runner/ and store/: no module imports a layer above its own, and none has an import circle.
+"""Layers of bot/, runner/ and store/: no module imports a layer above its own; the bot imports of the runner
+only its contract (runner/contract/); no migration imports bot/ or runner/; and no folder (scripts/, bench/
+and tests/ too) has an import circle.
 
 A lower layer is handed what it needs (clouds, offers, settings, a database URL) instead of reaching up for
 it. Every import counts, also those under TYPE_CHECKING and inside functions: an upward import or a circle
@@ -15,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bot", "runner", "store")
+# Every folder of code: none may hold an import circle (scripts, benchmarks and tests too).
+FOLDERS = (*PACKAGES, "scripts", "bench", "tests")
 
 # The layers of bot/, top first. A module may import its own layer and any layer below it, never one above.
 # Entry points wire the rest together; the chat renders what the engine reports; the engine runs jobs with
@@ -34,9 +38,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("package", ("bot",)),  # bot/__init__.py: empty
 )
 
-# Packages besides bot/ and what of bot/ they may import: nothing. The runner is the GPU host's side (its
-# contract modules are imported by the bot, never the other way round); the store is handed its URL.
+# Packages besides bot/ and what of bot/ they may import: nothing. The runner is the GPU host's side; the
+# store is handed its URL.
 NO_BOT = ("runner", "store")
+
+# What the bot and the runner agree on: the one part of the runner the bot imports, and it imports nothing of
+# the runner outside itself (so the bot never pulls in training code, nor torch).
+CONTRACT = "runner.contract"
+
+# Migrations do the same thing in two years as today: each carries its own copy of what it needs.
+MIGRATIONS = ROOT / "store" / "migrations"
+LIVE_CODE = ("bot", "runner")
 
 
 def module_name(path: Path) -> str:
@@ -48,20 +60,30 @@ def module_name(path: Path) -> str:
 def all_modules() -> dict[str, Path]:
     return {
         module_name(p): p
-        for package in PACKAGES
-        for p in sorted((ROOT / package).rglob("*.py"))
-        if "migrations" not in p.relative_to(ROOT).parts
+        for folder in FOLDERS
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if not {"migrations", "__pycache__"} & set(p.relative_to(ROOT).parts)
     }
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
     """The modules of ours that ``path`` imports (the module named, and a submodule named in ``from X import
-    sub``), each with the line of its first import."""
+    sub``), each with the line of its first import. Outside the packages a name may also be found where the
+    script runs (its own folder, or its top folder: tests/ is on pytest's path, so ``fakes.x`` is
+    tests/fakes/x.py)."""
+    top = name.split(".")[0]
+    here = name.rpartition(".")[0]
+    bases = [""] if top in PACKAGES else ["", f"{here}.", f"{top}."]
 
     def ours(dotted: str) -> str | None:
-        while dotted and dotted not in modules:
-            dotted = dotted.rpartition(".")[0]
-        return dotted or None
+        for base in bases:
+            # Up to the name's first part at most: ``re`` in tests/engine is not the tests.engine package.
+            candidate, floor = base + dotted, len(base) + len(dotted.split(".")[0])
+            while len(candidate) >= floor and candidate not in modules:
+                candidate = candidate.rpartition(".")[0]
+            if len(candidate) >= floor:
+                return candidate
+        return None
 
     found: dict[str, int] = {}
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
@@ -73,7 +95,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int
             base = node.module or ""
             if node.level:  # relative: from . import x, from .y import z
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
-            targets = [ours(base)] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            targets = [ours(base)] + [ours(f"{base}.{a.name}") for a in node.names]
         for target in targets:
             if target and target != name:
                 found.setdefault(target, node.lineno)
@@ -122,6 +144,42 @@ def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
     return found
 
 
+def contract_breaches(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of the runner by the bot outside runner.contract, and of the runner's other modules by
+    the contract, as readable lines."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        side = module.split(".")[0]
+        if side != "bot" and not in_contract(module):
+            continue
+        for dep, line in sorted(deps.items()):
+            if dep.split(".")[0] == "runner" and not in_contract(dep):
+                who = "the bot" if side == "bot" else "the contract"
+                found.append(f"{where(module, line)}: {module} imports {dep} ({who} imports only {CONTRACT})")
+    return found
+
+
+def in_contract(module: str) -> bool:
+    return module == CONTRACT or module.startswith(CONTRACT + ".")
+
+
+def migration_imports(where: str, source: str) -> list[str]:
+    """The imports of live code (bot/, runner/) in one migration file (``where``: its path), as readable
+    lines."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for dotted in names:
+            if dotted.split(".")[0] in LIVE_CODE:
+                found.append(f"{where}:{node.lineno}: imports {dotted} (a migration is frozen)")
+    return found
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -163,13 +221,39 @@ def test_settings_imports_nothing_of_bot() -> None:
     assert found == [], "settings.py imports nothing of bot:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("top", ["bot", "runner", "store"])
+def test_the_bot_imports_of_the_runner_only_its_contract() -> None:
+    graph = import_graph()
+    assert any(in_contract(d) for d in graph["bot.engine.integrity"])  # the walk sees the contract's imports
+    problems = contract_breaches(graph)
+    assert problems == [], "outside the contract:\n" + "\n".join(problems)
+
+
+def test_no_migration_imports_live_code() -> None:
+    files = sorted(MIGRATIONS.rglob("*.py"))
+    assert any(p.name.startswith("0012_") for p in files)  # the walk sees the versions
+    problems = [line for p in files for line in migration_imports(str(p.relative_to(ROOT)), p.read_text())]
+    assert problems == [], "migrations import live code:\n" + "\n".join(problems)
+
+
+def test_a_migration_that_imports_live_code_is_named() -> None:
+    body = (
+        "import sqlalchemy\nfrom store import models\ndef upgrade():\n"
+        "    from bot.engine.jobspec import spec_fields\n    import runner.contract\n"
+    )
+    found = migration_imports("store/migrations/versions/9999_test.py", body)
+    assert found == [
+        "store/migrations/versions/9999_test.py:4: imports bot.engine.jobspec (a migration is frozen)",
+        "store/migrations/versions/9999_test.py:5: imports runner.contract (a migration is frozen)",
+    ]
+
+
+@pytest.mark.parametrize("top", FOLDERS)
 def test_no_import_circle(top: str) -> None:
     graph = import_graph()
     part = {
         m: {d for d in deps if d.split(".")[0] == top} for m, deps in graph.items() if m.split(".")[0] == top
     }
-    assert f"{top}.__init__" in part or top in part  # the walk sees the package
+    assert len(part) > 1  # the walk sees the folder
     cycle = find_cycle(part)
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
@@ -203,6 +287,34 @@ def test_no_import_circle(top: str) -> None:
 def test_an_upward_import_is_named_with_its_file_and_line(module: str, dep: str, message: str) -> None:
     graph = {module: {dep: 7}}
     assert upward_imports(graph) == [message]
+
+
+@pytest.mark.parametrize(
+    ("module", "dep", "message"),
+    [
+        (
+            "bot.engine.launch",
+            "runner.tiny",
+            "bot/engine/launch.py:7: bot.engine.launch imports runner.tiny "
+            "(the bot imports only runner.contract)",
+        ),
+        (
+            "bot.demo",
+            "runner",
+            "bot/demo.py:7: bot.demo imports runner (the bot imports only runner.contract)",
+        ),
+        (
+            "runner.contract.spec",
+            "runner.train",
+            "runner/contract/spec.py:7: runner.contract.spec imports runner.train "
+            "(the contract imports only runner.contract)",
+        ),
+    ],
+)
+def test_an_import_outside_the_contract_is_named(module: str, dep: str, message: str) -> None:
+    assert contract_breaches({module: {dep: 7}}) == [message]
+    assert contract_breaches({module: {"runner.contract.spec": 7}}) == []
+    assert contract_breaches({"runner.train": {dep: 7}}) == []  # the runner's own modules import anything
 
 
 def test_the_walk_finds_a_circle_where_there_is_one() -> None:

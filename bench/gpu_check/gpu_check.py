@@ -124,9 +124,9 @@ def train(
     import torch
 
     from runner import measure
+    from runner.contract.spec import JobSpec
     from runner.loss import HeadLoss
     from runner.model import load_model
-    from runner.spec import JobSpec
 
     spec = JobSpec.model_validate(
         {

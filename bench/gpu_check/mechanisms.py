@@ -8,7 +8,7 @@ Sections (each in its own process, so PYTORCH_CUDA_ALLOC_CONF is set before CUDA
           the plain loss (logits upcast to fp32, what the published stacks do), fused AdamW; at 4,096 and
           8,192 tokens: fixed-length batches (packing), varying lengths padded to the longest row (the
           runner's unpacked batches), and the same lengths grouped by length ("bucketed": the runner's
-          unpacked plan since issue 29, when runner.data.packing has it). Twice: default allocator and
+          unpacked plan since issue 29, when runner.contract.packing has it). Twice: default allocator and
           `expandable_segments:True`. Measured: torch.cuda.max_memory_allocated, max_memory_reserved, and the
           device memory in use outside torch's pool (CUDA context, cuBLAS handles: device-used convention =
           reserved + that). The default-allocator run records the allocator's own trace
@@ -155,7 +155,7 @@ def plans(max_len: int, batch: int, steps: int, seed: int) -> dict[str, list[lis
     shuffled = [lengths[i : i + batch] for i in range(0, len(lengths), batch)]
     out = {"fixed": [[max_len] * batch for _ in range(3)], "variable": shuffled}
     try:  # the runner's unpacked plan (issue 29: grouped by length) when it has one
-        from runner.data.packing import epoch_rng, plan_unpacked
+        from runner.contract.packing import epoch_rng, plan_unpacked
 
         plan = plan_unpacked(lengths, micro_batch_size=batch, rng=epoch_rng(seed, 0))
         out["bucketed"] = [[lengths[row[0]] for row in rows] for rows in plan]
@@ -388,9 +388,9 @@ def child_qlora(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
         print(json.dumps(row), flush=True)
         del layer, x, y
     # the runner's own QLoRA path on the saved random checkpoint
+    from runner.contract.spec import JobSpec
     from runner.loss import HeadLoss
     from runner.model import load_model
-    from runner.spec import JobSpec
 
     for loss_kind in ("plain", "chunked"):
         if time.time() > args.deadline:

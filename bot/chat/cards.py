@@ -45,7 +45,7 @@ from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
 from bot.planner.result import Estimate, RankedOffer, SpeedEstimate
 from bot.planner.training import describe as describe_plan
-from runner.spec import RunResults
+from runner.contract.spec import RunResults
 
 MAX_OFFER_ROWS = 15
 MAX_JOB_ROWS = 40

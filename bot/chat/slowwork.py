@@ -6,7 +6,8 @@ took every thread and everyone else's commands waited behind them. Slow commands
 bounded pool (TUNEBOT_SLOW_WORKERS), at most TUNEBOT_SLOW_PER_USER of them per person at once (more wait
 their turn on the event loop, holding no thread: a double-clicked launch still answers "already
 launched"), and an answer after TUNEBOT_SLOW_DEADLINE whatever the work is doing (the reads themselves
-stop at their own limits: runner/reading.py, planner/models.py). Fast commands keep the default executor.
+stop at their own limits: runner/contract/reading.py, planner/models.py). Fast commands keep the
+default executor.
 """
 
 from __future__ import annotations

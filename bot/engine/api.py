@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 from bot.planner.offer import Offer
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
-from runner.spec import RunResults
+from runner.contract.spec import RunResults
 
 
 class EngineError(Exception):

@@ -3,9 +3,9 @@
 The runner writes README.md (and training_summary.json) with its own reckoning of the cost while it runs
 (runner/outputs.model_card: the spend before it plus its own minutes at the locked price); the bot's ledger
 bills every instance from the provider's clock to its confirmed end, boot and teardown included. When a job
-ends with an output, the bot rewrites the card's cost line (runner/outputs.with_billed_cost) and the summary's
-``cost`` with the spend the ledger recorded, so the card, `tunebot jobs` and `tunebot spend` agree. What is
-read back is the host's writing: bounded, and only the cost line is changed.
+ends with an output, the bot rewrites the card's cost line (runner/contract/publish.with_billed_cost) and the
+summary's ``cost`` with the spend the ledger recorded, so the card, `tunebot jobs` and `tunebot spend` agree.
+What is read back is the host's writing: bounded, and only the cost line is changed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def record_billed_cost(output_uri: str, spend: float) -> bool:
     """Rewrite ``<output>/README.md``'s cost line and ``training_summary.json``'s cost; True when done."""
     import fsspec
 
-    from runner.outputs import with_billed_cost
+    from runner.contract.publish import with_billed_cost
 
     root = output_uri.rstrip("/")
     try:

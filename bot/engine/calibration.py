@@ -34,7 +34,7 @@ from bot.planner.calibration import Calibration, Measurement
 if TYPE_CHECKING:
     from bot.engine.api import CalibrationView
     from bot.engine.context import EngineContext
-    from runner.spec import RunnerEvent
+    from runner.contract.spec import RunnerEvent
     from store.models import Job
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 
 The Hub offers no short-lived scoped token a host could be given, and whatever a host gets stays disclosed to
 its owner (../shared/docs/security.md). So the runner only writes its output folder and a manifest of it
-(file names, sizes, SHA-256, signed with its run's key: runner/manifest.py), and its terminal event carries
-that manifest's digest; the bot records it from the current run's signed event (bot/engine/runs.py). When the
-job finishes (finished, or stopped on a plateau), before its final state is recorded, ``push`` here:
+(file names, sizes, SHA-256, signed with its run's key: runner/contract/manifest.py), and its terminal event
+carries that manifest's digest; the bot records it from the current run's signed event (bot/engine/runs.py).
+When the job finishes (finished, or stopped on a plateau), before its final state is recorded, ``push`` here:
 
 - re-checks the repo against the policy (TUNEBOT_HUB_NAMESPACES; a public repo needs admins: the approval
   itself was an admin's, bot/engine/jobs.py);
@@ -12,8 +12,8 @@ job finishes (finished, or stopped on a plateau), before its final state is reco
   bytes hash to the digest the run reported and the run's key signed it;
 - downloads every file it lists and checks its size and SHA-256 (a file a former host swapped afterwards,
   or one not listed, never goes up);
-- pushes with the bot's HF_TOKEN through runner/outputs.py ``push_folder``: only into a repo this job creates
-  (or created before: its marker), the job's files in their public form.
+- pushes with the bot's HF_TOKEN through runner/contract/publish.py ``push_folder``: only into a repo this job
+  creates (or created before: its marker), the job's files in their public form.
 
 The outcome is recorded on the job (``hub_state``, ``hub_url``) and in its message ("Pushed to the Hub:
 URL", or why not): a push that failed never fails the job (its output stays in storage).
@@ -117,8 +117,8 @@ def _push(ctx: EngineContext, job: Job, repo: str, *, private: bool) -> str:
     from bot.engine import integrity, runs
     from bot.engine.launch import build_spec
     from bot.providers.base import redact
-    from runner.outputs import PushRefused, push_folder
-    from runner.spec import HubSpec
+    from runner.contract.publish import PushRefused, push_folder
+    from runner.contract.spec import HubSpec
 
     settings = ctx.settings
     allowed = ctx.policy.can_push_to_hub(job.owner, repo, public=not private)
@@ -158,7 +158,13 @@ def verified_output(uri: str, job_id: str, pinned: str, key: bytes | None, into:
     NotPushed says what did not match."""
     import fsspec
 
-    from runner.manifest import MAX_MANIFEST_BYTES, OUTPUT_MANIFEST, ManifestError, check_output, verify_files
+    from runner.contract.manifest import (
+        MAX_MANIFEST_BYTES,
+        OUTPUT_MANIFEST,
+        ManifestError,
+        check_output,
+        verify_files,
+    )
 
     try:
         fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))

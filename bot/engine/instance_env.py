@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 if TYPE_CHECKING:
     from bot.settings import Settings

@@ -13,8 +13,9 @@ So:
   time: another replica may have launched a new run), None between runs: nothing is accepted then. A run
   launched before runs existed is named ``legacy`` and keeps the old job-wide key until it ends.
 - **Events** pushed (``/runner/events``) or pulled (progress.json) count only with a valid MAC of the job's
-  current run (runner/integrity.py, ``hmac.compare_digest``); anything else is ignored and told once in the
-  job's thread (``report_refused``). Events for a final job are refused on both paths (runner_events.ingest).
+  current run (runner/contract/integrity.py, ``hmac.compare_digest``); anything else is ignored and told
+  once in the job's thread (``report_refused``). Events for a final job are refused on both paths
+  (runner_events.ingest).
 - **Caps**: an event over ``MAX_EVENT_BYTES`` is refused; messages, URIs and metrics are cut to their caps;
   a progress object over ``MAX_PROGRESS_BYTES`` is not read; a job stores at most ``MAX_STORED_EVENTS``
   events (later ones still move its progress, without a row each).
@@ -36,10 +37,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from runner.integrity import EVENT, MAC_FIELD, canonical, verify
+from runner.contract.integrity import EVENT, MAC_FIELD, canonical, verify
 
-# The size caps are the contract's (runner/spec.py): the runner splits a report so that none is over them.
-from runner.spec import MAX_EVENT_BYTES, MAX_PROGRESS_BYTES, RunnerEvent, readable_events
+# Every cap on an event is the contract's (runner/contract/spec.py): the runner splits a report so that
+# none is over them.
+from runner.contract.spec import (
+    MAX_EVENT_BYTES,
+    MAX_EVENT_METRICS,
+    MAX_MESSAGE_CHARS,
+    MAX_METRIC_NAME,
+    MAX_PROGRESS_BYTES,
+    MAX_URI_CHARS,
+    RunnerEvent,
+    readable_events,
+)
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
@@ -56,9 +67,6 @@ RUN_KEY_PURPOSE = b"tunebot run key v1\0"
 LEGACY_RUN = "legacy"
 MASTER_NAME = "job-keys"
 MAX_STORED_EVENTS = 20_000  # rows per job: seq 0 .. 19,999 (a week of progress every 30 s)
-MAX_MESSAGE = 2000
-MAX_URI = 1024
-MAX_METRICS = 32
 WANDB_HOSTS = ("wandb.ai",)
 
 REASONS = {
@@ -272,16 +280,19 @@ def check_links(event: RunnerEvent, expected: Expected) -> tuple[RunnerEvent, in
 
 
 def cap_event(event: RunnerEvent) -> RunnerEvent:
-    """The event with its free-text and link fields cut to their caps and at most MAX_METRICS metrics."""
+    """The event with its free-text and link fields cut to their caps, and at most MAX_EVENT_METRICS
+    metrics."""
     update: dict[str, Any] = {}
-    if event.message and len(event.message) > MAX_MESSAGE:
-        update["message"] = event.message[:MAX_MESSAGE]
+    if event.message and len(event.message) > MAX_MESSAGE_CHARS:
+        update["message"] = event.message[:MAX_MESSAGE_CHARS]
     for name in ("output_uri", "checkpoint_uri", "wandb_url", "hub_url"):
         value = getattr(event, name)
-        if value and len(value) > MAX_URI:
+        if value and len(value) > MAX_URI_CHARS:
             update[name] = None
-    if event.metrics and (len(event.metrics) > MAX_METRICS or any(len(k) > 64 for k in event.metrics)):
-        update["metrics"] = {k: v for k, v in list(event.metrics.items())[:MAX_METRICS] if len(k) <= 64}
+    metrics = event.metrics
+    if metrics and (len(metrics) > MAX_EVENT_METRICS or any(len(k) > MAX_METRIC_NAME for k in metrics)):
+        kept = list(metrics.items())[:MAX_EVENT_METRICS]
+        update["metrics"] = {k: v for k, v in kept if len(k) <= MAX_METRIC_NAME}
     return event.model_copy(update=update) if update else event
 
 

@@ -42,7 +42,7 @@ from bot.providers.base import (
 )
 from bot.providers.registry import secrets as all_secrets
 from bot.storage.credentials import CredentialsError, Issued
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from store.db import insert_for
 from store.models import Instance as InstanceRow
 from store.models import Job, JobRun
@@ -133,9 +133,9 @@ def build_spec(
             "spent_before": round(spent, 6),
             "estimated_total": job.estimated_cost,
             "where": f"{offer.get('provider')} {offer.get('gpu')} x{offer.get('gpu_count') or 1} ({kind})",
-            # The runner's own stop at the cap (runner/spec.py CostSpec.paid): billing of this run starts
-            # after this moment (the create call comes next), and a runner that has not started within the
-            # job's start deadline is ended by the bot (engine/startup.py), so no boot is longer.
+            # The runner's own stop at the cap (runner/contract/spec.py CostSpec.paid): billing of this run
+            # starts after this moment (the create call comes next), and a runner that has not started within
+            # the job's start deadline is ended by the bot (engine/startup.py), so no boot is longer.
             "max_cost": job.max_cost or None,
             "billed_from": eng.now(),
             "max_start_s": float(job.start_deadline_s or settings.heartbeat_timeout_s * 2),

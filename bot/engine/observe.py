@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bot.providers.base import Instance, InstanceStatus, NotFoundError, ProviderError
-from runner.spec import (
+from runner.contract.spec import (
     EXIT_CREDENTIALS,
     EXIT_PREEMPTED,
 )

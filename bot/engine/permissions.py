@@ -38,8 +38,8 @@ Deleting or keeping a volume: only one tunebot tracks, by its owner or an admin.
 always stop a job. Spending limits: TUNEBOT_APPROVAL_ABOVE, TUNEBOT_MAX_RUNNING_PER_USER.
 
 Hub pushes go only to the namespaces in TUNEBOT_HUB_NAMESPACES (unset: none), into a repo the job creates
-(the runner refuses an existing one, runner/outputs.py); a public repo needs an admin's approval (an
-admin's own job is approved by launching it), so none where no admin is configured.
+(the bot's push refuses an existing one, runner/contract/publish.py); a public repo needs an admin's approval
+(an admin's own job is approved by launching it), so none where no admin is configured.
 """
 
 from __future__ import annotations

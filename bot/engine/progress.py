@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from bot.engine import integrity
 from bot.engine.runner_events import ingest, ingest_many, valid_events
-from runner.integrity import EVENT, verify
-from runner.spec import (
+from runner.contract.integrity import EVENT, verify
+from runner.contract.spec import (
     RunnerEvent,
     parse_progress,
     progress_uri,

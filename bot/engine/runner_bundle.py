@@ -57,7 +57,7 @@ RUNNER_REQUIREMENTS = (
     "accelerate>=0.34",
     "bitsandbytes>=0.43",
     "wandb>=0.17",
-    "cryptography>=42",  # runner/sealed.py opens the renewed credentials sealed to its run
+    "cryptography>=42",  # runner/contract/sealed.py opens the renewed credentials sealed to its run
 )
 # Pinned in the constraints file (the list, with what they drag in that the runner imports itself).
 PINNED = (

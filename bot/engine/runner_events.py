@@ -24,7 +24,7 @@ from bot.engine import integrity, runs
 from bot.engine import states as S
 from bot.engine.events import EngineEventKind
 from bot.engine.launch import storage_root, token_hash
-from runner.spec import (
+from runner.contract.spec import (
     EventKind,
     RunnerEvent,
     readable_events,
@@ -247,7 +247,8 @@ def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> Non
 
 def _keep_results(eng: EngineContext, job_id: str, e: RunnerEvent) -> None:
     """What the run bought (eval before and after, the result's step, the answers) on the job's row: the
-    event was signed, capped in size and validated with runner.spec.RunResults's bounds on the way here."""
+    event was signed, capped in size and validated with runner.contract.spec.RunResults's bounds on the way
+    here."""
     assert e.results is not None
     with eng.session() as s:
         s.execute(

@@ -14,9 +14,9 @@ next:
 - **Folder.** A run writes only under ``<job folder>/runs/<run id>/``: its checkpoints and progress object
   (``checkpoints/``), its output (``output/``) and the credentials the bot renews for it. Its storage
   credentials reach that folder, its inputs and - read-only - the checkpoints it resumes from
-  (bot/storage/scope.py): a host of an earlier run cannot read or write the next run's folder where the store
-  scopes credentials, and cannot read what is left there for the next run where it does not (sealed:
-  runner/sealed.py).
+  (bot/storage/scope.py): a host of an earlier run cannot read or write the next run's folder where the
+  store scopes credentials, and cannot read what is left there for the next run where it does not (sealed:
+  runner/contract/sealed.py).
 - **Checkpoints.** A checkpoint counts only once acknowledged: announced by a signed event of the run that
   wrote it while that run was current, with its manifest's SHA-256 (``run_checkpoints``). A new run is told
   which ones to resume from (``JobSpec.resume``, newest first, pinned by those digests); a checkpoint a
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from sqlmodel import Session
 
     from bot.engine.context import EngineContext
-    from runner.spec import RunnerEvent
+    from runner.contract.spec import RunnerEvent
 
 RUNS_DIR = "runs"
 RESUME_POINTS = 2  # the newest acknowledged checkpoints a run may resume from (an older one if one fails)
@@ -184,7 +184,7 @@ def acknowledge(
     """Record what the current run's signed events vouch for (part of the caller's transaction, which holds
     the job's row lock and has checked that ``run_id`` is still the job's current run): each checkpoint in
     the run's checkpoint folder with its manifest's digest, and the output its terminal event names."""
-    from runner.spec import EventKind
+    from runner.contract.spec import EventKind
 
     folder = job.checkpoint_uri
     for e in events:

@@ -1,11 +1,11 @@
 """A job's chart data from its runner events: every step's loss and learning rate, evals, preemptions.
 
 The runner sends, with each event, every optimizer step since the previous one (``points``) and the eval
-losses measured meanwhile (``evals``, runner/spec.py); older runners sent only the step of each report,
-which is taken as it is. A run that resumed from an earlier checkpoint trains some steps again: the newest
-value of a step wins. Preemptions are the runner's ``preempted`` events and the engine's own
-``running -> recovering`` transitions (a host that vanished without a word), placed at the last step
-reported before them; resumes are the ``started`` events of a run that did not begin at step 0.
+losses measured meanwhile (``evals``, runner/contract/spec.py); older runners sent only the step of each
+report, which is taken as it is. A run that resumed from an earlier checkpoint trains some steps again: the
+newest value of a step wins. Preemptions are the runner's ``preempted`` events and the engine's own ``running
+-> recovering`` transitions (a host that vanished without a word), placed at the last step reported before
+them; resumes are the ``started`` events of a run that did not begin at step 0.
 
 ``fold`` is pure (tested directly); ``job_series`` reads the rows.
 """

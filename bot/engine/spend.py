@@ -16,7 +16,7 @@ from sqlalchemy import or_, select, true
 from sqlmodel import Session
 
 from bot.engine.jobstate import ACTIVE
-from runner.spec import billed_cost
+from runner.contract.spec import billed_cost
 from store.models import Instance, Job, SpendEntry, VolumeRecord
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ class Billed(Protocol):
 def cost(start: float, end: float | None, price_per_hour: float, now: float) -> float:
     """The one spend formula: seconds billed from ``start`` until ``end`` (until ``now`` while it lasts)
     at the price locked at launch. The job's spend, the cap check, the views and every ledger line use it;
-    its arithmetic is the contract's ``runner.spec.billed_cost``, which the runner's stop at the cap uses."""
+    its arithmetic is the contract's ``runner.contract.spec.billed_cost``, which the runner's stop at the cap
+    uses."""
     return billed_cost((end if end is not None else now) - start, price_per_hour)
 
 

@@ -5,8 +5,8 @@ can reach by URI. So, when a job is created:
 
 - every option the runner cannot honour is refused (estimate-only techniques, flash attention the image
   lacks, a Hub push without a token, a config.json that has no weights);
-- the dataset is read on the bot's side with the runner's own rules (runner/records.py): its format found
-  or checked, the first bad line named;
+- the dataset is read on the bot's side with the runner's own rules (runner/contract/records.py): its
+  format found or checked, the first bad line named;
 - a job that may run on a remote host needs a checkpoint location the host can reach: when
   TUNEBOT_CHECKPOINT_URI is unset (the bot's own disk) or process-local, a cloud job is refused naming the
   setting (a local job keeps only same-host fallbacks);
@@ -35,7 +35,7 @@ from bot.planner.result import RankedOffer, TrainingPlan
 
 if TYPE_CHECKING:
     from bot.settings import Settings
-    from runner.reading import ReadLimits
+    from runner.contract.reading import ReadLimits
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _has_weights(folder: Path) -> bool:
 def check_dataset(uri: str, fmt: str | None, limits: ReadLimits | None = None) -> str:
     """Read the dataset with the runner's rules, bounded (``limits``: TUNEBOT_DATASET_*); its format.
     EngineError naming the first bad line or the limit hit."""
-    from runner.records import DatasetError, check_dataset
+    from runner.contract.records import DatasetError, check_dataset
 
     try:
         found = check_dataset(uri, fmt, limit=CHECK_RECORDS, limits=limits)
@@ -161,10 +161,10 @@ def check_dataset(uri: str, fmt: str | None, limits: ReadLimits | None = None) -
 
 def check_prompts(uri: str, count: int) -> list[dict[str, Any]]:
     """The first ``count`` lines of a prompts file, read bounded and checked with the runner's rules
-    (runner/prompts.py): they travel inside the spec, so the host never reads the file. EngineError naming
-    the bad line."""
-    from runner.prompts import read_prompt_lines
-    from runner.reading import DatasetError
+    (runner/contract/prompts.py): they travel inside the spec, so the host never reads the file. EngineError
+    naming the bad line."""
+    from runner.contract.prompts import read_prompt_lines
+    from runner.contract.reading import DatasetError
 
     try:
         return read_prompt_lines(uri, limit=max(count, 1))

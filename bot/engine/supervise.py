@@ -26,7 +26,7 @@ from bot.engine.launch import launch_job, reclaim_stale
 from bot.engine.recovery import mark_preempted, relaunch
 from bot.engine.spend import jobs_spend
 from bot.engine.states import JobState
-from runner.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
+from runner.contract.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
 from store.models import Job
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bot.engine.api import JobView
-from runner.spec import RunResults
+from runner.contract.spec import RunResults
 from store.models import Job
 
 

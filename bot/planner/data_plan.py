@@ -1,6 +1,7 @@
 """What the runner will make of a dataset, counted with the runner's own code so the estimate prices the
 run that happens: its tokenizer and chat template, loss masks, BOS/EOS, truncation to seq_len, the eval split
-(runner/data/tokenize.py, prepare.py), its packing into micro-batches and the length rules (runner/steps.py).
+(runner/contract/tokenize.py, fitting.py), its packing into micro-batches and the length rules
+(runner/contract/steps.py).
 
 The tokenizer is the model's own: from a local model folder, or its tokenizer files fetched from the Hub
 (a few MB, cached beside the hub configs; HF_TOKEN for gated repos; HF_ENDPOINT and the offline switches
@@ -44,13 +45,14 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
     if tokenizer is None:
         return None
     from bot.planner.tokens import dataset_limits
-    from runner.data.prepare import DataStats, fit_example, split
-    from runner.data.tokenize import encode_record
-    from runner.reading import LineReader
-    from runner.records import DatasetError, DatasetFormat, parse_record
+    from runner.contract.fitting import DataStats, fit_example, split
+    from runner.contract.reading import LineReader
+    from runner.contract.records import DatasetError, DatasetFormat, parse_record
+    from runner.contract.tokenize import encode_record
 
-    # Read bounded (runner/reading.py: line cap, compression ratio, deadline, TUNEBOT_DATASET_SAMPLE_MB);
-    # a dataset larger than the sample is counted by tokens.py's approximation, scaled from its sample.
+    # Read bounded (runner/contract/reading.py: line cap, compression ratio, deadline,
+    # TUNEBOT_DATASET_SAMPLE_MB); a dataset larger than the sample is counted by tokens.py's approximation,
+    # scaled from its sample.
     reader = LineReader(req.dataset, dataset_limits().with_records(None))
     try:
         records = [
@@ -104,7 +106,7 @@ def plan_data(req: EstimateRequest, fmt: str) -> DataPlan | None:
 
 
 def _characters(record: Any) -> int:
-    from runner.records import Conversation, PromptCompletion
+    from runner.contract.records import Conversation, PromptCompletion
 
     if isinstance(record, PromptCompletion):
         return len(record.prompt) + len(record.completion)

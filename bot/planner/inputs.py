@@ -93,12 +93,13 @@ def _dataset_bytes(dataset: str | None) -> int | None:
 
 
 def dataset_format(path: str, given: str) -> str:
-    """The format of a dataset: as given, else what its first record's keys say (runner.records rules)."""
+    """The format of a dataset: as given, else what its first record's keys say (runner.contract.records
+    rules)."""
     if given != "auto":
         return given
     from bot.planner.tokens import dataset_limits
-    from runner.reading import DatasetError, read_lines
-    from runner.records import detect_format
+    from runner.contract.reading import DatasetError, read_lines
+    from runner.contract.records import detect_format
 
     try:  # the first record only, read in bounded chunks (a 300 MB first line is refused, not held)
         first = next(read_lines(path, dataset_limits().with_records(1)), None)

@@ -1,14 +1,14 @@
-"""How long the run takes on a GPU: its steps and eval passes (runner/steps.py's rules) times the roofline's
-time for micro-batches as wide as the runner will really make them.
+"""How long the run takes on a GPU: its steps and eval passes (runner/contract/steps.py's rules) times the
+roofline's time for micro-batches as wide as the runner will really make them.
 
 With a dataset and the model's tokenizer (bot/planner/data_plan.py) the steps, tokens and eval passes are
 exactly the runner's, and a micro-step is priced at the mean width of its rows (packed rows fill up to
 seq_len, unpacked ones pad to the longest of their micro-batch). With ``tokens=`` (or the character
 approximation) every row is assumed full. Eval passes are forward-only over the whole eval split on every
 GPU: the forward share of a training micro-step's FLOPs; the base model's pass before the first step is one
-of them (runner/steps.py). The side-by-side answers (runner/samples.py) are priced as what the runner does:
-for each of two models and each prompt, one forward over the prompt, then one forward of one token per new
-token (greedy, with the KV cache: each of those reads the weights once).
+of them (runner/contract/steps.py). The side-by-side answers (runner/samples.py) are priced as what the runner
+does: for each of two models and each prompt, one forward over the prompt, then one forward of one token per
+new token (greedy, with the KV cache: each of those reads the weights once).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bot.planner.gpus import GPU
 from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DataPlan
 from bot.planner.speed import SpeedResult, estimate_speed, flops_per_token
-from runner.spec import Defaults
+from runner.contract.spec import Defaults
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class RunTime:
         self._lengths: dict[int, Any] = {}
 
     def length(self, gpus: int) -> Any:
-        """runner.steps.RunLength on ``gpus`` processes (None without a counted dataset)."""
+        """runner.contract.steps.RunLength on ``gpus`` processes (None without a counted dataset)."""
         if self.data is None:
             return None
         if gpus not in self._lengths:
@@ -97,7 +97,7 @@ class RunTime:
             width, tokens, describe = length.epoch.width or req.seq_len, length.epoch.real, length.describe()
         else:
             per_step = req.batch_size * req.seq_len * req.grad_accum * gpus
-            from runner.steps import total_steps
+            from runner.contract.steps import total_steps
 
             steps = total_steps(max(1, math.ceil(self.tokens / per_step)), req.epochs, req.max_steps)
             per_epoch = None

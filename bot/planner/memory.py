@@ -387,12 +387,12 @@ def loss_path_bytes(arch: Architecture, req: EstimateRequest, tokens: int) -> fl
 
     plain: every token's logits, LOGIT_BYTES per entry (transformers' ForCausalLMLoss: bf16 logits, the fp32
     upcast, the log-softmax output, its gradient). chunked (the runner's default, runner/loss.py): one chunk
-    of runner.spec.chunk_tokens(vocab) label tokens at a time, plus the gathered label positions' hidden
-    states and their gradient. liger (LigerFusedLinearCrossEntropyLoss,
+    of runner.contract.spec.chunk_tokens(vocab) label tokens at a time, plus the gathered label positions'
+    hidden states and their gradient. liger (LigerFusedLinearCrossEntropyLoss,
     liger_kernel/ops/fused_linear_cross_entropy.py): chunks of next_power_of_2(ceil(tokens / ceil(vocab /
     hidden))) tokens, the fp32 logits of one chunk with the gradient written in place, and the input gradient
     it builds in the forward."""
-    from runner.spec import chunk_tokens
+    from runner.contract.spec import chunk_tokens
 
     elem = 4.0 if req.precision == "fp32" else 2.0
     if req.loss == "chunked":

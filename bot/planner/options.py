@@ -7,7 +7,7 @@ command line a key is also a flag (``--tokens 20M``, ``--seq-len 4k``), and ``ke
 too, so anything the bot suggests in either form can be pasted anywhere.
 
 Pure: no I/O. Defaults are not written here: they are the EstimateRequest's (and through it
-``runner.spec.Defaults``), so help texts show them from there.
+``runner.contract.spec.Defaults``), so help texts show them from there.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def parse_targets(text: str) -> list[str] | str:
 
 
 def parse_format(text: str) -> str:
-    from runner.records import format_named  # the runner's own names and aliases (pure module)
+    from runner.contract.records import format_named  # the runner's own names and aliases (pure module)
 
     if text.strip().lower() == "auto":
         return "auto"

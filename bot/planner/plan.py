@@ -46,7 +46,7 @@ from bot.planner.result import (
 )
 from bot.planner.speed import SpeedResult, estimate_speed
 from bot.planner.training import training_plan
-from runner.spec import Defaults
+from runner.contract.spec import Defaults
 
 __all__ = ["DEFAULT_TOKENS", "PlanInputs", "check_request", "estimate"]
 

@@ -1,7 +1,8 @@
 """What a person asks for: one fine-tune request, the same from `tunebot estimate`, `tunebot launch` and
 `/tune estimate|launch` (their options are bot/planner/options.py). The planner prices it; the launch turns
 it, with the estimate's training plan, into the runner's JobSpec. Training defaults come from
-``runner.spec.Defaults``, so an option not given means the same thing to the estimate and to the runner.
+``runner.contract.spec.Defaults``, so an option not given means the same thing to the estimate and to the
+runner.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runner.spec import Defaults
+from runner.contract.spec import Defaults
 
 
 def runner_autocast(method: str, precision: str) -> bool:
@@ -52,7 +53,7 @@ class EstimateRequest(BaseModel):
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
     warmup_ratio: float = Field(Defaults.warmup_ratio, ge=0, lt=1)
     weight_decay: float = Field(Defaults.weight_decay, ge=0, le=10)
-    # None: the automatic split (runner/data/prepare.eval_size: 5% of 1,000+ examples, at most 200).
+    # None: the automatic split (runner/contract/fitting.eval_size: 5% of 1,000+ examples, at most 200).
     eval_split: float | None = Field(Defaults.eval_fraction, ge=0, lt=0.5)
     # The result: "best" (lowest eval loss) or "last"; None: best with an eval split, else last.
     keep: Literal["best", "last"] | None = None
@@ -64,7 +65,7 @@ class EstimateRequest(BaseModel):
     seed: int = Field(Defaults.seed, ge=0, le=2**32 - 1)
     plateau: bool = Defaults.plateau
     plateau_patience: int = Field(Defaults.plateau_patience, ge=1, le=10_000)
-    # How often the runner evaluates (runner.spec.PlateauSpec.every_steps); None: the automatic cadence. Not
+    # How often the runner evaluates (runner.contract.spec.PlateauSpec.every_steps); None: the automatic cadence. Not
     # an option: a sweep sets it to its first stage's step, so its estimate prices the passes its runs make.
     eval_every: int | None = Field(None, ge=1, le=10**9)
     # Outputs.

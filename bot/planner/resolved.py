@@ -37,9 +37,9 @@ class DataPlan:
         )
 
     def length(self, req: EstimateRequest, processes: int) -> Any:
-        """runner.steps.RunLength of this data for ``req`` on ``processes`` GPUs."""
-        from runner.spec import PlateauSpec
-        from runner.steps import plan_batches, run_length
+        """runner.contract.steps.RunLength of this data for ``req`` on ``processes`` GPUs."""
+        from runner.contract.spec import PlateauSpec
+        from runner.contract.steps import plan_batches, run_length
 
         key = (req.seq_len, req.batch_size, req.packing, req.seed)
         if key not in self._plans:  # the batch plans do not depend on the GPU count: made once

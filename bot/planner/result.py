@@ -64,9 +64,9 @@ class TimeEstimate(BaseModel):
     hours: float  # compute hours on --gpu, eval passes included (without preemption overhead)
     token_source: str  # "runner's tokenizer, template and packing" | "tokens=" | "chars/4 approximation"...
     hours_range: list[float] | None = None  # [low, high]
-    # The run's length as the runner computes it (runner/steps.py): steps per epoch (None without a counted
-    # dataset), eval passes and the tokens of one, the hours they take (included in `hours`), and the runner's
-    # own "length:" line.
+    # The run's length as the runner computes it (runner/contract/steps.py): steps per epoch (None without a
+    # counted dataset), eval passes and the tokens of one, the hours they take (included in `hours`), and the
+    # runner's own "length:" line.
     steps_per_epoch: int | None = None
     evaluations: int = 0
     eval_tokens: int = 0
@@ -122,7 +122,7 @@ class TrainingPlan(BaseModel):
 
     LoRA targets are the model's own module names (``q,v`` -> ``q_proj, v_proj`` on Llama-style models);
     the dataset format is the one read from the data (or given); alpha, plateau and the rest are resolved
-    from the request and ``runner.spec.Defaults``.
+    from the request and ``runner.contract.spec.Defaults``.
     """
 
     base_model: str  # the hub id or folder the runner loads (aliases resolved)
@@ -139,7 +139,7 @@ class TrainingPlan(BaseModel):
     epochs: float
     max_steps: int | None = None
     learning_rate: float
-    precision: str = "bf16"  # mixed | bf16 | fp32 (runner.spec.Defaults.precision_for)
+    precision: str = "bf16"  # mixed | bf16 | fp32 (runner.contract.spec.Defaults.precision_for)
     lr_scheduler: str
     warmup_ratio: float
     weight_decay: float
@@ -151,7 +151,7 @@ class TrainingPlan(BaseModel):
     packing: bool
     gpus: int
     sharding: str  # "none" | "fsdp": what the memory estimate assumed
-    eval_split: float | None  # None: the automatic split (runner/data/prepare.eval_size)
+    eval_split: float | None  # None: the automatic split (runner/contract/fitting.eval_size)
     eval_examples: int | None = None  # held out, as counted from the data (None: not counted)
     keep: str | None = None  # best | last | None (best with an eval split)
     samples: int = 0  # prompts both models answer (held-out examples', or the prompts file's)

@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any
 from bot.planner.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from runner.reading import ReadLimits
+    from runner.contract.reading import ReadLimits
 
 CHARS_PER_TOKEN = 4.0
 TEMPLATE_TOKENS = {"alpaca": 30, "messages": 6, "prompt_completion": 2, "text": 1}  # per example / message
 
 
 def detect_format(row: dict[str, Any]) -> str:
-    """The runner's own rule (runner/records.py), as a planning error when no format's keys are there."""
-    from runner.records import detect_format as by_keys
+    """The runner's own rule (runner/contract/records.py), as a planning error when no format's keys are
+    there."""
+    from runner.contract.records import detect_format as by_keys
 
     fmt = by_keys(row)
     if fmt is not None:
@@ -83,7 +84,7 @@ def count_tokens(path: str, model: str, limits: ReadLimits | None = None) -> tup
 
     The read is bounded (``limits``, default the settings'): past the sample's records or bytes the counts
     are scaled up by the share of the file read, and the source says so."""
-    from runner.reading import DatasetError, LineReader
+    from runner.contract.reading import DatasetError, LineReader
 
     remote = "://" in path and not path.startswith("file://")
     file = Path(path.removeprefix("file://")).expanduser()

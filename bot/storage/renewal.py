@@ -3,13 +3,13 @@ finishes.
 
 Plan (docs/security.md): at half-life of a run's credentials the bot makes fresh ones for the same scope and
 leaves them in the run's own folder, ``<job folder>/runs/<run id>/credentials.json``, signed with the run's
-key (runner/integrity.py, purpose "credentials") and sealed to it (runner/sealed.py: AES-GCM under a key
-derived from the run's key, the job and run ids bound in). The run's folder is outside every other run's
-credentials where storage is scoped, and the seal keeps the object unreadable to anyone but that run where it
-is not (a store that cannot scope, a host that ran the job before and still holds its old credentials). The
-runner (runner/credentials.py) reads the object from half-life on and switches to the newer credentials in
-place; if none came - the bot was down for half a lifetime - it saves a checkpoint and exits with
-EXIT_CREDENTIALS (77) before they expire, and the bot relaunches it with fresh ones (a new run) like a
+key (runner/contract/integrity.py, purpose "credentials") and sealed to it (runner/contract/sealed.py: AES-GCM
+under a key derived from the run's key, the job and run ids bound in). The run's folder is outside every other
+run's credentials where storage is scoped, and the seal keeps the object unreadable to anyone but that run
+where it is not (a store that cannot scope, a host that ran the job before and still holds its old
+credentials). The runner (runner/credentials.py) reads the object from half-life on and switches to the newer
+credentials in place; if none came - the bot was down for half a lifetime - it saves a checkpoint and exits
+with EXIT_CREDENTIALS (77) before they expire, and the bot relaunches it with fresh ones (a new run) like a
 preemption. It works for a bot with or without a public URL (the object is pulled, like progress.json), and
 the instance is never given anything long-lived.
 
@@ -19,8 +19,8 @@ bot/engine/renewal.py.
 
 from __future__ import annotations
 
-from runner.integrity import CREDENTIALS, sign
-from runner.sealed import seal
+from runner.contract.integrity import CREDENTIALS, sign
+from runner.contract.sealed import seal
 
 CREDENTIALS_FILE = "credentials.json"
 RENEWED_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")

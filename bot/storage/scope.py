@@ -138,7 +138,7 @@ def r2_request(scope: Scope, *, parent_key_id: str, ttl_seconds: int) -> dict[st
     read-write on the run's prefix and on its input objects and folders, the checkpoints it resumes from
     too (R2 cannot mix read-only and read-write in one credential: tunebot stages R2 inputs per job, so no
     other job reads what this one could change, bot/engine/staging.py; a checkpoint it could rewrite is
-    loaded only as its pinned manifest digest says, runner/manifest.py)."""
+    loaded only as its pinned manifest digest says, runner/contract/manifest.py)."""
     if any(r.bucket != scope.bucket for r in scope.reads):
         raise ValueError("R2 temporary credentials cover one bucket: the inputs must be in the job's bucket")
     return {

@@ -1,17 +1,19 @@
 """The runner's data pipeline: read jsonl (any fsspec URI), check, tokenize with loss masks, pack, batch.
 
-Tokenizing, fitting to seq_len, splitting and planning batches (tokenize.py, prepare.py, packing.py,
-example.py) are pure Python: the bot imports them to count what the runner will train, and must never import
-torch. Only the tensors (batching.py, masks.py) need torch, so those names are imported on first use.
+Tokenizing, fitting to seq_len, splitting and planning batches are the contract's (runner/contract/
+tokenize.py, fitting.py, packing.py, example.py): pure Python the bot imports to count what the runner will
+train. Here: reading a job's dataset through them (prepare.py), and the tensors (batching.py, masks.py),
+which need torch, so those names are imported on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runner.data.example import IGNORE_INDEX, Example
-from runner.data.prepare import DataStats, PreparedData, prepare
-from runner.records import DatasetError
+from runner.contract.example import IGNORE_INDEX, Example
+from runner.contract.fitting import DataStats
+from runner.contract.records import DatasetError
+from runner.data.prepare import PreparedData, prepare
 
 _TENSORS = {
     "Batch": "runner.data.batching",

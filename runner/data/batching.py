@@ -21,9 +21,9 @@ from typing import overload
 
 import torch
 
-from runner.data.example import IGNORE_INDEX, Example
+from runner.contract.example import IGNORE_INDEX, Example
+from runner.contract.packing import Plan, epoch_rng, plan_packed, plan_unpacked
 from runner.data.masks import block_causal_mask, segment_ids
-from runner.data.packing import Plan, epoch_rng, plan_packed, plan_unpacked
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash")
 

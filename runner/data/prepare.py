@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
-from runner.data.example import IGNORE_INDEX, Example
-from runner.data.tokenize import encode_record
-from runner.records import DatasetError, Record, read_records
-from runner.spec import Defaults, JobSpec
-
-T = TypeVar("T")
-
-
-@dataclass
-class DataStats:
-    """What happened to the records; truncated and dropped go into the RunSummary."""
-
-    records: int = 0  # non-blank lines read
-    truncated: int = 0  # longer than seq_len, cut to seq_len
-    dropped: int = 0  # longer than seq_len with overlong="drop", or nothing left to train on
-    tokens: int = 0  # tokens in the kept examples (train + eval)
-    examples: int = 0  # kept examples (train + eval)
-    train_examples: int = 0
-    eval_examples: int = 0
-    trainable_tokens: int = 0  # tokens that carry loss
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+from runner.contract.example import Example
+from runner.contract.fitting import DataStats, fit_example, split
+from runner.contract.records import DatasetError, Record, read_records
+from runner.contract.spec import JobSpec
+from runner.contract.tokenize import encode_record
 
 
 @dataclass
@@ -44,7 +24,7 @@ def prepare(
     spec: JobSpec, tokenizer: Any, *, records: Iterable[tuple[int, Record]] | None = None
 ) -> PreparedData:
     """Read, check, tokenize, fit to seq_len and split the dataset of ``spec`` (or the already read
-    ``records``, (line, record) pairs from ``runner.records.read_records``).
+    ``records``, (line, record) pairs from ``runner.contract.records.read_records``).
 
     The eval split is a seeded shuffle of the kept examples, so a resumed run sees the same split.
     """
@@ -99,51 +79,3 @@ def prepare_records(
     stats.trainable_tokens = sum(e.trainable_tokens for e in examples)
     stats.train_examples, stats.eval_examples = len(train), len(evaluation)
     return PreparedData(train=train, eval=evaluation, stats=stats)
-
-
-def fit_example(
-    ids: list[int], labels: list[int], line: int, *, seq_len: int, overlong: str, stats: DataStats
-) -> Example | None:
-    """Apply the overlong policy; also drop records left with nothing to learn (counted as dropped)."""
-    if len(ids) > seq_len:
-        if overlong == "drop":
-            stats.dropped += 1
-            return None
-        ids, labels = ids[:seq_len], labels[:seq_len]
-        stats.truncated += 1
-    # The first token is never predicted by a causal LM; ignoring it keeps packed rows from learning
-    # "previous example's last token -> this example's first token".
-    labels = [IGNORE_INDEX, *labels[1:]]
-    example = Example(input_ids=ids, labels=labels, source_line=line)
-    if example.trainable_tokens == 0:
-        stats.dropped += 1
-        return None
-    return example
-
-
-def eval_size(examples: int, eval_fraction: float | None) -> int:
-    """How many of ``examples`` are held out: ``eval_fraction`` of them (at least one, at least one left to
-    train); None is the automatic split (runner.spec.Defaults: 5% of 1,000 examples or more, at most 200)."""
-    if examples < 2:
-        return 0
-    if eval_fraction is None:
-        if examples < Defaults.auto_eval_min_examples:
-            return 0
-        return min(Defaults.auto_eval_max_examples, math.ceil(examples * Defaults.auto_eval_fraction))
-    if eval_fraction <= 0:
-        return 0
-    return min(examples - 1, max(1, math.ceil(examples * eval_fraction)))
-
-
-def split(examples: list[T], eval_fraction: float | None, *, seed: int) -> tuple[list[T], list[T]]:
-    """Deterministic train/eval split; at least one example stays in train. It depends only on the number of
-    examples and the seed, so the planner splits token lengths exactly as the runner splits examples."""
-    n_eval = eval_size(len(examples), eval_fraction)
-    if n_eval == 0:
-        return list(examples), []
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    eval_ids = set(order[:n_eval])
-    train = [e for i, e in enumerate(examples) if i not in eval_ids]
-    evaluation = [e for i, e in enumerate(examples) if i in eval_ids]
-    return train, evaluation

@@ -16,7 +16,7 @@ from bot.chat.blockkit import to_message, violations
 from bot.chat.escaping import live_tokens, unescape
 from bot.chat.grammar import CompareCmd, ParseError, SweepCmd, parse
 from bot.engine.api import CompareRun, CompareView, JobView, SweepRunView, SweepView
-from runner.spec import RunResults, Sample
+from runner.contract.spec import RunResults, Sample
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 HOSTILE = "<!channel> <@U0123ABC> *bold* `code` <https://evil.example|click> & " + "x" * 5000

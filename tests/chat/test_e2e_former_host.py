@@ -25,7 +25,7 @@ import pytest
 from fakes.moto_sts import StsWorld, sts_server  # noqa: F401  (fixture)
 from sqlalchemy import update
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .test_e2e_hostile_host import COMMON, _RunsCode, as_host, attempt, world  # noqa: F401
 from .test_e2e_remote_host import World
@@ -36,7 +36,7 @@ STEPS = 150  # long enough for a SIGTERM to land mid-run (as in test_e2e_remote_
 
 
 def signed(env: dict[str, str], purpose: str, obj: dict[str, Any]) -> dict[str, Any]:
-    from runner.integrity import sign
+    from runner.contract.integrity import sign
 
     return sign(bytes.fromhex(env["TUNEBOT_JOB_KEY"]), purpose, obj)
 
@@ -122,7 +122,7 @@ def test_a_former_host_cannot_act_for_the_job_after_a_relaunch(
     ).encode()
     fs.pipe_file(f"{evil_out}/manifest.json", out_manifest)
     # ... and a newer checkpoint whose optimizer runs code, its manifest signed with the old key.
-    from runner import manifest
+    from runner.contract import manifest
 
     marker = tmp_path / "pwned"
     planted = tmp_path / "checkpoint-999999"

@@ -36,7 +36,7 @@ from fakes.slack_api import FakeSlack
 from sqlalchemy import select
 
 from bot.settings import Settings
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from store.models import CalibrationRun, Instance
 
 from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
@@ -205,7 +205,7 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
     }
     # The best A can sign with: its own job's key (every host gets one; without it the forgery would go
     # unsigned and prove nothing about the key check).
-    from runner.integrity import EVENT, sign
+    from runner.contract.integrity import EVENT, sign
 
     assert host_a.env.get("TUNEBOT_JOB_KEY"), "A's host got no job key: events would go unsigned"
     forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)

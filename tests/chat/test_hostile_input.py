@@ -157,7 +157,7 @@ def test_a_long_line_is_refused_naming_the_setting(world) -> None:  # noqa: ANN0
 
 def test_compressed_and_large_datasets_are_estimated_from_a_bounded_sample(world) -> None:  # noqa: ANN001
     from bot.planner.tokens import count_tokens
-    from runner.reading import ReadLimits
+    from runner.contract.reading import ReadLimits
 
     chat, slack, _ = world
     data = rows(5000)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.chat.blockkit import violations
-from runner.spec import EventKind, RunnerEvent, RunResults
+from runner.contract.spec import EventKind, RunnerEvent, RunResults
 
 from .test_real_engine import real_stack  # noqa: F401  (the fixture)
 from .test_slack_http import estimate_id_from

@@ -17,7 +17,7 @@ from bot.chat.handlers import Actor, ChatHandlers
 from bot.planner.calibration import Measurement
 from bot.planner.inputs import predict_measurement
 from bot.planner.request import EstimateRequest
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import request
 from .fakes import FakeProvider, make_estimate

@@ -1,7 +1,7 @@
 """The MAC check's fast path (orjson's canonical bytes) gives the exact check's verdict on every object.
 
 bot/engine/integrity.refusal first tries the bytes orjson writes (a first read checks ~200,000 events); where
-they differ from runner.integrity.canonical's (non-ASCII text, exponents, NaN, big integers) the MAC does not
+they differ from runner.contract.integrity.canonical's (non-ASCII text, exponents, NaN, big integers) the MAC does not
 match them and the exact check decides. These objects cover both sides of every such difference.
 """
 
@@ -12,7 +12,7 @@ import math
 import pytest
 
 from bot.engine import integrity
-from runner.integrity import EVENT, canonical, sign
+from runner.contract.integrity import EVENT, canonical, sign
 
 KEY = bytes(range(32))
 OTHER = bytes(range(1, 33))
@@ -64,7 +64,7 @@ def test_the_fast_bytes_are_canonical_for_a_runners_ordinary_event() -> None:
 
 def _exact(key: bytes, item: dict) -> str | None:
     """The check before the fast path: canonical bytes, size cap, MAC."""
-    from runner.integrity import verify
+    from runner.contract.integrity import verify
 
     body = canonical(item)
     if len(body) > integrity.MAX_EVENT_BYTES:

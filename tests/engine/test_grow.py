@@ -10,7 +10,7 @@ from fakes.runner_events import checkpoint_event, signed
 from bot.engine.grow import choose
 from bot.engine.permissions import OPERATOR
 from bot.providers.base import InstanceStatus
-from runner.spec import EXIT_OUT_OF_MEMORY, JobSpec
+from runner.contract.spec import EXIT_OUT_OF_MEMORY, JobSpec
 
 from .conftest import Recorder, request
 from .fakes import FakeProvider, make_estimate

@@ -22,7 +22,7 @@ from bot.engine import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.providers.base import InstanceStatus
 from bot.settings import Settings
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import Recorder
 from .fakes import FakeProvider
@@ -79,7 +79,7 @@ def test_a_host_gets_no_hub_write_token_and_the_bot_pushes_the_verified_output(
     tmp_path: Path, tiny: Path, hub: FakeHub
 ) -> None:
     from bot.engine.service import Engine
-    from runner.integrity import EVENT, sign
+    from runner.contract.integrity import EVENT, sign
 
     fake = FakeProvider("fake", memory_gb=80)  # shares the bot's disk: the job's folder is a local path
     settings = Settings(
@@ -113,7 +113,7 @@ def test_a_host_gets_no_hub_write_token_and_the_bot_pushes_the_verified_output(
     assert try_to_write(hub, gated_env) == []
     assert hub.repos["victim/prod-model"].files == {"README.md": b"prod"} and "acme/planted" not in hub.repos
     # The pushing job's runner writes its output and the manifest it signs with its run's key, and says so.
-    from runner import manifest
+    from runner.contract import manifest
 
     spec = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"])
     out = Path(spec.output_uri)

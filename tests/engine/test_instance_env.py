@@ -23,7 +23,7 @@ from fakes.snapshot_plan import snapshot_plan as plan_estimate
 from bot.engine import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import Recorder
 from .fakes import FakeProvider

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from bot.engine.api import EngineError
 from bot.web import create_app
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import estimate_for, request
 

@@ -23,7 +23,7 @@ def test_create_locks_price_estimate_and_cap_then_launches(engine, fake):
     assert fake.creates == 1
     # The JobSpec travels in the environment with a per-job token; only its hash is stored.
     env = fake.launch_requests[0].env
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     spec = JobSpec.model_validate_json(env["TUNEBOT_JOB_SPEC"])
     assert spec.job_id == job.job_id and spec.report.token
@@ -141,7 +141,7 @@ def test_the_runner_trains_the_estimated_plan_on_every_launch(engine, fake, cloc
     model, steps, tokens per sequence, LoRA targets, whatever the request said; a relaunch uses it again."""
     from bot.planner.training import training_plan_without_model
     from bot.providers.base import InstanceStatus
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     req = request(seq_len=2048)
     est = estimate_for(fake)

@@ -30,7 +30,7 @@ from bot.engine.spend import billed_seconds
 from bot.money import money
 from bot.providers.base import InstanceStatus, LaunchRequest, OfferQuery, job_label
 from bot.settings import Settings
-from runner.spec import JobSpec, progress_uri
+from runner.contract.spec import JobSpec, progress_uri
 from store.models import Instance, Job, RunnerEventRecord
 
 from .conftest import Recorder, estimate_for, request

@@ -10,7 +10,7 @@ from fakes.runner_events import checkpoint_event, signed
 from sqlalchemy import func, select
 
 from bot.providers.base import InstanceStatus
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from store.models import Instance, RunnerEventRecord
 
 from .conftest import Recorder, estimate_for, request
@@ -54,7 +54,7 @@ def test_pull_reads_progress_json(engine, fake):
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     ckpt = Path(JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]).checkpoint.uri)
     ckpt.mkdir(parents=True, exist_ok=True)
-    from runner.spec import progress_uri
+    from runner.contract.spec import progress_uri
 
     events = [_sev(engine, job.job_id, i, loss=3.0 - i / 10) for i in range(5)]
     Path(progress_uri(str(ckpt))).write_text(json.dumps({"events": events}))

@@ -8,7 +8,7 @@ from fakes.snapshot_plan import snapshot_plan
 
 from bot.engine.jobspec import spec_fields
 from bot.planner.request import EstimateRequest
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 
 def runner_spec(est, gpus: int) -> JobSpec:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from pathlib import Path
 from fakes.runner_events import signed_all
 from sqlalchemy import select
 
-from runner.spec import RunnerEvent, progress_uri
+from runner.contract.spec import RunnerEvent, progress_uri
 from store.models import Job, RunnerEventRecord
 
 from .conftest import Recorder, estimate_for, request

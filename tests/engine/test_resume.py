@@ -15,7 +15,7 @@ from bot.chat.terminal import cli_console, render
 from bot.engine.api import EngineError, PermissionDenied
 from bot.engine.permissions import OPERATOR, Permissions
 from bot.providers.base import InstanceStatus
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import Recorder, estimate_for, request
 

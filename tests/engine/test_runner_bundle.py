@@ -72,6 +72,9 @@ def test_the_wheel_is_built_without_build_tools_and_cached_by_content(tmp_path: 
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         entry = zf.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert "runner/cli.py" in names and "runner/train.py" in names and "runner/bootstrap.py" in names
+    # The contract the bot and the runner agree on travels with the runner, every module of it.
+    contract = sorted(f"runner/contract/{p.name}" for p in (ROOT / "runner" / "contract").glob("*.py"))
+    assert "runner/contract/spec.py" in contract and set(contract) <= set(names)
     assert not [n for n in names if n.startswith(("bot/", "store/")) or "__pycache__" in n]
     assert "tunebot-runner = runner.cli:main" in entry
     # another content, another name: the cache is keyed by the package's content hash
@@ -225,7 +228,7 @@ def test_an_image_without_torch_says_so(tmp_path: Path, files_served) -> None:
 
 
 def runner_bundle_exit() -> int:
-    from runner.spec import EXIT_INSTALL
+    from runner.contract.spec import EXIT_INSTALL
 
     return EXIT_INSTALL
 
@@ -307,3 +310,17 @@ def test_the_default_launch_needs_no_published_image(
             row = s.get(Job, job.job_id)
             assert row is not None and row.start_deadline_s >= preflight.START_MIN_S
         eng.close()
+
+
+def test_every_install_carries_the_contract() -> None:
+    """pyproject's package list (the bot's install, the runner image's ``pip install .[runner]``) takes
+    runner.contract with the runner: the Dockerfile copies the whole runner folder."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(str(ROOT), include=include)
+    assert {"runner", "runner.contract", "runner.data"} <= set(packages)
+    assert "COPY runner ./runner" in (ROOT / "Dockerfile").read_text()

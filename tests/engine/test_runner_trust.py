@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from runner.spec import JobSpec, progress_uri
+from runner.contract.spec import JobSpec, progress_uri
 from store.models import CalibrationRun, Job, RunnerEventRecord
 
 from .conftest import Recorder, estimate_for, request
@@ -38,7 +38,7 @@ def spec_of(fake: Any, n: int) -> JobSpec:
 def as_host(item: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """An event signed the way a host with this environment can sign (with its own job's key). Every host
     gets a key: one without it fails here rather than sending the event unsigned."""
-    from runner.integrity import EVENT, sign
+    from runner.contract.integrity import EVENT, sign
 
     assert env.get("TUNEBOT_JOB_KEY"), "the host got no job key: events would go unsigned"
     return sign(bytes.fromhex(env["TUNEBOT_JOB_KEY"]), EVENT, item)
@@ -209,7 +209,7 @@ def test_events_are_bounded_in_size_and_count(engine, fake) -> None:
 
 def test_links_must_point_where_the_job_may() -> None:
     from bot.engine.integrity import Expected, cap_event, check_links
-    from runner.spec import RunnerEvent
+    from runner.contract.spec import RunnerEvent
 
     ok = Expected(
         output_prefix="s3://b/tunebot/j1/output",

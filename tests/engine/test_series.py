@@ -6,7 +6,7 @@ from fakes.runner_events import signed
 
 from bot.engine.series import EventRow, fold
 from bot.providers.base import InstanceStatus
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import estimate_for, request
 

@@ -19,7 +19,7 @@ from bot.engine import offers as offers_mod
 from bot.engine.api import EngineError
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
-from runner.spec import EventKind, JobSpec, RunnerEvent
+from runner.contract.spec import EventKind, JobSpec, RunnerEvent
 
 from .conftest import Recorder
 from .fakes import FakeProvider

@@ -11,7 +11,7 @@ import pytest
 
 from bot.engine.api import EngineError, PermissionDenied
 from bot.engine.permissions import Permissions
-from runner.spec import EventKind, RunnerEvent, RunResults
+from runner.contract.spec import EventKind, RunnerEvent, RunResults
 
 from .conftest import estimate_for, request
 

@@ -20,8 +20,8 @@ import pytest
 from bot.planner.request import EstimateRequest
 from bot.providers.local import LocalProvider
 from bot.settings import Settings
-from runner.spec import JobSpec
-from runner.steps import evaluations
+from runner.contract.spec import JobSpec
+from runner.contract.steps import evaluations
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 GRID = {"learning_rate": [1e-4, 2e-4], "lora_r": [8, 16]}
@@ -72,7 +72,7 @@ def test_the_sweeps_estimate_prices_the_eval_passes_its_runs_make(tmp_path: Path
         by_job = {r.job_id: r for r in local.requests}
         for run, priced in zip(view.runs, est._estimates, strict=True):
             spec = JobSpec.model_validate(json.loads(by_job[run.job.job_id].env["TUNEBOT_JOB_SPEC"]))
-            # What the runner does with this spec (runner/steps.run_length, runner/train.py): its steps, and
+            # What the runner does with this spec (runner/contract/steps.run_length, runner/train.py): its steps, and
             # an eval pass before the first step, then at every multiple of its cadence and at the end.
             steps = spec.max_steps
             cadence = spec.plateau.resolved(steps).every_steps

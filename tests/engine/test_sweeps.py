@@ -89,13 +89,13 @@ def test_a_run_cost_splits_start_up_from_steps() -> None:
 
 
 def test_a_results_event_with_eight_long_answers_passes_the_bots_event_cap() -> None:
-    """The runner shortens the answers until the event fits (runner.spec.fit_results): signed, it is
+    """The runner shortens the answers until the event fits (runner.contract.spec.fit_results): signed, it is
     accepted whole by the bot's checks (under integrity.MAX_EVENT_BYTES beside the usual fields)."""
     import json
 
     from bot.engine.integrity import MAX_EVENT_BYTES, signed_events
-    from runner.integrity import EVENT, sign
-    from runner.spec import RunnerEvent, RunResults, Sample, fit_results
+    from runner.contract.integrity import EVENT, sign
+    from runner.contract.spec import RunnerEvent, RunResults, Sample, fit_results
 
     text = "é<@U1> " * 600  # non-ASCII grows as \\u escapes in the signed JSON
     results = RunResults(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fakes.runner_events import signed
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 from .conftest import Recorder, estimate_for, request
 

@@ -60,7 +60,7 @@ def test_scheduler_leader_keeps_a_lease_every_process_can_read(make_engine):
 def test_a_pushed_last_event_ends_the_job_without_a_tick(engine, fake):
     rec = Recorder(engine.bus)
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     spec = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
     done = {
@@ -154,7 +154,7 @@ def test_a_finish_seen_by_the_cli_tears_the_instance_down(tmp_path: Path, vast: 
     from fakes.clouds.fixtures import client_for
 
     from bot.engine.service import Engine
-    from runner.spec import progress_uri
+    from runner.contract.spec import progress_uri
 
     env = _cli_env(tmp_path, vast, s3_bucket)
     client = client_for(vast)

@@ -10,7 +10,7 @@ from bot.engine.api import WeeklyReport
 from bot.engine.permissions import Permissions
 from bot.engine.spend import DAY
 from bot.engine.weekly import describe
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from store.models import VolumeRecord
 
 from .conftest import Recorder, estimate_for, request

@@ -1,4 +1,5 @@
-"""Runner events as a job's own runner sends them: signed with its current run's key (runner/integrity.py).
+"""Runner events as a job's own runner sends them: signed with its current run's key
+(runner/contract/integrity.py).
 
 The bot accepts only events the key of the job's current run signed (bot/engine/integrity.py); a test that
 plays the runner signs with the key the run's instance got (TUNEBOT_JOB_KEY), derived here from the engine's
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.integrity import EVENT, sign
+from runner.contract.integrity import EVENT, sign
 
 
 def job_key(engine: Any, job_id: str) -> bytes | None:

@@ -44,7 +44,7 @@ class Row:
 # (the Llama 3 recipes' default loss), adapters in bf16; LoRA r=8 on q, v, output and MLP; full
 # fine-tune with PagedAdamW8bit and optimizer-in-backward.
 # Every published full fine-tune here trained pure bf16 weights (torchtune's dtype: bf16; PEFT's benchmark in
-# bf16); tunebot's own default for full is mixed precision (runner.spec.Defaults.full_precision).
+# bf16); tunebot's own default for full is mixed precision (runner.contract.spec.Defaults.full_precision).
 _TT = dict(
     stack="torchtune",
     precision="bf16",

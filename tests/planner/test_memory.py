@@ -48,8 +48,8 @@ def test_the_default_request_prices_the_runners_autocast() -> None:
     from types import SimpleNamespace
 
     torch = pytest.importorskip("torch")
+    from runner.contract.spec import Defaults, Method
     from runner.model import uses_autocast
-    from runner.spec import Defaults, Method
 
     arch, _ = resolve("meta-llama/Llama-3.1-8B")
     for method in ("full", "lora", "qlora"):

@@ -102,7 +102,7 @@ def test_the_pure_core_imports_no_io_module() -> None:
         "import sys, json; import bot.planner.plan\n"
         "print(json.dumps(sorted(m for m in sys.modules if m in ('httpx', 'bot.settings', "
         "'bot.planner.models', 'bot.planner.tokens', 'bot.planner.data_plan', 'bot.planner.inputs', "
-        "'runner.reading') or m.startswith('bot.providers'))))"
+        "'runner.contract.reading') or m.startswith('bot.providers'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

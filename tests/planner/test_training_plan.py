@@ -10,7 +10,7 @@ from fakes.snapshot_plan import snapshot_plan
 
 from bot.planner.errors import BadRequestError
 from bot.planner.request import EstimateRequest
-from runner.spec import Defaults
+from runner.contract.spec import Defaults
 
 
 @pytest.mark.parametrize(

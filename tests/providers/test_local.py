@@ -14,7 +14,7 @@ import pytest
 
 from bot.providers.base import InstanceStatus, LaunchRequest, NotFoundError, OfferQuery
 from bot.providers.local import KILLED_EXIT_CODE, LocalProvider
-from runner.spec import EXIT_PREEMPTED
+from runner.contract.spec import EXIT_PREEMPTED
 
 # A stand-in runner: prints the spec it got, checkpoints on SIGTERM and exits 75 like tunebot-runner.
 FAKE_RUNNER = textwrap.dedent(

@@ -104,7 +104,7 @@ def runner_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def runner_job(runner_tiny_dir: Path, tmp_path: Path) -> Callable[..., Any]:
     """Factory: the tiny job with checkpoints and output in this test's tmp_path, plus overrides."""
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     def build(**overrides: Any) -> JobSpec:
         base = json.loads((runner_tiny_dir / "job.json").read_text())

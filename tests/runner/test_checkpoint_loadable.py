@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runner.checkpoint import CheckpointStore
-from runner.spec import EXIT_OK
+from runner.contract.spec import EXIT_OK
 from runner.train import run
 
 

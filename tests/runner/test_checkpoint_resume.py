@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from runner.checkpoint import MARKER, CheckpointStore
-from runner.spec import EXIT_OK, EXIT_PREEMPTED, parse_progress
+from runner.contract.spec import EXIT_OK, EXIT_PREEMPTED, parse_progress
 from runner.train import run
 
 # Small enough to be quick, and crossing epoch boundaries (~6 steps per epoch) with grad accumulation.

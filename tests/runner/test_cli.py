@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from runner.cli import run
-from runner.spec import EXIT_BAD_SPEC, EXIT_OK, parse_progress
+from runner.contract.spec import EXIT_BAD_SPEC, EXIT_OK, parse_progress
 
 
 def _summary(capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:

@@ -10,8 +10,8 @@ from typing import Any
 import fsspec
 import pytest
 
+from runner.contract.spec import CheckpointSpec, DatasetSpec, JobSpec
 from runner.data import IGNORE_INDEX, DatasetError, prepare
-from runner.spec import CheckpointSpec, DatasetSpec, JobSpec
 
 
 def make_spec(

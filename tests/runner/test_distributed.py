@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from runner.checkpoint import CheckpointStore
+from runner.contract.spec import EXIT_PREEMPTED
 from runner.distributed import processes_for
-from runner.spec import EXIT_PREEMPTED
 
 
 def test_processes_requested(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from runner import credentials
+from runner.contract.integrity import CREDENTIALS, sign
+from runner.contract.spec import EXIT_CREDENTIALS, EXIT_OK
 from runner.credentials import Watcher, margin_for
-from runner.integrity import CREDENTIALS, sign
-from runner.spec import EXIT_CREDENTIALS, EXIT_OK
 
 KEY = bytes.fromhex("7c" * 32)
 

@@ -2,7 +2,7 @@
 files live (storage URIs, the host's or the bot's paths). Since issue 28 the bot pushes, with its own token,
 the output its run signed; the runner never pushes (it holds no token that can write). The runner trains to
 its output folder here and the bot's push (bot/engine/hub_push.py: the output checked against the manifest the
-run signed, then runner/outputs.py push_folder) goes to the fake Hub on 127.0.0.1."""
+run signed, then runner/contract/publish.py push_folder) goes to the fake Hub on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.spec import EventKind, parse_progress
+from runner.contract.spec import EventKind, parse_progress
 from runner.train import run
 
 KEY = bytes.fromhex("3d" * 32)
@@ -43,7 +43,7 @@ def bot_push(spec: Any, hub: Any, tmp_path: Path, *, token: str | None = None) -
     import tempfile
 
     from bot.engine.hub_push import verified_output
-    from runner.outputs import push_folder
+    from runner.contract.publish import push_folder
 
     event = _last_event(spec)
     assert event.kind is EventKind.finished and event.manifest_sha256, event
@@ -66,7 +66,7 @@ def test_a_push_never_overwrites_a_repo_the_job_did_not_create(
     """a9605e4: `push_to_hub=acme/prod-model` overwrote the existing repo (create_repo(exist_ok=True))."""
     from fakes.hub import HubRepo
 
-    from runner.outputs import PushRefused
+    from runner.contract.publish import PushRefused
 
     hub.repos["acme/prod-model"] = HubRepo(
         "acme/prod-model", private=False, files={"README.md": b"production"}
@@ -96,7 +96,7 @@ def test_the_runner_never_pushes_even_with_a_token_in_its_environment(
 def test_a_resumed_job_pushes_again_to_the_repo_it_created(
     runner_job: Callable[..., Any], hub: Any, tmp_path: Path
 ) -> None:
-    from runner.outputs import PushRefused
+    from runner.contract.publish import PushRefused
 
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
     assert run(spec)[1] == 0

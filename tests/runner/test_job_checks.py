@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runner.spec import EXIT_BAD_SPEC, EventKind, parse_progress
+from runner.contract.spec import EXIT_BAD_SPEC, EventKind, parse_progress
 from runner.train import run
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runner.contract.spec import chunk_tokens
 from runner.loss import HeadLoss, check_against_plain, chunked_loss, plain_loss
-from runner.spec import chunk_tokens
 
 
 def _problem(vocab: int = 3000, hidden: int = 24, batch: int = 2, seq: int = 97, seed: int = 0) -> tuple:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from runner.contract.spec import RunnerEvent, RunSummary
 from runner.measure import WARMUP_STEPS, RunMeter
-from runner.spec import RunnerEvent, RunSummary
 
 
 def test_steady_speed_skips_warm_up_and_cpu_has_no_memory_figures() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from runner.contract.packing import GROUP_WINDOW, epoch_rng, plan_unpacked
 from runner.cuda_env import ALLOC_CONF_ENV, EXPANDABLE, configure_allocator
-from runner.data.packing import GROUP_WINDOW, epoch_rng, plan_unpacked
 
 
 def test_expandable_segments_are_added_and_an_operators_choice_is_kept() -> None:
@@ -34,7 +34,7 @@ def test_the_runner_sets_the_allocator_before_training_starts(
     launcher's workers inherit the environment."""
     import runner.train
     from runner.cli import run
-    from runner.spec import EXIT_OK, RunSummary
+    from runner.contract.spec import EXIT_OK, RunSummary
 
     monkeypatch.setenv(ALLOC_CONF_ENV, "")  # restored (or removed) after the test
 
@@ -110,7 +110,7 @@ def test_the_adamw_a_person_picks_reaches_the_runner_and_the_estimate_follows() 
     from bot.engine.jobspec import spec_fields
     from bot.planner.options import parse_values
     from bot.planner.request import EstimateRequest
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     base = dict(model="llama-3.2-1b", method="full", precision="bf16", seq_len=512, tokens=1_000_000)
     chosen = EstimateRequest(**base, **parse_values([("adamw_impl", "foreach")]))

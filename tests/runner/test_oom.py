@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runner import oom
-from runner.spec import EXIT_OK, EXIT_OUT_OF_MEMORY, EventKind, parse_progress
+from runner.contract.spec import EXIT_OK, EXIT_OUT_OF_MEMORY, EventKind, parse_progress
 from runner.train import run
 
 

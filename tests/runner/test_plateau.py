@@ -8,8 +8,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runner.contract.spec import PlateauSpec
 from runner.plateau import PlateauDetector
-from runner.spec import PlateauSpec
 
 specs = st.builds(
     PlateauSpec,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runner.checkpoint import CheckpointStore
-from runner.spec import EXIT_OK, parse_progress
+from runner.contract.spec import EXIT_OK, parse_progress
 from runner.train import run
 
 

@@ -18,8 +18,8 @@ from bot.engine.jobspec import spec_fields
 from bot.planner.architectures import from_config
 from bot.planner.memory import estimate_memory
 from bot.planner.request import EstimateRequest
+from runner.contract.spec import Defaults, JobSpec
 from runner.model import uses_autocast, weights_dtype
-from runner.spec import Defaults, JobSpec
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.reading import DatasetError, DatasetLimitError, LineReader, ReadLimits
-from runner.records import check_dataset
+from runner.contract.reading import DatasetError, DatasetLimitError, LineReader, ReadLimits
+from runner.contract.records import check_dataset
 
 SETTINGS = {
     "line": "TUNEBOT_DATASET_MAX_LINE_MB",

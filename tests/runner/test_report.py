@@ -14,8 +14,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from runner.report import Reporter
-from runner.spec import (
+from runner.contract.spec import (
     CheckpointSpec,
     DatasetSpec,
     EventKind,
@@ -24,6 +23,7 @@ from runner.spec import (
     parse_progress,
     progress_uri,
 )
+from runner.report import Reporter
 
 TOKEN = "s3cret-job-token"
 

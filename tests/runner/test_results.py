@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runner.spec import EXIT_OK, RESULTS_EVENT_BYTES, RunResults, Sample, fit_results, parse_progress
+from runner.contract.spec import EXIT_OK, RESULTS_EVENT_BYTES, RunResults, Sample, fit_results, parse_progress
 from runner.train import run
 
 
@@ -27,7 +27,7 @@ def _results(spec: Any) -> RunResults:
 
 
 def test_the_eval_split_rule_is_one_for_runner_and_planner() -> None:
-    from runner.data.prepare import eval_size, split
+    from runner.contract.fitting import eval_size, split
 
     assert eval_size(400, None) == 0  # small data: every example trains unless eval= asks
     assert eval_size(1000, None) == 50 and eval_size(100_000, None) == 200  # 5%, at most 200
@@ -151,7 +151,7 @@ def test_keep_last_and_prompts_file(runner_job: Callable[..., Any], tmp_path: Pa
 
 
 def test_a_bad_prompts_file_is_an_invalid_job(runner_job: Callable[..., Any], tmp_path: Path) -> None:
-    from runner.spec import EXIT_BAD_SPEC
+    from runner.contract.spec import EXIT_BAD_SPEC
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"question": "what?"}\n')
@@ -172,7 +172,7 @@ def test_eval_passes_and_answers_are_estimated_as_the_runner_does_them(
 
     from bot.engine.jobspec import spec_fields
     from bot.planner.request import EstimateRequest
-    from runner.spec import JobSpec
+    from runner.contract.spec import JobSpec
 
     req = EstimateRequest(
         model=str(runner_tiny_dir / "model"),

@@ -1,6 +1,6 @@
 """One meaning for a run's length: the steps, tokens and eval passes the estimate prices are the ones the
-runner trains, because both use runner/steps.py and runner/data's tokenizing and packing (the bot without
-torch)."""
+runner trains, because both use runner/contract/steps.py and runner/data's tokenizing and packing (the bot
+without torch)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from fakes.snapshot_plan import snapshot_plan
 
 from bot.engine.jobspec import spec_fields
 from bot.planner.request import EstimateRequest
-from runner.spec import JobSpec
-from runner.steps import evaluations, run_length, steps_per_epoch, total_steps
+from runner.contract.spec import JobSpec
+from runner.contract.steps import evaluations, run_length, steps_per_epoch, total_steps
 
 TINY_JOB = dict(
     seq_len=256,

@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from runner import checkpoint as ckpt
-from runner.spec import EXIT_OK, parse_progress
+from runner.contract.spec import EXIT_OK, parse_progress
 from runner.train import run
 
-KEY_ENV = "TUNEBOT_JOB_KEY"  # runner/integrity.py (spelled out: the attack tests also run on the old code)
+# runner/contract/integrity.py (spelled out: the attack tests also run on the old code)
+KEY_ENV = "TUNEBOT_JOB_KEY"
 KEY = "5e" * 32
 OTHER_KEY = "a1" * 32
 
@@ -103,7 +104,7 @@ def test_a_swapped_file_in_the_newest_checkpoint_falls_back_to_the_one_before(jo
 
 
 def test_a_checkpoint_signed_with_another_jobs_key_is_ignored(job, tmp_path: Path) -> None:
-    from runner import manifest
+    from runner.contract import manifest
 
     first = job(max_steps=3)
     run(first)
@@ -142,8 +143,8 @@ def test_optimizer_scheduler_and_rng_states_load_without_running_code(tmp_path: 
 
 
 def test_manifest_checks(tmp_path: Path) -> None:
-    from runner import manifest
-    from runner.integrity import MANIFEST, sign
+    from runner.contract import manifest
+    from runner.contract.integrity import MANIFEST, sign
 
     key = bytes.fromhex(KEY)
     (tmp_path / "adapter_model.safetensors").write_bytes(b"w" * 10)
@@ -180,7 +181,7 @@ def test_a_former_runs_host_cannot_make_the_next_run_load_its_checkpoint(
     sign a checkpoint manifest that the next resume accepted. Now each run has its own key and folder, and
     a run loads an earlier run's checkpoint only as the bot pinned it (JobSpec.resume: the manifest's
     digest, taken from that run's signed event while it was current)."""
-    from runner import manifest
+    from runner.contract import manifest
 
     def spec(run: str, key: str, **kw: Any) -> Any:
         monkeypatch.setenv(KEY_ENV, key)

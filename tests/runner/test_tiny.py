@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from runner.tiny import make_tiny
 
 

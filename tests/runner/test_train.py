@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runner.spec import EXIT_OK, parse_progress
+from runner.contract.spec import EXIT_OK, parse_progress
 from runner.train import run
 
 
@@ -98,7 +98,7 @@ def test_every_step_reaches_the_chart_from_step_1_with_eval_and_learning_rate(
 
 
 def test_thin_points_keeps_the_newest_and_the_cap() -> None:
-    from runner.spec import MAX_EVENT_POINTS, MAX_REPORT_POINTS, thin_points
+    from runner.contract.spec import MAX_EVENT_POINTS, MAX_REPORT_POINTS, thin_points
 
     points = [(i, 1.0, 0.1) for i in range(1, 2001)]
     thinned = thin_points(points, MAX_EVENT_POINTS)
@@ -121,7 +121,7 @@ def test_the_runner_stops_itself_at_its_spend_cap_with_no_bot_alive(
     import time
 
     from runner import train
-    from runner.spec import EXIT_BUDGET
+    from runner.contract.spec import EXIT_BUDGET
 
     spec = runner_job(
         max_steps=1_000_000,  # would run for days
@@ -158,7 +158,7 @@ def test_the_runner_stops_itself_at_its_spend_cap_with_no_bot_alive(
 
 
 def test_a_runner_whose_cap_is_spent_before_training_trains_nothing(runner_job: Callable[..., Any]) -> None:
-    from runner.spec import EXIT_BUDGET
+    from runner.contract.spec import EXIT_BUDGET
 
     spec = runner_job(
         max_steps=50,

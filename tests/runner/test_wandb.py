@@ -22,7 +22,7 @@ FAKE_KEY = "0123456789abcdef" * 2 + "01234567"  # 40 characters, the shape of a 
 # takes, what it ended up as, and where the offline run went once finished.
 _START = """
 import json, sys, time
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 from runner.wandb_log import WandbLog
 spec = JobSpec.model_validate_json(open(sys.argv[1]).read())
 log = WandbLog()

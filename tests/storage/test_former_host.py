@@ -31,7 +31,7 @@ from bot.engine import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.providers.base import InstanceStatus
 from bot.settings import Settings
-from runner.spec import JobSpec
+from runner.contract.spec import JobSpec
 
 ROWS = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}"} for i in range(20)]
 
@@ -71,7 +71,7 @@ def key_of(env: dict[str, str]) -> bytes:
 
 
 def sign(env: dict[str, str], purpose: str, obj: dict[str, Any]) -> dict[str, Any]:
-    from runner.integrity import sign as mac
+    from runner.contract.integrity import sign as mac
 
     return mac(key_of(env), purpose, obj)
 
@@ -106,7 +106,7 @@ class Host:
     def checkpoint(self, folder: str, step: int, weights: bytes) -> str:
         """A checkpoint as the runner writes one (files, manifest signed with this host's key, COMPLETE last);
         the SHA-256 of the manifest's bytes."""
-        from runner import manifest
+        from runner.contract import manifest
 
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp)
@@ -120,8 +120,8 @@ class Host:
             return hashlib.sha256(written.read_bytes()).hexdigest()
 
     def output(self, folder: str, weights: bytes) -> str:
-        """An output folder with its manifest (runner/manifest.py's output form) signed with this host's key;
-        the manifest's SHA-256."""
+        """An output folder with its manifest (runner/contract/manifest.py's output form) signed with this
+        host's key; the manifest's SHA-256."""
         files = {
             "adapter_model.safetensors": {"size": len(weights), "sha256": hashlib.sha256(weights).hexdigest()}
         }

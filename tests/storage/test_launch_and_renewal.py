@@ -14,8 +14,8 @@ from fakes.snapshot_plan import snapshot_plan as plan_estimate
 from bot.engine import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
+from runner.contract.spec import JobSpec
 from runner.credentials import read_renewal
-from runner.spec import JobSpec
 
 ROWS = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}"} for i in range(20)]
 

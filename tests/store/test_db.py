@@ -177,3 +177,83 @@ def test_the_plan_migration_stores_each_jobs_training_plan_once(empty_url):
     assert plans["old"] == {**derived, "seed": 7}
     assert plans["old"]["base_model"] == "Qwen/Qwen2.5-0.5B" and plans["old"]["max_steps"] == 40
     assert "spec_overrides" not in columns
+
+
+def _frozen_plan_migration():
+    """The 0012 migration module, loaded from its file (alembic's versions folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "store/migrations/versions/0012_i22_job_plan.py"
+    spec = importlib.util.spec_from_file_location("migration_0012_i22", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FROZEN_PLAN_ROWS = [
+    ({"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "dataset": "s3://d/t.jsonl", "max_steps": 40}, {}),
+    ({"model": "meta-llama/Llama-3.1-8B", "method": "full", "gpus": 4, "epochs": 2.5}, {"seed": 7}),
+    (
+        {
+            "model": "/models/llama",
+            "method": "qlora",
+            "lora_r": 2048,
+            "lora_targets": ["q", "v"],
+            "dataset": "./data/chat.jsonl",
+            "dataset_format": "messages",
+            "optimizer_impl": "foreach",
+            "push_to_hub": "acme/tuned",
+            "hub_public": True,
+            "precision": "mixed",
+            "eval_split": 0.1,
+            "keep": "last",
+            "samples": 0,
+            "plateau": False,
+        },
+        {"lora": {"alpha": 3}},
+    ),
+    ({"model": "m", "method": "lora", "learning_rate": 1e-3, "lora_alpha": 64, "merge": True}, None),
+    ({"model": "m", "no_such_option": 1}, {"seed": 3}),  # unreadable: keeps only its overrides
+    ({"model": "m", "lora_r": 0}, {}),  # out of bounds: unreadable too
+    (None, {"seed": 1}),
+    ({"model": "m"}, {"base_model": "s3://b/staged", "seed": 9}),  # the plan is stored already
+]
+
+
+@pytest.mark.parametrize(("request_row", "overrides"), FROZEN_PLAN_ROWS)
+def test_the_plan_migrations_frozen_copy_derives_what_the_live_code_derives(request_row, overrides):
+    """0012 carries its own copy of the request and of what a launch derived from it; today it gives what
+    the live code (bot/planner/request.py, bot/engine/jobspec.py) gives, row for row."""
+    from bot.engine.jobspec import deep_merge, plan_of, spec_fields
+    from bot.planner.request import EstimateRequest
+
+    frozen = _frozen_plan_migration().plan_of_row(request_row, overrides)
+    kept = dict(overrides or {})
+    if "base_model" in kept:
+        live = kept
+    else:
+        try:
+            req = EstimateRequest.model_validate(request_row or {})
+        except ValueError:
+            live = kept
+        else:
+            live = deep_merge(spec_fields(plan_of(req, None)), kept)
+    assert frozen == live
+    assert json.dumps(frozen, sort_keys=True) == json.dumps(live, sort_keys=True)  # same types, same JSON
+
+
+def test_the_frozen_request_has_every_field_and_default_of_the_live_one():
+    """A field the live request gained or changed since 0012 is not the migration's business, but today they
+    are the same: the copy is whole."""
+    from bot.planner.request import EstimateRequest
+
+    frozen = _frozen_plan_migration()._Request
+    assert list(frozen.model_fields) == list(EstimateRequest.model_fields)
+    for name, field in EstimateRequest.model_fields.items():
+        copy = frozen.model_fields[name]
+        assert (copy.default, copy.annotation, repr(copy.metadata)) == (
+            field.default,
+            field.annotation,
+            repr(field.metadata),
+        ), name

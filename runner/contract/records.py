@@ -17,8 +17,8 @@ from typing import Any
 
 import fsspec
 
-from runner.reading import DatasetError, LineReader, ReadLimits
-from runner.spec import DatasetFormat
+from runner.contract.reading import DatasetError, LineReader, ReadLimits
+from runner.contract.spec import DatasetFormat
 
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
@@ -212,7 +212,7 @@ def check_dataset(
     limits: ReadLimits | None = None,
 ) -> DatasetCheck:
     """Read a jsonl dataset (any fsspec URI), find its format from the first record when ``fmt`` is None,
-    and check every record (up to ``limit``, within ``limits``: runner/reading.py) with the rules of
+    and check every record (up to ``limit``, within ``limits``: runner/contract/reading.py) with the rules of
     ``parse_record``; DatasetError names the first bad line (or the limit that was hit)."""
     chosen = format_named(fmt) if isinstance(fmt, str) else fmt
     bounds = (limits or ReadLimits()).with_records(limit)

@@ -69,8 +69,8 @@ class Defaults:
     seed = 42
     # The eval split when none is asked for (eval= not given: None, "auto"): 5% of the examples held out,
     # at most 200, and only on datasets of 1,000 examples or more (a small dataset needs every example to
-    # train on; eval=5% asks for a split on any dataset, eval=0 for none). runner/data/prepare.eval_size is
-    # the one rule; the planner counts with it.
+    # train on; eval=5% asks for a split on any dataset, eval=0 for none). runner/contract/fitting.eval_size
+    # is the one rule; the planner counts with it.
     eval_fraction: float | None = None
     auto_eval_fraction = 0.05
     auto_eval_min_examples = 1000
@@ -146,7 +146,7 @@ class SamplesSpec(_Strict):
 
     count: int = Field(Defaults.samples, ge=0, le=Defaults.max_samples)
     # The prompts themselves, one JSON object each as in a prompts file: the bot reads prompts=FILE (bounded,
-    # checked with runner/prompts.py) and sends them inline, so no host needs to reach the file.
+    # checked with runner/contract/prompts.py) and sends them inline, so no host needs to reach the file.
     prompts: list[dict[str, Any]] | None = Field(None, max_length=Defaults.max_samples)
     prompts_uri: str | None = None  # or a file the runner reads (a runner started by hand)
     max_new_tokens: int = Field(Defaults.sample_tokens, ge=1, le=512)
@@ -201,7 +201,7 @@ class HubSpec(_Strict):
 class ResumePoint(_Strict):
     """A checkpoint the bot acknowledged from the run that wrote it (bot/engine/runs.py): where it is, its
     step and the SHA-256 of its manifest's bytes. A resume loads a checkpoint of an earlier run only through
-    one of these (runner/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
+    one of these (runner/contract/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
     recorded while that run was current, whoever can still write the folder."""
 
     uri: str = Field(min_length=1, max_length=1024)  # <folder>/checkpoint-<step>
@@ -257,7 +257,7 @@ class JobSpec(_Strict):
     micro_batch_size: int = Field(1, ge=1, le=4096)
     grad_accum: int = Field(1, ge=1, le=65536)
     epochs: float = Field(Defaults.epochs, gt=0, le=1000)
-    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/steps.py)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs (runner/contract/steps.py)
     # Not given: Defaults.learning_rate_for(method) (2e-4 for adapters, 2e-5 for a full fine-tune).
     learning_rate: float = Field(Defaults.learning_rate, gt=0, lt=1)
     lr_scheduler: Literal["cosine", "linear", "constant"] = Defaults.lr_scheduler  # type: ignore[assignment]
@@ -349,13 +349,19 @@ TERMINAL_EVENTS = frozenset(
 )
 
 
-# How much one event and one progress object may be: the bot refuses anything bigger (bot/engine/integrity.py
-# imports these), and the runner never sends anything bigger (``report_events`` splits a report to fit).
-MAX_EVENT_BYTES = 16 * 1024  # one event as canonical JSON (runner/integrity.canonical: what its MAC covers)
+# Every cap on an event, for both sides. How much one event and one progress object may be: the bot refuses
+# anything bigger (bot/engine/integrity.py), and the runner never sends anything bigger (``report_events``
+# splits a report into events of at most MAX_EVENT_BYTES and MAX_EVENT_POINTS each: both are checked on
+# both sides, tests/engine/test_event_contract.py). One event is measured as canonical JSON
+# (runner/contract/integrity.canonical: what its MAC covers).
+MAX_EVENT_BYTES = 16 * 1024
 MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: 3.3 MB at most)
-MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry
+MAX_EVENT_POINTS = 512  # chart points (or evals) one event may carry (RunnerEvent refuses more)
 MAX_REPORT_POINTS = 2048  # chart points one report keeps (thin_points: evenly spread, the newest exact)
-MAX_URI_CHARS = 1024  # a link longer than this is dropped (the bot drops it too)
+MAX_URI_CHARS = 1024  # a link longer than this is dropped (by the runner and by the bot)
+MAX_MESSAGE_CHARS = 2000  # the bot keeps this much of an event's message
+MAX_EVENT_METRICS = 32  # metrics one event keeps (the first ones; the runner and the bot cut alike)
+MAX_METRIC_NAME = 64  # characters of a metric's name: a longer one is dropped
 
 
 def thin_points(points: list[Any], limit: int = MAX_REPORT_POINTS) -> list[Any]:
@@ -503,7 +509,7 @@ def _all_finite(values: Iterable[Any]) -> bool:
 
 def event_bytes(event: RunnerEvent) -> int:
     """The size the bot measures an event by: its canonical JSON (the bytes its MAC covers)."""
-    from runner.integrity import canonical
+    from runner.contract.integrity import canonical
 
     return len(canonical(event.model_dump(mode="json")))
 
@@ -523,7 +529,8 @@ def report_events(
     Chart points that do not fit in the report's own event go ahead of it, in step order, in ``progress``
     events of their own (each one's step, loss and learning rate are its last point's); the last event is
     the report itself (its kind and fields) with the newest points. Text too long for any event is cut
-    (message, W&B note), over-long links are dropped, metrics kept to 32: the bot would cut them too."""
+    (message, W&B note), over-long links are dropped, metrics kept to MAX_EVENT_METRICS: the bot would cut
+    them too."""
     fields = dict(fields)
     # Each point and eval as an event carries it (validated, NaN as null), tagged and in step order (an eval
     # after the point of its step), with its size in the event's JSON.
@@ -606,11 +613,11 @@ def _fit_text(event: RunnerEvent, budget: int) -> RunnerEvent:
         value = getattr(event, name)
         if value and len(value) > MAX_URI_CHARS:
             update[name] = None
-    if event.metrics and len(event.metrics) > 32:
-        update["metrics"] = dict(list(event.metrics.items())[:32])
-    if event.metrics and any(len(k) > 64 for k in event.metrics):
+    if event.metrics and len(event.metrics) > MAX_EVENT_METRICS:
+        update["metrics"] = dict(list(event.metrics.items())[:MAX_EVENT_METRICS])
+    if event.metrics and any(len(k) > MAX_METRIC_NAME for k in event.metrics):
         metrics = update.get("metrics") or event.metrics
-        update["metrics"] = {k: v for k, v in metrics.items() if len(k) <= 64}
+        update["metrics"] = {k: v for k, v in metrics.items() if len(k) <= MAX_METRIC_NAME}
     event = event.model_copy(update=update) if update else event
     while event_bytes(event) > budget:
         texts = {n: getattr(event, n) for n in ("message", "wandb_note") if getattr(event, n)}

@@ -3,20 +3,20 @@
 Whoever else can write the checkpoint folder (another job's host on a store without per-job
 credentials) could plant ``checkpoint-999999/`` or swap ``optimizer.pt``. So every checkpoint carries
 ``manifest.json``: the job id, the step and each file's name, size and SHA-256, signed with the job's key
-(runner/integrity.py). A resume takes the newest complete checkpoint whose manifest verifies, downloads
-only the files it lists (plain names, nothing else in the folder) and checks every size and hash before
-anything is loaded; a checkpoint that fails is skipped with its reason, and the next older one is tried.
-Loading itself runs no code either (runner/checkpoint.py: safetensors, JSON, ``weights_only=True``).
+(runner/contract/integrity.py). A resume takes the newest complete checkpoint whose manifest verifies,
+downloads only the files it lists (plain names, nothing else in the folder) and checks every size and hash
+before anything is loaded; a checkpoint that fails is skipped with its reason, and the next older one is
+tried. Loading itself runs no code either (runner/checkpoint.py: safetensors, JSON, ``weights_only=True``).
 
 Without a key (a runner started by hand), manifests are written unsigned and checked for sizes and
 hashes only.
 
-Keys are per run (runner/integrity.py), so a run verifies with its own key only what it wrote itself (its own
-checkpoint folder, after a restart of its process). A checkpoint of an earlier run is loaded only when the bot
-names it in the spec (``JobSpec.resume``) with the SHA-256 of its manifest's bytes, recorded from that run's
-signed event while it was the job's current run (bot/engine/runs.py): ``fetch_pinned`` downloads it only when
-the manifest hashes to that digest, then checks every file. A host that ran the job before can still sign
-with its old key, and may still write its old folder: neither makes a manifest the bot did not pin.
+Keys are per run (runner/contract/integrity.py), so a run verifies with its own key only what it wrote itself
+(its own checkpoint folder, after a restart of its process). A checkpoint of an earlier run is loaded only
+when the bot names it in the spec (``JobSpec.resume``) with the SHA-256 of its manifest's bytes, recorded from
+that run's signed event while it was the job's current run (bot/engine/runs.py): ``fetch_pinned`` downloads it
+only when the manifest hashes to that digest, then checks every file. A host that ran the job before can still
+sign with its old key, and may still write its old folder: neither makes a manifest the bot did not pin.
 
 The output folder has a manifest too (``output_manifest``, purpose "output", relative paths such as
 ``merged/model.safetensors``): the bot pushes to the Hub only files it lists, each checked (bot/engine/
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.integrity import MANIFEST, OUTPUT, sign, verify
+from runner.contract.integrity import MANIFEST, OUTPUT, sign, verify
 
 MANIFEST_FILE = "manifest.json"
 MARKER = "COMPLETE"

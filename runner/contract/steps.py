@@ -4,10 +4,11 @@ Pure Python, no torch: the bot imports it (with runner/data's packing and tokeni
 the runner will do. The rules, also in README ("How long a job runs") and docs/runner.md:
 
 - an optimizer step is ``grad_accum`` micro-batches on every process;
-- an epoch is one pass over the train split in the runner's own micro-batches (runner/data/packing.py packs
-  the tokenized examples into rows of ``seq_len`` and groups ``micro_batch_size`` rows): each process takes
-  every world-th micro-batch, so an epoch has floor(micro-batches / processes / grad_accum) optimizer steps
-  (the few micro-batches left over are not trained in that epoch; the next epoch's shuffle puts others last);
+- an epoch is one pass over the train split in the runner's own micro-batches (runner/contract/packing.py
+  packs the tokenized examples into rows of ``seq_len`` and groups ``micro_batch_size`` rows): each process
+  takes every world-th micro-batch, so an epoch has floor(micro-batches / processes / grad_accum) optimizer
+  steps (the few micro-batches left over are not trained in that epoch; the next epoch's shuffle puts
+  others last);
 - ``steps`` (max_steps), when given, is the number of optimizer steps trained, whatever ``epochs`` says: the
   data repeats as often as needed (or is cut short). Without it, steps = ceil(epochs x steps per epoch);
 - with an eval split the runner evaluates the base model once before the first step (the "before" of the
@@ -21,8 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runner.data.packing import Plan, epoch_rng, plan_packed, plan_unpacked
-from runner.spec import PlateauSpec
+from runner.contract.packing import Plan, epoch_rng, plan_packed, plan_unpacked
+from runner.contract.spec import PlateauSpec
 
 
 def steps_per_epoch(micro_batches: int, processes: int, grad_accum: int) -> int:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.data.example import IGNORE_INDEX
-from runner.records import Conversation, DatasetError, PromptCompletion, Record, Text
+from runner.contract.example import IGNORE_INDEX
+from runner.contract.records import Conversation, DatasetError, PromptCompletion, Record, Text
 
 Encoded = tuple[list[int], list[int]]
 

@@ -4,8 +4,8 @@ A line is ``{"prompt": ...}``, ``{"messages": [...]}`` (a trailing assistant tur
 answer the last user turn), alpaca's ``{"instruction": ..., "input": ...}`` (the training template) or
 ``{"text": ...}``. At most ``Defaults.max_samples`` prompts are read, each at most ``MAX_PROMPT_CHARS``.
 
-Pure (json + fsspec through runner/reading.py, never torch): the bot checks a prompts file with these rules
-before anything is rented, and the runner reads it with them.
+Pure (json + fsspec through runner/contract/reading.py, never torch): the bot checks a prompts file with these
+rules before anything is rented, and the runner reads it with them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runner.reading import DatasetError, LineReader, ReadLimits
-from runner.records import (
+from runner.contract.reading import DatasetError, LineReader, ReadLimits
+from runner.contract.records import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_WITH_INPUT,
     Conversation,
@@ -22,7 +22,7 @@ from runner.records import (
     Record,
     parse_record,
 )
-from runner.spec import DatasetFormat, Defaults
+from runner.contract.spec import DatasetFormat, Defaults
 
 MAX_PROMPT_CHARS = 2000  # eight prompts stay within 16 KB of a JobSpec
 PROMPT_LIMITS = ReadLimits(max_line_bytes=64 * 1024, max_ratio=100.0, seconds=30.0)

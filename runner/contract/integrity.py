@@ -8,9 +8,10 @@ secret of that run (bot/engine/integrity.py); it never travels in the spec, a me
 accepts nothing signed with it once the run has ended or been replaced. With it the runner signs:
 
 - every RunnerEvent it pushes or writes to progress.json (``"mac"`` beside the event's fields);
-- every checkpoint's manifest and the output's manifest (runner/manifest.py): file names, sizes and SHA-256;
-- and it checks (and decrypts: runner/sealed.py) the renewed storage credentials the bot leaves for it
-  (bot/storage/renewal.py).
+- every checkpoint's manifest and the output's manifest (runner/contract/manifest.py): file names, sizes
+  and SHA-256;
+- and it checks (and decrypts: runner/contract/sealed.py) the renewed storage credentials the bot leaves
+  for it (bot/storage/renewal.py).
 
 The MAC covers the object's canonical JSON (sorted keys, no spaces, ``mac`` left out) after a purpose tag,
 so an event can never pass for a manifest. This module is part of the bot/runner contract: standard
