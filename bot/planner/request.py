@@ -65,8 +65,9 @@ class EstimateRequest(BaseModel):
     seed: int = Field(Defaults.seed, ge=0, le=2**32 - 1)
     plateau: bool = Defaults.plateau
     plateau_patience: int = Field(Defaults.plateau_patience, ge=1, le=10_000)
-    # How often the runner evaluates (runner.contract.spec.PlateauSpec.every_steps); None: the automatic cadence. Not
-    # an option: a sweep sets it to its first stage's step, so its estimate prices the passes its runs make.
+    # How often the runner evaluates (runner.contract.spec.PlateauSpec.every_steps); None: the automatic
+    # cadence. Not an option: a sweep sets it to its first stage's step, so its estimate prices the passes its
+    # runs make.
     eval_every: int | None = Field(None, ge=1, le=10**9)
     # Outputs.
     push_to_hub: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")

@@ -72,8 +72,9 @@ def test_the_sweeps_estimate_prices_the_eval_passes_its_runs_make(tmp_path: Path
         by_job = {r.job_id: r for r in local.requests}
         for run, priced in zip(view.runs, est._estimates, strict=True):
             spec = JobSpec.model_validate(json.loads(by_job[run.job.job_id].env["TUNEBOT_JOB_SPEC"]))
-            # What the runner does with this spec (runner/contract/steps.run_length, runner/train.py): its steps, and
-            # an eval pass before the first step, then at every multiple of its cadence and at the end.
+            # What the runner does with this spec (runner/contract/steps.run_length, runner/train.py): its
+            # steps, and an eval pass before the first step, then at every multiple of its cadence and at the
+            # end.
             steps = spec.max_steps
             cadence = spec.plateau.resolved(steps).every_steps
             assert cadence == est.steps[run.index][0]  # it evaluates where the sweep's stages end
