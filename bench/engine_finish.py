@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/engine_finish.py [--db URL] [--instances 10000]
 10,000 running jobs, each with its open instance launched over the last day and its ledger lines
 rolled up (a fresh SQLite file by default). 21 of them are finished one after another with
-``bot.engine.finish.finish`` on an in-process provider (tests/engine/fakes.py: terminate and the
+``bot.engine.outcome.finish.finish`` on an in-process provider (tests/engine/fakes.py: terminate and the
 confirming status are dictionary operations, so the figure is the engine's and the database's).
 Printed: the first (cold) finish, the median of the others, and as the same-run baseline the
 whole-recent-ledger roll-up that finish() used to run for every job (what made N finishes O(N^2)).
@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench.engine_seed import backend, bench_database, bulk_insert, instance_row, job_row, timed  # noqa: E402
-from bot.engine import finish as finish_mod  # noqa: E402
+from bot.engine.outcome import finish as finish_mod  # noqa: E402
+from bot.engine.record.spend import roll_up  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
-from bot.engine.spend import roll_up  # noqa: E402
 from bot.providers.base import Instance as ProviderInstance  # noqa: E402
 from bot.providers.base import InstanceStatus  # noqa: E402
 from bot.settings import Settings  # noqa: E402

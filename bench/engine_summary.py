@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_seed import bench_database, bulk_insert, instance_row, job_row  # noqa: E402
+from bot.engine.record.spend import DAY, day_start, roll_up  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
-from bot.engine.spend import DAY, day_start, roll_up  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from store.models import Instance, Job  # noqa: E402
 

@@ -39,9 +39,9 @@ from fakes.clouds import FAKES  # noqa: E402
 from fakes.clouds.fixtures import client_for  # noqa: E402
 
 from bench.engine_seed import backend, bench_database, bulk_insert, cloud_fleet  # noqa: E402
-from bot.engine.integrity import derive_run_key, master_key  # noqa: E402
-from bot.engine.progress import read_raw  # noqa: E402
+from bot.engine.launching.integrity import derive_run_key, master_key  # noqa: E402
 from bot.engine.service import Engine  # noqa: E402
+from bot.engine.watching.progress import read_raw  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from runner.contract.integrity import EVENT, sign  # noqa: E402
 from runner.contract.spec import RunnerEvent, progress_uri  # noqa: E402

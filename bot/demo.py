@@ -29,7 +29,7 @@ from bot.chat.handlers import ChatHandlers
 from bot.chat.permissions import Permissions
 from bot.chat.terminal import markup
 from bot.engine.events import EngineEventKind
-from bot.engine.jobstate import FINAL, JobState
+from bot.engine.record.jobstate import FINAL, JobState
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from sqlalchemy import text, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from bot.engine.watch import LEASE_NAME  # the lease row other processes read: is a supervisor alive?
+from bot.engine.watching.watch import LEASE_NAME  # the lease row other processes read: is a supervisor alive?
 from store.db import is_sqlite, make_engine, migrate, normalize_url
 from store.models import SchedulerLease, TaskRun
 
@@ -185,7 +185,8 @@ class Scheduler:
 
     def _beat(self) -> None:
         """PostgreSQL: the advisory lock decides who leads; the lease row, renewed here, tells every other
-        process that a supervisor lives (bot/engine/watch.py: `tunebot launch` warns when none does)."""
+        process that a supervisor lives (bot/engine/watching/watch.py: `tunebot launch` warns when none
+        does)."""
         now = self.clock()
         try:
             with Session(self.db) as s:

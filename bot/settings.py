@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # A team's own prebuilt runner image (the Dockerfile; scripts/runner-image.sh builds and pushes it, by default
 # under this name): set TUNEBOT_RUNNER_IMAGE to it. Unset, hosts start STOCK_IMAGE and install the runner the
-# bot stages in the job's storage (bot/engine/runner_bundle.py): nothing has to be published first.
+# bot stages in the job's storage (bot/engine/launching/runner_bundle.py): nothing has to be published first.
 RUNNER_IMAGE_REPO = "ghcr.io/tunebot/tunebot-runner"
 # A public PyTorch CUDA image (the Dockerfile's base; the kind Vast's and RunPod's PyTorch templates start).
 STOCK_IMAGE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"

@@ -1,9 +1,9 @@
 """Start the runner on a stock PyTorch image: nothing of ours is published anywhere.
 
-The bot stages the runner in the job's storage prefix (bot/engine/runner_bundle.py): a wheel built from this
-package and a constraints file pinning the libraries it trains with. The create call carries this program
-(base64 in TUNEBOT_BOOTSTRAP, so no quoting survives a cloud's command field) and TUNEBOT_RUNNER_BUNDLE: where
-to fetch both (presigned URLs), their sizes and SHA-256. On the host it
+The bot stages the runner in the job's storage prefix (bot/engine/launching/runner_bundle.py): a wheel built
+from this package and a constraints file pinning the libraries it trains with. The create call carries this
+program (base64 in TUNEBOT_BOOTSTRAP, so no quoting survives a cloud's command field) and
+TUNEBOT_RUNNER_BUNDLE: where to fetch both (presigned URLs), their sizes and SHA-256. On the host it
 
 1. fetches the wheel and the constraints file, and refuses either unless its SHA-256 is the one in the create
    call (whoever can write the job's storage prefix, an earlier run's host included, cannot swap the code);
@@ -13,7 +13,8 @@ to fetch both (presigned URLs), their sizes and SHA-256. On the host it
 
 Standard library only: it runs before anything of ours is installed. A failure prints one line starting with
 "tunebot: cannot start the runner:" and exits EXIT_INSTALL (78): the bot retries once on another host, then
-fails the job saying so (bot/engine/supervise.py). Run it by hand with the same environment to see the same.
+fails the job saying so (bot/engine/watching/supervise.py). Run it by hand with the same environment to see
+the same.
 """
 
 from __future__ import annotations

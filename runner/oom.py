@@ -4,8 +4,8 @@ When a step runs out of memory the runner discards that step's partial gradients
 with each micro-batch split in two (half the rows, twice the accumulation: the same effective batch, the same
 summed loss over the same label tokens, so the same gradient and loss curve), down to one row per micro-step;
 then with activation checkpointing turned on if it was off; past that it exits with EXIT_OUT_OF_MEMORY and the
-bot relaunches the job on an offer with more memory per GPU (bot/engine/grow.py). The data position, the
-checkpoints and the loss normalisation never see the split: they count the spec's micro-batches.
+bot relaunches the job on an offer with more memory per GPU (bot/engine/watching/grow.py). The data position,
+the checkpoints and the loss normalisation never see the split: they count the spec's micro-batches.
 
 One process backs off in place. Several processes cannot (a rank that failed leaves the others waiting in a
 collective): the rank exits with EXIT_OUT_OF_MEMORY and the launcher (runner/distributed.py) starts all ranks

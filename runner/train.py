@@ -1063,7 +1063,7 @@ class Trainer:
                         print(f"note: {self.publish_problem}", flush=True)
                 # No push from here: the host holds no Hub token that can write. The bot pushes this folder
                 # with its own token once it has checked every file against the manifest below, signed with
-                # this run's key and written last (bot/engine/hub_push.py).
+                # this run's key and written last (bot/engine/outcome/hub_push.py).
                 signed = manifest.build_output(
                     local, job_id=self.spec.job_id, run_id=self.spec.run_id, key=self.key
                 )

@@ -351,7 +351,7 @@ def weekly() -> WeeklyReport:
 
 def main(out: Path) -> int:
     from bot.chat.cards import estimate_reply
-    from bot.engine.offers import snapshot_estimate as plan
+    from bot.engine.launching.offers import snapshot_estimate as plan
     from bot.planner.request import EstimateRequest
 
     out.mkdir(parents=True, exist_ok=True)

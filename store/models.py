@@ -34,7 +34,7 @@ class Job(SQLModel, table=True):
     offers: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))  # fallbacks
     # The training plan, stored once: the estimate's TrainingPlan as the runner's JobSpec fields (staged
     # input locations and any caller extras included), decided at creation; a launch adds only what
-    # depends on the offer and the moment (bot/engine/launch.py build_spec).
+    # depends on the offer and the moment (bot/engine/launching/launch.py build_spec).
     plan: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     provider: str | None = None
     gpu: str | None = None
@@ -75,23 +75,24 @@ class Job(SQLModel, table=True):
     # The window of the runner's progress object last stored: "digest first_seq last_seq newest_ts"
     # (bot/engine/monitor.py). A restarted bot skips what it had read instead of re-checking it all.
     progress_window: str | None = Field(default=None, max_length=96)
-    spend: float = 0.0  # cached roll-up of the instances' locked-price spend (see bot/engine/spend.py)
+    spend: float = 0.0  # cached roll-up of the instances' locked-price spend (see bot/engine/record/spend.py)
     # When the last provider create call was sent: where a provider does not say when it created an
     # instance, billing starts here (an instance adopted after a crash is not billed from its adoption).
     launch_requested_at: float | None = None
-    # Decided before renting (bot/planner/disk.py, bot/engine/preflight.py): the disk every create call asks
-    # for (None: jobs from before; 100 GB), and how long a new instance may take to start the runner.
+    # Decided before renting (bot/planner/disk.py, bot/engine/launching/preflight.py): the disk every create
+    # call asks for (None: jobs from before; 100 GB), and how long a new instance may take to start the
+    # runner.
     disk_gb: float | None = None
     start_deadline_s: float | None = None
     # The runner's storage credentials (bot/storage/credentials.py): when the current ones were made and
-    # when they expire; the bot renews them at half-life (bot/engine/renewal.py). None: not expiring.
+    # when they expire; the bot renews them at half-life (bot/engine/watching/renewal.py). None: not expiring.
     credentials_issued_at: float | None = None
     credentials_expire_at: float | None = None
-    # The job's current run (bot/engine/runs.py): the launch whose key the bot accepts events from. None
-    # between runs (the last one ended: preempted, finished, stopped) and before the first.
+    # The job's current run (bot/engine/record/runs.py): the launch whose key the bot accepts events from.
+    # None between runs (the last one ended: preempted, finished, stopped) and before the first.
     run_id: str | None = Field(default=None, max_length=64)
-    # The Hub push the bot does itself (bot/engine/hub_push.py): pending | pushing | pushed | failed, with
-    # when a process took it (a push whose process died is taken again) and the repo's URL once pushed.
+    # The Hub push the bot does itself (bot/engine/outcome/hub_push.py): pending | pushing | pushed | failed,
+    # with when a process took it (a push whose process died is taken again) and the repo's URL once pushed.
     hub_state: str | None = Field(default=None, max_length=16)
     hub_claimed_at: float | None = None
     hub_url: str | None = Field(default=None, max_length=300)
@@ -110,9 +111,9 @@ class Job(SQLModel, table=True):
 class JobRun(SQLModel, table=True):
     """One run of a job: one launch (first start, relaunch after a preemption, resume, growth, a start retried
     on another host), with its own integrity key (derived from the master key, the job id, the run id and
-    ``secret``: bot/engine/integrity.py), its own folder ``<job folder>/runs/<id>/`` and storage credentials
-    for that folder alone. The bot accepts what the run signs only while it is the job's current run
-    (``jobs.run_id``); ``ended_at`` is when it stopped being that."""
+    ``secret``: bot/engine/launching/integrity.py), its own folder ``<job folder>/runs/<id>/`` and storage
+    credentials for that folder alone. The bot accepts what the run signs only while it is the job's current
+    run (``jobs.run_id``); ``ended_at`` is when it stopped being that."""
 
     __tablename__ = "job_runs"
 
@@ -128,11 +129,11 @@ class JobRun(SQLModel, table=True):
     # storage credentials read them (bot/storage/scope.py).
     resume: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     # The output this run reported in its signed terminal event, and its manifest's digest: what the bot
-    # pushes to the Hub (bot/engine/hub_push.py).
+    # pushes to the Hub (bot/engine/outcome/hub_push.py).
     output_uri: str | None = None
     output_manifest_sha256: str | None = Field(default=None, max_length=64)
     # When the bot deleted this run's folder, all but what it pinned, once a newer run replaced it and its
-    # storage credentials had expired (bot/engine/pruning.py). None: not pruned.
+    # storage credentials had expired (bot/engine/watching/pruning.py). None: not pruned.
     pruned_at: float | None = None
 
 
@@ -153,9 +154,9 @@ class RunCheckpoint(SQLModel, table=True):
 
 
 class Sweep(SQLModel, table=True):
-    """A search for the best run within a budget (bot/engine/sweeps.py): configurations trained by successive
-    halving, the losers stopped at each stage, never more than ``max_cost`` in total (per-run caps reserved so
-    that their sum cannot pass it)."""
+    """A search for the best run within a budget (bot/engine/control/sweeps.py): configurations trained by
+    successive halving, the losers stopped at each stage, never more than ``max_cost`` in total (per-run caps
+    reserved so that their sum cannot pass it)."""
 
     __tablename__ = "sweeps"
 
@@ -371,8 +372,8 @@ class CalibrationRun(SQLModel, table=True):
 
 
 class BotSecret(SQLModel, table=True):
-    """A secret the bot's replicas share, made once (bot/engine/integrity.py: the master key the per-job
-    integrity keys derive from, when TUNEBOT_SECRET_KEY is not set)."""
+    """A secret the bot's replicas share, made once (bot/engine/launching/integrity.py: the master key the
+    per-job integrity keys derive from, when TUNEBOT_SECRET_KEY is not set)."""
 
     __tablename__ = "bot_secrets"
 

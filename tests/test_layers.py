@@ -29,7 +29,16 @@ FOLDERS = (*PACKAGES, "scripts", "bench", "tests")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("bot.cli", "bot.commands", "bot.demo", "bot.scheduler", "bot.web")),
     ("chat", ("bot.chat",)),
-    ("engine", ("bot.engine",)),
+    # The engine's rooms (bot/engine/__init__.py), top first: the facade, then each room may import
+    # the rooms below it and the ground (bot/engine/*.py but service.py), never a room above it.
+    ("engine/service.py", ("bot.engine.service",)),
+    ("engine/watching", ("bot.engine.watching",)),
+    ("engine/control", ("bot.engine.control",)),
+    ("engine/outcome", ("bot.engine.outcome",)),
+    ("engine/launching", ("bot.engine.launching",)),
+    ("engine/money", ("bot.engine.money",)),
+    ("engine/record", ("bot.engine.record",)),
+    ("engine ground", ("bot.engine",)),
     ("object storage", ("bot.storage",)),
     ("providers", ("bot.providers",)),
     ("planner", ("bot.planner",)),
@@ -223,7 +232,8 @@ def test_settings_imports_nothing_of_bot() -> None:
 
 def test_the_bot_imports_of_the_runner_only_its_contract() -> None:
     graph = import_graph()
-    assert any(in_contract(d) for d in graph["bot.engine.integrity"])  # the walk sees the contract's imports
+    # the walk sees the contract's imports
+    assert any(in_contract(d) for d in graph["bot.engine.launching.integrity"])
     problems = contract_breaches(graph)
     assert problems == [], "outside the contract:\n" + "\n".join(problems)
 
@@ -238,11 +248,12 @@ def test_no_migration_imports_live_code() -> None:
 def test_a_migration_that_imports_live_code_is_named() -> None:
     body = (
         "import sqlalchemy\nfrom store import models\ndef upgrade():\n"
-        "    from bot.engine.jobspec import spec_fields\n    import runner.contract\n"
+        "    from bot.engine.launching.jobspec import spec_fields\n    import runner.contract\n"
     )
     found = migration_imports("store/migrations/versions/9999_test.py", body)
     assert found == [
-        "store/migrations/versions/9999_test.py:4: imports bot.engine.jobspec (a migration is frozen)",
+        "store/migrations/versions/9999_test.py:4: imports bot.engine.launching.jobspec"
+        " (a migration is frozen)",
         "store/migrations/versions/9999_test.py:5: imports runner.contract (a migration is frozen)",
     ]
 
@@ -293,9 +304,9 @@ def test_an_upward_import_is_named_with_its_file_and_line(module: str, dep: str,
     ("module", "dep", "message"),
     [
         (
-            "bot.engine.launch",
+            "bot.engine.launching.launch",
             "runner.tiny",
-            "bot/engine/launch.py:7: bot.engine.launch imports runner.tiny "
+            "bot/engine/launching/launch.py:7: bot.engine.launching.launch imports runner.tiny "
             "(the bot imports only runner.contract)",
         ),
         (

@@ -68,7 +68,7 @@ def planner_gpu(device_name: str, total_memory_gb: float) -> str | None:
 
 def calibration_rows(gpu: str, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One `calibrate import` row per measured configuration (method, seq_len and the measured figures)."""
-    from bot.engine.calibration import import_columns
+    from bot.engine.outcome.calibration import import_columns
 
     rows = []
     for r in results:
@@ -87,7 +87,7 @@ def calibration_rows(gpu: str, results: list[dict[str, Any]]) -> list[dict[str, 
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    from bot.engine.calibration import import_columns
+    from bot.engine.outcome.calibration import import_columns
 
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=import_columns())

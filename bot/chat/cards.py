@@ -38,8 +38,8 @@ from bot.engine.api import (
     SweepView,
     VolumeView,
 )
-from bot.engine.jobstate import ACTIVE, OPEN, resumable
-from bot.engine.results import how_to_load
+from bot.engine.record.jobstate import ACTIVE, OPEN, resumable
+from bot.engine.record.results import how_to_load
 from bot.money import money
 from bot.planner.gpus import GPUS
 from bot.planner.offer import Offer
@@ -1123,7 +1123,7 @@ def compare_reply(view: CompareView, *, chart: Path | None = None, title: str | 
     return reply
 
 
-# ---- sweeps: the best run for a budget (bot/engine/sweeps.py) ---------------------------------------------
+# ---- sweeps: the best run for a budget (bot/engine/control/sweeps.py) --------------------------------------
 
 SWEEP_EMOJI = {
     "pending_approval": ":hourglass:",

@@ -54,7 +54,7 @@ from bot.chat.replies import Context, Reply, error_reply, text_reply
 from bot.chat.slowwork import SlowWork
 from bot.engine.api import EngineAPI, EngineError, JobView, PermissionDenied
 from bot.engine.ids import check_job_id
-from bot.engine.jobstate import OPEN, JobState
+from bot.engine.record.jobstate import OPEN, JobState
 from bot.planner.errors import PlanningError
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate

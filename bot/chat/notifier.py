@@ -82,7 +82,8 @@ def milestone_text(event: EngineEvent, job: JobView | None) -> str:
         return f":warning: Preempted at step {step}: " + (
             msg or "the instance was reclaimed; relaunching and resuming from the last checkpoint."
         )
-    if event.kind == K.out_of_memory:  # what happened and what the bigger GPU costs (bot/engine/grow.py)
+    # what happened and what the bigger GPU costs (bot/engine/watching/grow.py)
+    if event.kind == K.out_of_memory:
         return f":arrow_up: Out of GPU memory at step {step}: {msg}"
     if event.kind == K.start_retry:
         return f":hourglass: {msg}"

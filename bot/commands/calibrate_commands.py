@@ -36,7 +36,7 @@ def import_command(
     file: Path = typer.Argument(..., help="CSV (header row) or JSON list of measurements."),
 ) -> None:
     """Add measurements from past runs (the format bench/gpu_check writes)."""
-    from bot.engine.calibration import CalibrationImportError, add, parse_import
+    from bot.engine.outcome.calibration import CalibrationImportError, add, parse_import
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -62,7 +62,7 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Corrections and the runs behind them as JSON."),
 ) -> None:
     """The correction per (GPU, stack, method, size class) and the runs behind it (job, host, owner)."""
-    from bot.engine.calibration import report
+    from bot.engine.outcome.calibration import report
     from bot.engine.permissions import OPERATOR
 
     eng = _engine()
@@ -103,7 +103,7 @@ def include_command(
 
 def _exclude(run: str, *, undo: bool) -> None:
     from bot.engine.api import EngineError
-    from bot.engine.calibration import exclude
+    from bot.engine.outcome.calibration import exclude
     from bot.engine.permissions import OPERATOR
 
     eng = _engine()

@@ -110,8 +110,8 @@ def _left_unwatched(engine, console) -> None:  # type: ignore[no-untyped-def]
     """Leaving the console with jobs still active and no supervisor alive: say so (they keep billing)."""
     from bot.chat.escaping import esc
     from bot.chat.terminal import markup
-    from bot.engine.jobstate import ACTIVE
-    from bot.engine.watch import UNWATCHED
+    from bot.engine.record.jobstate import ACTIVE
+    from bot.engine.watching.watch import UNWATCHED
 
     active = [j.job_id for j in engine.list_jobs(active_only=True) if j.state in ACTIVE]
     if active and not engine.supervised():
@@ -332,8 +332,8 @@ def _leave_when_not_needed(engine, scheduler, server, *, idle_s: float = AUTO_ID
     import threading
     import time
 
-    from bot.engine.jobstate import ACTIVE
-    from bot.engine.watch import supervisor
+    from bot.engine.record.jobstate import ACTIVE
+    from bot.engine.watching.watch import supervisor
 
     log = logging.getLogger("tunebot")
     holder = getattr(scheduler, "holder", None)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from bot.commands.errors import fail
-from bot.engine.jobstate import FINAL, JobState
+from bot.engine.record.jobstate import FINAL, JobState
 
 if TYPE_CHECKING:
     from bot.chat.replies import Reply

@@ -27,13 +27,13 @@ def _estimate(
     calibrated: bool = True,
     offline: bool = False,
 ) -> None:
-    """Priced like the chat and what `tunebot launch` rents (bot/engine/offers.priced_estimate, with the
-    providers `tunebot launch` builds: the clouds whose key is set and this machine's CPU where the local
+    """Priced like the chat and what `tunebot launch` rents (bot/engine/launching/offers.priced_estimate, with
+    the providers `tunebot launch` builds: the clouds whose key is set and this machine's CPU where the local
     provider is on and the runner can start): live where a cloud key is set, each silent cloud from its dated
     snapshot with a note; ``offline``: the snapshot for every cloud (this machine's CPU still offered where
     launch would)."""
     from bot.commands.request_cli import build_request
-    from bot.engine.offers import snapshot_estimate
+    from bot.engine.launching.offers import snapshot_estimate
     from bot.planner import PlanningError
     from bot.providers.registry import build_providers, configured_clouds
     from bot.settings import get_settings
@@ -46,7 +46,7 @@ def _estimate(
     settings = get_settings()
     calibration = None
     if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
-        from bot.engine.calibration import read_snapshot
+        from bot.engine.outcome.calibration import read_snapshot
         from bot.planner.inputs import calibrate
 
         measurements = read_snapshot(settings.data_dir)
@@ -55,7 +55,7 @@ def _estimate(
     providers = build_providers(settings)  # what `tunebot launch` (bot/engine/service.Engine) launches on
     try:
         if providers:
-            from bot.engine.offers import priced_estimate
+            from bot.engine.launching.offers import priced_estimate
 
             if live and not as_json:  # progress: a slow cloud may keep this waiting up to the deadline
                 typer.echo(
@@ -66,7 +66,7 @@ def _estimate(
             result = priced_estimate(settings, providers, request, calibration=calibration, offline=offline)
         else:  # nothing here can launch: every cloud's snapshot, "prices: snapshot as of <date>"
             result = snapshot_estimate(request, calibration=calibration, settings=settings)
-            from bot.engine.offers import local_note
+            from bot.engine.launching.offers import local_note
 
             wanted = settings.local_provider is not False
             absent = local_note(settings, providers, request) if wanted else None
@@ -145,7 +145,7 @@ def gpus_command(
         except PlanningError as exc:
             fail(str(exc))
     if live:
-        from bot.engine.offers import price_list
+        from bot.engine.launching.offers import price_list
         from bot.providers.registry import build_providers, configured_clouds
         from bot.settings import get_settings
 

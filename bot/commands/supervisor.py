@@ -4,7 +4,7 @@ A rented machine bills until something terminates it, and the supervisor (the sc
 serve`) is what does. So `tunebot launch` (and approve, resume, clone) ends with one of:
 
 - ``--wait``: this command follows the job itself until it ends;
-- a live supervisor (a fresh scheduler lease on this job database, bot/engine/watch.py) watches it;
+- a live supervisor (a fresh scheduler lease on this job database, bot/engine/watching/watch.py) watches it;
 - none was alive: this command starts one, `tunebot serve --auto` in the background for the same database
   and data folder (the same environment and working directory, so the same `.env`), and waits until it holds
   the lease. Two commands starting one each at the same moment are safe: the scheduler's leader lease picks
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bot.engine.jobstate import ACTIVE
+from bot.engine.record.jobstate import ACTIVE
 
 START_WAIT_S = 120.0  # a cold start imports the bot and migrates the database: longer on a busy machine
 LOG_NAME = "supervisor.log"
@@ -67,7 +67,7 @@ def _holder(engine: Any) -> str | None:
     ctx = getattr(engine, "ctx", None)
     if ctx is None:
         return None
-    from bot.engine.watch import supervisor
+    from bot.engine.watching.watch import supervisor
 
     found = supervisor(ctx)
     return found.holder if found is not None else None
@@ -88,7 +88,7 @@ def supervision_line(engine: Any, view: Any, *, wait: bool, start: Any = None) -
         holder = _holder(engine)
         who = f" (scheduler lease held by {holder})" if holder else ""
         return (f"Supervisor: the `tunebot serve` alive on this job database{who} watches the job.", "info")
-    from bot.engine.watch import UNWATCHED
+    from bot.engine.watching.watch import UNWATCHED
     from bot.settings import get_settings
 
     settings = get_settings()

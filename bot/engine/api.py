@@ -76,7 +76,7 @@ class CompareRun(BaseModel):
 
 
 class CompareView(BaseModel):
-    """`compare JOB JOB...` (engine/compare.py): runs side by side, as bought."""
+    """`compare JOB JOB...` (engine/control/compare.py): runs side by side, as bought."""
 
     runs: list[CompareRun]
     differing: list[str] = Field(default_factory=list)  # request fields whose values differ
@@ -85,8 +85,8 @@ class CompareView(BaseModel):
 
 
 class SweepEstimate(BaseModel):
-    """A sweep priced before launch (bot/engine/sweeps.py): its configurations, the stages of successive
-    halving, each run's estimate, what the whole is expected to cost and the most it can commit."""
+    """A sweep priced before launch (bot/engine/control/sweeps.py): its configurations, the stages of
+    successive halving, each run's estimate, what the whole is expected to cost and the most it can commit."""
 
     request: EstimateRequest  # what every run shares (max_cost: the whole sweep's)
     grid: dict[str, list[Any]]  # request field -> the values tried
@@ -138,7 +138,7 @@ class SweepView(BaseModel):
 
 class JobSeries(BaseModel):
     """What a job's chart draws: every reported step's train loss and learning rate, the eval losses, and
-    the steps where it was preempted and where it resumed (engine/series.py)."""
+    the steps where it was preempted and where it resumed (engine/outcome/series.py)."""
 
     job_id: str
     model: str
@@ -207,7 +207,7 @@ class SpendPace(BaseModel):
 
 
 class Dashboard(BaseModel):
-    """App Home: what one person sees (engine/dashboard.py). Admins see everyone's running jobs, every
+    """App Home: what one person sees (engine/money/dashboard.py). Admins see everyone's running jobs, every
     person and team and every idle volume; a member sees their own (everyone's with TUNEBOT_TEAM_READ, and
     still manages only their own)."""
 
@@ -269,7 +269,7 @@ class FinishedJob(BaseModel):
 
 
 class WeeklyReport(BaseModel):
-    """The weekly report to the summary channel (engine/weekly.py); the chat renders it."""
+    """The weekly report to the summary channel (engine/money/weekly.py); the chat renders it."""
 
     start: datetime
     end: datetime
@@ -283,7 +283,7 @@ class WeeklyReport(BaseModel):
 
 
 class DailySummary(BaseModel):
-    """One UTC day's spend for the summary channel (engine/summary.py); the chat renders it."""
+    """One UTC day's spend for the summary channel (engine/money/summary.py); the chat renders it."""
 
     day: str  # "2026-12-01", the day summarized
     spent: float = 0.0  # on that day
@@ -335,7 +335,8 @@ class CalibrationRunView(BaseModel):
 
 
 class CalibrationView(BaseModel):
-    """`calibrate show` for admins: the corrections and every run behind them (engine/calibration.py)."""
+    """`calibrate show` for admins: the corrections and every run behind them
+    (engine/outcome/calibration.py)."""
 
     measurements: int = 0  # runs that are not excluded
     skipped: int = 0
@@ -345,7 +346,8 @@ class CalibrationView(BaseModel):
 
 class PriceList(BaseModel):
     """Every cloud's GPU offers as `/tune gpus` and `tunebot gpus` show them: live where a key is set and the
-    cloud answered in time, else its dated snapshot, with a note per cloud saying which (engine/offers.py)."""
+    cloud answered in time, else its dated snapshot, with a note per cloud saying which
+    (engine/launching/offers.py)."""
 
     offers: list[Offer]
     notes: list[str] = Field(default_factory=list)

@@ -57,15 +57,16 @@ class ProcessMemory:
     last_rollup: float | None = None
     rolled_up_once: bool = False
     rolled_sources: set[str] = field(default_factory=set)  # ledger sources whose older lines are written
-    calibration: Any = None  # (stamp, Calibration) of bot/engine/calibration.py
-    job_master_key: bytes | None = None  # bot/engine/integrity.py (read once)
+    calibration: Any = None  # (stamp, Calibration) of bot/engine/outcome/calibration.py
+    job_master_key: bytes | None = None  # bot/engine/launching/integrity.py (read once)
     integrity_reported: set[str] = field(default_factory=set)  # jobs told about refused runner data
-    volumes_synced_at: float | None = None  # bot/engine/reports.volumes: the clouds' last volume listing
+    # bot/engine/money/reports.volumes: the clouds' last volume listing
+    volumes_synced_at: float | None = None
     volumes_sync_lock: threading.Lock = field(default_factory=threading.Lock)
     volume_asks: dict[str, list[float]] = field(default_factory=dict)  # member -> their recent `volumes`
     volumes_lock: threading.Lock = field(default_factory=threading.Lock)
-    # (job id, run id) -> that run's key (bot/engine/integrity.py): a run's key never changes, so the cache
-    # holds no decision; which run is current is read from the database every time.
+    # (job id, run id) -> that run's key (bot/engine/launching/integrity.py): a run's key never changes, so
+    # the cache holds no decision; which run is current is read from the database every time.
     run_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
     pushing: set[str] = field(default_factory=set)  # jobs whose Hub push runs in this process now
 

@@ -25,7 +25,8 @@ class EngineEventKind(StrEnum):
     progress = "progress"
     checkpoint = "checkpoint"
     preempted = "preempted"
-    out_of_memory = "out_of_memory"  # out of GPU memory: moved to a bigger GPU, or asking (engine/grow.py)
+    # out of GPU memory: moved to a bigger GPU, or asking (engine/watching/grow.py)
+    out_of_memory = "out_of_memory"
     start_retry = "start_retry"  # an instance never started the runner: terminated, retried once elsewhere
     recovered = "recovered"
     plateau = "plateau"
@@ -39,7 +40,8 @@ class EngineEventKind(StrEnum):
     idle_volume = "idle_volume"
     daily_summary = "daily_summary"  # data {"summary": DailySummary as JSON}
     weekly_report = "weekly_report"  # data {"report": WeeklyReport as JSON}
-    # A sweep (bot/engine/sweeps.py): data {"sweep_id"}; its thread is the sweep's, its runs are lines in it.
+    # A sweep (bot/engine/control/sweeps.py): data {"sweep_id"}; its thread is the sweep's, its runs are lines
+    # in it.
     sweep_created = "sweep_created"  # priced and created (running, or waiting for approval: data approval)
     sweep_stage = "sweep_stage"  # a stage ended: the better runs go on, the others are stopped
     sweep_done = "sweep_done"  # ended: done (a winner), stopped or failed

@@ -184,7 +184,7 @@ class Permissions:
 
     def needs_approval(self, amount: float | None) -> bool:
         """Whether a job that may cost ``amount`` (the higher of its estimate and explicit max_cost, or a
-        pricier fallback's projection; bot/engine/approval.py) needs a person's approval."""
+        pricier fallback's projection; bot/engine/launching/approval.py) needs a person's approval."""
         return amount is not None and amount > self.approval_above
 
     def can_approve(

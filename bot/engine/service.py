@@ -24,12 +24,6 @@ from typing import Any, Literal
 from sqlalchemy import select, update
 from sqlmodel import Session
 
-from bot.engine import budgets as budgets_mod
-from bot.engine import dashboard as dashboard_mod
-from bot.engine import jobs, reports, runner_events, series, supervise
-from bot.engine import offers as offers_mod
-from bot.engine import states as S
-from bot.engine import volumes as volumes_mod
 from bot.engine.api import (
     BudgetView,
     CalibrationView,
@@ -47,15 +41,24 @@ from bot.engine.api import (
     WeeklyReport,
 )
 from bot.engine.context import EngineContext, Limits, ProcessMemory
+from bot.engine.control import jobs
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 from bot.engine.ids import check_job_id, is_job_id
-from bot.engine.launch import launch_job, reclaim_stale, token_hash
+from bot.engine.launching import offers as offers_mod
+from bot.engine.launching.launch import launch_job, reclaim_stale, token_hash
+from bot.engine.money import budgets as budgets_mod
+from bot.engine.money import dashboard as dashboard_mod
+from bot.engine.money import reports
+from bot.engine.money import volumes as volumes_mod
+from bot.engine.outcome import series
 from bot.engine.permissions import Permissions
-from bot.engine.pruning import prune_superseded
-from bot.engine.reconcile import ReconcileReport
-from bot.engine.reconcile import reconcile as reconcile_pass
-from bot.engine.renewal import renew_due
-from bot.engine.spend import roll_up_recent
+from bot.engine.record import states as S
+from bot.engine.record.spend import roll_up_recent
+from bot.engine.watching import runner_events, supervise
+from bot.engine.watching.pruning import prune_superseded
+from bot.engine.watching.reconcile import ReconcileReport
+from bot.engine.watching.reconcile import reconcile as reconcile_pass
+from bot.engine.watching.renewal import renew_due
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
 from bot.providers.base import Provider
@@ -172,15 +175,16 @@ class Engine:
     # --- EngineAPI ------------------------------------------------------------------------------
     def estimate(self, request: EstimateRequest) -> Estimate:
         """Every cloud's offers (live where configured, else the dated snapshot), labelled among those
-        this engine can launch (bot/engine/offers.priced_estimate: the same for every door)."""
-        from bot.engine.calibration import calibration_for
+        this engine can launch (bot/engine/launching/offers.priced_estimate: the same for every door)."""
+        from bot.engine.outcome.calibration import calibration_for
 
         return offers_mod.priced_estimate(
             self.settings, self.providers, request, calibration=calibration_for(self.ctx)
         )
 
     def price_list(self, gpu: str | None = None) -> PriceList:
-        """`/tune gpus`: every cloud's offers, live where this engine holds its key (engine/offers.py)."""
+        """`/tune gpus`: every cloud's offers, live where this engine holds its key
+        (engine/launching/offers.py)."""
         return offers_mod.price_list(self.settings, self.providers, gpu=gpu)
 
     def create_job(
@@ -233,8 +237,8 @@ class Engine:
     def resume(
         self, job_id: str, *, user: str, max_cost: float | None = None, channel: str | None = None
     ) -> JobView:
-        """Continue a stopped or failed job from its newest checkpoint (bot/engine/resume.py)."""
-        from bot.engine import resume as resume_mod
+        """Continue a stopped or failed job from its newest checkpoint (bot/engine/control/resume.py)."""
+        from bot.engine.control import resume as resume_mod
 
         return resume_mod.resume(
             self.ctx,
@@ -251,7 +255,7 @@ class Engine:
     ) -> EstimateRequest:
         """A job's request with some options changed, to estimate and launch as a new job; ``user`` (who
         clones) must be its owner or an admin (None: the bot itself)."""
-        from bot.engine import resume as resume_mod
+        from bot.engine.control import resume as resume_mod
 
         return resume_mod.clone_request(self.ctx, job_id, changes, user=user, policy=self.permissions)
 
@@ -273,13 +277,13 @@ class Engine:
 
     def compare(self, job_ids: list[str], *, user: str) -> CompareView:
         """Runs side by side: differing settings, eval before/after, cost, time, eval curves (compare.py)."""
-        from bot.engine.compare import compare
+        from bot.engine.control.compare import compare
 
         return compare(self.ctx, self.permissions, job_ids, user=user)
 
-    # --- sweeps: the best run for a budget (bot/engine/sweeps.py) ---------------------------------
+    # --- sweeps: the best run for a budget (bot/engine/control/sweeps.py) ---------------------------------
     def estimate_sweep(self, request: EstimateRequest, grid: dict[str, list[Any]]) -> SweepEstimate:
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         return sweeps.estimate_sweep(self.ctx, self.estimate, request, grid)
 
@@ -293,7 +297,7 @@ class Engine:
         idempotency_key: str | None = None,
         spec_overrides: dict[str, Any] | None = None,
     ) -> SweepView:
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         if not estimate._estimates:  # priced elsewhere (a copy): priced again here
             estimate = self.estimate_sweep(estimate.request, estimate.grid)
@@ -310,24 +314,24 @@ class Engine:
 
     def get_sweep(self, sweep_id: str, *, viewer: str | None = None) -> SweepView:
         """A sweep; ``viewer``: who asks, refused another member's sweep unless the policy lets them read."""
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         view = sweeps.view(self.ctx, sweep_id)
         reports.check_read(self.permissions, viewer, view.owner)
         return view
 
     def approve_sweep(self, sweep_id: str, *, approver: str) -> SweepView:
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         return sweeps.approve(self.ctx, self.permissions, self.estimate, sweep_id, approver=approver)
 
     def stop_sweep(self, sweep_id: str, *, user: str) -> SweepView:
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         return sweeps.stop(self.ctx, self.permissions, sweep_id, user=user)
 
     def set_sweep_thread(self, sweep_id: str, *, channel: str, thread_ts: str) -> None:
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         sweeps.set_thread(self.ctx, sweep_id, channel=channel, thread_ts=thread_ts)
 
@@ -357,18 +361,18 @@ class Engine:
 
     def volumes(self, *, viewer: str | None = None) -> list[VolumeView]:
         """Volumes; a member ``viewer`` sees their own tracked ones, from a short-lived cache, a few times a
-        minute (bot/engine/reports.volumes)."""
+        minute (bot/engine/money/reports.volumes)."""
         return reports.volumes(self.ctx, viewer=viewer, policy=self.permissions)
 
     def calibration(self, *, user: str) -> CalibrationView:
         """The calibration's corrections and every run behind them (admins only)."""
-        from bot.engine import calibration as calibration_mod
+        from bot.engine.outcome import calibration as calibration_mod
 
         return calibration_mod.report(self.ctx, user=user, policy=self.permissions)
 
     def exclude_calibration_run(self, run: str, *, user: str, undo: bool = False) -> str:
         """Take a run out of the calibration (``undo``: count it again); admins only."""
-        from bot.engine import calibration as calibration_mod
+        from bot.engine.outcome import calibration as calibration_mod
 
         return calibration_mod.exclude(self.ctx, run, user=user, policy=self.permissions, undo=undo)
 
@@ -383,7 +387,8 @@ class Engine:
         volumes_mod.keep(self.ctx, self.permissions, provider, volume_id, user=user)
 
     def budgets(self, *, viewer: str | None = None) -> list[BudgetView]:
-        """Budgets and their spend; a member ``viewer`` sees only their own (bot/engine/reports.budgets)."""
+        """Budgets and their spend; a member ``viewer`` sees only their own
+        (bot/engine/money/reports.budgets)."""
         return reports.budgets(self.ctx, viewer=viewer, policy=self.permissions)
 
     def set_budget(
@@ -411,7 +416,7 @@ class Engine:
         self, job_id: str, token: str | None, payload: dict[str, Any] | bytes | str
     ) -> bool:
         """A pushed RunnerEvent; False (and nothing stored) unless the job's bearer token matches, the job is
-        not final and the job's key signed the event (bot/engine/integrity.py)."""
+        not final and the job's key signed the event (bot/engine/launching/integrity.py)."""
         if not is_job_id(job_id):  # before the lookup: a NUL is an error on PostgreSQL, not a miss
             return False
         with self.session() as s:
@@ -449,7 +454,7 @@ class Engine:
 
     def supervised(self) -> bool:
         """Whether a supervisor (the scheduler's leader, `tunebot serve`) is alive on this database."""
-        from bot.engine.watch import supervisor
+        from bot.engine.watching.watch import supervisor
 
         return supervisor(self.ctx) is not None
 
@@ -463,7 +468,7 @@ class Engine:
         """One pass: launch/relaunch what is due, follow running jobs, caps, idle stops, spend, budgets."""
         n = supervise.tick(self.ctx)
         supervise.reap(self.ctx)
-        try:  # runners' storage credentials past half-life get fresh ones (bot/engine/renewal.py)
+        try:  # runners' storage credentials past half-life get fresh ones (bot/engine/watching/renewal.py)
             renew_due(self.ctx)
         except Exception:  # noqa: BLE001 - the next tick tries again; runners have half a lifetime left
             log.exception("renewing runners' storage credentials failed")
@@ -476,14 +481,14 @@ class Engine:
                 roll_up_recent(self.ctx, scope=scope)
         budgets_mod.check(self.ctx)
         jobs.stop_covered_by_spent_budgets(self.ctx)
-        from bot.engine import sweeps
+        from bot.engine.control import sweeps
 
         sweeps.tick(self.ctx, self.permissions)  # stages decided, losers stopped, winners' caps raised
         return n
 
     def reconcile(self) -> ReconcileReport:
         report = reconcile_pass(self.ctx)
-        try:  # superseded runs' folders, once their credentials expired (bot/engine/pruning.py)
+        try:  # superseded runs' folders, once their credentials expired (bot/engine/watching/pruning.py)
             prune_superseded(self.ctx)
         except Exception:  # noqa: BLE001 - storage is tidied on the next pass; the books are what matter
             log.exception("pruning superseded runs' folders failed")
@@ -523,13 +528,13 @@ class Engine:
 
     def weekly_report(self) -> WeeklyReport:
         """The last seven days for the summary channel (published as a weekly_report event)."""
-        from bot.engine.weekly import weekly_report
+        from bot.engine.money.weekly import weekly_report
 
         return weekly_report(self.ctx)
 
     def daily_summary(self, *, day: str = "yesterday") -> DailySummary:
         """One day's spend for the summary channel (published as a daily_summary event)."""
-        from bot.engine.summary import daily_summary
+        from bot.engine.money.summary import daily_summary
 
         return daily_summary(self.ctx, day=day)
 

@@ -4,7 +4,7 @@ Everything else in bot/planner is pure (plan.estimate reads no file, network, en
 Here, once per request: the model's config (the built-in table, a config.json, or the Hub: models.py), its
 LoRA targets resolved against it, and the dataset - its format from the first record, its tokens counted
 with the runner's own rules (data_plan.py) or approximated (tokens.py), its size on disk. The engine's
-bot/engine/offers.py (every door: Slack, the console, `tunebot estimate` and `tunebot launch`) calls
+bot/engine/launching/offers.py (every door: Slack, the console, `tunebot estimate` and `tunebot launch`) calls
 resolve_inputs; scripts, benches and tests without an engine call plan_request.
 """
 
@@ -128,8 +128,8 @@ def plan_request(
     calibration: Calibration | None = None,
 ) -> Estimate:
     """resolve_inputs, then estimate(): the whole planner for a caller without live prices (`tunebot estimate
-    --offline` through bot/engine/offers.snapshot_estimate, scripts, benches, tests). The caller hands the
-    offers in (the dated snapshot's: bot.providers.snapshot): the planner never asks a cloud."""
+    --offline` through bot/engine/launching/offers.snapshot_estimate, scripts, benches, tests). The caller
+    hands the offers in (the dated snapshot's: bot.providers.snapshot): the planner never asks a cloud."""
     inputs = resolve_inputs(request)
     return estimate(
         request,

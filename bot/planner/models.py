@@ -125,8 +125,8 @@ def hub_url() -> str:
 
 def _hub_offline() -> bool:
     """The bot asks no Hub: TUNEBOT_HF_OFFLINE=1 (the bot only; runners unaffected), or HF_HUB_OFFLINE=1 when
-    no Hub is named explicitly (HF_ENDPOINT or TUNEBOT_HF_URL: the preflight's rule, engine/preflight.py, so
-    that a mirror on this network is still asked)."""
+    no Hub is named explicitly (HF_ENDPOINT or TUNEBOT_HF_URL: the preflight's rule,
+    engine/launching/preflight.py, so that a mirror on this network is still asked)."""
     on = ("1", "true", "yes")
     named = os.environ.get("HF_ENDPOINT") or os.environ.get("TUNEBOT_HF_URL")
     return os.environ.get("TUNEBOT_HF_OFFLINE", "").lower() in on or (

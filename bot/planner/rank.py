@@ -51,7 +51,8 @@ REJECTION_ORDER = (MEMORY, DISK, BUDGET, CLASS, GPU_COUNT, OTHER_GPU, UNKNOWN_GP
 
 # What each label means, as a sort key over (expected total $, wall hours, interruptible, reliability):
 # the offer with the smallest key gets the label. Safest: on-demand first, then the most reliable host,
-# then the cheapest. The engine applies the same keys to the offers it can launch (bot/engine/offers.py).
+# then the cheapest. The engine applies the same keys to the offers it can launch
+# (bot/engine/launching/offers.py).
 LABEL_KEYS: dict[str, Callable[[float, float, bool, float], tuple]] = {
     "cheapest": lambda total, hours, spot, rel: (total,),
     "fastest": lambda total, hours, spot, rel: (hours, total),

@@ -118,7 +118,8 @@ class RankedOffer(BaseModel):
 
 
 class TrainingPlan(BaseModel):
-    """What the runner will do, as priced: every field reaches the JobSpec unchanged (bot/engine/jobspec.py).
+    """What the runner will do, as priced: every field reaches the JobSpec unchanged
+    (bot/engine/launching/jobspec.py).
 
     LoRA targets are the model's own module names (``q,v`` -> ``q_proj, v_proj`` on Llama-style models);
     the dataset format is the one read from the data (or given); alpha, plateau and the rest are resolved

@@ -10,11 +10,13 @@ keys where the store can do better. One function per kind of store, behind ``iss
                    for the run's prefix, its inputs and the checkpoints it resumes from;
 - ``static``       the bot's own keys (a store that cannot scope: plain keys, an unknown endpoint). Still
                    usable, with one warning at start (``startup_warning``) and on every launch: any host then
-                   reaches every job's data - what it writes is still checked (bot/engine/integrity.py).
+                   reaches every job's data - what it writes is still checked
+                   (bot/engine/launching/integrity.py).
 
 The policy itself is bot/storage/scope.py (pure). Credentials last TUNEBOT_STORAGE_CREDENTIALS_SECONDS; the
-bot renews them at half-life while the job runs (bot/engine/renewal.py), and a runner that has not been
-renewed checkpoints and exits before they expire (runner/credentials.py), to be relaunched with fresh ones.
+bot renews them at half-life while the job runs (bot/engine/watching/renewal.py), and a runner that has not
+been renewed checkpoints and exits before they expire (runner/credentials.py), to be relaunched with fresh
+ones.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ preemption. It works for a bot with or without a public URL (the object is pulle
 the instance is never given anything long-lived.
 
 This module is what the object is and where it goes (pure); the tick's step that renews each job due is
-bot/engine/renewal.py.
+bot/engine/watching/renewal.py.
 """
 
 from __future__ import annotations

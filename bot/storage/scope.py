@@ -1,6 +1,6 @@
 """What one run's runner may touch in object storage, and the session policy that says so (pure).
 
-A run (one launch of a job: bot/engine/runs.py) reads and writes under its own folder
+A run (one launch of a job: bot/engine/record/runs.py) reads and writes under its own folder
 (``<TUNEBOT_CHECKPOINT_URI>/<job id>/runs/<run id>/``: checkpoints, progress, output, its renewed
 credentials) and only reads its inputs (the dataset object, the base model's folder when it is in storage)
 and the checkpoints of earlier runs it resumes from. Nothing else - another job's folder, another run of the
@@ -137,8 +137,8 @@ def r2_request(scope: Scope, *, parent_key_id: str, ttl_seconds: int) -> dict[st
     """The body of Cloudflare R2's temporary-credentials call for a scope (one bucket, one permission):
     read-write on the run's prefix and on its input objects and folders, the checkpoints it resumes from
     too (R2 cannot mix read-only and read-write in one credential: tunebot stages R2 inputs per job, so no
-    other job reads what this one could change, bot/engine/staging.py; a checkpoint it could rewrite is
-    loaded only as its pinned manifest digest says, runner/contract/manifest.py)."""
+    other job reads what this one could change, bot/engine/launching/staging.py; a checkpoint it could rewrite
+    is loaded only as its pinned manifest digest says, runner/contract/manifest.py)."""
     if any(r.bucket != scope.bucket for r in scope.reads):
         raise ValueError("R2 temporary credentials cover one bucket: the inputs must be in the job's bucket")
     return {

@@ -4,8 +4,8 @@ Storage may be shared (a store that cannot scope credentials per job, a misconfi
 the bot trusts nothing it reads there on the strength of where it lies. Each run of a job (one launch:
 first start, relaunch, resume, growth) has its own secret key (HMAC-SHA256), given to its instance as
 ``TUNEBOT_JOB_KEY`` (hex) and derived by the bot from its master key, the job id, the run id and a random
-secret of that run (bot/engine/integrity.py); it never travels in the spec, a message or a log, and the bot
-accepts nothing signed with it once the run has ended or been replaced. With it the runner signs:
+secret of that run (bot/engine/launching/integrity.py); it never travels in the spec, a message or a log, and
+the bot accepts nothing signed with it once the run has ended or been replaced. With it the runner signs:
 
 - every RunnerEvent it pushes or writes to progress.json (``"mac"`` beside the event's fields);
 - every checkpoint's manifest and the output's manifest (runner/contract/manifest.py): file names, sizes

@@ -14,13 +14,14 @@ hashes only.
 Keys are per run (runner/contract/integrity.py), so a run verifies with its own key only what it wrote itself
 (its own checkpoint folder, after a restart of its process). A checkpoint of an earlier run is loaded only
 when the bot names it in the spec (``JobSpec.resume``) with the SHA-256 of its manifest's bytes, recorded from
-that run's signed event while it was the job's current run (bot/engine/runs.py): ``fetch_pinned`` downloads it
-only when the manifest hashes to that digest, then checks every file. A host that ran the job before can still
-sign with its old key, and may still write its old folder: neither makes a manifest the bot did not pin.
+that run's signed event while it was the job's current run (bot/engine/record/runs.py): ``fetch_pinned``
+downloads it only when the manifest hashes to that digest, then checks every file. A host that ran the job
+before can still sign with its old key, and may still write its old folder: neither makes a manifest the bot
+did not pin.
 
 The output folder has a manifest too (``output_manifest``, purpose "output", relative paths such as
-``merged/model.safetensors``): the bot pushes to the Hub only files it lists, each checked (bot/engine/
-hub_push.py).
+``merged/model.safetensors``): the bot pushes to the Hub only files it lists, each checked
+(bot/engine/outcome/hub_push.py).
 """
 
 from __future__ import annotations

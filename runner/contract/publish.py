@@ -1,8 +1,8 @@
 """What of a run's output is public, and how it reaches the Hub: rules the runner's model card and the bot's
 push share, and the card's cost line the bot rewrites when the run ends.
 
-- ``push_folder``: called by the bot, never on a host (bot/engine/hub_push.py: the host holds no token that
-  can write to the Hub; the bot pushes the output its run signed, with its own token):
+- ``push_folder``: called by the bot, never on a host (bot/engine/outcome/hub_push.py: the host holds no token
+  that can write to the Hub; the bot pushes the output its run signed, with its own token):
   ``HfApi(endpoint, token)``: create the repo (private unless the spec says public, which the bot allows
   only with an admin's approval) and claim it with a marker file naming the job (``.tunebot/job-<id>.json``);
   a repo that already exists is pushed to only when it holds this job's marker (a resumed job pushing

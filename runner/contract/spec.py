@@ -25,7 +25,8 @@ EXIT_FAILED = 1  # training failed; the summary line says why
 EXIT_BAD_SPEC = 2  # the spec or the dataset is invalid; nothing was trained
 EXIT_PREEMPTED = 75  # SIGTERM received: the current step finished, a checkpoint was saved (EX_TEMPFAIL)
 # Out of GPU memory even at micro-batch 1 with activation checkpointing on (runner/oom.py): the bot relaunches
-# on an offer with more memory per GPU (bot/engine/grow.py). Nothing was lost: checkpoints are as they were.
+# on an offer with more memory per GPU (bot/engine/watching/grow.py). Nothing was lost: checkpoints are as
+# they were.
 EXIT_OUT_OF_MEMORY = 76
 # Storage credentials about to expire and not renewed (runner/credentials.py): a checkpoint was saved;
 # the bot relaunches with fresh ones.
@@ -191,7 +192,7 @@ class PlateauSpec(_Strict):
 
 class HubSpec(_Strict):
     """Where the output goes on the Hugging Face Hub. The bot pushes it, with its own token, from the output
-    its run signed (bot/engine/hub_push.py); a host never holds a token that can write to the Hub. The
+    its run signed (bot/engine/outcome/hub_push.py); a host never holds a token that can write to the Hub. The
     runner names the repo in the model card."""
 
     repo: str = Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -199,10 +200,10 @@ class HubSpec(_Strict):
 
 
 class ResumePoint(_Strict):
-    """A checkpoint the bot acknowledged from the run that wrote it (bot/engine/runs.py): where it is, its
-    step and the SHA-256 of its manifest's bytes. A resume loads a checkpoint of an earlier run only through
-    one of these (runner/contract/manifest.py ``fetch_pinned``): the manifest must hash to the digest the bot
-    recorded while that run was current, whoever can still write the folder."""
+    """A checkpoint the bot acknowledged from the run that wrote it (bot/engine/record/runs.py): where it is,
+    its step and the SHA-256 of its manifest's bytes. A resume loads a checkpoint of an earlier run only
+    through one of these (runner/contract/manifest.py ``fetch_pinned``): the manifest must hash to the digest
+    the bot recorded while that run was current, whoever can still write the folder."""
 
     uri: str = Field(min_length=1, max_length=1024)  # <folder>/checkpoint-<step>
     step: int = Field(ge=0)
@@ -210,8 +211,9 @@ class ResumePoint(_Strict):
 
 
 def billed_cost(seconds: float, price_per_hour: float) -> float:
-    """The one spend formula: billed seconds at the price locked at launch. The bot's ledger (bot/engine/
-    spend.py ``cost``) and the runner's own stop at the cap (``CostSpec.paid``) both use it."""
+    """The one spend formula: billed seconds at the price locked at launch. The bot's ledger
+    (bot/engine/record/spend.py ``cost``) and the runner's own stop at the cap (``CostSpec.paid``) both use
+    it."""
     return max(0.0, seconds) * price_per_hour / 3600.0
 
 
@@ -246,7 +248,8 @@ class CostSpec(_Strict):
 class JobSpec(_Strict):
     version: int = SPEC_VERSION
     job_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    # This launch of the job (bot/engine/runs.py): its own key (TUNEBOT_JOB_KEY), folder and credentials.
+    # This launch of the job (bot/engine/record/runs.py): its own key (TUNEBOT_JOB_KEY), folder and
+    # credentials.
     run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     base_model: str  # hub id (uses HF_TOKEN) or a local path / fsspec URI of a model folder
     base_model_name: str | None = None  # what the person asked for (hub id or name; for the model card)
@@ -350,9 +353,9 @@ TERMINAL_EVENTS = frozenset(
 
 
 # Every cap on an event, for both sides. How much one event and one progress object may be: the bot refuses
-# anything bigger (bot/engine/integrity.py), and the runner never sends anything bigger (``report_events``
-# splits a report into events of at most MAX_EVENT_BYTES and MAX_EVENT_POINTS each: both are checked on
-# both sides, tests/engine/test_event_contract.py). One event is measured as canonical JSON
+# anything bigger (bot/engine/launching/integrity.py), and the runner never sends anything bigger
+# (``report_events`` splits a report into events of at most MAX_EVENT_BYTES and MAX_EVENT_POINTS each: both
+# are checked on both sides, tests/engine/test_event_contract.py). One event is measured as canonical JSON
 # (runner/contract/integrity.canonical: what its MAC covers).
 MAX_EVENT_BYTES = 16 * 1024
 MAX_PROGRESS_BYTES = 4 * 1024 * 1024  # a progress object (the runner keeps 200 events: 3.3 MB at most)
@@ -375,8 +378,9 @@ def thin_points(points: list[Any], limit: int = MAX_REPORT_POINTS) -> list[Any]:
     return kept
 
 
-# The results event stays well under the bot's 16 KB event cap (bot/engine/integrity.MAX_EVENT_BYTES) however
-# long the answers are: fit_results shortens the texts until the event's JSON fits this many bytes.
+# The results event stays well under the bot's 16 KB event cap
+# (bot/engine/launching/integrity.MAX_EVENT_BYTES) however long the answers are: fit_results shortens the
+# texts until the event's JSON fits this many bytes.
 RESULTS_EVENT_BYTES = 10 * 1024
 MAX_SAMPLE_TEXT = 2000  # characters of one prompt or answer in a results event (before fitting)
 
@@ -477,7 +481,7 @@ class RunnerEvent(BaseModel):
     hub_url: str | None = None  # where the output was pushed (runners before the bot pushed; ignored now)
     # The SHA-256 of the manifest's bytes: a checkpoint's (checkpoint, preempted) or the output's (finished,
     # plateau). The bot records it from the current run's signed event: what a later resume or the bot's Hub
-    # push accepts (bot/engine/runs.py).
+    # push accepts (bot/engine/record/runs.py).
     manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     timestamp: float = Field(default_factory=time.time)
     # What this run measured (terminal events; see runner/measure.py): max_memory_reserved_gb,

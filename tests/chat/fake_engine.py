@@ -152,7 +152,7 @@ class FakeEngine:
 
     def price_list(self, gpu: str | None = None) -> PriceList:
         """No cloud configured: every cloud's dated snapshot, each with its note (like the Engine keyless)."""
-        from bot.engine.offers import price_list
+        from bot.engine.launching.offers import price_list
 
         return price_list(Settings(), {}, gpu=gpu)
 

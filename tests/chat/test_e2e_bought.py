@@ -19,7 +19,7 @@ from bot.chat.permissions import Permissions
 from bot.chat.replies import Buttons, Image, Reply, Table
 from bot.chat.terminal import cli_console, render
 from bot.engine.events import EngineEvent, EngineEventKind
-from bot.engine.jobstate import FINAL
+from bot.engine.record.jobstate import FINAL
 
 CADENCE = {"checkpoint": {"every_minutes": 0.02, "keep": 2}, "report": {"every_seconds": 0.3}}
 ALICE = Actor("alice", None, operator=True)

@@ -22,7 +22,7 @@ from bot.chat.handlers import Actor, ChatHandlers
 from bot.chat.permissions import Permissions
 from bot.chat.replies import Buttons, Reply
 from bot.chat.terminal import cli_console, render
-from bot.engine.jobstate import FINAL
+from bot.engine.record.jobstate import FINAL
 
 # Long enough that a quiet fast machine (~25 steps/s on this tiny model) is still training when a checkpoint
 # past step 8 is seen and the job is stopped (checkpoints every 0.3 s); short enough for a loaded one.

@@ -1,4 +1,4 @@
-"""`/tune gpus` prices from the one price source every other door uses (bot/engine/offers.py).
+"""`/tune gpus` prices from the one price source every other door uses (bot/engine/launching/offers.py).
 
 On 497be72 the handler asked ``getattr(engine, "offers")``, which no engine has, so `/tune gpus` showed the
 dated snapshot even with every cloud's key set. Here: the real Engine against the fake clouds on 127.0.0.1.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bot.chat.blockkit import to_blocks, violations
 from bot.chat.cards import estimate_reply
-from bot.engine.offers import priced_estimate
+from bot.engine.launching.offers import priced_estimate
 from bot.planner.request import EstimateRequest
 from bot.providers.registry import CLOUDS
 from bot.settings import Settings

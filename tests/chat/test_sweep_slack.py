@@ -17,7 +17,7 @@ from .test_slack_http import estimate_id_from
 
 
 def _feed(engine: Any, job_id: str, seq: int, step: int, loss: float, *, last: bool = False) -> None:
-    from bot.engine.runner_events import ingest
+    from bot.engine.watching.runner_events import ingest
 
     events = [RunnerEvent(job_id=job_id, seq=seq, kind=EventKind.progress, step=step, evals=[(step, loss)])]
     if last:

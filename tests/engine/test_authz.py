@@ -88,8 +88,8 @@ def test_console_refuses_an_unbounded_max_cost_and_asks_approval_for_a_large_one
 
 def test_cli_launch_is_refused_by_a_spent_budget_with_who_can_raise_it(cli_env, tmp_path):
     """a9605e4: a user at 2,350% of their daily budget still launched (budgets only alerted)."""
+    from bot.engine.record.spend import day_start
     from bot.engine.service import Engine
-    from bot.engine.spend import day_start
     from bot.settings import get_settings
     from store.models import SpendEntry
 

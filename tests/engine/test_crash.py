@@ -144,8 +144,8 @@ def test_an_adopted_instance_is_billed_from_the_providers_clock(
     from fakes.clouds.vast import FakeVast
     from sqlalchemy import select
 
+    from bot.engine.record.spend import job_spend
     from bot.engine.service import Engine
-    from bot.engine.spend import job_spend
     from store.models import Instance
 
     vast = FakeVast(n_offers=8, seed=13).start()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bot.engine.dashboard import project_month
+from bot.engine.money.dashboard import project_month
 from bot.engine.permissions import Permissions
-from bot.engine.spend import DAY
+from bot.engine.record.spend import DAY
 from store.models import VolumeRecord
 
 from .conftest import estimate_for, request

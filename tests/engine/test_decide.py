@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.engine.jobstate import JobState
-from bot.engine.supervise import Action, Do, JobFacts, Observation, SupervisionLimits, decide
+from bot.engine.record.jobstate import JobState
+from bot.engine.watching.supervise import Action, Do, JobFacts, Observation, SupervisionLimits, decide
 
 T = 1_000_000.0  # "now"
 LIMITS = SupervisionLimits(stop_grace_s=120, idle_stop_s=1800, heartbeat_timeout_s=600, cap_horizon_s=60)

@@ -46,7 +46,7 @@ def _wire(spec: JobSpec) -> tuple[Any, list[dict[str, Any]]]:
     wired = spec.model_copy(
         update={"report": spec.report.model_copy(update={"callback_url": "http://bot.test/runner/events"})}
     )
-    from bot.engine.integrity import MAX_STORED_EVENTS
+    from bot.engine.launching.integrity import MAX_STORED_EVENTS
 
     first = MAX_STORED_EVENTS - 50  # the longest seq the bot still keeps a row (and chart points) for
     return Reporter(wired, start_seq=first, transport=httpx.MockTransport(receive)), bodies
@@ -102,7 +102,7 @@ def test_the_largest_report_a_runner_can_send_is_accepted_whole(engine, fake, mo
     assert bodies[-1]["kind"] == "finished" and bodies[-1]["output_uri"]
 
     # The bot keeps refusing anything bigger than the contract.
-    from bot.engine.integrity import refusal
+    from bot.engine.launching.integrity import refusal
     from runner.contract.integrity import EVENT, sign
 
     key = bytes.fromhex(env["TUNEBOT_JOB_KEY"])
@@ -142,9 +142,9 @@ KEY = bytes(range(32))
 
 
 def _ingest(*bodies: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
-    """The bot's ingest of signed bodies (bot/engine/integrity.signed_events: the size cap, the MAC, the
-    contract's own validation), as (accepted events, refused counts)."""
-    from bot.engine.integrity import signed_events
+    """The bot's ingest of signed bodies (bot/engine/launching/integrity.signed_events: the size cap, the MAC,
+    the contract's own validation), as (accepted events, refused counts)."""
+    from bot.engine.launching.integrity import signed_events
     from runner.contract.integrity import EVENT, sign
 
     events, refused = signed_events(KEY, "job-1", [sign(KEY, EVENT, b) for b in bodies])

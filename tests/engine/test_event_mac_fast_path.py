@@ -1,8 +1,9 @@
 """The MAC check's fast path (orjson's canonical bytes) gives the exact check's verdict on every object.
 
-bot/engine/integrity.refusal first tries the bytes orjson writes (a first read checks ~200,000 events); where
-they differ from runner.contract.integrity.canonical's (non-ASCII text, exponents, NaN, big integers) the MAC
-does not match them and the exact check decides. These objects cover both sides of every such difference.
+bot/engine/launching/integrity.refusal first tries the bytes orjson writes (a first read checks ~200,000
+events); where they differ from runner.contract.integrity.canonical's (non-ASCII text, exponents, NaN, big
+integers) the MAC does not match them and the exact check decides. These objects cover both sides of every
+such difference.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import pytest
 
-from bot.engine import integrity
+from bot.engine.launching import integrity
 from runner.contract.integrity import EVENT, canonical, sign
 
 KEY = bytes(range(32))

@@ -1,14 +1,14 @@
 """Out of GPU memory after the runner's own back-off (runner/oom.py): the engine relaunches the job on the
 cheapest offer with more memory per GPU when that stays within the job's cap, else it asks in the thread, with
-what happened and what it costs (bot/engine/grow.py)."""
+what happened and what it costs (bot/engine/watching/grow.py)."""
 
 from __future__ import annotations
 
 import pytest
 from fakes.runner_events import checkpoint_event, signed
 
-from bot.engine.grow import choose
 from bot.engine.permissions import OPERATOR
+from bot.engine.watching.grow import choose
 from bot.providers.base import InstanceStatus
 from runner.contract.spec import EXIT_OUT_OF_MEMORY, JobSpec
 

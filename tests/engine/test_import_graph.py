@@ -18,20 +18,21 @@ PACKAGE = "bot.engine"
 
 
 def engine_imports() -> dict[str, set[str]]:
-    modules = {p.stem for p in ENGINE_DIR.glob("*.py") if p.stem != "__init__"}
+    """Each engine module (by name: names are unique across the rooms) and the engine modules it imports."""
+    paths = {p.stem: p for p in ENGINE_DIR.rglob("*.py") if p.stem != "__init__"}
     graph: dict[str, set[str]] = {}
-    for name in modules:
-        tree = ast.parse((ENGINE_DIR / f"{name}.py").read_text())
+    for name, path in paths.items():
         deps: set[str] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module == PACKAGE:  # from bot.engine import finish
-                    deps |= {a.name for a in node.names if a.name in modules}
-                elif node.module.startswith(PACKAGE + "."):
-                    deps.add(node.module.split(".")[2])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+                last = node.module.split(".")[-1]
+                if last in paths:  # from bot.engine.record.states import transition
+                    deps.add(last)
+                else:  # from bot.engine.record import states
+                    deps |= {a.name for a in node.names if a.name in paths}
             elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[2] for a in node.names if a.name.startswith(PACKAGE + ".")}
-        graph[name] = deps - {name}
+                deps |= {a.name.split(".")[-1] for a in node.names if a.name.startswith(PACKAGE + ".")}
+        graph[name] = (deps & set(paths)) - {name}
     return graph
 
 
@@ -45,3 +46,21 @@ def test_no_import_circle_among_engine_modules() -> None:
 def test_only_the_facade_imports_the_facade() -> None:
     graph = engine_imports()
     assert sorted(name for name, deps in graph.items() if "service" in deps) == []
+
+
+def test_every_room_is_a_layer_small_and_says_what_it_owns() -> None:
+    """Each folder of the engine is a layer of tests/test_layers.py, holds at most 12 files, and its __init__
+    says in a line what it owns and in another what it may import."""
+    from test_layers import LAYERS
+
+    named = {prefix for _, prefixes in LAYERS for prefix in prefixes}
+    rooms = sorted(p.parent for p in ENGINE_DIR.glob("*/__init__.py"))
+    assert len(rooms) >= 5  # the walk sees the rooms
+    assert len(list(ENGINE_DIR.glob("*.py"))) <= 12
+    for room in rooms:
+        assert f"{PACKAGE}.{room.name}" in named, f"{room.name}/ is not a layer in tests/test_layers.py"
+        assert len(list(room.glob("*.py"))) <= 12, f"{room.name}/ holds more than 12 files"
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
+        owns, _, imports = doc.partition("\n\n")
+        assert owns and "\n" not in owns, f"{room.name}/__init__.py: what it owns, in a line"
+        assert imports.startswith("May import "), f"{room.name}/__init__.py: what it may import"

@@ -20,7 +20,7 @@ from fakes.clouds import FakeVast
 from fakes.clouds.fixtures import client_for
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
-from bot.engine import offers as offers_mod
+from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.contract.spec import JobSpec
@@ -98,7 +98,7 @@ def test_a_job_using_neither_the_hub_nor_wandb_gets_neither_key(
 
 
 def test_the_read_token_goes_only_for_a_model_the_hub_does_not_serve_to_anyone() -> None:
-    from bot.engine.instance_env import needs_hf_token
+    from bot.engine.launching.instance_env import needs_hf_token
 
     def spec(model: str, push: str | None = None) -> JobSpec:
         return JobSpec.model_validate(

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from bot.engine.api import EngineError, PermissionDenied
 from bot.engine.permissions import OPERATOR
-from bot.engine.states import IllegalTransition, transition
+from bot.engine.record.states import IllegalTransition, transition
 from store.models import AuditLog, Instance, Job
 
 from .conftest import Recorder, estimate_for, request

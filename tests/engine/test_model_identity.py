@@ -11,7 +11,7 @@ import pytest
 from fakes.hub import FakeHub
 from fakes.snapshot_plan import snapshot_plan
 
-from bot.engine.jobspec import spec_fields
+from bot.engine.launching.jobspec import spec_fields
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 

@@ -26,7 +26,7 @@ import pytest
 from fakes.runner_events import signed
 from sqlalchemy import select
 
-from bot.engine.spend import billed_seconds
+from bot.engine.record.spend import billed_seconds
 from bot.money import money
 from bot.providers.base import InstanceStatus, LaunchRequest, OfferQuery, job_label
 from bot.settings import Settings
@@ -157,7 +157,7 @@ def _jobs_output(eng, jobs_command, capsys) -> str:  # noqa: ANN001
 def test_closing_an_instance_of_a_finished_job_updates_its_spend(make_engine, clock):
     """A job that ended while its instance was not yet confirmed gone: the reaper closes the instance
     later, and the job's recorded spend follows (the instance billed until then)."""
-    from bot.engine import states as S
+    from bot.engine.record import states as S
 
     fake = FakeProvider("fake", price=36.0)
     eng = make_engine(providers={"fake": fake})
@@ -238,7 +238,7 @@ def test_two_supervisors_on_one_job_store_and_post_each_event_once(make_engine, 
 
 def test_two_processes_rolling_up_the_ledger_at_once_write_each_line_once(make_engine, clock):
     """Two bot processes (a leader handing over, a CLI `tunebot spend`) rolling up the same new lines."""
-    from bot.engine.spend import DAY
+    from bot.engine.record.spend import DAY
     from store.models import SpendEntry
 
     a, b = make_engine(), make_engine()
@@ -278,7 +278,7 @@ def test_two_processes_rolling_up_the_ledger_at_once_write_each_line_once(make_e
 
 def test_resume_at_start_survives_a_failing_reconcile(engine, fake, caplog):
     """`tunebot serve` runs resume_all before serving: an error in it must not end the process."""
-    from bot.engine.launch import claim
+    from bot.engine.launching.launch import claim
 
     engine.auto_launch = False
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
@@ -388,7 +388,7 @@ def test_two_serve_replicas_adopt_an_unrecorded_instance_once_on_postgres(pg_url
     from fakes.clouds.fixtures import client_for
     from fakes.slack_api import FakeSlack
 
-    from bot.engine.launch import claim
+    from bot.engine.launching.launch import claim
     from bot.engine.service import Engine
 
     vast = FakeVast().start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fakes.snapshot_plan import snapshot_plan
 
-from bot.engine.jobspec import spec_fields
+from bot.engine.launching.jobspec import spec_fields
 from bot.planner.request import EstimateRequest
 from runner.contract.spec import JobSpec
 

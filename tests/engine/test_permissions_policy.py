@@ -6,8 +6,8 @@ import pytest
 
 from bot.chat.handlers import ChatHandlers
 from bot.engine.api import EngineError, PermissionDenied
-from bot.engine.jobstate import OPEN, JobState
 from bot.engine.permissions import ENGINE, OPERATOR, Permissions
+from bot.engine.record.jobstate import OPEN, JobState
 
 from .conftest import estimate_for, request
 

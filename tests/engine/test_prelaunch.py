@@ -22,8 +22,8 @@ from fakes.s3 import AuthedS3, s3_bucket, s3_server, s3_with_keys  # noqa: F401 
 
 from bot.chat.blockkit import to_blocks
 from bot.chat.cards import estimate_reply
-from bot.engine import preflight
 from bot.engine.api import EngineError
+from bot.engine.launching import preflight
 from bot.planner.request import EstimateRequest
 from bot.providers import catalog
 from bot.settings import Settings

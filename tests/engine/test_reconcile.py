@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from bot.engine.launch import claim
+from bot.engine.launching.launch import claim
 from bot.providers.base import LaunchRequest, OfferQuery, job_label
 from bot.providers.registry import CLOUDS
 from bot.settings import Settings

@@ -1,4 +1,4 @@
-"""Superseded runs' folders are pruned, all but what the bot pinned (bot/engine/pruning.py).
+"""Superseded runs' folders are pruned, all but what the bot pinned (bot/engine/watching/pruning.py).
 
 Each run of a job writes under ``<job>/runs/<run>/``; before, a replaced run's folder was never deleted, so a
 job's storage grew with every preemption (checkpoints nobody will load, progress objects, credentials). Here a
@@ -17,7 +17,7 @@ import fsspec
 import pytest
 from sqlalchemy import select
 
-from bot.engine import pruning
+from bot.engine.watching import pruning
 from bot.providers.base import InstanceStatus
 from bot.settings import Settings
 from store.models import JobRun

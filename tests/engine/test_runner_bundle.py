@@ -2,9 +2,10 @@
 new team's first cloud job failed preflight or never started.
 
 Now hosts start a public stock PyTorch image and install the runner the bot stages
-(bot/engine/runner_bundle.py, runner/bootstrap.py): its wheel, built here without any build tool and cached by
-content, and a constraints file; the host checks both against the SHA-256 in the create call. The end-to-end
-path is tests/chat/test_e2e_remote_host.py; these are its parts, and what a launch asks of the cloud.
+(bot/engine/launching/runner_bundle.py, runner/bootstrap.py): its wheel, built here without any build tool and
+cached by content, and a constraints file; the host checks both against the SHA-256 in the create call. The
+end-to-end path is tests/chat/test_e2e_remote_host.py; these are its parts, and what a launch asks of the
+cloud.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from fakes.registry import FakeRegistry
 from fakes.remote_host import StockImage
 from fakes.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 
-from bot.engine import preflight, runner_bundle
+from bot.engine.launching import preflight, runner_bundle
 from bot.planner.request import EstimateRequest
 from bot.providers import catalog
 from bot.settings import STOCK_IMAGE, Settings
@@ -51,7 +52,7 @@ def test_the_wheel_is_built_without_build_tools_and_cached_by_content(tmp_path: 
         "    sys.modules[m] = None\n"
     )
     code = (
-        "import json, sys; from pathlib import Path; from bot.engine.runner_bundle import wheel; "
+        "import json, sys; from pathlib import Path; from bot.engine.launching.runner_bundle import wheel; "
         "b = wheel(Path(sys.argv[1])); print(json.dumps([b.name, b.sha256, b.size]))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(boot), os.environ.get("PYTHONPATH", "")])}
@@ -237,7 +238,7 @@ def runner_bundle_exit() -> int:
 
 
 def test_install_time_is_priced_as_start_up_of_every_cloud_offer() -> None:
-    from bot.engine.offers import snapshot_estimate
+    from bot.engine.launching.offers import snapshot_estimate
 
     req = EstimateRequest(model="meta-llama/Llama-3.2-1B", method="lora", tokens=2_000_000)
     stock = snapshot_estimate(req, settings=Settings())

@@ -208,7 +208,7 @@ def test_events_are_bounded_in_size_and_count(engine, fake) -> None:
 
 
 def test_links_must_point_where_the_job_may() -> None:
-    from bot.engine.integrity import Expected, cap_event, check_links
+    from bot.engine.launching.integrity import Expected, cap_event, check_links
     from runner.contract.spec import RunnerEvent
 
     ok = Expected(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fakes.runner_events import signed
 
-from bot.engine.series import EventRow, fold
+from bot.engine.outcome.series import EventRow, fold
 from bot.providers.base import InstanceStatus
 from runner.contract.spec import JobSpec
 

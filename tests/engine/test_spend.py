@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.engine.permissions import OPERATOR
-from bot.engine.spend import DAY
+from bot.engine.record.spend import DAY
 from store.models import Instance, SpendEntry
 
 from .conftest import Recorder, estimate_for, request
@@ -61,7 +61,7 @@ def test_job_spend_is_sum_of_instances_at_locked_prices(engine, fake, clock):
 def test_cap_check_views_and_ledger_agree_on_a_job_with_several_instances(engine, fake, clock, other_jobs):
     """Two preemptions at three locked prices, the third instance still running: the tick's cap check
     (for a few jobs and for hundreds, read differently), the job's view and the ledger say one spend."""
-    from bot.engine import supervise
+    from bot.engine.watching import supervise
     from bot.providers.base import InstanceStatus
 
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=50.0)
@@ -154,7 +154,7 @@ def test_budget_alert_levels_reached_at_once_are_all_recorded_once(make_engine, 
 
 
 def test_a_long_lived_bot_forgets_the_ledger_sources_that_stopped_billing(engine, fake, clock):
-    from bot.engine.spend import roll_up_recent
+    from bot.engine.record.spend import roll_up_recent
 
     first = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
     second = engine.create_job(request(), user="bob", estimate=estimate_for(fake))
@@ -219,7 +219,7 @@ def test_a_terminated_instance_is_billed_until_the_terminate_call_not_its_confir
 
 
 def test_the_billed_end_is_bounded_by_what_was_observed() -> None:
-    from bot.engine.finish import billed_end
+    from bot.engine.outcome.finish import billed_end
 
     row = Instance(provider="p", provider_instance_id="i", price_per_hour=1.0, launched_at=100.0)
     assert billed_end(row, terminate_sent=150.0, confirmed=155.0) == 150.0
@@ -254,7 +254,7 @@ def test_a_process_bills_until_it_exited_a_machine_until_it_is_terminated(make_e
 
 
 def test_a_process_exit_is_bounded_by_what_was_observed() -> None:
-    from bot.engine.finish import billed_end
+    from bot.engine.outcome.finish import billed_end
 
     row = Instance(provider="p", provider_instance_id="i", price_per_hour=1.0, launched_at=100.0)
     assert billed_end(row, terminate_sent=900.0, confirmed=901.0, exited_at=700.0) == 700.0

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
-from bot.engine import offers as offers_mod
 from bot.engine.api import EngineError
+from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.contract.spec import EventKind, JobSpec, RunnerEvent
@@ -274,7 +274,7 @@ def test_wandb_is_online_with_a_key_and_the_run_link_goes_to_the_thread(
     assert "wandb-secret-key" not in env["TUNEBOT_JOB_SPEC"]
     url = "https://wandb.ai/acme/finetunes/runs/" + job.job_id
     eng.record_runner_event(job.job_id, None, {})  # no token: refused
-    from bot.engine import runner_events
+    from bot.engine.watching import runner_events
 
     runner_events.ingest(
         eng, job.job_id, [RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.started, wandb_url=url)]
@@ -297,7 +297,7 @@ def test_a_runner_failure_reaches_the_person_with_the_runners_own_line(tmp_path:
     req = EstimateRequest(model="llama-3.2-1b", dataset=str(data))
     job = eng.create_job(req, user="alice", estimate=planned(eng, req, fake))
     line = "invalid job: s3://b/chat.jsonl:1: alpaca record is missing the key 'instruction'"
-    from bot.engine import runner_events
+    from bot.engine.watching import runner_events
 
     failed_event = RunnerEvent(job_id=job.job_id, seq=0, kind=EventKind.failed, message=line)
     runner_events.ingest(eng, job.job_id, [failed_event])
@@ -325,7 +325,7 @@ def test_a_hub_push_is_told_at_the_finish(tmp_path: Path) -> None:
     assert spec.push_to_hub.private
     # The bot pushes (issue 28): the host gets no Hub token at all.
     assert "HF_TOKEN" not in env and "hf_secret" not in json.dumps(env)
-    from bot.engine import runner_events
+    from bot.engine.watching import runner_events
 
     url = "https://huggingface.co/acme/llama-lora"
     done = RunnerEvent(
@@ -402,7 +402,7 @@ def test_a_symlink_out_of_a_staged_model_folder_is_refused_and_nothing_outside_i
 
 
 def test_a_hugging_face_cache_snapshot_stages_through_its_blob_links(tmp_path: Path, tiny: Path) -> None:
-    from bot.engine.staging import folder_files
+    from bot.engine.launching.staging import folder_files
 
     repo = tmp_path / "hub" / "models--acme--tiny"
     snapshot = repo / "snapshots" / "0123abcd"

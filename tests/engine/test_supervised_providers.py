@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.engine.jobstate import JobState
+from bot.engine.record.jobstate import JobState
 from bot.planner.request import EstimateRequest
 from bot.providers.local import LocalProvider
 from bot.settings import get_settings

@@ -21,14 +21,14 @@ _seq = itertools.count(1)
 
 def _priced(engine: Any, fake: Any, **kw: Any) -> Any:
     """The sweep estimate, each run priced by the fake cloud's offer (10 steps, 1 h at $1/h)."""
-    from bot.engine import sweeps
+    from bot.engine.control import sweeps
 
     engine.estimate = lambda req: estimate_for(fake, hours=1.0)
     return sweeps.estimate_sweep(engine.ctx, engine.estimate, request(**kw), GRID)
 
 
 def _eval(engine: Any, job_id: str, step: int, loss: float, kind: EventKind = EventKind.progress) -> None:
-    from bot.engine.runner_events import ingest
+    from bot.engine.watching.runner_events import ingest
 
     events = [
         RunnerEvent(job_id=job_id, seq=next(_seq), kind=EventKind.progress, step=step, evals=[(step, loss)])

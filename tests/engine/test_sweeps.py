@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bot.engine.sweeps import (
+from bot.engine.control.sweeps import (
     MARGIN,
     RunCost,
     configurations,
@@ -93,7 +93,7 @@ def test_a_results_event_with_eight_long_answers_passes_the_bots_event_cap() -> 
     accepted whole by the bot's checks (under integrity.MAX_EVENT_BYTES beside the usual fields)."""
     import json
 
-    from bot.engine.integrity import MAX_EVENT_BYTES, signed_events
+    from bot.engine.launching.integrity import MAX_EVENT_BYTES, signed_events
     from runner.contract.integrity import EVENT, sign
     from runner.contract.spec import RunnerEvent, RunResults, Sample, fit_results
 

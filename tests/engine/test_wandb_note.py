@@ -31,7 +31,7 @@ def test_offline_wandb_note_is_posted_once_per_job(engine, fake):
 
 
 def test_bot_wandb_mode_follows_wandb_mode_and_the_key(tmp_path, monkeypatch):
-    from bot.engine.launch import wandb_mode
+    from bot.engine.launching.launch import wandb_mode
     from bot.settings import Settings
 
     monkeypatch.delenv("WANDB_MODE", raising=False)  # tests/conftest.py sets offline for every test

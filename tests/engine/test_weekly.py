@@ -7,9 +7,9 @@ import pytest
 from fakes.runner_events import signed
 
 from bot.engine.api import WeeklyReport
+from bot.engine.money.weekly import describe
 from bot.engine.permissions import Permissions
-from bot.engine.spend import DAY
-from bot.engine.weekly import describe
+from bot.engine.record.spend import DAY
 from runner.contract.spec import JobSpec
 from store.models import VolumeRecord
 

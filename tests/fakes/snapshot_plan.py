@@ -1,7 +1,7 @@
 """The planner on every cloud's dated snapshot, for tests that price a request without an engine.
 
 The planner never asks a cloud (tests/test_layers.py): whoever calls it hands it the offers, as
-bot/engine/offers.snapshot_estimate does. This is that hand-over for tests.
+bot/engine/launching/offers.snapshot_estimate does. This is that hand-over for tests.
 """
 
 from __future__ import annotations

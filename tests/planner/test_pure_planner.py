@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.engine.offers import priced_estimate, snapshot_estimate
+from bot.engine.launching.offers import priced_estimate, snapshot_estimate
 from bot.planner.architectures import Architecture
 from bot.planner.inputs import plan_request, resolve_inputs
 from bot.planner.models import table_lookup

@@ -63,8 +63,8 @@ def test_a_container_started_without_a_spec_fails_instead_of_printing_help() -> 
 
 def test_the_default_needs_no_image_of_ours_and_the_prebuilt_one_is_named_alike() -> None:
     """Unset, TUNEBOT_RUNNER_IMAGE leaves hosts on the public stock PyTorch image the Dockerfile builds on
-    (the runner is installed at start: bot/engine/runner_bundle.py); a team's prebuilt image is the option
-    README, the build script and the Dockerfile name the same way."""
+    (the runner is installed at start: bot/engine/launching/runner_bundle.py); a team's prebuilt image is the
+    option README, the build script and the Dockerfile name the same way."""
     from bot.settings import RUNNER_IMAGE_REPO, STOCK_IMAGE, Settings, prebuilt_runner_image
 
     assert Settings().runner_image is None and Settings().stock_image == STOCK_IMAGE

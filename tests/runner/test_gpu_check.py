@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.engine.calibration import parse_import
+from bot.engine.outcome.calibration import parse_import
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check" / "gpu_check.py"

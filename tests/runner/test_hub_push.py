@@ -1,8 +1,8 @@
 """Hub pushes (issue 19): never over a repo the job did not create, and nothing pushed names where the job's
 files live (storage URIs, the host's or the bot's paths). Since issue 28 the bot pushes, with its own token,
 the output its run signed; the runner never pushes (it holds no token that can write). The runner trains to
-its output folder here and the bot's push (bot/engine/hub_push.py: the output checked against the manifest the
-run signed, then runner/contract/publish.py push_folder) goes to the fake Hub on 127.0.0.1."""
+its output folder here and the bot's push (bot/engine/outcome/hub_push.py: the output checked against the
+manifest the run signed, then runner/contract/publish.py push_folder) goes to the fake Hub on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def bot_push(spec: Any, hub: Any, tmp_path: Path, *, token: str | None = None) -
     with the bot's own token. Raises PushRefused as the bot's push would."""
     import tempfile
 
-    from bot.engine.hub_push import verified_output
+    from bot.engine.outcome.hub_push import verified_output
     from runner.contract.publish import push_folder
 
     event = _last_event(spec)
@@ -121,7 +121,7 @@ def test_a_swapped_output_file_is_never_pushed(
 ) -> None:
     """The output as its run signed it, or nothing: a file changed after the run's manifest (a former host
     that can still write the folder) stops the push."""
-    from bot.engine.hub_push import NotPushed
+    from bot.engine.outcome.hub_push import NotPushed
 
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})
     assert run(spec)[1] == 0
@@ -194,8 +194,8 @@ def test_a_refused_push_keeps_the_output_and_says_why(
     runner_job: Callable[..., Any], hub: Any, tmp_path: Path
 ) -> None:
     """A push the Hub refuses (a wrong token) loses nothing: the output stays in storage and the refusal
-    names the Hub's reason (bot/engine/hub_push.py writes it into the job's message as "not pushed to the
-    Hub (...)")."""
+    names the Hub's reason (bot/engine/outcome/hub_push.py writes it into the job's message as "not pushed to
+    the Hub (...)")."""
     import huggingface_hub
 
     spec = runner_job(max_steps=2, seq_len=128, grad_accum=1, push_to_hub={"repo": "acme/tiny-lora"})

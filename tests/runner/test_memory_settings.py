@@ -107,7 +107,7 @@ def test_the_adamw_a_person_picks_reaches_the_runner_and_the_estimate_follows() 
     to the runner in the JobSpec; the default (fused) spec carries nothing new, as older runners expect."""
     from fakes.snapshot_plan import snapshot_plan
 
-    from bot.engine.jobspec import spec_fields
+    from bot.engine.launching.jobspec import spec_fields
     from bot.planner.options import parse_values
     from bot.planner.request import EstimateRequest
     from runner.contract.spec import JobSpec

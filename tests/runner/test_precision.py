@@ -14,7 +14,7 @@ from fakes.snapshot_plan import snapshot_plan
 
 from bot.chat.blockkit import to_blocks
 from bot.chat.cards import estimate_reply
-from bot.engine.jobspec import spec_fields
+from bot.engine.launching.jobspec import spec_fields
 from bot.planner.architectures import from_config
 from bot.planner.memory import estimate_memory
 from bot.planner.request import EstimateRequest

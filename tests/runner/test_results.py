@@ -170,7 +170,7 @@ def test_eval_passes_and_answers_are_estimated_as_the_runner_does_them(
     exactly those."""
     from fakes.snapshot_plan import snapshot_plan
 
-    from bot.engine.jobspec import spec_fields
+    from bot.engine.launching.jobspec import spec_fields
     from bot.planner.request import EstimateRequest
     from runner.contract.spec import JobSpec
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fakes.snapshot_plan import snapshot_plan
 
-from bot.engine.jobspec import spec_fields
+from bot.engine.launching.jobspec import spec_fields
 from bot.planner.request import EstimateRequest
 from runner.contract.spec import JobSpec
 from runner.contract.steps import evaluations, run_length, steps_per_epoch, total_steps

@@ -27,7 +27,7 @@ import pytest
 from fakes.moto_sts import StsWorld
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
-from bot.engine import offers as offers_mod
+from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.providers.base import InstanceStatus
 from bot.settings import Settings

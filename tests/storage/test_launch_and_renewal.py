@@ -11,7 +11,7 @@ from typing import Any
 from fakes.moto_sts import StsWorld
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
 
-from bot.engine import offers as offers_mod
+from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 from runner.contract.spec import JobSpec

@@ -145,7 +145,7 @@ def test_the_plan_migration_stores_each_jobs_training_plan_once(empty_url):
     gets the fields its next launch used to derive from the request, its overrides merged over them."""
     from alembic import command
 
-    from bot.engine.jobspec import plan_of, spec_fields
+    from bot.engine.launching.jobspec import plan_of, spec_fields
     from bot.planner.request import EstimateRequest
     from store.db import alembic_config
 
@@ -224,8 +224,8 @@ FROZEN_PLAN_ROWS = [
 @pytest.mark.parametrize(("request_row", "overrides"), FROZEN_PLAN_ROWS)
 def test_the_plan_migrations_frozen_copy_derives_what_the_live_code_derives(request_row, overrides):
     """0012 carries its own copy of the request and of what a launch derived from it; today it gives what
-    the live code (bot/planner/request.py, bot/engine/jobspec.py) gives, row for row."""
-    from bot.engine.jobspec import deep_merge, plan_of, spec_fields
+    the live code (bot/planner/request.py, bot/engine/launching/jobspec.py) gives, row for row."""
+    from bot.engine.launching.jobspec import deep_merge, plan_of, spec_fields
     from bot.planner.request import EstimateRequest
 
     frozen = _frozen_plan_migration().plan_of_row(request_row, overrides)

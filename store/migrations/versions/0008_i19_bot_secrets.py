@@ -1,8 +1,8 @@
 """bot_secrets: the master key of the per-job integrity keys, shared by every replica (issue 19)
 
 Each job's runner signs its progress events and checkpoint manifests with a key derived from a bot master
-key and the job id (bot/engine/integrity.py). The master key comes from TUNEBOT_SECRET_KEY; without it, one
-is made at first use and kept here, so that every replica on this database derives the same job keys.
+key and the job id (bot/engine/launching/integrity.py). The master key comes from TUNEBOT_SECRET_KEY; without
+it, one is made at first use and kept here, so that every replica on this database derives the same job keys.
 
 Revision ID: 0008_i19
 Revises: 0007_i19

@@ -3,7 +3,7 @@
 ``disk_gb``: the disk sized from the model, checkpoints, data and outputs (bot/planner/disk.py), passed
 to every provider's create call (it was a flat 100 GB). ``start_deadline_s``: how long a new instance
 may take to start the runner (image pull + model download at a stated bandwidth + a margin,
-bot/engine/preflight.py) before it is given up on, instead of twice the heartbeat timeout.
+bot/engine/launching/preflight.py) before it is given up on, instead of twice the heartbeat timeout.
 
 Revision ID: 0010_i20
 Revises: 0009_i20

@@ -2,13 +2,14 @@
 
 A job kept its training fields twice: the request, from which every launch derived the runner's fields
 again, and ``spec_overrides`` (the estimate's plan as JobSpec fields, merged over them). Now ``plan`` alone
-holds them (bot/engine/launch.py build_spec reads nothing else). Rows are converted: ``spec_overrides`` as
-it was where it holds the plan; for jobs older than the stored plan (no ``base_model`` in it), the fields
-a launch used to derive from the request, with what ``spec_overrides`` held merged over them.
+holds them (bot/engine/launching/launch.py build_spec reads nothing else). Rows are converted:
+``spec_overrides`` as it was where it holds the plan; for jobs older than the stored plan (no ``base_model``
+in it), the fields a launch used to derive from the request, with what ``spec_overrides`` held merged over
+them.
 
 Frozen: what a launch derived from a request is copied below as it was when this migration was written
 (bot/planner/request.py's EstimateRequest with runner.contract.spec.Defaults' values written out,
-bot/planner/training.py training_plan_without_model and bot/engine/jobspec.py spec_fields), so the
+bot/planner/training.py training_plan_without_model and bot/engine/launching/jobspec.py spec_fields), so the
 migration does the same thing whatever the bot becomes; tests/store/test_db.py holds the copy against the
 live code of today.
 

@@ -2,8 +2,8 @@
 
 - ``jobs.approved_price_per_hour``: the hourly price a person (or the automatic approval) accepted. A
   relaunch on another offer (after a preemption, out of memory, a resume) rents nothing pricier per hour
-  than this (within TUNEBOT_PRICE_TOLERANCE) without asking again (bot/engine/approval.py). Existing rows:
-  their accepted offer's price.
+  than this (within TUNEBOT_PRICE_TOLERANCE) without asking again (bot/engine/launching/approval.py). Existing
+  rows: their accepted offer's price.
 - ``calibration_runs.host`` / ``owner``: the rented host that reported a run and the job's owner
   (bot/planner/calibration.py counts one vote per host and asks corroboration across hosts and owners).
   Existing runs: their job's owner, and a host of their own (``legacy:<job id>``; the bot's own machine for

@@ -1,12 +1,13 @@
 """job_runs, run_checkpoints, jobs.run_id and the bot's Hub push (issue 28, part A)
 
-Each launch of a job is a run with its own key, folder and storage credentials (bot/engine/runs.py); the bot
-accepts what a run signs only while it is the job's current run (``jobs.run_id``). A checkpoint counts only
-when the bot acknowledged it from its run's signed event (``run_checkpoints``, with the manifest's digest).
-The Hub push moved to the bot (``jobs.hub_state``, ``hub_claimed_at``, ``hub_url``).
+Each launch of a job is a run with its own key, folder and storage credentials (bot/engine/record/runs.py);
+the bot accepts what a run signs only while it is the job's current run (``jobs.run_id``). A checkpoint counts
+only when the bot acknowledged it from its run's signed event (``run_checkpoints``, with the manifest's
+digest). The Hub push moved to the bot (``jobs.hub_state``, ``hub_claimed_at``, ``hub_url``).
 
 A job launched before this revision and still launching or running keeps its job-wide key until that
-launch ends: its current run is named ``legacy`` (bot/engine/integrity.py). Every later launch is a run.
+launch ends: its current run is named ``legacy`` (bot/engine/launching/integrity.py). Every later launch is a
+run.
 
 Revision ID: 0014_i28a
 Revises: 0013_i28b

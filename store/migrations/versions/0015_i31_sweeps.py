@@ -3,7 +3,7 @@
 - ``jobs.results``: the runner's results event as the bot kept it (eval loss of the base model before
   training and of the result after, which step the result is and why, the side-by-side answers; bounded).
 - ``jobs.sweep_id``: the sweep a job is one configuration of (None: a job of its own).
-- ``sweeps``: a budgeted search over configurations by successive halving (bot/engine/sweeps.py): its
+- ``sweeps``: a budgeted search over configurations by successive halving (bot/engine/control/sweeps.py): its
   request and grid, the stages planned, the runs with their per-run caps, its state and winner.
 
 Revision ID: 0015_i31

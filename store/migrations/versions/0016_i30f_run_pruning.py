@@ -1,4 +1,4 @@
-"""job_runs.pruned_at: when the bot deleted a superseded run's folder (bot/engine/pruning.py)
+"""job_runs.pruned_at: when the bot deleted a superseded run's folder (bot/engine/watching/pruning.py)
 
 Each run writes under ``<job folder>/runs/<run id>/``. Once a newer run of the job exists and the old run's
 storage credentials have expired, the bot deletes that folder except what it pinned (the checkpoints the job

@@ -1,0 +1,798 @@
+"""Sweeps: the best run for a budget, by successive halving, never spending more than ``max_cost`` in total.
+
+`sweep MODEL lr=1e-4,2e-4,4e-4 r=8,16 max_cost=$20` trains every configuration (the product of the values;
+the other options are shared) as one job each, all at once, and ranks them on the held-out split:
+
+- **Stages.** With n runs there are as many stages as halvings to one run: n -> ceil(n/2) -> ... -> 1. Every
+  run is told to evaluate every ``every`` steps (``every`` = the full length / 2^(stages-1)); stage k ends at
+  step every x 2^k, the last at the full length. When every live run has its eval loss at the stage's step
+  (or has ended), the better half goes on and the others are stopped (gracefully: a checkpoint, then the
+  host torn down). The survivors keep training without a restart. The last run standing trains to the end
+  and is the winner; its result is its best checkpoint (keep=best) and its adapter is the sweep's.
+- **Money.** Every run has a cap (the engine stops a job whose projected spend reaches it), and the caps
+  are reserved so that their sum can never pass ``max_cost``: a run's need at a stage is its fixed start-up
+  cost plus its estimated cost per step times the stage's steps x (1 + SLACK); the worst case is every run's
+  first need plus, at each later stage, the increments of the dearest runs that could survive. A sweep is
+  refused when even that does not fit ``max_cost`` less MARGIN (what a stop takes to land: a host bills until
+  it is gone); otherwise every need is scaled by the headroom, the losers' unspent caps are never handed out
+  again, and the promoted runs' caps are raised within the reserve. The tick also stops everything if the
+  sweep's spend nears ``max_cost`` whatever the caps say.
+- **Approval.** As a launch: the amount at stake is ``max_cost``; above the approval amount a person other
+  than the owner approves the sweep (`approve SWEEP`), and its runs are then not asked for again.
+
+``configurations``, ``survivors``, ``stage_steps``, ``worst_case``, ``expected_cost`` and ``ranked`` are pure
+(tested directly); ``tick`` advances every running sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from bot.engine.api import (
+    EngineError,
+    PermissionDenied,
+    SweepEstimate,
+    SweepRunView,
+    SweepView,
+)
+from bot.engine.context import EngineContext
+from bot.engine.control import jobs
+from bot.engine.events import EngineEvent, EngineEventKind
+from bot.engine.launching import admission, approval
+from bot.engine.launching import offers as offers_mod
+from bot.engine.permissions import Permissions
+from bot.engine.record.jobstate import ACTIVE, FINAL, JobState
+from bot.engine.views import ts
+from bot.money import money
+from bot.planner.options import MAX_SWEEP_RUNS, SWEEPABLE
+from bot.planner.request import EstimateRequest
+from bot.planner.result import Estimate
+from store.models import Sweep
+
+log = logging.getLogger(__name__)
+
+# Fields that do not change what a run costs: configurations differing only there share one estimate.
+PRICE_FREE = ("learning_rate", "lr_scheduler", "warmup_ratio", "weight_decay")
+MAX_RUNS = MAX_SWEEP_RUNS
+SWEEP_EVAL_SPLIT = 0.10  # the held-out share a sweep ranks on when the data would get no automatic split
+SLACK = 0.5  # a stage's cap covers its estimate x 1.5: estimate error, and waiting for the slower runs
+MARGIN = 0.10  # of max_cost never reserved: a stopped run bills until its host is confirmed gone
+GUARD = 0.95  # the sweep's spend at this share of max_cost stops every run, whatever the caps say
+BOOT_HOURS = 4.0 / 60  # a run's fixed start-up (bot/planner/rank.BOOT_HOURS), at most BOOT_SHARE of it
+BOOT_SHARE = 0.25
+SWEEP_ID_PREFIX = "sw-"
+
+RUNNING, DONE, STOPPED, FAILED, PENDING, CANCELLED = (
+    "running",
+    "done",
+    "stopped",
+    "failed",
+    "pending_approval",
+    "cancelled",
+)
+ENDED = frozenset({DONE, STOPPED, FAILED, CANCELLED})
+
+
+# ---- pure planning -------------------------------------------------------------------------------------
+
+
+def configurations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the values, the first key varying slowest."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def survivors(n: int) -> list[int]:
+    """Runs per stage: [n, ceil(n/2), ..., 1] ([1] for one run)."""
+    out = [max(1, n)]
+    while out[-1] > 1:
+        out.append(math.ceil(out[-1] / 2))
+    return out
+
+
+def stage_steps(total: int, stages: int) -> list[int]:
+    """The step each stage ends at: every x 2^k, the last the full length (every = total / 2^(stages-1));
+    ValueError when the run is too short to halve that often."""
+    if stages <= 1:
+        return [total]
+    if total < 2 ** (stages - 1):
+        raise ValueError(f"{total} steps are too few for {stages} stages: at least {2 ** (stages - 1)}")
+    every = total // 2 ** (stages - 1)
+    return [*(every * 2**k for k in range(stages - 1)), total]
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """One configuration's estimated money: a fixed start-up, a cost per step, and its stages' steps."""
+
+    fixed: float
+    per_step: float
+    steps: list[int]
+
+    def need(self, stage: int) -> float:
+        """What the run may need to reach the end of ``stage`` (SLACK included)."""
+        return self.fixed + self.per_step * self.steps[stage] * (1.0 + SLACK)
+
+    @classmethod
+    def of(cls, total_cost: float, price_per_hour: float, steps: list[int]) -> RunCost:
+        fixed = min(total_cost * BOOT_SHARE, price_per_hour * BOOT_HOURS)
+        return cls(fixed, max(0.0, total_cost - fixed) / max(steps[-1], 1), steps)
+
+
+def worst_case(costs: list[RunCost], alive: list[int]) -> float:
+    """The most the caps can ever add up to: every run's first stage, then at each stage the increments of
+    the dearest runs that could go on."""
+    total = sum(c.need(0) for c in costs)
+    for k in range(1, len(alive)):
+        deltas = sorted((c.need(k) - c.need(k - 1) for c in costs), reverse=True)
+        total += sum(deltas[: alive[k]])
+    return total
+
+
+def expected_cost(costs: list[RunCost], alive: list[int]) -> float:
+    """What the sweep is expected to cost (no slack): every run's first stage, then the average run's
+    further steps for as many runs as go on."""
+    total = sum(c.fixed + c.per_step * c.steps[0] for c in costs)
+    for k in range(1, len(alive)):
+        mean = sum(c.per_step * (c.steps[k] - c.steps[k - 1]) for c in costs) / len(costs)
+        total += mean * alive[k]
+    return total
+
+
+def ranked(scores: dict[int, float | None]) -> list[int]:
+    """Run indices, best (lowest eval loss) first; runs without a score last, then by index."""
+    return sorted(scores, key=lambda i: (scores[i] is None, scores[i] if scores[i] is not None else 0.0, i))
+
+
+def _settings(config: dict[str, Any]) -> dict[str, str]:
+    from bot.planner.options import BY_FIELD, as_text
+
+    return {(BY_FIELD[f].key if f in BY_FIELD else f): as_text(v) for f, v in config.items()}
+
+
+def settings_text(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in _settings(config).items())
+
+
+# ---- estimate --------------------------------------------------------------------------------------------
+
+
+def run_request(
+    base: EstimateRequest, config: dict[str, Any], eval_every: int | None = None
+) -> EstimateRequest:
+    """One configuration's request: the shared options, this configuration's values, an eval split to rank
+    on (eval= as given, else SWEEP_EVAL_SPLIT unless the data gets the automatic one), no plateau stop (the
+    sweep decides who stops), the best step kept, and its eval cadence: the first stage's step (the stages end
+    at its multiples). The cadence is in the request, so the estimate prices the passes the runner makes."""
+    data = base.model_dump(exclude_unset=True)
+    data.update(config)
+    data["plateau"] = False
+    data.setdefault("keep", "best")
+    if eval_every is not None:
+        data["eval_every"] = eval_every
+    return EstimateRequest(**data)
+
+
+def check_grid(base: EstimateRequest, grid: dict[str, list[Any]]) -> None:
+    bad = [f for f in grid if f not in SWEEPABLE]
+    if bad:
+        raise EngineError(f"a sweep cannot vary {', '.join(bad)} (it may vary {', '.join(SWEEPABLE)})")
+    n = len(configurations(grid))
+    if n < 2:
+        raise EngineError(
+            "a sweep needs two configurations or more: give an option several values, lr=1e-4,2e-4"
+        )
+    if n > MAX_RUNS:
+        raise EngineError(f"{n} configurations: a sweep runs at most {MAX_RUNS}; give fewer values")
+    if base.max_cost is None:
+        raise EngineError("a sweep needs max_cost=$X: the most the whole sweep may spend")
+    if base.eval_split == 0:
+        raise EngineError("a sweep ranks its runs on held-out data: drop eval=0 (or give eval=10%)")
+
+
+def estimate_sweep(
+    ctx: EngineContext,
+    estimate: Any,
+    request: EstimateRequest,
+    grid: dict[str, list[Any]],
+    *,
+    eval_added: bool = False,
+) -> SweepEstimate:
+    """Price every configuration (one planner estimate per distinct shape: the learning rate and schedule do
+    not change the price), plan the stages and the worst case, and say whether max_cost covers it."""
+    check_grid(request, grid)
+    configs = configurations(grid)
+    max_cost = float(request.max_cost or 0.0)
+    approval.checked_cap(max_cost, ctx.settings.max_cost_limit_usd)
+    estimates = _priced_runs(estimate, [run_request(request, c) for c in configs])
+    # Ranking needs held-out data: without an automatic split on this data, the sweep asks for one.
+    held = estimates[0].training.eval_examples if estimates and estimates[0].training else None
+    if request.eval_split is None and not held:
+        request = request.model_copy(update={"eval_split": SWEEP_EVAL_SPLIT})
+        return estimate_sweep(ctx, estimate, request, grid, eval_added=True)
+    alive = survivors(len(configs))
+
+    def stages(est: Estimate) -> list[int]:
+        try:
+            return stage_steps(est.time.steps, len(alive))
+        except ValueError as exc:
+            raise EngineError(
+                f"{exc}: give steps= (or more epochs) for a sweep of {len(configs)} runs"
+            ) from None
+
+    # Every run evaluates at its first stage's step: priced again with that cadence (the eval passes change,
+    # the steps do not), the one _launch_runs gives the runs.
+    estimates = _priced_runs(
+        estimate, [run_request(request, c, stages(e)[0]) for c, e in zip(configs, estimates, strict=True)]
+    )
+    costs: list[RunCost] = []
+    where: list[str] = []
+    notes: list[str] = []
+    for i, est in enumerate(estimates):
+        offer = _chosen(ctx, est)
+        if offer is None:
+            raise EngineError(
+                f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
+            )
+        steps = stages(est)
+        costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps))
+        where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
+    worst = worst_case(costs, alive)
+    budget = max_cost * (1.0 - MARGIN)
+    needed = worst / (1.0 - MARGIN)
+    feasible = worst <= budget
+    if eval_added:
+        notes.append(
+            f"ranked on a {SWEEP_EVAL_SPLIT:.0%} held-out split: the data is too small for the automatic one "
+            "(eval= changes it)"
+        )
+    if not feasible:
+        notes.append(
+            f"max_cost {money(max_cost)} is not enough: the worst case needs {money(needed)} (the dearest "
+            "runs promoted at every stage, room for estimate error); raise max_cost or sweep fewer values"
+        )
+    out = SweepEstimate(
+        request=request,
+        grid=grid,
+        settings=[_settings(c) for c in configs],
+        survivors=alive,
+        steps=[c.steps for c in costs],
+        run_costs=[round(_chosen(ctx, e).total_cost, 6) for e in estimates],  # type: ignore[union-attr]
+        where=where,
+        estimated_cost=round(expected_cost(costs, alive), 6),
+        needed_cost=round(needed, 6),
+        max_cost=max_cost,
+        feasible=feasible,
+        scale=round(budget / worst, 6) if worst > 0 else 1.0,
+        notes=notes,
+    )
+    out._estimates = estimates
+    out._costs = costs
+    return out
+
+
+def _priced_runs(estimate: Any, requests: list[EstimateRequest]) -> list[Estimate]:
+    """One planner estimate per distinct shape (the learning rate and schedule do not change the price), each
+    run's training plan with its own values."""
+    estimates: list[Estimate] = []
+    by_shape: dict[str, Estimate] = {}
+    for req in requests:
+        shape = req.model_dump_json(exclude=set(PRICE_FREE))
+        if shape not in by_shape:
+            by_shape[shape] = estimate(req)
+        est = by_shape[shape]
+        if est.training is not None:
+            est = est.model_copy(
+                update={"training": est.training.model_copy(update={f: getattr(req, f) for f in PRICE_FREE})}
+            )
+        estimates.append(est)
+    return estimates
+
+
+def _chosen(ctx: EngineContext, est: Estimate) -> Any:
+    fitting = offers_mod.launchable(est.offers, ctx.providers)
+    return next((o for o in fitting if "cheapest" in o.labels), None) or offers_mod.pick(fitting, "cheapest")
+
+
+# ---- create, approve, stop -------------------------------------------------------------------------------
+
+
+def create(
+    ctx: EngineContext,
+    policy: Permissions,
+    est: SweepEstimate,
+    *,
+    user: str,
+    channel: str | None = None,
+    team: str | None = None,
+    idempotency_key: str | None = None,
+    spec_overrides: dict[str, Any] | None = None,
+) -> SweepView:
+    """The sweep as priced: refused when it cannot fit max_cost or the owner's running limit; waiting for
+    approval above the approval amount; else its runs are created and launched at once."""
+    decision = policy.can_launch(user, channel)
+    if not decision:
+        raise PermissionDenied(decision.reason)
+    if idempotency_key:
+        with ctx.session() as s:
+            found = s.execute(select(Sweep).where(Sweep.idempotency_key == idempotency_key)).scalars().first()
+        if found is not None:
+            return view(ctx, found.id)
+    if not est.feasible:
+        raise EngineError(est.notes[-1] if est.notes else "max_cost does not cover this sweep")
+    team = team or ctx.settings.default_team
+    admission.check_budgets(ctx, owner=user, team=team)
+    n = len(est.settings)
+    with ctx.session() as s:
+        running = admission.running_count(s, user, ACTIVE)
+    if not policy.can_run_another(user, running + n - 1):
+        limit = policy.max_running_per_user
+        raise EngineError(
+            f"a sweep runs its {n} configurations at once and you run {running} job(s); one person may run "
+            f"{limit} (TUNEBOT_MAX_RUNNING_PER_USER): sweep fewer values or wait"
+        )
+    needs_approval = policy.needs_approval(max(est.estimated_cost, est.max_cost))
+    now = ctx.now()
+    sweep_id = SWEEP_ID_PREFIX + uuid.uuid4().hex[:10]
+    configs = configurations(est.grid)
+    row = Sweep(
+        id=sweep_id,
+        owner=user,
+        team=team,
+        channel=channel or None,
+        state=PENDING if needs_approval else RUNNING,
+        request=est.request.model_dump(mode="json"),
+        grid=est.grid,
+        plan={
+            "survivors": est.survivors,
+            "steps": est.steps,
+            "scale": est.scale,
+            "costs": [c.__dict__ for c in est._costs],
+            "spec_overrides": spec_overrides or {},
+        },
+        runs=[
+            {"index": i, "config": c, "job_id": None, "status": "pending", "cap": 0.0, "evals": {}}
+            for i, c in enumerate(configs)
+        ],
+        max_cost=est.max_cost,
+        estimated_cost=est.estimated_cost,
+        approved_by=None if needs_approval else "auto",
+        idempotency_key=idempotency_key,
+        created_at=now,
+        updated_at=now,
+    )
+    with ctx.session() as s:
+        s.add(row)
+        try:
+            s.commit()
+        except IntegrityError:
+            s.rollback()
+            if idempotency_key:
+                with ctx.session() as s2:
+                    found = s2.execute(
+                        select(Sweep).where(Sweep.idempotency_key == idempotency_key)
+                    ).scalars()
+                    existing = found.first()
+                if existing is not None:
+                    return view(ctx, existing.id)
+            raise
+    stages = " -> ".join(str(a) for a in est.survivors)
+    _publish(
+        ctx,
+        row,
+        EngineEventKind.sweep_created,
+        f"Sweep {sweep_id}: {n} configurations of {est.request.model}, successive halving {stages}, "
+        f"estimated {money(est.estimated_cost)}, at most {money(est.max_cost)}."
+        + (
+            f" It may spend up to {money(est.max_cost)}, above {money(policy.approval_above)}: it needs "
+            f"approval by someone other than {user} (`approve {sweep_id}`)."
+            if needs_approval
+            else ""
+        ),
+        approval=needs_approval,
+    )
+    if not needs_approval:
+        _launch_runs(ctx, policy, sweep_id, est._estimates, approver="auto")
+    return view(ctx, sweep_id)
+
+
+def approve(
+    ctx: EngineContext, policy: Permissions, estimate: Any, sweep_id: str, *, approver: str
+) -> SweepView:
+    row = load(ctx, sweep_id)
+    decision = policy.can_approve(approver, row.owner, amount=row.max_cost)
+    if not decision:
+        raise PermissionDenied(decision.reason)
+    with ctx.session() as s:
+        res = s.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id, Sweep.state == PENDING)
+            .values(state=RUNNING, approved_by=approver, updated_at=ctx.now())
+        )
+        s.commit()
+    if res.rowcount != 1:
+        current = view(ctx, sweep_id)
+        current.message = f"already {current.state}; nothing done"
+        return current
+    req = EstimateRequest.model_validate(row.request)
+    est = estimate_sweep(ctx, estimate, req, {k: list(v) for k, v in row.grid.items()})
+    _launch_runs(ctx, policy, sweep_id, est._estimates, approver=approver)
+    return view(ctx, sweep_id)
+
+
+def stop(
+    ctx: EngineContext, policy: Permissions, sweep_id: str, *, user: str, reason: str = "user"
+) -> SweepView:
+    """Stop every run of the sweep (each after a checkpoint); a sweep waiting for approval is cancelled."""
+    row = load(ctx, sweep_id)
+    decision = policy.can_stop(user, row.owner)
+    if not decision:
+        raise PermissionDenied(f"only {row.owner} or an admin can stop sweep {sweep_id}")
+    if row.state in ENDED:
+        return view(ctx, sweep_id)
+    final = CANCELLED if row.state == PENDING else STOPPED
+    _end(ctx, row, final, f"Sweep {sweep_id} {final} by {user}.", reason=reason)
+    return view(ctx, sweep_id)
+
+
+def load(ctx: EngineContext, sweep_id: str) -> Sweep:
+    from bot.engine.ids import check_job_id
+
+    check_job_id(sweep_id)
+    with ctx.session() as s:
+        row = s.get(Sweep, sweep_id)
+    if row is None:
+        raise EngineError(f"no sweep {sweep_id}")
+    return row
+
+
+def is_sweep_id(value: str) -> bool:
+    return value.startswith(SWEEP_ID_PREFIX)
+
+
+# ---- runs ------------------------------------------------------------------------------------------------
+
+
+def _launch_runs(
+    ctx: EngineContext, policy: Permissions, sweep_id: str, estimates: list[Estimate], *, approver: str
+) -> None:
+    """Create and launch every configuration's job with its first stage's cap."""
+    row = load(ctx, sweep_id)
+    plan = row.plan
+    costs = [RunCost(**c) for c in plan["costs"]]
+    base = EstimateRequest.model_validate(row.request)
+    runs = [dict(r) for r in row.runs]
+    for run, est, cost in zip(runs, estimates, costs, strict=True):
+        cap = round(plan["scale"] * cost.need(0), 6)
+        # The cadence the estimate priced (run_request): its JobSpec gets it from the plan, like every field.
+        req = run_request(base, run["config"], cost.steps[0]).model_copy(update={"max_cost": cap})
+        overrides = plan.get("spec_overrides") or {}
+        try:
+            job = jobs.create(
+                ctx,
+                policy,
+                req,
+                est,
+                user=row.owner,
+                max_cost=cap,
+                channel=row.channel,
+                idempotency_key=f"{sweep_id}:{run['index']}",
+                team=row.team,
+                spec_overrides=overrides,
+                approved_by=approver,
+                sweep_id=sweep_id,
+            )
+        except EngineError as exc:
+            run.update(status="failed", note=f"not launched: {exc}"[:500])
+            continue
+        run.update(job_id=job.job_id, status="running", cap=cap)
+    _save_runs(ctx, sweep_id, runs)
+
+
+def _save_runs(ctx: EngineContext, sweep_id: str, runs: list[dict[str, Any]], **values: Any) -> None:
+    with ctx.session() as s:
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(runs=runs, updated_at=ctx.now(), **values))
+        s.commit()
+
+
+def _raise_cap(ctx: EngineContext, job_id: str, cap: float) -> None:
+    """A promoted run's cap, raised within what the sweep reserved for it (accepted: the sweep was)."""
+    from store.models import Job
+
+    with ctx.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(max_cost=cap, approved_cost=cap))
+        s.commit()
+
+
+def _evals(ctx: EngineContext, job_id: str) -> dict[int, float]:
+    from bot.engine.outcome import series
+
+    return dict(series.job_series(ctx, job_id).eval)
+
+
+def tick(ctx: EngineContext, policy: Permissions) -> int:
+    """Advance every running sweep: a stage decided when its runs are all in, the end when the last run
+    ends, everything stopped near max_cost. Returns how many sweeps changed."""
+    with ctx.session() as s:
+        ids = list(s.execute(select(Sweep.id).where(Sweep.state == RUNNING)).scalars())
+    changed = 0
+    for sweep_id in ids:
+        try:
+            changed += bool(advance(ctx, policy, sweep_id))
+        except Exception:  # noqa: BLE001 - one sweep never stops the others; the next tick tries again
+            log.exception("advancing sweep %s failed", sweep_id)
+    return changed
+
+
+def advance(ctx: EngineContext, policy: Permissions, sweep_id: str) -> bool:
+    row = load(ctx, sweep_id)
+    if row.state != RUNNING:
+        return False
+    plan, runs = row.plan, [dict(r) for r in row.runs]
+    costs = [RunCost(**c) for c in plan["costs"]]
+    alive_plan: list[int] = plan["survivors"]
+    stage = row.stage
+    last = len(alive_plan) - 1
+    views = {r["job_id"]: jobs.view(ctx, r["job_id"]) for r in runs if r.get("job_id")}
+    spend = sum(v.spend for v in views.values())
+    if spend >= GUARD * row.max_cost:
+        _end(
+            ctx,
+            row,
+            STOPPED,
+            f"Sweep {sweep_id} stopped: it has spent {money(spend)} of {money(row.max_cost)}.",
+            reason="budget",
+        )
+        return True
+    live = [r for r in runs if r["status"] == "running"]
+    if not live:
+        _end(ctx, row, FAILED, f"Sweep {sweep_id} failed: no run is left ({_notes(runs)}).", reason="failed")
+        return True
+    if stage >= last:
+        return _finish_if_done(ctx, row, runs, views)
+    scores: dict[int, float | None] = {}
+    for r in live:
+        i = r["index"]
+        rung = costs[i].steps[stage]
+        job = views[r["job_id"]]
+        evals = _evals(ctx, r["job_id"])
+        if rung in evals:
+            r["evals"] = {**r.get("evals", {}), str(rung): evals[rung]}
+            scores[i] = evals[rung]
+        elif job.state in FINAL:
+            scores[i] = None
+            r.update(status="failed", note=f"ended ({job.state}) before step {rung}")
+        else:
+            return _save_if_changed(ctx, row, runs)  # still training towards this stage's step
+    order = [i for i in ranked(scores) if scores[i] is not None]
+    keep = order[: alive_plan[stage + 1]]
+    lost = [i for i in order if i not in keep]
+    if not keep:
+        _save_runs(ctx, sweep_id, runs)
+        _end(
+            ctx,
+            load(ctx, sweep_id),
+            FAILED,
+            f"Sweep {sweep_id} failed: no run reached stage {stage + 1}.",
+            reason="failed",
+        )
+        return True
+    by_index = {r["index"]: r for r in runs}
+    for i in lost:
+        by_index[i].update(status="lost", note=f"stopped after stage {stage + 1}")
+    for i in keep:
+        by_index[i]["cap"] = round(plan["scale"] * costs[i].need(stage + 1), 6)
+    with ctx.session() as s:
+        res = s.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id, Sweep.stage == stage, Sweep.state == RUNNING)
+            .values(stage=stage + 1, runs=runs, updated_at=ctx.now())
+        )
+        s.commit()
+    if res.rowcount != 1:
+        return False  # another process decided this stage
+    for i in lost:
+        job_id = by_index[i]["job_id"]
+        if views[job_id].state not in FINAL:
+            jobs.request_stop(ctx, job_id, reason="sweep", actor="sweep")
+    for i in keep:
+        _promote(ctx, policy, row, by_index[i], views[by_index[i]["job_id"]])
+
+    def line(i: int) -> str:
+        r = by_index[i]
+        return f"{r['job_id']} {settings_text(r['config'])} ({scores[i]:.4f})"
+
+    step = ", ".join(sorted({str(costs[i].steps[stage]) for i in scores}))
+    _publish(
+        ctx,
+        load(ctx, sweep_id),
+        EngineEventKind.sweep_stage,
+        f"Sweep {sweep_id}, stage {stage + 1} of {last + 1} (eval loss at step {step}): kept "
+        + "; ".join(line(i) for i in keep)
+        + (". Stopped " + "; ".join(line(i) for i in lost) if lost else "")
+        + f". Spent {money(spend)} of {money(row.max_cost)}.",
+        stage=stage + 1,
+        kept=[by_index[i]["job_id"] for i in keep],
+        stopped=[by_index[i]["job_id"] for i in lost],
+    )
+    return True
+
+
+def _promote(ctx: EngineContext, policy: Permissions, row: Sweep, run: dict[str, Any], job: Any) -> None:
+    """A run that goes on: its cap raised; resumed from its checkpoint if its cap had stopped it meanwhile."""
+    _raise_cap(ctx, run["job_id"], run["cap"])
+    if job.state in FINAL and job.state != JobState.SUCCEEDED:
+        from bot.engine.control import resume as resume_mod
+
+        try:
+            resume_mod.resume(
+                ctx, policy, run["job_id"], user=row.owner, max_cost=run["cap"], channel=row.channel
+            )
+        except EngineError as exc:
+            log.warning("sweep %s: promoted run %s not resumed: %s", row.id, run["job_id"], exc)
+
+
+def _finish_if_done(
+    ctx: EngineContext, row: Sweep, runs: list[dict[str, Any]], views: dict[str, Any]
+) -> bool:
+    live = [r for r in runs if r["status"] == "running"]
+    ended = [r for r in live if views[r["job_id"]].state in FINAL]
+    if len(ended) < len(live):
+        return False
+    good = [
+        r
+        for r in ended
+        if views[r["job_id"]].state == JobState.SUCCEEDED or views[r["job_id"]].stop_reason == "plateau"
+    ]
+    if not good:
+        for r in ended:
+            r.update(status="failed", note=f"ended {views[r['job_id']].state}")
+        _save_runs(ctx, row.id, runs)
+        _end(
+            ctx,
+            load(ctx, row.id),
+            FAILED,
+            f"Sweep {row.id} failed: its last run did not finish ({_notes(runs)}).",
+            reason="failed",
+        )
+        return True
+
+    def score(r: dict[str, Any]) -> float:
+        res = views[r["job_id"]].results
+        return res.eval_after if res is not None and res.eval_after is not None else math.inf
+
+    best = min(good, key=score)
+    for r in ended:
+        r["status"] = "won" if r is best else "lost"
+    winner = views[best["job_id"]]
+    res = winner.results
+    spend = sum(v.spend for v in views.values())
+    bought = ""
+    if res is not None and res.eval_before is not None and res.eval_after is not None:
+        change = (res.eval_after / res.eval_before - 1.0) * 100 if res.eval_before > 0 else 0.0
+        bought = f": eval loss {res.eval_before:.4f} -> {res.eval_after:.4f} ({change:+.0f}%)"
+    with ctx.session() as s:
+        res_ = s.execute(
+            update(Sweep)
+            .where(Sweep.id == row.id, Sweep.state == RUNNING)
+            .values(state=DONE, runs=runs, winner=winner.job_id, finished_at=ctx.now(), updated_at=ctx.now())
+        )
+        s.commit()
+    if res_.rowcount != 1:
+        return False
+    out = f" Adapter: {winner.output_uri}." if winner.output_uri else ""
+    message = (
+        f"Sweep {row.id} done. Winner: job {winner.job_id} ({settings_text(best['config'])}){bought}.{out} "
+        f"Spent {money(spend)} of max {money(row.max_cost)} on {len(runs)} runs."
+    )
+    with ctx.session() as s:
+        s.execute(update(Sweep).where(Sweep.id == row.id).values(message=message[:2000]))
+        s.commit()
+    _publish(ctx, load(ctx, row.id), EngineEventKind.sweep_done, message, state=DONE, winner=winner.job_id)
+    return True
+
+
+def _notes(runs: list[dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{r.get('job_id') or '#' + str(r['index'])}: {r.get('note') or r['status']}" for r in runs
+    )
+
+
+def _save_if_changed(ctx: EngineContext, row: Sweep, runs: list[dict[str, Any]]) -> bool:
+    if runs != row.runs:
+        _save_runs(ctx, row.id, runs)
+    return False
+
+
+def _end(ctx: EngineContext, row: Sweep, state: str, message: str, *, reason: str) -> None:
+    """The sweep ends in ``state``: every run still going is stopped (a checkpoint first)."""
+    runs = [dict(r) for r in row.runs]
+    with ctx.session() as s:
+        res = s.execute(
+            update(Sweep)
+            .where(Sweep.id == row.id, Sweep.state.in_([RUNNING, PENDING]))
+            .values(state=state, message=message[:2000], finished_at=ctx.now(), updated_at=ctx.now())
+        )
+        s.commit()
+    if res.rowcount != 1:
+        return
+    for r in runs:
+        if r.get("job_id") and r["status"] == "running":
+            job = jobs.view(ctx, r["job_id"])
+            if job.state not in FINAL:
+                jobs.request_stop(ctx, r["job_id"], reason="sweep", actor="sweep")
+            r.update(status="stopped", note=f"sweep {state}")
+    _save_runs(ctx, row.id, runs)
+    _publish(ctx, load(ctx, row.id), EngineEventKind.sweep_done, message, state=state, reason=reason)
+
+
+def _publish(ctx: EngineContext, row: Sweep, kind: EngineEventKind, message: str, **data: Any) -> None:
+    ctx.bus.publish(
+        EngineEvent(
+            kind=kind,
+            user=row.owner,
+            channel=row.channel,
+            thread_ts=row.thread_ts,
+            message=message,
+            data={"sweep_id": row.id, **data},
+            at=ctx.now(),
+        )
+    )
+
+
+# ---- views -----------------------------------------------------------------------------------------------
+
+
+def view(ctx: EngineContext, sweep_id: str) -> SweepView:
+    row = load(ctx, sweep_id)
+    runs: list[SweepRunView] = []
+    spend = reserved = 0.0
+    for r in row.runs:
+        job = jobs.view(ctx, r["job_id"]) if r.get("job_id") else None
+        if job is not None:
+            spend += job.spend
+            reserved += job.spend if job.state in FINAL else max(job.spend, float(r.get("cap") or 0.0))
+        runs.append(
+            SweepRunView(
+                index=r["index"],
+                settings=_settings(r["config"]),
+                job=job.model_copy(update={"losses": []}) if job is not None else None,
+                status=r["status"],
+                stage_evals={int(k): float(v) for k, v in (r.get("evals") or {}).items()},
+                cap=float(r.get("cap") or 0.0),
+                note=r.get("note"),
+            )
+        )
+    return SweepView(
+        sweep_id=row.id,
+        owner=row.owner,
+        state=row.state,
+        model=str((row.request or {}).get("model", "")),
+        stage=row.stage,
+        survivors=list(row.plan.get("survivors") or []),
+        max_cost=row.max_cost,
+        estimated_cost=row.estimated_cost,
+        spend=round(spend, 6),
+        reserved=round(reserved, 6),
+        runs=runs,
+        winner=row.winner,
+        message=row.message,
+        channel=row.channel,
+        thread_ts=row.thread_ts,
+        created_at=ts(row.created_at),
+        updated_at=ts(row.updated_at),
+    )
+
+
+def set_thread(ctx: EngineContext, sweep_id: str, *, channel: str, thread_ts: str) -> None:
+    with ctx.session() as s:
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(channel=channel, thread_ts=thread_ts))
+        s.commit()

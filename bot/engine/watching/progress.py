@@ -1,0 +1,313 @@
+"""Pull: reading the progress object each runner writes beside its checkpoints (``progress.json``).
+
+A bot in Socket Mode has no public URL, so it reads every event the runner wrote with fsspec. Each read
+is remembered as a window (digest, first and last seq, newest timestamp, stored in
+``jobs.progress_window``): an unchanged object is not parsed again, a grown one only from its tail. What
+is new goes to bot/engine/watching/runner_events.py like a pushed event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from bot.engine.launching import integrity
+from bot.engine.watching.runner_events import ingest, ingest_many, valid_events
+from runner.contract.integrity import EVENT, verify
+from runner.contract.spec import (
+    RunnerEvent,
+    parse_progress,
+    progress_uri,
+)
+from store.db import update_each
+from store.models import Job
+
+if TYPE_CHECKING:
+    from bot.engine.context import EngineContext
+
+try:  # a first read parses every object whole: orjson does it in a quarter of json's time
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency; plain json still works
+    _loads = json.loads
+
+log = logging.getLogger(__name__)
+
+
+def read_progress(uri: str) -> list[RunnerEvent]:
+    """Read the runner's progress object (missing or half-written = nothing new this time)."""
+    raw = read_raw(uri)
+    if raw is None:
+        return []
+    try:
+        return parse_progress(raw)
+    except ValueError:
+        return []
+
+
+def read_raw(uri: str) -> bytes | None:
+    """The progress object's bytes, or None when it is not there (yet). A plain path is read without
+    fsspec: a tick reads one object per running job, and fsspec's per-call overhead is most of it."""
+    limit = integrity.MAX_PROGRESS_BYTES + 1  # a larger object is not the runner's: not read further
+    if "://" not in uri or uri.startswith("file://"):
+        try:
+            with open(uri.removeprefix("file://"), "rb") as fh:
+                return fh.read(limit)
+        except OSError:
+            return None
+    import fsspec
+
+    try:
+        with fsspec.open(uri, "rb") as fh:
+            return fh.read(limit)
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def pull(eng: EngineContext, job: Job) -> int:
+    """Ingest what the job's current run wrote to its progress object; an object this process has already
+    ingested byte for byte is not parsed or looked up again (at 10,000 running jobs most are unchanged)."""
+    uri = job.checkpoint_uri
+    if not uri:
+        return 0
+    return pull_raw(eng, job.id, read_raw(progress_uri(uri)), run_id=job.run_id)
+
+
+def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None, *, run_id: str | None = None) -> int:
+    """Ingest one progress object's bytes (already-ingested objects and events are skipped); only what the
+    key of the job's current run (``run_id``, else read from the database) signed counts."""
+    current = integrity.current_key(eng, job_id, run_id)
+    if current is None:
+        return 0  # no current run: nothing is accepted from anyone
+    refused: Counter[str] = Counter()
+    parsed = _new_events(eng, job_id, raw, refused=refused, key=current[1])
+    integrity.report_refused(eng, job_id, refused)
+    if parsed is None:
+        return 0
+    items, window = parsed
+    events = valid_events(job_id, items)
+    new = ingest(eng, job_id, events, run_id=current[0]) if events else 0
+    eng.memory.progress_seen[job_id] = window
+    return new
+
+
+Window = tuple[str, int, int, float]  # (digest, first seq, last seq, newest runner timestamp) of a read
+
+
+def window_text(window: Window) -> str:
+    """The window as stored in ``jobs.progress_window``."""
+    return f"{window[0]} {window[1]} {window[2]} {window[3]!r}"
+
+
+def parse_window(text: str | None) -> Window | None:
+    try:
+        digest, first, last, newest = (text or "").split(" ")
+        return digest, int(first), int(last), float(newest)
+    except ValueError:
+        return None  # none stored, or not ours: the object is read whole and checked
+
+
+def _new_events(
+    eng: EngineContext,
+    job_id: str,
+    raw: bytes | None,
+    stored: str | None = None,
+    *,
+    refused: Counter[str] | None = None,
+    key: bytes,
+) -> tuple[list[dict[str, Any]], Window] | None:
+    """The event objects of a progress object that have not been stored yet as far as the last read
+    knows, and the object's window to remember once they are stored. None: nothing to do (no object,
+    the same bytes as last time, or half-written). The items are not validated here: most of a first
+    read repeats stored events, and ``ingest_many`` validates only the ones it will store.
+
+    The last read is this process's, else the one recorded in ``jobs.progress_window`` (``stored``)
+    by whichever process stored it. The runner keeps its last 200 events in the object; an event
+    whose seq lies inside the last read's window and is not newer than that read's newest event was
+    in that read, which was stored: skipped here. A resumed run renumbering from its checkpoint
+    writes *newer* events under known seqs; those pass and are checked against the stored ones.
+
+    Only items the key of the job's current run (``key``) signed count, for the window too
+    (bot/engine/launching/integrity.py): a forged item with a huge seq or a future timestamp would otherwise
+    hide the job's real events; the others are counted in ``refused``."""
+    if raw is None:
+        return None
+    refused = Counter() if refused is None else refused
+    if len(raw) > integrity.MAX_PROGRESS_BYTES:
+        refused["object_too_large"] += 1
+        return None
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    seen = eng.memory.progress_seen.get(job_id) or parse_window(stored)
+    if seen is not None and seen[0] == digest:
+        eng.memory.progress_seen[job_id] = seen
+        return None
+    items = _tail(raw, seen, key) if seen is not None else None
+    whole = items is None
+    if items is None:
+        try:
+            obj = _loads(raw)
+            items = obj["events"]
+            if not isinstance(items, list):
+                raise TypeError
+        except (ValueError, TypeError, KeyError):
+            return None
+    signed: list[dict[str, Any]] = []
+    for item in items:  # each item's MAC checked once, here
+        if not isinstance(item, dict):
+            continue
+        why = integrity.refusal(key, item)
+        if why:
+            refused[why] += 1
+        elif _plain(item):
+            signed.append(item)  # (signed, but not the runner's plain shape: nothing a runner writes)
+    if whole:
+        first, last = min((i["seq"] for i in signed), default=0), -1
+    else:  # the object slid forward from the previous read: its older events were in that read
+        first, last = seen[1], seen[2]  # type: ignore[index]
+    newest = seen[3] if seen is not None else 0.0
+    out: list[dict[str, Any]] = []
+    for item in signed:
+        seq, ts = item["seq"], item["timestamp"]
+        last, newest = max(last, seq), max(newest, float(ts))
+        if seen is not None and seen[1] <= seq <= seen[2] and ts <= seen[3]:
+            continue  # in the previous read, which was stored
+        out.append(item)
+    if last < 0 and seen is not None:
+        last = seen[2]
+    out.sort(key=lambda i: i["seq"])
+    return out, (digest, first, last, newest)
+
+
+def _plain(item: dict[str, Any]) -> bool:
+    seq, ts = item.get("seq"), item.get("timestamp")
+    return isinstance(seq, int) and not isinstance(seq, bool) and isinstance(ts, int | float) and seq >= 0
+
+
+_EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
+
+
+def _tail(raw: bytes, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
+    """The events after the last one the previous read had, parsed from the end of the object without
+    decoding the rest (a long run's object holds 200 events, ~70 KB; usually one or two are new).
+    None when the object does not look as expected: the caller parses all of it."""
+    text = raw.decode("utf-8", errors="replace")
+    if not text.rstrip().endswith("]}"):
+        return None
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    end = text.rstrip()[:-2].rstrip()
+    limit = len(end)
+    pos = text.rfind(_EVENT_START, 0, limit)
+    while pos != -1 and len(out) <= 50:
+        try:
+            item, stop = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or text[stop:limit].strip(" ,\n") != "":
+            return None  # not contiguous with the event after it: not the shape expected
+        seq, ts = item.get("seq"), item.get("timestamp")
+        if (
+            isinstance(seq, int)
+            and isinstance(ts, int | float)
+            and seen[1] <= seq <= seen[2]
+            and ts <= seen[3]
+            and verify(key, EVENT, item)  # only the job's own event marks where the last read ended
+        ):
+            out.reverse()
+            return out  # this one and everything before it were in the previous read
+        out.append(item)
+        limit = pos
+        pos = text.rfind(_EVENT_START, 0, limit)
+    return None
+
+
+def _stat(uri: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(uri.removeprefix("file://"))
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
+    """Pull every job's progress object (remote objects fetched concurrently) and store what is new in
+    one transaction; returns the ids of the jobs that got new events. Each stored read's window goes
+    to ``jobs.progress_window`` too, so that a restarted bot starts where this one stopped."""
+    uris = {j.id: progress_uri(j.checkpoint_uri) for j in jobs if j.checkpoint_uri}
+    stored_windows = {j.id: getattr(j, "progress_window", None) for j in jobs}
+    run_ids = {j.id: getattr(j, "run_id", None) for j in jobs}  # read with the rows: no query per job
+    remote = [jid for jid, u in uris.items() if "://" in u and not u.startswith("file://")]
+    raws: dict[str, bytes | None] = {}
+    if len(remote) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+            raws.update(zip(remote, pool.map(read_raw, [uris[j] for j in remote]), strict=True))
+    batch: dict[str, list[dict[str, Any]]] = {}
+    windows: dict[str, Window] = {}
+    verified_by: dict[str, str] = {}
+    stats = eng.memory.progress_stat
+    now = time.monotonic()
+    integrity.load_run_keys(eng, {jid: run_ids.get(jid) for jid in uris})  # one query, not one per job
+    for jid, uri in uris.items():
+        if jid not in raws:  # a file on this machine: unchanged (same size and mtime) is not read again,
+            stamp = _stat(uri)  # though at least once a minute in case two writes shared an mtime
+            known = stats.get(jid)
+            if stamp is not None and known is not None and known[:2] == stamp and now - known[2] < 60:
+                continue
+        raw = raws[jid] if jid in raws else read_raw(uri)
+        current = integrity.current_key(eng, jid, run_ids.get(jid))
+        if current is None:
+            continue  # no current run (it just ended): nothing is accepted from anyone
+        verified_by[jid] = current[0]
+        refused: Counter[str] = Counter()
+        parsed = _new_events(eng, jid, raw, stored_windows.get(jid), refused=refused, key=current[1])
+        integrity.report_refused(eng, jid, refused)
+        if parsed is not None:
+            batch[jid], windows[jid] = parsed
+        if jid not in raws and stamp is not None:
+            stats[jid] = (*stamp, now)
+    texts = {jid: window_text(w) for jid, w in windows.items()}
+    try:
+        changed, written = ingest_many(eng, {k: v for k, v in batch.items() if v}, texts, verified_by)
+    except Exception:  # noqa: BLE001 - the batch failed as a whole: store job by job (exact, slower)
+        log.exception("storing runner events in one batch failed; storing them job by job")
+        changed, written = set(), set()
+        for jid, items in batch.items():
+            try:
+                events = valid_events(jid, items)
+                if events and ingest(eng, jid, events, run_id=verified_by.get(jid)):
+                    changed.add(jid)
+            except Exception:  # noqa: BLE001 - one unreadable job never stops the others
+                log.exception("job %s: storing runner events failed", jid)
+                windows.pop(jid, None)
+                stats.pop(jid, None)
+    eng.memory.progress_seen.update(windows)
+    unrecorded = {j: texts[j] for j in windows if j not in written and texts[j] != stored_windows.get(j)}
+    _store_windows(eng, unrecorded)
+    return changed
+
+
+def forget_all_but(eng: EngineContext, running: set[str]) -> None:
+    """Drop what this process remembers of the progress objects of jobs no longer running (a
+    long-lived bot would otherwise keep an entry for every job it ever followed)."""
+    mem = eng.memory
+    for table in (mem.progress_seen, mem.progress_stat):
+        for jid in table.keys() - running:
+            del table[jid]
+
+
+def _store_windows(eng: EngineContext, texts: dict[str, str]) -> None:
+    """Record reads whose events are all stored (nothing new in them, or stored job by job)."""
+    if not texts:
+        return
+    try:
+        with eng.session() as s:
+            update_each(s, Job, [{"id": jid, "progress_window": w} for jid, w in sorted(texts.items())])
+            s.commit()
+    except Exception as exc:  # noqa: BLE001 - only a restart's shortcut is lost: it re-reads these objects
+        log.warning("recording %d progress windows failed: %s", len(texts), exc)

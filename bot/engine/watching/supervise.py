@@ -1,0 +1,514 @@
+"""Supervision: what to do with each active job, decided from facts and then applied.
+
+``decide(job, observation, now, limits)`` is pure: a job's facts (its row's few columns), what the
+provider and the runner said (an ``Observation``), the time and the limits in, one ``Action`` out.
+It is tested as a table (tests/engine/test_decide.py). ``apply(ctx, job, action)`` does the action
+through the step modules (launch, finish, recovery, jobs). ``tick(ctx)`` gathers the facts for all
+active jobs at once: one query for the jobs, one for their open instances, one listing per
+provider, one query for the spend of the capped ones, one transaction for the refreshed statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+
+from bot.engine.context import EngineContext
+from bot.engine.control import jobs
+from bot.engine.launching.launch import launch_job, reclaim_stale
+from bot.engine.outcome import finish as finish_mod
+from bot.engine.record import states as S
+from bot.engine.record.spend import jobs_spend
+from bot.engine.record.states import JobState
+from bot.engine.watching import observe, progress, startup
+from bot.engine.watching.recovery import mark_preempted, relaunch
+from runner.contract.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
+from store.models import Instance as InstanceRow
+from store.models import Job
+
+log = logging.getLogger(__name__)
+
+# The runner's own terminal event decides how a job ends (state, reason).
+OUTCOME_STATE = {
+    "finished": (JobState.SUCCEEDED, "finished"),
+    "plateau": (JobState.STOPPED, "plateau"),
+    "failed": (JobState.FAILED, "runner failed"),
+    "budget": (JobState.STOPPED, "budget"),  # the runner stopped itself at the job's spend cap
+}
+ENDED = ("exited", "preempted", "gone")  # verdicts after which the instance no longer trains
+
+
+@dataclass(frozen=True)
+class SupervisionLimits:
+    """The settings a decision reads, in seconds."""
+
+    stop_grace_s: float
+    idle_stop_s: float
+    heartbeat_timeout_s: float
+    cap_horizon_s: float  # the projected spend looks this far ahead (one reconcile period)
+
+    @classmethod
+    def of(cls, ctx: EngineContext) -> SupervisionLimits:
+        st = ctx.settings
+        return cls(
+            stop_grace_s=ctx.limits.stop_grace_s,
+            idle_stop_s=st.idle_stop_minutes * 60,
+            heartbeat_timeout_s=st.heartbeat_timeout_s,
+            cap_horizon_s=st.reconcile_every_s,
+        )
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The columns of a job that supervision reads."""
+
+    id: str
+    state: str
+    outcome: str | None = None
+    message: str | None = None
+    stop_requested_at: float | None = None
+    stop_reason: str | None = None
+    last_event_at: float | None = None
+    started_at: float | None = None
+    max_cost: float | None = None
+    # Seconds a new instance may take to start the runner (bot/engine/launching/preflight.py); None: jobs from
+    # before, twice the heartbeat timeout.
+    start_deadline_s: float | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> JobFacts:
+        return cls(
+            id=job.id,
+            state=job.state,
+            outcome=job.outcome,
+            message=job.message,
+            stop_requested_at=job.stop_requested_at,
+            stop_reason=job.stop_reason,
+            last_event_at=job.last_event_at,
+            started_at=job.started_at,
+            max_cost=job.max_cost,
+            start_deadline_s=job.start_deadline_s,
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the provider said of the job's newest open instance, and what the job has spent.
+
+    ``verdict``: running | provisioning | unknown | preempted | exited | gone | error ("error": the
+    provider could not be asked; "gone" also when the job has no open instance).
+    """
+
+    verdict: str = "gone"
+    exit_code: int | None = None
+    launched_at: float | None = None  # of the newest open instance; None = no instance
+    spent: float = 0.0
+    burn_per_hour: float = 0.0  # all open instances together
+
+
+class Do(StrEnum):
+    nothing = "nothing"
+    launch = "launch"  # approved: claim and launch
+    relaunch = "relaunch"  # recovering: close what is left, claim, launch on the next best offer
+    take_over = "take_over"  # launching: take over a launch whose process died
+    finish = "finish"  # end the job in ``final`` with ``reason`` (terminates first)
+    preempt = "preempt"  # running -> recovering (``reason``), end the instance (``gone``), relaunch
+    stop = "stop"  # ask for a graceful stop (``reason``: budget)
+    stop_now = "stop_now"  # ask for the stop and end the job at once (``reason``: idle)
+    grow = "grow"  # out of GPU memory at every back-off level: a bigger GPU within the cap, or ask (grow.py)
+    start_failed = "start_failed"  # the instance never started the runner: one retry elsewhere, then failed
+
+
+@dataclass(frozen=True)
+class Action:
+    do: Do = Do.nothing
+    final: JobState | None = None
+    reason: str | None = None
+    message: str | None = None
+    gone: bool = False
+    exit_code: int | None = None  # an exited runner's code (apply adds the runner's last words)
+
+
+NOTHING = Action()
+
+
+def decide(job: JobFacts, obs: Observation | None, now: float, limits: SupervisionLimits) -> Action:
+    """The one place that says what happens to an active job next. Pure: no I/O, no clock."""
+    if job.state != JobState.RUNNING:
+        return _decide_not_running(job)
+    said = _runner_outcome(job)
+    if said is not None:
+        return said
+    obs = obs or Observation()
+    # Each rule in turn: None passes the job to the next one; an Action (NOTHING included) is the decision.
+    return (
+        _instance_ended(job, obs)
+        or _stop_requested(job, obs, now, limits)
+        or _provider_unanswered(obs)
+        or _instance_silent(job, obs, now, limits)
+        or _spend_reaches_cap(job, obs, limits)
+        or NOTHING
+    )
+
+
+def _decide_not_running(job: JobFacts) -> Action:
+    """Approved, recovering or launching: the step that moves it on; any other state waits."""
+    if job.state == JobState.APPROVED:
+        return Action(Do.launch)
+    if job.state == JobState.RECOVERING:
+        if job.stop_requested_at is not None:
+            return Action(Do.finish, JobState.STOPPED, job.stop_reason)
+        return Action(Do.relaunch)
+    if job.state == JobState.LAUNCHING:
+        return Action(Do.take_over)
+    return NOTHING
+
+
+def _runner_outcome(job: JobFacts) -> Action | None:
+    """The runner's own terminal event decides: out of memory grows the job (unless a stop was asked
+    for), any other outcome ends it; None while the runner has said nothing final."""
+    if job.outcome == EventKind.out_of_memory.value and job.stop_requested_at is None:
+        return Action(Do.grow, reason="out of memory", message=job.message)
+    if job.outcome in OUTCOME_STATE:  # a failure carries its own words
+        final, reason = OUTCOME_STATE[job.outcome]
+        return Action(Do.finish, final, reason, job.message if final == JobState.FAILED else None)
+    return None
+
+
+def _instance_ended(job: JobFacts, obs: Observation) -> Action | None:
+    """The instance no longer trains: the stop we asked for, the runner's exit code, or a lost host."""
+    v = obs.verdict
+    if v in ENDED and job.stop_requested_at is not None:
+        return Action(Do.finish, JobState.STOPPED, job.stop_reason)  # the stop we asked for
+    if v == "exited":
+        return _exit_action(obs.exit_code)
+    if v in ("preempted", "gone"):
+        return Action(Do.preempt, reason=f"instance {v}", gone=v == "gone")
+    return None
+
+
+def _exit_action(code: int | None) -> Action:
+    """What an exited runner's code says, before (or without) its last event being read."""
+    if code == EXIT_OUT_OF_MEMORY:  # the exit code alone (its event may not have been read yet)
+        return Action(Do.grow, reason="out of memory")
+    if code == 0:
+        return Action(Do.finish, JobState.SUCCEEDED, "finished")
+    if code == EXIT_INSTALL:  # runner/bootstrap.py: the runner could not be installed on this host
+        return Action(
+            Do.start_failed,
+            reason="the runner could not be installed on the host (exit 78: fetching the staged wheel, "
+            "its SHA-256 check or pip install failed; the host's log says which)",
+        )
+    if code == EXIT_BUDGET:  # the runner stopped itself at the cap (its event may not be read yet)
+        return Action(Do.finish, JobState.STOPPED, "budget")
+    return Action(Do.finish, JobState.FAILED, f"runner exited with code {code}", exit_code=code)
+
+
+def _stop_requested(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
+    """A stop was asked for and the instance still runs: end the job past the grace period, or when the
+    instance was launched after the stop was asked for (nothing to save); else wait (NOTHING)."""
+    if job.stop_requested_at is None:
+        return None
+    launched_after = obs.launched_at is not None and obs.launched_at >= job.stop_requested_at
+    if launched_after or now - job.stop_requested_at > limits.stop_grace_s:
+        return Action(Do.finish, JobState.STOPPED, job.stop_reason)
+    return NOTHING
+
+
+def _provider_unanswered(obs: Observation) -> Action | None:
+    """No instance, or the provider could not be asked: nothing is decided on a failed provider call."""
+    return NOTHING if obs.launched_at is None or obs.verdict == "error" else None
+
+
+def _instance_silent(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
+    """Too long without a word: a runner that never started, an idle or silent one, a host never up."""
+    assert obs.launched_at is not None
+    heard = max(job.last_event_at or 0.0, obs.launched_at)
+    starting = job.last_event_at is None or job.last_event_at < obs.launched_at  # not a word from this host
+    if starting and job.start_deadline_s is not None:
+        # The image pull and the model download take what they take (a 70B model: over an hour): neither the
+        # heartbeat nor the idle rule applies before the runner's first event, the start deadline does.
+        if now - obs.launched_at > job.start_deadline_s:
+            minutes = job.start_deadline_s / 60
+            return Action(Do.start_failed, reason=f"the runner did not start within {minutes:.0f} min")
+    elif obs.verdict == "running":
+        last_activity = job.last_event_at or job.started_at or obs.launched_at
+        if now - last_activity > limits.idle_stop_s:
+            return Action(Do.stop_now, reason="idle")
+        if now - heard > limits.heartbeat_timeout_s:
+            return Action(Do.preempt, reason=f"no heartbeat for {limits.heartbeat_timeout_s:.0f} s")
+    elif now - heard > 2 * limits.heartbeat_timeout_s:  # provisioning | unknown: never came up
+        return Action(Do.preempt, reason=f"instance stuck in {obs.verdict}")
+    return None
+
+
+def _spend_reaches_cap(job: JobFacts, obs: Observation, limits: SupervisionLimits) -> Action | None:
+    """Stop before the projected spend (one reconcile period ahead) passes the job's cap."""
+    if job.max_cost:
+        projected = obs.spent + obs.burn_per_hour * limits.cap_horizon_s / 3600.0
+        if projected >= job.max_cost:
+            return Action(Do.stop, reason="budget")
+    return None
+
+
+def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | None = None) -> None:
+    """Carry out a decision (each step is itself guarded by a conditional transition)."""
+    if action.do is Do.nothing:
+        return
+    if action.do is Do.launch:
+        jobs.launch(ctx, job.id, user="engine")
+    elif action.do is Do.relaunch:
+        relaunch(ctx, job.id)
+    elif action.do is Do.take_over:
+        claim_id = reclaim_stale(ctx, job.id, actor="engine", force=False)
+        if claim_id:
+            launch_job(ctx, job.id, claim_id)
+    elif action.do is Do.finish:
+        assert action.final is not None
+        message = action.message
+        if action.exit_code is not None:
+            said = _exit_message(ctx, row)
+            message = f"the runner exited with code {action.exit_code}" + (f": {said}" if said else "")
+        finish_mod.finish(ctx, job.id, action.final, reason=action.reason, message=message)
+    elif action.do is Do.preempt:
+        if mark_preempted(ctx, job.id, row, why=action.reason or "preempted", gone=action.gone):
+            relaunch(ctx, job.id)
+    elif action.do is Do.stop:
+        log.info("job %s: projected spend reaches its cap; stopping", job.id)
+        jobs.request_stop(ctx, job.id, reason=action.reason or "budget", actor="engine")
+    elif action.do is Do.grow:
+        from bot.engine.watching.grow import grow
+
+        grow(ctx, job.id, said=action.message)
+    elif action.do is Do.stop_now:
+        jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine")
+        finish_mod.finish(ctx, job.id, JobState.STOPPED, reason=action.reason)
+    elif action.do is Do.start_failed:
+        startup.start_failed(ctx, job.id, row, why=action.reason or "the runner did not start")
+
+
+def _exit_message(ctx: EngineContext, row: InstanceRow | None) -> str | None:
+    """The runner's own last words, where the provider can read them (the local provider's log)."""
+    provider = ctx.supervisable.get(row.provider) if row is not None else None
+    read = getattr(provider, "exit_message", None)
+    if row is None or not callable(read):
+        return None
+    try:
+        return read(row.provider_instance_id)
+    except Exception:  # noqa: BLE001 - a missing log never blocks the finish
+        return None
+
+
+_FACT_COLUMNS = (
+    Job.id,
+    Job.state,
+    Job.outcome,
+    Job.message,
+    Job.stop_requested_at,
+    Job.stop_reason,
+    Job.last_event_at,
+    Job.started_at,
+    Job.max_cost,
+    Job.start_deadline_s,
+    Job.checkpoint_uri,
+    Job.progress_window,
+    Job.run_id,
+)
+
+
+def _load_jobs(ctx: EngineContext, where: Iterable) -> list[Any]:  # type: ignore[type-arg]
+    """Jobs as plain rows of the columns supervision reads: no ORM objects, no JSON decoded (at 10,000
+    running jobs, building ORM objects was the largest part of a tick)."""
+    with ctx.session() as s:
+        return list(s.execute(select(*_FACT_COLUMNS).where(*where)).all())
+
+
+def _chunks(ids: list[str], n: int = 1000) -> Iterable[list[str]]:
+    for k in range(0, len(ids), n):
+        yield ids[k : k + n]
+
+
+def tick(ctx: EngineContext) -> int:
+    """One pass over the active jobs; returns how many there were."""
+    limits = SupervisionLimits.of(ctx)
+    active = _load_jobs(ctx, [Job.state.in_(sorted(S.ACTIVE))])
+    running = [j for j in active if j.state == JobState.RUNNING]
+    for job in active:
+        if job.state == JobState.RUNNING:
+            continue
+        _safely(ctx, JobFacts.of(job), None, limits)
+    if running:
+        _supervise_running(ctx, running, limits)
+    progress.forget_all_but(ctx, {j.id for j in running})
+    return len(active)
+
+
+def _supervise_running(ctx: EngineContext, running: list[Any], limits: SupervisionLimits) -> None:
+    changed = progress.pull_many(ctx, running)
+    facts = {j.id: JobFacts.of(j) for j in running}
+    if changed:
+        for fresh in _refresh(ctx, sorted(changed)):
+            facts[fresh.id] = fresh
+    rows = _open_rows(ctx, list(facts))
+    newest: dict[str, Any] = {}
+    for job_id, job_rows in rows.items():
+        for extra in job_rows[:-1]:  # a job never keeps two instances: the newest one stays
+            finish_mod.terminate_instance(ctx, _model(ctx, extra), reason="duplicate")
+        newest[job_id] = job_rows[-1]
+    to_ask = [r for jid, r in newest.items() if facts[jid].outcome not in OUTCOME_STATE]
+    verdicts = observe.observe_many(ctx, to_ask) if to_ask else {}
+    ended = [jid for jid, r in newest.items() if verdicts.get(r.id, ("", None))[0] in ENDED]
+    ended += [jid for jid in facts if jid not in newest]
+    if ended:  # the last events may have landed just before the exit
+        ended_ids = set(ended)
+        again = [j for j in running if j.id in ended_ids]
+        if progress.pull_many(ctx, again):
+            for fresh in _refresh(ctx, [j.id for j in again]):
+                facts[fresh.id] = fresh
+    capped = [jid for jid, f in facts.items() if f.max_cost]
+    spent = _spent(ctx, capped, rows) if capped else {}
+    for job_id, f in facts.items():
+        row = newest.get(job_id)
+        v, code = verdicts.get(row.id, ("error", None)) if row is not None else ("gone", None)  # type: ignore[arg-type]
+        obs = Observation(
+            verdict=v,
+            exit_code=code,
+            launched_at=row.launched_at if row is not None else None,
+            spent=spent.get(job_id, 0.0),
+            burn_per_hour=sum(r.price_per_hour for r in rows.get(job_id, [])),
+        )
+        _safely(ctx, f, obs, limits, row)
+
+
+def _safely(
+    ctx: EngineContext,
+    job: JobFacts,
+    obs: Observation | None,
+    limits: SupervisionLimits,
+    row: Any = None,
+) -> None:
+    try:
+        action = decide(job, obs, ctx.now(), limits)
+        if action.do is not Do.nothing:
+            apply(ctx, job, action, _model(ctx, row) if row is not None else None)
+    except Exception:  # noqa: BLE001 - one broken job never stops the others
+        log.exception("supervising job %s failed", job.id)
+
+
+def _model(ctx: EngineContext, row: Any) -> InstanceRow:
+    """An instance row as the model the step modules take (they mark it ended): read whole, only for
+    the few rows an action touches."""
+    if isinstance(row, InstanceRow):
+        return row
+    with ctx.session() as s:
+        return s.get(InstanceRow, row.id) or InstanceRow(**dict(row._mapping))
+
+
+_ROW_COLUMNS = (
+    "id",
+    "provider",
+    "provider_instance_id",
+    "job_id",
+    "price_per_hour",
+    "launched_at",
+    "ended_at",
+    "status",
+    "raw_status",
+    "exit_code",
+    "last_seen_at",
+)
+
+
+def _refresh(ctx: EngineContext, ids: list[str]) -> list[JobFacts]:
+    out: list[JobFacts] = []
+    for chunk in _chunks(ids):
+        out.extend(JobFacts.of(j) for j in _load_jobs(ctx, [Job.id.in_(chunk)]))
+    return out
+
+
+def _open_rows(ctx: EngineContext, job_ids: list[str]) -> dict[str, list[Any]]:
+    """Open instance rows of these jobs (plain rows), oldest first per job. For many jobs, one scan of
+    the open rows (their index) filtered here beats thousands of IN-list parameters."""
+    out: dict[str, list[Any]] = {}
+    t = InstanceRow.__table__  # type: ignore[attr-defined]
+    cols = [t.c[c] for c in _ROW_COLUMNS]
+    wanted = set(job_ids)
+    with ctx.session() as s:
+        if len(job_ids) > 500:
+            queries = [select(*cols).where(t.c.ended_at.is_(None)).order_by(t.c.id)]
+        else:
+            queries = [select(*cols).where(t.c.ended_at.is_(None), t.c.job_id.in_(job_ids)).order_by(t.c.id)]
+        for q in queries:
+            for r in s.execute(q).all():
+                if r.job_id in wanted:
+                    out.setdefault(r.job_id, []).append(r)
+    return out
+
+
+def _spent(ctx: EngineContext, job_ids: list[str], open_rows: dict[str, list[Any]]) -> dict[str, float]:
+    """Each job's spend so far, for the cap check: spend.jobs_spend, the formula of the job's view."""
+    with ctx.session() as s:
+        return jobs_spend(s, job_ids, ctx.now(), open_rows)
+
+
+def follow(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:
+    """Read these running jobs' progress objects, then finish the ones whose runner said how it ended: a
+    process that is not the supervisor (`tunebot jobs`, the CLI's polling) tears a finished instance down
+    too. Returns the ids finished here."""
+    ids = sorted(set(job_ids))
+    running = Job.state == JobState.RUNNING
+    rows = [r for chunk in _chunks(ids) for r in _load_jobs(ctx, [Job.id.in_(chunk), running])]
+    if rows:
+        progress.pull_many(ctx, rows)
+    return finish_reported(ctx, [r.id for r in rows])
+
+
+def finish_reported(ctx: EngineContext, job_ids: Iterable[str]) -> list[str]:
+    """Finish now the running jobs whose runner's terminal event has been stored, whichever process stored
+    it (the finish terminates and confirms, and does nothing to a job another process already ended).
+    Returns the ids finished here."""
+    ids = sorted(set(job_ids))
+    limits = SupervisionLimits.of(ctx)
+    done: list[str] = []
+    for chunk in _chunks(ids):
+        told = _load_jobs(
+            ctx, [Job.id.in_(chunk), Job.state == JobState.RUNNING, Job.outcome.in_(sorted(OUTCOME_STATE))]
+        )
+        for job in told:
+            _safely(ctx, JobFacts.of(job), None, limits)
+            done.append(job.id)
+    return done
+
+
+def reap(ctx: EngineContext) -> None:
+    """Instances still open whose job is final (a terminate that failed earlier): try again."""
+    with ctx.session() as s:
+        rows = list(
+            s.execute(
+                select(InstanceRow)
+                .join(Job, Job.id == InstanceRow.job_id)
+                .where(InstanceRow.ended_at.is_(None), Job.state.in_(sorted(S.FINAL)))
+            ).scalars()
+        )
+    for row in rows:
+        finish_mod.terminate_instance(ctx, row, reason="job finished")
+
+
+__all__ = [
+    "Action",
+    "Do",
+    "JobFacts",
+    "Observation",
+    "SupervisionLimits",
+    "apply",
+    "decide",
+    "finish_reported",
+    "follow",
+    "reap",
+    "tick",
+]
