@@ -865,26 +865,19 @@ def _commit_running(
 def _no_credentials(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
     """The store would not make this launch's storage credentials: nothing is rented; the job waits for the
     next try (recovering) with the reason."""
-    message = f"launch failed: the runner's storage credentials could not be made: {problem}"[:1000]
-    with eng.session() as s:
-        S.transition(
-            s,
-            job_id,
-            S.LAUNCHING,
-            S.RECOVERING,
-            actor=actor,
-            now=eng.now(),
-            reason="storage credentials",
-            message=message,
-        )
-    log.warning("launch of %s: %s", job_id, message)
-    return False
+    message = f"launch failed: the runner's storage credentials could not be made: {problem}"
+    return _back_to_recovering(eng, job_id, actor, "storage credentials", message)
 
 
 def _not_staged(eng: EngineContext, job_id: str, actor: str, problem: str) -> bool:
     """The runner could not be staged for a stock image: nothing is rented; the job waits for the next try
     (recovering) with the reason, within the retry budget."""
-    message = f"launch failed: {problem}"[:1000]
+    return _back_to_recovering(eng, job_id, actor, "runner staging", f"launch failed: {problem}")
+
+
+def _back_to_recovering(eng: EngineContext, job_id: str, actor: str, reason: str, message: str) -> bool:
+    """A launch that rented nothing: launching -> recovering with the reason (the next try comes later)."""
+    message = message[:1000]
     with eng.session() as s:
         S.transition(
             s,
@@ -893,7 +886,7 @@ def _not_staged(eng: EngineContext, job_id: str, actor: str, problem: str) -> bo
             S.RECOVERING,
             actor=actor,
             now=eng.now(),
-            reason="runner staging",
+            reason=reason,
             message=message,
         )
     log.warning("launch of %s: %s", job_id, message)
