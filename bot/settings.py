@@ -137,6 +137,13 @@ class Settings(BaseSettings):
         alias="TUNEBOT_LOCAL_MAX_HOURS",
         description="the local provider is offered only for jobs this short",
     )
+    local_prewarm: bool = Field(
+        True,
+        alias="TUNEBOT_LOCAL_PREWARM",
+        description="local runners after the first fork from a process that has imported torch (seconds "
+        "of CPU saved per start; the process ends 10 min after the last start or with the bot); 0: each "
+        "runner starts as a fresh `python -P -m runner.cli`",
+    )
 
     # Secrets passed to runners as environment variables, never in specs or messages.
     hf_token: SecretStr | None = Field(

@@ -22,6 +22,11 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One OpenMP thread per process: on 2 cores this process and the runners it starts train at once, and two
+# spinning OpenMP threads each slow the tiny models' steps several-fold (a dropout 17x, a whole tiny job 5x,
+# measured). Local runners inherit it (bot/providers/local.py INHERITED_ENV).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 # A CLI launch with no live supervisor starts one in the background (bot/commands/supervisor.py): no test
 # leaves such a process behind unless it asks for one (TUNEBOT_START_SUPERVISOR=1) and stops it.
 os.environ.setdefault("TUNEBOT_START_SUPERVISOR", "0")

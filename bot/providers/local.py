@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.planner.offer import Offer
+from bot.providers import prewarm
 from bot.providers.base import (
     Capabilities,
     Instance,
@@ -172,6 +173,7 @@ class LocalProvider:
         price_per_hour: float = 0.10,
         gpu_memory_gb: float = 16.0,
         extra_env: dict[str, str] | None = None,
+        prewarm: bool | None = None,
     ) -> None:
         if workdir is None:
             from bot.settings import get_settings
@@ -183,6 +185,7 @@ class LocalProvider:
         self.price_per_hour = price_per_hour
         self.gpu_memory_gb = gpu_memory_gb
         self.extra_env = dict(extra_env or {})
+        self.prewarm = prewarm  # None: TUNEBOT_LOCAL_PREWARM (on unless 0)
         self._state_path = self.workdir / "instances.json"
         self._lock_path = self.workdir / "instances.lock"
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
@@ -325,30 +328,14 @@ class LocalProvider:
                 "TUNEBOT_INSTANCE_ID": instance_id,
                 "TUNEBOT_JOB_ID": request.job_id,
             }
-            with open(self.log_path(instance_id), "ab") as log:
-                try:
-                    proc = subprocess.Popen(
-                        ["/bin/sh", "-c", _WRAPPER, "tunebot-local", *command],
-                        cwd=folder,  # not the bot's working directory (see DEFAULT_RUNNER_COMMAND)
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                        close_fds=True,
-                    )
-                except OSError as exc:
-                    raise InvalidRequestError(
-                        f"local: cannot start the runner: {exc.strerror}", provider=self.name
-                    ) from exc
-            self._children[proc.pid] = proc
+            pid = self._start(instance_id, command, env, folder)
             self._hidden[instance_id] = [v for k, v in request.env.items() if k not in _PUBLIC_ENV and v]
             rec = {
                 "instance_id": instance_id,
                 "label": request.label,
                 "job_id": request.job_id,
-                "pid": proc.pid,
-                "start_ticks": _proc_start_ticks(proc.pid),
+                "pid": pid,
+                "start_ticks": _proc_start_ticks(pid),
                 "started_at": time.time(),
                 "price_per_hour": request.offer.price_per_hour
                 if request.offer.provider == self.name
@@ -361,6 +348,49 @@ class LocalProvider:
             }
             state[instance_id] = rec
             return self._instance(rec)
+
+    def _start(self, instance_id: str, command: list[str], env: dict[str, str], folder: Path) -> int:
+        """The pid of the session leader that waits for the runner and records its exit code: forked from
+        a prewarmed process when the command is the runner's own (bot/providers/prewarm.py), else the
+        shell wrapper."""
+        default = list(DEFAULT_RUNNER_COMMAND)
+        if self._prewarm_on() and command[: len(default)] == default:
+            self.log_path(instance_id).touch()
+            pid = prewarm.shared(sys.executable).start(
+                args=command[len(default) :],
+                env=env,
+                cwd=folder,
+                log_file=self.log_path(instance_id),
+                pid_file=self.pid_path(instance_id),
+                exit_file=self.exit_code_path(instance_id),
+            )
+            if pid is not None:
+                return pid
+        with open(self.log_path(instance_id), "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "tunebot-local", *command],
+                    cwd=folder,  # not the bot's working directory (see DEFAULT_RUNNER_COMMAND)
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise InvalidRequestError(
+                    f"local: cannot start the runner: {exc.strerror}", provider=self.name
+                ) from exc
+        self._children[proc.pid] = proc
+        return proc.pid
+
+    def _prewarm_on(self) -> bool:
+        if self.prewarm is None:
+            from bot.settings import get_settings
+
+            self.prewarm = get_settings().local_prewarm
+        return self.prewarm
 
     def _record(self, instance_id: str) -> dict[str, Any]:
         with self._state() as state:

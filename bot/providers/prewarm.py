@@ -1,0 +1,182 @@
+"""Prewarmed local runner starts: forked from a process that has already imported torch (runner/prewarm.py).
+
+A local runner started as ``python -P -m runner.cli`` spends seconds of CPU importing torch, transformers
+and peft before its first step; the local provider asks a prewarmed process to fork it instead, laid out
+exactly as the shell wrapper lays one out (a keeper in its own session, the runner's pid and exit status in
+files). One prewarmed process serves one *import environment*: the launch's environment without a run's
+own values (TUNEBOT_*, AWS_*, tokens and keys), which libraries do not read at import and which must never
+sit in a process that outlives the run. A launch whose import environment differs (another HF_ENDPOINT,
+another thread count) gets its own process, so what a library read at import is what a fresh runner would
+have read. The first launch in an environment starts the plain way while its process imports; later ones
+fork. The processes end with the bot (their stdin closes) or after IDLE_S without a start, and at most
+MAX_PROCESSES live at once. Anything that goes wrong here falls back to the plain start (``start`` -> None).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+IDLE_S = 600.0  # a prewarmed process with no start for this long ends (it holds the libraries' memory)
+MAX_PROCESSES = 2
+START_TIMEOUT_S = 30.0
+RUN_ONLY_PREFIXES = ("TUNEBOT_", "AWS_")  # a run's spec, keys, callback and credentials
+RUN_ONLY_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"})
+
+
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a prewarmed process may hold: the environment without a run's own values."""
+    return {k: v for k, v in env.items() if not k.startswith(RUN_ONLY_PREFIXES) and k not in RUN_ONLY_NAMES}
+
+
+class _Warm:
+    """One prewarmed process, listening on a Unix socket in a folder only this user may enter."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="tunebot-prewarm-"))  # mode 0700
+        self.socket_path = str(self.folder / "s")
+        self.proc = subprocess.Popen(
+            [python, "-P", "-m", "runner.prewarm", self.socket_path, str(IDLE_S)],
+            stdin=subprocess.PIPE,  # closed when the bot ends: the process ends with it
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=self.folder,
+            env=env,
+            start_new_session=True,
+        )
+        self.ready = False
+        self.failed = False  # ended before it was ready: no second try for this environment
+        self.last_used = time.monotonic()
+
+    def is_ready(self) -> bool:
+        """Whether it has said it is ready (never waits: a launch does not wait for torch to import)."""
+        if not self.ready and self.proc.poll() is None:
+            assert self.proc.stdout is not None
+            said, _, _ = select.select([self.proc.stdout], [], [], 0)
+            if said:
+                self.ready = self.proc.stdout.readline().strip() == b"ready"
+                self.failed = not self.ready
+        elif not self.ready:
+            self.failed = True
+        return self.ready and self.proc.poll() is None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and time.monotonic() - self.last_used < IDLE_S - 5.0
+
+    def start(self, request: dict[str, object]) -> int:
+        self.last_used = time.monotonic()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(START_TIMEOUT_S)
+            conn.connect(self.socket_path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            with conn.makefile("rb") as stream:
+                answer = json.loads(stream.readline() or b"{}")
+        if "pid" not in answer:
+            raise OSError(answer.get("error", "no answer"))
+        return int(answer["pid"])
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Prewarmed:
+    """The prewarmed processes of this bot process, one per import environment (see the module's doc)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self._warm: OrderedDict[tuple[tuple[str, str], ...], _Warm] = OrderedDict()
+        self._failed: set[tuple[tuple[str, str], ...]] = set()
+        self._lock = threading.Lock()
+
+    def _ready(self, env: dict[str, str]) -> _Warm | None:
+        """The ready process for this environment; else None, after starting one if there is none."""
+        key = tuple(sorted(env.items()))
+        with self._lock:
+            if key in self._failed:
+                return None
+            warm = self._warm.get(key)
+            if warm is not None and warm.is_ready() and warm.alive():
+                self._warm.move_to_end(key)
+                return warm
+            if warm is not None and (warm.failed or not warm.alive()):
+                if warm.failed:
+                    self._failed.add(key)
+                    log.warning("the prewarmed runner process did not start; runners start the plain way")
+                self._warm.pop(key).stop()
+                warm = None
+            if warm is None and key not in self._failed:
+                self._warm[key] = _Warm(self.python, env)
+                while len(self._warm) > MAX_PROCESSES:
+                    self._warm.popitem(last=False)[1].stop()
+            return None
+
+    def start(
+        self,
+        *,
+        args: list[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        log_file: Path,
+        pid_file: Path,
+        exit_file: Path,
+    ) -> int | None:
+        """The keeper's pid (its session's leader; the runner's pid is in ``pid_file``), or None: start the
+        runner the plain way (the first launch in an environment, while its process imports torch)."""
+        warm = self._ready(import_env(env))
+        if warm is None:
+            return None
+        request = {
+            "args": args,
+            "env": dict(env),
+            "cwd": str(cwd),
+            "log": str(log_file),
+            "pid_file": str(pid_file),
+            "exit_file": str(exit_file),
+        }
+        try:
+            return warm.start(request)
+        except (OSError, ValueError) as exc:
+            log.warning("prewarmed runner start failed (%s); starting the runner the plain way", exc)
+            return None
+
+    def stop(self) -> None:
+        with self._lock:
+            while self._warm:
+                self._warm.popitem()[1].stop()
+
+
+_shared: tuple[int, Prewarmed] | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(python: str) -> Prewarmed:
+    """This process's prewarmed starts (a forked bot gets its own)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared[0] != os.getpid() or _shared[1].python != python:
+            _shared = (os.getpid(), Prewarmed(python))
+            atexit.register(_shared[1].stop)
+        return _shared[1]
