@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import time
 
+from fakes.worlds import SlackStack
+
 from bot.chat.blockkit import violations
 from bot.engine.events import EngineEvent, EngineEventKind
 
-from .conftest import SlackStack
 from .test_slack_http import launch_job
 
 ALICE, BOB, ADMIN = "UALICE0001", "UBOB00002", "U_ADMIN"

@@ -9,59 +9,15 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from engine.fakes import FakeProvider
-from fakes.slack_api import FakeSlack, UvicornThread
+from fakes.worlds import SlackStack, engine_slack_worlds
 from sqlalchemy import select
 
-from bot.chat.handlers import ChatHandlers
-from bot.chat.notifier import SlackNotifier
-from bot.chat.permissions import Permissions
-from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-from bot.planner.sources import SourcePolicy
 from bot.providers.base import Volume
-from bot.settings import Settings
-from bot.web import create_app
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
-from .test_slack_http import estimate_id_from
 
 ALICE, MALLORY, ADMIN = "U_ALICE", "U_MALLORY", "U_ADMIN"
-
-
-class Stack(SlackStack):
-    """The Slack stack on the real engine, with a line-per-request helper."""
-
-    engine: Any
-    cloud: FakeProvider
-
-    def said(self, send: Callable[[], httpx.Response]) -> str:
-        """Send a signed request; the text of the reply that follows it (ack or response_url)."""
-        before = len(self.slack.of("response"))
-        resp = send()
-        assert resp.status_code == 200, resp.text
-        body = (
-            resp.json()
-            if resp.content and resp.headers.get("content-type", "").startswith("application/json")
-            else {}
-        )
-        if body.get("text") and not body["text"].startswith(":hourglass:"):
-            return str(body["text"])
-        return str(self.responses(before + 1)[before].get("text", ""))
-
-    def estimate(self, text: str, *, user: str = ALICE, channel: str = "C1") -> str:
-        before = len(self.slack.of("response"))
-        assert self.command(f"estimate {text}", user=user, channel=channel).status_code == 200
-        return estimate_id_from(self.responses(before + 1)[before])
-
-    def launch(self, text: str, *, user: str = ALICE, channel: str = "C1", choice: str = "cheapest") -> str:
-        eid = self.estimate(text, user=user, channel=channel)
-        return self.said(
-            lambda: self.click(self.action_payload(f"launch_{choice}", eid, user=user, channel=channel))
-        )
 
 
 @pytest.fixture
@@ -73,52 +29,11 @@ def dataset(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
-    """Build the stack with extra settings (TUNEBOT_ADMINS=U_ADMIN unless given) and clouds."""
-    from bot.engine.service import Engine
-
-    closers: list[Callable[[], None]] = []
-
-    def make(*, clouds: list[FakeProvider] | None = None, **env: Any) -> Stack:
-        slack = FakeSlack().start()
-        closers.append(slack.stop)
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
-            TUNEBOT_CHAT_DATA_DIR=str(tmp_path),
-            SLACK_BOT_TOKEN=BOT_TOKEN,
-            SLACK_API_URL=slack.api_url,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            **{"TUNEBOT_ADMINS": ADMIN, **env},
-        )
-        clouds = clouds or [FakeProvider("vast", price=0.40, volumes=True)]
-        engine = Engine(
-            settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={c.name: c for c in clouds}
-        )
-        closers.append(engine.close)
-        chat = ChatHandlers(
-            engine,
-            Permissions.from_settings(settings),
-            secrets=settings.secrets(),
-            sources=SourcePolicy.from_settings(settings),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = SlackNotifier(
-            engine, make_sync_client(settings), admins=[ADMIN], update_every_s=1.0, chart_every_s=0.0
-        )
-        notifier.attach(engine.bus).start()
-        closers.append(notifier.stop)
-        server = UvicornThread(create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event))
-        server.__enter__()
-        closers.append(lambda: server.__exit__(None, None, None))
-        http = httpx.Client(timeout=20)
-        closers.append(http.close)
-        stack = Stack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
-        stack.cloud = clouds[0]
-        return stack
-
-    yield make
-    for close in reversed(closers):
-        close()
+def make_stack(tmp_path: Path) -> Iterator[Callable[..., SlackStack]]:
+    """Build the Slack world on the real engine with extra settings (TUNEBOT_ADMINS=U_ADMIN unless given) and
+    clouds (default: vast at $0.40/h, with volumes)."""
+    with engine_slack_worlds(tmp_path) as make:
+        yield make
 
 
 def volume(volume_id: str, name: str) -> Volume:

@@ -144,8 +144,7 @@ def test_cli_serve_http_answers_signed_commands(tmp_path: Path) -> None:
 
     import httpx
     from fakes.slack_api import FakeSlack
-
-    from .conftest import sign
+    from fakes.worlds import sign
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -8,104 +8,31 @@ engine and the local provider (the harness of tests/chat/test_e2e_result.py).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fakes.worlds import ConsoleWorld, console_world
+from fakes.worlds import console_text as text
 
-from bot.chat.handlers import Actor, ChatHandlers
-from bot.chat.permissions import Permissions
-from bot.chat.replies import Buttons, Image, Reply, Table
-from bot.chat.terminal import cli_console, render
-from bot.engine.events import EngineEvent, EngineEventKind
+from bot.chat.replies import Image, Table
+from bot.engine.events import EngineEventKind
 from bot.engine.record.jobstate import FINAL
 
 CADENCE = {"checkpoint": {"every_minutes": 0.02, "keep": 2}, "report": {"every_seconds": 0.3}}
-ALICE = Actor("alice", None, operator=True)
 SHARED = "seq=256 batch=4 accum=1 warmup=5% scheduler=cosine seed=0 plateau=no checkpointing=no"
 TINY = f"{SHARED} r=8 alpha=16"
 
 
-def text(reply: Reply) -> str:
-    buf = io.StringIO()
-    render(reply, cli_console(buf))
-    return " ".join(buf.getvalue().split())
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny model and dataset for every test here (made once: the suite stays fast)."""
-    from runner.tiny import make_tiny
-
-    return make_tiny(tmp_path_factory.mktemp("bought-tiny"), seed=0).parent
-
-
-class World:
-    def __init__(self, tmp: Path, tiny: Path) -> None:
-        from bot.engine.service import Engine
-        from bot.providers.local import LocalProvider
-        from bot.settings import Settings
-
-        self.model, self.data = tiny / "model", tiny / "data.jsonl"
-        self.local = LocalProvider(
-            workdir=tmp / "local", price_per_hour=50.0, extra_env={"PYTHONUNBUFFERED": "1"}
-        )
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(tmp / "data"),
-            TUNEBOT_RECONCILE_EVERY=1.0,
-            TUNEBOT_HEARTBEAT_TIMEOUT=300,
-            TUNEBOT_APPROVAL_ABOVE=50.0,
-        )
-        self.engine = Engine(
-            settings, db_url=f"sqlite:///{tmp / 'db.sqlite'}", providers={"local": self.local}
-        )
-        self.chat = ChatHandlers(
-            self.engine, Permissions(approval_above=50.0), job_options={"spec_overrides": CADENCE}
-        )
-        self.events: list[EngineEvent] = []
-        self.engine.bus.subscribe(self.events.append)
-
-    def say(self, line: str) -> Reply:
-        return self.chat.handle_text(line, ALICE)
-
-    def launch(self, line: str) -> str:
-        reply = self.say(line)
-        buttons = [b for p in reply.parts if isinstance(p, Buttons) for b in p.buttons]
-        assert buttons, text(reply)
-        launched = self.chat.launch(buttons[0].value, "cheapest", ALICE)
-        assert launched.kind == "success", text(launched)
-        return next(j.job_id for j in self.engine.list_jobs(user="alice"))
-
-    def until(self, done, what: str, timeout: float = 480) -> None:  # type: ignore[no-untyped-def]
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.engine.tick()
-            if done():
-                return
-            time.sleep(0.3)
-        logs = "\n".join(p.read_text()[-3000:] for p in sorted(self.local.workdir.rglob("*.log")))
-        raise AssertionError(f"timed out waiting for {what}\n{logs}")
-
-    def close(self) -> None:
-        for inst in self.local.list_instances():
-            self.local.terminate(inst.instance_id)
-        self.engine.close()
-
-
 @pytest.fixture
-def world(tmp_path: Path, tiny: Path) -> Iterator[World]:
-    w = World(tmp_path, tiny)
-    try:
+def world(tmp_path: Path, tiny_model: Path) -> Iterator[ConsoleWorld]:
+    """fakes.worlds.ConsoleWorld on the suite's one tiny model (tests/chat/conftest.py)."""
+    with console_world(tmp_path, tiny_model, CADENCE) as w:
         yield w
-    finally:
-        w.close()
 
 
 @pytest.mark.slow
-def test_before_and_after_on_the_same_data_with_answers_side_by_side(world: World) -> None:
+def test_before_and_after_on_the_same_data_with_answers_side_by_side(world: ConsoleWorld) -> None:
     from bot.chat.notifier import milestone_text
 
     job_id = world.launch(
@@ -135,7 +62,9 @@ def test_before_and_after_on_the_same_data_with_answers_side_by_side(world: Worl
 
 
 @pytest.mark.slow
-def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_winner(world: World) -> None:
+def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_winner(
+    world: ConsoleWorld,
+) -> None:
     """lr x r = 4 configurations, successive halving 4 -> 2 -> 1: at each stage the worse half is stopped
     (and its host torn down), the caps reserved never add up to more than max_cost, the whole sweep spends
     less than max_cost, and it ends with the runs compared and the winner's adapter."""
@@ -150,7 +79,7 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     assert "Sweep of 4 configurations" in said and "4 -> 2 -> 1 runs (to step 8, 16, 32)" in said, said
     launch = [b for b in reply.buttons if b.action == "launch_sweep"]
     assert launch, said
-    launched = world.chat.launch(launch[0].value, "sweep", ALICE)
+    launched = world.chat.launch(launch[0].value, "sweep", world.alice)
     assert launched.kind == "success", text(launched)
     sweep_id = world.engine.list_jobs(user="alice")[0].sweep_id
     assert sweep_id

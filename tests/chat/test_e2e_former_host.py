@@ -23,16 +23,16 @@ from typing import Any
 
 import pytest
 from fakes.moto_sts import StsWorld, sts_server  # noqa: F401  (fixture)
+from fakes.worlds import HostWorld, RunsCode, as_host, attempt, sts_world  # noqa: F401  (the `world` fixture)
 from sqlalchemy import update
 
 from runner.contract.spec import JobSpec
 
-from .test_e2e_hostile_host import COMMON, _RunsCode, as_host, attempt, world  # noqa: F401
-from .test_e2e_remote_host import World
-
 pytestmark = pytest.mark.slow
 
 STEPS = 150  # long enough for a SIGTERM to land mid-run (as in test_e2e_remote_host)
+# max_cost: a spending cap that no run on a slow, shared machine reaches (the cap is not what is tested)
+COMMON = "seq=128 batch=4 accum=1 lr=1e-2 checkpointing=no plateau=no max_cost=$1"
 
 
 def signed(env: dict[str, str], purpose: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -41,11 +41,11 @@ def signed(env: dict[str, str], purpose: str, obj: dict[str, Any]) -> dict[str, 
     return sign(bytes.fromhex(env["TUNEBOT_JOB_KEY"]), purpose, obj)
 
 
-def spec_of(w: World, instance_id: str) -> JobSpec:
+def spec_of(w: HostWorld, instance_id: str) -> JobSpec:
     return JobSpec.model_validate_json(w.hosts.hosts[instance_id].env["TUNEBOT_JOB_SPEC"])
 
 
-def reach_step(w: World, instance_id: str, step: int, timeout: float = 400.0) -> None:
+def reach_step(w: HostWorld, instance_id: str, step: int, timeout: float = 400.0) -> None:
     """The host's log reaches ``step``: polled often (a tiny model's steps take milliseconds), the engine
     ticking every 2 s meanwhile (it renews the run's 60 s credentials)."""
     deadline = last_tick = time.monotonic()
@@ -59,7 +59,7 @@ def reach_step(w: World, instance_id: str, step: int, timeout: float = 400.0) ->
 
 
 def test_a_former_host_cannot_act_for_the_job_after_a_relaunch(
-    world: World,  # noqa: F811
+    world: HostWorld,
     tmp_path: Path,
 ) -> None:
     import torch
@@ -128,7 +128,7 @@ def test_a_former_host_cannot_act_for_the_job_after_a_relaunch(
     planted = tmp_path / "checkpoint-999999"
     planted.mkdir()
     (planted / "adapter_model.safetensors").write_bytes(weights)
-    torch.save({"state": _RunsCode(str(marker)), "param_groups": []}, planted / "optimizer.pt")
+    torch.save({"state": RunsCode(str(marker)), "param_groups": []}, planted / "optimizer.pt")
     written = manifest.write(planted, job_id=b, step=999_999, key=bytes.fromhex(old_env["TUNEBOT_JOB_KEY"]))
     evil_ckpt = f"{old_root}/checkpoint-999999"
     for p in sorted(planted.iterdir()):

@@ -20,27 +20,17 @@ Either way B finishes with its own loss, its own output and the spend its instan
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import pytest
-from fakes.clouds import FakeVast
-from fakes.clouds.fixtures import client_for
 from fakes.moto_sts import StsWorld, sts_server  # noqa: F401  (fixture)
-from fakes.remote_host import HostPool
-from fakes.slack_api import FakeSlack
+from fakes.worlds import HostWorld, RunsCode, as_host, attempt, sts_world  # noqa: F401  (the `world` fixture)
 from sqlalchemy import select
 
-from bot.settings import Settings
 from runner.contract.spec import JobSpec
 from store.models import CalibrationRun, Instance
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
-from .test_e2e_remote_host import World
 
 pytestmark = pytest.mark.slow
 
@@ -50,117 +40,7 @@ STEPS_A, STEPS_B = 60, 120
 EVIL = "https://evil.example/weights"
 
 
-@pytest.fixture(params=["scoped", "static"])
-def world(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    sts_server: Any,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[World]:
-    import httpx
-    import s3fs
-    from fakes.slack_api import UvicornThread
-
-    from bot.chat.handlers import ChatHandlers
-    from bot.chat.notifier import SlackNotifier
-    from bot.chat.permissions import Permissions
-    from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-    from bot.engine.service import Engine
-    from bot.planner.sources import SourcePolicy
-    from bot.web import create_app
-    from runner.tiny import make_tiny
-
-    store = StsWorld(sts_server)
-    for key, value in store.env.items():
-        monkeypatch.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()
-    bot = tmp_path / "bot"
-    tiny = make_tiny(bot / "tiny").parent
-    records = [json.loads(line) for line in (tiny / "data.jsonl").read_text().splitlines()]
-    with (tiny / "bob.jsonl").open("w") as fh:  # B's own data: A must not read it
-        for r in records:
-            fh.write(json.dumps({**r, "output": r["output"] + " (bob)"}) + "\n")
-    image = "ghcr.io/acme/tunebot-runner:1"  # a team's prebuilt runner image (TUNEBOT_RUNNER_IMAGE)
-    hosts = HostPool(
-        tmp_path / "hosts",
-        images={image: [str(Path(sys.executable).parent / "tunebot-runner")]},
-        bot_roots=[bot],
-    )
-    scoped = request.param == "scoped"
-    with FakeSlack() as slack:
-        vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(bot / "data"),
-            TUNEBOT_CHAT_DATA_DIR=str(tiny),
-            TUNEBOT_CHECKPOINT_URI=f"s3://{store.bucket}/tunebot",
-            TUNEBOT_MIN_RELIABILITY=0.0,
-            TUNEBOT_RUNNER_IMAGE=image,
-            TUNEBOT_STORAGE_CREDENTIALS="assume-role" if scoped else "static",
-            TUNEBOT_STORAGE_ROLE_ARN=store.role_arn,
-            TUNEBOT_STORAGE_CREDENTIALS_SECONDS=60,  # renewed at half-life while the jobs run
-            SLACK_BOT_TOKEN=BOT_TOKEN,
-            SLACK_API_URL=slack.api_url,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            TUNEBOT_ADMINS="U_ADMIN",
-            TUNEBOT_REPORT_EVERY=0.5,
-            TUNEBOT_MAX_COST_LIMIT=100,
-            **store.env,
-        )
-        engine = Engine(
-            settings, db_url=f"sqlite:///{bot / 'db.sqlite'}", providers={"vast": client_for(vast)}
-        )
-        engine.terminate_deadline_s = 20.0
-        chat = ChatHandlers(
-            engine,
-            Permissions.from_settings(settings),
-            secrets=settings.secrets(),
-            sources=SourcePolicy.from_settings(settings),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = (
-            SlackNotifier(
-                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
-            )
-            .attach(engine.bus)
-            .start()
-        )
-        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
-        try:
-            with UvicornThread(web) as server, httpx.Client(timeout=60) as http:
-                stack = SlackStack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
-                w = World(stack, engine, vast, hosts, None, bot, tiny)  # type: ignore[arg-type]
-                w.store, w.scoped = store, scoped  # type: ignore[attr-defined]
-                yield w
-        finally:
-            notifier.stop()
-            hosts.close()
-            vast.stop()
-            engine.close()
-            s3fs.S3FileSystem.clear_instance_cache()
-
-
-class _RunsCode:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
-
-
-def as_host(env: dict[str, str], endpoint: str) -> Any:
-    """The filesystem a host owner gets from the instance's environment."""
-    import s3fs
-
-    return s3fs.S3FileSystem(
-        key=env["AWS_ACCESS_KEY_ID"],
-        secret=env["AWS_SECRET_ACCESS_KEY"],
-        token=env.get("AWS_SESSION_TOKEN"),
-        skip_instance_cache=True,
-        client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"},
-    )
-
-
-def wait_for_step(world: World, instance_id: str, step: int, timeout: float = 240.0) -> None:
+def wait_for_step(world: HostWorld, instance_id: str, step: int, timeout: float = 240.0) -> None:
     """The host's log reaches ``step``, the engine ticking meanwhile (it renews the runners' credentials)."""
     deadline = time.monotonic() + timeout
     while world.runner_step(instance_id) < step:
@@ -169,15 +49,7 @@ def wait_for_step(world: World, instance_id: str, step: int, timeout: float = 24
         time.sleep(0.2)
 
 
-def attempt(fn: Any) -> str:
-    try:
-        fn()
-    except (PermissionError, OSError) as exc:
-        return f"refused ({type(exc).__name__})"
-    return "done"
-
-
-def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -> None:
+def test_a_hostile_host_cannot_touch_another_job(world: HostWorld, tmp_path: Path) -> None:
     import torch
 
     store: StsWorld = world.store  # type: ignore[attr-defined]
@@ -211,7 +83,7 @@ def test_a_hostile_host_cannot_touch_another_job(world: World, tmp_path: Path) -
     forged = sign(bytes.fromhex(host_a.env["TUNEBOT_JOB_KEY"]), EVENT, forged)
     marker = tmp_path / "pwned"
     evil_pt = tmp_path / "optimizer.pt"
-    torch.save({"state": _RunsCode(str(marker)), "param_groups": []}, evil_pt)
+    torch.save({"state": RunsCode(str(marker)), "param_groups": []}, evil_pt)
     results = {
         "read B's data": attempt(lambda: fs.cat(spec_b.dataset.uri.removeprefix("s3://"))),
         "list B's folder": attempt(lambda: fs.ls(b_root, detail=False, refresh=True)),

@@ -15,33 +15,19 @@ from __future__ import annotations
 
 import json
 import site
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import pytest
-from fakes.clouds import FakeVast
-from fakes.clouds.fixtures import client_for
 from fakes.hub import FakeHub
 from fakes.remote_host import HostPool, StockImage
 from fakes.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
-from fakes.slack_api import FakeSlack, UvicornThread
+from fakes.worlds import HostWorld, host_world
 from sqlalchemy import select
 
-from bot.chat.blockkit import violations
-from bot.chat.handlers import ChatHandlers
-from bot.chat.notifier import SlackNotifier
-from bot.chat.permissions import Permissions
-from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
-from bot.web import create_app
 from store.models import Instance
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
-from .test_slack_http import estimate_id_from
 
 pytestmark = pytest.mark.slow
 
@@ -74,86 +60,9 @@ HOST_BASE = {
 }
 
 
-class World:
-    def __init__(
-        self,
-        stack: SlackStack,
-        engine: Any,
-        vast: FakeVast,
-        hosts: HostPool,
-        hub: FakeHub,
-        bot: Path,
-        tiny: Path,
-    ) -> None:
-        self.stack, self.engine, self.vast, self.hosts, self.hub = stack, engine, vast, hosts, hub
-        self.bot, self.tiny = bot, tiny
-
-    def launch(self, options: str, user: str) -> str:
-        """`/tune launch` with these options, then the "Launch cheapest" button; returns the job id."""
-        before = len(self.stack.slack.of("response"))
-        assert self.stack.command(f"launch {self.tiny / 'model'} {options}", user=user).status_code == 200
-        reply = self.stack.responses(before + 1, timeout=60)[before]
-        assert not violations(reply), reply
-        assert "Training:" in str(reply["blocks"]), "the estimate card lists the training plan"
-        self.stack.click(self.stack.action_payload("launch_cheapest", estimate_id_from(reply), user=user))
-        answer = self.stack.responses(before + 2, timeout=60)[before + 1]
-        assert "Launching job" in answer["text"], answer
-        (job,) = [j for j in self.engine.list_jobs(user=user)]
-        return job.job_id
-
-    def instances(self, job_id: str) -> list[Any]:
-        with self.engine.session() as s:
-            return list(
-                s.execute(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id)).scalars()
-            )
-
-    def tick_until(self, done: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.engine.tick()
-            if done():
-                return
-            time.sleep(0.3)
-        logs = {i: self.hosts.log(i)[-3000:] for i in self.hosts.hosts}
-        raise AssertionError(f"timed out waiting for {what}; host logs: {logs}")
-
-    def wait_for_step(self, instance_id: str, step: int, timeout: float = 120.0) -> None:
-        """Poll the host's log (not the engine: training a tiny model is faster than a tick)."""
-        deadline = time.monotonic() + timeout
-        while self.runner_step(instance_id) < step:
-            assert time.monotonic() < deadline, self.hosts.log(instance_id)[-3000:]
-            time.sleep(0.01)
-
-    def runner_step(self, instance_id: str) -> int:
-        steps = [
-            int(line.split()[1].split("/")[0])
-            for line in self.hosts.log(instance_id).splitlines()
-            if line.startswith("step ")
-        ]
-        return max(steps, default=0)
-
-    def state(self, job_id: str) -> str:
-        return self.engine.get_job(job_id).state
-
-    def thread_text(self, job_id: str) -> str:
-        self.stack.notifier.drain(20)
-        ts = self.engine.get_job(job_id).thread_ts
-        posts = [c.body for c in self.stack.slack.of("chat.postMessage") if c.body.get("thread_ts") == ts]
-        return " | ".join(p["text"] for p in posts)
-
-    def adapter(self, uri: str, into: Path) -> Any:
-        """The output folder from the bucket, loaded with peft on the tiny base model."""
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        fs, root = fsspec.core.url_to_fs(uri)
-        fs.get(root.rstrip("/") + "/", str(into), recursive=True)
-        base = AutoModelForCausalLM.from_pretrained(str(self.tiny / "model"))
-        return PeftModel.from_pretrained(base, str(into))
-
-
 @pytest.fixture
-def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:  # noqa: F811
+def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[HostWorld]:  # noqa: F811
+    """fakes.worlds.host_world: stock-image hosts, checkpoints in the moto bucket, pushes to a fake Hub."""
     import huggingface_hub.constants
 
     from runner.tiny import make_tiny
@@ -186,57 +95,23 @@ def world(tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> It
     assert Settings().runner_image is None
     stock = StockImage(site_packages=tuple(site.getsitepackages()))
     hosts = HostPool(tmp_path / "hosts", images={Settings().stock_image: stock}, bot_roots=[bot])
-    with FakeSlack() as slack, FakeHub(token=HF_TOKEN) as hub:
-        vast = FakeVast(hosts=hosts, n_offers=40, seed=3).start()
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(bot / "data"),
-            TUNEBOT_CHAT_DATA_DIR=str(tiny),  # Slack users name the model folder and the data files in it
+    with (
+        FakeHub(token=HF_TOKEN) as hub,
+        host_world(
+            bot,
+            tiny,  # Slack users name the model folder and the data files in it
+            hosts,
+            hub=hub,
             TUNEBOT_CHECKPOINT_URI=f"{s3_bucket}/tunebot",
-            TUNEBOT_MIN_RELIABILITY=0.0,
             HF_TOKEN=HF_TOKEN,
             TUNEBOT_HUB_NAMESPACES="acme",  # where pushes may go (issue 19)
             HF_ENDPOINT=hub.url,
-            SLACK_BOT_TOKEN=BOT_TOKEN,
-            SLACK_API_URL=slack.api_url,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            TUNEBOT_ADMINS="U_ADMIN",
-            TUNEBOT_REPORT_EVERY=0.5,  # progress lines often enough to preempt mid-run
-        )
-        from bot.engine.service import Engine
-
-        engine = Engine(
-            settings, db_url=f"sqlite:///{bot / 'db.sqlite'}", providers={"vast": client_for(vast)}
-        )
-        engine.terminate_deadline_s = 20.0
-        chat = ChatHandlers(
-            engine,
-            Permissions.from_settings(settings),
-            secrets=settings.secrets(),
-            sources=SourcePolicy.from_settings(settings),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = (
-            SlackNotifier(
-                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
-            )
-            .attach(engine.bus)
-            .start()
-        )
-        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
-        import httpx
-
-        try:
-            with UvicornThread(web) as server, httpx.Client(timeout=60) as http:
-                stack = SlackStack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
-                yield World(stack, engine, vast, hosts, hub, bot, tiny)
-        finally:
-            notifier.stop()
-            hosts.close()
-            vast.stop()
-            engine.close()
+        ) as world,
+    ):
+        yield world
 
 
-def assert_staged_runner(world: World, instance_id: str) -> None:
+def assert_staged_runner(world: HostWorld, instance_id: str) -> None:
     """The runner that ran is the wheel the bot staged: fetched by presigned URL, its SHA-256 the create
     call's, pip-installed into the host's own Python (whose runner/ is the wheel's; the bot's checkout is out
     of reach)."""
@@ -257,13 +132,13 @@ def assert_staged_runner(world: World, instance_id: str) -> None:
     assert installed.is_file() and host.command[:2] == ["python3", "-c"]
 
 
-def host_job(world: World, instance_id: str) -> str:
+def host_job(world: HostWorld, instance_id: str) -> str:
     with world.engine.session() as s:
         row = s.execute(select(Instance).where(Instance.provider_instance_id == instance_id)).scalars().one()
     return row.job_id
 
 
-def assert_clean_host(world: World, instance_id: str) -> None:
+def assert_clean_host(world: HostWorld, instance_id: str) -> None:
     """The host ran with only what the create call carried, in its own folder."""
     host = world.hosts.hosts[instance_id]
     assert set(host.env) - HOST_BASE <= CARRIED, set(host.env) - HOST_BASE
@@ -275,7 +150,7 @@ def assert_clean_host(world: World, instance_id: str) -> None:
     assert "tunebot-test-secret" not in host.env["TUNEBOT_JOB_SPEC"]
 
 
-def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, tmp_path: Path) -> None:
+def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: HostWorld, tmp_path: Path) -> None:
     common = f"steps={STEPS} seq=128 batch=4 accum=1 lr=1e-2 checkpointing=no"
     # 1. alpaca, q,v targets: preempted on its first instance, resumed on another.
     long = common.replace(f"steps={STEPS}", f"steps={STEPS_A} plateau=no")
@@ -341,7 +216,7 @@ def test_slack_to_a_rented_host_and_back_preempted_resumed_pushed(world: World, 
     assert world.vast.live_instances() == []  # every instance torn down
 
 
-def test_a_job_that_relies_on_the_bots_disk_fails(world: World, tmp_path: Path) -> None:
+def test_a_job_that_relies_on_the_bots_disk_fails(world: HostWorld, tmp_path: Path) -> None:
     from bot.engine.api import EngineError
     from bot.engine.service import Engine
     from bot.planner.request import EstimateRequest

@@ -10,18 +10,13 @@ real engine and the local provider.
 
 from __future__ import annotations
 
-import io
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from fakes.worlds import ConsoleWorld, console_world
+from fakes.worlds import console_text as text
 
-from bot.chat.handlers import Actor, ChatHandlers
-from bot.chat.permissions import Permissions
-from bot.chat.replies import Buttons, Reply
-from bot.chat.terminal import cli_console, render
 from bot.engine.record.jobstate import FINAL
 
 # Long enough that a quiet fast machine (~25 steps/s on this tiny model) is still training when a checkpoint
@@ -34,81 +29,13 @@ OPTIONS = (
     f"steps={MAX_STEPS} seed=0 plateau=no checkpointing=no"
 )
 CADENCE = {"checkpoint": {"every_minutes": 0.005, "keep": 2}, "report": {"every_seconds": 0.3}}
-ALICE = Actor("alice", None, operator=True)
-
-
-def text(reply: Reply) -> str:
-    buf = io.StringIO()
-    render(reply, cli_console(buf))
-    return " ".join(buf.getvalue().split())
-
-
-class World:
-    def __init__(self, tmp: Path) -> None:
-        from bot.engine.service import Engine
-        from bot.providers.local import LocalProvider
-        from bot.settings import Settings
-        from runner.tiny import make_tiny
-
-        tiny = make_tiny(tmp / "tiny", seed=0).parent
-        self.model, self.data = tiny / "model", tiny / "data.jsonl"
-        # $50/h makes seconds of CPU cost cents: enough for a cap to bite mid-run
-        self.local = LocalProvider(
-            workdir=tmp / "local", price_per_hour=50.0, extra_env={"PYTHONUNBUFFERED": "1"}
-        )
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(tmp / "data"),
-            TUNEBOT_RECONCILE_EVERY=1.0,
-            TUNEBOT_HEARTBEAT_TIMEOUT=300,
-            TUNEBOT_APPROVAL_ABOVE=50.0,
-        )
-        db_url = f"sqlite:///{tmp / 'db.sqlite'}"
-        self.engine = Engine(settings, db_url=db_url, providers={"local": self.local})
-        self.chat = ChatHandlers(
-            self.engine, Permissions(approval_above=50.0), job_options={"spec_overrides": CADENCE}
-        )
-
-    def say(self, line: str) -> Reply:
-        return self.chat.handle_text(line, ALICE)
-
-    def launch(self, line: str) -> str:
-        """`launch ...` (or `clone ...`), then the cheapest offer's button; the new job's id."""
-        reply = self.say(line)
-        buttons = [b for p in reply.parts if isinstance(p, Buttons) for b in p.buttons]
-        assert buttons, text(reply)
-        launched = self.chat.launch(buttons[0].value, "cheapest", ALICE)
-        assert launched.kind == "success", text(launched)
-        return next(j.job_id for j in self.engine.list_jobs(user="alice"))  # newest first
-
-    def until(self, done: Callable[[], bool], what: str, timeout: float = 480) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.engine.tick()
-            if done():
-                return
-            time.sleep(0.3)
-        jobs = [(j.job_id, j.state, j.step, j.checkpoint_step, j.message) for j in self.engine.list_jobs()]
-        raise AssertionError(f"timed out waiting for {what}: {jobs}\n{self.runner_logs()}")
-
-    def runner_logs(self) -> str:
-        return "\n".join(f"{p}:\n{p.read_text()[-2000:]}" for p in sorted(self.local.workdir.rglob("*.log")))
-
-    def job(self, job_id: str) -> Any:
-        return self.engine.get_job(job_id)
-
-    def close(self) -> None:
-        for inst in self.local.list_instances():
-            self.local.terminate(inst.instance_id)
-        self.engine.close()
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    try:
+def world(tmp_path: Path, tiny_model: Path) -> Iterator[ConsoleWorld]:
+    """fakes.worlds.ConsoleWorld on the suite's one tiny model (tests/chat/conftest.py)."""
+    with console_world(tmp_path, tiny_model, CADENCE) as w:
         yield w
-    finally:
-        w.close()
 
 
 def _loads_with_peft(base: Path, checkpoint: str) -> int:
@@ -125,12 +52,12 @@ def _loads_with_peft(base: Path, checkpoint: str) -> int:
     return len(saved)
 
 
-def _losses(world: World, job_id: str) -> list[tuple[int, float]]:
+def _losses(world: ConsoleWorld, job_id: str) -> list[tuple[int, float]]:
     return world.job(job_id).losses
 
 
 @pytest.mark.slow
-def test_stopped_by_its_owner_then_resumed_to_the_end(world: World) -> None:
+def test_stopped_by_its_owner_then_resumed_to_the_end(world: ConsoleWorld) -> None:
     job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
     world.until(lambda: _checkpointed_mid_run(world, job_id), "a checkpoint past step 8")
     stop = world.say(f"stop {job_id}")
@@ -163,7 +90,7 @@ def test_stopped_by_its_owner_then_resumed_to_the_end(world: World) -> None:
 
 
 @pytest.mark.slow
-def test_stopped_by_its_budget_then_resumed_with_a_higher_cap(world: World) -> None:
+def test_stopped_by_its_budget_then_resumed_with_a_higher_cap(world: ConsoleWorld) -> None:
     from sqlalchemy import update
 
     from store.models import Job
@@ -195,7 +122,7 @@ def test_stopped_by_its_budget_then_resumed_with_a_higher_cap(world: World) -> N
 
 
 @pytest.mark.slow
-def test_clone_relaunches_with_changes(world: World) -> None:
+def test_clone_relaunches_with_changes(world: ConsoleWorld) -> None:
     job_id = world.launch(f"launch {world.model} dataset={world.data} {OPTIONS} max_cost=$20")
     world.say(f"stop {job_id}")  # a job in any state may be cloned; this one need not use the CPU
     clone_id = world.launch(f"clone {job_id} steps=12 lr=5e-3")
@@ -209,13 +136,13 @@ def test_clone_relaunches_with_changes(world: World) -> None:
     assert spec["learning_rate"] == 5e-3 and spec["max_steps"] == 12 and spec["lora"]["r"] == 8
 
 
-def _checkpointed_mid_run(world: World, job_id: str) -> bool:
+def _checkpointed_mid_run(world: ConsoleWorld, job_id: str) -> bool:
     job = world.job(job_id)
     assert job.state not in FINAL, f"the job ended ({job.state}) before it could be stopped: raise MAX_STEPS"
     return job.checkpoint_step is not None and job.step >= 8
 
 
-def _instance_ids(world: World, job_id: str) -> list[str]:
+def _instance_ids(world: ConsoleWorld, job_id: str) -> list[str]:
     from sqlalchemy import select
 
     from store.models import Instance
@@ -225,7 +152,7 @@ def _instance_ids(world: World, job_id: str) -> list[str]:
         return [r.provider_instance_id for r in rows]
 
 
-def _audit(world: World, job_id: str) -> str:
+def _audit(world: ConsoleWorld, job_id: str) -> str:
     from sqlalchemy import select
 
     from store.models import AuditLog

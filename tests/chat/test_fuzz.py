@@ -18,9 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from fakes.slack_api import FakeSlack, UvicornThread
+from fakes.worlds import slack_world
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -28,12 +27,8 @@ from bot.chat.console import ConsoleSession
 from bot.chat.escaping import live_tokens
 from bot.chat.handlers import GENERIC_ERROR, ChatHandlers
 from bot.chat.permissions import Permissions
-from bot.chat.slack.app import build_app, make_async_client
 from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
-from bot.web import create_app
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
 
 MENTIONS = ["<!channel>", "<!here>", "<@U0HOSTILE|boss>", "<!subteam^S0X|@t>", "<https://evil.example|click>"]
 NASTY = [
@@ -201,34 +196,29 @@ def test_real_process_with_non_utf8_and_overlong_arguments(tmp_path: Path) -> No
 
 def test_300_signed_slash_commands_over_http(tmp_path: Path, real_engine) -> None:
     rng = random.Random(300)
-    with FakeSlack() as slack:
-        settings = Settings(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_API_URL=slack.api_url)
-        chat = ChatHandlers(
-            real_engine,
-            Permissions(admins=frozenset({"U0ADMIN"})),
-            secrets=[BOT_TOKEN, SIGNING_SECRET],
-            sources=SourcePolicy(data_dir=tmp_path / "data"),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        web = create_app(bolt_app=bolt, record_runner_event=lambda *a: False)
-        with UvicornThread(web) as server, httpx.Client(timeout=20) as http:
-            stack = SlackStack(slack, real_engine, chat, None, server.url, http)  # type: ignore[arg-type]
-            acks: list[str] = []
-            slow = 0
-            for i in range(300):
-                text: str | bytes = line(rng)
-                if i % 10 == 0:  # raw bytes that are not UTF-8, as a broken client may send them
-                    text = text.encode() + b" dataset=\xff\xfe"
-                resp = stack.command(text, user="U0FUZZ")  # type: ignore[arg-type]
-                assert resp.status_code == 200, resp.text
-                acks.append(resp.text)
-                body = (
-                    resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-                )
-                if str(body.get("text", "")).startswith(":hourglass:"):
-                    slow += 1
-            slack.wait_for("response", slow, timeout=120)
-            time.sleep(0.3)
-            import json
+    sources = SourcePolicy(data_dir=tmp_path / "data")
+    with slack_world(
+        real_engine,
+        admins=("U0ADMIN",),
+        notifier=False,
+        sources=sources,
+        record_runner_event=lambda *a: False,
+    ) as stack:
+        slack = stack.slack
+        acks: list[str] = []
+        slow = 0
+        for i in range(300):
+            text: str | bytes = line(rng)
+            if i % 10 == 0:  # raw bytes that are not UTF-8, as a broken client may send them
+                text = text.encode() + b" dataset=\xff\xfe"
+            resp = stack.command(text, user="U0FUZZ")  # type: ignore[arg-type]
+            assert resp.status_code == 200, resp.text
+            acks.append(resp.text)
+            body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+            if str(body.get("text", "")).startswith(":hourglass:"):
+                slow += 1
+        slack.wait_for("response", slow, timeout=120)
+        time.sleep(0.3)
+        import json
 
-            assert_clean(acks + [json.dumps(m) for m in slack.messages()])
+        assert_clean(acks + [json.dumps(m) for m in slack.messages()])

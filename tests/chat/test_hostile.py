@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakes.slack_api import FakeSlack
+from fakes.worlds import BOT_TOKEN
 
 from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.permissions import Permissions
@@ -17,8 +18,6 @@ from bot.chat.slack.app import make_sync_client
 from bot.chat.slack.files import SlackFiles
 from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
-
-from .conftest import BOT_TOKEN
 
 ALICE = Actor("U_ALICE", "C1")
 CREDENTIALS = {"aws_secret_access_key_PLANTED": "wJalrXUtnFEMI/K7MDENG", "db_password_PLANTED": "hunter2"}

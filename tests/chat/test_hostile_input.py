@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fakes.slack_api import FakeSlack
+from fakes.worlds import BOT_TOKEN
 
 from bot.chat.handlers import GENERIC_ERROR, Actor, ChatHandlers
 from bot.chat.permissions import Permissions
@@ -24,8 +25,6 @@ from bot.chat.slack.app import make_sync_client
 from bot.chat.slack.files import SlackFiles
 from bot.planner.sources import SourcePolicy
 from bot.settings import Settings
-
-from .conftest import BOT_TOKEN
 
 EVE = Actor("U_EVE", "C1")
 

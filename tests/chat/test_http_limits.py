@@ -16,11 +16,9 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 from fakes.serve_process import raw_post, zeros
-from fakes.slack_api import UvicornThread
+from fakes.worlds import RUNNER_TOKEN, SlackStack, serve_web, sign
 
 from bot.web import create_app
-
-from .conftest import RUNNER_TOKEN, SlackStack, sign
 
 BIG = 64 << 20  # the old server read (and held) every byte of it before looking at anything
 TOOK_AT_MOST = 16 << 20  # socket buffers on loopback, not the body
@@ -116,8 +114,7 @@ def test_the_runner_token_is_checked_before_the_body_and_must_be_the_events_job(
         recorded.append(job_id)
         return True
 
-    web = create_app(record_runner_event=record, runner_token_job=owner, max_body_bytes=4096)
-    with UvicornThread(web) as server:
+    with serve_web(record_runner_event=record, runner_token_job=owner, max_body_bytes=4096) as server:
         port = int(server.url.rsplit(":", 1)[1])
         unknown = {"Authorization": "Bearer " + "B" * 43, "Content-Length": "4000"}
         result = raw_post(port, "/runner/events", unknown, trickle(4000), timeout=20)

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.worlds import SlackStack
 
 from bot.chat.blockkit import violations
 from bot.chat.grammar import LaunchCmd, parse
 from bot.chat.launch_form import FormState, form_view, parse_form, read_values
 from bot.engine.events import EngineEvent, EngineEventKind
 
-from .conftest import SlackStack
 from .fake_engine import make_estimate
 
 ALICE = "UALICE0001"

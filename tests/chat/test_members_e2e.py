@@ -15,20 +15,9 @@ from typing import Any
 import httpx
 import pytest
 from engine.fakes import FakeProvider
-from fakes.slack_api import FakeSlack, UvicornThread
+from fakes.worlds import SlackStack, engine_slack_worlds
 
-from bot.chat.handlers import ChatHandlers
-from bot.chat.notifier import SlackNotifier
-from bot.chat.permissions import Permissions
-from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-from bot.chat.slack.files import SlackFiles
-from bot.planner.sources import SourcePolicy
 from bot.providers.base import Volume
-from bot.settings import Settings
-from bot.web import create_app
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET
-from .test_authz_e2e import Stack
 
 ALICE, MALLORY, ADMIN = "U_ALICE", "U_MALLORY", "U_ADMIN"
 LAUNCH = "Llama-3.1-8B method=qlora"
@@ -45,63 +34,14 @@ def shared(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path, shared: Path) -> Iterator[Callable[..., Stack]]:
-    """The Slack stack with Slack uploads (files.info + download) and the given settings
-    (TUNEBOT_ADMINS=U_ADMIN unless given)."""
-    from bot.engine.service import Engine
-
-    closers: list[Callable[[], None]] = []
-
-    def make(*, clouds: list[FakeProvider] | None = None, **env: Any) -> Stack:
-        slack = FakeSlack().start()
-        slack.token = BOT_TOKEN
-        closers.append(slack.stop)
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
-            TUNEBOT_CHAT_DATA_DIR=str(shared),
-            SLACK_BOT_TOKEN=BOT_TOKEN,
-            SLACK_API_URL=slack.api_url,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            **{"TUNEBOT_ADMINS": ADMIN, **env},
-        )
-        clouds = clouds or [FakeProvider("vast", price=0.40, volumes=True)]
-        engine = Engine(
-            settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={c.name: c for c in clouds}
-        )
-        closers.append(engine.close)
-        policy = Permissions.from_settings(settings)
-        chat = ChatHandlers(
-            engine,
-            policy,
-            secrets=settings.secrets(),
-            sources=SourcePolicy.from_settings(settings),
-            files=SlackFiles.from_settings(settings, make_sync_client(settings)),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = SlackNotifier(
-            engine,
-            make_sync_client(settings),
-            admins=sorted(policy.admins),
-            update_every_s=1.0,
-            chart_every_s=0.0,
-        )
-        notifier.attach(engine.bus).start()
-        closers.append(notifier.stop)
-        server = UvicornThread(create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event))
-        server.__enter__()
-        closers.append(lambda: server.__exit__(None, None, None))
-        http = httpx.Client(timeout=20)
-        closers.append(http.close)
-        stack = Stack(slack, engine, chat, notifier, server.url, http)  # type: ignore[arg-type]
-        stack.cloud = clouds[0]
-        return stack
-
-    yield make
-    for close in reversed(closers):
-        close()
+def make_stack(tmp_path: Path, shared: Path) -> Iterator[Callable[..., SlackStack]]:
+    """The Slack world on the real engine with Slack uploads (files.info + download) and the given settings
+    (TUNEBOT_ADMINS=U_ADMIN unless given); members name files in ``shared``."""
+    with engine_slack_worlds(tmp_path, chat_data_dir=shared, uploads=True) as make:
+        yield make
 
 
-def whole(stack: Stack, send: Callable[[], httpx.Response]) -> str:
+def whole(stack: SlackStack, send: Callable[[], httpx.Response]) -> str:
     """Everything a request's answer shows (text and blocks of the ack or the response that follows)."""
     before = len(stack.slack.of("response"))
     resp = send()
@@ -160,7 +100,7 @@ def test_team_read_opens_reading_but_not_acting(make_stack) -> None:
     assert stack.engine.get_job(job.job_id).state == "running"
 
 
-def _upload_job(stack: Stack) -> str:
+def _upload_job(stack: SlackStack) -> str:
     rows = "\n".join(json.dumps({"instruction": "Hi?", "output": "Hi there! " * 20}) for _ in range(200))
     stack.slack.add_file("F0UPLOAD1", "alice data.jsonl", (rows + "\n").encode(), user=ALICE)
     assert "Launching job" in stack.launch(f"{LAUNCH} dataset=slack:F0UPLOAD1", user=ALICE)
@@ -302,7 +242,7 @@ def budget_submission(user: str, *, scope: str, name: str, daily: str) -> dict[s
     }
 
 
-def _budgets(stack: Stack) -> list[tuple[str, str, float | None]]:
+def _budgets(stack: SlackStack) -> list[tuple[str, str, float | None]]:
     return [(b.scope, b.name, b.daily) for b in stack.engine.budgets()]
 
 

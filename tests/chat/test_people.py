@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fakes.slack_api import FakeSlack
+from fakes.worlds import SlackStack
 from slack_sdk import WebClient
 
 from bot.chat.people import People
 
-from .conftest import SlackStack
 from .test_slack_http import launch_job
 
 ALICE, BOB = "UALICE0001", "UBOB00002"

@@ -8,63 +8,12 @@ milestones, the loss chart and the finish with its cost in the thread.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from engine.fakes import FakeProvider
 from fakes.runner_events import signed
-from fakes.slack_api import FakeSlack, UvicornThread
+from fakes.worlds import estimate_id_from
 
 from bot.chat.blockkit import violations
-from bot.chat.handlers import ChatHandlers
-from bot.chat.notifier import SlackNotifier
-from bot.chat.permissions import Permissions
-from bot.chat.slack.app import build_app, make_async_client, make_sync_client
-from bot.planner.sources import SourcePolicy
-from bot.settings import Settings
-from bot.web import create_app
-
-from .conftest import BOT_TOKEN, SIGNING_SECRET, SlackStack
-from .test_slack_http import estimate_id_from
-
-
-@pytest.fixture
-def real_stack(tmp_path: Path) -> Iterator[tuple[SlackStack, object, FakeProvider]]:
-    import httpx
-
-    from bot.engine.service import Engine
-
-    with FakeSlack() as slack:
-        settings = Settings(
-            TUNEBOT_DATA_DIR=str(tmp_path / "data"),
-            TUNEBOT_CHAT_DATA_DIR=str(tmp_path),  # the test's dataset files are there
-            SLACK_BOT_TOKEN=BOT_TOKEN,
-            SLACK_API_URL=slack.api_url,
-            SLACK_SIGNING_SECRET=SIGNING_SECRET,
-            TUNEBOT_ADMINS="U_ADMIN",
-        )
-        cloud = FakeProvider("vast", price=0.40)
-        engine = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"vast": cloud})
-        chat = ChatHandlers(
-            engine,
-            Permissions.from_settings(settings),
-            secrets=settings.secrets(),
-            sources=SourcePolicy.from_settings(settings),
-        )
-        bolt = build_app(chat, client=make_async_client(settings), signing_secret=SIGNING_SECRET)
-        notifier = (
-            SlackNotifier(
-                engine, make_sync_client(settings), admins=["U_ADMIN"], update_every_s=1.0, chart_every_s=0.0
-            )
-            .attach(engine.bus)
-            .start()
-        )
-        web = create_app(bolt_app=bolt, record_runner_event=engine.record_runner_event)
-        with UvicornThread(web) as server, httpx.Client(timeout=20) as http:
-            yield SlackStack(slack, engine, chat, notifier, server.url, http), engine, cloud  # type: ignore[arg-type]
-        notifier.stop()
-        engine.close()
 
 
 def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path) -> None:

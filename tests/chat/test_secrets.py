@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+from fakes.worlds import BOT_TOKEN, RUNNER_TOKEN, SIGNING_SECRET, SlackStack, estimate_id_from
 
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.providers.registry import CLOUDS
 
-from .conftest import BOT_TOKEN, RUNNER_TOKEN, SIGNING_SECRET, SlackStack
 from .fake_engine import LEAKY_SECRET
-from .test_slack_http import estimate_id_from
 
 PROVIDER_KEYS = {
     **{spec.key_env: f"{name}-FAKE-KEY-{i:02d}aa{i:02d}" for i, (name, spec) in enumerate(CLOUDS.items())},

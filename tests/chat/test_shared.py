@@ -4,8 +4,7 @@ cannot post there)."""
 
 from __future__ import annotations
 
-from .conftest import SlackStack
-from .test_slack_http import estimate_id_from
+from fakes.worlds import SlackStack, estimate_id_from
 
 ALICE = "UALICE0001"
 

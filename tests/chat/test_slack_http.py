@@ -5,18 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+from fakes.worlds import SlackStack, estimate_id_from, sign
+
 from bot.chat.blockkit import violations
 from bot.engine.api import DailySummary, SpendLine
 from bot.engine.events import EngineEvent, EngineEventKind
-
-from .conftest import SlackStack, sign
-
-
-def estimate_id_from(message: dict) -> str:
-    for block in message["blocks"]:
-        if block["type"] == "actions":
-            return block["elements"][0]["value"]
-    raise AssertionError("no launch buttons")
 
 
 def launch_job(stack: SlackStack, model: str = "Llama-3.1-8B", user: str = "U_ALICE") -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fakes.slack_api import FakeSlack
 from fakes.socket_mode import FakeSocketMode
+from fakes.worlds import BOT_TOKEN
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.chat.blockkit import violations
@@ -26,7 +27,6 @@ from bot.chat.permissions import Permissions
 from bot.chat.slack.app import build_app, make_async_client, make_sync_client
 from bot.settings import Settings
 
-from .conftest import BOT_TOKEN
 from .fake_engine import FakeEngine
 
 APP_TOKEN = "xapp-FAKE-APP-TOKEN-1a2b"

@@ -11,9 +11,9 @@ import os
 import threading
 import time
 
-from bot.chat.replies import text_reply
+from fakes.worlds import SlackStack
 
-from .conftest import SlackStack
+from bot.chat.replies import text_reply
 
 DEFAULT_THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor
 SLOW_WORKERS = 4  # TUNEBOT_SLOW_WORKERS's default

@@ -9,11 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fakes.worlds import estimate_id_from
+
 from bot.chat.blockkit import violations
 from runner.contract.spec import EventKind, RunnerEvent, RunResults
-
-from .test_real_engine import real_stack  # noqa: F401  (the fixture)
-from .test_slack_http import estimate_id_from
 
 
 def _feed(engine: Any, job_id: str, seq: int, step: int, loss: float, *, last: bool = False) -> None:
@@ -29,7 +28,7 @@ def _feed(engine: Any, job_id: str, seq: int, step: int, loss: float, *, last: b
     ingest(engine.ctx, job_id, events)
 
 
-def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) -> None:  # noqa: F811
+def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) -> None:
     stack, engine, cloud = real_stack
     data = tmp_path / "train.jsonl"
     record = {"instruction": "Say hi.", "input": "", "output": "Hi there! " * 20}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from fakes.worlds import SlackStack
+
 from bot.chat.blockkit import to_message, violations
 from bot.chat.weekly import weekly_reply
 from bot.engine.api import AuditEntry, BudgetView, FinishedJob, VolumeView, WeeklyReport
 from bot.engine.events import EngineEvent, EngineEventKind
-
-from .conftest import SlackStack
 
 ALICE, BOB, ADMIN = "UALICE0001", "UBOB00002", "UADMIN003"
 

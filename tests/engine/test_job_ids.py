@@ -12,11 +12,10 @@ import logging
 import httpx
 import pytest
 from fakes.runner_events import signed
-from fakes.slack_api import UvicornThread
+from fakes.worlds import serve_web
 from typer.testing import CliRunner
 
 from bot.engine.api import EngineError
-from bot.web import create_app
 from runner.contract.spec import JobSpec
 
 from .conftest import estimate_for, request
@@ -58,8 +57,8 @@ def test_runner_events_with_a_hostile_job_id_are_400_and_log_nothing_raw(
             assert engine.runner_token_job("B" * 43) is None
             lookup = engine.runner_token_job
         extra = {"runner_token_job": lookup} if lookup else {}
-        web = create_app(record_runner_event=engine.record_runner_event, **extra)
-        with UvicornThread(web) as server, caplog.at_level(logging.INFO):
+        served = serve_web(record_runner_event=engine.record_runner_event, **extra)
+        with served as server, caplog.at_level(logging.INFO):
             for bad in HOSTILE:
                 event = {"job_id": bad, "seq": 1, "kind": "progress", "step": 1}
                 resp = httpx.post(
