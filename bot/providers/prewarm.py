@@ -54,6 +54,7 @@ class _Warm:
             [python, "-P", "-m", "runner.prewarm", self.socket_path, str(IDLE_S)],
             stdin=subprocess.PIPE,  # closed when the bot ends: the process ends with it
             stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered: what select() says is readable is all there is to read
             stderr=subprocess.DEVNULL,
             cwd=self.folder,
             env=env,
@@ -64,15 +65,16 @@ class _Warm:
         self.last_used = time.monotonic()
 
     def is_ready(self) -> bool:
-        """Whether it has said it is ready (never waits: a launch does not wait for torch to import)."""
-        if not self.ready and self.proc.poll() is None:
-            assert self.proc.stdout is not None
+        """Whether it has said it is ready (never waits: a launch does not wait for torch to import). A
+        library may print a line of its own while it is imported: only "ready" counts."""
+        assert self.proc.stdout is not None
+        while not self.ready and not self.failed:
             said, _, _ = select.select([self.proc.stdout], [], [], 0)
-            if said:
-                self.ready = self.proc.stdout.readline().strip() == b"ready"
-                self.failed = not self.ready
-        elif not self.ready:
-            self.failed = True
+            if not said:
+                break
+            line = self.proc.stdout.readline()
+            self.ready = line.strip() == b"ready"
+            self.failed = not line  # it ended before it was ready
         return self.ready and self.proc.poll() is None
 
     def alive(self) -> bool:
