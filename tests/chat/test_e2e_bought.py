@@ -22,6 +22,10 @@ from bot.engine.record.jobstate import FINAL
 CADENCE = {"checkpoint": {"every_minutes": 0.02, "keep": 2}, "report": {"every_seconds": 0.3}}
 SHARED = "seq=256 batch=4 accum=1 warmup=5% scheduler=cosine seed=0 plateau=no checkpointing=no"
 TINY = f"{SHARED} r=8 alpha=16"
+# The sweep's steps are 8x bigger: a stage is decided once every live run has its eval loss at the stage's step,
+# a tick or two after the slowest; the runs must not reach the full length before (one OpenMP thread and a
+# prewarmed start make a 2,048-token step of the tiny model take about 0.1 s here).
+SWEEP = SHARED.replace("batch=4 accum=1", "batch=8 accum=4")
 
 
 @pytest.fixture
@@ -72,7 +76,7 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
 
     max_cost = 40.0  # the caps scale with it: room for runner start-ups on a loaded 2-core machine
     reply = world.say(
-        f"sweep {world.model} dataset={world.data} {SHARED} steps=32 eval=10% samples=1 "
+        f"sweep {world.model} dataset={world.data} {SWEEP} steps=32 eval=10% samples=1 "
         f"lr=1e-3,2e-2 r=4,8 max_cost=${max_cost:g}"
     )
     said = text(reply)
