@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fakes.slack_api import FakeSlack
 from fakes.socket_mode import FakeSocketMode
-from fakes.worlds import BOT_TOKEN
+from fakes.worlds import BOT_TOKEN, listeners_settled
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.chat.blockkit import violations
@@ -179,7 +179,7 @@ def test_app_home_is_published_on_first_delivery_and_once_per_event(socket_stack
     view = stack.slack.wait_for("views.publish", 1)[0].body
     assert view["user_id"] == ALICE and view["view"]["type"] == "home"
     stack.event(opened, event_id="Ev100", retry_attempt=1)  # Slack retries what it thinks was lost
-    time.sleep(0.5)
+    listeners_settled()  # acked: whatever the retry started has ended, a publish it caused is recorded
     assert len(stack.slack.of("views.publish")) == 1
     stack.event(opened, event_id="Ev101", retry_attempt=2)  # a retry of a delivery that never arrived
     stack.slack.wait_for("views.publish", 2)

@@ -473,7 +473,17 @@ def test_two_serve_replicas_adopt_an_unrecorded_instance_once_on_postgres(pg_url
                             pytest.fail(f"a replica exited {proc.returncode}:\n{said}")
                         assert time.time() < deadline, "serve did not start"
                         time.sleep(0.3)
-                time.sleep(2.0)  # both replicas have resumed; let their first ticks run too
+                # the leader has resumed (before its periodic jobs start) and a tick of it has ended since
+                # both answered: evidence in task_runs, not a guess at how long that takes
+                healthy_at = time.time()
+                while not watch.execute(
+                    "SELECT 1 FROM task_runs WHERE task = 'tick' AND started_at >= %s"
+                    " AND finished_at IS NOT NULL",
+                    (healthy_at,),
+                ).fetchone():
+                    assert time.time() < healthy_at + 90, "no tick of the leader ended"
+                    assert all(p.poll() is None for p in procs), "a replica exited"
+                    time.sleep(0.2)
                 check = Engine(settings, db_url=pg_url, providers={"vast": client})
                 with check.session() as s:
                     rows = s.execute(select(Instance)).scalars().all()

@@ -107,6 +107,30 @@ def wait_healthy(procs: list[subprocess.Popen[bytes]], ports: list[int]) -> None
     assert all(up.values()), up
 
 
+def wait_tick(pg_url: str, procs: list[subprocess.Popen[bytes]], after: float, timeout: float = 90) -> None:
+    """Wait until the leader's scheduler has finished a tick that started at ``after`` (time.time()) or later:
+    its start-up resume ran before its periodic jobs began, and every replica has been campaigning beside it
+    since ``after``. Evidence in the database (task_runs) where a sleep would guess the time it takes."""
+    from sqlmodel import Session
+
+    from store.models import TaskRun
+
+    db = make_engine(pg_url)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with Session(db) as s:
+            done = s.execute(
+                select(TaskRun).where(
+                    TaskRun.task == "tick", TaskRun.started_at >= after, TaskRun.finished_at.is_not(None)
+                )
+            ).first()
+        if done is not None:
+            return
+        assert all(p.poll() is None for p in procs), "a replica died next to the leader"
+        time.sleep(0.2)
+    raise AssertionError(f"no tick of the leader ended within {timeout} s")
+
+
 def leaders_before_stop(outputs: list[str], stopped_at: datetime) -> int:
     """How many times a replica became the leader while all were up. Once the leader exits on SIGTERM
     its lease is free, and a replica still shutting down may take it: that is not a second leader."""
@@ -150,7 +174,7 @@ def test_a_replica_started_next_to_the_leader_does_not_take_over_its_launch(
             ports = [free_port(), free_port()]
             procs.append(start_serve(env, ports[0], tmp_path / "leader"))
             wait_healthy(procs, ports[:1])
-            time.sleep(2.0)  # the leader's own start-up resume is done
+            wait_tick(pg_url, procs, after=0.0)  # the leader's own start-up resume is done (it runs first)
             now = time.time()
             with Session(make_engine(pg_url)) as s:
                 s.add(
@@ -174,7 +198,7 @@ def test_a_replica_started_next_to_the_leader_does_not_take_over_its_launch(
                 s.commit()
             procs.append(start_serve(env, ports[1], tmp_path / "replica"))
             wait_healthy(procs, ports)
-            time.sleep(4.0)
+            wait_tick(pg_url, procs, after=time.time())  # the replica campaigned beside the leader meanwhile
             assert [p.poll() for p in procs] == [None, None], "a replica died next to the leader"
             with Session(make_engine(pg_url)) as s:
                 job = s.get(Job, "jinflight")
@@ -200,7 +224,8 @@ def test_two_replicas_started_at_once_both_stay_up_and_one_adopts(pg_url: str, t
             env = serve_env(pg_url, slack, vast)
             procs = [start_serve(env, port, tmp_path / f"r{i}") for i, port in enumerate(ports)]
             wait_healthy(procs, ports)
-            time.sleep(5.0)  # leadership settled, the leader's resume done; both must still be up
+            # leadership settled: the leader's resume done, a tick after both were up; both must still be up
+            wait_tick(pg_url, procs, after=time.time())
             assert [p.poll() for p in procs] == [None, None], "a replica died next to the leader"
             db = make_engine(pg_url)
             from sqlmodel import Session

@@ -28,6 +28,21 @@ def _runs(log: Path) -> list[tuple[int, str, int, float]]:
     return out
 
 
+def _last_key(log: Path) -> int:
+    return max(key for _, _, key, _ in _runs(log))
+
+
+def _wait_periods(log: Path, key: int, timeout: float = 60.0) -> None:
+    """Wait until every task has run for period ``key`` or a later one (the scheduler's own periods passing,
+    however slowly this machine runs them), rather than sleeping a number of periods."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if {name for _, name, k, _ in _runs(log) if k >= key} >= {"reconcile", "summary"}:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no run for period {key}: {_runs(log)[-6:]}")
+
+
 def _spawn(db_url: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(HERE / "scheduler_worker.py"), db_url, str(log), str(PERIOD), str(LEASE)],
@@ -50,7 +65,8 @@ def test_two_processes_one_leader_each_task_once_per_period_standby_takes_over(p
         assert _runs(log), "no task ran"
         second = _spawn(pg_url, log)
         assert second.stdout.readline().strip() == "ready"
-        time.sleep(4 * PERIOD)
+        # four more periods of every task while the standby campaigns beside the leader
+        _wait_periods(log, _last_key(log) + 4)
         both = _runs(log)
         assert {pid for pid, *_ in both} == {first.pid}, "the standby ran tasks while the leader lived"
         first.send_signal(signal.SIGKILL)
@@ -62,7 +78,7 @@ def test_two_processes_one_leader_each_task_once_per_period_standby_takes_over(p
         taken = [r for r in _runs(log) if r[0] == second.pid]
         assert taken, "the standby never took over"
         assert taken[0][3] - killed_at < 4 * LEASE + 2 * PERIOD
-        time.sleep(3 * PERIOD)
+        _wait_periods(log, taken[0][2] + 3)  # three more periods under the new leader
         runs = _runs(log)
         per_period = collections.Counter((name, key) for _, name, key, _ in runs)
         assert max(per_period.values()) == 1, f"a task ran twice in one period: {per_period.most_common(3)}"

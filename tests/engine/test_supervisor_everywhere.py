@@ -128,7 +128,7 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str, log: Callable[[], 
         value = cond()
         if value:
             return value
-        time.sleep(1.0)
+        time.sleep(0.2)
     raise AssertionError(f"gave up waiting for {what}\n{log()[-6000:]}")
 
 
@@ -137,6 +137,17 @@ def _job_row(data_dir: Path, job_id: str) -> dict[str, Any]:
         db.row_factory = sqlite3.Row
         row = db.execute("select * from jobs where id = ?", (job_id,)).fetchone()
         return dict(row) if row else {}
+
+
+def _ticks_done(data_dir: Path) -> list[dict[str, Any]]:
+    """The scheduler's tick runs that have finished (store.models.TaskRun rows, one per period)."""
+    try:
+        with sqlite3.connect(data_dir / "tunebot.db") as db:
+            db.row_factory = sqlite3.Row
+            rows = db.execute("select * from task_runs where task = 'tick' and finished_at is not null")
+            return [dict(r) for r in rows]
+    except sqlite3.OperationalError:  # busy: the supervisor is writing
+        return []
 
 
 def _instances(data_dir: Path, job_id: str) -> list[dict[str, Any]]:
@@ -199,7 +210,8 @@ def test_serve_with_no_slack_variables_stays_up_and_answers_healthz(tmp_path: Pa
     health = serve.wait_healthy()
     assert health == {"ok": True, "slack": False, "engine": True}
     _wait(lambda: "is now the leader" in serve.output(), 120, "the scheduler's lead", serve.output)
-    time.sleep(12)  # past a tick of the scheduler (every 10 s)
+    ticks = _wait(lambda: _ticks_done(tmp_path / "data"), 120, "a tick of the scheduler to end", serve.output)
+    assert ticks[0]["ok"], ticks  # no job to supervise, nothing to fail on
     assert serve.proc is not None and serve.proc.poll() is None, serve.output()  # still up: no exit 2
     assert serve.healthz() == health
     out = serve.output()

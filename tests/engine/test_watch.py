@@ -40,6 +40,7 @@ def _wait(cond, timeout: float = 20.0) -> bool:  # noqa: ANN001
 
 
 def test_scheduler_leader_keeps_a_lease_every_process_can_read(make_engine):
+    from bot.engine.watching.watch import supervisor
     from bot.scheduler import Scheduler
 
     engine = make_engine(clock=time.time)
@@ -50,8 +51,17 @@ def test_scheduler_leader_keeps_a_lease_every_process_can_read(make_engine):
     try:
         assert _wait(lambda: sched.is_leader), "no leader"
         assert _wait(other.supervised)  # on PostgreSQL too, where the advisory lock decides who leads
-        time.sleep(4.0)  # past one lease period: renewed, still alive
-        assert other.supervised()
+        seen = [supervisor(other.ctx)]  # the lease the others read, as it is renewed
+
+        def past_the_first_expiry() -> bool:
+            lease = supervisor(other.ctx)
+            assert lease is not None, f"the lease lapsed: {seen[-1]}"
+            assert lease.renewed_at <= seen[-1].expires_at, f"renewed after it expired: {seen[-1]}, {lease}"
+            seen.append(lease)
+            return lease.renewed_at > seen[0].expires_at
+
+        assert _wait(past_the_first_expiry), seen[-1]  # each renewal made before the lease before it expired
+        assert other.supervised()  # still alive past one lease period
     finally:
         sched.stop()
     assert not other.supervised()  # a stopped supervisor says so at once

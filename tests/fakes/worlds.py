@@ -68,6 +68,19 @@ def ticked_until(engine: Any, done: Callable[[], bool], timeout: float) -> bool:
 
 
 # --- Slack ------------------------------------------------------------------------------------------------
+def listeners_settled(timeout: float = 30.0) -> None:
+    """Wait until the work the Slack listeners handed to tasks after their acks (bot.chat.slack.common.spawn)
+    has ended. Listeners ack after they ran (process_before_response), so once a request's response or a
+    Socket Mode ack came back, what it started is in that set until it ends: this ends the wait on an event
+    (nothing left) where a sleep would guess how long a task takes."""
+    from bot.chat.slack import common
+
+    deadline = time.monotonic() + timeout
+    while common._background:
+        if time.monotonic() > deadline:
+            left = len(common._background)
+            raise AssertionError(f"{left} listener task(s) still running after {timeout:g} s")
+        time.sleep(0.02)
 
 
 @dataclass

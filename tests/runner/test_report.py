@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 import time
+import types
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -189,18 +190,46 @@ def test_seq_continues_from_start_seq_and_keeps_earlier_events(tmp_path):
     assert [e.seq for e in events] == list(range(7))
 
 
-def test_progress_writes_are_throttled_but_other_kinds_are_written_at_once(tmp_path):
+def test_progress_writes_are_throttled_but_other_kinds_are_written_at_once(tmp_path, monkeypatch):
+    """No sleep to see that nothing was written: the writer thread is watched going to sleep with the progress
+    event pending (a timed wait on its condition), and every write it made is recorded in order."""
+    import runner.report as report
+
+    written: list[int] = []  # the last_seq of every write of the progress object, in order
+    real_write = report.write_atomically
+
+    def write(uri: str, data: bytes) -> None:
+        real_write(uri, data)
+        written.append(json.loads(data)["last_seq"])
+
+    held: list[float] = []  # the writer went to sleep with events pending: for how long at most
+    holding = threading.Event()
+
+    class Condition(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            if timeout is not None:  # the writer waits without a timeout when nothing is pending
+                held.append(timeout)
+                holding.set()
+            return super().wait(timeout)
+
+    spy = types.SimpleNamespace(**{**vars(threading), "Condition": Condition})  # the reporter's module alone
+    monkeypatch.setattr(report, "write_atomically", write)
+    monkeypatch.setattr(report, "threading", spy)
     reporter = Reporter(make_spec(tmp_path, None), progress_every_seconds=60)
     reporter.emit(EventKind.started)
-    assert wait_for(lambda: (tmp_path / "progress.json").exists())
+    assert wait_for(lambda: written == [0]), written
+    assert not holding.is_set()  # a started event is written at once
     reporter.emit(EventKind.progress, step=1)
-    time.sleep(0.3)
+    assert holding.wait(10), "the writer never held the progress event back"
+    assert 0 < held[-1] <= 60 and written == [0], (held, written)
     assert read_progress(tmp_path)["last_seq"] == 0  # a progress event waits for the next write
     reporter.emit(EventKind.checkpoint, step=1)
     assert wait_for(lambda: read_progress(tmp_path)["last_seq"] == 2)
+    assert written == [0, 2], written  # the checkpoint took the progress event with it: never written alone
     reporter.emit(EventKind.progress, step=2)
     reporter.close()
     assert read_progress(tmp_path)["last_seq"] == 3  # close flushes
+    assert written == [0, 2, 3], written
 
 
 def test_refused_events_are_not_retried_and_the_token_stays_secret(receiver, tmp_path, caplog):
