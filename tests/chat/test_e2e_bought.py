@@ -22,9 +22,9 @@ from bot.engine.record.jobstate import FINAL
 CADENCE = {"checkpoint": {"every_minutes": 0.02, "keep": 2}, "report": {"every_seconds": 0.3}}
 SHARED = "seq=256 batch=4 accum=1 warmup=5% scheduler=cosine seed=0 plateau=no checkpointing=no"
 TINY = f"{SHARED} r=8 alpha=16"
-# The sweep's steps are 8x bigger: a stage is decided once every live run has its eval loss at the stage's step,
-# a tick or two after the slowest; the runs must not reach the full length before (one OpenMP thread and a
-# prewarmed start make a 2,048-token step of the tiny model take about 0.1 s here).
+# The sweep's steps are 8x bigger: a stage is decided once every live run has its eval loss at the stage's
+# step, a tick or two after the slowest; the runs must not reach the full length before (one OpenMP thread
+# and a prewarmed start make a 2,048-token step of the tiny model take about 0.1 s here).
 SWEEP = SHARED.replace("batch=4 accum=1", "batch=8 accum=4")
 
 
