@@ -46,8 +46,9 @@ def tiny_spec(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return spec
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def pool() -> prewarm.Prewarmed:
+    """One pool for the module (its process imports torch once), not the suite's own."""
     own = prewarm.Prewarmed(sys.executable)
     yield own
     own.stop()
