@@ -16,6 +16,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import func, select
+
 from bot.engine.launching import integrity
 from bot.engine.watching.runner_events import ingest, ingest_many, valid_events
 from runner.contract.integrity import EVENT, verify
@@ -25,7 +27,7 @@ from runner.contract.spec import (
     progress_uri,
 )
 from store.db import update_each
-from store.models import Job
+from store.models import Job, RunnerEventRecord
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
@@ -119,6 +121,7 @@ def _new_events(
     *,
     refused: Counter[str] | None = None,
     key: bytes,
+    held: Window | None = None,
 ) -> tuple[list[dict[str, Any]], Window] | None:
     """The event objects of a progress object that have not been stored yet as far as the last read
     knows, and the object's window to remember once they are stored. None: nothing to do (no object,
@@ -130,6 +133,8 @@ def _new_events(
     whose seq lies inside the last read's window and is not newer than that read's newest event was
     in that read, which was stored: skipped here. A resumed run renumbering from its checkpoint
     writes *newer* events under known seqs; those pass and are checked against the stored ones.
+    With no read recorded (the first read after the upgrade that added windows), ``held`` stands for
+    one: the window of the job's stored events (``held_windows``), when the object starts inside it.
 
     Only items the key of the job's current run (``key``) signed count, for the window too
     (bot/engine/launching/integrity.py): a forged item with a huge seq or a future timestamp would otherwise
@@ -145,6 +150,8 @@ def _new_events(
     if seen is not None and seen[0] == digest:
         eng.memory.progress_seen[job_id] = seen
         return None
+    if seen is None and held is not None and _starts_within(raw, held):
+        seen = held  # never read, but its events are stored: only the events after them are parsed
     items = _tail(raw, seen, key) if seen is not None else None
     whole = items is None
     if items is None:
@@ -180,6 +187,53 @@ def _new_events(
         last = seen[2]
     out.sort(key=lambda i: i["seq"])
     return out, (digest, first, last, newest)
+
+
+def held_windows(eng: EngineContext, job_ids: list[str]) -> dict[str, Window]:
+    """For jobs with no read recorded: the window of their stored events, as if one read had held them
+    all (no digest; the first and the last stored seq; the last one's runner timestamp), where the
+    store holds every seq between the two. A read stores all it finds new at once, in seq order, so
+    an event of the object inside that window and not newer than the last stored one is stored. Jobs
+    with a gap in their stored events get none (their object is read whole). A few queries on the
+    events' (job, seq) index; one timestamp read per job."""
+    ev = RunnerEventRecord
+    out: dict[str, Window] = {}
+    with eng.session() as s:
+        for k in range(0, len(job_ids), 500):
+            spans = (
+                select(
+                    ev.job_id,
+                    func.count().label("n"),
+                    func.min(ev.seq).label("lo"),
+                    func.max(ev.seq).label("hi"),
+                )
+                .where(ev.job_id.in_(job_ids[k : k + 500]))
+                .group_by(ev.job_id)
+                .subquery()
+            )
+            last = ev.payload["timestamp"].as_float()
+            q = select(spans.c.job_id, spans.c.n, spans.c.lo, spans.c.hi, last).join(
+                ev, (ev.job_id == spans.c.job_id) & (ev.seq == spans.c.hi)
+            )
+            for jid, n, lo, hi, ts in s.execute(q):
+                if n == hi - lo + 1 and ts is not None:
+                    out[jid] = ("", lo, hi, float(ts))
+    return out
+
+
+def _starts_within(raw: bytes, held: Window) -> bool:
+    """Whether the object's first event lies at or after the first stored one (else the events before
+    the stored ones are read too: the object is parsed whole)."""
+    text = raw.decode("utf-8", errors="replace")
+    pos = text.find(_EVENT_START)
+    if pos == -1:
+        return False
+    try:
+        item, _ = json.JSONDecoder().raw_decode(text, pos)
+    except ValueError:
+        return False
+    seq = item.get("seq") if isinstance(item, dict) else None
+    return isinstance(seq, int) and seq >= held[1]
 
 
 def _plain(item: dict[str, Any]) -> bool:
@@ -253,6 +307,10 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
     stats = eng.memory.progress_stat
     now = time.monotonic()
     integrity.load_run_keys(eng, {jid: run_ids.get(jid) for jid in uris})  # one query, not one per job
+    never_read = [
+        j for j in uris if j not in eng.memory.progress_seen and parse_window(stored_windows.get(j)) is None
+    ]
+    held = held_windows(eng, never_read) if never_read else {}
     for jid, uri in uris.items():
         if jid not in raws:  # a file on this machine: unchanged (same size and mtime) is not read again,
             stamp = _stat(uri)  # though at least once a minute in case two writes shared an mtime
@@ -265,7 +323,9 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
             continue  # no current run (it just ended): nothing is accepted from anyone
         verified_by[jid] = current[0]
         refused: Counter[str] = Counter()
-        parsed = _new_events(eng, jid, raw, stored_windows.get(jid), refused=refused, key=current[1])
+        parsed = _new_events(
+            eng, jid, raw, stored_windows.get(jid), refused=refused, key=current[1], held=held.get(jid)
+        )
         integrity.report_refused(eng, jid, refused)
         if parsed is not None:
             batch[jid], windows[jid] = parsed
