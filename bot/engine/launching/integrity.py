@@ -200,6 +200,15 @@ def refusal(key: bytes, item: Any) -> str | None:
     return None if verify(key, EVENT, item, body) else "unsigned"
 
 
+def signed_event(key: bytes, item: Any) -> bool:
+    """Whether ``key`` signed the event object (``verify``'s verdict, its fast path first, as ``refusal``'s;
+    no size cap). Pure."""
+    fast = _fast_canonical(item)
+    if fast is not None and verify(key, EVENT, item, fast):
+        return True
+    return verify(key, EVENT, item)
+
+
 def _fast_canonical(item: Any) -> bytes | None:
     """The canonical bytes as orjson writes them (a third of json.dumps's time, stripping the MAC
     included), or None. They differ from ``canonical``'s for some objects (non-ASCII text, exponents, NaN):
@@ -207,7 +216,8 @@ def _fast_canonical(item: Any) -> bytes | None:
     exactly these bytes, which are ``canonical``'s for this object: the verdict is the exact check's."""
     if _orjson is None or not isinstance(item, dict):
         return None
-    body = {k: v for k, v in item.items() if k != MAC_FIELD}
+    body = item.copy()  # a C-level copy: the comprehension it replaces was most of the fast path's time
+    body.pop(MAC_FIELD, None)
     try:
         return _orjson.dumps(body, option=_orjson.OPT_SORT_KEYS)
     except (TypeError, ValueError):

@@ -20,7 +20,6 @@ from sqlalchemy import func, select
 
 from bot.engine.launching import integrity
 from bot.engine.watching.runner_events import ingest, ingest_many, valid_events
-from runner.contract.integrity import EVENT, verify
 from runner.contract.spec import (
     RunnerEvent,
     parse_progress,
@@ -269,7 +268,7 @@ def _tail(raw: bytes, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
             and isinstance(ts, int | float)
             and seen[1] <= seq <= seen[2]
             and ts <= seen[3]
-            and verify(key, EVENT, item)  # only the job's own event marks where the last read ended
+            and integrity.signed_event(key, item)  # only the job's own event marks where the last read ended
         ):
             out.reverse()
             return out  # this one and everything before it were in the previous read
