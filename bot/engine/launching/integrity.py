@@ -121,7 +121,7 @@ def job_key(ctx: EngineContext, job_id: str) -> bytes:
 def derive_run_key(master: bytes, job_id: str, run_id: str, secret: str) -> bytes:
     """A run's key from the master key, the job and run ids and the run's random secret (hex). Pure."""
     body = RUN_KEY_PURPOSE + job_id.encode() + b"\0" + run_id.encode() + b"\0" + bytes.fromhex(secret)
-    return hmac.new(master, body, hashlib.sha256).digest()
+    return hmac.digest(master, body, "sha256")
 
 
 def run_key(ctx: EngineContext, job_id: str, run_id: str) -> bytes | None:

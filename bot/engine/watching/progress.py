@@ -149,9 +149,10 @@ def _new_events(
     if seen is not None and seen[0] == digest:
         eng.memory.progress_seen[job_id] = seen
         return None
-    if seen is None and held is not None and _starts_within(raw, held):
+    text = raw.decode("utf-8", errors="replace") if seen is not None or held is not None else ""
+    if seen is None and held is not None and _starts_within(text, held):
         seen = held  # never read, but its events are stored: only the events after them are parsed
-    items = _tail(raw, seen, key) if seen is not None else None
+    items = _tail(text, seen, key) if seen is not None else None
     whole = items is None
     if items is None:
         try:
@@ -220,10 +221,9 @@ def held_windows(eng: EngineContext, job_ids: list[str]) -> dict[str, Window]:
     return out
 
 
-def _starts_within(raw: bytes, held: Window) -> bool:
+def _starts_within(text: str, held: Window) -> bool:
     """Whether the object's first event lies at or after the first stored one (else the events before
     the stored ones are read too: the object is parsed whole)."""
-    text = raw.decode("utf-8", errors="replace")
     pos = text.find(_EVENT_START)
     if pos == -1:
         return False
@@ -243,11 +243,10 @@ def _plain(item: dict[str, Any]) -> bool:
 _EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
 
 
-def _tail(raw: bytes, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
+def _tail(text: str, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
     """The events after the last one the previous read had, parsed from the end of the object without
     decoding the rest (a long run's object holds 200 events, ~70 KB; usually one or two are new).
     None when the object does not look as expected: the caller parses all of it."""
-    text = raw.decode("utf-8", errors="replace")
     if not text.rstrip().endswith("]}"):
         return None
     decoder = json.JSONDecoder()
