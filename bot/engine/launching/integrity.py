@@ -327,6 +327,8 @@ def expected_of(ctx: EngineContext, job: Any, default_output: str) -> Expected:
 def report_refused(ctx: EngineContext, job_id: str, refused: Counter[str]) -> None:
     """Tell the job's thread, once per job (across restarts and replicas: an audit row), that runner data
     was refused and why; log every time."""
+    if not refused:
+        return  # (most calls: nothing was refused)
     refused = Counter({k: n for k, n in refused.items() if n})
     if not refused:
         return

@@ -224,6 +224,8 @@ def held_windows(eng: EngineContext, job_ids: list[str]) -> dict[str, Window]:
 def _starts_within(text: str, held: Window) -> bool:
     """Whether the object's first event lies at or after the first stored one (else the events before
     the stored ones are read too: the object is parsed whole)."""
+    if held[1] == 0:
+        return True  # stored from seq 0: no event lies before them
     pos = text.find(_EVENT_START)
     if pos == -1:
         return False
