@@ -104,6 +104,14 @@ def window_text(window: Window) -> str:
     return f"{window[0]} {window[1]} {window[2]} {window[3]!r}"
 
 
+def object_digest(raw: bytes) -> str:
+    """The digest a window records of the object's bytes: SHA-256's first 16 bytes in hex (CPUs hash
+    SHA-256 in hardware: twice blake2b's speed on a 10 KB object; every object is hashed on a restart's
+    first tick and once a minute). A window recorded with another digest reads as changed: its object is
+    read from the tail once."""
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
 def parse_window(text: str | None) -> Window | None:
     try:
         digest, first, last, newest = (text or "").split(" ")
@@ -144,7 +152,7 @@ def _new_events(
     if len(raw) > integrity.MAX_PROGRESS_BYTES:
         refused["object_too_large"] += 1
         return None
-    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    digest = object_digest(raw)
     seen = eng.memory.progress_seen.get(job_id) or parse_window(stored)
     if seen is not None and seen[0] == digest:
         eng.memory.progress_seen[job_id] = seen
