@@ -238,7 +238,7 @@ def _starts_within(text: str, held: Window) -> bool:
     if pos == -1:
         return False
     try:
-        item, _ = json.JSONDecoder().raw_decode(text, pos)
+        item, _ = _DECODER.raw_decode(text, pos)
     except ValueError:
         return False
     seq = item.get("seq") if isinstance(item, dict) else None
@@ -251,6 +251,7 @@ def _plain(item: dict[str, Any]) -> bool:
 
 
 _EVENT_START = '{"version": '  # how the runner's json.dumps writes each event object's first key
+_DECODER = json.JSONDecoder()  # one for every read (making one per object was a tenth of a tail read)
 
 
 def _tail(text: str, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
@@ -259,14 +260,13 @@ def _tail(text: str, seen: tuple, key: bytes) -> list[dict[str, Any]] | None:
     None when the object does not look as expected: the caller parses all of it."""
     if not text.rstrip().endswith("]}"):
         return None
-    decoder = json.JSONDecoder()
     out: list[dict[str, Any]] = []
     end = text.rstrip()[:-2].rstrip()
     limit = len(end)
     pos = text.rfind(_EVENT_START, 0, limit)
     while pos != -1 and len(out) <= 50:
         try:
-            item, stop = decoder.raw_decode(text, pos)
+            item, stop = _DECODER.raw_decode(text, pos)
         except ValueError:
             return None
         if not isinstance(item, dict) or text[stop:limit].strip(" ,\n") != "":
