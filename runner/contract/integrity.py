@@ -20,7 +20,6 @@ library only (the bot imports it), compared with ``hmac.compare_digest``.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
@@ -51,8 +50,9 @@ def canonical(obj: Mapping[str, Any]) -> bytes:
 
 
 def mac_of(key: bytes, purpose: str, body: bytes) -> str:
-    """The MAC of an object's canonical bytes."""
-    return hmac.new(key, purpose.encode() + b"\0" + body, hashlib.sha256).hexdigest()
+    """The MAC of an object's canonical bytes (``hmac.digest``: HMAC-SHA256 in one call, the same value as
+    ``hmac.new(...).hexdigest()``)."""
+    return hmac.digest(key, purpose.encode() + b"\0" + body, "sha256").hex()
 
 
 def mac(key: bytes, purpose: str, obj: Mapping[str, Any]) -> str:

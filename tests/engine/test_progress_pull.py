@@ -184,3 +184,125 @@ def test_the_engine_forgets_the_progress_objects_of_jobs_that_ended(engine, fake
     mem = engine.ctx.memory
     assert job_id not in mem.progress_seen and job_id not in mem.progress_stat
     assert other in mem.progress_seen
+
+
+def _forget_reads(engine, job_id: str) -> None:  # type: ignore[no-untyped-def]
+    """As after the upgrade that added windows: the events are stored, no read of the object is recorded."""
+    with engine.session() as s:
+        s.get(Job, job_id).progress_window = None
+        s.commit()
+
+
+def _drop_stored(engine, job_id: str, seqs: list[int]) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import delete
+
+    with engine.session() as s:
+        s.execute(
+            delete(RunnerEventRecord).where(
+                RunnerEventRecord.job_id == job_id, RunnerEventRecord.seq.in_(seqs)
+            )
+        )
+        s.commit()
+
+
+def test_a_first_read_of_stored_events_parses_only_the_events_after_them(
+    engine, make_engine, fake, monkeypatch
+):
+    from bot.engine.watching import progress
+
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    events = [ev(job_id, q) for q in range(10)]
+    write(engine, path, job_id, events)
+    engine.tick()
+    _forget_reads(engine, job_id)
+    events += [ev(job_id, 10), ev(job_id, 11)]
+    write(engine, path, job_id, events)
+    fresh = make_engine()
+    rec = Recorder(fresh.bus)
+    wholes: list[bytes] = []
+    monkeypatch.setattr(progress, "_loads", lambda raw: wholes.append(raw) or json.loads(raw))
+    fresh.tick()
+    assert [q for q, _ in stored(fresh, job_id)] == list(range(12))
+    assert [e.data["step"] for e in rec.events if e.kind == "progress" and e.job_id == job_id] == [100, 110]
+    assert wholes == [], "the object was parsed whole though its first ten events are stored"
+    with fresh.session() as s:
+        assert s.get(Job, job_id).progress_window.split(" ")[1:3] == ["0", "11"]
+
+
+def test_a_first_read_of_stored_events_with_a_gap_or_older_events_reads_the_object_whole(
+    engine, make_engine, fake
+):
+    job_id, other = two_running_jobs(engine, fake)
+    for j in (job_id, other):
+        write(engine, progress_path(engine, j), j, [ev(j, q) for q in range(10)])
+    engine.tick()
+    _drop_stored(engine, job_id, [5])  # a gap: seq 5 is not stored
+    _drop_stored(engine, other, [0, 1, 2])  # the object starts before the stored events
+    for j in (job_id, other):
+        _forget_reads(engine, j)
+        write(engine, progress_path(engine, j), j, [ev(j, q) for q in range(11)])
+    fresh = make_engine()
+    fresh.tick()
+    for j in (job_id, other):
+        assert [q for q, _ in stored(fresh, j)] == list(range(11))
+
+
+def test_a_first_read_of_stored_events_keeps_a_resumed_runs_renumbered_events(engine, make_engine, fake):
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    old = [ev(job_id, q, ts=100.0 + q) for q in range(1, 6)]
+    write(engine, path, job_id, old)
+    engine.tick()
+    _forget_reads(engine, job_id)
+    resumed = [ev(job_id, 3, "started", ts=200.0), ev(job_id, 4, "finished", ts=201.0)]
+    write(engine, path, job_id, old[:2] + resumed)
+    fresh = make_engine()
+    fresh.tick()
+    assert stored(fresh, job_id) == [
+        (1, "progress"),
+        (2, "progress"),
+        (3, "started"),
+        (4, "finished"),
+        (5, "progress"),
+    ]
+    assert fresh.get_job(job_id).state == "succeeded"
+
+
+def test_a_first_read_of_stored_events_still_refuses_a_forged_newer_event(engine, make_engine, fake):
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    events = [ev(job_id, q) for q in range(5)]
+    write(engine, path, job_id, events)
+    engine.tick()
+    _forget_reads(engine, job_id)
+    payload = json.loads(path.read_text())
+    forged = {**payload["events"][-1], "seq": 5, "kind": "finished", "timestamp": 2000.0}
+    payload["events"].append(forged)  # the MAC of seq 4's event: not this one's
+    path.write_text(json.dumps(payload))
+    fresh = make_engine()
+    fresh.tick()
+    assert [q for q, _ in stored(fresh, job_id)] == list(range(5))
+    assert fresh.get_job(job_id).state == "running"
+
+
+def test_a_window_recorded_with_another_digest_reads_the_object_from_its_tail(engine, make_engine, fake):
+    import hashlib
+
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    events = [ev(job_id, q) for q in range(5)]
+    write(engine, path, job_id, events)
+    engine.tick()
+    with engine.session() as s:  # as an older bot recorded it (blake2b)
+        job = s.get(Job, job_id)
+        old = hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+        job.progress_window = " ".join([old, *job.progress_window.split(" ")[1:]])
+        s.commit()
+    events.append(ev(job_id, 5))
+    write(engine, path, job_id, events)
+    fresh = make_engine()
+    rec = Recorder(fresh.bus)
+    fresh.tick()
+    assert [q for q, _ in stored(fresh, job_id)] == list(range(6))
+    assert [e.data["step"] for e in rec.events if e.kind == "progress" and e.job_id == job_id] == [50]

@@ -121,7 +121,7 @@ def job_key(ctx: EngineContext, job_id: str) -> bytes:
 def derive_run_key(master: bytes, job_id: str, run_id: str, secret: str) -> bytes:
     """A run's key from the master key, the job and run ids and the run's random secret (hex). Pure."""
     body = RUN_KEY_PURPOSE + job_id.encode() + b"\0" + run_id.encode() + b"\0" + bytes.fromhex(secret)
-    return hmac.new(master, body, hashlib.sha256).digest()
+    return hmac.digest(master, body, "sha256")
 
 
 def run_key(ctx: EngineContext, job_id: str, run_id: str) -> bytes | None:
@@ -200,6 +200,15 @@ def refusal(key: bytes, item: Any) -> str | None:
     return None if verify(key, EVENT, item, body) else "unsigned"
 
 
+def signed_event(key: bytes, item: Any) -> bool:
+    """Whether ``key`` signed the event object (``verify``'s verdict, its fast path first, as ``refusal``'s;
+    no size cap). Pure."""
+    fast = _fast_canonical(item)
+    if fast is not None and verify(key, EVENT, item, fast):
+        return True
+    return verify(key, EVENT, item)
+
+
 def _fast_canonical(item: Any) -> bytes | None:
     """The canonical bytes as orjson writes them (a third of json.dumps's time, stripping the MAC
     included), or None. They differ from ``canonical``'s for some objects (non-ASCII text, exponents, NaN):
@@ -207,7 +216,8 @@ def _fast_canonical(item: Any) -> bytes | None:
     exactly these bytes, which are ``canonical``'s for this object: the verdict is the exact check's."""
     if _orjson is None or not isinstance(item, dict):
         return None
-    body = {k: v for k, v in item.items() if k != MAC_FIELD}
+    body = item.copy()  # a C-level copy: the comprehension it replaces was most of the fast path's time
+    body.pop(MAC_FIELD, None)
     try:
         return _orjson.dumps(body, option=_orjson.OPT_SORT_KEYS)
     except (TypeError, ValueError):
@@ -317,6 +327,8 @@ def expected_of(ctx: EngineContext, job: Any, default_output: str) -> Expected:
 def report_refused(ctx: EngineContext, job_id: str, refused: Counter[str]) -> None:
     """Tell the job's thread, once per job (across restarts and replicas: an audit row), that runner data
     was refused and why; log every time."""
+    if not refused:
+        return  # (most calls: nothing was refused)
     refused = Counter({k: n for k, n in refused.items() if n})
     if not refused:
         return

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 
@@ -63,9 +63,9 @@ class SupervisionLimits:
         )
 
 
-@dataclass(frozen=True)
-class JobFacts:
-    """The columns of a job that supervision reads."""
+class JobFacts(NamedTuple):
+    """The columns of a job that supervision reads (a named tuple: a tick builds one per active job,
+    several times cheaper than a frozen dataclass)."""
 
     id: str
     state: str
@@ -83,22 +83,22 @@ class JobFacts:
     @classmethod
     def of(cls, job: Job) -> JobFacts:
         return cls(
-            id=job.id,
-            state=job.state,
-            outcome=job.outcome,
-            message=job.message,
-            stop_requested_at=job.stop_requested_at,
-            stop_reason=job.stop_reason,
-            last_event_at=job.last_event_at,
-            started_at=job.started_at,
-            max_cost=job.max_cost,
-            start_deadline_s=job.start_deadline_s,
+            job.id,
+            job.state,
+            job.outcome,
+            job.message,
+            job.stop_requested_at,
+            job.stop_reason,
+            job.last_event_at,
+            job.started_at,
+            job.max_cost,
+            job.start_deadline_s,
         )
 
 
-@dataclass(frozen=True)
-class Observation:
-    """What the provider said of the job's newest open instance, and what the job has spent.
+class Observation(NamedTuple):
+    """What the provider said of the job's newest open instance, and what the job has spent (a named
+    tuple, as JobFacts).
 
     ``verdict``: running | provisioning | unknown | preempted | exited | gone | error ("error": the
     provider could not be asked; "gone" also when the job has no open instance).
