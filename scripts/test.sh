@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 ./scripts/install.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# One worker per core, a test file per worker at a time (a file's module fixtures and its order stay whole).
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile "$@"
