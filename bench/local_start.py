@@ -60,7 +60,7 @@ def main() -> None:
     spec["checkpoint"]["uri"] = str(work / "checkpoints")
     plain = LocalProvider(workdir=work / "plain", prewarm=False)
     warm = LocalProvider(workdir=work / "warm", prewarm=True)
-    one(warm, spec, "warm-up")  # starts the prewarmed process (this launch itself starts the plain way)
+    warm.warm()  # starts the prewarmed process
     pool = prewarm.shared(sys.executable)
     while not any(w.is_ready() for w in pool._warm.values()):
         time.sleep(0.1)

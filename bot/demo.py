@@ -93,6 +93,7 @@ class Demo:
         settings = Settings(TUNEBOT_DATA_DIR=str(self.workdir / "data"), TUNEBOT_HEARTBEAT_TIMEOUT=120)
         # Unbuffered runner output: the demo watches the runner's log to time the preemption.
         self.local = LocalProvider(workdir=self.workdir / "local", extra_env={"PYTHONUNBUFFERED": "1"})
+        self.local.warm()  # the relaunch after the preemption and the second run fork from it
         self.engine = Engine(
             settings,
             db_url=f"sqlite:///{self.workdir / 'tunebot.db'}",

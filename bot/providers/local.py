@@ -385,6 +385,12 @@ class LocalProvider:
         self._children[proc.pid] = proc
         return proc.pid
 
+    def warm(self) -> None:
+        """Start the prewarmed process for this provider's runners now (a process that will launch several:
+        the demo); launches fork from it once it has imported the libraries. Nothing when prewarm is off."""
+        if self._prewarm_on() and list(self.runner_command) == list(DEFAULT_RUNNER_COMMAND):
+            prewarm.shared(sys.executable).warm({**inherited_env(os.environ), **self.extra_env})
+
     def _prewarm_on(self) -> bool:
         if self.prewarm is None:
             from bot.settings import get_settings

@@ -7,9 +7,10 @@ files). One prewarmed process serves one *import environment*: the launch's envi
 own values (TUNEBOT_*, AWS_*, tokens and keys), which libraries do not read at import and which must never
 sit in a process that outlives the run. A launch whose import environment differs (another HF_ENDPOINT,
 another thread count) gets its own process, so what a library read at import is what a fresh runner would
-have read. The first launch in an environment starts the plain way while its process imports; later ones
-fork. The processes end with the bot (their stdin closes) or after IDLE_S without a start, and at most
-MAX_PROCESSES live at once. Anything that goes wrong here falls back to the plain start (``start`` -> None).
+have read. The second launch in an environment (or ``warm``) starts its process, and launches fork once it
+is ready; until then they start the plain way (a launch never waits for torch to import). The processes end
+with the bot (their stdin closes) or after IDLE_S without a start, and at most MAX_PROCESSES live at once.
+Anything that goes wrong here falls back to the plain start (``start`` -> None).
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class _Warm:
         return int(answer["pid"])
 
     def stop(self) -> None:
+        """Ends it: a ready one leaves when its stdin closes; one still importing is killed (no exit waits
+        for torch to finish importing)."""
+        if not self.ready:
+            self.proc.kill()
         with contextlib.suppress(OSError, ValueError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -111,10 +116,12 @@ class Prewarmed:
         self.python = python
         self._warm: OrderedDict[tuple[tuple[str, str], ...], _Warm] = OrderedDict()
         self._failed: set[tuple[tuple[str, str], ...]] = set()
+        self._plain: dict[tuple[tuple[str, str], ...], int] = {}  # plain starts so far, per environment
         self._lock = threading.Lock()
 
-    def _ready(self, env: dict[str, str]) -> _Warm | None:
-        """The ready process for this environment; else None, after starting one if there is none."""
+    def _ready(self, env: dict[str, str], *, warm_up: bool) -> _Warm | None:
+        """The ready process for this environment; else None, after starting one if ``warm_up`` and there is
+        none (a replaced or dead one is forgotten; one that died before it was ready is not tried again)."""
         key = tuple(sorted(env.items()))
         with self._lock:
             if key in self._failed:
@@ -129,11 +136,15 @@ class Prewarmed:
                     log.warning("the prewarmed runner process did not start; runners start the plain way")
                 self._warm.pop(key).stop()
                 warm = None
-            if warm is None and key not in self._failed:
+            if warm is None and warm_up:
                 self._warm[key] = _Warm(self.python, env)
                 while len(self._warm) > MAX_PROCESSES:
                     self._warm.popitem(last=False)[1].stop()
             return None
+
+    def warm(self, env: Mapping[str, str]) -> None:
+        """Start this environment's process now (a process that knows it will start several runners)."""
+        self._ready(import_env(env), warm_up=True)
 
     def start(
         self,
@@ -146,9 +157,13 @@ class Prewarmed:
         exit_file: Path,
     ) -> int | None:
         """The keeper's pid (its session's leader; the runner's pid is in ``pid_file``), or None: start the
-        runner the plain way (the first launch in an environment, while its process imports torch)."""
-        warm = self._ready(import_env(env))
+        runner the plain way. The second plain start in an environment starts its prewarmed process (a CLI
+        command that launches once never pays for one); later starts fork once it is ready."""
+        key_env = import_env(env)
+        key = tuple(sorted(key_env.items()))
+        warm = self._ready(key_env, warm_up=self._plain.get(key, 0) >= 1)
         if warm is None:
+            self._plain[key] = self._plain.get(key, 0) + 1
             return None
         request = {
             "args": args,

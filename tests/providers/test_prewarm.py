@@ -71,9 +71,8 @@ def launch(local: LocalProvider, job: str, spec: dict | str, **env: str):
 
 
 def warmed(local: LocalProvider, pool: prewarm.Prewarmed) -> None:
-    """The first launch starts the plain way and warms the pool; wait until a launch would fork."""
-    first = launch(local, "warm-up", "{not json")
-    wait_for(lambda: local.status(first.instance_id).status == InstanceStatus.exited)
+    """Warm the provider's environment; wait until a launch would fork."""
+    local.warm()
     wait_for(lambda: any(w.is_ready() for w in pool._warm.values()))
 
 
@@ -151,10 +150,27 @@ def test_a_forked_runner_ends_as_a_plain_one_does(
     assert local.status(inst.instance_id).exit_code in (128 + signal.SIGKILL, EXIT_BAD_SPEC)
 
 
+def test_a_process_that_launches_once_starts_no_prewarmed_process(tmp_path: Path) -> None:
+    own = prewarm.Prewarmed(sys.executable)
+    env = {**prewarm.import_env(os.environ), "TUNEBOT_JOB_SPEC": "{}"}
+    files = {
+        "cwd": tmp_path,
+        "log_file": tmp_path / "log",
+        "pid_file": tmp_path / "p",
+        "exit_file": tmp_path / "e",
+    }
+    try:
+        assert own.start(args=[], env=env, **files) is None and not own._warm  # a CLI command's one launch
+        assert own.start(args=[], env=env, **files) is None and len(own._warm) == 1  # a second: it warms
+    finally:
+        own.stop()
+    assert not own._warm
+
+
 def test_another_import_environment_gets_its_own_process(pool: prewarm.Prewarmed) -> None:
     base = prewarm.import_env(os.environ)
-    pool._ready({**base, "HF_ENDPOINT": "http://127.0.0.1:1"})
-    pool._ready({**base, "HF_ENDPOINT": "http://127.0.0.1:2"})
+    pool.warm({**base, "HF_ENDPOINT": "http://127.0.0.1:1"})
+    pool.warm({**base, "HF_ENDPOINT": "http://127.0.0.1:2"})
     endpoints = sorted(environ_of(w.proc.pid).get("HF_ENDPOINT", "") for w in pool._warm.values())
     assert endpoints == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert prewarm.import_env({"TUNEBOT_JOB_KEY": "k", "AWS_SESSION_TOKEN": "t", "WANDB_API_KEY": "w"}) == {}
@@ -168,7 +184,7 @@ def test_the_prewarmed_process_ends_with_the_bot(tmp_path: Path) -> None:
             "import os, sys, time\n"
             "from bot.providers.prewarm import Prewarmed, import_env\n"
             "pool = Prewarmed(sys.executable)\n"
-            "pool._ready(import_env(os.environ))\n"
+            "pool.warm(os.environ)\n"
             "print(next(iter(pool._warm.values())).proc.pid, flush=True)\n"
             "time.sleep(600)\n",
         ],
