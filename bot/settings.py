@@ -140,9 +140,9 @@ class Settings(BaseSettings):
     local_prewarm: bool = Field(
         True,
         alias="TUNEBOT_LOCAL_PREWARM",
-        description="local runners after the first fork from a process that has imported torch (seconds "
-        "of CPU saved per start; the process ends 10 min after the last start or with the bot); 0: each "
-        "runner starts as a fresh `python -P -m runner.cli`",
+        description="a process that launches local runners more than once (serve, console, demo) forks "
+        "them from a process that has imported torch (seconds of CPU saved per start; it ends 10 min after "
+        "the last start or with the bot); 0: each runner starts as a fresh `python -P -m runner.cli`",
     )
 
     # Secrets passed to runners as environment variables, never in specs or messages.
