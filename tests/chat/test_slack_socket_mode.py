@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fakes.slack_api import FakeSlack
 from fakes.socket_mode import FakeSocketMode
-from fakes.worlds import BOT_TOKEN, listeners_settled
+from fakes.worlds import BOT_TOKEN, block_action, listeners_settled, slash_command
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.chat.blockkit import violations
@@ -41,34 +41,11 @@ class SocketStack:
     notifier: SlackNotifier
 
     def command(self, text: str, *, user: str = ALICE, channel: str = "C1") -> dict[str, Any]:
-        payload = {
-            "token": "legacy",
-            "team_id": "T1",
-            "channel_id": channel,
-            "user_id": user,
-            "user_name": user.lower(),
-            "command": "/tune",
-            "text": text,
-            "response_url": self.slack.response_url(),
-            "trigger_id": f"trig-{time.time_ns()}",
-            "api_app_id": "A1",
-        }
+        payload = slash_command(self.slack, text, user=user, channel=channel)
         return self.socket.ack(self.socket.send("slash_commands", payload))
 
     def click(self, action_id: str, value: str, *, user: str = ALICE, channel: str = "C1") -> dict[str, Any]:
-        payload = {
-            "type": "block_actions",
-            "team": {"id": "T1"},
-            "user": {"id": user, "name": user.lower()},
-            "api_app_id": "A1",
-            "channel": {"id": channel},
-            "trigger_id": f"trig-{time.time_ns()}",
-            "container": {"type": "message", "is_ephemeral": True},
-            "response_url": self.slack.response_url(),
-            "actions": [
-                {"type": "button", "action_id": action_id, "block_id": "b1", "value": value, "action_ts": "1"}
-            ],
-        }
+        payload = block_action(self.slack, action_id, value, user=user, channel=channel)
         return self.socket.ack(self.socket.send("interactive", payload))
 
     def event(self, event: dict[str, Any], *, event_id: str, retry_attempt: int = 0) -> dict[str, Any]:

@@ -83,6 +83,45 @@ def listeners_settled(timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def slash_command(slack: FakeSlack, text: str, *, user: str, channel: str) -> dict[str, str]:
+    """A `/tune` slash command's fields as Slack sends them (HTTP form-encodes them, Socket Mode not)."""
+    return {
+        "token": "legacy",
+        "team_id": "T1",
+        "channel_id": channel,
+        "user_id": user,
+        "user_name": user.lower(),
+        "command": "/tune",
+        "text": text,
+        "response_url": slack.response_url(),
+        "trigger_id": f"trig-{time.time_ns()}",
+        "api_app_id": "A1",
+    }
+
+
+def block_action(slack: FakeSlack, action_id: str, value: str, *, user: str, channel: str) -> dict[str, Any]:
+    """A button click's payload (block_actions) as Slack sends it."""
+    return {
+        "type": "block_actions",
+        "team": {"id": "T1"},
+        "user": {"id": user, "name": user.lower()},
+        "api_app_id": "A1",
+        "channel": {"id": channel},
+        "trigger_id": f"trig-{time.time_ns()}",
+        "container": {"type": "message", "is_ephemeral": True},
+        "response_url": slack.response_url(),
+        "actions": [
+            {
+                "type": "button",
+                "action_id": action_id,
+                "block_id": "b1",
+                "value": value,
+                "action_ts": f"{time.time():.6f}",
+            }
+        ],
+    }
+
+
 @dataclass
 class SlackStack:
     """A served Slack app: ``command()`` / ``click()`` / ``event()`` send correctly signed requests like Slack
@@ -106,20 +145,7 @@ class SlackStack:
         headers: dict | None = None,
         signature: dict | None = None,
     ) -> httpx.Response:
-        body = urlencode(
-            {
-                "token": "legacy",
-                "team_id": "T1",
-                "channel_id": channel,
-                "user_id": user,
-                "user_name": user.lower(),
-                "command": "/tune",
-                "text": text,
-                "response_url": self.slack.response_url(),
-                "trigger_id": f"trig-{time.time_ns()}",
-                "api_app_id": "A1",
-            }
-        )
+        body = urlencode(slash_command(self.slack, text, user=user, channel=channel))
         hdrs = {
             "Content-Type": "application/x-www-form-urlencoded",
             **(signature or sign(body)),
@@ -130,25 +156,7 @@ class SlackStack:
     def action_payload(
         self, action_id: str, value: str, *, user: str = "U_ALICE", channel: str = "C1"
     ) -> dict:
-        return {
-            "type": "block_actions",
-            "team": {"id": "T1"},
-            "user": {"id": user, "name": user.lower()},
-            "api_app_id": "A1",
-            "channel": {"id": channel},
-            "trigger_id": f"trig-{time.time_ns()}",
-            "container": {"type": "message", "is_ephemeral": True},
-            "response_url": self.slack.response_url(),
-            "actions": [
-                {
-                    "type": "button",
-                    "action_id": action_id,
-                    "block_id": "b1",
-                    "value": value,
-                    "action_ts": f"{time.time():.6f}",
-                }
-            ],
-        }
+        return block_action(self.slack, action_id, value, user=user, channel=channel)
 
     def click(self, payload: dict, *, headers: dict | None = None) -> httpx.Response:
         body = urlencode({"payload": json.dumps(payload)})
