@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "peft", "accelerate", "safetensors.torch")
 MODULE = "runner.cli"  # the only thing this process starts
 READY = "ready"  # the first line on stdout once the libraries are imported and the socket listens
+MAX_REQUEST_BYTES = 8 << 20  # a request carries a job's spec in its environment: a few KB, bounded anyway
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,10 @@ def answer(conn: socket.socket, listener: socket.socket) -> Start | None:
     """Serve one request; returns a Start only in the forked runner's process."""
     with conn, conn.makefile("rb") as stream:
         try:
-            start = Start.parse(stream.readline())
+            line = stream.readline(MAX_REQUEST_BYTES)
+            if not line.endswith(b"\n"):
+                raise ValueError(f"no request line within {MAX_REQUEST_BYTES} bytes")
+            start = Start.parse(line)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             reply(conn, {"error": f"bad request: {exc}"})
             return None

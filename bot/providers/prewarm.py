@@ -120,8 +120,10 @@ class Prewarmed:
         self._lock = threading.Lock()
 
     def _ready(self, env: dict[str, str], *, warm_up: bool) -> _Warm | None:
-        """The ready process for this environment; else None, after starting one if ``warm_up`` and there is
-        none (a replaced or dead one is forgotten; one that died before it was ready is not tried again)."""
+        """The ready process for this environment, or None. A start that finds none counts as a plain one;
+        the process is started by ``warm_up`` or by the second plain start (a CLI command that launches once
+        never pays for one). A replaced or dead one is forgotten; one that died before it was ready is not
+        tried again."""
         key = tuple(sorted(env.items()))
         with self._lock:
             if key in self._failed:
@@ -136,10 +138,12 @@ class Prewarmed:
                     log.warning("the prewarmed runner process did not start; runners start the plain way")
                 self._warm.pop(key).stop()
                 warm = None
-            if warm is None and warm_up:
+            if warm is None and (warm_up or self._plain.get(key, 0) >= 1):
                 self._warm[key] = _Warm(self.python, env)
                 while len(self._warm) > MAX_PROCESSES:
                     self._warm.popitem(last=False)[1].stop()
+            if not warm_up:
+                self._plain[key] = self._plain.get(key, 0) + 1
             return None
 
     def warm(self, env: Mapping[str, str]) -> None:
@@ -157,13 +161,9 @@ class Prewarmed:
         exit_file: Path,
     ) -> int | None:
         """The keeper's pid (its session's leader; the runner's pid is in ``pid_file``), or None: start the
-        runner the plain way. The second plain start in an environment starts its prewarmed process (a CLI
-        command that launches once never pays for one); later starts fork once it is ready."""
-        key_env = import_env(env)
-        key = tuple(sorted(key_env.items()))
-        warm = self._ready(key_env, warm_up=self._plain.get(key, 0) >= 1)
+        runner the plain way (see ``_ready`` for when the prewarmed process is started)."""
+        warm = self._ready(import_env(env), warm_up=False)
         if warm is None:
-            self._plain[key] = self._plain.get(key, 0) + 1
             return None
         request = {
             "args": args,

@@ -205,3 +205,21 @@ def test_the_prewarmed_process_ends_with_the_bot(tmp_path: Path) -> None:
         return state in ("Z", "X")
 
     wait_for(gone, timeout=60)
+
+
+def test_a_request_without_a_line_in_bounds_is_refused_and_the_process_serves_on(
+    local: LocalProvider, pool: prewarm.Prewarmed
+) -> None:
+    import socket
+
+    from runner.prewarm import MAX_REQUEST_BYTES
+
+    warmed(local, pool)
+    warm = next(w for w in pool._warm.values() if w.is_ready())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(warm.socket_path)
+        conn.sendall(b"x" * (MAX_REQUEST_BYTES + 1))
+        answer = json.loads(conn.makefile("rb").readline())
+    assert "error" in answer and "pid" not in answer
+    assert warm.proc.poll() is None  # still serving
