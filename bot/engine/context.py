@@ -52,7 +52,7 @@ class ProcessMemory:
     process_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     own_claims: set[str] = field(default_factory=set)
     progress_seen: dict[str, tuple] = field(default_factory=dict)  # job id -> window of the last read
-    progress_stat: dict[str, tuple] = field(default_factory=dict)  # job id -> (mtime_ns, size, read at)
+    progress_stat: dict[str, tuple] = field(default_factory=dict)  # job id -> ((mtime_ns, size), read at)
     finishing: set[str] = field(default_factory=set)  # jobs a pushed terminal event is finishing now
     last_rollup: float | None = None
     rolled_up_once: bool = False

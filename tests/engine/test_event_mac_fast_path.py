@@ -91,3 +91,46 @@ def test_run_keys_loaded_together_are_the_ones_read_one_by_one(make_engine) -> N
     assert cache == {("j0", "r0"): one_by_one[0], ("j1", "r1"): one_by_one[1]}
     assert integrity.current_key(fresh.ctx, "j2", "r0") is None  # r0 is j0's run: not j2's
     assert integrity.current_key(fresh.ctx, "j1", "r1") == ("r1", one_by_one[1])
+
+
+def test_run_keys_of_many_running_jobs_are_the_ones_read_one_by_one(make_engine) -> None:  # type: ignore[no-untyped-def]
+    """Past 500 runs (a restarted bot's first tick at scale) the keys come from one query over the active
+    jobs' current runs: the same keys as one by one; a finished job's run, a run of another job, a
+    superseded run and a job with no run give nothing from it."""
+    from sqlalchemy import insert
+
+    from store.models import Job, JobRun
+
+    n = 620
+    engine = make_engine()
+    jobs = [
+        Job(
+            id=f"j{k}",
+            owner="u",
+            state="running",
+            request={},
+            offer={},
+            run_id=f"r{k}",
+            created_at=1.0,
+            updated_at=1.0,
+        ).model_dump()
+        for k in range(n)
+    ]
+    jobs[0]["state"] = "succeeded"  # not active: its run is not among those read at once
+    jobs[1]["run_id"] = "r1-new"  # superseded: r1 is no longer its current run
+    runs = [
+        JobRun(id=f"r{k}", job_id=f"j{k}", secret=f"{k % 256:02x}" * 16, created_at=1.0).model_dump()
+        for k in range(n)
+    ]
+    with engine.session() as s:
+        s.execute(insert(Job.__table__), jobs)
+        s.execute(insert(JobRun.__table__), runs)
+        s.commit()
+    one_by_one = {k: integrity.run_key(engine.ctx, f"j{k}", f"r{k}") for k in range(2, n)}
+    fresh = make_engine()
+    wanted = {f"j{k}": f"r{k}" for k in range(n)} | {"j2": "r3", "j-none": None}
+    integrity.load_run_keys(fresh.ctx, wanted)
+    cache = fresh.ctx.memory.run_keys
+    assert cache == {(f"j{k}", f"r{k}"): one_by_one[k] for k in range(4, n)} | {("j3", "r3"): one_by_one[3]}
+    # what the one query did not bring is still found one by one, as before
+    assert integrity.current_key(fresh.ctx, "j0", "r0") is not None

@@ -306,3 +306,26 @@ def test_a_window_recorded_with_another_digest_reads_the_object_from_its_tail(en
     fresh.tick()
     assert [q for q, _ in stored(fresh, job_id)] == list(range(6))
     assert [e.data["step"] for e in rec.events if e.kind == "progress" and e.job_id == job_id] == [50]
+
+
+def test_a_tick_with_no_object_changed_reads_none_and_asks_the_store_nothing_for_them(
+    engine, fake, monkeypatch
+):
+    """An unchanged object on this machine, or one not written yet, costs one stat (at 10,000 running jobs
+    nearly all are unchanged): not read, no run key or stored window looked up; a write is read at once."""
+    from bot.engine.watching import progress
+
+    job_id, other = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    write(engine, path, job_id, [ev(job_id, q) for q in range(3)])
+    engine.tick()
+    reads: list[str] = []
+    real_read = progress.read_raw
+    monkeypatch.setattr(progress, "read_raw", lambda uri: reads.append(uri) or real_read(uri))
+    sql = _statements(engine)
+    engine.tick()
+    assert reads == [] and not [q for q in sql if "runner_events" in q or "job_runs" in q]
+    write(engine, path, job_id, [ev(job_id, q) for q in range(5)])
+    engine.tick()
+    assert reads == [str(path)]
+    assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3, 4]

@@ -84,7 +84,8 @@ def test_cap_check_views_and_ledger_agree_on_a_job_with_several_instances(engine
     assert by_hand == pytest.approx((1000 + 1000 * 1.08 + 700 * 1.04) / 3600, rel=1e-3)
 
     ids = [job.job_id, *(f"other-{k}" for k in range(other_jobs))]
-    cap_check = supervise._spent(engine.ctx, ids, {job.job_id: [rows[-1]]})[job.job_id]
+    open_rows = supervise.OpenRows(newest={job.job_id: rows[-1]}, older={})  # type: ignore[dict-item]
+    cap_check = supervise._spent(engine.ctx, ids, open_rows, now)[job.job_id]
     view = engine.get_job(job.job_id).spend
     engine.roll_up_spend()
     ledger = engine.spend("today", user="alice").total

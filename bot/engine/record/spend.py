@@ -8,11 +8,11 @@ each roll-up rewrites the lines it covers (idempotent: running it twice changes 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from sqlalchemy import or_, select, true
+from sqlalchemy import Connection, or_, select, true
 from sqlmodel import Session
 
 from bot.engine.record.jobstate import ACTIVE
@@ -72,12 +72,10 @@ def job_spend(session: Session, job_id: str, now: float, rows: list[Instance] | 
     return sum(instance_cost(r, now) for r in rows)
 
 
-def jobs_spend(
-    session: Session, job_ids: Collection[str], now: float, open_rows: Mapping[str, Sequence[Billed]]
-) -> dict[str, float]:
-    """Several jobs' spend at once, as job_spend computes each (the tick's cap check). ``open_rows``: the
-    jobs' open instances the caller already holds; their ended ones are read here in one query (for many
-    jobs, those of every active job, filtered here, instead of thousands of IN-list parameters)."""
+def ended_spend(session: Session | Connection, job_ids: Collection[str], now: float) -> dict[str, float]:
+    """The spend of several jobs' ended instances, as job_spend counts each; the tick's cap check adds
+    the open ones it already holds. One query (for many jobs, the ended instances of every active job,
+    filtered here, instead of thousands of IN-list parameters)."""
     q = select(Instance.job_id, Instance.launched_at, Instance.ended_at, Instance.price_per_hour).where(
         Instance.ended_at.is_not(None)
     )
@@ -86,12 +84,10 @@ def jobs_spend(
     else:
         q = q.where(Instance.job_id.in_(sorted(job_ids)))
     wanted = set(job_ids)
-    out = dict.fromkeys(job_ids, 0.0)
-    for r in session.execute(q).all():
-        if r.job_id in wanted:
-            out[r.job_id] += instance_cost(r, now)
-    for jid in job_ids:
-        out[jid] += sum(instance_cost(r, now) for r in open_rows.get(jid, ()))
+    out: dict[str, float] = {}
+    for job_id, launched_at, ended_at, price in session.execute(q).all():
+        if job_id in wanted:
+            out[job_id] = out.get(job_id, 0.0) + cost(launched_at, ended_at, price, now)
     return out
 
 

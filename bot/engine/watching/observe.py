@@ -48,40 +48,42 @@ def observe_many(eng: EngineContext, rows: list[InstanceRow]) -> dict[int, tuple
     """The verdicts of many instance rows: one listing per provider, a per-instance ``status`` only for
     a provider without a listing and for a row its listing does not show (just launched, or gone: the
     status call says which). Refreshed statuses are written in one transaction."""
-    now = eng.now()
     out: dict[int, tuple[str, int | None]] = {}
     by_provider: dict[str, list[InstanceRow]] = {}
     for r in rows:
         by_provider.setdefault(r.provider, []).append(r)
-    seen: dict[int, Instance] = {}
+    seen = _Seen(eng.now())
     listings = _listings(eng, {n: g for n, g in by_provider.items() if len(g) > 1})
     for name, group in by_provider.items():
         provider = eng.supervisable.get(name)
-        if provider is None:
-            out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
-            continue  # not configured in this process: decide nothing
         listed = listings.get(name)
-        if isinstance(listed, ProviderError):
-            log.warning("listing %s failed: %s; deciding nothing for its %d jobs", name, listed, len(group))
+        if provider is None or isinstance(listed, ProviderError):
+            if provider is not None:
+                log.warning("listing %s failed: %s; deciding nothing for %d jobs", name, listed, len(group))
             out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
-            continue
+            continue  # not configured in this process, or not answering: decide nothing
         for r in group:
             inst = listed.get(r.provider_instance_id) if listed is not None else None
             if inst is None or inst.status == InstanceStatus.terminated:
-                try:
-                    inst = provider.status(r.provider_instance_id)
-                except NotFoundError:
-                    out[r.id] = ("gone", None)  # type: ignore[index]
+                inst = _status(provider, r, out)
+                if inst is None:
                     continue
-                except ProviderError as exc:
-                    log.warning("status of %s/%s failed: %s", r.provider, r.provider_instance_id, exc)
-                    out[r.id] = ("error", None)  # type: ignore[index]
-                    continue
-            seen[r.id] = inst  # type: ignore[index]
             out[r.id] = verdict(inst)  # type: ignore[index]
-    if seen:
-        _record_seen(eng, {r.id: r for r in rows}, seen, now)  # type: ignore[misc]
+            seen.note(r, inst)
+    seen.write(eng)
     return out
+
+
+def _status(provider: Any, r: InstanceRow, out: dict[int, tuple[str, int | None]]) -> Instance | None:
+    """One instance's status asked alone; None with the verdict in ``out`` when the answer is none."""
+    try:
+        return provider.status(r.provider_instance_id)  # type: ignore[no-any-return]
+    except NotFoundError:
+        out[r.id] = ("gone", None)  # type: ignore[index]
+    except ProviderError as exc:
+        log.warning("status of %s/%s failed: %s", r.provider, r.provider_instance_id, exc)
+        out[r.id] = ("error", None)  # type: ignore[index]
+    return None
 
 
 def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any]:
@@ -110,30 +112,36 @@ def _listings(eng: EngineContext, groups: dict[str, list[Any]]) -> dict[str, Any
 SEEN_EVERY_S = 30.0  # an unchanged instance's last-seen time is rewritten at most this often
 
 
-def _record_seen(
-    eng: EngineContext, rows: dict[int, InstanceRow], seen: dict[int, Instance], now: float
-) -> None:
-    changed = []
-    same = []
-    for rid, inst in seen.items():
-        r = rows[rid]
-        values = (str(inst.status), inst.raw_status, inst.exit_code)
-        if (r.status, r.raw_status, r.exit_code) != values:
-            changed.append(
+class _Seen:
+    """What the providers said of the rows, to be written: a changed status at once, an unchanged one's
+    last-seen time at most every SEEN_EVERY_S."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.changed: list[dict[str, Any]] = []
+        self.same: list[int] = []
+
+    def note(self, r: InstanceRow, inst: Instance) -> None:
+        if r.status != inst.status or r.raw_status != inst.raw_status or r.exit_code != inst.exit_code:
+            self.changed.append(
                 {
-                    "id": rid,
-                    "status": values[0],
-                    "raw_status": values[1],
-                    "exit_code": values[2],
-                    "last_seen_at": now,
+                    "id": r.id,
+                    "status": str(inst.status),
+                    "raw_status": inst.raw_status,
+                    "exit_code": inst.exit_code,
+                    "last_seen_at": self.now,
                 }
             )
-        elif now - (r.last_seen_at or 0.0) >= SEEN_EVERY_S:
-            same.append(rid)
-    with eng.session() as s:
-        update_each(s, InstanceRow, changed)
-        update_in(s, InstanceRow, same, last_seen_at=now)
-        s.commit()
+        elif self.now - (r.last_seen_at or 0.0) >= SEEN_EVERY_S:
+            self.same.append(r.id)  # type: ignore[arg-type]
+
+    def write(self, eng: EngineContext) -> None:
+        if not self.changed and not self.same:
+            return
+        with eng.session() as s:
+            update_each(s, InstanceRow, self.changed)
+            update_in(s, InstanceRow, self.same, last_seen_at=self.now)
+            s.commit()
 
 
 def verdict(inst: Instance) -> tuple[str, int | None]:
