@@ -175,6 +175,7 @@ def main() -> None:
             import cProfile
 
             cProfile.runctx("tick()", globals(), locals(), sort=PROFILE_SORT)
+
         def listings() -> None:
             for client in clients.values():
                 client.list_instances()
