@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from fakes.moto_sts import StsWorld
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
+from fakes.worlds import as_host, attempt
 
 from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
@@ -55,15 +56,7 @@ def engine_for(tmp_path: Path, world: StsWorld, **env: Any) -> tuple[Any, Any]:
 
 def fs_of(env: dict[str, str], world: StsWorld) -> Any:
     """The file system a host owner gets from an instance's environment."""
-    import s3fs
-
-    return s3fs.S3FileSystem(
-        key=env["AWS_ACCESS_KEY_ID"],
-        secret=env["AWS_SECRET_ACCESS_KEY"],
-        token=env.get("AWS_SESSION_TOKEN"),
-        skip_instance_cache=True,
-        client_kwargs={"endpoint_url": world.server.url, "region_name": "eu-west-1"},
-    )
+    return as_host(env, world.server.url)
 
 
 def key_of(env: dict[str, str]) -> bytes:
@@ -134,14 +127,6 @@ class Host:
 
 def run_of(spec: JobSpec) -> str | None:
     return getattr(spec, "run_id", None)  # (eac3cff had no runs: every launch was the job)
-
-
-def attempt(fn: Any) -> str:
-    try:
-        fn()
-    except (PermissionError, OSError) as exc:
-        return f"refused ({type(exc).__name__})"
-    return "done"
 
 
 def running_instance(cloud: Any) -> str:
