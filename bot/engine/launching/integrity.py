@@ -163,14 +163,13 @@ def load_run_keys(ctx: EngineContext, runs: dict[str, str | None]) -> None:
     cols = (JobRun.id, JobRun.job_id, JobRun.secret)
     if len(ids) > 500:  # many (a restarted bot's first tick): the current runs of all jobs, filtered here,
         # in one query instead of one per 500 IN-list parameters (a second on PostgreSQL at 10,000 jobs)
-        queries = [select(*cols).join(Job, Job.run_id == JobRun.id).where(Job.state.in_(sorted(ACTIVE)))]
+        q = select(*cols).join(Job, Job.run_id == JobRun.id).where(Job.state.in_(sorted(ACTIVE)))
     else:
-        queries = [select(*cols).where(JobRun.id.in_(ids))]
+        q = select(*cols).where(JobRun.id.in_(ids))
     with ctx.db.connect() as conn:
-        for q in queries:
-            for run_id, job_id, secret in conn.execute(q):
-                if (job_id, run_id) in wanted:  # a run of another job is no key of this one
-                    cache[(job_id, run_id)] = derive_run_key(master, job_id, run_id, secret)
+        for run_id, job_id, secret in conn.execute(q):
+            if (job_id, run_id) in wanted:  # a run of another job is no key of this one
+                cache[(job_id, run_id)] = derive_run_key(master, job_id, run_id, secret)
 
 
 def current_key(ctx: EngineContext, job_id: str, run_id: str | None = None) -> tuple[str, bytes] | None:
