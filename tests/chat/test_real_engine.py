@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from fakes.runner_events import signed
-from fakes.worlds import estimate_id_from
+from fakes.worlds import estimate_id_from, join_finisher
 
 from bot.chat.blockkit import violations
 
@@ -91,6 +91,7 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
         auth = {"Authorization": f"Bearer {token}"}
         assert stack.http.post(url, json=signed(engine, ev), headers=auth).status_code == 200
     engine.tick()
+    join_finisher(job.job_id)  # a pushed "finished" may end the job in a thread: it announces after commit
     assert stack.notifier.drain(20)
     job = engine.get_job(job.job_id)
     assert job.state == "succeeded"

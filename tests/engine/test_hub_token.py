@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fakes.hub import FakeHub, HubRepo
 from fakes.snapshot_plan import snapshot_plan as plan_estimate
+from fakes.worlds import join_finisher
 
 from bot.engine.launching import offers as offers_mod
 from bot.planner.request import EstimateRequest
@@ -145,6 +146,7 @@ def test_a_host_gets_no_hub_write_token_and_the_bot_pushes_the_verified_output(
     while eng.get_job(pushing).state != "succeeded" and time.monotonic() < deadline:
         eng.tick()  # (the pushed event is finishing the job in a thread meanwhile: one of them pushes)
         time.sleep(0.2)
+    join_finisher(pushing)  # when the thread finished it, it announces after the final state commits
     view = eng.get_job(pushing)
     assert view.state == "succeeded", view
     repo = hub.repos["acme/tiny-lora"]  # pushed by the bot, with its own token

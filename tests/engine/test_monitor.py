@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from fakes.runner_events import checkpoint_event, signed
+from fakes.worlds import join_finisher
 from sqlalchemy import func, select
 
 from bot.providers.base import InstanceStatus
@@ -14,17 +15,6 @@ from runner.contract.spec import JobSpec
 from store.models import Instance, RunnerEventRecord
 
 from .conftest import Recorder, estimate_for, request
-
-
-def _join_finisher(job_id: str) -> None:
-    """Wait for the thread a pushed terminal event starts to end its job (Engine._finish_if_reported): when
-    it wins, it commits the final state and then announces it, so reading what was printed as soon as the
-    job is final could come between the two (seen once in a parallel run)."""
-    import threading
-
-    for thread in threading.enumerate():
-        if thread.name == f"finish-{job_id}":
-            thread.join(60)
 
 
 def _token(fake) -> str:  # noqa: ANN001
@@ -82,6 +72,7 @@ def test_finished_event_finishes_the_job_and_terminates(engine, fake, clock):
     clock.advance(1800)
     engine.record_runner_event(job.job_id, token, _sev(engine, job.job_id, 1, "finished", output_uri=out))
     engine.tick()
+    join_finisher(job.job_id)  # the pushed event may be finishing it in a thread meanwhile
     view = engine.get_job(job.job_id)
     assert view.state == "succeeded" and view.output_uri == out
     assert fake.live() == []
@@ -96,6 +87,7 @@ def test_plateau_stops_with_output(engine, fake):
     plateau = _sev(engine, job.job_id, 1, "plateau", output_uri=out)
     engine.record_runner_event(job.job_id, _token(fake), plateau)
     engine.tick()
+    join_finisher(job.job_id)
     view = engine.get_job(job.job_id)
     assert view.state == "stopped" and view.stop_reason == "plateau" and view.output_uri == out
     assert "plateau" in rec.kinds()
@@ -121,7 +113,7 @@ def test_a_plateau_stop_is_announced_once(engine, fake):
     assert engine.record_runner_event(job.job_id, _token(fake), plateau)
     engine.tick()
     engine.tick()
-    _join_finisher(job.job_id)
+    join_finisher(job.job_id)
     assert engine.get_job(job.job_id).state == "stopped"
     assert rec.kinds().count("plateau") == 1, rec.kinds()
     printed = out.getvalue()

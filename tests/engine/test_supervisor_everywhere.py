@@ -331,7 +331,10 @@ def test_a_cli_launch_names_the_live_supervisor(tmp_path: Path, serving) -> None
     # It supervises the job: its runner finishes, the supervisor ends the job and terminates the instance.
     _wait(lambda: _job_row(data_dir, job_id)["state"] == "succeeded", 600, "the finish", serve.output)
     assert _instances(data_dir, job_id)[0]["ended_at"] is not None
-    assert f"[{job_id}] ✓ Finished at step 20" in serve.output()  # what the job's thread would have said
+    # What the job's thread would have said: written after the final state commits, so waited for (a loaded
+    # machine read the log in between).
+    said = f"[{job_id}] ✓ Finished at step 20"
+    _wait(lambda: said in serve.output(), 60, "the finish said in the supervisor's log", serve.output)
 
 
 @pytest.mark.slow
@@ -348,7 +351,8 @@ def test_a_cli_launch_with_no_supervisor_starts_one_in_the_background(tmp_path: 
         job_id = out.split("Job ", 1)[1].split(":", 1)[0]
         _wait(lambda: _job_row(data_dir, job_id)["state"] == "succeeded", 600, "the finish", log.read_text)
         assert _instances(data_dir, job_id)[0]["ended_at"] is not None  # torn down by the background one
-        assert f"[{job_id}] ✓ Finished at step 20" in log.read_text()
+        said = f"[{job_id}] ✓ Finished at step 20"  # written after the final state commits: waited for
+        _wait(lambda: said in log.read_text(), 60, "the finish said in the supervisor's log", log.read_text)
         # A second launch finds it alive instead of starting another.
         again = _cli(data_dir, *_tiny_launch(tmp_path), TUNEBOT_START_SUPERVISOR="1")
         assert "Supervisor: the tunebot serve alive on this job database" in " ".join(again.stdout.split())

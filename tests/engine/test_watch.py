@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from fakes.runner_events import signed, signed_all
+from fakes.worlds import join_finisher
 
 from bot.providers.base import OfferQuery, job_label
 from bot.settings import Settings
@@ -83,6 +84,7 @@ def test_a_pushed_last_event_ends_the_job_without_a_tick(engine, fake):
     }
     assert engine.record_runner_event(job.job_id, spec.report.token, signed(engine, done))
     assert _wait(lambda: engine.get_job(job.job_id).state == "succeeded")  # no tick ran
+    join_finisher(job.job_id)  # it announces after the final state commits
     assert fake.live() == [] and "finished" in rec.kinds()
 
 

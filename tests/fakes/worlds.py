@@ -62,9 +62,23 @@ def ticked_until(engine: Any, done: Callable[[], bool], timeout: float) -> bool:
     while time.monotonic() < deadline:
         engine.tick()
         if done():
+            join_finisher()  # what a job's end announces is said too, not only committed
             return True
         time.sleep(0.3)
     return False
+
+
+def join_finisher(job_id: str = "") -> None:
+    """Wait for the thread a pushed terminal event starts to end its job (Engine._finish_if_reported; every
+    job's when ``job_id`` is empty): when it wins, it commits the final state and then announces it, so
+    reading what was announced as soon as the job is final could come between the two (seen in parallel
+    runs and in CI)."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == f"finish-{job_id}" or (not job_id and thread.name.startswith("finish-")):
+            thread.join(60)
+            assert not thread.is_alive(), f"{thread.name} still runs after 60 s"
 
 
 # --- Slack ------------------------------------------------------------------------------------------------
