@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from fakes.runner_events import signed
-from fakes.worlds import estimate_id_from, join_finisher
+from fakes.worlds import estimate_id_from, join_finisher, listeners_settled
 
 from bot.chat.blockkit import violations
 
@@ -37,6 +37,7 @@ def test_slack_launch_and_progress_on_the_real_engine(real_stack, tmp_path: Path
     (job,) = engine.list_jobs()
     assert cloud.creates == 1 and job.state == "running"
 
+    listeners_settled()  # the click's task announces the launch after it replied: the card is queued then
     stack.notifier.drain()
     job = engine.get_job(job.job_id)
     assert job.channel == "C1" and job.thread_ts  # the thread's ts is kept in the database
