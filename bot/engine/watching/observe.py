@@ -57,11 +57,13 @@ def observe_many(eng: EngineContext, rows: list[InstanceRow]) -> dict[int, tuple
     for name, group in by_provider.items():
         provider = eng.supervisable.get(name)
         listed = listings.get(name)
-        if provider is None or isinstance(listed, ProviderError):
-            if provider is not None:
-                log.warning("listing %s failed: %s; deciding nothing for %d jobs", name, listed, len(group))
+        if provider is None:
             out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
-            continue  # not configured in this process, or not answering: decide nothing
+            continue  # not configured in this process: decide nothing
+        if isinstance(listed, ProviderError):
+            log.warning("listing %s failed: %s; deciding nothing for its %d jobs", name, listed, len(group))
+            out.update({r.id: ("error", None) for r in group})  # type: ignore[misc]
+            continue
         for r in group:
             inst = listed.get(r.provider_instance_id) if listed is not None else None
             if inst is None or inst.status == InstanceStatus.terminated:
