@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import func, select
 
@@ -332,7 +332,20 @@ def _changed_files(
     return out
 
 
-def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
+class Followed(Protocol):
+    """What the pull reads of a running job (supervise.JobFacts carries these columns)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def checkpoint_uri(self) -> str | None: ...
+    @property
+    def progress_window(self) -> str | None: ...
+    @property
+    def run_id(self) -> str | None: ...
+
+
+def pull_many(eng: EngineContext, jobs: list[Followed]) -> set[str]:
     """Pull every job's progress object (remote objects fetched concurrently) and store what is new in
     one transaction; returns the ids of the jobs that got new events. Each stored read's window goes
     to ``jobs.progress_window`` too, so that a restarted bot starts where this one stopped."""
@@ -342,8 +355,8 @@ def pull_many(eng: EngineContext, jobs: list[Job]) -> set[str]:
     if not stamps and not raws:
         return set()  # a quiet tick: not one object changed
     jobs = [j for j in jobs if j.id in stamps or j.id in raws]
-    stored_windows = {j.id: getattr(j, "progress_window", None) for j in jobs}
-    run_ids = {j.id: getattr(j, "run_id", None) for j in jobs}  # read with the rows: no query per job
+    stored_windows = {j.id: j.progress_window for j in jobs}
+    run_ids = {j.id: j.run_id for j in jobs}  # read with the rows: no query per job
     batch: dict[str, list[dict[str, Any]]] = {}
     windows: dict[str, Window] = {}
     verified_by: dict[str, str] = {}
