@@ -132,6 +132,12 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str, log: Callable[[], 
     raise AssertionError(f"gave up waiting for {what}\n{log()[-6000:]}")
 
 
+def _wait_logged(line: str, log: Callable[[], str]) -> None:
+    """What the job's thread would have been told is written to the supervisor's log after the final state
+    commits: a test that saw the state waits for the line (a loaded machine read the log in between)."""
+    _wait(lambda: line in log(), 60, f"{line!r} in the supervisor's log", log)
+
+
 def _job_row(data_dir: Path, job_id: str) -> dict[str, Any]:
     with sqlite3.connect(data_dir / "tunebot.db") as db:
         db.row_factory = sqlite3.Row
@@ -242,10 +248,7 @@ def test_a_job_over_its_cap_is_stopped_and_torn_down_with_no_slack(tmp_path: Pat
     state = json.loads((data_dir / "local-provider" / "instances.json").read_text())
     assert state[row["provider_instance_id"]]["terminated"] is True
     assert not _alive(state[row["provider_instance_id"]]["pid"])
-    # What would have gone to the job's thread is in the supervisor's log (written after the final state is
-    # committed: waited for, as read on a loaded machine it could still be on its way).
-    said = f"Job {job_id} stopped (budget)"
-    _wait(lambda: said in serve.output(), 60, "the stop said in the supervisor's log", serve.output)
+    _wait_logged(f"Job {job_id} stopped (budget)", serve.output)  # what would have gone to the job's thread
     assert "apscheduler" not in serve.output()
 
 
@@ -331,10 +334,7 @@ def test_a_cli_launch_names_the_live_supervisor(tmp_path: Path, serving) -> None
     # It supervises the job: its runner finishes, the supervisor ends the job and terminates the instance.
     _wait(lambda: _job_row(data_dir, job_id)["state"] == "succeeded", 600, "the finish", serve.output)
     assert _instances(data_dir, job_id)[0]["ended_at"] is not None
-    # What the job's thread would have said: written after the final state commits, so waited for (a loaded
-    # machine read the log in between).
-    said = f"[{job_id}] ✓ Finished at step 20"
-    _wait(lambda: said in serve.output(), 60, "the finish said in the supervisor's log", serve.output)
+    _wait_logged(f"[{job_id}] ✓ Finished at step 20", serve.output)  # what the job's thread would have said
 
 
 @pytest.mark.slow
@@ -351,8 +351,7 @@ def test_a_cli_launch_with_no_supervisor_starts_one_in_the_background(tmp_path: 
         job_id = out.split("Job ", 1)[1].split(":", 1)[0]
         _wait(lambda: _job_row(data_dir, job_id)["state"] == "succeeded", 600, "the finish", log.read_text)
         assert _instances(data_dir, job_id)[0]["ended_at"] is not None  # torn down by the background one
-        said = f"[{job_id}] ✓ Finished at step 20"  # written after the final state commits: waited for
-        _wait(lambda: said in log.read_text(), 60, "the finish said in the supervisor's log", log.read_text)
+        _wait_logged(f"[{job_id}] ✓ Finished at step 20", log.read_text)
         # A second launch finds it alive instead of starting another.
         again = _cli(data_dir, *_tiny_launch(tmp_path), TUNEBOT_START_SUPERVISOR="1")
         assert "Supervisor: the tunebot serve alive on this job database" in " ".join(again.stdout.split())
