@@ -41,14 +41,15 @@ log = logging.getLogger(__name__)
 
 LOCAL_SCHEMES = frozenset({"", "file", "local", "memory"})  # the bot's disk, or this process's memory
 CHECK_RECORDS = 200_000  # records read bot-side before launch (the runner reads them all again)
-ESTIMATE_ONLY = {  # EstimateRequest fields the planner can price but the runner does not do
+# EstimateRequest fields the planner can price but the runner does not do. Not precision: the runner trains
+# every one (runner/model.py: "mixed", a full fine-tune's default, "bf16" and "fp32"; issue 38).
+ESTIMATE_ONLY = {
     "stack": "hf",
     "compile": False,
     "chunked_ce": False,
     "optimizer_in_backward": False,
     "activation_offload": False,
     "nf4_quantizer": None,
-    "precision": "bf16",
     "adapter_dtype": "fp32",
     "double_quant": True,
     "qlora_upcast": True,
@@ -113,7 +114,7 @@ def refuse_unsupported(
     if odd:
         raise EngineError(
             f"{', '.join(odd)}: estimate-only options (they price other training stacks); the runner trains "
-            "with transformers + peft in bf16 - drop them to launch"
+            "with transformers + peft - drop them to launch"
         )
     if plan.attn == "flash" and remote and not settings.runner_flash_attention:
         raise EngineError(
