@@ -145,6 +145,7 @@ def create(
         prompts=prepared.prompts,
     )
     stored_plan = deep_merge(fields, spec_overrides or {})  # the one stored plan (store/models.py Job.plan)
+    staging.check_spec_size(stored_plan)  # what a host could not start is refused before it is created
     now = ctx.now()
     job = Job(
         id=job_id,

@@ -12,6 +12,8 @@ can reach by URI. So, when a job is created:
   setting (a local job keeps only same-host fallbacks);
 - the caller's checks before renting run next (bot/engine/launching/preflight.py: image, model access, storage
   probe), before anything is uploaded;
+- the spec must fit the one environment variable it travels in (``check_spec_size``: Linux takes at most
+  131,072 bytes for one, and a longer one fails the runner's start with E2BIG on a host already rented);
 - local dataset files and model folders are uploaded (staged) under ``<TUNEBOT_CHECKPOINT_URI>/inputs/``,
   content-addressed so a second job with the same data uploads nothing;
 - the storage credentials go to the instance as environment variables (``runner_env``), never into the
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 
 LOCAL_SCHEMES = frozenset({"", "file", "local", "memory"})  # the bot's disk, or this process's memory
 CHECK_RECORDS = 200_000  # records read bot-side before launch (the runner reads them all again)
+# One environment string ("TUNEBOT_JOB_SPEC=<spec>" and its NUL) may be at most MAX_ARG_STRLEN bytes on Linux
+# (32 pages of 4 KB): a longer spec is E2BIG when the host starts the runner, after the instance was rented.
+MAX_ENV_STRING = 131_072
+# What a launch adds to a stored plan (bot/engine/launching/launch.py build_spec): the run's folders, the
+# report URL and token, up to 8 resume points, the cost fields, W&B.
+LAUNCH_RESERVE = 16 * 1024
 # EstimateRequest fields the planner can price but the runner does not do. Not precision: the runner trains
 # every one (runner/model.py: "mixed", a full fine-tune's default, "bf16" and "fp32"; issue 38).
 ESTIMATE_ONLY = {
@@ -173,6 +181,35 @@ def check_prompts(uri: str, count: int) -> list[dict[str, Any]]:
         raise EngineError(f"prompts: {exc}") from None
     except OSError as exc:
         raise EngineError(f"prompts: cannot read {uri}: {exc.strerror or type(exc).__name__}") from None
+
+
+def spec_env_bytes(spec_json: str) -> int:
+    """The bytes of the environment string a spec travels in: ``TUNEBOT_JOB_SPEC=<json>`` and its NUL."""
+    from bot.engine.launching.instance_env import SPEC_ENV
+
+    return len(f"{SPEC_ENV}=".encode()) + len(spec_json.encode()) + 1
+
+
+def spec_too_large(spec_json: str, *, reserve: int = 0) -> str | None:
+    """Why a spec (with ``reserve`` bytes still to be added) cannot reach a host, or None (pure)."""
+    size = spec_env_bytes(spec_json) + reserve
+    if size <= MAX_ENV_STRING:
+        return None
+    return (
+        f"the job's spec would take {size:,} bytes, more than the {MAX_ENV_STRING:,} one environment "
+        "variable may hold on a host (the runner could not start): fewer or shorter prompts, shorter paths"
+    )
+
+
+def check_spec_size(plan: dict[str, Any]) -> None:
+    """EngineError, before anything is created or rented, when the job's plan (the spec's training fields)
+    with what a launch adds would not fit the environment variable the spec travels in."""
+    import json
+
+    text = json.dumps(plan, ensure_ascii=False, separators=(",", ":"))
+    problem = spec_too_large(text, reserve=LAUNCH_RESERVE)
+    if problem:
+        raise EngineError(problem)
 
 
 def prepare(
