@@ -18,6 +18,7 @@ from bot.commands import (
     chat_commands,
     engine_commands,
     estimate_commands,
+    status_commands,
     sweep_commands,
 )
 
@@ -63,6 +64,7 @@ chat_commands.register(app)
 calibrate_commands.register(app)
 budget_commands.register(app)
 sweep_commands.register(app)
+status_commands.register(app)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from bot.commands import chat_door
 from bot.commands.errors import fail
 from bot.engine.record.jobstate import FINAL, JobState
 
@@ -40,16 +41,12 @@ def _engine():  # type: ignore[no-untyped-def]
 
 def _user(user: str | None) -> str:
     """Who a command acts as: the operator unless ``--user`` names someone (see the module's docstring)."""
-    from bot.engine.permissions import OPERATOR
-
-    return user.strip() if user and user.strip() else OPERATOR
+    return chat_door.acting_user(user)
 
 
 def _show(reply: Reply) -> None:
     """Print a reply with the renderer `tunebot console` uses: the CLI, Slack and the console share cards."""
-    from bot.chat.terminal import cli_console, render
-
-    render(reply, cli_console())
+    chat_door.show(reply)
 
 
 def _print_job(view: JobView) -> None:
@@ -158,6 +155,9 @@ def _follow(engine: Any, view: JobView, wait: bool) -> None:
 
 def resume_command(
     job_id: str = typer.Argument(..., help="The stopped or failed job to continue."),
+    words: list[str] | None = typer.Argument(
+        None, metavar="[max_cost=$X]", help="A new spend cap written as in /tune (the same as --max-cost)."
+    ),
     max_cost: str | None = typer.Option(
         None,
         "--max-cost",
@@ -169,10 +169,13 @@ def resume_command(
     user: str | None = typer.Option(None, "--user", help="Who asks (default: the operator)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job here until it ends (ticks every 2 s)."),
 ) -> None:
-    """Continue a stopped or failed job from its newest checkpoint (same job, same cap unless --max-cost)."""
+    """Continue a stopped or failed job from its newest checkpoint (same job, same cap unless max_cost=)."""
+    from bot.chat.grammar import ResumeCmd
+    from bot.commands.request_cli import parse_chat
     from bot.engine.api import EngineError
 
-    cap = None
+    command = parse_chat(["resume", job_id, *(words or [])])  # the chat's words: resume JOB max_cost=$X
+    cap = command.max_cost if isinstance(command, ResumeCmd) else None
     if max_cost is not None:
         from bot.planner.options import parse_money
 
@@ -276,14 +279,22 @@ def _launch_command():  # type: ignore[no-untyped-def]
 
 
 def jobs_command(
-    job_id: str | None = typer.Argument(None, help="Show one job."),
+    job_id: str | None = typer.Argument(
+        None,
+        metavar="[JOB|mine|all]",
+        help="One job; `mine`: the operator's (or --user's); `all`: every job.",
+    ),
     user: str | None = typer.Option(None, "--user", help="Only this user's jobs."),
     active: bool = typer.Option(False, "--active", help="Only jobs not finished."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """List jobs (newest first) or show one."""
+    """List jobs (newest first) or show one (a sweep: `tunebot status SWEEP`)."""
     from bot.engine.api import EngineError
 
+    if job_id in ("mine", "all"):  # the chat's `jobs mine|all`
+        user, job_id = (_user(user) if job_id == "mine" else user), None
+    if job_id and job_id.startswith("sw-"):
+        fail(f"{job_id} is a sweep: `tunebot status {job_id}` shows it and its runs")
     engine = _engine()
     try:
         views = [engine.get_job(job_id)] if job_id else engine.list_jobs(user=user, active_only=active)
@@ -320,6 +331,9 @@ def approve_command(
             "tunebot approve acts as the operator of this machine, never in someone else's name: drop "
             "--user. A member approves in Slack (TUNEBOT_ADMINS)"
         )
+    if job_id.startswith("sw-"):  # a sweep: approved as the chat approves it (every run at once)
+        chat_door.answer(["approve", job_id], None)
+        return
     engine = _engine()
     try:
         view = engine.approve(job_id, approver=OPERATOR)
@@ -331,10 +345,16 @@ def approve_command(
         engine.close()
 
 
-def stop_command(job_id: str = typer.Argument(...), user: str | None = typer.Option(None, "--user")) -> None:
-    """Stop a job gracefully (it checkpoints first); a job not launched yet is cancelled."""
+def stop_command(
+    job_id: str = typer.Argument(..., metavar="JOB|SWEEP"), user: str | None = typer.Option(None, "--user")
+) -> None:
+    """Stop a job gracefully (it checkpoints first), or every run of a sweep; a job not launched yet is
+    cancelled."""
     from bot.engine.api import EngineError
 
+    if job_id.startswith("sw-"):
+        chat_door.answer(["stop", job_id], user)
+        return
     engine = _engine()
     try:
         _print_job(engine.stop(job_id, user=_user(user)))

@@ -130,6 +130,7 @@ def _print_estimate(est: Estimate) -> None:
 
 
 def gpus_command(
+    named: str | None = typer.Argument(None, metavar="[GPU]", help="Only this GPU (as `/tune gpus GPU`)."),
     live: bool = typer.Option(False, "--live", help="Ask the providers' APIs (keys from the environment)."),
     gpu: str | None = typer.Option(None, "--gpu", help="Only this GPU."),
     as_json: bool = typer.Option(False, "--json", help="Print the offers as JSON."),
@@ -138,6 +139,7 @@ def gpus_command(
     from bot.planner.errors import PlanningError
     from bot.planner.gpus import gpu as lookup_gpu
 
+    gpu = gpu or named
     name = None
     if gpu:
         try:

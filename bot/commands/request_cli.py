@@ -143,3 +143,17 @@ def _cli_message(key: str, message: str) -> str:
     option = option_named(key)
     flags = ", ".join(option.cli_flags()) if option else f"--{key}"
     return f"{key} ({flags}): {message}"
+
+
+def parse_chat(words: list[str]) -> Any:
+    """``words`` (a command and its arguments, as typed after `tunebot`) read by the chat's own grammar
+    (bot/chat/grammar.py): every `key=value` form /tune and the console take, the CLI takes too (resume JOB
+    max_cost=$X, stop SWEEP, ...). A clear message with the usage and exit code 2 on bad input."""
+    import shlex
+
+    from bot.chat.grammar import ParseError, parse
+
+    try:
+        return parse(" ".join(shlex.quote(w) for w in words))
+    except ParseError as exc:
+        fail(f"{exc.message}\nusage: {exc.usage.replace('/tune ', 'tunebot ')}")

@@ -14,35 +14,8 @@ from typing import Any
 
 import typer
 
+from bot.commands import chat_door
 from bot.commands.errors import fail
-
-
-def _run(words: list[str], user: str | None) -> tuple[Any, Any, Any]:
-    """(engine, chat, reply) of one chat command typed on the command line."""
-    import shlex
-
-    from bot.chat.grammar import ParseError, parse
-    from bot.commands.chat_commands import _runtime
-    from bot.commands.engine_commands import _user
-
-    try:
-        command = parse(" ".join(shlex.quote(w) for w in words))
-    except ParseError as exc:
-        fail(f"{exc.message}\n{exc.usage}")
-    name = _user(user)
-    _, engine, chat = _runtime(name)
-    from bot.chat.handlers import Actor
-
-    actor = Actor(name, None, operator=True)
-    return engine, (chat, actor), chat.handle(command, actor)
-
-
-def _show(reply: Any) -> None:
-    from bot.commands.engine_commands import _show as show
-
-    show(reply)
-    if reply.kind == "error":
-        raise typer.Exit(2)
 
 
 def compare_command(
@@ -51,9 +24,9 @@ def compare_command(
 ) -> None:
     """Runs side by side: settings that differ, eval loss before and after, cost, time; the eval-curve
     chart's path (cost marked) under the table."""
-    engine, _, reply = _run(["compare", *job_ids], user)
+    engine, _, reply = chat_door.run(["compare", *job_ids], user)
     try:
-        _show(reply)
+        chat_door.show_answer(reply)
     finally:
         engine.close()
 
@@ -71,16 +44,16 @@ def sweep_command(
 ) -> None:
     """The best run for a budget: every configuration to a first stage, the better half onwards, the losers
     stopped; never more than max_cost in total; ends with the runs compared and the winner's adapter."""
-    engine, (chat, actor), reply = _run(["sweep", model, *(words or [])], user)
+    engine, (chat, actor), reply = chat_door.run(["sweep", model, *(words or [])], user)
     try:
-        _show(reply)
+        chat_door.show_answer(reply)
         if not (yes or wait):
             return
         if not reply.buttons:  # priced, but max_cost does not cover its worst case (the note above says so)
             fail("not launched: raise max_cost or sweep fewer values")
         estimate_id = next(b.value for b in reply.buttons if b.action == "launch_sweep")
         launched = chat.launch(estimate_id, "sweep", actor)
-        _show(launched)
+        chat_door.show_answer(launched)
         if wait:
             _follow(engine, actor.user)
     finally:
