@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from bot.chat.blockkit import MAX_MODAL_TITLE, clip
 from bot.chat.cards import cost_span, hours, labelled, shown_offers
 from bot.chat.escaping import esc
+from bot.money import money
 from bot.planner import options
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
@@ -195,7 +196,7 @@ def launch_choices(estimate: Estimate) -> list[tuple[str, str, str]]:
         seen.append(offer)
         kind = "spot" if offer.interruptible else "on-demand"
         label = f"{choice.capitalize()}: {offer.provider} {offer.gpu} x{offer.gpu_count} ({kind})"
-        details = f"${offer.price_per_hour:.2f}/h, about {hours(offer.hours)}, {cost_span(offer)} in total"
+        details = f"{money(offer.price_per_hour)}/h, about {hours(offer.hours)}, {cost_span(offer)} in total"
         out.append((choice, label, details))
     return out
 
@@ -211,8 +212,8 @@ def estimate_blocks(estimate: Estimate) -> list[dict[str, Any]]:
     for i, o in enumerate(offers, 1):
         note = ", ".join(o.labels) if o.labels else ("" if o.fits else f"no: {o.reason}")
         lines.append(
-            f"{i}. {esc(o.provider)} {esc(o.gpu)} x{o.gpu_count} "
-            f"{'spot' if o.interruptible else 'on-demand'} · ${o.price_per_hour:.2f}/h · {hours(o.hours)} · "
+            f"{i}. {esc(o.provider)} {esc(o.gpu)} x{o.gpu_count} {'spot' if o.interruptible else 'on-demand'}"
+            f" · {money(o.price_per_hour)}/h · {hours(o.hours)} · "
             f"*{cost_span(o)}*" + (f" · {esc(note)}" if note else "")
         )
     fitting = sum(1 for o in estimate.offers if o.fits)

@@ -497,7 +497,7 @@ class SlackNotifier:
             report.daily_by_person,
             names=self.names,
             budget_per_day=monthly / 30 if monthly else None,
-            title=f"Spend per day, {report.days[0]} to {report.days[-1]}: ${report.total:,.2f}",
+            title=f"Spend per day, {report.days[0]} to {report.days[-1]}: {cards.money(report.total)}",
         )
         people = ", ".join((self.names or str)(p) for p in report.daily_by_person)
         self.client.files_upload_v2(

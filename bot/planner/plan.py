@@ -7,11 +7,11 @@ bot/planner/inputs.py (the planner's only I/O); the offers come in as an argumen
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from bot.money import cap_covering, money
 from bot.planner.architectures import Architecture
 from bot.planner.calibration import Calibration, Correction
 from bot.planner.disk import DiskNeed, disk_need
@@ -94,11 +94,6 @@ def _disk(
 def _fits_anywhere(mem_gb: float, gpus: list[str], upper: float) -> str | None:
     best = [g for g in gpus if mem_gb * upper * (1 + SAFETY_MARGIN) <= GPUS[g].memory_gb]
     return min(best, key=lambda g: GPUS[g].memory_gb) if best else None
-
-
-def _usd(value: float) -> str:
-    """Dollars as the cards write them (bot/money.py; the planner imports nothing above it)."""
-    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
 
 
 ONE_HOST_MAX = 8  # the runner trains on one host (runner/distributed.py): no offer is sold with more GPUs
@@ -235,8 +230,8 @@ def budget_suggestions(offers: list[Offer], job: JobShape, req: EstimateRequest,
     where = f"{best.provider} {best.gpu} x{best.gpu_count} ({kind})"
     top = best.total_cost_range[1] if best.total_cost_range else best.total_cost
     out = [
-        f"a higher cost limit: {suggest('max_cost', math.ceil(best.total_cost * 100) / 100)} covers the "
-        f"cheapest offer that fits, {where}, expected {_usd(best.total_cost)} (up to {_usd(top)})"
+        f"a higher cost limit: {suggest('max_cost', cap_covering(best.total_cost))} covers the "
+        f"cheapest offer that fits, {where}, expected {money(best.total_cost)} (up to {money(top)})"
     ]
     share = req.max_cost / best.total_cost
     for factor in (0.9, 0.75, 0.5, 0.25):
@@ -257,8 +252,8 @@ def budget_suggestions(offers: list[Offer], job: JobShape, req: EstimateRequest,
         if k:
             o = fit[0]
             out.append(
-                f"a shorter run: {suggest('max_steps', n)} (of {steps}) fits {_usd(req.max_cost)}: expected "
-                f"{_usd(o.total_cost)} on {o.provider} {o.gpu} x{o.gpu_count}"
+                f"a shorter run: {suggest('max_steps', n)} (of {steps}) fits {money(req.max_cost)}: expected "
+                f"{money(o.total_cost)} on {o.provider} {o.gpu} x{o.gpu_count}"
             )
             break
     return out

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.money import money
 from bot.planner.gpus import known as known_device
 from bot.planner.offer import Offer
 from bot.planner.preemption import ScalarMath, expected_wall_hours
@@ -387,7 +388,7 @@ class _Table:
             margin = f"+{SAFETY_MARGIN:.0%} margin"
             return f"needs {need:.1f} GB per GPU{upper} ({margin}); {o.gpu} has {cap:.1f} GB"
         if cat == BUDGET:
-            return f"expected ${self.costs.total[i]:.2f} is above the cost limit ${self.max_cost:.2f}"
+            return f"expected {money(self.costs.total[i])} is above the cost limit {money(self.max_cost)}"
         if cat == CLASS:
             kind = "interruptible" if o.interruptible else "on-demand"
             return kind + " (excluded by interruptible=yes|no)"
