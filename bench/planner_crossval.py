@@ -37,8 +37,10 @@ from bot.planner.crossval import (  # noqa: E402
     Coverage,
     Held,
     class_ranges,
+    held_ratio,
     leave_one_source_out,
     nested_coverage,
+    ratio_for,
     summarize,
 )
 
@@ -68,12 +70,17 @@ def line(label: str, held: list[Held]) -> tuple:
 
 
 def per_class(
-    label: str, held: list[Held], classes: tuple[str, ...], written: dict, own_dof: bool = True
+    label: str,
+    held: list[Held],
+    classes: tuple[str, ...],
+    written: dict,
+    own_dof: bool = True,
+    q_top: float | None = None,
 ) -> Coverage:
     """Held-out errors by class, the class ranges (this run vs the code), and how often the top holds when the
     ranges are built without the row's source (nested leave-one-source-out)."""
-    fresh = class_ranges(held, classes, ranges.Q, own_dof)
-    cover = nested_coverage(held, classes, ranges.Q, own_dof)
+    fresh = class_ranges(held, classes, ranges.Q, own_dof, q_top)
+    cover = nested_coverage(held, classes, ranges.Q, own_dof, q_top)
     print(f"\n{label} by class (held out by source)")
     print(
         f"{'class':11s} {'rows':>4s} {'sources':>7s} {'median |err|':>12s} {'max |err|':>9s} "
@@ -109,7 +116,12 @@ def main() -> int:
     mem_out, _ = line("memory (measurements)", memory)
     line("memory (+ Unsloth's sizing guide)", guidance)
     speed_out, _ = line("tokens/s", speed)
-    mem_cover = per_class("Peak memory", memory, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES)
+    mem_cover = per_class(
+        "Peak memory", memory, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES, q_top=ranges.MEMORY_TOP_Q
+    )
+    seen = {h.case.id for h in memory}
+    unseen = [h for h in guidance if h.case.id not in seen]
+    guide_under = [h for h in unseen if held_ratio(h) <= ratio_for(ranges.MEMORY_RANGES, h.case.classes)[1]]
     speed_cover = per_class(
         "Tokens per second", speed, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, own_dof=ranges.SPEED_OWN_DOF
     )
@@ -125,15 +137,21 @@ def main() -> int:
         + ", ".join(f"{v:.3f}" for v in speed_x0() + memory_x0())
     )
     print(
-        f"\nrange coverage (the top is the one-sided {ranges.Q:.0%} bound; ranges built without the row's "
-        f"source): memory {mem_cover.under_top}/{mem_cover.n} = {mem_cover.share:.0%}, tokens/s "
-        f"{speed_cover.under_top}/{speed_cover.n} = {speed_cover.share:.0%}"
+        f"\nrange coverage (ranges built without the row's source; the memory top is the one-sided "
+        f"{ranges.MEMORY_TOP_Q:.0%} bound, the tokens/s top the {ranges.Q:.0%} one): memory "
+        f"{mem_cover.under_top}/{mem_cover.n} = {mem_cover.share:.0%} (the code says "
+        f'{ranges.MEMORY_TOP_HELD[0]}/{ranges.MEMORY_TOP_HELD[1]}: the card\'s "{ranges.top_coverage()}"), '
+        f"tokens/s {speed_cover.under_top}/{speed_cover.n} = {speed_cover.share:.0%}"
     )
-    ok = mem_out.median_abs <= 0.10 and mem_cover.share >= 0.95
     print(
-        f"targets (issue 21): memory median <= 10% held out and the top of the range holds for >= 95% of "
-        f"rows of sources the planner (and its ranges) were not fit on: {'OK' if ok else 'NOT MET'}; "
-        f"tokens/s median {speed_out.median_abs:.1%}  ({time.time() - t0:.1f} s)"
+        f"the code's memory tops on Unsloth's sizing guide (a source the ranges are not built on): "
+        f"{len(guide_under)}/{len(unseen)}"
+    )
+    ok = mem_out.median_abs <= 0.10 and mem_cover.share >= ranges.TOP_COVERAGE
+    print(
+        f"targets (issues 21, 36): memory median <= 10% held out and the top of the range holds for >= "
+        f"{ranges.TOP_COVERAGE:.0%} of rows of sources the planner (and its ranges) were not fit on: "
+        f"{'OK' if ok else 'NOT MET'}; tokens/s median {speed_out.median_abs:.1%}  ({time.time() - t0:.1f} s)"
     )
     return 0
 

@@ -4,8 +4,9 @@ Pure and generic: a Case is one published figure (memory or tokens/s) with the s
 it came from and a function that predicts it for a given coefficient vector. `fit` minimizes a robust loss of
 the log errors (soft-L1: one contradictory row cannot drag every coefficient) with a small Nelder-Mead;
 `leave_one_source_out` refits without each source in turn and predicts that source with what the others
-taught. The held-out errors are the figure that says how the planner does on tables it never saw; their
-spread (the p10-p90 of held-out measured/predicted ratios) is what the estimate's ranges are made of.
+taught. The held-out errors are the figure that says how the planner does on tables it never saw; per class
+of job, their prediction intervals are the estimate's ranges (bot/planner/ranges.py), and `nested_coverage`
+checks how often a range's top holds when the ranges, too, were built without the row's source.
 
 The published rows themselves live with the tests (tests/planner/published.py); the bench script and the
 test build Cases from them.
@@ -175,6 +176,9 @@ def summarize(errors: Sequence[float]) -> Summary:
 # ------------------------------------------------------------------
 
 
+MIN_TOP_ROWS = 3  # a class needs this many rows before its top may reach past the range's own q
+
+
 def t_quantile(p: float, dof: float) -> float:
     """Student's t quantile (exact for 1 and 2 degrees of freedom, Cornish-Fisher beyond: within 0.3% of the
     tables from 3 on)."""
@@ -199,7 +203,11 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 
 def prediction_range(
-    ratios: Sequence[float], pooled: Sequence[float], q: float = 0.95, own_dof: bool = True
+    ratios: Sequence[float],
+    pooled: Sequence[float],
+    q: float = 0.95,
+    own_dof: bool = True,
+    q_top: float | None = None,
 ) -> tuple[float, float]:
     """The (1-q, q) prediction interval of the next measured/predicted ratio of a class, from the held-out
     ratios of its rows: the class's own mean shift, a spread never narrower than every row's together, and
@@ -208,6 +216,10 @@ def prediction_range(
     rows gets a wide range (t = 6.3), one of four a moderately wide one (2.35), "all" the pooled one.
     own_dof=False keeps issue 21's rule (the pooled degrees of freedom unless the class's own spread is
     wider), which the speed ranges still use.
+
+    ``q_top`` (issue 36): the top is the one-sided ``q_top`` bound instead, for a class of at least
+    MIN_TOP_ROWS rows; a class of fewer keeps the ``q`` top (already wide: with one row, t(0.99, 1) = 31.8
+    would promise nothing).
 
     On log ratios: mean_c +- t(q, n_c - 1) * s * sqrt(1 + 1/n_c), s = max(sd_c, sd_all)."""
     logs = [math.log(r) for r in ratios]
@@ -219,8 +231,12 @@ def prediction_range(
     dof = max(1, n - 1)
     if not own_dof and not (n >= 3 and sd_c > sd_all):
         dof = len(every) - 1
-    half = t_quantile(q, dof) * s * math.sqrt(1 + 1 / n)
-    return math.exp(mean_c - half), math.exp(mean_c + half)
+    scale = s * math.sqrt(1 + 1 / n)
+    top_q = q_top if q_top is not None and n >= MIN_TOP_ROWS else q
+    return (
+        math.exp(mean_c - t_quantile(q, dof) * scale),
+        math.exp(mean_c + t_quantile(top_q, dof) * scale),
+    )
 
 
 def held_ratio(h: Held) -> float:
@@ -229,15 +245,19 @@ def held_ratio(h: Held) -> float:
 
 
 def class_ranges(
-    held: Sequence[Held], classes: Iterable[str], q: float = 0.95, own_dof: bool = True
+    held: Sequence[Held],
+    classes: Iterable[str],
+    q: float = 0.95,
+    own_dof: bool = True,
+    q_top: float | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per class ("all" = every row), the prediction range of measured/predicted from the held-out errors."""
     pooled = [held_ratio(h) for h in held]
-    out = {"all": prediction_range(pooled, pooled, q, own_dof)}
+    out = {"all": prediction_range(pooled, pooled, q, own_dof, q_top)}
     for name in classes:
         mine = [held_ratio(h) for h in held if name in h.case.classes]
         if mine:
-            out[name] = prediction_range(mine, pooled, q, own_dof)
+            out[name] = prediction_range(mine, pooled, q, own_dof, q_top)
     return out
 
 
@@ -259,7 +279,11 @@ class Coverage:
 
 
 def nested_coverage(
-    held: Sequence[Held], classes: Sequence[str], q: float = 0.95, own_dof: bool = True
+    held: Sequence[Held],
+    classes: Sequence[str],
+    q: float = 0.95,
+    own_dof: bool = True,
+    q_top: float | None = None,
 ) -> Coverage:
     """How often the measured figure is under the top of its range when the ranges, too, were built without
     the row's source: for each source, class ranges from the other sources' held-out errors, checked on it."""
@@ -268,7 +292,7 @@ def nested_coverage(
         rest = [h for h in held if h.case.source != source]
         if not rest:
             continue
-        ranges = class_ranges(rest, classes, q, own_dof)
+        ranges = class_ranges(rest, classes, q, own_dof, q_top)
         for h in held:
             if h.case.source != source:
                 continue

@@ -16,10 +16,12 @@ from bot.planner.crossval import (
     Case,
     class_ranges,
     fit,
+    held_ratio,
     leave_one_source_out,
     nested_coverage,
     prediction_range,
     quantile,
+    ratio_for,
     summarize,
     t_quantile,
 )
@@ -71,11 +73,11 @@ def test_the_code_uses_the_coefficients_fitted_on_every_source(speed_cv, memory_
 
 
 def test_the_ranges_are_the_held_out_error_spread_per_class(speed_cv, memory_cv) -> None:
-    for (held, _), classes, written, own_dof in (
-        (memory_cv, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES, True),
-        (speed_cv, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, ranges.SPEED_OWN_DOF),
+    for (held, _), classes, written, own_dof, q_top in (
+        (memory_cv, ranges.MEMORY_CLASSES, ranges.MEMORY_RANGES, True, ranges.MEMORY_TOP_Q),
+        (speed_cv, ranges.SPEED_CLASSES, ranges.SPEED_RANGES, ranges.SPEED_OWN_DOF, None),
     ):
-        fresh = class_ranges(held, classes, ranges.Q, own_dof)
+        fresh = class_ranges(held, classes, ranges.Q, own_dof, q_top)
         assert fresh.keys() == written.keys()
         for name, bounds in fresh.items():
             assert bounds == pytest.approx(written[name], abs=0.01), name
@@ -86,9 +88,44 @@ def test_the_top_of_the_memory_range_holds_on_sources_it_was_not_built_on(memory
     """Issue 21's target on the published rows: with the coefficients and the ranges both built without a
     source, that source's measured peak is under the top of its range for at least 95% of the rows."""
     held, _ = memory_cv
-    cover = nested_coverage(held, ranges.MEMORY_CLASSES, ranges.Q)
+    cover = nested_coverage(held, ranges.MEMORY_CLASSES, ranges.Q, q_top=ranges.MEMORY_TOP_Q)
     assert cover.n == len(held) and cover.share >= 0.95, cover
     assert summarize([h.held_out_error for h in held]).median_abs <= 0.10
+
+
+def test_the_memory_top_holds_the_coverage_the_card_states_with_each_source_left_out(memory_cv) -> None:
+    """Issue 36, item 8: the top is built for a stated coverage and holds it with each source left out whole
+    (the coefficients and the ranges both built without it); the card's figure is this count, recomputed."""
+    held, _ = memory_cv
+    cover = nested_coverage(held, ranges.MEMORY_CLASSES, ranges.Q, q_top=ranges.MEMORY_TOP_Q)
+    assert (cover.under_top, cover.n) == ranges.MEMORY_TOP_HELD
+    assert cover.share >= ranges.TOP_COVERAGE >= 0.97, cover
+    assert ranges.top_coverage() == f"covers {int(100 * cover.share)}% of measured runs"
+    for name, (under, rows) in cover.by_class.items():  # no class falls far behind: one miss at most
+        assert under >= rows - 1, (name, under, rows)
+
+
+def test_the_memory_top_holds_on_published_figures_the_ranges_were_never_built_on(memory_cv) -> None:
+    """Issue 36, item 8: on published figures the project had not seen, one row in four measured above the top
+    of 9a0c9c1 (the one-sided 95% bound). Unsloth's minimum-VRAM table is such a source here: the ranges are
+    built without it (bench/planner_crossval.py reports it apart); the code's tops hold for 11 of its 12 rows
+    (9 on 9a0c9c1)."""
+    guide, _ = leave_one_source_out(memory_cases(guidance=True), memory_x0(), MEMORY_BOUNDS)
+    seen = {h.case.id for h in memory_cv[0]}
+    unseen = [h for h in guide if h.case.id not in seen]
+    assert len(unseen) == 12
+    under = [held_ratio(h) <= ratio_for(ranges.MEMORY_RANGES, h.case.classes)[1] for h in unseen]
+    assert sum(under) / len(under) >= 0.9, [h.case.id for h, ok in zip(unseen, under, strict=True) if not ok]
+
+
+def test_a_class_of_few_rows_keeps_its_wide_top_when_the_top_reaches_further() -> None:
+    """The 99% top asks more of a class's rows than one or two can say (t(0.99, 1) = 31.8): such a class keeps
+    its 95% top, itself wide; from three rows on the top is the 99% bound."""
+    pooled = [0.9, 0.95, 1.0, 1.02, 1.05, 1.1, 0.97, 1.01, 0.99, 1.03, 0.96, 1.04]
+    assert prediction_range([1.05], pooled, q_top=0.99) == prediction_range([1.05], pooled)
+    lo, hi = prediction_range(pooled, pooled)
+    lo99, hi99 = prediction_range(pooled, pooled, q_top=0.99)
+    assert lo99 == lo and hi99 > hi
 
 
 def test_a_class_with_few_rows_gets_a_wider_range_than_the_pooled_spread() -> None:

@@ -46,7 +46,8 @@ def test_a_70b_full_fine_tune_on_8_gpus_is_told_what_fits() -> None:
     est = snapshot_plan(req)
     assert not any(o.fits for o in est.offers) and est.memory.per_gpu_gb > 141
     text = " | ".join(est.suggestions)
-    assert "16 GPUs would need" in text and "more than 8 GPUs" in text  # said, not suggested
+    # said, not suggested: 16 GPUs, or 32 where 16 do not hold the top of the multi-GPU memory range
+    assert re.search(r"\b(16|32) GPUs would need", text) and "more than 8 GPUs" in text
     assert "gpus=16" not in text
     for method in ("lora", "qlora"):  # each method suggested really fits on 8 GPUs
         assert f"method={method}" in text
