@@ -18,6 +18,8 @@ or a private storage URI by its last part only (``public_name``). huggingface_hu
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +87,20 @@ def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def money(value: float | None) -> str:
+    """Dollars as the bot writes them (bot/money.py; the contract imports nothing of the bot)."""
     if value is None:
         return "-"
-    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+    if value == 0 or abs(value) >= 0.01:
+        return f"${value:,.2f}"
+    if abs(value) >= 0.0001:
+        return f"${value:.4f}"
+    return f"${value:.{1 - math.floor(math.log10(abs(value)))}f}"
 
 
 # The card's cost line: the runner's figure while it runs, the bot's ledger once the job ended.
 RECKONING = "so far (the runner's reckoning; the bot writes the billed cost here at the end)"
 BILLED = "as billed (tunebot's ledger: every instance's billed time at its locked price)"
+EVAL_COST = re.compile(r"\) for \$[0-9][0-9,]*(?:\.[0-9]+)?$")  # the eval line's "for $X" (runner/outputs.py)
 
 
 def with_billed_cost(card: str, cost: float) -> str:
@@ -105,6 +113,9 @@ def with_billed_cost(card: str, cost: float) -> str:
             rest = rest.split(" ", 1)[1] if rest.startswith("$") and " " in rest else ""
             rest = rest.removeprefix(RECKONING + " ")
             lines[i] = f"- cost: {money(cost)} {BILLED} {rest}".rstrip()
+        elif line.startswith("- eval loss") and EVAL_COST.search(line):
+            # "... -> 1.42 (-38%) for $4.10": what the loss bought, at the one cost the card gives
+            lines[i] = EVAL_COST.sub(f") for {money(cost)}", line)
     return "\n".join(lines)
 
 
