@@ -33,6 +33,8 @@ def _estimate(
     snapshot with a note; ``offline``: the snapshot for every cloud (this machine's CPU still offered where
     launch would)."""
     from bot.commands.request_cli import build_request
+    from bot.engine.api import EngineError
+    from bot.engine.launching.approval import checked_cap
     from bot.engine.launching.offers import snapshot_estimate
     from bot.planner import PlanningError
     from bot.providers.registry import build_providers, configured_clouds
@@ -44,6 +46,10 @@ def _estimate(
     if request.dataset is not None and "://" not in request.dataset and not Path(request.dataset).is_file():
         fail(f"dataset file {request.dataset} does not exist")
     settings = get_settings()
+    try:  # a cap the bot would refuse at launch is refused here (the snapshot estimate below too)
+        checked_cap(request.max_cost, settings.max_cost_limit_usd)
+    except EngineError as exc:
+        fail(str(exc))
     calibration = None
     if calibrated:  # what finished runs measured: the snapshot the engine writes, no database opened
         from bot.engine.outcome.calibration import read_snapshot

@@ -55,11 +55,13 @@ def test_a_member_cannot_delete_volumes_that_are_not_theirs(make_stack, dataset:
         text = stack.said(
             lambda who=who: stack.click(stack.action_payload("volume_delete", "vast:prod", user=who))
         )
-        assert "did not create or attach this volume" in text, text
+        # A member sees only their own jobs' volumes: another one is answered as one that does not exist.
+        said = "did not create or attach this volume" if who == ADMIN else "no volume prod on vast"
+        assert said in text, text
     text = stack.said(lambda: stack.click(stack.action_payload("volume_delete", "vast:ckpt", user=MALLORY)))
-    assert "only the volume's owner or an admin" in text
+    assert "no volume ckpt on vast" in text, text
     text = stack.said(lambda: stack.click(stack.action_payload("volume_keep", "vast:ckpt", user=MALLORY)))
-    assert "only the volume's owner or an admin" in text
+    assert "no volume ckpt on vast" in text, text
     assert cloud.deleted_volumes == [] and {"prod", "ckpt"} <= set(cloud.volumes)
 
     text = stack.said(lambda: stack.click(stack.action_payload("volume_delete", "vast:ckpt", user=ALICE)))
@@ -71,7 +73,8 @@ def test_a_member_cannot_delete_volumes_that_are_not_theirs(make_stack, dataset:
 def test_max_cost_is_approved_like_the_spend_it_allows(make_stack, dataset: Path) -> None:
     """a9605e4: approval compared only the estimate; `max_cost=$1000000` on a cents job launched at once."""
     stack = make_stack()
-    text = stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset} max_cost=$1000000", user=MALLORY)
+    words = f"launch Llama-3.1-8B method=qlora dataset={dataset} max_cost=$1000000"  # refused at its estimate
+    text = stack.said(lambda: stack.command(words, user=MALLORY))
     assert "above this bot's limit" in text and "TUNEBOT_MAX_COST_LIMIT" in text, text
     text = stack.launch(f"Llama-3.1-8B method=qlora dataset={dataset} max_cost=$900", user=MALLORY)
     assert "may spend up to $900.00" in text and "approve" in text, text

@@ -129,11 +129,13 @@ def priced_estimate(
     else the dated snapshot with a note saying so (``offline``: the snapshot for every cloud, none asked);
     labelled among the offers these providers can launch; this machine's CPU only when no cloud is
     configured or gpu=cpu, and only where the runner can start (``local_note`` says why it is absent)."""
+    from bot.engine.launching.approval import checked_cap
     from bot.planner.inputs import resolve_inputs
     from bot.planner.plan import estimate
     from bot.providers.base import OfferQuery, ProviderError
     from bot.providers.catalog import live_catalog
 
+    checked_cap(request.max_cost, settings.max_cost_limit_usd)  # refused now, not after a Launch button
     inputs = resolve_inputs(request)  # the model and the dataset, read once; before any cloud is asked
     clouds = {n: p for n, p in providers.items() if n != "local"}
     if offline:
