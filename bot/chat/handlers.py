@@ -353,9 +353,9 @@ class ChatHandlers:
     def _answer_status(self, command: StatusCmd, actor: Actor) -> Reply:
         """A sweep's card, a job's card, or the person's active jobs."""
         if command.job_id and is_sweep(command.job_id):
-            return cards.sweep_card(self.engine.get_sweep(command.job_id, viewer=actor.user))
-        if command.job_id:  # the engine refuses another member's job (the policy's can_read)
-            return cards.job_card(self.engine.get_job(command.job_id, viewer=actor.user), with_samples=True)
+            return cards.sweep_card(self._seen_sweep(command.job_id, actor))
+        if command.job_id:  # another member's job is answered as one that does not exist
+            return cards.job_card(self._seen_job(command.job_id, actor), with_samples=True)
         jobs = self.engine.list_jobs(user=actor.user, active_only=True, viewer=actor.user)
         return cards.jobs_reply(jobs, title="Your active jobs")
 
@@ -366,6 +366,7 @@ class ChatHandlers:
         """A job, or a whole sweep (its runs stop after a checkpoint)."""
         if not is_sweep(command.job_id):
             return self._stop(command.job_id, actor)
+        self._seen_sweep(command.job_id, actor)  # the viewer first: another member's is "no sweep"
         view = self.engine.stop_sweep(command.job_id, user=actor.user)
         return text_reply(
             f":octagonal_sign: Sweep *{esc(view.sweep_id)}* is {esc(view.state)}: its runs stop after a "
@@ -388,6 +389,7 @@ class ChatHandlers:
 
     def _answer_clone(self, command: CloneCmd, actor: Actor) -> Reply:
         self._check_can_launch(actor)
+        self._seen_job(command.job_id, actor)
         # The engine refuses another member's job; the data is checked for the cloner, as a launch's is.
         request = self.engine.clone_request(command.job_id, command.changes, user=actor.user)
         return self._estimate(self._checked_sources(request, actor), actor, launching=True)
@@ -586,11 +588,27 @@ class ChatHandlers:
         from bot.chat.charts import compare_chart
 
         if len(ids) == 1 and is_sweep(ids[0]):
-            sweep = self.engine.get_sweep(ids[0])
+            sweep = self._seen_sweep(ids[0], actor)
             ids = [r.job.job_id for r in sweep.runs if r.job is not None]
         view = self.engine.compare(ids, user=actor.user)
         chart = compare_chart(view, self._chart_dir() / f"compare-{'-'.join(ids)[:100]}.png")
         return cards.compare_reply(view, chart=chart)
+
+    def _seen_job(self, job_id: str, actor: Actor) -> JobView:
+        """The job as ``actor`` may know of it. Every door that names a job asks this before anything else:
+        one another member may not read is answered as one that does not exist (the engine's own words for
+        that), so no answer tells whether it exists, whose it is or what it ran."""
+        try:
+            return self.engine.get_job(job_id, viewer=actor.user)
+        except PermissionDenied:
+            raise EngineError(f"no job {job_id}") from None
+
+    def _seen_sweep(self, sweep_id: str, actor: Actor) -> Any:
+        """``_seen_job`` for a sweep: another member's is "no sweep", like one that does not exist."""
+        try:
+            return self.engine.get_sweep(sweep_id, viewer=actor.user)
+        except PermissionDenied:
+            raise EngineError(f"no sweep {sweep_id}") from None
 
     def _chart_dir(self) -> Path:
         import tempfile
@@ -639,8 +657,24 @@ class ChatHandlers:
                 stored.cancelled = True
         return text_reply("Cancelled; nothing was launched.")
 
+    def _check_may_approve(self, ref: str, actor: Actor) -> None:
+        """Who may approve at all. Someone who may not is told why in words that are the same for every id
+        they cannot read (one that does not exist included); the owner of the job or sweep is told it is
+        theirs to have approved by someone else."""
+        decision = self.permissions.may_approve(actor.user)
+        if decision:
+            return
+        try:
+            owner = (self._seen_sweep(ref, actor) if is_sweep(ref) else self._seen_job(ref, actor)).owner
+        except EngineError:
+            raise PermissionDenied(decision.reason) from None
+        specific = self.permissions.can_approve(actor.user, owner)  # e.g. "you cannot approve your own job"
+        raise PermissionDenied(decision.reason if specific else specific.reason)
+
     def _approve(self, job_id: str, actor: Actor) -> Reply:
+        self._check_may_approve(job_id, actor)
         if is_sweep(job_id):
+            self._seen_sweep(job_id, actor)
             view = self.engine.approve_sweep(job_id, approver=actor.user)
             return text_reply(
                 f":white_check_mark: {mention(actor.user)} approved sweep *{esc(view.sweep_id)}*; it is "
@@ -648,7 +682,7 @@ class ChatHandlers:
                 public=True,
                 kind="success",
             )
-        job = self.engine.get_job(job_id)
+        job = self._seen_job(job_id, actor)
         at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
         decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)
         if not decision:
@@ -664,8 +698,9 @@ class ChatHandlers:
         )
 
     def _reject(self, job_id: str, actor: Actor) -> Reply:
+        self._check_may_approve(job_id, actor)
         if is_sweep(job_id):
-            sweep = self.engine.get_sweep(job_id)
+            sweep = self._seen_sweep(job_id, actor)
             decision = self.permissions.can_approve(actor.user, sweep.owner, amount=sweep.max_cost)
             if not decision:
                 raise PermissionDenied(decision.reason)
@@ -676,7 +711,7 @@ class ChatHandlers:
                 f"{mention(actor.user)} rejected sweep *{esc(sweep.sweep_id)}*; it is {esc(sweep.state)}.",
                 public=True,
             )
-        job = self.engine.get_job(job_id)
+        job = self._seen_job(job_id, actor)
         at_stake = max(job.estimated_cost or 0.0, job.max_cost or 0.0)
         decision = self.permissions.can_approve(actor.user, job.owner, amount=at_stake)
         if not decision:
@@ -689,7 +724,7 @@ class ChatHandlers:
         )
 
     def _stop(self, job_id: str, actor: Actor) -> Reply:
-        job = self.engine.get_job(job_id)
+        job = self._seen_job(job_id, actor)
         decision = self.permissions.can_stop(actor.user, job.owner)
         if not decision:
             raise PermissionDenied(decision.reason)
@@ -703,6 +738,7 @@ class ChatHandlers:
 
     def _resume(self, job_id: str, max_cost: float | None, actor: Actor) -> Reply:
         """Ask the engine to continue the job (it checks the owner, the cap and approval)."""
+        self._seen_job(job_id, actor)
         job = self.engine.resume(job_id, user=actor.user, max_cost=max_cost, channel=actor.channel)
         return cards.resumed_reply(
             job,
@@ -715,9 +751,10 @@ class ChatHandlers:
         provider, sep, volume_id = ref.partition(":")
         if not sep or not volume_id:
             raise EngineError("that volume reference is not valid")
-        volume = next(
-            (v for v in self.engine.volumes() if v.provider == provider and v.volume_id == volume_id), None
-        )
+        # Only the volumes ``actor`` may see (a member: their own jobs'): another's is "no volume", as a
+        # volume that does not exist is.
+        seen = self.engine.volumes(viewer=actor.user)
+        volume = next((v for v in seen if v.provider == provider and v.volume_id == volume_id), None)
         if volume is None:
             raise EngineError(f"no volume {volume_id[:80]} on {provider[:40]} (`volumes` lists them)")
         # Asked first for the reason; the engine decides again on its own (the same policy).

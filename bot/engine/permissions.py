@@ -207,6 +207,15 @@ class Permissions:
             return Decision(False, "only admins approve jobs")
         return Decision(True)
 
+    def may_approve(self, user: str) -> Decision:
+        """Whether ``user`` approves anything at all: asked before a job or sweep is looked up, so the refusal
+        is the same whatever the id (``can_approve`` then decides for the one named)."""
+        if user == OPERATOR or (self.admins and self.is_admin(user)):
+            return Decision(True)
+        if not self.admins:
+            return Decision(False, self.approver_hint(capitalized=True))
+        return Decision(False, "only admins approve jobs")
+
     def who_approves(self, owner: str, job_id: str) -> str:
         """Who approves a job of ``owner``, for the engine's messages."""
         if self.admins:

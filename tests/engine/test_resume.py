@@ -152,7 +152,7 @@ def test_budget_stopped_job_needs_a_higher_cap_and_approval_above_the_threshold(
         engine.resume(job.job_id, user="alice")  # the same cap would stop it again at once
     with pytest.raises(EngineError, match="would stop it again"):
         engine.resume(job.job_id, user="alice", max_cost=stopped.spend)
-    with pytest.raises(PermissionDenied, match="only alice or an admin"):
+    with pytest.raises(PermissionDenied, match="only the job's owner or an admin may resume it"):
         engine.resume(job.job_id, user="mallory", max_cost=10.0)
     assert engine.get_job(job.job_id).state == "stopped"  # refusals change nothing
 

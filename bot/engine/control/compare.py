@@ -1,9 +1,10 @@
 """`compare JOB JOB...`: runs side by side, as bought: the settings that differ, eval loss before and after,
 cost, time, and every run's eval curve (the chat draws them on one chart with the cost marked).
 
-The caller may read each job (its owner, or an admin: the permissions policy); runs on different data (another
-dataset, eval split or seed) are compared with a note saying their eval losses are not on the same examples.
-``differing`` is pure (tested directly); ``compare`` reads the rows.
+The caller may read each job (its owner, or an admin: the permissions policy); one they may not read is
+answered as one that does not exist ("no job X"). Runs on different data (another dataset, eval split or seed)
+are compared with a note saying their eval losses are not on the same examples. ``differing`` is pure (tested
+directly); ``compare`` reads the rows.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from bot.engine.api import CompareRun, CompareView, EngineError, PermissionDenied
+from bot.engine.api import CompareRun, CompareView, EngineError
 from bot.engine.context import EngineContext
 from bot.engine.ids import check_job_id
 from bot.engine.permissions import Permissions
@@ -58,10 +59,12 @@ def compare(ctx: EngineContext, policy: Permissions, job_ids: list[str], *, user
         raise EngineError("`compare` needs two jobs or more (see `jobs`)")
     if len(ids) > MAX_COMPARED:
         raise EngineError(f"`compare` takes at most {MAX_COMPARED} jobs")
-    rows = [jobs.load(ctx, j) for j in ids]
-    for row in rows:
-        if not policy.can_read(user, row.owner).allowed:  # the read rule of `status` (TEAM_READ included)
-            raise PermissionDenied(f"job {row.id} is another member's: you can compare the jobs you may read")
+    rows = []
+    for job_id in ids:  # the read rule of `status` (TEAM_READ included), job by job as each is looked up
+        row = jobs.load(ctx, job_id)
+        if not policy.can_read(user, row.owner).allowed:  # as for a job that does not exist: no answer says
+            raise EngineError(f"no job {job_id}")  # whether another member's job exists, nor whose it is
+        rows.append(row)
     requests = [dict(r.request or {}) for r in rows]
     diff = differing(requests)
     now = ctx.now()

@@ -343,7 +343,7 @@ def stop(ctx: EngineContext, policy: Permissions, job_id: str, *, user: str, rea
     job = load(ctx, job_id)
     decision = policy.can_stop(user, job.owner)
     if not decision:
-        raise PermissionDenied(f"only {job.owner} or an admin can stop job {job_id}")
+        raise PermissionDenied(decision.reason)  # never the owner's name: a refusal tells nobody whose it is
     request_stop(ctx, job_id, reason=reason, actor=user)
     return view(ctx, job_id)
 

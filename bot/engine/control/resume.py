@@ -100,7 +100,7 @@ def resume(
     job = jobs.load(ctx, job_id)
     owner_or_admin = policy.can_stop(user, job.owner)
     if not owner_or_admin or user == "engine":
-        raise PermissionDenied(f"only {job.owner} or an admin can resume job {job_id}")
+        raise PermissionDenied("only the job's owner or an admin may resume it")
     may_launch = policy.can_launch(user, channel or job.channel)
     if not may_launch:
         raise PermissionDenied(may_launch.reason)

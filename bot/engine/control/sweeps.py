@@ -435,7 +435,7 @@ def stop(
     row = load(ctx, sweep_id)
     decision = policy.can_stop(user, row.owner)
     if not decision:
-        raise PermissionDenied(f"only {row.owner} or an admin can stop sweep {sweep_id}")
+        raise PermissionDenied("only the sweep's owner or an admin may stop it")
     if row.state in ENDED:
         return view(ctx, sweep_id)
     final = CANCELLED if row.state == PENDING else STOPPED
