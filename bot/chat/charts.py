@@ -21,6 +21,14 @@ PREEMPTED, RESUMED = "#d62728", "#2ca02c"
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
+def charts_folder(data_dir: str | Path) -> Path:
+    """Where the charts a person is pointed at are kept (`compare`, a sweep's end): ``<data dir>/charts``,
+    with the rest of tunebot's files (TUNEBOT_DATA_DIR), never a stray folder in /tmp. Private to its user."""
+    folder = Path(data_dir) / "charts"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
 def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

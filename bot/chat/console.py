@@ -94,16 +94,24 @@ class ConsoleNotifier:
             compare = self.engine.compare(ids, user=view.owner) if len(ids) > 1 else None
             chart = None
             if compare is not None:
-                import tempfile
                 from pathlib import Path
 
-                from bot.chat.charts import compare_chart
+                from bot.chat.charts import charts_folder, compare_chart
 
-                folder = Path(self.chart_dir or tempfile.mkdtemp(prefix="tunebot-sweep-"))
+                folder = Path(self.chart_dir or charts_folder(self._data_dir()))
                 chart = compare_chart(compare, folder / f"{sweep_id}-compare.png")
             render(cards.sweep_done_reply(view, compare, chart=chart), self.console)
         except Exception:  # noqa: BLE001 - printing never fails the engine
             log.exception("could not print the end of sweep %s", sweep_id)
+
+    def _data_dir(self) -> Any:
+        """The engine's data folder (TUNEBOT_DATA_DIR), where a sweep's chart is kept."""
+        settings = getattr(self.engine, "settings", None)
+        if settings is None:
+            from bot.settings import get_settings
+
+            settings = get_settings()
+        return settings.data_dir
 
     def _print(self, event: EngineEvent) -> None:
         kind = event.kind

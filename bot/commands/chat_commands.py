@@ -64,9 +64,11 @@ def _runtime(user: str | None = None, *, serving: bool = False, slack: bool = Tr
         local_provider=bool(settings.local_provider) if serving and slack else None,
         permissions=policy,
     )
+    from bot.chat.charts import charts_folder
     from bot.providers.registry import secrets
 
-    chat = ChatHandlers(engine, policy, secrets=secrets(settings))
+    # `compare`'s charts are kept with the rest of tunebot's files (TUNEBOT_DATA_DIR), not in /tmp
+    chat = ChatHandlers(engine, policy, secrets=secrets(settings), chart_dir=charts_folder(settings.data_dir))
     return settings, engine, chat
 
 
