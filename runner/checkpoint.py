@@ -79,6 +79,9 @@ class TrainState:
     best_step: int | None = None
     evaluations: int = 0
     base_answers: list[str] = field(default_factory=list)
+    # Where the job's time went up to this checkpoint, by phase (runner/measure.PhaseClock): a resumed run
+    # adds its own, so the job's phases add up across runs.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:

@@ -94,8 +94,12 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
 
     if not torch.cuda.is_initialized():  # callers that skip runner/cli.py: still before CUDA starts
         configure_allocator()
+    from runner.measure import PhaseClock
+
+    # From the instance's start: every second of the run in one phase (runner/contract/phases.py).
+    clock = PhaseClock.for_run(spec.cost.billed_from, spec.cost.max_start_s)
     preemption = Preemption(sigterm_seen)
-    trainer = Trainer(spec, preemption)
+    trainer = Trainer(spec, preemption, clock=clock)
     from runner.credentials import Watcher
     from runner.distributed import is_worker
 
@@ -144,9 +148,12 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, preemption: Preemption) -> None:
+    def __init__(self, spec: JobSpec, preemption: Preemption, clock: Any = None) -> None:
+        from runner.measure import PhaseClock
+
         self.spec = spec
         self.preemption = preemption
+        self.clock: PhaseClock = clock or PhaseClock()  # where the run's time goes, by phase
         self.group: Group | None = None
         self.reporter: Any = None
         self.state = ckpt.TrainState()
@@ -202,17 +209,24 @@ class Trainer:
     # ---- setup: the cheap checks first (data, attention, LoRA targets), then weights, optimizer, resume -
 
     def setup(self) -> None:
+        clock = self.clock
+        _import_libraries()  # in the start phase, as a prewarmed process has them (runner/prewarm.py)
         self._join_group()
-        records = self._read_dataset()  # 1. before anything is downloaded
+        with clock.phase("data"):
+            records = self._read_dataset()  # 1. before anything is downloaded
         self._check_kernels()
-        self._read_config()  # 2. the config and tokenizer (small files), LoRA targets on the meta device
-        self._prepare_data(records)
-        self._plan_length()
-        self._plan_samples()
+        with clock.phase("load"):
+            self._read_config()  # 2. the config and tokenizer (small files), LoRA targets on the meta device
+        with clock.phase("data"):
+            self._prepare_data(records)
+            self._plan_length()
+            self._plan_samples()
         strategy = self.spec.strategy(self._group().world)
         self._describe(strategy)
-        self._load_weights(strategy)  # 3. the weights
-        self._build_step(strategy)  # wrapping, loss, optimizer, scheduler; a verified checkpoint resumed
+        with clock.phase("load"):
+            self._load_weights(strategy)  # 3. the weights
+            self._build_step(strategy)  # wrapping, loss, optimizer, scheduler; a verified checkpoint resumed
+        clock.carry(self.state.phases)  # a resumed job's earlier runs, up to the checkpoint it resumed
         self._start_plateau()
         self._start_logging()
 
@@ -601,7 +615,8 @@ class Trainer:
             self._before_training()
         from runner.measure import RunMeter
 
-        self.meter = RunMeter(group.device)
+        self.meter = RunMeter(group.device, clock=self.clock)
+        clock = self.clock
         last_save = last_report = time.monotonic()
         window_tokens, window_start = 0, time.monotonic()
         session_start, session_train_seconds = time.monotonic(), state.train_seconds
@@ -610,6 +625,8 @@ class Trainer:
             self.cap_note = self._cap_message()
             self.emit(EventKind.budget, message=self.cap_note)
             return "budget"
+        clock.switch("steps")  # batches built and moved between steps count as the steps'
+        first = True
         while state.step < self.max_steps:
             epoch_batches = self.batches_for(self.data.train, state.epoch)
             mine = epoch_batches[group.rank :: group.world] if group.distributed else epoch_batches
@@ -618,8 +635,11 @@ class Trainer:
             while state.micro_batch + spec.grad_accum <= n_micro and state.step < self.max_steps:
                 micro = [mine[i] for i in range(state.micro_batch, state.micro_batch + spec.grad_accum)]
                 step_started = time.monotonic()
-                loss, tokens = self._step(micro)
+                with clock.phase("warmup", hold=True) if first else contextlib.nullcontext():
+                    loss, tokens = self._step(micro)
+                first = False
                 step_seconds = time.monotonic() - step_started
+                clock.switch("logging")  # the step's bookkeeping, reports and the cap check
                 self.meter.step(tokens, step_seconds)
                 state.micro_batch += spec.grad_accum
                 state.step += 1
@@ -672,12 +692,14 @@ class Trainer:
                     )
                 )
                 if capped and not preempted:  # no bot may be alive to stop it: the runner stops itself
-                    uri = self.save()
+                    with clock.phase("checkpoints"):
+                        uri = self.save()
                     self.cap_note = self._cap_message(saved=True)
                     self.emit(EventKind.budget, checkpoint_uri=uri, message=self.cap_note)
                     return "budget"
                 if preempted:
-                    uri = self.save()
+                    with clock.phase("checkpoints"):
+                        uri = self.save()
                     self.emit(
                         EventKind.preempted,
                         checkpoint_uri=uri,
@@ -686,22 +708,28 @@ class Trainer:
                     )
                     return "preempted"
                 if plateau_stop:
-                    uri = self.save()
+                    with clock.phase("checkpoints"):
+                        uri = self.save()
                     status = "plateau"
                     break
                 if due and state.step < self.max_steps:
-                    uri = self.save()
+                    with clock.phase("checkpoints"):
+                        uri = self.save()
                     self.emit(EventKind.checkpoint, checkpoint_uri=uri, manifest_sha256=self.manifest_sha256)
                     last_save = time.monotonic()
+                clock.switch("steps")
             if status == "plateau":
                 break
             if state.step < self.max_steps:
                 state.epoch += 1
                 state.micro_batch = 0
+        clock.switch("logging")
         if self.data.eval and (self.state.eval_loss is None or state.step % self.plateau.every_steps):
-            self._eval_now(state.step)  # the final eval loss, for the model card
+            with clock.phase("evals"):
+                self._eval_now(state.step)  # the final eval loss, for the model card
         self.results = self._results()
-        self.output_uri = self.save_output(status)
+        with clock.phase("output"):
+            self.output_uri = self.save_output(status)
         if self.results is not None:
             self.emit(EventKind.results, results=fit_results(self.results))
         kind = EventKind.plateau if status == "plateau" else EventKind.finished
@@ -721,9 +749,11 @@ class Trainer:
         """The base model measured once, before the first step: its eval loss and its answers to the sample
         prompts (kept in the trainer state: a resumed run does not measure again)."""
         if self.data.eval:
-            self._eval_now(0)
+            with self.clock.phase("base_eval"):
+                self._eval_now(0)
         if self.sample_prompts:
-            self.state.base_answers = self._answers()
+            with self.clock.phase("samples"):
+                self.state.base_answers = self._answers()
             if self._group().main:
                 print(f"samples: the base model answered {len(self.sample_prompts)} prompt(s)", flush=True)
 
@@ -750,7 +780,8 @@ class Trainer:
         if restored:
             assert self.best_weights is not None
             ckpt.apply_weights(self.model, *self.best_weights)
-        answers = self._answers() if self.sample_prompts else []
+        with self.clock.phase("samples"):
+            answers = self._answers() if self.sample_prompts else []
         base = list(state.base_answers) + [""] * (len(answers) - len(state.base_answers))
         result_step = best if restored and best is not None else last_step
         after = state.best_eval_loss if restored else (state.eval_loss if self.data.eval else None)
@@ -839,13 +870,14 @@ class Trainer:
                 (summed * group.world / label_tokens).backward()
             loss_sum += summed.detach().double().cpu()
             del inputs, labels, summed
-        if self.fsdp:  # the norm over all shards
-            model.clip_grad_norm_(MAX_GRAD_NORM)
-        else:
-            torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.clock.phase("optimizer"):
+            if self.fsdp:  # the norm over all shards
+                model.clip_grad_norm_(MAX_GRAD_NORM)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         (total,) = group.all_sum([float(loss_sum)])
         return total / label_tokens, int(tokens)
 
@@ -892,7 +924,8 @@ class Trainer:
         if self.data.eval:
             if step % self.plateau.every_steps != 0:
                 return False
-            loss = self._eval_now(step)
+            with self.clock.phase("evals"):
+                loss = self._eval_now(step)
         if not self.spec.plateau.enabled:
             return False
         return bool(self.plateau.update(step, loss))
@@ -945,6 +978,7 @@ class Trainer:
         group = self.group
         self.state.plateau = self.plateau.state_dict()
         self.state.world_size = group.world
+        self.state.phases = self.clock.seconds()  # the job's phases so far: a resumed run goes on from them
         if self.reporter is not None:
             # +1: the event that announces this checkpoint (checkpoint, preempted, plateau) comes right after
             # it, so a run resumed from it must not reuse that event's seq.
@@ -1135,6 +1169,8 @@ class Trainer:
             return
         fields.setdefault("step", self.state.step)
         fields.setdefault("max_steps", self.max_steps)
+        if kind in _WITH_PHASES:
+            fields.setdefault("phases", self.clock.seconds())
         fields.setdefault("tokens_seen", self.state.tokens_seen)
         if self.state.last_loss is not None:
             fields.setdefault("loss", self.state.last_loss)
@@ -1163,6 +1199,7 @@ class Trainer:
             records_truncated=self.stats.truncated if self.stats is not None else 0,
             records_dropped=self.stats.dropped if self.stats is not None else 0,
             metrics=self.metrics(),
+            phases=self.clock.seconds(),
         )
 
     def _wandb_note(self) -> str | None:
@@ -1195,6 +1232,31 @@ class Trainer:
             self.reporter.close()
         if self.group is not None:
             self.group.close()
+
+
+def _import_libraries() -> None:
+    """The training libraries imported now, where the run's time is counted as its start (imports)."""
+    import importlib
+
+    from runner.prewarm import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+# The reports that carry the job's phases so far: progress and every end (not started, warnings, results).
+_WITH_PHASES = frozenset(
+    {
+        EventKind.progress,
+        EventKind.checkpoint,
+        EventKind.preempted,
+        EventKind.budget,
+        EventKind.out_of_memory,
+        EventKind.failed,
+        EventKind.plateau,
+        EventKind.finished,
+    }
+)
 
 
 def _not_set_up(examples: Any, epoch: int) -> Any:

@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from runner.contract.phases import bounded as bounded_phases
 
 SPEC_VERSION = 1
 
@@ -488,6 +490,10 @@ class RunnerEvent(BaseModel):
     # device_memory_used_gb, tokens_per_second (steady), steady_steps. Absent values were not measurable.
     metrics: dict[str, float | None] | None = None
     results: RunResults | None = None  # on the `results` event
+    # Where the job's time went, by phase (runner/contract/phases.py): seconds since the instance started, on
+    # terminal, preempted and progress events; across resumes, each earlier run's up to its last checkpoint.
+    # A host's claim: bounded (known names, finite, within MAX_PHASE_SECONDS); it decides no money.
+    phases: dict[str, float] | None = None
 
     @model_validator(mode="after")
     def _finite(self) -> RunnerEvent:
@@ -501,6 +507,12 @@ class RunnerEvent(BaseModel):
         if self.metrics and not _all_finite(self.metrics.values()):
             self.__dict__["metrics"] = {k: _finite_or_none(v) for k, v in self.metrics.items()}
         return self
+
+    @field_validator("phases", mode="before")
+    @classmethod
+    def _bounded_phases(cls, value: Any) -> dict[str, float] | None:
+        """Known phases with finite seconds in bounds: a host's odd entries are dropped, not its event."""
+        return bounded_phases(value)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -657,6 +669,12 @@ class RunSummary(BaseModel):
     records_dropped: int = 0
     message: str | None = None
     metrics: dict[str, float | None] | None = None  # as in RunnerEvent.metrics
+    phases: dict[str, float] | None = None  # as in RunnerEvent.phases
+
+    @field_validator("phases", mode="before")
+    @classmethod
+    def _bounded_phases(cls, value: Any) -> dict[str, float] | None:
+        return bounded_phases(value)
 
 
 # The progress object: the runner writes it beside its checkpoints so that a bot without a public URL
