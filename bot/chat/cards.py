@@ -670,8 +670,9 @@ MAX_CALIBRATION_ROWS = 40
 
 
 def calibration_reply(view: CalibrationView, *, limit: int | None = MAX_CALIBRATION_ROWS) -> Reply:
-    """`calibrate show`: each corrected class with its factors, then every run behind them with its job,
-    host and owner, what it claims (measured / physics) and whether it counts, newest first."""
+    """`calibrate show`: each corrected class with its factors and how many runs taught each, then every run
+    behind them with its job, host and owner, what it claims (measured / physics) and whether it counts,
+    newest first."""
     reply = Reply(fallback=f"Calibration from {view.measurements} measurement(s)")
     reply.add(Header(f"Calibration from {view.measurements} measurement(s)"))
     if view.corrections:
@@ -679,8 +680,8 @@ def calibration_reply(view: CalibrationView, *, limit: int | None = MAX_CALIBRAT
             [
                 esc(c.gpu),
                 esc(f"{c.stack} {c.method} {c.size}"),
-                f"x{c.speed_factor:.3f} ({c.speed_runs})" if c.speed_runs else "-",
-                f"x{c.memory_factor:.3f} ({c.memory_runs})" if c.memory_runs else "-",
+                _taught(c.speed_factor, c.speed_runs, c.speed_held),
+                _taught(c.memory_factor, c.memory_runs, c.memory_held),
                 str(max(c.speed_waiting, c.memory_waiting)) if c.speed_waiting or c.memory_waiting else "-",
             ]
             for c in view.corrections
@@ -707,14 +708,23 @@ def calibration_reply(view: CalibrationView, *, limit: int | None = MAX_CALIBRAT
     reply.add(
         Context(
             [
-                "factor = measured / physics: one vote per host, shrunk toward 1 by n / (n + 2); (n) = runs "
-                "counted. Less memory or more speed than the physics counts only once 3 hosts of 2 owners "
-                "agree (waiting until then); memory never drops below the physics. `calibrate exclude RUN` "
-                "takes a run out, `calibrate include RUN` puts it back."
+                "factor = measured / physics, one vote per host. Slower or more memory than the physics "
+                "moves a class most of the way at once (80% from one run), one rented host's by at most 2x "
+                "until a host of another owner agrees (held); never past the roofline or what the GPU "
+                "holds. Faster or less memory counts only once 3 hosts of 2 owners agree (waiting until "
+                "then), shrunk toward 1 by n / (n + 2); memory never drops below the physics. `calibrate "
+                "exclude RUN` takes a run out, `calibrate include RUN` puts it back."
             ]
         )
     )
     return reply
+
+
+def _taught(factor: float, runs: int, held: int) -> str:
+    """'x0.040 from 1 run': a correction and how many runs taught it ('held': at one host's bound)."""
+    if not runs:
+        return "-"
+    return f"x{factor:.3f} from {runs} run{'s' if runs != 1 else ''}" + (" (held)" if held else "")
 
 
 UNTRACKED_VOLUMES = (

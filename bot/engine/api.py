@@ -316,6 +316,9 @@ class CalibrationLine(BaseModel):
     memory_factor: float = 1.0
     memory_runs: int = 0
     memory_waiting: int = 0  # runs whose lower-than-physics claim waits (memory never drops below physics)
+    # runs whose slower or larger claim one host makes is held at ONE_HOST_SAFE until a second host agrees
+    speed_held: int = 0
+    memory_held: int = 0
 
 
 class CalibrationRunView(BaseModel):
@@ -328,9 +331,10 @@ class CalibrationRunView(BaseModel):
     owner: str | None = None
     gpu: str
     key: list[str] | None = None
-    memory_x: float | None = None  # measured / physics as claimed (counted at most 1.5x either way)
+    memory_x: float | None = None  # measured / physics as claimed (counted within the planner's bounds)
     speed_x: float | None = None
-    status: Literal["counted", "waiting", "excluded", "skipped"] = "counted"
+    # held: counted, but its slower or larger claim at one host's bound until a second host agrees
+    status: Literal["counted", "held", "waiting", "excluded", "skipped"] = "counted"
     excluded_by: str | None = None
 
 

@@ -18,11 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 PRIOR_RUNS = 2.0  # the physics weighs as much as this many runs (its held-out spread vs a run's noise)
+SAFE_PRIOR_RUNS = 0.25  # ... against a slower or larger figure: one run moves the quote 80% of the way
+ONE_HOST_SAFE = 2.0  # one rented host moves a figure at most 2x in the safe direction ...
+SAFE_HOSTS = 2  # ... until this many hosts (of MIN_OWNERS owners) agree it is further off
+SLOWEST = 50.0  # a run counts as at most 50x slower than the physics: past it, the host does something else
 MIN_HOSTS = 3  # a promising figure (less memory, more speed) needs votes from this many different hosts
 MIN_OWNERS = 2  # ... run by this many different owners
 LOCAL_HOST = "local"  # Measurement.host of a run on the bot's own machine (trusted like an import)
@@ -71,6 +75,24 @@ class Measurement(BaseModel):
 Key = tuple[str, str, str, str]  # (gpu, stack, method, size class)
 
 
+class Predicted(NamedTuple):
+    """The physics' figures for a measurement's configuration on its GPU (plan.predicted): what its claims are
+    compared with, and the physical bounds they are held to."""
+
+    memory_gb: float | None  # torch-reserved peak per GPU
+    tokens_per_second: float | None
+    stack: str
+    method: str
+    parameters: float
+    mfu: float | None = None  # the prediction's share of the GPU's matmul rate: the roofline is 1 / mfu away
+    device_gb: float | None = None  # what the GPU holds: no run reserves more
+
+
+def within_roofline(factor: float, mfu: float | None) -> float:
+    """A speed factor that never takes an estimate past the roofline (utilization 1 of the matmul rate)."""
+    return min(factor, 1.0 / mfu) if mfu and mfu > 0 else factor
+
+
 @dataclass(frozen=True)
 class Correction:
     key: Key
@@ -80,22 +102,31 @@ class Correction:
     speed_runs: int = 0
     memory_waiting: int = 0  # runs whose promising memory figure waits for corroboration
     speed_waiting: int = 0
+    memory_held: int = 0  # runs whose slower or larger claim waits at ONE_HOST_SAFE for a second host
+    speed_held: int = 0
 
     @property
     def runs(self) -> int:
         return max(self.memory_runs, self.speed_runs)
 
     def describe(self) -> str:
+        """'calibrated from 1 run on h200 (hf qlora, <3B: speed x0.21 from 1 run vs the physics)'."""
         gpu, stack, method, size = self.key
         parts = []
         if self.speed_runs:
-            parts.append(f"speed x{self.speed_factor:.2f}")
+            parts.append(f"speed x{self.speed_factor:.2f} from {plural(self.speed_runs, 'run')}")
         if self.memory_runs:
-            parts.append(f"memory x{self.memory_factor:.2f}")
-        runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+            parts.append(f"memory x{self.memory_factor:.2f} from {plural(self.memory_runs, 'run')}")
+        held = max(self.speed_held, self.memory_held)
+        bound = f"; one host moves it at most {ONE_HOST_SAFE:g}x until a second agrees" if held else ""
         return (
-            f"calibrated from {runs} on {gpu} ({stack} {method}, {size}: {', '.join(parts)} vs the physics)"
+            f"calibrated from {plural(self.runs, 'run')} on {gpu} ({stack} {method}, {size}: "
+            f"{', '.join(parts)} vs the physics{bound})"
         )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 @dataclass(frozen=True)
@@ -149,9 +180,23 @@ def promising(kind: Kind, log_ratio: float) -> bool:
     return log_ratio < 0 if kind == "memory" else log_ratio > 0
 
 
+def bounded(kind: Kind, log_ratio: float, predicted: Predicted | None = None) -> float:
+    """A run's log ratio within what physics allows: a promising claim within MAX_LOG_RATIO and, for speed,
+    the roofline; a slower one within SLOWEST; a larger one within what its GPU holds (else SLOWEST too)."""
+    if promising(kind, log_ratio):
+        limit = MAX_LOG_RATIO
+        if kind == "speed" and predicted is not None and predicted.mfu and predicted.mfu > 0:
+            limit = min(limit, max(0.0, -math.log(predicted.mfu)))
+        return max(-limit, min(limit, log_ratio))
+    limit = math.log(SLOWEST)
+    if kind == "memory" and predicted is not None and predicted.device_gb and predicted.memory_gb:
+        limit = min(limit, max(0.0, math.log(predicted.device_gb / predicted.memory_gb)))
+    return max(-limit, min(limit, log_ratio))
+
+
 @dataclass(frozen=True)
 class Evidence:
-    """One measurement's log ratio (clipped) for one figure, and who reported it."""
+    """One measurement's log ratio (bounded) for one figure, and who reported it."""
 
     index: int  # the measurement's position in what build() was given
     log_ratio: float
@@ -165,29 +210,55 @@ class Pooled:
     factor: float = 1.0
     runs: int = 0  # runs behind the votes that count
     waiting: frozenset[int] = frozenset()  # indexes of runs whose promising vote waits for corroboration
+    held: frozenset[int] = frozenset()  # indexes of runs whose safe vote is held at ONE_HOST_SAFE
 
 
 def pool(kind: Kind, evidence: Sequence[Evidence]) -> Pooled:
-    """One figure from its evidence: one vote per host (their median), promising votes only when
-    corroborated, robust and shrunk toward the physics; memory never below it (see the module docstring)."""
+    """One figure from its evidence: one vote per host (their median); promising votes only when
+    corroborated, robust and shrunk toward the physics; slower or larger votes most of the way at once, one
+    host's within ONE_HOST_SAFE; memory never below the physics (see the module docstring)."""
     if not evidence:
         return Pooled()
     votes: dict[str, list[Evidence]] = {}
     for e in evidence:
         votes.setdefault(e.voter, []).append(e)
     value = {v: _median([e.log_ratio for e in items]) for v, items in votes.items()}
-    claims = [v for v in votes if promising(kind, value[v]) and not all(e.trusted for e in votes[v])]
+    hosted = {v for v in votes if not all(e.trusted for e in votes[v])}  # a rented host's claims
+    claims = [v for v in hosted if promising(kind, value[v])]
     owners = {e.owner for v in claims for e in votes[v]}
     corroborated = len(claims) >= MIN_HOSTS and len(owners) >= MIN_OWNERS
     counted = [v for v in votes if corroborated or v not in claims]
     waiting = frozenset() if corroborated else frozenset(e.index for v in claims for e in votes[v])
+    value, held = _held_at_one_host(kind, votes, value, [v for v in counted if v in hosted])
     if not counted:
         return Pooled(1.0, 0, waiting)
     n = len(counted)
-    factor = math.exp(n / (n + PRIOR_RUNS) * huber_location([value[v] for v in counted]))
+    location = huber_location([value[v] for v in counted])
+    if promising(kind, location) or location == 0:
+        factor = math.exp(n / (n + PRIOR_RUNS) * location)
+    else:  # slower or larger: most of the way at once, in what it costs (time, memory)
+        excess = math.exp(abs(location)) - 1.0
+        moved = 1.0 + n / (n + SAFE_PRIOR_RUNS) * excess
+        factor = moved if kind == "memory" else 1.0 / moved
     if kind == "memory":
         factor = max(factor, 1.0)  # the mechanism's own figure is the floor
-    return Pooled(factor, sum(len(votes[v]) for v in counted), waiting)
+    return Pooled(factor, sum(len(votes[v]) for v in counted), waiting, held)
+
+
+def _held_at_one_host(
+    kind: Kind, votes: dict[str, list[Evidence]], value: dict[str, float], hosted: list[str]
+) -> tuple[dict[str, float], frozenset[int]]:
+    """Rented hosts' safe votes beyond ONE_HOST_SAFE, held there unless SAFE_HOSTS hosts of MIN_OWNERS owners
+    say so: one host raises its class's quotes by at most that much. The values, and the runs held."""
+    limit = math.log(ONE_HOST_SAFE)
+    far = [v for v in hosted if not promising(kind, value[v]) and abs(value[v]) > limit]
+    owners = {e.owner for v in far for e in votes[v]}
+    if not far or (len(far) >= SAFE_HOSTS and len(owners) >= MIN_OWNERS):
+        return value, frozenset()
+    out = dict(value)
+    for v in far:
+        out[v] = math.copysign(limit, value[v])
+    return out, frozenset(e.index for v in far for e in votes[v])
 
 
 def _median(values: Sequence[float]) -> float:
@@ -196,7 +267,7 @@ def _median(values: Sequence[float]) -> float:
     return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
-Predictor = Callable[[Measurement], tuple[float | None, float | None, str, str, float] | None]
+Predictor = Callable[[Measurement], Predicted | tuple[Any, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -205,41 +276,42 @@ class Explained:
     show`: which runs moved which figure)."""
 
     key: Key | None  # None: the planner cannot predict its configuration (skipped)
-    memory_log_ratio: float | None = None  # log(measured / physics), as claimed (pooled clipped)
+    memory_log_ratio: float | None = None  # log(measured / physics), as claimed (pooled within bounds)
     speed_log_ratio: float | None = None
     memory_waiting: bool = False
     speed_waiting: bool = False
+    memory_held: bool = False  # a slower or larger claim held at ONE_HOST_SAFE until a second host agrees
+    speed_held: bool = False
 
 
 def evidence(
     measurements: Sequence[Measurement], predict: Predictor
 ) -> tuple[dict[Key, dict[Kind, list[Evidence]]], list[Explained]]:
-    """Each measurement's clipped log ratios against the physics, grouped by key and figure."""
+    """Each measurement's log ratios against the physics (within its bounds), grouped by key and figure."""
     grouped: dict[Key, dict[Kind, list[Evidence]]] = {}
     explained: list[Explained] = []
     for i, m in enumerate(measurements):
-        predicted = predict(m)
-        if predicted is None:
+        found = predict(m)
+        if found is None:
             explained.append(Explained(None))
             continue
-        mem_gb, tps, stack, method, parameters = predicted
-        key = (m.gpu, stack, method, size_class(parameters))
-        ratios: dict[Kind, float] = {}  # as measured; the evidence is clipped
-        if m.max_memory_reserved_gb and mem_gb:
-            ratios["memory"] = math.log(m.max_memory_reserved_gb / mem_gb)
-        if m.tokens_per_second and tps:
-            ratios["speed"] = math.log(m.tokens_per_second / tps)
+        p = found if isinstance(found, Predicted) else Predicted(*found)
+        key = (m.gpu, p.stack, p.method, size_class(p.parameters))
+        ratios: dict[Kind, float] = {}  # as measured; the evidence is bounded
+        if m.max_memory_reserved_gb and p.memory_gb:
+            ratios["memory"] = math.log(m.max_memory_reserved_gb / p.memory_gb)
+        if m.tokens_per_second and p.tokens_per_second:
+            ratios["speed"] = math.log(m.tokens_per_second / p.tokens_per_second)
         for kind, r in ratios.items():
-            item = Evidence(i, clip(r), m.voter(i), m.owner, m.trusted)
+            item = Evidence(i, bounded(kind, r, p), m.voter(i), m.owner, m.trusted)
             grouped.setdefault(key, {}).setdefault(kind, []).append(item)
         explained.append(Explained(key, ratios.get("memory"), ratios.get("speed")))
     return grouped, explained
 
 
 def build(measurements: Iterable[Measurement], predict: Predictor) -> Calibration:
-    """Pool measurements into corrections. `predict(m)` returns (predicted torch-reserved GB, predicted
-    tokens/s, stack, method, parameters) for the measurement's configuration on its GPU, or None when it
-    cannot."""
+    """Pool measurements into corrections. `predict(m)` returns the physics' figures for the measurement's
+    configuration on its GPU (a Predicted, or its first five fields as a tuple), or None when it cannot."""
     return explain(list(measurements), predict)[0]
 
 
@@ -248,12 +320,22 @@ def explain(measurements: Sequence[Measurement], predict: Predictor) -> tuple[Ca
     grouped, explained = evidence(measurements, predict)
     out: dict[Key, Correction] = {}
     waiting: dict[Kind, set[int]] = {"memory": set(), "speed": set()}
+    held: dict[Kind, set[int]] = {"memory": set(), "speed": set()}
     for key, kinds in grouped.items():
         mem, spd = pool("memory", kinds.get("memory", [])), pool("speed", kinds.get("speed", []))
-        waiting["memory"] |= mem.waiting
-        waiting["speed"] |= spd.waiting
+        for kind, pooled in (("memory", mem), ("speed", spd)):
+            waiting[kind] |= pooled.waiting
+            held[kind] |= pooled.held
         out[key] = Correction(
-            key, mem.factor, mem.runs, spd.factor, spd.runs, len(mem.waiting), len(spd.waiting)
+            key,
+            mem.factor,
+            mem.runs,
+            spd.factor,
+            spd.runs,
+            len(mem.waiting),
+            len(spd.waiting),
+            len(mem.held),
+            len(spd.held),
         )
     explained = [
         Explained(
@@ -262,6 +344,8 @@ def explain(measurements: Sequence[Measurement], predict: Predictor) -> tuple[Ca
             e.speed_log_ratio,
             i in waiting["memory"],
             i in waiting["speed"],
+            i in held["memory"],
+            i in held["speed"],
         )
         for i, e in enumerate(explained)
     ]

@@ -23,7 +23,7 @@ from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DEFAULT_TOKENS, DataPlan, PlanInputs
 
 if TYPE_CHECKING:
-    from bot.planner.calibration import Calibration, Measurement
+    from bot.planner.calibration import Calibration, Measurement, Predicted
     from bot.planner.offer import Offer
     from bot.planner.result import Estimate
 
@@ -141,7 +141,7 @@ def plan_request(
     )
 
 
-def predict_measurement(m: Measurement) -> tuple[float | None, float | None, str, str, float] | None:
+def predict_measurement(m: Measurement) -> Predicted | None:
     """The physics' figures for a measured run's configuration on its GPU (calibration.build's predictor):
     its model resolved here, the figures from plan.predicted."""
     try:

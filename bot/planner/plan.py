@@ -13,7 +13,7 @@ from datetime import datetime
 
 from bot.money import cap_covering, money
 from bot.planner.architectures import Architecture
-from bot.planner.calibration import Calibration, Correction
+from bot.planner.calibration import Calibration, Correction, Predicted, within_roofline
 from bot.planner.disk import DiskNeed, disk_need
 from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import CPU, GPU, GPUS
@@ -309,11 +309,10 @@ def _method_note(arch: Architecture, req: EstimateRequest, mem: MemoryResult) ->
     return text + f"; attention {req.attn}"
 
 
-def predicted(
-    arch: Architecture, req: EstimateRequest, device: GPU, gpus: int
-) -> tuple[float | None, float | None, str, str, float] | None:
+def predicted(arch: Architecture, req: EstimateRequest, device: GPU, gpus: int) -> Predicted | None:
     """The physics' figures for a measured run's configuration on its GPU (inputs.predict_measurement, which
-    resolves the model, hands them to calibration.build); None when the planner cannot price it."""
+    resolves the model, hands them to calibration.build), with the bounds its claims are held to (the
+    roofline, what the GPU holds); None when the planner cannot price it."""
     try:
         if req.method != "full":
             arch = arch.adapt(req.lora_targets)
@@ -321,7 +320,15 @@ def predicted(
         speed = estimate_speed(arch, req, device, gpus)
     except (PlanningError, ValueError, TypeError):
         return None
-    return mem.torch_reserved_gb, speed.tokens_per_second, req.stack, req.method, float(arch.parameters)
+    return Predicted(
+        mem.torch_reserved_gb,
+        speed.tokens_per_second,
+        req.stack,
+        req.method,
+        float(arch.parameters),
+        speed.mfu,
+        device.memory_gb or None,
+    )
 
 
 def _corrected_memory(mem: MemoryResult, corr: Correction | None) -> float:
@@ -334,7 +341,7 @@ def _corrected_memory(mem: MemoryResult, corr: Correction | None) -> float:
 def _corrected_speed(speed: SpeedResult, corr: Correction | None) -> SpeedResult:
     if corr is None or not corr.speed_runs:
         return speed
-    f = corr.speed_factor
+    f = within_roofline(corr.speed_factor, speed.mfu)  # no calibration promises more than the matmul rate
     return SpeedResult(
         speed.tokens_per_second * f,
         speed.step_seconds / f,

@@ -83,6 +83,36 @@ def test_import_show_and_the_estimate_they_calibrate(data_dir: Path, tmp_path: P
     assert "imported 1 measurement(s)" in runner.invoke(app, ["calibrate", "import", str(as_json)]).output
 
 
+def test_a_run_far_slower_than_quoted_moves_the_next_estimate_most_of_the_way(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 36, item 3: after a run measured at x0.03 of its quote, 9a0c9c1's `calibrate show` applied x0.817
+    (a third of the way in the log, within a 1.5x clip) and the next estimate stayed 7x fast. An import is the
+    operator's own evidence: the next estimate for its class now quotes at least three quarters of the time
+    the run took beyond the physics, and `calibrate show` says how many runs taught it."""
+    from bot.planner.calibration import Measurement
+    from bot.planner.inputs import predict_measurement
+
+    request = dict(model="meta-llama/Llama-3.1-8B", method="qlora", seq_len=2048, batch_size=1, lora_r=16)
+    physics = predict_measurement(Measurement(gpu="rtx-4090", request=request)).tokens_per_second
+    csv_file = tmp_path / "slow.csv"
+    csv_file.write_text(
+        "gpu,gpus,model,method,seq_len,batch_size,lora_r,tokens_per_second\n"
+        f"rtx-4090,1,meta-llama/Llama-3.1-8B,qlora,2048,1,16,{physics * 0.03:.3f}\n"
+    )
+    out = runner.invoke(app, ["calibrate", "import", str(csv_file)])
+    assert out.exit_code == 0, out.output
+    (corr,) = json.loads(runner.invoke(app, ["calibrate", "show", "--json"]).output)["corrections"]
+    assert corr["speed_factor"] <= 0.05 and corr["speed_runs"] == 1, corr
+    shown = runner.invoke(app, ["calibrate", "show"]).output
+    assert f"x{corr['speed_factor']:.3f} from 1 run" in shown, shown
+    plain = json.loads(_estimate("--json", "--physics-only", "--seq-len", "2048"))["speed"]
+    taught = json.loads(_estimate("--json", "--seq-len", "2048"))["speed"]
+    measured_x, quoted_x = 1 / 0.03, plain["tokens_per_second"] / taught["tokens_per_second"]
+    assert quoted_x - 1 >= 0.75 * (measured_x - 1), (plain, taught)
+    assert taught["calibrated_runs"] == 1 and "from 1 run" in taught["calibration"]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

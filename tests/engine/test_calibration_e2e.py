@@ -81,16 +81,20 @@ def test_a_finished_run_calibrates_the_next_estimate_for_its_gpu_class(tmp_path:
         assert after.speed.tokens_per_second != before.speed.tokens_per_second
         card_before, card_after = _card(before), _card(after)
         assert "calibrated from 1 run on cpu" in card_after and "calibrated" not in card_before
-        # The measured run moved the estimate toward what it measured, at most a third of the way to the
+        # The measured run moved the estimate toward what it measured: slower than the physics, most of the
+        # way at once (the bot's own machine is trusted; issue 36); faster, at most a third of the way to the
         # 1.5x clip (one run against the physics' weight of two). The physics it is held against is that of
         # the run's own configuration, which is not exactly this request's; the exact arithmetic is tested on
         # pure data in tests/planner/test_calibration.py.
         measured, physics = rows[0].tokens_per_second, before.speed.tokens_per_second
         moved = math.log(after.speed.tokens_per_second / physics)
-        assert abs(moved) <= math.log(1.5) / 3 + 1e-9, (after.speed.tokens_per_second, physics, measured)
+        figures = (after.speed.tokens_per_second, physics, measured)
+        if moved > 0:
+            assert moved <= math.log(1.5) / 3 + 1e-9, figures
         if abs(math.log(measured / physics)) > 0.2:  # a clear signal: the estimate moved its way
-            figures = (after.speed.tokens_per_second, physics, measured)
             assert moved * math.log(measured / physics) > 0, figures
+            if measured < physics:
+                assert moved <= 0.5 * math.log(measured / physics), figures  # most of the way
         # the CLI's estimate reads the snapshot the engine wrote, without opening the database
         assert (Path(settings.data_dir) / "calibration.json").is_file()
         # another GPU class is untouched

@@ -12,7 +12,16 @@ import pytest
 from fakes.snapshot_plan import snapshot_plan
 
 from bot.planner import EstimateRequest
-from bot.planner.calibration import Calibration, Measurement, shrunk_factor, size_class
+from bot.planner.calibration import (
+    LOCAL_HOST,
+    ONE_HOST_SAFE,
+    SLOWEST,
+    Calibration,
+    Measurement,
+    shrunk_factor,
+    size_class,
+    within_roofline,
+)
 from bot.planner.inputs import calibrate, predict_measurement
 
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -46,18 +55,91 @@ def _tps(calibration: Calibration | None, gpu: str = "rtx-4090", seq: int = 1024
     return snapshot_plan(req, calibration=calibration).speed.tokens_per_second
 
 
-def test_a_world_slower_than_the_physics_is_learned_in_a_few_runs() -> None:
+def test_a_world_slower_than_the_physics_is_learned_from_the_first_run() -> None:
+    """Issue 36: slower than the physics is the side the quote must not err on (caps and approvals follow
+    it), so the first run moves it most of the way (on 9a0c9c1: a third of the way in the log, so the quote
+    after a run at 0.7x was still 13% fast); more runs keep it there."""
     physics = _tps(None)
-    errors = []
     for n in (1, 3, 10, 30):
         cal = calibrate(_world(n))
         corr = cal.lookup("rtx-4090", "hf", "qlora", 8.03e9)
         assert corr is not None and corr.speed_runs == n and corr.memory_runs == n
-        errors.append(abs(_tps(cal) / (0.7 * physics) - 1))
-    assert errors == sorted(errors, reverse=True)  # more runs, closer to the truth
-    assert errors[0] > 0.15  # one run stays near the physics (a third of the way)
-    assert errors[-1] < 0.05  # thirty runs: within 5% of the measured world
+        error = abs(_tps(cal) / (0.7 * physics) - 1)
+        assert error < (0.08 if n <= 3 else 0.05), (n, error)
     assert 1.0 < cal.lookup("rtx-4090", "hf", "qlora", 8.03e9).memory_factor <= 1.09
+
+
+def _local(
+    speed_x: float, *, host: str | None = LOCAL_HOST, owner: str = "alice", job: str = "j"
+) -> Measurement:
+    """A run of the issue's H200 shape measured at ``speed_x`` times the physics' tokens/s, reported by
+    ``host`` (LOCAL_HOST: the bot's own machine; else a rented host's claim)."""
+    m = Measurement(gpu="h200", request=H200_QLORA, job_id=job, host=host, owner=owner)
+    return m.model_copy(update={"tokens_per_second": predict_measurement(m).tokens_per_second * speed_x})
+
+
+H200_QLORA = dict(model="meta-llama/Llama-3.2-1B", method="qlora", seq_len=1024, batch_size=1)
+KEY = ("h200", "hf", "qlora", "<3B")
+
+
+def test_a_run_far_slower_than_quoted_moves_the_next_quote_most_of_the_way() -> None:
+    """Issue 36: after a run measured at x0.03 of its quote, `calibrate show` applied x0.817 on 9a0c9c1. A run
+    the bot trusts (its own machine, an import) moves the next quote of its class most of the way in what it
+    costs: its time covers at least three quarters of what the run measured beyond the physics."""
+    corr = calibrate([_local(0.03)]).corrections[KEY]
+    measured, quoted = 1 / 0.03, 1 / corr.speed_factor  # time multipliers against the physics
+    assert quoted - 1 >= 0.75 * (measured - 1), corr
+    assert corr.speed_factor >= 0.03  # never past what was measured
+    assert "speed x0.04 from 1 run" in corr.describe()
+
+
+def test_one_host_claiming_to_be_very_slow_moves_its_class_a_bounded_step() -> None:
+    """A rented host's slow claim raises the quotes of everyone's jobs of its class: alone it moves them most
+    of the way to ONE_HOST_SAFE (2x), no further; a second host of another owner saying the same carries it
+    the rest of the way; nothing goes past the physical floor (SLOWEST)."""
+    one = calibrate([_local(0.03, host="vast:1", owner="mallory")]).corrections[KEY]
+    assert 1 / ONE_HOST_SAFE <= one.speed_factor <= 0.6, one
+    assert one.speed_held == 1 and "until a second agrees" in one.describe()
+    same_owner = calibrate(
+        [_local(0.03, host="vast:1", owner="mallory"), _local(0.03, host="vast:2", owner="mallory", job="k")]
+    ).corrections[KEY]
+    assert same_owner.speed_factor >= 1 / ONE_HOST_SAFE  # one member behind two hosts: still held
+    two = calibrate(
+        [_local(0.03, host="vast:1", owner="mallory"), _local(0.03, host="vast:2", owner="bob", job="k")]
+    ).corrections[KEY]
+    assert two.speed_factor <= 0.04 and two.speed_held == 0, two
+    absurd = calibrate([_local(1e-6)]).corrections[KEY]
+    assert absurd.speed_factor >= 1 / SLOWEST  # past the floor, a host does something else
+
+
+def test_no_calibration_takes_an_estimate_past_the_roofline() -> None:
+    """Faster claims keep their corroboration rule, and never promise more than the GPUs' matmul rate: thirty
+    hosts of three owners claiming 1.5x on a job the physics already puts at 70% of it (9a0c9c1: 105%)."""
+    req = dict(model="meta-llama/Llama-3.1-70B", method="full", seq_len=32768, batch_size=1, attn="flash")
+    base = Measurement(gpu="h100-80gb", gpus=8, request=req)
+    p = predict_measurement(base)
+    assert p.mfu > 0.65
+    roofline = p.tokens_per_second / p.mfu  # every FLOP at the measured matmul rate
+    runs = [
+        base.model_copy(
+            update={"tokens_per_second": p.tokens_per_second * 1.5, "job_id": f"j{i}", "host": f"h{i}"}
+            | {"owner": f"u{i % 3}"}
+        )
+        for i in range(30)
+    ]
+    est = snapshot_plan(
+        EstimateRequest(**req, gpu="h100-80gb", gpus=8, tokens=1_000_000), calibration=calibrate(runs)
+    )
+    assert est.speed.calibrated_runs == 30
+    assert est.speed.tokens_per_second <= roofline and est.speed.matmul_share <= 1.0, est.speed
+    assert within_roofline(1.5, 0.8) == 1.25 and within_roofline(1.5, None) == 1.5
+
+
+def test_a_memory_claim_larger_than_the_gpu_counts_as_what_the_gpu_holds() -> None:
+    m = Measurement(gpu="rtx-4090", request=_request(1024), job_id="big", max_memory_reserved_gb=400.0)
+    p = predict_measurement(m)
+    corr = calibrate([m]).corrections[("rtx-4090", "hf", "qlora", "3-10B")]
+    assert 1.0 < corr.memory_factor * p.memory_gb <= 24.0 + 1e-6, corr
 
 
 def test_one_odd_run_does_not_swing_the_estimate() -> None:

@@ -10,9 +10,11 @@ are imported inside the functions that use them.
 
 A run's figures are its host's claims: each row records the host that reported it (its provider and offer,
 ``local`` for the bot's own machine) and the job's owner, and the planner bounds what one host can move
-(bot/planner/calibration.py). An admin sees which runs move which figure (``report``: `tunebot calibrate
-show`, `/tune calibrate`) and excludes a run (``exclude``: `tunebot calibrate exclude JOB`, `/tune calibrate
-exclude JOB`); an excluded run moves nothing until it is included again.
+(bot/planner/calibration.py): a slower or larger figure moves its class most of the way at once, one host's
+by at most 2x until a second host of another owner agrees; a faster or leaner one waits for several hosts.
+An admin sees which runs move which figure (``report``: `tunebot calibrate show`, `/tune calibrate`) and
+excludes a run (``exclude``: `tunebot calibrate exclude JOB`, `/tune calibrate exclude JOB`); an excluded
+run moves nothing until it is included again.
 """
 
 from __future__ import annotations
@@ -233,7 +235,8 @@ def calibration_for(eng: EngineContext) -> Calibration:
 
 def report(eng: EngineContext, *, user: str, policy: Any = None) -> CalibrationView:
     """Every stored run (excluded ones too) with its job, host and owner, the figures it claims and whether
-    it counts (``counted`` | ``waiting`` for corroboration | ``excluded`` | ``skipped``), and the
+    it counts (``counted`` | ``held`` at one host's bound | ``waiting`` for corroboration | ``excluded`` |
+    ``skipped``), and the
     corrections: what an admin reads before excluding a run. Admins only (the operator is one)."""
     from bot.engine.api import CalibrationLine, CalibrationRunView, CalibrationView
     from bot.planner.calibration import explain
@@ -253,6 +256,8 @@ def report(eng: EngineContext, *, user: str, policy: Any = None) -> CalibrationV
             status = "skipped"
         elif e.memory_waiting or e.speed_waiting:
             status = "waiting"
+        elif e.memory_held or e.speed_held:
+            status = "held"
         else:
             status = "counted"
         runs.append(
@@ -282,6 +287,8 @@ def report(eng: EngineContext, *, user: str, policy: Any = None) -> CalibrationV
             memory_factor=round(c.memory_factor, 4),
             memory_runs=c.memory_runs,
             memory_waiting=c.memory_waiting,
+            speed_held=c.speed_held,
+            memory_held=c.memory_held,
         )
         for c in sorted(cal.corrections.values(), key=lambda c: c.key)
     ]
