@@ -49,19 +49,20 @@ MAX_ENV_STRING = 131_072
 # What a launch adds to a stored plan (bot/engine/launching/launch.py build_spec): the run's folders, the
 # report URL and token, up to 8 resume points, the cost fields, W&B.
 LAUNCH_RESERVE = 16 * 1024
-# EstimateRequest fields the planner can price but the runner does not do. Not precision: the runner trains
-# every one (runner/model.py: "mixed", a full fine-tune's default, "bf16" and "fp32"; issue 38).
-ESTIMATE_ONLY = {
-    "stack": "hf",
-    "compile": False,
-    "chunked_ce": False,
-    "optimizer_in_backward": False,
-    "activation_offload": False,
-    "nf4_quantizer": None,
-    "adapter_dtype": "fp32",
-    "double_quant": True,
-    "qlora_upcast": True,
-}
+# EstimateRequest fields the planner can price for other training stacks; the runner does one value of each:
+# the request's own default (request.py: a field not given is what the runner does), so every method's
+# defaults launch (issue 38: a hard-coded "bf16" refused a full fine-tune's default, mixed precision).
+ESTIMATE_ONLY = (
+    "stack",
+    "compile",
+    "chunked_ce",
+    "optimizer_in_backward",
+    "activation_offload",
+    "nf4_quantizer",
+    "adapter_dtype",
+    "double_quant",
+    "qlora_upcast",
+)
 STORAGE_ENV = {  # setting -> environment variable the runner's fsspec/botocore reads
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",
     "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
@@ -116,7 +117,8 @@ def refuse_unsupported(
     request: EstimateRequest, plan: TrainingPlan, settings: Settings, *, remote: bool
 ) -> None:
     """Options the runner cannot honour, refused before anything is spent."""
-    odd = [name for name, default in ESTIMATE_ONLY.items() if getattr(request, name) != default]
+    runner_does = EstimateRequest(model=request.model, method=request.method)  # nothing else given
+    odd = [name for name in ESTIMATE_ONLY if getattr(request, name) != getattr(runner_does, name)]
     if request.autocast != runner_autocast(request.method, request.precision):
         odd.append("autocast")  # the runner autocasts a mixed-precision full fine-tune only
     if odd:
