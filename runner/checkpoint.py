@@ -16,7 +16,10 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
         checkpoint with it is used
     <uri>/progress.json                                  written by runner.report (latest RunnerEvent)
 
-A checkpoint is written to a local staging folder first, then uploaded file by file with COMPLETE last.
+A checkpoint is written to a local staging folder first, then uploaded file by file with COMPLETE last. The
+timed saves of a run write and upload in the background (``BackgroundSave``: what they hold is copied to host
+memory first, so training goes on while the files are written, hashed and uploaded); a save that must be
+complete before the runner exits (preemption, the spend cap, a plateau stop) waits for it.
 The previous complete checkpoint stays until the new one has its marker; then the oldest are pruned to
 `keep`, and incomplete leftovers of killed saves are removed.
 
@@ -33,6 +36,8 @@ import random
 import re
 import signal
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,18 +181,82 @@ def write_local(
     rng_states: list[dict[str, Any]],
     spec_json: str,
 ) -> None:
-    """Write one checkpoint into a local folder (no marker: the upload adds it last)."""
+    """Write one checkpoint into a local folder (no marker: the upload adds it last). ``scheduler``: the
+    scheduler, or its state dict already taken (a save in the background writes what was copied)."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
     name, tensors = weights
     save_file(tensors, str(out_dir / name))
     torch.save(optimizer_state, out_dir / "optimizer.pt")
-    torch.save(scheduler.state_dict(), out_dir / "scheduler.pt")
+    torch.save(scheduler if isinstance(scheduler, dict) else scheduler.state_dict(), out_dir / "scheduler.pt")
     for rank, rng in enumerate(rng_states):
         torch.save(rng, out_dir / f"rng_state_{rank}.pth")
     (out_dir / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
     (out_dir / "job.json").write_text(spec_json, encoding="utf-8")
+
+
+def to_host(value: Any) -> Any:
+    """A copy of ``value`` in host memory that training can no longer change: every tensor copied to the CPU
+    (a CPU tensor cloned: on the CPU a state dict's tensors are the live ones), containers rebuilt, the rest
+    as is. What a checkpoint written in the background writes."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_host(v) for v in value)
+    return value
+
+
+class BackgroundSave:
+    """Checkpoint writes and uploads off the training loop, one at a time.
+
+    The loop copies what a checkpoint holds to host memory (``to_host``) and hands the rest - writing the
+    files twice over (safetensors, torch.save), hashing them for the manifest, uploading, pruning - to a
+    thread. The next save, and the run's end, wait for the one in flight (``wait``); the loop asks between
+    steps whether it is done (``done``) to announce it. A failure in the thread is raised in the loop at the
+    next ``wait`` or ``done``, as a failed save always stopped the run."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def start(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` in the background once the save in flight (if any) is done."""
+        self.wait()
+
+        def run() -> None:
+            try:
+                self._result = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
+                self._error = exc
+
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=run, name="tunebot-checkpoint", daemon=True)
+        self._thread.start()
+
+    def done(self) -> tuple[bool, Any]:
+        """(True, the work's result) once the save in flight finished (then forgotten), else (False, None)."""
+        if self._thread is None or self._thread.is_alive():
+            return False, None
+        return True, self.wait()
+
+    def wait(self) -> Any:
+        """Wait for the save in flight; its result (None when there was none), its error raised."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return None
+        thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._result
 
 
 def weights_name(ckpt_dir: Path) -> str | None:

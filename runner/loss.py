@@ -17,9 +17,16 @@ applies after the head (Gemma 2's final soft-capping, Cohere's logit_scale, Gran
 applied per chunk; ``check_against_plain`` compares both paths on a short slice at start, and a model whose
 head does something else trains with the plain loss (said on stdout).
 
-``liger`` (a setting, CUDA + Triton only) hands the same hidden states to Liger's fused linear cross-entropy
-kernel (liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss), which never materialises more than a
-chunk either and computes the gradients during the forward."""
+``liger`` hands the same hidden states to Liger's fused linear cross-entropy kernel
+(liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss, CUDA + Triton), which never materialises more
+than a chunk either and computes the gradients during the forward: what a run on CUDA uses by default where
+liger-kernel is installed (runner/kernels.py says in the job's log when it is not, and the run keeps the
+loss the plan chose).
+
+No host sync in the forward: the positions that carry loss come as an index worked out on the host
+(runner/data/batching.py ``model_inputs``), so the hidden states are picked with ``index_select`` (a size the
+host knows) instead of a boolean mask (``hidden[keep]`` asks the device how many there are and waits for
+it). Without an index every position gets logits (ignored ones add zero): still no sync."""
 
 from __future__ import annotations
 
@@ -80,19 +87,13 @@ def chunked_loss(
     scale: float = 1.0,
     softcap: float = 0.0,
     chunk: int | None = None,
-    select: bool = True,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Summed next-token cross-entropy of ``hidden`` ([b, s, h], the head's input) against ``labels``
     ([b, s]), computed chunk by chunk over the label positions; no more than one chunk's logits are alive at
-    a time, in forward and in backward."""
-    targets = labels[:, 1:]
-    if select:
-        keep = targets != IGNORE_INDEX
-        picked = hidden[:, :-1][keep]  # [n, h]: only the positions that carry loss get logits
-        wanted = targets[keep]
-    else:  # every position (ignored ones add zero): no data-dependent shape, e.g. on the meta device
-        picked = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-        wanted = targets.reshape(-1)
+    a time, in forward and in backward. ``index``: the flattened [b, s - 1] positions that carry loss
+    (``label_positions``); None: every position."""
+    picked, wanted = label_positions(hidden, labels, index)
     n = picked.shape[0]
     if n == 0:
         return hidden.sum() * 0.0  # nothing to learn here, but backward must still reach the graph
@@ -111,6 +112,19 @@ def chunked_loss(
     return total
 
 
+def label_positions(
+    hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n, h] hidden states, [n] targets) of the positions whose next token carries loss: ``index`` (on the
+    device, sized on the host) picks them; without one, every position (ignored ones add zero). Neither path
+    has a data-dependent shape, so neither waits for the device."""
+    flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    targets = labels[:, 1:].reshape(-1)
+    if index is None:
+        return flat, targets
+    return flat.index_select(0, index), targets.index_select(0, index)
+
+
 def liger_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -119,25 +133,26 @@ def liger_loss(
     *,
     scale: float = 1.0,
     softcap: float = 0.0,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same sum from Liger's fused linear cross-entropy (CUDA + Triton)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    targets = labels[:, 1:]
-    keep = targets != IGNORE_INDEX
-    picked = hidden[:, :-1][keep]
+    picked, wanted = label_positions(hidden, labels, index)
     if picked.shape[0] == 0:
         return hidden.sum() * 0.0
     if scale != 1.0:
         picked = picked * scale  # (x W^T) * s == (x * s) W^T without a bias; heads with a scale have none
     fn = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap or None)
-    return fn(weight, picked, targets[keep], bias)
+    return fn(weight, picked, wanted, bias)
 
 
 def liger_available() -> bool:
-    import importlib.util
+    """Liger's kernels can run here: liger-kernel installed and a CUDA device (runner/kernels.py says why
+    not in the job's log)."""
+    from runner.kernels import liger_problem
 
-    return importlib.util.find_spec("liger_kernel") is not None and torch.cuda.is_available()
+    return liger_problem() is None
 
 
 def output_head(model: Any) -> torch.nn.Module:
@@ -159,14 +174,12 @@ class HeadLoss:
 
     Use: ``loss = head_loss(model, inputs, labels)`` - one forward, the summed loss back."""
 
-    def __init__(
-        self, model: Any, kind: str, config: Any, *, chunk: int | None = None, select: bool = True
-    ) -> None:
+    def __init__(self, model: Any, kind: str, config: Any, *, chunk: int | None = None) -> None:
         self.kind = kind
         self.scale, self.softcap = head_transform(config)
         self.chunk = chunk
-        self.select = select  # False: logits for every position (tracing on the meta device)
         self._labels: torch.Tensor | None = None
+        self._index: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
         self._handle = None
         if kind != "plain":
@@ -178,19 +191,36 @@ class HeadLoss:
         hidden = args[0]
         weight, bias = module.weight, getattr(module, "bias", None)
         fn: Callable[..., torch.Tensor] = liger_loss if self.kind == "liger" else chunked_loss
-        extra = {"chunk": self.chunk, "select": self.select} if self.kind == "chunked" else {}
-        self._loss = fn(hidden, weight, bias, self._labels, scale=self.scale, softcap=self.softcap, **extra)
+        extra = {"chunk": self.chunk} if self.kind == "chunked" else {}
+        self._loss = fn(
+            hidden,
+            weight,
+            bias,
+            self._labels,
+            scale=self.scale,
+            softcap=self.softcap,
+            index=self._index,
+            **extra,
+        )
         return (hidden[..., :0, :],) + tuple(args[1:])  # the head's own matmul gets nothing to do
 
-    def __call__(self, model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        labels: torch.Tensor,
+        index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The summed loss of one forward. ``index``: the flattened positions that carry loss, worked out on
+        the host (runner/data/batching.model_inputs); None: every position."""
         if self.kind == "plain":
             return plain_loss(model(**inputs, use_cache=False).logits, labels)
-        self._labels = labels
+        self._labels, self._index = labels, index
         try:
             logits = model(**inputs, use_cache=False).logits  # empty: [b, 0, vocab]
             loss = self._loss
         finally:
-            self._labels, self._loss = None, None
+            self._labels, self._index, self._loss = None, None, None
         if loss is None:
             raise RuntimeError("the model's forward never called its lm_head: cannot compute the loss there")
         # The model's output joins the graph (adding an exact zero): FSDP starts its backward bookkeeping (the
@@ -208,34 +238,35 @@ class HeadLoss:
 def check_against_plain(
     head_loss: HeadLoss,
     model: Any,
-    inputs: dict[str, torch.Tensor],
-    labels: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    device: torch.device | str,
     *,
     tokens: int = 64,
     rtol: float = 2e-2,
 ) -> str | None:
-    """Both losses on the first `tokens` positions of the first row; a reason when they differ (then the
-    caller falls back to the plain loss), else None."""
+    """Both losses on the first `tokens` positions of the first row of a host ``batch``; a reason when they
+    differ (then the caller falls back to the plain loss), else None."""
+    from runner.data.batching import model_inputs
+
     if head_loss.kind == "plain":
         return None
-    width = min(tokens, labels.shape[1])
-    small = {k: _first(v, width) for k, v in inputs.items()}
-    y = labels[:1, :width]
-    if int((y[:, 1:] != IGNORE_INDEX).sum()) == 0:
-        y = small["input_ids"].clone()  # only the comparison: any targets will do
-    plain = float(plain_loss(model(**small, use_cache=False).logits, y))
-    mine = float(head_loss(model, small, y))
+    width = min(tokens, batch["labels"].shape[1])
+    small = {k: v[:1, :width] for k, v in batch.items() if k != "attention_mask" or v.dim() == 2}
+    if int((small["labels"][:, 1:] != IGNORE_INDEX).sum()) == 0:
+        small["labels"] = small["input_ids"].clone()  # only the comparison: any targets will do
+    inputs, y, index = model_inputs(small, device)
+    plain = float(plain_loss(model(**inputs, use_cache=False).logits, y))
+    mine = float(head_loss(model, inputs, y, index))
     if abs(mine - plain) > rtol * max(abs(plain), 1e-6):
         return f"the {head_loss.kind} loss ({mine:.6g}) differs from the model's own logits ({plain:.6g})"
     return None
 
 
-def _first(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """The first row cut to `width` positions (a [b, 1, s, s] mask on both last axes)."""
-    row = tensor[:1]
-    if row.dim() == 4:
-        return row[..., :width, :width]
-    return row[:, :width] if row.dim() >= 2 else row
-
-
-__all__ = ["CHUNK_LOGIT_ELEMENTS", "HeadLoss", "check_against_plain", "chunked_loss", "plain_loss"]
+__all__ = [
+    "CHUNK_LOGIT_ELEMENTS",
+    "HeadLoss",
+    "check_against_plain",
+    "chunked_loss",
+    "label_positions",
+    "plain_loss",
+]

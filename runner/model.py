@@ -1,17 +1,25 @@
 """Loading the base model and tokenizer, and making it trainable by method (full, LoRA, QLoRA).
 
-Dtypes (runner.contract.spec.Defaults.precision_for): a full fine-tune on CUDA keeps fp32 master weights and
-runs its forward under bf16 autocast (mixed precision; precision=bf16 asks for pure bf16 weights, fp32 for
-fp32 compute); LoRA adapters (fp32, peft's default) train on a bf16 base; QLoRA computes in bf16 over NF4
-weights. On CPU everything is float32, because bf16 matmuls on CPU are slow and numerically coarser, and CPU
-runs exist for tests and demos only.
+Precision (``precision_for``: a pure function of the spec and the device type, so a test can reproduce the
+CUDA settings on the CPU): on CUDA every method computes in bf16 under ``torch.autocast`` - linear layers,
+matmuls and scaled_dot_product_attention take bf16, as the Hugging Face Trainer with ``bf16=True`` does - and
+fp32 stays only where the numerics need it: the norms' statistics (transformers' RMSNorm upcasts inside), the
+loss's log-softmax and reduction (runner/loss.py), the adapters' master weights (peft keeps them fp32; under
+autocast their inputs are no longer copied to fp32 first) and a full fine-tune's master weights
+(precision=mixed). QLoRA's frozen embeddings, norms and lm_head stay bf16 (no
+``prepare_model_for_kbit_training`` upcast: it made the residual stream, q/k/v at attention and the lm_head
+matmul fp32), and TF32 is on for the fp32 matmuls that remain. precision=fp32 computes in fp32. On CPU
+everything is float32 without autocast, because bf16 matmuls on CPU are slow and numerically coarser, and CPU
+runs exist for tests, demos and the local provider.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +146,62 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
-def attn_implementation(spec: JobSpec, device: torch.device) -> str:
+def attn_implementation(spec: JobSpec, device: torch.device, precision: Precision | None = None) -> str:
+    """The attention kernel transformers is asked for. ``flash``: FlashAttention 2 (CUDA). ``sdpa`` on CUDA
+    with 16-bit compute: runner/attention.py's varlen attention (each packed example attends only to itself
+    through a variable-length kernel, flash-attn's or torch's, with no mask at all), where such a kernel
+    exists here; else, and on the CPU, transformers' SDPA (packed rows: the block mask transformers makes on
+    the device from the position ids, never one built on the host)."""
     if spec.attn == "flash":
         if device.type == "cuda":
             return "flash_attention_2"
         print("note: flash attention needs CUDA; using sdpa on this device", flush=True)
         return "sdpa"
+    plan = precision or precision_for(spec, device.type)
+    if spec.attn == "sdpa" and device.type == "cuda" and plan.compute != torch.float32:
+        from runner import attention
+
+        if attention.varlen_kernel() is not None:
+            return attention.register()
     return spec.attn
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a run holds and computes its numbers (``precision_for``)."""
+
+    weights: torch.dtype  # the frozen base (and a full fine-tune's master weights) as loaded
+    compute: torch.dtype  # what the forward's matmuls and attention run in
+    autocast: bool  # the forward (and the loss) under torch.autocast(compute)
+    tf32: bool  # fp32 matmuls that remain (adapters' weight gradients, the optimizer) may use TF32
+    name: str  # what ran, for job.json and the card: "mixed", "bf16" or "fp32"
+
+    def context(self, device_type: str) -> Any:
+        """The forward's context: bf16 autocast on ``device_type`` (the loss and backward follow it), else
+        nothing."""
+        if self.autocast:
+            return torch.autocast(device_type, dtype=self.compute)
+        return contextlib.nullcontext()
+
+
+def precision_for(spec: JobSpec, device_type: str) -> Precision:
+    """The precision a spec trains with on a device type. Pure (no device is touched), so tests reproduce
+    the CUDA settings on a CPU: ``precision_for(spec, "cuda").context("cpu")``."""
+    precision = spec.resolved_precision
+    if device_type != "cuda" or precision == "fp32":
+        return Precision(torch.float32, torch.float32, False, device_type == "cuda", "fp32")
+    if spec.method is Method.full and precision == "mixed":  # fp32 master weights, bf16 compute
+        return Precision(torch.float32, torch.bfloat16, True, True, "mixed")
+    if spec.method is Method.full:  # pure bf16 weights: nothing for autocast to cast
+        return Precision(torch.bfloat16, torch.bfloat16, False, True, "bf16")
+    # LoRA / QLoRA: a bf16 (or NF4 with bf16 compute) base, fp32 adapters whose matmuls run in bf16
+    return Precision(torch.bfloat16, torch.bfloat16, True, True, "bf16")
+
+
+def enable_tf32() -> None:
+    """TF32 for the fp32 matmuls and convolutions that remain (CUDA only; no effect elsewhere)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def compute_dtype(device: torch.device, precision: str = "bf16") -> torch.dtype:
@@ -153,19 +210,15 @@ def compute_dtype(device: torch.device, precision: str = "bf16") -> torch.dtype:
 
 
 def weights_dtype(spec: JobSpec, device: torch.device) -> torch.dtype:
-    """The dtype the model is loaded in: fp32 master weights for a mixed-precision full fine-tune (the
-    forward runs under autocast, see ``uses_autocast``) or with precision fp32; else bf16 on CUDA, fp32 on
-    CPU."""
-    precision = spec.resolved_precision
-    if device.type != "cuda" or precision == "fp32" or (precision == "mixed" and spec.method is Method.full):
-        return torch.float32
-    return torch.bfloat16
+    """The dtype the model is loaded in (``precision_for``): fp32 master weights for a mixed-precision full
+    fine-tune or with precision fp32; else bf16 on CUDA, fp32 on CPU."""
+    return precision_for(spec, device.type).weights
 
 
 def uses_autocast(spec: JobSpec, device: torch.device) -> bool:
-    """fp32 master weights, bf16 matmuls: the full fine-tune's default on CUDA
-    (runner.contract.spec.Defaults)."""
-    return device.type == "cuda" and spec.method is Method.full and spec.resolved_precision == "mixed"
+    """Whether the forward runs under bf16 autocast (``precision_for``): every method on CUDA unless
+    precision is fp32 or a full fine-tune's pure bf16."""
+    return precision_for(spec, device.type).autocast
 
 
 def load_model(
@@ -175,15 +228,17 @@ def load_model(
     *,
     fsdp: bool = False,
     target_modules: list[str] | str | None = None,
+    precision: Precision | None = None,
 ) -> Any:
     """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA (on
-    ``target_modules``, default the spec's)."""
+    ``target_modules``, default the spec's). ``precision``: ``precision_for(spec, device.type)`` unless given
+    (a test gives the CUDA one on the CPU)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = compute_dtype(device, spec.resolved_precision)
+    plan = precision or precision_for(spec, device.type)
     kwargs: dict[str, Any] = {
-        "dtype": weights_dtype(spec, device),
-        "attn_implementation": attn_implementation(spec, device),
+        "dtype": plan.weights,
+        "attn_implementation": attn_implementation(spec, device, plan),
     }
     if spec.method is Method.qlora:
         from transformers import BitsAndBytesConfig
@@ -192,9 +247,9 @@ def load_model(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_compute_dtype=plan.compute,
             # FSDP shards the 4-bit weights as flat tensors of the model dtype (docs/runner.md).
-            bnb_4bit_quant_storage=dtype if fsdp else torch.uint8,
+            bnb_4bit_quant_storage=plan.compute if fsdp else torch.uint8,
         )
         if not fsdp:
             kwargs["device_map"] = {"": device}
@@ -208,15 +263,14 @@ def load_model(
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
 
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model
 
-    if spec.method is Method.qlora and not fsdp:
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=spec.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
-    elif spec.gradient_checkpointing:  # (sharded QLoRA skips the fp32 upcast: FSDP needs one dtype, as TRL)
+    # QLoRA's frozen embeddings, norms and lm_head stay in the compute dtype: peft's
+    # prepare_model_for_kbit_training would upcast them to fp32 (an fp32 residual stream, fp32 q/k/v at
+    # attention and an fp32 lm_head matmul); the norms compute their statistics in fp32 anyway.
+    for param in model.parameters():
+        param.requires_grad = False
+    if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     lora = LoraConfig(
@@ -228,7 +282,18 @@ def load_model(
     )
     # Under FSDP the adapters stay fp32 as priced: peft's wrap policy gives every trainable Linear its own
     # FSDP unit, so no flat parameter mixes dtypes or frozen and trainable tensors (runner/distributed.py).
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    if plan.autocast:
+        keep_adapter_inputs(model)
+    return model
+
+
+def keep_adapter_inputs(model: Any) -> None:
+    """Under autocast the adapters read their bf16 input as it is: peft would first copy it to the fp32
+    adapter dtype (a copy of every adapted input, which autocast then casts back to bf16 for the matmul)."""
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -237,6 +302,12 @@ def enable_checkpointing(model: Any) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "peft_config"):  # frozen embeddings: checkpointed blocks need an input that wants grad
         model.enable_input_require_grads()
+
+
+def disable_checkpointing(model: Any) -> None:
+    """Activation checkpointing off again (runner/oom.py: a back-off that turned it on, grown back)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.gradient_checkpointing_disable()
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:

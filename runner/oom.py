@@ -7,18 +7,24 @@ then with activation checkpointing turned on if it was off; past that it exits w
 bot relaunches the job on an offer with more memory per GPU (bot/engine/watching/grow.py). The data position,
 the checkpoints and the loss normalisation never see the split: they count the spec's micro-batches.
 
+A back-off is not for the rest of the run: an out-of-memory error can be one long batch or a fragmented cache,
+and the planner chose the spec's level as the fastest that fits (bot/planner/batch_choice.py). After
+``GrowBack.after`` good steps at a lower level the runner tries the level above again; when that runs out of
+memory again it backs off once more and waits twice as long before the next try.
+
 One process backs off in place. Several processes cannot (a rank that failed leaves the others waiting in a
 collective): the rank exits with EXIT_OUT_OF_MEMORY and the launcher (runner/distributed.py) starts all ranks
 again one level further (LEVEL_ENV), from the newest checkpoint.
 
 Tests inject the error on the CPU with TEST_OOM_ENV="N" (a micro-step of more than N tokens raises
-torch.OutOfMemoryError) or "N:M" (the limit is M once activation checkpointing is on).
+torch.OutOfMemoryError) or "N:M" (the limit is M once activation checkpointing is on), at most
+TEST_OOM_TIMES_ENV times when that is set.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where it is used: the multi-process launcher reads levels() without it
@@ -26,6 +32,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: the multi-process launc
 
 LEVEL_ENV = "TUNEBOT_OOM_LEVEL"  # set by the launcher for the workers of a restarted multi-process run
 TEST_OOM_ENV = "TUNEBOT_TEST_OOM"
+TEST_OOM_TIMES_ENV = "TUNEBOT_TEST_OOM_TIMES"
+GROW_BACK_ENV = "TUNEBOT_OOM_GROW_BACK"  # good steps before growing back (tests shorten it)
 
 
 class OutOfMemory(Exception):
@@ -56,6 +64,34 @@ def levels(micro_batch_size: int, checkpointing: bool) -> list[Level]:
     if not checkpointing:
         out.append(Level(parts, True))
     return out
+
+
+GROW_BACK_STEPS = 50  # good steps at a backed-off level before the level above is tried again
+
+
+@dataclass
+class GrowBack:
+    """When to try the level above again after a back-off (one process only: several restart together)."""
+
+    after: int = field(default_factory=lambda: int(os.environ.get(GROW_BACK_ENV) or GROW_BACK_STEPS))
+    good_steps: int = 0  # steps that ran at the current level since the last change
+    tried: bool = False  # the current level was reached by growing back: an OOM now doubles ``after``
+
+    def backed_off(self) -> None:
+        if self.tried:
+            self.after *= 2
+        self.good_steps, self.tried = 0, False
+
+    def step_ok(self, level: int, lowest: int) -> bool:
+        """Count a good step at ``level``; True when it is time to grow one level back (towards ``lowest``,
+        the level the run started at)."""
+        if level <= lowest:
+            return False
+        self.good_steps += 1
+        if self.good_steps < self.after:
+            return False
+        self.good_steps, self.tried = 0, True
+        return True
 
 
 def start_level(micro_batch_size: int, checkpointing: bool) -> int:
@@ -98,16 +134,22 @@ def release(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
+_injected = [0]  # errors injected in this process (TEST_OOM_TIMES_ENV bounds them)
+
+
 def maybe_inject(tokens: int, checkpointing: bool) -> None:
-    """The test hook: raise torch.OutOfMemoryError for a micro-step above the configured size."""
+    """The test hook: raise torch.OutOfMemoryError for a micro-step above the configured size (at most
+    TEST_OOM_TIMES_ENV times in this process when that is set: a passing shortage)."""
     spec = os.environ.get(TEST_OOM_ENV)
     if not spec:
         return
     plain, _, with_ckpt = spec.partition(":")
     limit = int(with_ckpt) if (checkpointing and with_ckpt) else int(plain)
-    if tokens > limit:
+    times = os.environ.get(TEST_OOM_TIMES_ENV)
+    if tokens > limit and (not times or _injected[0] < int(times)):
         import torch
 
+        _injected[0] += 1
         raise torch.OutOfMemoryError(f"injected: {tokens} tokens in a micro-step (limit {limit})")
 
 

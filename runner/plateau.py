@@ -56,6 +56,16 @@ class PlateauDetector:
         self.stopped = False
         self.last_step: int | None = None
 
+    def decides_at(self, step: int) -> bool:
+        """Whether ``update(step, ...)`` may decide anything (the baseline or an evaluation): the runner feeds
+        the training losses it has not read back yet (runner/readback.py) at these steps and at reports only;
+        fed in order, they make the same decisions as one call per step."""
+        if not self.spec.enabled or self.stopped:
+            return self.stopped
+        if step < self.warmup_steps:
+            return False
+        return self.next_evaluation is None or step >= self.next_evaluation
+
     def update(self, step: int, loss: float) -> bool:
         """Feed the loss of ``step``; True means stop now (the loss has plateaued)."""
         if not self.spec.enabled:

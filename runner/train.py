@@ -11,6 +11,8 @@ mean of per-micro-batch means, so packing and padding do not change what is opti
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -182,7 +184,13 @@ class Trainer:
         self.tokenizer: Any = None
         self.data: Any = None  # runner/data.Prepared: train and eval examples
         self.dtype = torch.float32  # what activations are computed in (runner/model.compute_dtype)
-        self.autocast = False  # bf16 autocast over fp32 master weights (runner/model.uses_autocast)
+        self.autocast = False  # the forward under bf16 autocast (runner/model.precision_for)
+        self.precision: Any = None  # runner/model.Precision: weights, compute dtype, autocast, TF32
+        self.kernels_problem: str | None = "not loaded"  # why Liger's kernels do not run (None: they do)
+        self.eval_every: int | None = None  # evals between the first and the last (contract/steps.eval_every)
+        self.pending: Any = None  # runner/readback.PendingLosses: steps whose loss is still on the device
+        self.saving: Any = None  # runner/checkpoint.BackgroundSave: the timed save in flight
+        self.grow: Any = None  # runner/oom.GrowBack: when a backed-off level is tried again
         self.batches_for: Callable[[Any, int], Any] = _not_set_up
         # runner/contract/steps.RunLength: the run's steps, as the planner priced them
         self.length: Any = None
@@ -238,7 +246,10 @@ class Trainer:
         if group.main:
             from runner.report import Reporter
 
-            self.reporter = Reporter(self.spec, start_seq=_next_seq_in_progress(self.spec))
+            # The step is the progress its heartbeat reports (runner/contract/heartbeat.py), on its own clock.
+            self.reporter = Reporter(
+                self.spec, start_seq=_next_seq_in_progress(self.spec), activity=lambda: self.state.step
+            )
 
     def _read_dataset(self) -> list[Any]:
         """Every record of the dataset, read and checked: an unreadable or empty one is an invalid job."""
@@ -258,14 +269,8 @@ class Trainer:
         from runner.model import has_flash_attention
 
         spec, group = self.spec, self._group()
-        if spec.loss == "liger":
-            from runner.loss import liger_available
-
-            if group.device.type != "cuda" or not liger_available():
-                raise InvalidJob(
-                    "loss=liger needs CUDA and the liger-kernel package (Triton); use "
-                    "loss=chunked (the default: as little memory, plain torch)"
-                )
+        # loss=liger and kernels=liger are not refused where Liger cannot run: the run goes on with torch and
+        # says why in its log (runner/kernels.py).
         if spec.attn == "flash" and group.device.type == "cuda" and not has_flash_attention():
             raise InvalidJob(
                 "attn=flash needs the flash-attn package, which this runner image does not "
@@ -307,8 +312,8 @@ class Trainer:
         """tokenizer, data and stats (tokenized, split), dtype and autocast, and batches_for: an epoch's
         micro-batches as a pure function of (seed, epoch)."""
         from runner.contract.records import DatasetError
-        from runner.data import make_batches, mask_dtype_for, prepare
-        from runner.model import compute_dtype, load_tokenizer, uses_autocast
+        from runner.data import make_batches, prepare
+        from runner.model import enable_tf32, load_tokenizer, precision_for
 
         spec, group = self.spec, self._group()
         assert self.model_dir is not None
@@ -318,8 +323,10 @@ class Trainer:
         except DatasetError as exc:
             raise InvalidJob(str(exc)) from None
         self.data, self.stats = data, data.stats
-        self.dtype = compute_dtype(group.device, spec.resolved_precision)
-        self.autocast = uses_autocast(spec, group.device)
+        self.precision = precision_for(spec, group.device.type)
+        self.dtype, self.autocast = self.precision.compute, self.precision.autocast
+        if group.device.type == "cuda" and self.precision.tf32:
+            enable_tf32()
         attn = (
             "flash"
             if spec.attn == "flash" and group.device.type == "cuda"
@@ -336,7 +343,6 @@ class Trainer:
                 seed=spec.seed,
                 epoch=epoch,
                 pad_id=self.tokenizer.pad_token_id or 0,
-                mask_dtype=mask_dtype_for(attn),
             )
 
         self.batches_for = batches
@@ -344,7 +350,7 @@ class Trainer:
     def _plan_length(self) -> None:
         """length, steps_per_epoch and max_steps, from the arithmetic the planner priced the run with
         (runner/contract/steps.py); a dataset too small for one optimizer step is an invalid job."""
-        from runner.contract.steps import run_length
+        from runner.contract.steps import eval_every, run_length
 
         spec, group, data = self.spec, self._group(), self.data
         self.length = run_length(
@@ -359,6 +365,7 @@ class Trainer:
             epochs=spec.epochs,
             max_steps=spec.max_steps,
             plateau=spec.plateau,
+            keep=spec.keep,
         )
         self.steps_per_epoch = self.length.steps_per_epoch
         if self.steps_per_epoch == 0:
@@ -368,6 +375,9 @@ class Trainer:
                 "grad_accum"
             )
         self.max_steps = self.length.steps
+        # Evals between the base model's and the final one only where something needs them (the plateau
+        # stop, keep=best, a cadence set): the rule the planner prices the passes with.
+        self.eval_every = eval_every(spec.plateau, self.max_steps, keep=spec.keep, processes=group.world)
 
     def _plan_samples(self) -> None:
         """keep (what the result will be) and sample_prompts: a prompts file's, read and checked now (a bad
@@ -426,7 +436,10 @@ class Trainer:
                     f"(greedy, at most {spec.samples.max_new_tokens} new tokens)"
                 )
             print("; ".join(said))
-        mixed = " (fp32 master weights, bf16 autocast)" if self.autocast else ""
+        mixed = ""
+        if self.autocast:
+            master = "fp32 master weights" if spec.method is Method.full else "fp32 adapters"
+            mixed = f" ({master}, bf16 autocast)"
         print(
             f"steps per epoch: {self.steps_per_epoch}; max steps: {self.max_steps}; "
             f"device {group.device}, dtype {self.dtype}{mixed}, method {spec.method.value}, "
@@ -442,8 +455,19 @@ class Trainer:
         spec, group = self.spec, self._group()
         self.model_dir = resolve_base_model(spec.base_model, weights=True, into=self.model_dir)
         self.model = load_model(
-            spec, self.model_dir, group.device, fsdp=strategy == "fsdp", target_modules=self.target_modules
+            spec,
+            self.model_dir,
+            group.device,
+            fsdp=strategy == "fsdp",
+            target_modules=self.target_modules,
+            precision=self.precision,
         )
+        if spec.kernels == "liger":  # RMSNorm, RoPE, SwiGLU; the loss follows in _loss_for
+            from runner.kernels import apply_liger
+
+            self.kernels_problem = apply_liger(self.model, group.device.type)
+        else:
+            self.kernels_problem = "kernels=torch"
         trainable, total = trainable_parameters(self.model)
         if group.main:
             print(
@@ -468,13 +492,16 @@ class Trainer:
         try:
             if resume_dir is not None:
                 ckpt.read_weights(resume_dir, self.model)  # before wrapping: plain parameter names
-            self.ddp_model = wrap(self.model, group, strategy, mixed=self.autocast)
+            # FSDP's own mixed precision for fp32 master weights only (adapters keep their fp32 units)
+            full_mixed = self.autocast and spec.method is Method.full
+            self.ddp_model = wrap(self.model, group, strategy, mixed=full_mixed)
             self.fsdp = type(self.ddp_model).__name__ == "FullyShardedDataParallel"
             self.params = [p for p in self.ddp_model.parameters() if p.requires_grad]
             self.head_loss = self._loss_for(self.batches_for(self.data.train, 0))
             self.checkpointing = spec.gradient_checkpointing
             self.oom_levels = oom.levels(spec.micro_batch_size, spec.gradient_checkpointing)
             self.oom_level = oom.start_level(spec.micro_batch_size, spec.gradient_checkpointing)
+            self.grow = oom.GrowBack()
             self._apply_level()
             self.optimizer = self._optimizer()
             self.scheduler = self._scheduler()
@@ -545,16 +572,24 @@ class Trainer:
         return self.group
 
     def _loss_for(self, batches: Any) -> Any:
-        """The loss as the spec asks (runner/loss.py), checked against the model's own logits on a short slice
-        of the first batch: a head that does more than the loss knows trains with the plain loss."""
+        """The loss as the spec asks (runner/loss.py): Liger's fused one where Liger's kernels run
+        (runner/kernels.py), else the plan's (loss=liger without Liger: chunked, said in the log); checked
+        against the model's own logits on a short slice of the first batch: a head that does more than the
+        loss knows trains with the plain loss."""
+        from runner.kernels import describe
         from runner.loss import HeadLoss, check_against_plain
 
         assert self.group is not None
-        head_loss = HeadLoss(self.model, self.spec.loss, self.model.config)
+        spec = self.spec
+        fallback = "chunked" if spec.loss == "liger" else spec.loss
+        kind = "liger" if spec.kernels == "liger" and self.kernels_problem is None else fallback
+        if self.group.main:
+            print(describe(spec.kernels, self.kernels_problem, kind), flush=True)
+            if spec.loss == "liger" and kind != "liger":
+                print(f"note: loss=liger needs Liger's kernels, which do not run here: {kind}", flush=True)
+        head_loss = HeadLoss(self.model, kind, self.model.config)
         if head_loss.kind != "plain" and len(batches):
-            inputs = {k: v.to(self.group.device) for k, v in batches[0].items()}
-            labels = inputs.pop("labels")
-            problem = check_against_plain(head_loss, self.ddp_model, inputs, labels)
+            problem = check_against_plain(head_loss, self.ddp_model, batches[0], self.group.device)
             if problem:
                 head_loss.remove()
                 if self.group.main:
@@ -614,6 +649,10 @@ class Trainer:
         if state.step == 0:
             self._before_training()
         from runner.measure import RunMeter
+        from runner.readback import PendingLosses
+
+        self.pending = PendingLosses()
+        self.saving = ckpt.BackgroundSave()
 
         self.meter = RunMeter(group.device, clock=self.clock)
         clock = self.clock
@@ -625,6 +664,13 @@ class Trainer:
             self.cap_note = self._cap_message()
             self.emit(EventKind.budget, message=self.cap_note)
             return "budget"
+        from runner.stage import StageGate
+
+        stages = StageGate(spec, self.key)  # a sweep's run pauses at its stage boundaries (runner/stage.py)
+        if stages.due(state.step, self.max_steps):  # resumed at one the sweep has not decided yet
+            stopped = stages.wait(self)
+            if stopped:
+                return stopped
         clock.switch("steps")  # batches built and moved between steps count as the steps'
         first = True
         while state.step < self.max_steps:
@@ -637,6 +683,15 @@ class Trainer:
                 step_started = time.monotonic()
                 with clock.phase("warmup", hold=True) if first else contextlib.nullcontext():
                     loss, tokens = self._step(micro)
+                    lr = self.scheduler.get_last_lr()[0]
+                    epoch_f = state.epoch + (state.micro_batch + spec.grad_accum) / max(1, n_micro)
+                    self.pending.add(state.step + 1, loss, lr, epoch_f, state.tokens_seen + tokens)
+                    report_due = group.main and (
+                        time.monotonic() - last_report >= spec.report.every_seconds
+                        or state.step + 1 == self.max_steps
+                    )
+                    if report_due:  # the one read-back per report: its wait for the device is the steps'
+                        self._read_losses()
                 first = False
                 step_seconds = time.monotonic() - step_started
                 clock.switch("logging")  # the step's bookkeeping, reports and the cap check
@@ -644,37 +699,22 @@ class Trainer:
                 state.micro_batch += spec.grad_accum
                 state.step += 1
                 state.tokens_seen += tokens
-                state.last_loss = loss
                 window_tokens += tokens
                 state.train_seconds = session_train_seconds + time.monotonic() - session_start
-
-                lr = self.scheduler.get_last_lr()[0]
-                self.points.append((state.step, loss, lr))
-                epoch_f = state.epoch + state.micro_batch / max(1, n_micro)
-                if self.wandb is not None:
-                    self.wandb.log(
-                        {
-                            "train/loss": loss,
-                            "train/lr": lr,
-                            "train/epoch": epoch_f,
-                            "train/tokens": state.tokens_seen,
-                        },
-                        step=state.step,
-                    )
+                self._grow_back()
+                self._announce_saves()  # a background save that finished since the last step
                 now = time.monotonic()
-                if group.main and (
-                    now - last_report >= spec.report.every_seconds or state.step == self.max_steps
-                ):
+                if report_due:
                     rate = window_tokens / max(now - window_start, 1e-9)
                     eta = (self.max_steps - state.step) * (state.train_seconds / max(state.step, 1))
                     print(
-                        f"step {state.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | "
+                        f"step {state.step}/{self.max_steps} | loss {state.last_loss:.4f} | lr {lr:.2e} | "
                         f"{rate:,.0f} tok/s | epoch {epoch_f:.2f} | eta {eta:.0f}s",
                         flush=True,
                     )
                     self.emit(
                         EventKind.progress,
-                        loss=loss,
+                        loss=state.last_loss,
                         learning_rate=lr,
                         tokens_per_second=rate,
                         eta_seconds=eta,
@@ -682,7 +722,7 @@ class Trainer:
                     )
                     last_report, window_tokens, window_start = now, 0, now
 
-                plateau_stop = self._plateau_says_stop(state.step, loss)
+                plateau_stop = self._plateau_says_stop(state.step)
                 due = now - last_save >= spec.checkpoint.every_minutes * 60
                 capped = state.step < self.max_steps and self._at_cap(ahead_s=step_seconds)
                 preempted, due, plateau_stop, capped = (
@@ -695,7 +735,14 @@ class Trainer:
                     with clock.phase("checkpoints"):
                         uri = self.save()
                     self.cap_note = self._cap_message(saved=True)
-                    self.emit(EventKind.budget, checkpoint_uri=uri, message=self.cap_note)
+                    # with its manifest's digest: the bot acknowledges it and a resume with more money goes on
+                    # from it (issue 38: without it, the checkpoint saved at the cap was never resumed from)
+                    self.emit(
+                        EventKind.budget,
+                        checkpoint_uri=uri,
+                        manifest_sha256=self.manifest_sha256,
+                        message=self.cap_note,
+                    )
                     return "budget"
                 if preempted:
                     with clock.phase("checkpoints"):
@@ -713,10 +760,14 @@ class Trainer:
                     status = "plateau"
                     break
                 if due and state.step < self.max_steps:
-                    with clock.phase("checkpoints"):
-                        uri = self.save()
-                    self.emit(EventKind.checkpoint, checkpoint_uri=uri, manifest_sha256=self.manifest_sha256)
+                    with clock.phase("checkpoints"):  # taken now; written and uploaded in the background
+                        self.save(background=True)
                     last_save = time.monotonic()
+                if stages.due(state.step, self.max_steps):  # a stage boundary: no step past it unless kept
+                    stopped = stages.wait(self)
+                    if stopped:
+                        return stopped
+                    last_report = last_save = time.monotonic()
                 clock.switch("steps")
             if status == "plateau":
                 break
@@ -724,7 +775,11 @@ class Trainer:
                 state.epoch += 1
                 state.micro_batch = 0
         clock.switch("logging")
-        if self.data.eval and (self.state.eval_loss is None or state.step % self.plateau.every_steps):
+        self._read_losses()
+        with clock.phase("checkpoints"):
+            self._announce_saves(wait=True)  # the timed save in flight, complete before the output
+        every = self.eval_every or 0
+        if self.data.eval and (self.state.eval_loss is None or not every or state.step % every):
             with clock.phase("evals"):
                 self._eval_now(state.step)  # the final eval loss, for the model card
         self.results = self._results()
@@ -839,8 +894,11 @@ class Trainer:
             # Outside the except clause: the error's traceback (and the step's tensors it holds) is gone.
             self._back_off(problem)
 
-    def _accumulate(self, micro: list[Any]) -> tuple[float, int]:
+    def _accumulate(self, micro: list[Any]) -> tuple[torch.Tensor | float, int]:
+        """One optimizer step; its mean loss per label token stays on the device (runner/readback.py: read
+        back in batches), a float on several processes (summed over them, which syncs anyway)."""
         from runner import oom
+        from runner.data.batching import model_inputs
 
         assert self.group is not None
         group, model, level = self.group, self.ddp_model, self.oom_levels[self.oom_level]
@@ -849,13 +907,12 @@ class Trainer:
             [float(sum(b.num_label_tokens for b in micro)), float(sum(b.num_tokens for b in micro))]
         )
         label_tokens = max(label_tokens, 1.0)
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum: torch.Tensor | None = None
         # Each micro-batch split into level.parts micro-steps: the loss is summed over the same label tokens
         # and divided by the same count, so the gradient is the one of the unsplit step.
         pieces = [piece for batch in micro for piece in oom.split_rows(batch, level.parts)]
         for index, batch in enumerate(pieces):
-            inputs = {k: v.to(group.device) for k, v in batch.items()}
-            labels = inputs.pop("labels")
+            inputs, labels, where = model_inputs(batch, group.device)  # sizes worked out on the host
             oom.maybe_inject(labels.numel(), level.checkpointing)
             sync_now = index == len(pieces) - 1
             context = (
@@ -865,11 +922,12 @@ class Trainer:
             )
             with context:
                 with self._precision():  # the forward and the loss; backward runs outside autocast
-                    summed = self.head_loss(model, inputs, labels)  # runner/loss.py
+                    summed = self.head_loss(model, inputs, labels, where)  # runner/loss.py
                 # DDP averages gradients over ranks; scaling by world keeps the total a per-token mean.
                 (summed * group.world / label_tokens).backward()
-            loss_sum += summed.detach().double().cpu()
-            del inputs, labels, summed
+            part = summed.detach().double()  # no read-back here: the step's loss is read with others
+            loss_sum = part if loss_sum is None else loss_sum + part
+            del inputs, labels, where, summed
         with self.clock.phase("optimizer"):
             if self.fsdp:  # the norm over all shards
                 model.clip_grad_norm_(MAX_GRAD_NORM)
@@ -878,14 +936,18 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        (total,) = group.all_sum([float(loss_sum)])
-        return total / label_tokens, int(tokens)
+        assert loss_sum is not None
+        if group.distributed:
+            (total,) = group.all_sum([float(loss_sum)])
+            return total / label_tokens, int(tokens)
+        return loss_sum / label_tokens, int(tokens)
 
     def _precision(self) -> Any:
-        """bf16 autocast over fp32 master weights (a mixed-precision full fine-tune), else nothing."""
-        if self.autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """The forward's precision (runner/model.precision_for): bf16 autocast on CUDA for every method but a
+        pure-bf16 or fp32 run, nothing on the CPU."""
+        if self.precision is None or self.group is None:
+            return contextlib.nullcontext()
+        return self.precision.context(self.group.device.type)
 
     def _back_off(self, problem: str) -> None:
         """After an out-of-memory error: drop the step's partial gradients and move one level on
@@ -903,32 +965,85 @@ class Trainer:
             raise oom.OutOfMemory(f"out of GPU memory at {where}: {problem}")
         self.oom_level += 1
         self._apply_level()
+        if self.grow is not None:
+            self.grow.backed_off()
         now = self.oom_levels[self.oom_level].describe(spec.micro_batch_size, spec.grad_accum)
         message = f"out of GPU memory at {where}; retrying the step at {now} (the same effective batch)"
         print(f"note: {message}", flush=True)
         self.emit(EventKind.progress, message=message)
 
+    def _grow_back(self) -> None:
+        """After a good step at a backed-off level: every ``GrowBack.after`` of them, the level above again
+        (runner/oom.py), up to the level the run started at."""
+        from runner import oom
+
+        if self.grow is None or self._group().distributed:
+            return
+        lowest = oom.start_level(self.spec.micro_batch_size, self.spec.gradient_checkpointing)
+        if not self.grow.step_ok(self.oom_level, lowest):
+            return
+        spec = self.spec
+        was = self.oom_levels[self.oom_level].describe(spec.micro_batch_size, spec.grad_accum)
+        self.oom_level -= 1
+        self._apply_level()
+        now = self.oom_levels[self.oom_level].describe(spec.micro_batch_size, spec.grad_accum)
+        print(f"note: {self.grow.after} steps ran at {was}; trying {now} again", flush=True)
+
     def _apply_level(self) -> None:
-        """Turn activation checkpointing on when the current level asks for it and the spec had it off."""
+        """Activation checkpointing on or off as the current level asks (on: the spec had it off and a
+        back-off turned it on; off again: grown back to a level without it)."""
+        from runner.model import disable_checkpointing, enable_checkpointing
+
         level = self.oom_levels[self.oom_level]
         if level.checkpointing and not self.checkpointing:
-            from runner.model import enable_checkpointing
-
             enable_checkpointing(self.model)
             self.checkpointing = True
+        elif not level.checkpointing and self.checkpointing and not self.spec.gradient_checkpointing:
+            disable_checkpointing(self.model)
+            self.checkpointing = False
 
-    def _plateau_says_stop(self, step: int, train_loss: float) -> bool:
-        """Feed the detector: the training loss every step, or the eval loss every ``every_steps`` steps
-        (evaluated then, also when the detector is off, for W&B and the model card)."""
-        loss = train_loss
+    def _plateau_says_stop(self, step: int) -> bool:
+        """Feed the detector: the eval loss every ``eval_every`` steps (evaluated then, also when the detector
+        is off but keep=best or a set cadence needs the curve: runner/contract/steps.eval_every), else the
+        training losses, read back at the steps where the detector decides (``_read_losses`` feeds them in
+        order, so the decisions are those of one call per step)."""
         if self.data.eval:
-            if step % self.plateau.every_steps != 0:
+            if not self.eval_every or step % self.eval_every != 0:
                 return False
             with self.clock.phase("evals"):
                 loss = self._eval_now(step)
-        if not self.spec.plateau.enabled:
+            if not self.spec.plateau.enabled:
+                return False
+            return bool(self.plateau.update(step, loss))
+        if not self.spec.plateau.enabled or not self.plateau.decides_at(step):
             return False
-        return bool(self.plateau.update(step, loss))
+        return self._read_losses()
+
+    def _read_losses(self) -> bool:
+        """The pending steps' losses read back in one transfer (runner/readback.py): the chart's points, the
+        W&B rows (sent now), the last loss; without an eval split they feed the plateau detector, whose last
+        answer is returned (True: stop)."""
+        stop = False
+        rows = self.pending.read() if self.pending is not None else []
+        feed = not self.data.eval and self.spec.plateau.enabled
+        for row in rows:
+            self.state.last_loss = row.loss
+            self.points.append((row.step, row.loss, row.lr))
+            if self.wandb is not None:
+                self.wandb.log(
+                    {
+                        "train/loss": row.loss,
+                        "train/lr": row.lr,
+                        "train/epoch": row.epoch,
+                        "train/tokens": row.tokens_seen,
+                    },
+                    step=row.step,
+                )
+            if feed:
+                stop = bool(self.plateau.update(row.step, row.loss))
+        if rows and self.wandb is not None:
+            self.wandb.flush()
+        return stop
 
     def _eval_now(self, step: int) -> float:
         """An eval pass: step 0 measures the base model (the "before"); later ones track the best step (and,
@@ -960,22 +1075,32 @@ class Trainer:
         """Mean loss per label token over the eval split (every rank computes it; the split is small)."""
         assert self.group is not None
         self.ddp_model.eval()
-        total, count = 0.0, 0
+        from runner.data.batching import model_inputs
+
+        total: torch.Tensor | float = 0.0
+        count = 0
         for batch in self.batches_for(self.data.eval, 0):
-            inputs = {k: v.to(self.group.device) for k, v in batch.items()}
-            labels = inputs.pop("labels")
+            inputs, labels, where = model_inputs(batch, self.group.device)
             with self._precision():
-                total += float(self.head_loss(self.ddp_model, inputs, labels))
+                total = total + self.head_loss(self.ddp_model, inputs, labels, where).detach().double()
             count += batch.num_label_tokens
         self.ddp_model.train()
-        return total / max(count, 1)
+        return float(total) / max(count, 1)  # one read-back per pass
 
     # ---- saving -----------------------------------------------------------------------------------------
 
-    def save(self) -> str:
-        """Write a checkpoint (rank 0 writes, every rank takes part) and prune old ones; return its URI."""
+    def save(self, *, background: bool = False) -> str:
+        """Write a checkpoint (rank 0 writes, every rank takes part) and prune old ones; return its URI.
+
+        What training could still change is taken now (copied to host memory for a background save); the
+        files are written, hashed into the signed manifest and uploaded either before this returns (a save
+        the run must have before it exits: preemption, the spend cap, a plateau stop) or, ``background``,
+        by a thread while training goes on (runner/checkpoint.BackgroundSave): the loop announces it once it
+        is complete (``_announce_saves``). One save at a time: the one in flight is finished first."""
         assert self.group is not None
         group = self.group
+        self._announce_saves(wait=True)
+        self._read_losses()  # the checkpoint's state has the last step's loss
         self.state.plateau = self.plateau.state_dict()
         self.state.world_size = group.world
         self.state.phases = self.clock.seconds()  # the job's phases so far: a resumed run goes on from them
@@ -984,7 +1109,8 @@ class Trainer:
             # it, so a run resumed from it must not reuse that event's seq.
             self.state.reporter_seq = self.reporter.seq + 1
         rngs = group.gather_objects(ckpt.rng_state())
-        uri = self.store.uri_of(self.state.step)
+        step = self.state.step
+        uri = self.store.uri_of(step)
         weights = optim = None
         if group.main or self.fsdp:  # FSDP gathers the full state collectively
             weights = ckpt.checkpoint_weights(
@@ -993,38 +1119,74 @@ class Trainer:
             optim = ckpt.optimizer_state(self.ddp_model, self.optimizer, fsdp=self.fsdp)
         if group.main:
             assert weights is not None and optim is not None
-            with tempfile.TemporaryDirectory(prefix="tunebot-ckpt-") as tmp:
-                local = Path(tmp) / f"checkpoint-{self.state.step}"
-                ckpt.write_local(
-                    local,
-                    weights=weights,
-                    optimizer_state=optim,
-                    scheduler=self.scheduler,
-                    state=self.state,
-                    rng_states=rngs,
-                    spec_json=self.spec.redacted().model_dump_json(indent=2),
-                )
-                if self.best_weights is not None and self.state.best_step not in (None, self.state.step):
-                    from safetensors.torch import save_file
+            staged = Path(tempfile.mkdtemp(prefix="tunebot-ckpt-")) / f"checkpoint-{step}"
+            # Every checkpoint is also a result people can load (a stopped job's is all there is): its small
+            # files (configs, tokenizer, an unwrapped adapter) are written now, from the live model.
+            loadable.add_loadable_files(
+                staged,
+                self.model,
+                self.tokenizer,
+                trainable=weights[1] if self.fsdp else None,
+                base_name=self.spec.base_model_name,
+            )
+            keep = ckpt.to_host if background else (lambda value: value)
+            files = dict(
+                weights=keep(weights),
+                optimizer_state=keep(optim),
+                scheduler=keep(self.scheduler.state_dict()),
+                state=ckpt.TrainState.from_dict(copy.deepcopy(dataclasses.asdict(self.state))),
+                rng_states=rngs,
+                spec_json=self.spec.redacted().model_dump_json(indent=2),
+            )
+            best = None  # keep=best: the best step's weights (cloned when taken: never changed since)
+            if self.best_weights is not None and self.state.best_step not in (None, step):
+                best = self.best_weights[1]
 
-                    save_file(self.best_weights[1], str(local / ckpt.BEST_FILE))
-                # Every checkpoint is also a result people can load (a stopped job's is all there is).
-                loadable.add_loadable_files(
-                    local,
-                    self.model,
-                    self.tokenizer,
-                    trainable=weights[1] if self.fsdp else None,
-                    base_name=self.spec.base_model_name,
-                )
-                written = manifest.write(local, job_id=self.spec.job_id, step=self.state.step, key=self.key)
-                # The event announcing this checkpoint carries its manifest's digest: the bot pins it for a
-                # later run's resume (runner/contract/manifest.py fetch_pinned).
-                self.manifest_sha256 = manifest.sha256_of(written.read_bytes())
-                uri = self.store.upload(local, self.state.step)
-            self.store.prune(self.spec.checkpoint.keep, upto=self.state.step)
-            print(f"checkpoint saved: {uri}", flush=True)
+            def write() -> tuple[str, str, int]:
+                return self._write_checkpoint(staged, step, files, best)
+
+            if background:
+                self.saving.start(write)
+            else:
+                uri, self.manifest_sha256, _ = write()
         group.barrier()
         return uri
+
+    def _write_checkpoint(
+        self, staged: Path, step: int, files: dict[str, Any], best: dict[str, torch.Tensor] | None
+    ) -> tuple[str, str, int]:
+        """Write, sign, upload and prune one staged checkpoint: (its URI, its manifest's digest, its step)."""
+        try:
+            ckpt.write_local(staged, **files)
+            if best is not None:
+                from safetensors.torch import save_file
+
+                save_file(best, str(staged / ckpt.BEST_FILE))
+            written = manifest.write(staged, job_id=self.spec.job_id, step=step, key=self.key)
+            # The event announcing this checkpoint carries its manifest's digest: the bot pins it for a later
+            # run's resume (runner/contract/manifest.py fetch_pinned).
+            digest = manifest.sha256_of(written.read_bytes())
+            assert self.store is not None
+            uri = self.store.upload(staged, step)
+            self.store.prune(self.spec.checkpoint.keep, upto=step)
+        finally:
+            shutil.rmtree(staged.parent, ignore_errors=True)
+        print(f"checkpoint saved: {uri}", flush=True)
+        return uri, digest, step
+
+    def _announce_saves(self, *, wait: bool = False) -> None:
+        """A background save that is complete announced (a `checkpoint` event with its manifest's digest);
+        ``wait``: the one in flight waited for first. A failed one raises here, in the loop."""
+        if self.saving is None or not self.saving.busy:
+            return
+        if wait:
+            done, result = True, self.saving.wait()
+        else:
+            done, result = self.saving.done()
+        if done and result is not None:  # the event names the checkpoint's own step, not the loop's
+            uri, self.manifest_sha256, step = result
+            digest = self.manifest_sha256
+            self.emit(EventKind.checkpoint, step=step, checkpoint_uri=uri, manifest_sha256=digest)
 
     def save_output(self, status: str) -> str:
         """Final adapter (or model) + tokenizer + training_summary.json + job.json, uploaded to output_uri."""
@@ -1049,7 +1211,7 @@ class Trainer:
                     self.tokenizer,
                     local,
                     state_dict=full_state,
-                    dtype=torch.bfloat16 if self.autocast else None,
+                    dtype=torch.bfloat16 if self.autocast and self.spec.method is Method.full else None,
                 )
                 loadable.point_adapter_at(local, self.spec.base_model_name)
                 cost = self._cost()
@@ -1119,11 +1281,7 @@ class Trainer:
         """What this run really trained with (a CPU run is fp32 in one process or gloo DDP, whatever the
         spec's bf16 and FSDP defaults for GPUs): job.json and the model card say this."""
         assert self.group is not None
-        precision = (
-            "mixed"
-            if self.autocast
-            else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
-        )
+        precision = self.precision.name if self.precision is not None else "fp32"
         sharding = "none"
         if self.group.distributed:
             sharding = "fsdp" if self.fsdp else "ddp"
@@ -1225,6 +1383,11 @@ class Trainer:
         return out
 
     def close(self) -> None:
+        if self.saving is not None and self.saving.busy:  # a run ending early: its save still completes
+            try:
+                self.saving.wait()
+            except Exception as exc:  # noqa: BLE001 - the run's own end says what went wrong
+                print(f"note: the checkpoint being saved failed ({type(exc).__name__}: {exc})", flush=True)
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb.save_offline(self.spec.checkpoint.uri)  # offline runs outlive the instance
@@ -1232,16 +1395,6 @@ class Trainer:
             self.reporter.close()
         if self.group is not None:
             self.group.close()
-
-
-def _import_libraries() -> None:
-    """The training libraries imported now, where the run's time is counted as its start (imports)."""
-    import importlib
-
-    from runner.prewarm import PRELOAD
-
-    for name in PRELOAD:
-        importlib.import_module(name)
 
 
 # The reports that carry the job's phases so far: progress and every end (not started, warnings, results).
@@ -1257,6 +1410,16 @@ _WITH_PHASES = frozenset(
         EventKind.finished,
     }
 )
+
+
+def _import_libraries() -> None:
+    """The training libraries imported now, where the run's time is counted as its start (imports)."""
+    import importlib
+
+    from runner.prewarm import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def _not_set_up(examples: Any, epoch: int) -> Any:

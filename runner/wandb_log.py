@@ -58,6 +58,7 @@ class WandbLog:
         self.note: str | None = None  # said once in the job's thread: W&B unreachable, logging offline
         self.offline_dir: Path | None = None  # this run's offline folder (to keep with the checkpoints)
         self.init_seconds = 0.0
+        self._rows: list[tuple[int, dict[str, Any]]] = []  # logged, not yet sent (``flush``)
 
     def start(self, spec: JobSpec, run_id: str | None, config: dict[str, Any]) -> str | None:
         """Start or resume the W&B run; return its id (saved in checkpoints) or None when not logging."""
@@ -117,13 +118,24 @@ class WandbLog:
         return self.run_id
 
     def log(self, values: dict[str, Any], step: int) -> None:
+        """Kept until ``flush`` (the loop flushes at its reports): no W&B call per step in a loop whose steps
+        are bound by Python dispatch."""
         if self.run is not None:
+            self._rows.append((step, values))
+
+    def flush(self) -> None:
+        """Send the rows kept since the last flush, in step order (W&B drops a step older than its last)."""
+        rows, self._rows = sorted(self._rows, key=lambda r: r[0]), []
+        if self.run is None:
+            return
+        for step, values in rows:
             try:
                 self.run.log(values, step=step)
             except Exception:
                 pass
 
     def finish(self, exit_code: int = 0) -> None:
+        self.flush()
         if self.run is not None:
             try:
                 self.run.finish(exit_code=exit_code)

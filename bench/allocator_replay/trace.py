@@ -365,7 +365,7 @@ def trace_hf(request: dict, steps: int = 2, lengths: list[int] | None = None) ->
             if request.get("loss", "plain") != "plain":  # the runner's own loss (runner/loss.py)
                 from runner.loss import HeadLoss
 
-                head = HeadLoss(model, request["loss"], model.config, select=False)
+                head = HeadLoss(model, request["loss"], model.config)  # logits for every position
             for length in lengths or [request["seq_len"]] * steps:
                 ids = torch.zeros(request["batch_size"], length, dtype=torch.long, device="meta")
                 if head is not None:

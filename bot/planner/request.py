@@ -15,9 +15,12 @@ from runner.contract.spec import Defaults
 
 
 def runner_autocast(method: str, precision: str) -> bool:
-    """Whether the runner's forward runs under bf16 autocast (runner/model.uses_autocast on CUDA): fp32 master
-    weights of a mixed-precision full fine-tune only; its LoRA and QLoRA steps run without autocast."""
-    return method == "full" and precision == "mixed"
+    """Whether the runner's forward runs under bf16 autocast on CUDA (runner/model.precision_for): fp32 master
+    weights of a mixed-precision full fine-tune, and LoRA / QLoRA on their bf16 base (issue 37; they ran
+    without autocast before); not a pure-bf16 full fine-tune (nothing to cast) nor fp32."""
+    if method == "full":
+        return precision == "mixed"
+    return precision != "fp32"
 
 
 class EstimateRequest(BaseModel):
@@ -99,9 +102,12 @@ class EstimateRequest(BaseModel):
     fsdp_cpu_offload: bool = False
     activation_offload: bool = False  # checkpointed layer inputs offloaded to CPU
     # Forward under torch.autocast (the HF Trainer's bf16=True): fp32 adapters see bf16 copies. None: what the
-    # runner does (runner/model.uses_autocast: only a mixed-precision full fine-tune; LoRA/QLoRA run without).
+    # runner does (runner/model.precision_for: every method on CUDA but pure bf16 and fp32; runner_autocast).
     autocast: bool = Field(None)  # type: ignore[assignment]
-    qlora_upcast: bool = True  # peft.prepare_model_for_kbit_training casts non-4-bit params to fp32
+    # peft.prepare_model_for_kbit_training casts QLoRA's non-4-bit params (embeddings, norms, lm_head) to
+    # fp32: the Hugging Face path (published rows say so). None: what the runner does, which since issue 37
+    # keeps them bf16 (runner/model.load_model).
+    qlora_upcast: bool = Field(None)  # type: ignore[assignment]
     lora_dropout: float = Field(Defaults.lora_dropout, ge=0, lt=1)  # >0 keeps a dropout copy of each input
     # The loss upcasts the logits to fp32 (transformers' ForCausalLMLoss calls logits.float()); False for a
     # 16-bit loss (fp16 + DeepSpeed without autocast, model code that never upcasts its logits).
@@ -137,6 +143,8 @@ class EstimateRequest(BaseModel):
             self.__dict__["precision"] = "bf16"  # fp32 adapters on a 16-bit base: peft's mixed precision
         if self.autocast is None:
             self.__dict__["autocast"] = runner_autocast(self.method, self.precision)
+        if self.qlora_upcast is None:
+            self.__dict__["qlora_upcast"] = False  # the runner's QLoRA keeps its 16-bit weights 16-bit
         return self
 
     def for_method(self, method: str) -> EstimateRequest:

@@ -69,6 +69,7 @@ class DataPlan:
                 enabled=req.plateau, patience=req.plateau_patience, every_steps=req.eval_every
             ),
             plans=self._plans[key],
+            keep=req.keep,
         )
 
 

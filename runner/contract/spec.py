@@ -94,8 +94,13 @@ class Defaults:
     plateau_warmup = 0.10  # no decision in the first 10% of the steps
     hub_private = True
     # The loss: "chunked" (runner/loss.py: never the whole sequence's logits at once), "plain" (the model's
-    # logits upcast to fp32, as the Hugging Face Trainer does) or "liger" (Liger's fused kernel, CUDA).
+    # logits upcast to fp32, as the Hugging Face Trainer does) or "liger" (Liger's fused kernel, CUDA). The
+    # planner writes "plain" where the card holds the logits and "chunked" where memory needs it
+    # (bot/planner/batch_choice.py); with Liger's kernels running the loss is Liger's fused one either way.
     loss = "chunked"
+    # Liger's Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) on CUDA where liger-kernel
+    # installs (runner/kernels.py: a line in the job's log when they do not); "torch" never uses them.
+    kernels = "liger"
 
     @staticmethod
     def learning_rate_for(method: str) -> float:
@@ -279,6 +284,7 @@ class JobSpec(_Strict):
     gradient_checkpointing: bool = True
     attn: Literal["eager", "sdpa", "flash"] = "sdpa"
     loss: Literal["chunked", "plain", "liger"] = Defaults.loss  # type: ignore[assignment]
+    kernels: Literal["liger", "torch"] = Defaults.kernels  # type: ignore[assignment]
     gpus: int = Field(1, ge=0, le=1024)  # 0 = CPU
     # How several processes share the model: "fsdp" (weights, gradients and optimizer states sharded, what
     # the planner prices for every method on > 1 GPU), "ddp" (a full copy per process) or "auto" (= fsdp).

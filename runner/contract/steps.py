@@ -12,8 +12,11 @@ the runner will do. The rules, also in README ("How long a job runs") and docs/r
 - ``steps`` (max_steps), when given, is the number of optimizer steps trained, whatever ``epochs`` says: the
   data repeats as often as needed (or is cut short). Without it, steps = ceil(epochs x steps per epoch);
 - with an eval split the runner evaluates the base model once before the first step (the "before" of the
-  result), then every ``plateau.every_steps`` steps and once more at the end unless the last step was one of
-  those: 1 + ceil(steps / every) passes, each over the whole split on every process.
+  result) and once at the end (the "after"); in between every ``plateau.every_steps`` steps only when
+  something needs the curve (``eval_every``): the plateau stop (it watches the eval loss), the result kept
+  as the best step (keep=best, one process), or a cadence someone set (PlateauSpec.every_steps, a sweep's
+  stages). So 1 + ceil(steps / every) passes, or 2 when nothing needs them; each over the whole split on
+  every process.
 """
 
 from __future__ import annotations
@@ -41,6 +44,17 @@ def total_steps(per_epoch: int, epochs: float, max_steps: int | None) -> int:
 def evaluations(steps: int, every: int) -> int:
     """Eval passes in a run of ``steps``: at every multiple of ``every`` and at the end."""
     return -(-steps // max(every, 1))
+
+
+def eval_every(plateau: PlateauSpec, steps: int, *, keep: str | None, processes: int) -> int | None:
+    """How often a run with an eval split evaluates between the base model's pass and the final one: every
+    ``plateau.every_steps`` (resolved for ``steps``) when the plateau stop watches the eval loss, the result
+    is the best step (keep best, the default with an eval split, on one process) or the cadence was set;
+    None when nothing needs the curve (the eval passes are priced, so none is made for nothing)."""
+    keep_best = (keep or "best") == "best" and processes <= 1
+    if plateau.enabled or keep_best or plateau.every_steps is not None:
+        return plateau.resolved(steps).every_steps or 1
+    return None
 
 
 def plan_batches(
@@ -122,10 +136,15 @@ class RunLength:
             f"{what}, {self.steps_per_epoch:,} steps each); up to {self.tokens_per_step:,} tokens per "
             f"step, {self.epoch.real:,} tokens per epoch in {self.epoch.micro_batches:,} micro-batches"
         )
-        if self.eval_every:
+        if self.eval_every and self.eval_every < self.steps:
             line += (
                 f"; eval before training, every {self.eval_every} steps and at the end: {self.evaluations} "
                 f"passes of {self.eval_pass.real:,} tokens"
+            )
+        elif self.eval_every:
+            line += (
+                f"; eval before training and at the end: {self.evaluations} passes of "
+                f"{self.eval_pass.real:,} tokens"
             )
         return line
 
@@ -144,10 +163,13 @@ def run_length(
     max_steps: int | None,
     plateau: PlateauSpec | None = None,
     plans: tuple[Plan, Plan] | None = None,
+    keep: str | None = None,
 ) -> RunLength:
     """The length of a run over examples of these token lengths (after truncation / dropping). ``plans``: the
     train and eval batch plans already made for these lengths and settings (they do not depend on the number
-    of processes, so the planner makes them once for every GPU count it prices)."""
+    of processes, so the planner makes them once for every GPU count it prices). ``keep``: the result asked
+    for (JobSpec.keep; None: best with an eval split), which decides whether evals run between the first and
+    the last (``eval_every``)."""
     plan = (
         plans[0]
         if plans
@@ -166,7 +188,8 @@ def run_length(
     every = evals = 0
     eval_pass = Tokens()
     if eval_lengths:
-        every = (plateau or PlateauSpec()).resolved(steps).every_steps or 1
+        cadence = eval_every(plateau or PlateauSpec(), steps, keep=keep, processes=processes)
+        every = cadence or steps  # none between: the base model's pass and the one at the end
         evals = 1 + evaluations(steps, every)  # the base model's pass before the first step
         eval_plan = (
             plans[1]

@@ -20,10 +20,10 @@ _TENSORS = {
     "Batches": "runner.data.batching",
     "label_tokens_in": "runner.data.batching",
     "make_batches": "runner.data.batching",
-    "mask_dtype_for": "runner.data.batching",
+    "model_inputs": "runner.data.batching",
+    "segment_starts": "runner.data.batching",
     "tokens_in": "runner.data.batching",
-    "block_causal_mask": "runner.data.masks",
-    "cast_mask": "runner.data.masks",
+    "segment_ids": "runner.data.masks",
 }
 
 __all__ = [
@@ -34,12 +34,12 @@ __all__ = [
     "DatasetError",
     "Example",
     "PreparedData",
-    "block_causal_mask",
-    "cast_mask",
     "label_tokens_in",
     "make_batches",
-    "mask_dtype_for",
+    "model_inputs",
     "prepare",
+    "segment_ids",
+    "segment_starts",
     "tokens_in",
 ]
 

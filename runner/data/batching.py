@@ -1,14 +1,16 @@
 """Micro-batches of tensors from examples, deterministic for (seed, epoch) so a resume can skip by index.
 
 ``make_batches`` plans the whole epoch at once (ints only) and returns a ``Batches`` sequence that builds
-each batch's tensors when it is indexed, so a long epoch of packed rows with [b, 1, s, s] masks never
-sits in memory at once. Each batch is a ``Batch`` (a dict, so ``model(**batch)`` works) holding:
+each batch's tensors when it is indexed. Each batch is a ``Batch`` (a dict, so ``model(**batch)`` works)
+holding:
 
-- ``input_ids``, ``labels`` (IGNORE_INDEX on prompts and padding), ``position_ids`` ([b, s] long);
-- ``attention_mask``: without packing a [b, s] 0/1 padding mask; with packing and attn "eager"/"sdpa" a
-  [b, 1, s, s] additive block-diagonal causal mask (see masks.py); with packing and attn "flash" there is
-  NO attention_mask key: flash-attention's varlen path finds the example boundaries from position_ids
-  restarting at 0, and a 2D mask would make it treat the whole row as one sequence.
+- ``input_ids``, ``labels`` (IGNORE_INDEX on prompts and padding), ``position_ids`` ([b, s] long, restarting
+  at 0 for every example and for the padding after the last one);
+- ``attention_mask``: without packing a [b, s] 0/1 padding mask; with packing none at all - nothing s x s is
+  built on the host. What keeps packed examples apart is where they start: ``model_inputs`` turns the
+  position ids into FlashAttention's ``cu_seq_lens`` keywords for runner/attention.py's varlen kernel (and
+  flash_attention_2), and transformers' SDPA and eager paths derive their block mask from the restarting
+  position ids on the device.
 
 ``Batch.num_tokens`` counts the non-pad tokens (``tokens_in``), ``Batch.num_label_tokens`` the tokens
 that carry loss after the causal shift (for normalising the loss over gradient accumulation).
@@ -17,13 +19,13 @@ that carry loss after the causal shift (for normalising the loss over gradient a
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import overload
+from typing import Any, overload
 
 import torch
 
 from runner.contract.example import IGNORE_INDEX, Example
 from runner.contract.packing import Plan, epoch_rng, plan_packed, plan_unpacked
-from runner.data.masks import block_causal_mask, segment_ids
+from runner.data.masks import segment_ids
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash")
 
@@ -47,7 +49,6 @@ class Batches(Sequence[Batch]):
         packing: bool,
         attn: str,
         pad_id: int,
-        mask_dtype: torch.dtype,
     ) -> None:
         self._examples = examples
         self.plan = plan
@@ -55,7 +56,6 @@ class Batches(Sequence[Batch]):
         self.packing = packing
         self.attn = attn
         self.pad_id = pad_id
-        self.mask_dtype = mask_dtype
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -75,7 +75,6 @@ class Batches(Sequence[Batch]):
                 packing=self.packing,
                 attn=self.attn,
                 pad_id=self.pad_id,
-                mask_dtype=self.mask_dtype,
             )
         return self._build(self.plan[index])
 
@@ -109,19 +108,9 @@ class Batches(Sequence[Batch]):
         batch = Batch(input_ids=input_ids, labels=labels, position_ids=position_ids)
         if not self.packing:
             batch["attention_mask"] = (torch.stack(segments) == 0).long()
-        elif self.attn != "flash":
-            batch["attention_mask"] = block_causal_mask(torch.stack(segments), dtype=self.mask_dtype)
         batch.num_tokens = sum(sum(sizes) for sizes in lengths)
         batch.num_label_tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
         return batch
-
-
-def mask_dtype_for(attn: str) -> torch.dtype:
-    """The packed-row mask's dtype for an attention kernel. SDPA takes a boolean mask whatever the query's
-    dtype (a float mask must match the query, and a query is fp32 wherever fp32 LoRA adapters or QLoRA's
-    fp32 upcasts meet bf16 weights: a bf16 mask then fails on the GPU, as it did on an H200); eager attention
-    adds the mask to the scores, where an fp32 mask promotes any score dtype."""
-    return torch.bool if attn == "sdpa" else torch.float32
 
 
 def make_batches(
@@ -134,16 +123,12 @@ def make_batches(
     seed: int,
     epoch: int,
     pad_id: int = 0,
-    mask_dtype: torch.dtype = torch.float32,
 ) -> Batches:
     """Plan and return the micro-batches of one epoch (see the module docstring for their contents).
 
-    ``pad_id`` only fills padding (masked and ignored by the loss); ``mask_dtype``: ``mask_dtype_for(attn)``.
-    """
+    ``pad_id`` only fills padding (masked and ignored by the loss)."""
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn must be one of {ATTN_IMPLEMENTATIONS}, not {attn!r}")
-    if mask_dtype == torch.bool and attn == "eager":
-        raise ValueError("eager attention adds the mask to the scores: use a float mask_dtype, not bool")
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError("seq_len and micro_batch_size must be positive")
     lengths = [min(len(e), seq_len) for e in examples]
@@ -152,9 +137,44 @@ def make_batches(
         plan = plan_packed(lengths, seq_len=seq_len, micro_batch_size=micro_batch_size, rng=rng)
     else:
         plan = plan_unpacked(lengths, micro_batch_size=micro_batch_size, rng=rng)
-    return Batches(
-        examples, plan, seq_len=seq_len, packing=packing, attn=attn, pad_id=pad_id, mask_dtype=mask_dtype
-    )
+    return Batches(examples, plan, seq_len=seq_len, packing=packing, attn=attn, pad_id=pad_id)
+
+
+def segment_starts(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(cu_seq_lens, longest segment) of [b, s] position ids over the flattened rows, computed on the host:
+    a segment starts wherever the position restarts at 0 (every row, every packed example, the padding)."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().flatten()
+    cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    return cu, longest
+
+
+def model_inputs(
+    batch: dict[str, torch.Tensor], device: torch.device | str
+) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """(the model's keyword arguments, labels, loss index) of a host batch, on ``device``.
+
+    Everything the device needs to know is worked out here, on the host, so the forward and the loss never
+    wait for the device to tell the host a size: the segments' bounds for the varlen kernels
+    (``cu_seq_lens_q/k`` and ``max_length_q/k``, FlashAttention's keyword names, which transformers passes to
+    every attention layer; SDPA and eager ignore them) and the flattened [b, s - 1] positions whose next token
+    carries loss (runner/loss.py picks the hidden states there with a fixed-size ``index_select`` instead of
+    a boolean mask, which would sync)."""
+    device = torch.device(device)
+    pinned = device.type == "cuda"
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return (t.pin_memory() if pinned else t).to(device, non_blocking=pinned)
+
+    labels = batch["labels"]
+    index = (labels[:, 1:] != IGNORE_INDEX).reshape(-1).nonzero().flatten()
+    inputs: dict[str, Any] = {k: move(v) for k, v in batch.items() if k != "labels"}
+    if "position_ids" in batch:
+        cu, longest = segment_starts(batch["position_ids"])
+        cu = move(cu)
+        inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    return inputs, move(labels), move(index)
 
 
 def tokens_in(batches: Batch | Iterable[dict[str, torch.Tensor]]) -> int:

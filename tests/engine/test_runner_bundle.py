@@ -107,6 +107,7 @@ def test_the_wheel_requires_what_the_runner_imports_and_the_constraints_pin_the_
     optional = {
         "torch",
         "liger_kernel",
+        "flash_attn",
         "pynvml",
     }  # the image's own torch; kernels and NVML used where present
     missing = {m for m in _third_party_imports() - optional if m.replace("_", "-").lower() not in required}

@@ -34,10 +34,14 @@ class Row:
         self.request.setdefault("expandable_segments", False)
         # The Hugging Face Trainer and TRL with bf16=True (the QLoRA paper's qlora.py, PEFT's FSDP+QLoRA docs,
         # Unsloth's notebooks; PEFT's MetaMathQA benchmark priced the same way) compute under torch.autocast;
-        # torchtune and fp32 runs do not. tunebot's runner does not autocast LoRA/QLoRA, which is the
-        # request's own default (bot/planner/request.runner_autocast), so the published rows say theirs.
+        # torchtune and fp32 runs do not; the rows say theirs (tunebot's own rows measured 9a0c9c1's runner,
+        # which did not autocast LoRA/QLoRA: they say autocast=False).
         if self.request.get("stack", "hf") != "torchtune" and self.request.get("precision") != "fp32":
             self.request.setdefault("autocast", True)
+        # Every published QLoRA run on one GPU upcast the non-4-bit weights with peft's
+        # prepare_model_for_kbit_training (tunebot's runner too, until issue 37), the request's default then.
+        if self.request.get("method") == "qlora" and self.request.get("gpus", 1) == 1:
+            self.request.setdefault("qlora_upcast", True)
 
 
 # torchtune README: batch 2, packed to 2048, torch.compile, activation checkpointing, chunked CE

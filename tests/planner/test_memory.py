@@ -43,8 +43,9 @@ def test_dequant_path_follows_the_stack(stack: str, compile: bool, path: str) ->
 
 
 def test_the_default_request_prices_the_runners_autocast() -> None:
-    """The runner autocasts only a mixed-precision full fine-tune (runner/model.uses_autocast); LoRA's fp32
-    adapters then read fp32 copies of their bf16 inputs, which the estimate must count (not bf16 ones)."""
+    """The runner autocasts on CUDA as runner/model.uses_autocast says (every method since issue 37: LoRA's
+    fp32 adapters then read their bf16 inputs as they are); without autocast (9a0c9c1's runner) they read
+    fp32 copies, which the estimate counts when asked to."""
     from types import SimpleNamespace
 
     torch = pytest.importorskip("torch")
@@ -57,10 +58,11 @@ def test_the_default_request_prices_the_runners_autocast() -> None:
         spec = SimpleNamespace(method=Method(method), resolved_precision=Defaults.precision_for(method))
         assert req.autocast is uses_autocast(spec, torch.device("cuda"))  # type: ignore[arg-type]
     lora = EstimateRequest(model="meta-llama/Llama-3.1-8B", method="lora", gradient_checkpointing=False)
-    trainer = lora.model_copy(update={"autocast": True})
+    assert lora.autocast and not lora.qlora_upcast
+    without = lora.model_copy(update={"autocast": False})
     assert (
-        estimate_memory(arch, lora).breakdown["activations"]
-        > estimate_memory(arch, trainer).breakdown["activations"]
+        estimate_memory(arch, without).breakdown["activations"]
+        > estimate_memory(arch, lora).breakdown["activations"]
     )
 
 

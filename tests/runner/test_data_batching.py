@@ -1,4 +1,5 @@
-"""make_batches(): deterministic per (seed, epoch), padding ignored, packing without cross-contamination."""
+"""make_batches(): deterministic per (seed, epoch), padding ignored, packing without cross-contamination and
+without a [b, 1, s, s] mask built on the host (issue 37)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 import pytest
 import torch
 
-from runner.data import IGNORE_INDEX, Batch, Example, cast_mask, label_tokens_in, make_batches, tokens_in
+from runner.data import IGNORE_INDEX, Batch, Example, label_tokens_in, make_batches, model_inputs, tokens_in
 
 
 def example(length: int, start: int = 10, line: int = 1, prompt: int = 0) -> Example:
@@ -69,7 +70,14 @@ def test_packing_fills_rows_and_restarts_positions():
     assert tokens_in(packed) == tokens_in(plain) == sum(len(e) for e in examples)
     for batch in packed:
         b, s = batch["input_ids"].shape
-        assert batch["attention_mask"].shape == (b, 1, s, s)
+        # nothing s x s: the batch and what the model is handed are [b, s] tensors and the segments' bounds
+        assert "attention_mask" not in batch and all(t.dim() <= 2 for t in batch.values())
+        inputs, _, _ = model_inputs(batch, "cpu")
+        assert all(v.numel() <= b * s + 1 for v in inputs.values() if isinstance(v, torch.Tensor))
+        cu = inputs["cu_seq_lens_q"].tolist()
+        flat = batch["position_ids"].reshape(-1).tolist()
+        assert cu == [i for i, p in enumerate(flat) if p == 0] + [b * s]
+        assert inputs["max_length_q"] == max(y - x for x, y in zip(cu, cu[1:], strict=False))
         for row in range(b):
             positions = batch["position_ids"][row].tolist()
             starts = [i for i, p in enumerate(positions) if p == 0]
@@ -79,12 +87,16 @@ def test_packing_fills_rows_and_restarts_positions():
             assert all(batch["labels"][row, st] == IGNORE_INDEX for st in starts)
 
 
-def test_flash_packing_has_no_2d_mask_so_varlen_sees_boundaries():
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flash"])
+def test_packed_rows_carry_no_mask_so_varlen_sees_boundaries(attn):
     (batch,) = make_batches(
-        [example(5), example(6)], seq_len=16, micro_batch_size=1, packing=True, attn="flash", seed=0, epoch=0
+        [example(5), example(6)], seq_len=16, micro_batch_size=1, packing=True, attn=attn, seed=0, epoch=0
     )
     assert "attention_mask" not in batch
     assert batch["position_ids"][0].tolist()[:11] in ([*range(5), *range(6)], [*range(6), *range(5)])
+    inputs, _, index = model_inputs(batch, "cpu")
+    assert inputs["cu_seq_lens_q"].tolist() in ([0, 5, 11], [0, 6, 11])
+    assert index.tolist() == [i for i, v in enumerate(batch["labels"][0, 1:].tolist()) if v != IGNORE_INDEX]
 
 
 def test_rejects_unknown_attention():
@@ -100,15 +112,26 @@ def _logits_alone(model, ex: Example) -> torch.Tensor:
         return model(input_ids=ids).logits[0]
 
 
-@pytest.mark.parametrize(
-    ("attn", "mask_dtype"),
-    [("eager", torch.float32), ("sdpa", torch.float32), ("sdpa", torch.bool), ("flash", torch.float32)],
-)
-def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn, mask_dtype):
+def _varlen_model(data_tiny_llama):
+    """The tiny model with runner/attention.py's varlen attention, as the runner loads it on CUDA (on the CPU
+    its per-segment SDPA runs the segments the batch's cu_seq_lens name)."""
+    from runner import attention
+
+    model = data_tiny_llama("sdpa")
+    model.config._attn_implementation = attention.register()
+    return model
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa", "varlen", "flash"])
+def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn):
     """Logits and per-token loss of each packed example equal those of the example run alone."""
-    # "flash" batches carry only position_ids; on CPU, transformers' sdpa path detects packed sequences from
-    # restarting position_ids the same way flash-attention's varlen path does.
-    model = data_tiny_llama("sdpa" if attn == "flash" else attn)
+    # "flash" batches are the same; on CPU, transformers' sdpa path detects packed sequences from restarting
+    # position_ids the same way flash-attention's varlen path does. "varlen": runner/attention.py.
+    model = (
+        _varlen_model(data_tiny_llama)
+        if attn == "varlen"
+        else data_tiny_llama("sdpa" if attn == "flash" else attn)
+    )
     a = example(11, start=20, prompt=3)
     b = example(7, start=120, prompt=2)
     c = example(9, start=200, prompt=1)
@@ -117,15 +140,15 @@ def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn, mask_dtype
         seq_len=32,
         micro_batch_size=1,
         packing=True,
-        attn=attn,
+        attn="sdpa" if attn == "varlen" else attn,
         seed=3,
         epoch=0,
-        mask_dtype=mask_dtype,
     )
     assert batch["input_ids"].shape[0] == 1  # all three share one row
+    inputs, _, _ = model_inputs(batch, "cpu")
     with torch.no_grad():
         # use_cache=False as in training: transformers only looks for packed position_ids without a cache
-        packed = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0]
+        packed = model(**inputs, use_cache=False).logits[0]
     row_ids = batch["input_ids"][0].tolist()
     positions = batch["position_ids"][0].tolist()
     starts = [i for i, p in enumerate(positions) if p == 0]
@@ -143,6 +166,32 @@ def test_packed_examples_do_not_see_each_other(data_tiny_llama, attn, mask_dtype
         torch.testing.assert_close(loss_packed, loss_alone, rtol=1e-4, atol=1e-4)
         seen += 1
     assert seen == 3
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
+def test_the_runners_loss_on_packed_rows_is_the_rows_run_separately(data_tiny_llama, attn):
+    """The training loss (runner/loss.py over model_inputs, two rows of several examples each) equals the sum
+    of every example's loss run alone: nothing leaks across packed examples or rows."""
+    from runner.loss import HeadLoss
+
+    model = _varlen_model(data_tiny_llama) if attn == "varlen" else data_tiny_llama("sdpa")
+    examples = [example(n, start=10 + 37 * i, prompt=2) for i, n in enumerate([11, 7, 9, 5, 12, 6])]
+    (batch,) = make_batches(
+        examples, seq_len=26, micro_batch_size=4, packing=True, attn="sdpa", seed=1, epoch=0
+    )
+    assert batch["input_ids"].shape[0] >= 2 and "attention_mask" not in batch
+    head = HeadLoss(model, "chunked", model.config, chunk=5)
+    with torch.no_grad():
+        inputs, labels, index = model_inputs(batch, "cpu")
+        packed = float(head(model, inputs, labels, index))
+        alone = 0.0
+        for ex in examples:
+            (one,) = make_batches(
+                [ex], seq_len=26, micro_batch_size=1, packing=True, attn="sdpa", seed=1, epoch=0
+            )
+            alone += float(head(model, *model_inputs(one, "cpu")))
+    assert packed == pytest.approx(alone, rel=1e-5)
+    assert packed > 0
 
 
 def test_packing_without_the_block_mask_would_leak(data_tiny_llama):
@@ -164,31 +213,6 @@ def test_packing_without_the_block_mask_would_leak(data_tiny_llama):
     assert not torch.allclose(leaky[18 - len(second) :], alone, atol=1e-3)
 
 
-def test_cast_mask_keeps_blocked_positions_blocked():
-    (batch,) = make_batches(
-        [example(3), example(4)], seq_len=8, micro_batch_size=1, packing=True, attn="eager", seed=0, epoch=0
-    )
-    mask = batch["attention_mask"]
-    half = cast_mask(mask, torch.bfloat16)
-    assert half.dtype == torch.bfloat16
-    assert torch.equal(half < 0, mask < 0)
-    assert torch.isfinite(half).all()
-
-
-def test_bool_masks_are_for_sdpa_only():
-    with pytest.raises(ValueError, match="eager attention adds the mask"):
-        make_batches(
-            [example(5)],
-            seq_len=8,
-            micro_batch_size=1,
-            packing=True,
-            attn="eager",
-            seed=0,
-            epoch=0,
-            mask_dtype=torch.bool,
-        )
-
-
 def test_strided_slices_split_an_epoch_between_ranks():
     batches = make_batches(
         skewed(40), seq_len=48, micro_batch_size=2, packing=True, attn="sdpa", seed=1, epoch=0
@@ -202,26 +226,15 @@ def test_strided_slices_split_an_epoch_between_ranks():
     assert tokens_in(ranks[0]) + tokens_in(ranks[1]) == tokens_in(batches)
 
 
-def test_packed_mask_works_whatever_dtype_the_query_has(data_tiny_llama):
-    """The mask the runner builds for SDPA fits a query in any dtype. On an H200 the runner built a bf16 mask
-    (its compute dtype) while QLoRA (fp32 upcasts by prepare_model_for_kbit_training) and a mixed-precision
-    full fine-tune (fp32 master weights) computed fp32 queries: SDPA refused the first step, so both methods
-    failed at step 0 on every GPU."""
-    from runner.data import mask_dtype_for
-
+def test_packed_rows_work_whatever_dtype_the_query_has(data_tiny_llama):
+    """No mask travels with a packed batch, so none can have the wrong dtype: on an H200 the runner's bf16
+    mask met the fp32 queries of QLoRA's upcast layers and SDPA refused the first step. fp32 and bf16 models
+    train on the same batch."""
     batch_args = dict(seq_len=32, micro_batch_size=1, packing=True, attn="sdpa", seed=3, epoch=0)
     examples = [example(11, start=20, prompt=3), example(7, start=120, prompt=2)]
-
-    def loss_of(model: object, mask_dtype: torch.dtype) -> torch.Tensor:
-        (batch,) = make_batches(examples, **batch_args, mask_dtype=mask_dtype)
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return model(**inputs, labels=batch["labels"], use_cache=False).loss
-
-    fp32_model = data_tiny_llama("sdpa")  # fp32 hidden states, as QLoRA's upcast layers produce
-    with pytest.raises(RuntimeError, match="attn_mask dtype"):
-        loss_of(fp32_model, torch.bfloat16)  # what the runner passed on a GPU (its compute dtype)
-    for model in (fp32_model, data_tiny_llama("sdpa").to(torch.bfloat16)):
-        loss = loss_of(model, mask_dtype_for("sdpa"))
+    (batch,) = make_batches(examples, **batch_args)
+    for model in (data_tiny_llama("sdpa"), data_tiny_llama("sdpa").to(torch.bfloat16)):
+        inputs, labels, _ = model_inputs(batch, "cpu")
+        loss = model(**inputs, labels=labels, use_cache=False).loss
         loss.backward()
         assert torch.isfinite(loss)
-    assert mask_dtype_for("sdpa") is torch.bool and mask_dtype_for("eager") is torch.float32

@@ -107,7 +107,88 @@ def test_the_head_loss_trains_the_model_exactly_as_the_plain_loss(method: str) -
 def test_the_start_check_catches_a_head_the_loss_does_not_know() -> None:
     model = _tiny_llama()
     inputs, labels = _batch()
+    batch = {**inputs, "labels": labels}
     head = HeadLoss(model, "chunked", model.config)
-    assert check_against_plain(head, model, inputs, labels) is None
+    assert check_against_plain(head, model, batch, "cpu") is None
     head.scale = 300.0  # as if transformers scaled the logits in a way the chunked loss did not apply
-    assert "differs" in (check_against_plain(head, model, inputs, labels) or "")
+    assert "differs" in (check_against_plain(head, model, batch, "cpu") or "")
+
+
+# Ops whose output size depends on the data: on a GPU each one makes the host wait for the device (the host
+# must learn the size before it can go on), and aten._local_scalar_dense is every read of a value (.item(),
+# float(), int(), bool() of a tensor).
+SYNCING_OPS = ("nonzero", "masked_select", "_local_scalar_dense", "unique", "_unique2")
+
+
+def _boolean_index(args: tuple) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+class _SyncCounter:
+    """Every op dispatched while active; ``syncs``: those that wait for the device on a GPU."""
+
+    def __enter__(self) -> _SyncCounter:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.ops = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                name = func.overloadpacket.__name__
+                if name in ("index", "index_put", "index_put_") and _boolean_index(args):
+                    name = "masked_select"  # a boolean mask as an index: nonzero inside the kernel
+                seen.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
+
+    @property
+    def syncs(self) -> list[str]:
+        return [op for op in self.ops if any(op == s or op.startswith(s + "_") for s in SYNCING_OPS)]
+
+
+@pytest.mark.parametrize("kind", ["chunked", "plain"])
+def test_the_loss_forward_and_backward_never_wait_for_the_device(kind: str) -> None:
+    """Issue 37: ``hidden[:, :-1][keep]`` (a boolean mask: nonzero, then a copy of its size to the host)
+    synced the GPU with the host in the middle of every forward. With the positions that carry loss worked out
+    on the host (runner/data/batching.model_inputs), no op of the loss's forward and backward has a
+    data-dependent size, and the value equals the plain loss over the same label tokens."""
+    from runner import attention
+    from runner.data import Example, make_batches, model_inputs
+
+    model = _tiny_llama()
+    # as the runner runs it on CUDA: packed rows through runner/attention.py (no mask for transformers to
+    # build and check), the batch's sizes worked out on the host
+    model.config._attn_implementation = attention.register()
+    gen = torch.Generator().manual_seed(3)
+    examples = []
+    for i, n in enumerate([30, 17, 41, 25, 9]):
+        ids = torch.randint(0, 400, (n,), generator=gen).tolist()
+        examples.append(Example(input_ids=ids, labels=[-100] * 6 + ids[6:], source_line=i))
+    (batch,) = make_batches(
+        examples, seq_len=64, micro_batch_size=2, packing=True, attn="sdpa", seed=0, epoch=0
+    )
+    model_kwargs, labels, index = model_inputs(batch, "cpu")
+    head = HeadLoss(model, kind, model.config, chunk=17)
+    with _SyncCounter() as counted:
+        loss = head(model, model_kwargs, labels, index)
+        loss.backward()
+    assert counted.ops and counted.syncs == []
+    with torch.no_grad():
+        expected = plain_loss(model(**model_kwargs).logits, labels)
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-5)
+    assert index.numel() == batch.num_label_tokens < labels[:, 1:].numel()
+
+
+def test_the_counter_sees_the_boolean_mask_that_synced() -> None:
+    """Control: the selection the loss used to make is counted."""
+    h, _, labels = _problem()
+    with _SyncCounter() as counted:
+        h[:, :-1][labels[:, 1:] != -100].sum()
+    assert "masked_select" in counted.syncs
