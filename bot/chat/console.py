@@ -27,6 +27,7 @@ from bot.chat.weekly import weekly_reply
 from bot.engine.api import EngineAPI, WeeklyReport
 from bot.engine.events import EngineEvent
 from bot.engine.permissions import OPERATOR
+from bot.engine.record.jobstate import FINAL
 
 log = logging.getLogger(__name__)
 CONSOLE_USER = OPERATOR  # the console's person runs the bot: the operator, an admin of this machine
@@ -163,6 +164,142 @@ class ConsoleNotifier:
             render(summary_reply(event, self.engine), self.console)
         elif kind == K.weekly_report:
             render(weekly_reply(WeeklyReport.model_validate(event.data.get("report") or {})), self.console)
+
+
+# The events by which this process announces a change of a job's state (ElsewhereWatcher tells the others').
+ANNOUNCED = MILESTONES | {K.job_created, K.approval_needed, K.resumed}
+MAX_ENDED = 10_000  # ended jobs remembered (a resume of one is told as a resume)
+
+
+class ElsewhereWatcher:
+    """What other processes did to the jobs (a CLI launch, its start, an approval, a stop, a resume; an end a
+    `launch --wait` saw), told where this process tells its own (`tunebot serve`'s log): their events never
+    reach this process's bus, their states do reach the store. Every ``every_s`` the jobs' states are read
+    back; a change this process did not announce on its own bus within ``settle_s`` of being seen is told
+    once, as "by another process"."""
+
+    def __init__(
+        self,
+        engine: EngineAPI,
+        console: Console,
+        *,
+        every_s: float = 5.0,
+        settle_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.console = console
+        self.every_s = every_s
+        self.settle_s = settle_s
+        self.clock = clock
+        self._known: dict[str, str] | None = None  # active job id -> the state last told (None: not read yet)
+        self._ended: dict[str, str] = {}  # job id -> the final state told (a resume makes it active again)
+        self._seen: dict[str, tuple[str, float]] = {}  # job id -> a state not told yet, and since when
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, bus: Any) -> ElsewhereWatcher:
+        bus.subscribe(self.on_event)
+        return self
+
+    def on_event(self, event: EngineEvent) -> None:
+        """This process announced a change of the job: its state now is told already."""
+        if not event.job_id or event.kind not in ANNOUNCED:
+            return
+        try:
+            state = str(self.engine.get_job(event.job_id).state)
+        except Exception:  # noqa: BLE001 - telling never fails the engine
+            return
+        with self._lock:
+            if self._known is not None:
+                self._known[event.job_id] = state
+                self._ended.pop(event.job_id, None)
+            self._seen.pop(event.job_id, None)
+
+    def poll(self) -> list[str]:
+        """Read the jobs' states once; tell (and return) the changes made elsewhere that have settled."""
+        now = self.clock()
+        views = {v.job_id: v for v in self.engine.list_jobs(active_only=True)}
+        with self._lock:
+            if self._known is None:  # the first read: what was there before this process is not news
+                self._known = {job_id: str(v.state) for job_id, v in views.items()}
+                return []
+            ended = [job_id for job_id in self._known if job_id not in views]
+        for job_id in ended:  # no longer active: ended (or stopped) by whichever process saw it
+            try:
+                views[job_id] = self.engine.get_job(job_id)
+            except Exception:  # noqa: BLE001
+                continue
+        told: list[tuple[str | None, Any]] = []
+        with self._lock:
+            known = self._known
+            for job_id, view in views.items():
+                state = str(view.state)
+                if job_id not in known and job_id in self._ended:
+                    known[job_id] = self._ended.pop(job_id)  # ended before, active again: a resume
+                if known.get(job_id) == state:
+                    self._seen.pop(job_id, None)
+                    continue
+                since = self._seen.get(job_id)
+                if since is None or since[0] != state:
+                    self._seen[job_id] = (state, now)  # told once it has settled: this process may say it
+                    continue
+                if now - since[1] >= self.settle_s:
+                    told.append((known.get(job_id), view))
+                    known[job_id] = state
+                    self._seen.pop(job_id, None)
+            for job_id in [j for j, s in known.items() if s in FINAL]:
+                self._ended[job_id] = known.pop(job_id)  # ended and told: no longer read every time
+            while len(self._ended) > MAX_ENDED:
+                self._ended.pop(next(iter(self._ended)))
+        lines = [self._line(before, view) for before, view in told]
+        for (_, view), line in zip(told, lines, strict=True):
+            self.console.print(f"[dim]\\[{view.job_id}][/dim] " + markup(line), highlight=False)
+        return lines
+
+    @staticmethod
+    def _line(before: str | None, view: Any) -> str:
+        state = str(view.state)
+        if before is None:
+            what = "waits for approval" if state == "pending_approval" else "launched"
+        elif before in ("stopped", "failed") and state not in FINAL:
+            what = "resumed"
+        elif before == "pending_approval" and state not in FINAL:
+            what = "approved"
+        elif state == "running" and before in ("approved", "launching"):
+            what = "started"
+        elif state in FINAL:
+            what = "ended"
+        else:
+            what = f"{before} -> {state}"
+        running = state == "running" and view.provider
+        where = f" on {view.provider} {view.gpu or ''} x{view.gpu_count or 1}" if running else ""
+        price = f" at {cards.money(view.price_per_hour)}/h" if running and view.price_per_hour else ""
+        steps = f"step {view.step}" + (f"/{view.max_steps}" if view.max_steps else "")
+        return (
+            f":arrow_forward: Job {view.job_id} of {view.owner} {what} by another process{where}{price}: "
+            f"{state} · {steps} · {cards.money(view.spend)}"
+        )
+
+    def start(self) -> ElsewhereWatcher:
+        self._thread = threading.Thread(target=self._run, name="elsewhere-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - keep watching; the next read may succeed
+                log.exception("reading the jobs' states failed")
+            if self._stop.wait(self.every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
 
 
 class _LogLines(io.TextIOBase):

@@ -240,10 +240,12 @@ def _serve(
     if slack:
         bolt, secret = _slack(settings, engine, chat, socket_mode, stops)
     else:
-        from bot.chat.console import log_notifier
+        from bot.chat.console import ElsewhereWatcher, log_notifier
 
         log.info(NO_SLACK.format(where=f"{host}:{port}"))
-        log_notifier(engine).attach(engine.bus)  # a job's milestones, progress, summaries: to this log
+        notes = log_notifier(engine).attach(engine.bus)  # milestones, progress, summaries: to this log
+        # and what other processes do (a CLI launch, start, resume): their events never reach this bus
+        stops.append(ElsewhereWatcher(engine, notes.console).attach(engine.bus).start().stop)
         bolt, secret = None, None
     web = create_app(
         bolt_app=None if socket_mode else bolt,
