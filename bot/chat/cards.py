@@ -486,6 +486,8 @@ def job_card(job: JobView, *, with_buttons: bool = True, with_samples: bool = Fa
     emoji = STATE_EMOJI.get(job.state, "")
     reply.add(Text(f"{emoji} *{esc(job.state)}* · owner {mention(job.owner)}".strip()))
     reply.add(Fields(job_fields(job)))
+    if job.pace is not None:  # slower than quoted: said before its cap cuts it (issue 36)
+        reply.add(Context([f":warning: {esc(job.pace.line)}"]))
     if job.message:
         reply.add(Context([esc(job.message)]))
     hints = result_hints(job)
@@ -614,6 +616,8 @@ def _state(job: JobView) -> str:
 def _job_notes(job: JobView) -> list[str]:
     """A job's message and output location, each naming the job (they sit under the table)."""
     notes = [f"`{esc(job.job_id)}` {esc(job.message)}"] if job.message else []
+    if job.pace is not None:
+        notes.append(f"`{esc(job.job_id)}` :warning: {esc(job.pace.line)}")
     if job.output_uri:
         notes.append(f"`{esc(job.job_id)}` output: `{esc(job.output_uri)}`")
     elif job.checkpoint_uri and resumable(job.state, job.stop_reason):

@@ -27,6 +27,17 @@ class PermissionDenied(EngineError):
     """The acting user may not do this."""
 
 
+class PaceView(BaseModel):
+    """A running job against its quote (bot/engine/pace.py), while it runs well over its quoted time or
+    past its cap: how much slower, what it costs at this pace, where the cap stops it, and what to do."""
+
+    slower: float  # projected hours / quoted hours
+    cost: float  # the spend at the end at this pace
+    hours: float
+    cap_step: int | None = None  # where the cap stops it at this pace; None: it finishes within its cap
+    line: str  # "running 2.4x slower than quoted: at this pace $X and Y h; the cap stops it near step Z ..."
+
+
 class JobView(BaseModel):
     job_id: str
     owner: str
@@ -63,6 +74,7 @@ class JobView(BaseModel):
     # why, the side-by-side answers. None: not finished, or nothing measured.
     results: RunResults | None = None
     sweep_id: str | None = None  # the sweep this job is one configuration of
+    pace: PaceView | None = None  # a running job well over its quoted time or past its cap (issue 36)
 
 
 class CompareRun(BaseModel):

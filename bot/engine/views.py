@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bot.engine.api import JobView
+from bot.engine.api import JobView, PaceView
+from bot.engine.pace import pace
 from runner.contract.spec import RunResults
 from store.models import Job
 
@@ -17,6 +18,7 @@ def job_view(
     job: Job, *, spend: float | None = None, losses: list[tuple[int, float]] | None = None
 ) -> JobView:
     req = job.request or {}
+    spent = job.spend if spend is None else spend
     return JobView(
         job_id=job.id,
         owner=job.owner,
@@ -31,7 +33,7 @@ def job_view(
         price_per_hour=job.price_per_hour,
         estimated_cost=job.estimated_cost,
         max_cost=job.max_cost,
-        spend=round(job.spend if spend is None else spend, 6),
+        spend=round(spent, 6),
         step=job.last_step,
         max_steps=job.max_steps,
         loss=job.last_loss,
@@ -48,7 +50,27 @@ def job_view(
         losses=losses or [],
         results=_results(job.results),
         sweep_id=job.sweep_id,
+        pace=_pace(job, spent),
     )
+
+
+def _pace(job: Job, spent: float) -> PaceView | None:
+    """A running job's pace against its quote, when it is worth saying (bot/engine/pace.py)."""
+    if job.state != "running" or job.stop_requested_at is not None:
+        return None
+    p = pace(
+        step=job.last_step,
+        max_steps=job.max_steps,
+        spent=spent,
+        price_per_hour=job.price_per_hour,
+        quoted_hours=job.estimated_hours,
+        eta_seconds=job.eta_seconds,
+        max_cost=job.max_cost,
+    )
+    if p is None or not p.slow:
+        return None
+    line = p.line(job.id)
+    return PaceView(slower=round(p.slower, 3), cost=p.cost, hours=p.hours, cap_step=p.cap_step, line=line)
 
 
 def _results(data: object) -> RunResults | None:

@@ -22,10 +22,11 @@ from bot.engine.context import EngineContext
 from bot.engine.control import jobs
 from bot.engine.launching.launch import launch_job, reclaim_stale
 from bot.engine.outcome import finish as finish_mod
+from bot.engine.pace import cap_due
 from bot.engine.record import states as S
 from bot.engine.record.spend import cost, ended_spend
 from bot.engine.record.states import JobState
-from bot.engine.watching import observe, progress, startup
+from bot.engine.watching import observe, progress, slow, startup
 from bot.engine.watching.recovery import mark_preempted, relaunch
 from runner.contract.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
@@ -41,6 +42,7 @@ OUTCOME_STATE = {
     "budget": (JobState.STOPPED, "budget"),  # the runner stopped itself at the job's spend cap
 }
 ENDED = ("exited", "preempted", "gone")  # verdicts after which the instance no longer trains
+TICK_EVERY_S = 10.0  # the scheduler's tick at most this far apart (bot/scheduler.py default_tasks)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class SupervisionLimits:
     stop_grace_s: float
     idle_stop_s: float
     heartbeat_timeout_s: float
-    cap_horizon_s: float  # the projected spend looks this far ahead (one reconcile period)
+    cap_horizon_s: float  # the soonest the bot looks again (its tick): the cap's stop is due this far ahead
 
     @classmethod
     def of(cls, ctx: EngineContext) -> SupervisionLimits:
@@ -59,7 +61,7 @@ class SupervisionLimits:
             stop_grace_s=ctx.limits.stop_grace_s,
             idle_stop_s=st.idle_stop_minutes * 60,
             heartbeat_timeout_s=st.heartbeat_timeout_s,
-            cap_horizon_s=st.reconcile_every_s,
+            cap_horizon_s=min(st.reconcile_every_s, TICK_EVERY_S),
         )
 
 
@@ -83,6 +85,12 @@ class JobFacts(NamedTuple):
     checkpoint_uri: str | None = None  # where the runner writes its progress object (progress.pull_many)
     progress_window: str | None = None  # the last read of it recorded (progress.py)
     run_id: str | None = None  # the current run, whose key signs its events
+    # Its pace against its quote (engine/watching/slow.py): progress, the runner's time left, the quote.
+    last_step: int = 0
+    max_steps: int | None = None
+    eta_seconds: float | None = None
+    estimated_hours: float | None = None
+    price_per_hour: float | None = None
 
 
 class Observation(NamedTuple):
@@ -237,11 +245,10 @@ def _instance_silent(job: JobFacts, obs: Observation, now: float, limits: Superv
 
 
 def _spend_reaches_cap(job: JobFacts, obs: Observation, limits: SupervisionLimits) -> Action | None:
-    """Stop before the projected spend (one reconcile period ahead) passes the job's cap."""
-    if job.max_cost:
-        projected = obs.spent + obs.burn_per_hour * limits.cap_horizon_s / 3600.0
-        if projected >= job.max_cost:
-            return Action(Do.stop, reason="budget")
+    """Stop at the job's cap: its spend reached it, or will have by the bot's next look (bot/engine/pace.py
+    cap_due: the low end of the projection, never a reconcile period ahead)."""
+    if job.max_cost and cap_due(obs.spent, obs.burn_per_hour, job.max_cost, limits.cap_horizon_s):
+        return Action(Do.stop, reason="budget")
     return None
 
 
@@ -268,7 +275,7 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
         if mark_preempted(ctx, job.id, row, why=action.reason or "preempted", gone=action.gone):
             relaunch(ctx, job.id)
     elif action.do is Do.stop:
-        log.info("job %s: projected spend reaches its cap; stopping", job.id)
+        log.info("job %s: its spend reaches its cap; stopping", job.id)
         jobs.request_stop(ctx, job.id, reason=action.reason or "budget", actor="engine")
     elif action.do is Do.grow:
         from bot.engine.watching.grow import grow
@@ -355,6 +362,7 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
         burn = row.price_per_hour + (sum(r.price_per_hour for r in older) if older else 0.0)
         obs = Observation(verdict, code, row.launched_at, spent.get(job_id, 0.0), burn)
         _safely(ctx, f, obs, limits, now, row)
+        slow.tell_safely(ctx, f, obs.spent, burn)  # a job well over its quoted time says so, once
 
 
 _UNASKED = ("error", None)  # no verdict: the provider was not asked (its outcome decides) or could not be
