@@ -98,10 +98,17 @@ class Demo:
             settings,
             db_url=f"sqlite:///{self.workdir / 'tunebot.db'}",
             providers={"local": self.local},
+            permissions=self.policy(settings),  # the chat's and the engine's: one policy (`spend today`)
         )
         self.notifier = ConsoleNotifier(self.engine, self.console).attach(self.engine.bus)
         self.console.print("engine  SQLite + the local provider (the runner runs as a process on this CPU)")
         return model, data
+
+    @staticmethod
+    def policy(settings: Any) -> Permissions:
+        """Who may do what in the demo: its person is the admin of this machine, as the console's operator
+        is; the engine and the chat ask this same policy, so what the chat lets through the engine allows."""
+        return Permissions(admins=frozenset({USER}), approval_above=settings.approval_above_usd)
 
     # ---- the loop --------------------------------------------------------------------------------
     def tick_until(
@@ -189,7 +196,7 @@ class Demo:
         model, data = self.setup()
         chat = ChatHandlers(
             self.engine,
-            Permissions(admins=frozenset({USER}), approval_above=self.engine.settings.approval_above_usd),
+            self.policy(self.engine.settings),
             job_options={"spec_overrides": DEMO_SPEC},
             chart_dir=self.workdir,
         )

@@ -61,6 +61,8 @@ def test_demo_runs_the_whole_story_and_leaks_nothing(tmp_path: Path) -> None:
     ):
         assert needle in out, needle
     assert "Traceback" not in out
+    # the demo's own `spend today` answers (its person is the admin the chat and the engine both know)
+    assert "tunebot> spend today" in out and "Spend today" in out and "Not allowed" not in out, out[-3000:]
     import re
 
     # What the money bought, on the finish line: eval loss before and after, on the same held-out data.

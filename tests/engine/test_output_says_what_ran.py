@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.money import money
 from bot.planner.request import EstimateRequest
 from bot.settings import Settings
 
@@ -35,7 +36,12 @@ def test_the_card_and_job_json_of_a_cpu_job_say_what_ran_and_what_it_cost(tmp_pa
     settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
     eng = Engine(settings, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", providers={"local": local})
     req = EstimateRequest(
-        model=str(tiny / "model"), dataset=str(tiny / "data.jsonl"), method="lora", lora_r=8, seq_len=128
+        model=str(tiny / "model"),
+        dataset=str(tiny / "data.jsonl"),
+        method="lora",
+        lora_r=8,
+        seq_len=128,
+        eval_split=0.1,  # the card's "eval loss ... -> ... for $X" line: what the loss bought
     )
     job = eng.create_job(
         req,
@@ -58,9 +64,10 @@ def test_the_card_and_job_json_of_a_cpu_job_say_what_ran_and_what_it_cost(tmp_pa
     assert f'AutoPeftModelForCausalLM.from_pretrained("{out}")' in card and '"PATH"' not in card
     cost_line = next(line for line in card.splitlines() if line.startswith("- cost: "))
     billed = view.spend
-    assert billed and cost_line.startswith(
-        f"- cost: ${billed:.4f} as billed" if billed < 0.01 else f"- cost: ${billed:,.2f} as billed"
-    )
+    assert billed and cost_line.startswith(f"- cost: {money(billed)} as billed"), cost_line
+    # One job, one cost (issue 38): the eval line's "for $X" is the billed cost, not the runner's reckoning
+    eval_line = next(line for line in card.splitlines() if "(base model) ->" in line)
+    assert eval_line.endswith(f") for {money(billed)}"), (eval_line, money(billed))
     assert "| trained on | cpu, 1 process(es), fp32, sharding none |" in card
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["cost"] == pytest.approx(billed, abs=1e-6) and summary["cost_source"] == "ledger"
