@@ -197,6 +197,15 @@ class PlateauSpec(_Strict):
         return self.model_copy(update={"every_steps": every, "warmup_steps": warmup})
 
 
+class StageSpec(_Strict):
+    """A sweep's stage boundaries (bot/engine/control/sweeps.py): at each of ``steps`` (before the last) the
+    runner evaluates, saves a checkpoint, reports both and waits for the sweep's decision
+    (runner/contract/stage.py) instead of training on; a run the sweep stops never trains past its stage."""
+
+    steps: list[int] = Field(default_factory=list, max_length=16)
+    poll_seconds: float = Field(2.0, gt=0, le=60)  # how often a paused run looks for the decision
+
+
 class HubSpec(_Strict):
     """Where the output goes on the Hugging Face Hub. The bot pushes it, with its own token, from the output
     its run signed (bot/engine/outcome/hub_push.py); a host never holds a token that can write to the Hub. The
@@ -305,6 +314,7 @@ class JobSpec(_Strict):
     # last. On several processes the result is the last step (the best weights are not gathered there).
     keep: Literal["best", "last"] | None = None
     samples: SamplesSpec = Field(default_factory=SamplesSpec)
+    stages: StageSpec | None = None  # a sweep's run: where it pauses for the sweep's decision
 
     @model_validator(mode="after")
     def _known_version(self) -> JobSpec:

@@ -5,6 +5,7 @@ best run; approval is a launch's; compare shows only what the caller may read. (
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,3 +165,63 @@ def test_the_approval_buttons_take_a_sweep(make_engine: Any, fake: Any) -> None:
     )
     rejected = chat.reject(second.sweep_id, Actor("bob"))
     assert "rejected sweep" in rejected.text() and engine.get_sweep(second.sweep_id).state == "cancelled"
+
+
+def test_the_kept_runs_are_let_past_their_boundary_by_a_decision_only_their_run_accepts(
+    make_engine: Any, fake: Any, clock: Any
+) -> None:
+    """Every run's spec pauses it at each stage's last step (issue 36, item 4); the sweep lets the runs it
+    keeps go on with a decision signed with their current run's key (the raised cap in it), writes none for
+    the runs it stops, and writes it again for a kept job relaunched meanwhile (a new run waits again)."""
+    from bot.engine.control import stages
+    from bot.engine.launching import integrity
+    from runner.contract.spec import JobSpec
+    from runner.contract.stage import decision_uri, released
+
+    engine = make_engine()
+    view = engine.create_sweep(_priced(engine, fake, max_cost=20.0), user="alice")
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    specs = [JobSpec.model_validate_json(req.env["TUNEBOT_JOB_SPEC"]) for req in fake.launch_requests]
+    assert [s.stages.steps if s.stages else None for s in specs] == [[2, 4]] * 4  # stages end at 2, 4, 10
+
+    def word(job_id: str) -> Any:
+        """The decision in the job's current run's folder (its last run's, for a job stopped)."""
+        run_id = stages.current_run(engine.ctx, job_id)
+        spec = [s for s in specs if s.job_id == job_id and run_id in (None, s.run_id)][-1]
+        run_id = spec.run_id
+        target = Path(decision_uri(spec.checkpoint.uri))
+        if not target.exists():
+            return None
+        return released(target.read_bytes(), integrity.run_key(engine.ctx, job_id, run_id), job_id, run_id)
+
+    assert all(word(j) is None for j in jobs.values())  # nobody goes past step 2 before the sweep decides
+    for index, loss in {0: 3.0, 1: 1.0, 2: 4.0, 3: 2.0}.items():
+        clock.advance(60)
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    view = engine.get_sweep(view.sweep_id)
+    for index in (1, 3):
+        assert word(jobs[index]) == type(word(jobs[index]))(through=2, max_cost=view.runs[index].cap)
+    assert word(jobs[0]) is None and word(jobs[2]) is None
+    # Another key's decision is not the sweep's: a run accepts only its own run's.
+    from runner.contract.stage import decision
+
+    forged = decision(bytes(32), jobs[1], stages.current_run(engine.ctx, jobs[1]), through=10, max_cost=99.0)
+    run_id = stages.current_run(engine.ctx, jobs[1])
+    assert released(forged, integrity.run_key(engine.ctx, jobs[1], run_id), jobs[1], run_id) is None
+    # Kept run 3 is preempted and relaunched: its new run waits at step 2 again and gets its own word.
+    from bot.providers.base import InstanceStatus
+
+    (iid,) = [i for i, inst in fake.instances.items() if inst.job_id == jobs[3]]
+    before = stages.current_run(engine.ctx, jobs[3])
+    fake.set_status(iid, InstanceStatus.preempted)
+    for _ in range(5):
+        engine.tick()
+        clock.advance(30)
+        if stages.current_run(engine.ctx, jobs[3]) not in (None, before):
+            break
+    after = stages.current_run(engine.ctx, jobs[3])
+    assert after not in (None, before)
+    specs = [JobSpec.model_validate_json(req.env["TUNEBOT_JOB_SPEC"]) for req in fake.launch_requests]
+    engine.tick()
+    assert word(jobs[3]) is not None and word(jobs[3]).through == 2

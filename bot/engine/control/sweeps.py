@@ -5,10 +5,13 @@ the other options are shared) as one job each, all at once, and ranks them on th
 
 - **Stages.** With n runs there are as many stages as halvings to one run: n -> ceil(n/2) -> ... -> 1. Every
   run is told to evaluate every ``every`` steps (``every`` = the full length / 2^(stages-1)); stage k ends at
-  step every x 2^k, the last at the full length. When every live run has its eval loss at the stage's step
-  (or has ended), the better half goes on and the others are stopped (gracefully: a checkpoint, then the
-  host torn down). The survivors keep training without a restart. The last run standing trains to the end
-  and is the winner; its result is its best checkpoint (keep=best) and its adapter is the sweep's.
+  step every x 2^k, the last at the full length. Every run pauses at its stage's last step
+  (``JobSpec.stages``: its eval there, a checkpoint, both reported) and trains no further until the sweep
+  decides: when every live run has its eval loss at the stage's step (or has ended), the better half is let
+  go on from where it waits (stages.py: a decision signed for its run) and the others are stopped there
+  (gracefully: the boundary's checkpoint is their result, then the host torn down), so a loser costs what
+  its stages were quoted. The last run standing trains to the end and is the winner; its result is its best
+  checkpoint (keep=best) and its adapter is the sweep's.
 - **Money.** Every run has a cap (the engine stops a job whose projected spend reaches it), and the caps
   are reserved so that their sum can never pass ``max_cost``: a run's need at a stage is its fixed start-up
   cost plus its estimated cost per step times the stage's steps x (1 + SLACK); the worst case is every run's
@@ -44,10 +47,11 @@ from bot.engine.api import (
     SweepView,
 )
 from bot.engine.context import EngineContext
-from bot.engine.control import jobs
+from bot.engine.control import jobs, stages
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.launching import admission, approval
 from bot.engine.launching import offers as offers_mod
+from bot.engine.launching.jobspec import deep_merge
 from bot.engine.permissions import Permissions
 from bot.engine.record.jobstate import ACTIVE, FINAL, JobState
 from bot.engine.views import ts
@@ -474,7 +478,9 @@ def _launch_runs(
         cap = round(plan["scale"] * cost.need(0), 6)
         # The cadence the estimate priced (run_request): its JobSpec gets it from the plan, like every field.
         req = run_request(base, run["config"], cost.steps[0]).model_copy(update={"max_cost": cap})
-        overrides = plan.get("spec_overrides") or {}
+        # It pauses at each stage's last step until the sweep decides (stages.py): a run the sweep stops
+        # never trains past its stage.
+        overrides = deep_merge(plan.get("spec_overrides") or {}, stages.stage_overrides(cost.steps))
         try:
             job = jobs.create(
                 ctx,
@@ -556,7 +562,9 @@ def advance(ctx: EngineContext, policy: Permissions, sweep_id: str) -> bool:
     if not live:
         _end(ctx, row, FAILED, f"Sweep {sweep_id} failed: no run is left ({_notes(runs)}).", reason="failed")
         return True
+    _release_kept(ctx, runs, costs, stage)
     if stage >= last:
+        _save_if_changed(ctx, row, runs)
         return _finish_if_done(ctx, row, runs, views)
     scores: dict[int, float | None] = {}
     for r in live:
@@ -599,6 +607,8 @@ def advance(ctx: EngineContext, policy: Permissions, sweep_id: str) -> bool:
         s.commit()
     if res.rowcount != 1:
         return False  # another process decided this stage
+    _release_kept(ctx, runs, costs, stage + 1)  # the kept runs go on from the boundary they wait at
+    _save_runs(ctx, sweep_id, runs)
     for i in lost:
         job_id = by_index[i]["job_id"]
         if views[job_id].state not in FINAL:
@@ -624,6 +634,23 @@ def advance(ctx: EngineContext, policy: Permissions, sweep_id: str) -> bool:
         stopped=[by_index[i]["job_id"] for i in lost],
     )
     return True
+
+
+def _release_kept(ctx: EngineContext, runs: list[dict[str, Any]], costs: list[RunCost], stage: int) -> None:
+    """Every run kept past stage ``stage - 1`` has the sweep's word to go on, for its current run: a job
+    relaunched after it (preempted, resumed) is a new run waiting again at the boundary (stages.py)."""
+    if stage <= 0:
+        return
+    for r in runs:
+        if r["status"] != "running" or not r.get("job_id"):
+            continue
+        through = costs[r["index"]].steps[stage - 1]
+        run_id = stages.current_run(ctx, r["job_id"])
+        if run_id is None or r.get("released") == [run_id, through]:
+            continue
+        cap = float(r.get("cap") or 0.0) or None
+        if stages.release(ctx, r["job_id"], run_id, through=through, max_cost=cap):
+            r["released"] = [run_id, through]
 
 
 def _promote(ctx: EngineContext, policy: Permissions, row: Sweep, run: dict[str, Any], job: Any) -> None:
