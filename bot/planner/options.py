@@ -570,5 +570,27 @@ def validation_problems(exc: Any) -> list[tuple[str, str]]:
             msg = f"must be one of {ctx['expected']}"
         elif err.get("type") == "string_pattern_mismatch" and option is not None:
             msg = f"`{err.get('input')}` is not valid ({option.help})"
+        elif err.get("type") in _BOUNDS:  # pydantic's "Input should be less than or equal to 10000000000000"
+            bound, size, word = _BOUNDS[err["type"]]
+            msg = f"{_compact(err.get('input'))} is too {size}: {word} {_compact(ctx.get(bound))}"
         out.append((option.key if option else field, msg))
     return out or [("request", "invalid")]
+
+
+# pydantic's bound errors: (its context key, too what, the bound in words)
+_BOUNDS = {
+    "less_than_equal": ("le", "large", "at most"),
+    "less_than": ("lt", "large", "below"),
+    "greater_than_equal": ("ge", "small", "at least"),
+    "greater_than": ("gt", "small", "above"),
+}
+
+
+def _compact(value: Any) -> str:
+    """A number as the options are typed: 10T for 10**13 tokens, 999,999T for a typo's 999999T, else as is."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        for suffix, scale in sorted(_DECIMAL.items(), key=lambda kv: -kv[1]):
+            if suffix != "g" and value % scale == 0:
+                return f"{value // scale:,}{suffix.upper()}"
+        return f"{value:,}"
+    return as_text(value) if value is not None else "?"

@@ -106,7 +106,7 @@ def test_smart_quotes_and_html_escapes_from_slack() -> None:
         ("estimate m foo=1", "unknown option `foo`", "estimate MODEL"),
         ("estimate m seq", "`seq` is not a key=value", "estimate MODEL"),
         ("estimate m seq=abc", "seq: `abc` is not a sequence length", "estimate MODEL"),
-        ("estimate m seq=4", "seq: Input should be greater than or equal to 8", "estimate MODEL"),
+        ("estimate m seq=4", "seq: 4 is too small: at least 8", "estimate MODEL"),
         ("estimate m method=full2", "method: `full2` is not one of full, lora, qlora", "estimate MODEL"),
         ("estimate m tokens=lots", "tokens: `lots` is not a count", "estimate MODEL"),
         ("estimate m interruptible=maybe", "interruptible: `maybe` is not one of", "estimate MODEL"),
