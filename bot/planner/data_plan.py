@@ -17,6 +17,7 @@ the dataset is larger than what one estimate reads (TUNEBOT_DATASET_SAMPLE_MB: t
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -146,8 +147,21 @@ def _local_folder(model: str) -> Path | None:
         return None
 
 
+class _NoTorchAdvice(logging.Filter):
+    """transformers says "PyTorch was not found. Models won't be available ..." when it is imported without
+    torch: the bot never imports torch (it reads tokenizers only), so on a bot-only install the line is noise
+    in every estimate. Only that line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+_NO_TORCH_ADVICE = _NoTorchAdvice()
+
+
 @lru_cache(maxsize=8)
 def _load(folder: str) -> Any | None:
+    logging.getLogger("transformers").addFilter(_NO_TORCH_ADVICE)  # the same filter once: a set of filters
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
