@@ -11,8 +11,12 @@ is recorded, ``push`` here:
   itself was an admin's, bot/engine/control/jobs.py);
 - reads the output's manifest from storage with the bot's own credentials, and accepts it only when its
   bytes hash to the digest the run reported and the run's key signed it;
-- downloads every file it lists and checks its size and SHA-256 (a file a former host swapped afterwards,
-  or one not listed, never goes up);
+- refuses, before a byte of it is downloaded, an output larger than the job can produce (``output_limit``:
+  the weights the planner counts for its model and method, with room, plus the small files) or than the
+  bot's disk can take while keeping KEEP_FREE_BYTES free: the host's manifest is its own claim, and the
+  disk the bot downloads to may hold its database;
+- downloads every file it lists, never more bytes than the manifest says, and checks its size and SHA-256
+  (a file a former host swapped afterwards, or one not listed, never goes up);
 - pushes with the bot's HF_TOKEN through runner/contract/publish.py ``push_folder``: only into a repo this job
   creates (or created before: its marker), the job's files in their public form.
 
@@ -26,7 +30,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 
@@ -39,6 +43,15 @@ log = logging.getLogger(__name__)
 
 PUSHING, PUSHED, FAILED = "pushing", "pushed", "failed"
 STALE_S = 1800.0  # a push claimed this long ago by a process that never recorded it is taken again
+# What a job's output may take (issue 38: a tiny LoRA job's host listed a 512 MB "adapter" and the bot fetched
+# it): its weights at 4 bytes a parameter (adapters are fp32; a full fine-tune on the CPU and a merged model
+# may be too) with this much room, plus the small files (tokenizer, configs, model card, job.json: a Llama 3
+# tokenizer is 9 MB).
+WEIGHTS_MARGIN = 0.25
+OTHER_FILES_BYTES = 64 * 1024**2
+KEEP_FREE_BYTES = (
+    2 * 1024**3
+)  # the bot's disk keeps this much free after a download (its database lives there)
 
 
 class NotPushed(Exception):
@@ -135,7 +148,9 @@ def _push(ctx: EngineContext, job: Job, repo: str, *, private: bool) -> str:
     key = integrity.run_key(ctx, job.id, run.id)
     folder = Path(tempfile.mkdtemp(prefix="tunebot-push-"))
     try:
-        verified_output(run.output_uri, job.id, run.output_manifest_sha256, key, folder)
+        verified_output(
+            run.output_uri, job.id, run.output_manifest_sha256, key, folder, limit=output_limit(job)
+        )
         spec = build_spec(ctx, job, job.offer, None, run)
         try:
             return push_folder(
@@ -154,10 +169,69 @@ def _push(ctx: EngineContext, job: Job, repo: str, *, private: bool) -> str:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def verified_output(uri: str, job_id: str, pinned: str, key: bytes | None, into: Path) -> None:
+def output_limit(job: Job) -> tuple[int, str]:
+    """The most bytes the job's output can take, and what that is (for the refusal): its weights as the
+    planner counts them for its model, method and merge (``WEIGHTS_MARGIN`` over 4 bytes a parameter) plus
+    OTHER_FILES_BYTES; from the disk the job was sized for (``Job.disk_gb``) when the model cannot be read."""
+    from bot.planner.memory import trainable_parameters
+    from bot.planner.models import resolve
+    from bot.planner.request import EstimateRequest
+
+    plan = job.plan or {}
+    try:
+        request = EstimateRequest.model_validate(job.request)
+        arch, _ = resolve(request.model)
+        weights = trainable_parameters(arch, request)
+        what = f"{weights:,} trained parameters"
+        if plan.get("merge") and request.method != "full":
+            weights += arch.parameters
+            what += f" and the merged model's {arch.parameters:,}"
+    except Exception:  # noqa: BLE001 - an unreadable config: the disk the job was sized for bounds it
+        gb = float(job.disk_gb or 100.0)
+        return int(gb * 1e9), f"the {gb:g} GB disk the job was sized for"
+    limit = int(weights * 4 * (1 + WEIGHTS_MARGIN)) + OTHER_FILES_BYTES
+    return (
+        limit,
+        f"{what} at 4 bytes, {WEIGHTS_MARGIN:.0%} room, {_size(OTHER_FILES_BYTES)} of other files",
+    )
+
+
+def download_refusal(total: int, limit: tuple[int, str] | None, free: int) -> str | None:
+    """Why an output of ``total`` bytes is not downloaded: more than the job can produce (``limit``) or than
+    the disk can take keeping KEEP_FREE_BYTES free; None when it may be (pure)."""
+    if limit is not None and total > limit[0]:
+        return (
+            f"the output lists {_size(total)}, more than this job can produce (at most {_size(limit[0])}: "
+            f"{limit[1]}); nothing was downloaded"
+        )
+    if total > free - KEEP_FREE_BYTES:
+        return (
+            f"the output lists {_size(total)} and the bot's disk has {_size(free)} free (it keeps "
+            f"{_size(KEEP_FREE_BYTES)} free); nothing was downloaded"
+        )
+    return None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} bytes"
+
+
+def verified_output(
+    uri: str,
+    job_id: str,
+    pinned: str,
+    key: bytes | None,
+    into: Path,
+    *,
+    limit: tuple[int, str] | None = None,
+) -> None:
     """Download the output at ``uri`` into ``into``: only the files its manifest lists, the manifest's bytes
-    hashing to ``pinned`` and signed with ``key`` (its run's), each file's size and SHA-256 checked.
-    NotPushed says what did not match."""
+    hashing to ``pinned`` and signed with ``key`` (its run's), their total within ``limit`` (bytes, what
+    that is) and the free space of ``into``'s disk before a byte is fetched, each file no longer than its
+    manifest says as it is copied, then its size and SHA-256 checked. NotPushed says what did not match."""
     import fsspec
 
     from runner.contract.manifest import (
@@ -174,15 +248,32 @@ def verified_output(uri: str, job_id: str, pinned: str, key: bytes | None, into:
         with fs.open(f"{root}/{OUTPUT_MANIFEST}", "rb") as fh:
             raw = fh.read(4 * MAX_MANIFEST_BYTES + 1)
         entries = check_output(raw, job_id=job_id, pinned=pinned, key=key)
+        refused = download_refusal(sum(e.size for e in entries.values()), limit, shutil.disk_usage(into).free)
+        if refused:
+            raise NotPushed(refused)
         for name, entry in entries.items():
             remote = f"{root}/{name}"
             if fs.size(remote) != entry.size:
                 raise ManifestError(f"{name} does not have the size its manifest says")
             target = into / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(remote, str(target))
+            _copy_at_most(fs, remote, target, entry.size)
         verify_files(into, entries)
     except ManifestError as exc:
         raise NotPushed(f"the output does not match what its run signed: {exc}") from None
     except (OSError, ValueError) as exc:
         raise NotPushed(f"the output could not be read ({type(exc).__name__})") from None
+
+
+def _copy_at_most(fs: Any, remote: str, target: Path, size: int) -> None:
+    """Copy ``remote`` to ``target``, refusing it once it is longer than ``size`` (a file that grew after its
+    size was read is never fetched whole)."""
+    from runner.contract.manifest import ManifestError
+
+    copied = 0
+    with fs.open(remote, "rb") as src, open(target, "wb") as dst:
+        while chunk := src.read(min(8 * 1024**2, size - copied + 1)):
+            copied += len(chunk)
+            if copied > size:
+                raise ManifestError(f"{target.name} is longer than its manifest says")
+            dst.write(chunk)
