@@ -10,6 +10,11 @@ the writer first reads the old object back and keeps its events (only those sign
 Every event pushed or written carries its MAC (runner/contract/integrity.py): the bot ignores what this job's
 key did not sign, whoever could write the object. The token and the key never appear in logs, exceptions or
 reprs.
+
+The writer also rewrites the object every ``report.heartbeat_seconds``, whether or not there is anything to
+report, with a fresh signed heartbeat at its head (runner/contract/heartbeat.py): the bot tells a live runner
+from a dead one by that, never by the report cadence (TUNEBOT_REPORT_EVERY may be an hour), and the beat goes
+on from this thread while the training thread is in a long eval or a checkpoint upload.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
 import httpx
 from fsspec.implementations.local import LocalFileSystem
 
+from runner.contract import heartbeat
 from runner.contract.integrity import EVENT, key_from_env, sign, verify
 from runner.contract.spec import (
     MAX_PROGRESS_BYTES,
@@ -59,7 +66,10 @@ class Reporter:
         max_queue: int = 1000,
         progress_every_seconds: float | None = None,
         transport: httpx.BaseTransport | None = None,
+        activity: Callable[[], object] | None = None,
     ) -> None:
+        """``activity``: what the runner is at (the trainer passes its step); a beat after it changed says
+        the runner made progress. Every event counts as progress too."""
         self.job_id = spec.job_id
         self.progress_uri = progress_uri(spec.checkpoint.uri)
         self.delivered = 0  # events the receiver accepted
@@ -80,6 +90,14 @@ class Reporter:
         self._dirty = self._urgent = False
         self._last_write = 0.0
         self._wake = threading.Condition(self._lock)
+        # The heartbeat: its cadence, this process's start, the beats written, and the progress it reports.
+        self._beat_every = spec.report.heartbeat_seconds
+        self._next_beat = time.monotonic() + self._beat_every  # a write of any kind carries a beat
+        self._born = time.time()
+        self._beats = 0
+        self._activity = activity
+        self._last_activity: object = None
+        self._active_at = time.monotonic()
         self._closing = threading.Event()
         self._deadline = float("inf")
         self._outbox: queue.Queue[RunnerEvent] = queue.Queue(maxsize=max_queue)
@@ -116,6 +134,7 @@ class Reporter:
         if fields.get("message"):
             fields["message"] = scrub(fields["message"], self._secrets)
         with self._lock:
+            self._active_at = time.monotonic()  # an event is progress (an eval's end, a checkpoint, ...)
             events = report_events(self.job_id, self._seq, EventKind(kind), fields)
             self._seq += len(events)
             self._events.extend(events)
@@ -218,17 +237,39 @@ class Reporter:
             with self._lock:
                 while True:
                     closing = self._closing.is_set()
-                    wait = self._last_write + self._progress_every - time.monotonic()
+                    now = time.monotonic()
+                    wait = self._last_write + self._progress_every - now
                     if self._dirty and (self._urgent or closing or wait <= 0):
                         break
                     if closing:
                         return
-                    self._wake.wait(timeout=wait if self._dirty else None)
+                    beat_wait = self._next_beat - now
+                    if beat_wait <= 0:
+                        break  # a heartbeat is due, with or without anything to report
+                    self._wake.wait(timeout=min(wait, beat_wait) if self._dirty else beat_wait)
                 snapshot = list(self._events)
                 last_seq = self._seq - 1
                 self._dirty = self._urgent = False
             self._write(snapshot, last_seq)
             self._last_write = time.monotonic()
+            self._next_beat = self._last_write + self._beat_every
+
+    def _beat(self) -> dict[str, Any]:
+        """The next heartbeat, signed: this process, its beat number, the step, the seconds idle."""
+        step = 0
+        if self._activity is not None:
+            try:
+                at = self._activity()
+            except Exception:  # noqa: BLE001 - a probe that fails reports no progress, never stops the beat
+                at = self._last_activity
+            if at != self._last_activity:
+                self._last_activity, self._active_at = at, time.monotonic()
+            step = at if isinstance(at, int) and not isinstance(at, bool) else 0
+        with self._lock:
+            stalled = time.monotonic() - self._active_at
+            beat = heartbeat.Beat(self.job_id, self._born, self._beats, max(0, step), stalled)
+            self._beats += 1
+        return beat.signed(self._key)
 
     def _load_previous(self) -> None:
         """On a resume, keep the events already in the progress object (those before ``start_seq``)."""
@@ -243,9 +284,12 @@ class Reporter:
             self._events = deque(merged[-KEEP_EVENTS:], maxlen=KEEP_EVENTS)
 
     def _write(self, events: list[RunnerEvent], last_seq: int) -> None:
+        # The beat first (the bot reads it without parsing the rest), then what changes with every write, then
+        # what changes only with the events (the bot's digest of an object starts at "last_seq").
         payload = {
-            "job_id": self.job_id,
+            heartbeat.FIELD: self._beat(),
             "updated": time.time(),
+            "job_id": self.job_id,
             "last_seq": last_seq,
             "events": [sign(self._key, EVENT, e.model_dump(mode="json")) for e in events],
         }

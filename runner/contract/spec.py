@@ -170,6 +170,8 @@ class ReportSpec(_Strict):
     callback_url: str | None = None  # POST <callback_url> with "Authorization: Bearer <token>"
     token: str | None = None
     every_seconds: float = Field(30.0, gt=0)
+    # The heartbeat's own cadence, whatever every_seconds says (runner/contract/heartbeat.py).
+    heartbeat_seconds: float = Field(30.0, gt=0)
 
 
 class WandbSpec(_Strict):

@@ -72,14 +72,14 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}/runner/events"  # nothing listens there any more
 
 
-def make_spec(checkpoint_uri: str | Path, url: str | None) -> JobSpec:
+def make_spec(checkpoint_uri: str | Path, url: str | None, *, heartbeat_seconds: float = 30.0) -> JobSpec:
     return JobSpec(
         job_id="job-7",
         base_model="tiny",
         dataset=DatasetSpec(uri="/tmp/d.jsonl"),
         checkpoint=CheckpointSpec(uri=str(checkpoint_uri)),
         output_uri="/tmp/out",
-        report=ReportSpec(callback_url=url, token=TOKEN),
+        report=ReportSpec(callback_url=url, token=TOKEN, heartbeat_seconds=heartbeat_seconds),
     )
 
 
@@ -207,7 +207,8 @@ def test_progress_writes_are_throttled_but_other_kinds_are_written_at_once(tmp_p
 
     class Condition(threading.Condition):
         def wait(self, timeout: float | None = None) -> bool:
-            if timeout is not None:  # the writer waits without a timeout when nothing is pending
+            # with nothing pending the writer waits for the next heartbeat (an hour here): not a held event
+            if timeout is not None and timeout <= 60:
                 held.append(timeout)
                 holding.set()
             return super().wait(timeout)
@@ -215,7 +216,7 @@ def test_progress_writes_are_throttled_but_other_kinds_are_written_at_once(tmp_p
     spy = types.SimpleNamespace(**{**vars(threading), "Condition": Condition})  # the reporter's module alone
     monkeypatch.setattr(report, "write_atomically", write)
     monkeypatch.setattr(report, "threading", spy)
-    reporter = Reporter(make_spec(tmp_path, None), progress_every_seconds=60)
+    reporter = Reporter(make_spec(tmp_path, None, heartbeat_seconds=3600), progress_every_seconds=60)
     reporter.emit(EventKind.started)
     assert wait_for(lambda: written == [0]), written
     assert not holding.is_set()  # a started event is written at once
@@ -269,3 +270,47 @@ def test_parse_progress_rejects_what_is_not_a_progress_object():
     with pytest.raises(ValueError, match="not a tunebot progress object"):
         parse_progress(b"[1, 2]")
     assert parse_progress('{"events": [{"job_id": "j", "seq": 0, "kind": "from-the-future"}]}') == []
+
+
+def test_the_heartbeat_goes_on_without_reports_and_while_training_is_busy(tmp_path, monkeypatch):
+    """Issue 38: with reports hourly, the runner still beats on its own cadence, from the writer thread, while
+    the training thread is busy (a long eval, an upload): each beat signed with the run's key, newer than the
+    last, with the step and how long the runner has gone without progress; the bot reads it from the head of
+    the object without parsing the events."""
+    import runner.report as report
+    from runner.contract import heartbeat
+
+    key = b"k" * 32
+    monkeypatch.setenv("TUNEBOT_JOB_KEY", key.hex())
+    beats: list[heartbeat.Beat] = []
+    real_write = report.write_atomically
+
+    def write(uri: str, data: bytes) -> None:
+        real_write(uri, data)
+        parsed = heartbeat.parse(heartbeat.head(data), key, "job-7")
+        assert parsed is not None, data[:300]
+        beats.append(parsed)
+
+    monkeypatch.setattr(report, "write_atomically", write)
+    spec = make_spec(tmp_path, None, heartbeat_seconds=0.2)
+    spec.report.every_seconds = 3600.0
+    step = [0]
+    reporter = Reporter(spec, activity=lambda: step[0])
+    try:
+        reporter.emit(EventKind.started)
+        assert wait_for(lambda: len(beats) >= 1)
+        first = len(beats)
+        deadline = time.monotonic() + 30
+        while len(beats) < first + 3 and time.monotonic() < deadline:  # busy: never sleeps, never reports
+            sum(range(1000))
+        assert len(beats) >= first + 3, "no beat while the training thread was busy"
+        assert all(b.step == 0 for b in beats) and beats[-1].stalled_s > beats[first].stalled_s
+        step[0] = 5  # a step: the next beat says so, and that the runner just made progress
+        assert wait_for(lambda: beats[-1].step == 5)
+        assert beats[-1].stalled_s < beats[-2].stalled_s
+        orders = [b.order for b in beats]
+        assert orders == sorted(orders) and len(set(orders)) == len(orders)  # each beat newer than the last
+    finally:
+        reporter.close()
+    obj = read_progress(tmp_path)
+    assert next(iter(obj)) == heartbeat.FIELD and [e["kind"] for e in obj["events"]] == ["started"]
