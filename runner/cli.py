@@ -112,6 +112,9 @@ def run(argv: list[str] | None = None) -> int:
     from runner.cuda_env import configure_allocator
 
     configure_allocator()  # before torch starts CUDA, here and in every worker (they inherit it)
+    from runner.quiet import quiet_libraries
+
+    quiet_libraries()  # the job's log says what the run does, not what its libraries will deprecate
     processes = distributed.processes_for(spec.gpus)
     if processes > 1 and not distributed.is_worker():
         return distributed.launch(spec.model_dump_json(), processes, sigterm_seen=bool(_early_sigterm))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from runner.contract.spec import JobSpec, Method
+from runner.quiet import enable_checkpointing_on
 
 # Files of a model folder that are not weights: enough to read the config, build the model on the meta
 # device (to check LoRA targets) and load the tokenizer before the weights are fetched.
@@ -260,7 +261,7 @@ def load_model(
 
     if spec.method is Method.full:
         if spec.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing_on(model)  # non-reentrant, by the library's current name
         return model
 
     from peft import LoraConfig, get_peft_model
@@ -271,7 +272,7 @@ def load_model(
     for param in model.parameters():
         param.requires_grad = False
     if spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing_on(model)  # non-reentrant, by the library's current name
         model.enable_input_require_grads()
     lora = LoraConfig(
         r=spec.lora.r,
@@ -299,7 +300,7 @@ def keep_adapter_inputs(model: Any) -> None:
 def enable_checkpointing(model: Any) -> None:
     """Activation checkpointing turned on in a loaded (possibly peft-wrapped) model, as load_model would have:
     the out-of-memory back-off's last step before asking for a bigger GPU (runner/oom.py)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing_on(model)  # non-reentrant, by the library's current name
     if hasattr(model, "peft_config"):  # frozen embeddings: checkpointed blocks need an input that wants grad
         model.enable_input_require_grads()
 
