@@ -196,7 +196,7 @@ class ChatHandlers:
         chart_dir: Path | None = None,
     ) -> None:
         self.engine = engine
-        self._charts = chart_dir  # where `compare` draws its charts (None: a temporary folder)
+        self._charts = chart_dir  # where `compare` draws its charts (None: <data dir>/charts)
         # Display names for where a mention does not render (bot/chat/people.py in Slack; ids elsewhere).
         self.names: Names = names or no_names
         # Where chat users may point the bot (default: the settings'); ``files`` fetches Slack uploads.
@@ -611,10 +611,17 @@ class ChatHandlers:
             raise EngineError(f"no sweep {sweep_id}") from None
 
     def _chart_dir(self) -> Path:
-        import tempfile
+        """Where `compare` draws: the folder given, else <data dir>/charts (the engine's data dir where it
+        has one), with the rest of tunebot's files, never /tmp."""
+        from bot.chat.charts import charts_folder
 
         if self._charts is None:
-            self._charts = Path(tempfile.mkdtemp(prefix="tunebot-compare-"))
+            settings = getattr(self.engine, "settings", None)
+            if settings is None:
+                from bot.settings import get_settings
+
+                settings = get_settings()
+            self._charts = charts_folder(settings.data_dir)
         return self._charts
 
     def _estimate_kwarg(self, stored: StoredEstimate) -> dict[str, Any]:

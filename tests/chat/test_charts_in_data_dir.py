@@ -94,3 +94,16 @@ def test_a_sweeps_end_in_the_console_keeps_its_chart_in_the_data_dir() -> None:
     )
     (chart,) = _charts(buf.getvalue())
     assert chart.is_file() and chart.parent == get_settings().data_dir / "charts", buf.getvalue()
+
+
+def test_compare_in_the_chat_keeps_its_chart_in_the_data_dir_by_default() -> None:
+    """ChatHandlers given no chart folder (Slack, a console built without one) draws under the data dir."""
+    from bot.chat.handlers import Actor, ChatHandlers
+    from bot.chat.permissions import Permissions
+    from bot.chat.replies import Image
+    from bot.settings import get_settings
+
+    engine = SweepEngine()
+    reply = ChatHandlers(engine, Permissions()).handle_text("compare j1 j2", Actor("me"))
+    (chart,) = [p.path for p in reply.parts if isinstance(p, Image)]
+    assert chart is not None and chart.is_file() and chart.parent == get_settings().data_dir / "charts"
