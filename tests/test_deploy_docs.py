@@ -44,7 +44,7 @@ def test_the_bot_image_can_write_its_data_folder() -> None:
 
 
 def test_the_docs_say_where_dotenv_is_read_and_it_is_read_there(tmp_path: Path) -> None:
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
     assert "`.env` file in the **current working directory**" in readme
     deploy = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
     assert "a `.env` file in the working directory" in deploy

@@ -2,8 +2,8 @@
 
 Each cloud module ends with ``CLOUD = CloudSpec(...)`` (bot/providers/spec.py); ``CLOUDS`` below lists those
 specs, one line per cloud. Everything else takes the cloud set from this table: the live catalog asks the
-clouds in it, the snapshot (bot/providers/snapshot.py) prices them, the README lists their variables, the
-tests start a fake server for each. The cloud variables (``spec.key_env``, ``spec.url_env`` and
+clouds in it, the snapshot (bot/providers/snapshot.py) prices them, docs/configuration.md lists their
+variables, the tests start a fake server for each. The cloud variables (``spec.key_env``, ``spec.url_env`` and
 ``spec.options``) are read here, from the environment then ``.env``; bot/settings.py knows no cloud.
 """
 

@@ -1,7 +1,7 @@
 """How long a run is: one arithmetic for the runner (which trains it) and the planner (which prices it).
 
 Pure Python, no torch: the bot imports it (with runner/data's packing and tokenizing) to count exactly what
-the runner will do. The rules, also in README ("How long a job runs") and docs/runner.md:
+the runner will do. The rules, also in docs/using.md ("How long a job runs") and docs/runner.md:
 
 - an optimizer step is ``grad_accum`` micro-batches on every process;
 - an epoch is one pass over the train split in the runner's own micro-batches (runner/contract/packing.py

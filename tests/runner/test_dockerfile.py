@@ -64,7 +64,7 @@ def test_a_container_started_without_a_spec_fails_instead_of_printing_help() -> 
 def test_the_default_needs_no_image_of_ours_and_the_prebuilt_one_is_named_alike() -> None:
     """Unset, TUNEBOT_RUNNER_IMAGE leaves hosts on the public stock PyTorch image the Dockerfile builds on
     (the runner is installed at start: bot/engine/launching/runner_bundle.py); a team's prebuilt image is the
-    option README, the build script and the Dockerfile name the same way."""
+    option the cloud quick start (docs/cloud.md), the build script and the Dockerfile name the same way."""
     from bot.settings import RUNNER_IMAGE_REPO, STOCK_IMAGE, Settings, prebuilt_runner_image
 
     assert Settings().runner_image is None and Settings().stock_image == STOCK_IMAGE
@@ -72,7 +72,7 @@ def test_the_default_needs_no_image_of_ours_and_the_prebuilt_one_is_named_alike(
     image = prebuilt_runner_image()
     version = image.rsplit(":", 1)[1]
     assert image == f"{RUNNER_IMAGE_REPO}:{version}" and version == _project_version()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "cloud.md").read_text()  # the README's cloud quick start
     assert RUNNER_IMAGE_REPO in readme and "TUNEBOT_RUNNER_IMAGE" in readme and "docker push" in readme
     assert "TUNEBOT_STOCK_IMAGE" in readme
     script = (ROOT / "scripts" / "runner-image.sh").read_text()
