@@ -84,7 +84,7 @@ def default_tasks(engine: Engine, *, tick_every_s: float | None = None) -> dict[
         live_catalog(s, providers=engine.providers)
 
     return {
-        "tick": Task(engine.tick, every_s=tick_every_s or min(period, 10.0)),
+        "tick": Task(engine.tick, every_s=tick_every_s or s.tick_every_s),  # what bot/settings.py checks
         "reconcile": Task(engine.reconcile, every_s=period),
         "spend_rollup": Task(engine.roll_up_spend, every_s=300.0),
         "volume_reminders": Task(engine.volume_reminders, every_s=3600.0),
@@ -109,7 +109,7 @@ def start_scheduler(
     engine: Engine,
     settings: Any = None,
     *,
-    tick_every_s: float | None = 10.0,
+    tick_every_s: float | None = None,
     on_lead: Callable[[], Any] | None = None,
 ) -> Scheduler:
     """Start the bot's scheduler (the default tasks); call ``.shutdown()`` on the result to stop it.

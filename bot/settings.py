@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platformdirs import user_data_dir
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -23,6 +23,45 @@ if TYPE_CHECKING:
 RUNNER_IMAGE_REPO = "ghcr.io/tunebot/tunebot-runner"
 # A public PyTorch CUDA image (the Dockerfile's base; the kind Vast's and RunPod's PyTorch templates start).
 STOCK_IMAGE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
+
+
+MAX_TICK_S = 10.0  # the supervisor looks at every job at least this often (bot/scheduler.py)
+MISSED_READS = 3  # heartbeats or ticks in a row a live runner may go unheard before it could look dead
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work (alone or together): one clear message; the CLI exits with code 2."""
+
+
+def liveness_problem(heartbeat_timeout_s: float, idle_stop_s: float, tick_s: float) -> str | None:
+    """Why these settings would let the supervisor count a live, training runner dead or idle, and what to set
+    instead; None when they cannot. A runner beats every ``heartbeat.every(timeout)`` seconds whatever
+    TUNEBOT_REPORT_EVERY says (runner/contract/heartbeat.py), and the supervisor reads the beats once a tick;
+    the timeout must outlast three of each, and the idle limit too (issue 38). Pure."""
+    from runner.contract.heartbeat import every
+
+    beat = every(heartbeat_timeout_s)
+    need = MISSED_READS * max(tick_s, beat)
+    if heartbeat_timeout_s < need:
+        per = f"every {tick_s:g} s: TUNEBOT_RECONCILE_EVERY, at most {MAX_TICK_S:g} s"
+        return (
+            f"TUNEBOT_HEARTBEAT_TIMEOUT={heartbeat_timeout_s:g} would count live runners dead: the "
+            f"supervisor reads each runner's heartbeat once a tick ({per}) and a runner beats every "
+            f"{beat:g} s, so one or two slow reads would end a healthy run. Set TUNEBOT_HEARTBEAT_TIMEOUT to "
+            f"{need:g} or more"
+            + (
+                f" (or TUNEBOT_RECONCILE_EVERY to {heartbeat_timeout_s / MISSED_READS:.3g} or less)."
+                if tick_s > beat and heartbeat_timeout_s >= MISSED_READS * beat
+                else "."
+            )
+        )
+    if idle_stop_s < need:
+        return (
+            f"TUNEBOT_IDLE_STOP_MINUTES={idle_stop_s / 60:g} would stop training runners as idle: their "
+            f"progress is read from heartbeats every {beat:g} s, once a tick of {tick_s:g} s. Set "
+            f"TUNEBOT_IDLE_STOP_MINUTES to {need / 60:g} or more."
+        )
+    return None
 
 
 def default_data_dir() -> Path:
@@ -506,6 +545,20 @@ class Settings(BaseSettings):
         "read, and nothing is parsed before its Slack signature or runner token checks out",
     )
 
+    @property
+    def tick_every_s(self) -> float:
+        """How often the supervisor looks at every running job (bot/scheduler.py): the reconcile period,
+        at most 10 s."""
+        return min(self.reconcile_every_s, MAX_TICK_S)
+
+    @model_validator(mode="after")
+    def _liveness(self) -> Settings:
+        """Refuse, at start, what would count a live runner dead or idle (``liveness_problem``)."""
+        problem = liveness_problem(self.heartbeat_timeout_s, self.idle_stop_minutes * 60, self.tick_every_s)
+        if problem:
+            raise SettingsError(problem)
+        return self
+
     @field_validator("weekly_report_day", mode="before")
     @classmethod
     def _weekday(cls, value: Any) -> str | None:
@@ -561,4 +614,20 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """The settings of this process; SettingsError (one line per problem, no pydantic noise) when they cannot
+    work: every command exits with code 2 and the message (bot/cli.py)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(readable(exc)) from None
+
+
+def readable(exc: ValidationError) -> str:
+    """A settings validation error as a person reads it: each problem's own message (the variable it names
+    first), never the values read (a secret among them)."""
+    lines = []
+    for err in exc.errors(include_input=False, include_url=False):
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        lines.append(f"{where}: {msg}" if where and where not in msg else msg)
+    return "; ".join(lines) or str(exc)

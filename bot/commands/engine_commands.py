@@ -32,9 +32,12 @@ VOLUME_HINT = "delete one with `tunebot volumes --delete ID --provider PROVIDER`
 
 def _engine():  # type: ignore[no-untyped-def]
     from bot.engine.service import Engine
+    from bot.settings import SettingsError
 
     try:
         return Engine()
+    except SettingsError as exc:  # settings that cannot work: what to set instead
+        fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - a bad DATABASE_URL or unreachable database
         fail(f"cannot open the job database: {type(exc).__name__}: {exc}")
 
@@ -410,6 +413,8 @@ def reconcile_command(
             else ""
         )
     )
+    for problem in report.errors:  # one job's failure never stops the pass: each is named here
+        typer.echo(f"  not done: {problem}")
 
 
 def volumes_command(

@@ -53,6 +53,7 @@ class ProcessMemory:
     own_claims: set[str] = field(default_factory=set)
     progress_seen: dict[str, tuple] = field(default_factory=dict)  # job id -> window of the last read
     progress_stat: dict[str, tuple] = field(default_factory=dict)  # job id -> ((mtime_ns, size), read at)
+    heartbeats: dict[str, Any] = field(default_factory=dict)  # job id -> the runner's newest beat heard
     finishing: set[str] = field(default_factory=set)  # jobs a pushed terminal event is finishing now
     last_rollup: float | None = None
     rolled_up_once: bool = False

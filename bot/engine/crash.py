@@ -1,4 +1,4 @@
-"""Named crash points in the launch and finish sequences, for the SIGKILL crash test.
+"""Named crash points in the launch, relaunch, recovery and finish sequences, for the SIGKILL crash test.
 
 ``crashpoint("launch.after_claim")`` kills this very process (SIGKILL: no cleanup, no finally)
 when the environment variable TUNEBOT_CRASH_AT names it. In production the variable is unset and a
@@ -12,6 +12,8 @@ import signal
 
 CRASH_POINTS: tuple[str, ...] = (
     "launch.after_claim",
+    "launch.after_run_started",
+    "relaunch.after_run_started",
     "launch.after_provider_create",
     "launch.after_commit",
     "recover.after_mark",

@@ -45,7 +45,7 @@ from bot.engine.control import jobs
 from bot.engine.events import EngineEvent, EngineEventKind, EventBus
 from bot.engine.ids import check_job_id, is_job_id
 from bot.engine.launching import offers as offers_mod
-from bot.engine.launching.launch import launch_job, reclaim_stale, token_hash
+from bot.engine.launching.launch import take_over, token_hash
 from bot.engine.money import budgets as budgets_mod
 from bot.engine.money import dashboard as dashboard_mod
 from bot.engine.money import reports
@@ -506,11 +506,9 @@ class Engine:
             log.exception("resume: the reconcile pass failed; the periodic reconcile tries again")
         with self.session() as s:
             launching = list(s.execute(select(Job.id).where(Job.state == S.LAUNCHING)).scalars())
-        for job_id in launching:
+        for job_id in launching:  # a launch that raises sends its job back to recovering, with the reason
             try:
-                claim_id = reclaim_stale(self.ctx, job_id, actor="resume", force=True)
-                if claim_id:
-                    launch_job(self.ctx, job_id, claim_id, actor="resume")
+                take_over(self.ctx, job_id, actor="resume", force=True)
             except Exception:  # noqa: BLE001 - one broken job never stops the others
                 log.exception("resume: taking over the launch of job %s failed", job_id)
         try:

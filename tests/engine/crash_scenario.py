@@ -3,12 +3,13 @@
 Usage: crash_scenario.py MODE DB_URL WORKDIR DATA_DIR COMMAND_JSON   (MODE: launch | recover | finish | vast)
 
 MODE vast launches on a fake Vast (TUNEBOT_TEST_VAST_URL, TUNEBOT_TEST_VAST_KEY, TUNEBOT_TEST_VAST_ASK: the
-ask to rent) with checkpoints in TUNEBOT_CHECKPOINT_URI.
+ask to rent) with checkpoints in TUNEBOT_CHECKPOINT_URI; with a finish.* crash point it then stops the job.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,6 @@ def main() -> int:
 
 
 def on_vast(settings: Settings, db_url: str, data_dir: str) -> int:
-    import os
 
     from bot.providers.vast import VastProvider
 
@@ -71,6 +71,9 @@ def on_vast(settings: Settings, db_url: str, data_dir: str) -> int:
         idempotency_key="crash-vast",
     )
     print(job.job_id, flush=True)
+    if os.environ.get("TUNEBOT_CRASH_AT", "").startswith("finish."):
+        time.sleep(1.0)  # Vast bills a second of running
+        eng.stop(job.job_id, user="alice")  # no graceful stop on Vast: the finish terminates at once
     return 3  # the launch inside create_job reaches launch.after_provider_create first
 
 

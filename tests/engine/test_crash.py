@@ -34,6 +34,10 @@ QUICK = [sys.executable, "-c", "import time; time.sleep(1.0)"]  # finishes with 
 
 MODES = {
     "launch.after_claim": "launch",
+    "launch.after_run_started": "launch",
+    # issue 38: the restarted bot took the relaunch over with its run detached from the session
+    # (DetachedInstanceError in build_spec) and the job stayed launching forever
+    "relaunch.after_run_started": "recover",
     "launch.after_provider_create": "launch",
     "launch.after_commit": "launch",
     "recover.after_mark": "recover",
@@ -202,6 +206,70 @@ def test_an_adopted_instance_is_billed_from_the_providers_clock(
                 spent = job_spend(s, job.job_id, eng.now())
             assert seconds > 3.0
             assert abs(spent - seconds * price / 3600) < 0.01, (spent, seconds * price / 3600)
+        finally:
+            eng.close()
+    finally:
+        vast.stop()
+
+
+@pytest.mark.slow
+def test_a_finish_taken_over_after_a_crash_bills_until_the_provider_stopped(
+    db_url: str, tmp_path: Path, s3_bucket: str
+) -> None:
+    """Issue 38: SIGKILL after Vast confirmed the destroy, before the final state committed; the bot is down
+    3 s. The restarted bot finishes the job: its ledger ends where Vast's billing ended (the destroy call),
+    not when the restarted bot found the instance gone. At $36/h a cent is a second."""
+    from fakes.clouds.fixtures import client_for
+    from fakes.clouds.vast import FakeVast
+    from sqlalchemy import select
+
+    from bot.engine.record.spend import job_spend
+    from bot.engine.service import Engine
+    from store.models import Instance
+
+    vast = FakeVast(n_offers=8, seed=13).start()
+    try:
+        ask = vast.offers[0]
+        ask.update(dph_total=36.0, reliability2=0.99, rentable=True)
+        data_dir = tmp_path / "data"
+        checkpoints = f"{s3_bucket}/tunebot"
+        env = {
+            **os.environ,
+            "TUNEBOT_CRASH_AT": "finish.after_terminate",
+            "TUNEBOT_CHECKPOINT_URI": checkpoints,
+            "TUNEBOT_TEST_VAST_URL": vast.url,
+            "TUNEBOT_TEST_VAST_KEY": vast.api_key,
+            "TUNEBOT_TEST_VAST_ASK": str(ask["id"]),
+        }
+        args = ["vast", db_url, str(tmp_path / "w"), str(data_dir), "[]"]
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "crash_scenario.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert proc.returncode == -signal.SIGKILL, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        ((destroyed, (seconds, price)),) = vast.billed.items()  # Vast stopped billing at the destroy
+        time.sleep(3.0)  # the bot is down
+        settings = Settings(TUNEBOT_DATA_DIR=str(data_dir), TUNEBOT_CHECKPOINT_URI=checkpoints)
+        eng = Engine(settings, db_url=db_url, providers={"vast": client_for(vast)})
+        eng.terminate_deadline_s = 10.0
+        try:
+            (job,) = eng.list_jobs()
+            eng.resume_all()
+            deadline = time.time() + 30
+            while time.time() < deadline and eng.get_job(job.job_id).state != "stopped":
+                eng.reconcile()
+                eng.tick()
+                time.sleep(0.1)
+            assert eng.get_job(job.job_id).state == "stopped"
+            with eng.session() as s:
+                (row,) = s.execute(select(Instance)).scalars().all()
+                spent = job_spend(s, job.job_id, eng.now())
+            assert row.provider_instance_id == destroyed and row.ended_at is not None
+            assert abs(spent - seconds * price / 3600) < 0.01, (spent, seconds * price / 3600)
+            assert abs(eng.get_job(job.job_id).spend - spent) < 1e-6
         finally:
             eng.close()
     finally:

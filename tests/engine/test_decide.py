@@ -227,6 +227,37 @@ TABLE = [
         seen("running", launched_at=T - 700),
         Action(Do.preempt, reason="no heartbeat for 600 s"),
     ),
+    # Issue 38: liveness is the heartbeat, whatever the report cadence; idleness is no progress.
+    (
+        "no event for an hour, but a beat 20 s ago with a step 5 s before it: alive and busy, nothing",
+        running(last_event_at=T - 3600, started_at=T - 4000),
+        seen("running", launched_at=T - 4000, heard_at=T - 20, active_at=T - 25),
+        Action(),
+    ),
+    (
+        "beats go on but no step for the idle limit: stopped (idle), not relaunched",
+        running(last_event_at=T - 3600, started_at=T - 4000),
+        seen("running", launched_at=T - 4000, heard_at=T - 20, active_at=T - 1801),
+        Action(Do.stop_now, reason="idle"),
+    ),
+    (
+        "no beat and no event past the timeout: recover",
+        running(last_event_at=T - 700),
+        seen("running", launched_at=T - 4000, heard_at=T - 601, active_at=T - 601),
+        Action(Do.preempt, reason="no heartbeat for 600 s"),
+    ),
+    (
+        "silent past the timeout, but its provider sees the runner's process alive: not dead, nothing",
+        running(last_event_at=T - 700),
+        seen("running", launched_at=T - 4000, alive=True),
+        Action(),
+    ),
+    (
+        "its provider sees it alive, but no progress for the idle limit: stopped (idle)",
+        running(last_event_at=T - 1801),
+        seen("running", launched_at=T - 4000, alive=True),
+        Action(Do.stop_now, reason="idle"),
+    ),
     (
         "projected spend reaches the cap within the next period: graceful stop (budget)",
         running(max_cost=5.0),

@@ -77,6 +77,31 @@ def test_provider_listing_failure_decides_nothing(engine, fake):
     assert engine.get_job(job.job_id).state == "running"
 
 
+def test_one_jobs_failure_is_reported_and_the_others_go_on(engine, fake):
+    """Issue 38: `tunebot reconcile` printed one job's traceback and stopped. A step that fails for one job
+    (here: its finished job's leaked instance will not terminate, a bug rather than a cloud error) is named in
+    the report; the pass does not raise, and the other jobs' strays are still terminated."""
+    first = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    second = engine.create_job(request(), user="bob", estimate=estimate_for(fake))
+    engine.stop(first.job_id, user="alice")
+    engine.stop(second.job_id, user="bob")
+    broken = fake.add_instance(job_label(first.job_id))
+    stray = fake.add_instance(job_label(second.job_id))
+    terminate = fake.terminate
+
+    def terminate_or_fail(instance_id: str) -> None:
+        if instance_id == broken.instance_id:
+            raise RuntimeError("the provider client broke")
+        terminate(instance_id)
+
+    fake.terminate = terminate_or_fail  # type: ignore[method-assign]
+    report = engine.reconcile()  # does not raise
+    assert report.terminated == [stray.instance_id]
+    assert len(report.errors) == 1 and first.job_id in report.errors[0], report.errors
+    assert "RuntimeError: the provider client broke" in report.errors[0]
+    assert stray.instance_id not in {i.instance_id for i in fake.live()}
+
+
 @pytest.mark.parametrize("cloud", list(CLOUDS))
 def test_reconcile_against_fake_cloud_servers(cloud, tmp_path, settings, clock, s3_bucket):
     from fakes.clouds import FAKES

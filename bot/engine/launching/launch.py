@@ -43,6 +43,7 @@ from bot.providers.base import (
 )
 from bot.providers.registry import secrets as all_secrets
 from bot.storage.credentials import CredentialsError, Issued
+from runner.contract import heartbeat
 from runner.contract.spec import JobSpec
 from store.db import insert_for
 from store.models import Instance as InstanceRow
@@ -121,6 +122,8 @@ def build_spec(
             ),
             "token": token,
             "every_seconds": settings.report_every_s,
+            # liveness on its own cadence, whatever the report cadence (runner/contract/heartbeat.py)
+            "heartbeat_seconds": heartbeat.every(settings.heartbeat_timeout_s),
         },
         "wandb": {
             "run_id": job.id,
@@ -348,6 +351,49 @@ def reclaim_stale(eng: EngineContext, job_id: str, *, actor: str, force: bool) -
     return claim_id
 
 
+def take_over(eng: EngineContext, job_id: str, *, actor: str, force: bool) -> bool:
+    """Take over a launch whose process died (a crash, a restart) and carry it to its end: an instance runs,
+    or the job leaves ``launching`` with the reason. True when an instance runs."""
+    claim_id = reclaim_stale(eng, job_id, actor=actor, force=force)
+    if not claim_id:
+        return False
+    return launch_claimed(eng, job_id, claim_id, actor=actor)
+
+
+def launch_claimed(eng: EngineContext, job_id: str, claim_id: str, *, actor: str) -> bool:
+    """``launch_job``, where a launch that raises still ends: the job goes back to ``recovering`` with the
+    error as its reason (the next tick tries again, within the retry budget), never ``launching`` forever
+    (issue 38: a taken-over relaunch raised, and nothing took the job over again)."""
+    try:
+        return launch_job(eng, job_id, claim_id, actor=actor)
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the job must not stay claimed
+        log.exception("launch of job %s raised", job_id)
+        said = redact(f"{type(exc).__name__}: {exc}", all_secrets(eng.settings))[:500]
+        _launch_raised(eng, job_id, claim_id, actor, f"launch failed: {said}")
+        return False
+
+
+def _launch_raised(eng: EngineContext, job_id: str, claim_id: str, actor: str, message: str) -> None:
+    """launching -> recovering, only while the claim is still this launch's (under the job's row lock)."""
+    with eng.session() as s:
+        job = S.lock_job(s, job_id)
+        if job is None or job.state != S.LAUNCHING or job.claim_id != claim_id:
+            s.rollback()
+            return
+        S.transition(
+            s,
+            job_id,
+            S.LAUNCHING,
+            S.RECOVERING,
+            actor=actor,
+            now=eng.now(),
+            reason="launch failed",
+            message=message,
+            claim_id=None,
+        )
+    eng.publish(EngineEventKind.warning, job_id, f"Job {job_id}: {message}; the bot tries again.")
+
+
 def record_instance(
     eng: EngineContext,
     s: Any,
@@ -477,6 +523,7 @@ def launch_job(eng: EngineContext, job_id: str, claim_id: str, *, actor: str = "
     run = runs.start(eng, job_id, claim_id, storage_root(eng, job_id))
     if run is None:
         return False
+    crashpoint("relaunch.after_run_started" if job.retry_count else "launch.after_run_started")
     walk = _Walk.start(eng, job, run, spent)
     for ranked in offers:
         launched = _try_offer(eng, walk, ranked, claim_id, actor)
@@ -819,6 +866,10 @@ def _commit_running(
         # the first start of a job someone resumed (`resume`: its checkpoint, retry count 0) is a resume.
         recovered = job.retry_count > 0
         resumed_step = job.last_checkpoint_step if job.last_checkpoint_uri is not None else None
+        if recovered:  # what this run was told to resume from (runs.py), not what an earlier one reported
+            run = s.get(JobRun, job.run_id) if job.run_id else None
+            points = [p for p in (run.resume if run is not None else []) or [] if isinstance(p, dict)]
+            resumed_step = points[0].get("step") if points else None
         ok = False
         if job.state == S.LAUNCHING and job.claim_id == claim_id:
             res = s.execute(
@@ -843,7 +894,11 @@ def _commit_running(
     crashpoint("launch.after_commit")
     kind = EngineEventKind.recovered if recovered else EngineEventKind.job_started
     if recovered:
-        what = "resumed from its last checkpoint on" if resumed_step is not None else "relaunched on"
+        what = (
+            f"resumed from its checkpoint at step {resumed_step} on"
+            if resumed_step is not None
+            else "restarted from the beginning (no checkpoint to resume from) on"
+        )
     elif resumed_step is not None:
         what = f"resumed from its checkpoint at step {resumed_step} on"
     else:

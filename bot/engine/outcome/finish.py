@@ -159,13 +159,15 @@ def finish(
     if rows is None:
         return False
     crashpoint("finish.before_terminate")
-    # Terminate and confirm at the provider first; the rows are closed below, in the transaction that
-    # records the final state (a crash before it commits leaves open rows of gone instances, which
-    # the restarted engine's finish closes the same way).
+    # Terminate and confirm at the provider first; each row is closed as soon as its instance is confirmed
+    # gone, at the moment its provider stopped billing, and the final state is committed below. A crash in
+    # between leaves closed rows: the restarted engine's finish bills nothing more for them (issue 38: it
+    # found the instance gone and billed the seconds the bot was down).
     gone: list[tuple[InstanceRow, float]] = []
     for row in rows:
         billed_until = _gone_at_provider(eng, row)
         if billed_until is not None:
+            close_instance(eng, row, reason=_end_reason(final, reason), actor=actor, at=billed_until)
             gone.append((row, billed_until))
     all_gone = len(gone) == len(rows)
     crashpoint("finish.after_terminate")
@@ -236,7 +238,7 @@ def _commit_final(
     """Close the rows of the instances confirmed gone and, when all are, move the job to ``final`` with its
     spend and ledger lines, in one transaction under the job's row lock; (the job, its spend), or None when
     the job stays active (the next tick tries again)."""
-    end_reason = final if final != S.STOPPED else f"stopped:{reason}"
+    end_reason = _end_reason(final, reason)
     now = eng.now()
     with eng.session() as s, s.no_autoflush:  # the audit rows go in one INSERT at the commit
         job = S.lock_job(s, job_id)  # in turn with close_instance and every other transition
@@ -271,6 +273,11 @@ def _commit_final(
         roll_up(s, now, since=0.0, job_id=job_id, job_rows=(job, insts))  # this job's lines: O(its instances)
         s.commit()
     return job, spend
+
+
+def _end_reason(final: str, reason: str | None) -> str:
+    """An instance row's end reason when its job ends in ``final``."""
+    return final if final != S.STOPPED else f"stopped:{reason}"
 
 
 def _announce_finish(

@@ -109,6 +109,7 @@ def start(ctx: EngineContext, job_id: str, claim_id: str, job_root: str) -> JobR
         if job.run_id:
             current = s.get(JobRun, job.run_id)
             if current is not None and current.ended_at is None and current.instance is None:
+                s.expunge(current)  # handed back loaded: the rollback would expire it, detached (issue 38)
                 s.rollback()
                 return current
             s.execute(
@@ -191,7 +192,8 @@ def acknowledge(
         digest = e.manifest_sha256 if e.manifest_sha256 and _SHA256.match(e.manifest_sha256) else None
         if digest is None:
             continue
-        if e.kind in (EventKind.checkpoint, EventKind.preempted) and _under(e.checkpoint_uri, folder):
+        saved = (EventKind.checkpoint, EventKind.preempted, EventKind.budget)  # budget: saved at the cap
+        if e.kind in saved and _under(e.checkpoint_uri, folder):
             if e.checkpoint_uri != f"{folder.rstrip('/')}/checkpoint-{e.step}":
                 continue  # a checkpoint is named by its step
             stmt = insert_for(s, RunCheckpoint).values(

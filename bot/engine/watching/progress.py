@@ -1,10 +1,12 @@
 """Pull: reading the progress object each runner writes beside its checkpoints (``progress.json``).
 
-A bot in Socket Mode has no public URL, so it reads every event the runner wrote with fsspec. Each read
-is remembered as a window (digest, first and last seq, newest timestamp, stored in
-``jobs.progress_window``): an unchanged object is not parsed again, a grown one only from its tail. What
-is new goes to bot/engine/watching/runner_events.py like a pushed event.
-"""
+A bot in Socket Mode has no public URL, so it reads every event the runner wrote with fsspec. Each read is
+remembered as a window (digest, first and last seq, newest timestamp, stored in ``jobs.progress_window``): an
+unchanged object is not parsed again, a grown one only from its tail. What is new goes to
+bot/engine/watching/runner_events.py like a pushed event. The object's head is the runner's heartbeat
+(rewritten every few seconds, whether or not there are events): every read hands it to
+bot/engine/watching/liveness.py, and the digest covers only what follows it, so a beat alone changes no
+window."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import func, select
 
 from bot.engine.launching import integrity
+from bot.engine.watching import liveness
 from bot.engine.watching.runner_events import ingest, ingest_many, valid_events
 from runner.contract.spec import (
     RunnerEvent,
@@ -84,6 +87,7 @@ def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None, *, run_id: str 
     current = integrity.current_key(eng, job_id, run_id)
     if current is None:
         return 0  # no current run: nothing is accepted from anyone
+    liveness.note(eng, job_id, current[0], current[1], raw)
     refused: Counter[str] = Counter()
     parsed = _new_events(eng, job_id, raw, refused=refused, key=current[1])
     integrity.report_refused(eng, job_id, refused)
@@ -105,11 +109,13 @@ def window_text(window: Window) -> str:
 
 
 def object_digest(raw: bytes) -> str:
-    """The digest a window records of the object's bytes: SHA-256's first 16 bytes in hex (CPUs hash
-    SHA-256 in hardware: twice blake2b's speed on a 10 KB object; every object is hashed on a restart's
+    """The digest a window records of the object's bytes from its ``"last_seq"`` on (the heartbeat and the
+    write time before it change with every beat, the events never do): SHA-256's first 16 bytes in hex (CPUs
+    hash SHA-256 in hardware: twice blake2b's speed on a 10 KB object; every object is hashed on a restart's
     first tick and once a minute). A window recorded with another digest reads as changed: its object is
     read from the tail once."""
-    return hashlib.sha256(raw).hexdigest()[:32]
+    start = raw.find(b'"last_seq"', 0, 2048)
+    return hashlib.sha256(raw[start:] if start > 0 else raw).hexdigest()[:32]
 
 
 def parse_window(text: str | None) -> Window | None:
@@ -371,6 +377,7 @@ def pull_many(eng: EngineContext, jobs: list[Followed]) -> set[str]:
         current = integrity.current_key(eng, jid, run_ids.get(jid))
         if current is None:
             continue  # no current run (it just ended): nothing is accepted from anyone
+        liveness.note(eng, jid, current[0], current[1], raw)
         verified_by[jid] = current[0]
         refused: Counter[str] = Counter()
         parsed = _new_events(
@@ -406,7 +413,7 @@ def forget_all_but(eng: EngineContext, running: set[str]) -> None:
     """Drop what this process remembers of the progress objects of jobs no longer running (a
     long-lived bot would otherwise keep an entry for every job it ever followed)."""
     mem = eng.memory
-    for table in (mem.progress_seen, mem.progress_stat):
+    for table in (mem.progress_seen, mem.progress_stat, mem.heartbeats):
         for jid in table.keys() - running:
             del table[jid]
 

@@ -7,7 +7,9 @@
   instance): terminate it, a stray or a duplicate (a job never keeps two);
 - in the database, open, not at the provider: lost; closed as gone (the monitor then recovers the job).
 
-A provider whose listing fails is skipped for this pass: nothing is decided from a failed call.
+A provider whose listing fails is skipped for this pass: nothing is decided from a failed call. The pass never
+raises: a step that fails for one instance or job is logged and named in the report's ``errors``, and the
+others go on (issue 38: one broken job made `tunebot reconcile` print a traceback and stop).
 """
 
 from __future__ import annotations
@@ -41,25 +43,48 @@ class ReconcileReport:
     lost: list[str] = field(default_factory=list)
     finished_terminated: list[str] = field(default_factory=list)
     skipped_providers: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # "job J: what failed: why", one per failed step
+
+    def failed(self, job_id: str | None, what: str, exc: BaseException) -> None:
+        """Log and keep one failed step (never raised: the pass goes on with the others)."""
+        log.warning("reconcile: %s for job %s failed", what, job_id, exc_info=exc)
+        self.errors.append(f"job {job_id or '-'}: {what} failed: {type(exc).__name__}: {exc}"[:500])
 
 
 def reconcile(eng: EngineContext) -> ReconcileReport:
     """One pass: one listing per provider, one read of the open rows and job states (only the columns
     it needs), one transaction for the status refreshes and lost rows; provider calls (terminating
-    strays) and adoptions, which are rare, happen after it, each on its own."""
+    strays) and adoptions, which are rare, happen after it, each on its own. Never raises: what failed is
+    in the report's ``errors``."""
     report = ReconcileReport()
     listings: dict[str, tuple[list[Instance], float]] = {}
     for name, provider in eng.supervisable.items():
         listed_at = eng.now()
         try:
             listed = [i for i in provider.list_instances() if i.status not in GONE_STATUSES]
-        except ProviderError as exc:
+        except Exception as exc:  # noqa: BLE001 - a cloud that fails is skipped, the others go on
             log.warning("reconcile: listing %s failed (%s); skipped this pass", name, exc)
             report.skipped_providers.append(name)
+            if not isinstance(exc, ProviderError):
+                report.failed(None, f"listing {name}", exc)
             continue
         listings[name] = (listed, listed_at)
     if not listings:
         return report
+    try:
+        plan = _plan(eng, listings, report)
+    except Exception as exc:  # noqa: BLE001 - the database failed: nothing decided this pass
+        report.failed(None, "reading the open instances", exc)
+        return report
+    _carry_out(eng, plan, report)
+    return report
+
+
+def _plan(
+    eng: EngineContext, listings: dict[str, tuple[list[Instance], float]], report: ReconcileReport
+) -> _Plan:
+    """What the pass does, decided from the listings and one read of the open rows; the status refreshes
+    written in the same transaction."""
     now = eng.now()
     with eng.session() as s:
         rows = [
@@ -91,21 +116,41 @@ def reconcile(eng: EngineContext) -> ReconcileReport:
             _plan_provider(eng, name, listed, listed_at, now, by_pid, states, open_by_job, plan, report)
         _write(s, plan, now)
         s.commit()
+    plan.now = now
+    return plan
+
+
+def _carry_out(eng: EngineContext, plan: _Plan, report: ReconcileReport) -> None:
+    """The pass's provider calls and per-job steps, each on its own: one that fails is reported, the
+    others go on."""
+    now = plan.now
     for row in plan.lost:  # closed one by one: each under its job's lock (a final job's spend follows)
-        close_instance(eng, _as_model(row), reason="lost", actor="reconciler", at=row.last_seen_at or now)
-        report.lost.append(row.provider_instance_id)
+        try:
+            close_instance(eng, _as_model(row), reason="lost", actor="reconciler", at=row.last_seen_at or now)
+            report.lost.append(row.provider_instance_id)
+        except Exception as exc:  # noqa: BLE001
+            report.failed(row.job_id, f"closing lost instance {row.provider_instance_id}", exc)
     for name, inst, state in plan.adopt:
-        adopted = _adopt(eng, name, inst.job_id or "", inst)
+        try:
+            adopted = _adopt(eng, name, inst.job_id or "", inst)
+        except Exception as exc:  # noqa: BLE001
+            report.failed(inst.job_id, f"adopting {name} instance {inst.instance_id}", exc)
+            continue
         if adopted is None:  # ended, or has another instance by now: a stray or a duplicate
             plan.strays.append((name, inst, "duplicate" if state in S.ACTIVE else "stray"))
         elif adopted[1]:
             report.adopted.append(inst.instance_id)
     for row, why in plan.terminate:
-        if terminate_instance(eng, row, reason=why, actor="reconciler"):
-            report.finished_terminated.append(row.provider_instance_id)
+        try:
+            if terminate_instance(eng, row, reason=why, actor="reconciler"):
+                report.finished_terminated.append(row.provider_instance_id)
+        except Exception as exc:  # noqa: BLE001
+            report.failed(row.job_id, f"terminating {row.provider_instance_id}", exc)
     for name, inst, why in plan.strays:
-        _terminate_stray(eng, name, inst, why, now, report)
-    return report
+        try:
+            _terminate_stray(eng, name, inst, why, now, report)
+        except Exception as exc:  # noqa: BLE001
+            report.failed(inst.job_id, f"terminating {why} {inst.instance_id}", exc)
 
 
 @dataclass
@@ -128,6 +173,7 @@ class _Plan:
     adopt: list[tuple[str, Instance, str]] = field(default_factory=list)
     terminate: list[tuple[InstanceRow, str]] = field(default_factory=list)  # ours, job finished
     strays: list[tuple[str, Instance, str]] = field(default_factory=list)  # no row: stray | duplicate
+    now: float = 0.0  # when the open rows were read
 
 
 def _plan_provider(

@@ -7,29 +7,51 @@ with that reason instead of burning money in a loop.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 
 from bot.engine.crash import crashpoint
 from bot.engine.events import EngineEventKind
-from bot.engine.launching.launch import claim, launch_job
+from bot.engine.launching.launch import claim, launch_claimed
 from bot.engine.outcome.finish import close_instance, open_instances, terminate_instance
 from bot.engine.record import states as S
-from store.models import AuditLog, Job
+from bot.money import money
+from store.models import AuditLog, Job, JobRun
 from store.models import Instance as InstanceRow
 
 if TYPE_CHECKING:
     from bot.engine.context import EngineContext
 
+log = logging.getLogger(__name__)
+
 
 def mark_preempted(eng: EngineContext, job_id: str, row: InstanceRow | None, *, why: str, gone: bool) -> bool:
-    """running -> recovering (one preemption), then end the lost instance. True when this call did it."""
+    """running -> recovering (one preemption), once the runner's last words are in; True when this call did
+    it.
+
+    The lost instance is ended first (asked to stop where its provider can ask, so its runner saves a
+    checkpoint on the way out, then terminated and confirmed gone) and its progress object read once more,
+    while the job's run is still current: the checkpoint the runner reported on its way out is acknowledged
+    (bot/engine/record/runs.py) and the relaunch resumes from it. Ending the run first, as before, refused
+    that report (issue 38: checkpoint-647 was saved, the relaunch started from step 0)."""
+    with eng.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.state != S.RUNNING:
+            return False
+    if row is not None:
+        _end_lost_instance(eng, row, gone=gone)
+    _read_last_words(eng, job_id)
+    crashpoint("recover.after_terminate")
     now = eng.now()
     with eng.session() as s:
         job = s.get(Job, job_id)
         if job is None or job.state != S.RUNNING:
             return False
+        preemptions = job.preemptions + 1
+        lost = _lost_work(eng, job, row)
         if not S.transition(
             s,
             job_id,
@@ -38,29 +60,112 @@ def mark_preempted(eng: EngineContext, job_id: str, row: InstanceRow | None, *, 
             actor="monitor",
             now=now,
             reason=why,
-            preemptions=job.preemptions + 1,
+            preemptions=preemptions,
             message=why,
         ):
             return False
-        preemptions = job.preemptions + 1
     crashpoint("recover.after_mark")
-    if row is not None:
-        with eng.session() as s:
-            s.execute(update(InstanceRow).where(InstanceRow.id == row.id).values(end_reason="preempted"))
-            s.commit()
-        if gone:
-            close_instance(eng, row, reason="preempted", actor="monitor")
-        else:
-            terminate_instance(eng, row, reason="preempted", actor="monitor")
-    crashpoint("recover.after_terminate")
     eng.publish(
         EngineEventKind.preempted,
         job_id,
-        f"Job {job_id} was preempted ({why}); relaunching from its last checkpoint.",
+        f"Job {job_id} was preempted ({why}); {lost.sentence()}",
         reason=why,
         preemptions=preemptions,
+        checkpoint_step=lost.checkpoint_step,
+        lost_steps=lost.steps,
+        lost_cost=lost.cost,
     )
     return True
+
+
+def _end_lost_instance(eng: EngineContext, row: InstanceRow, *, gone: bool) -> None:
+    """The lost instance's end: a gone one closed (billed until seen gone); another asked to stop gracefully
+    where its provider can (SIGTERM: the runner saves and reports), then terminated and confirmed gone."""
+    with eng.session() as s:  # the host to avoid next time, whatever happens below
+        s.execute(update(InstanceRow).where(InstanceRow.id == row.id).values(end_reason="preempted"))
+        s.commit()
+    if gone:
+        close_instance(eng, row, reason="preempted", actor="monitor")
+        return
+    provider = eng.supervisable.get(row.provider)
+    graceful = getattr(provider, "preempt", None)
+    if callable(graceful) and getattr(provider, "sees_runner_process", False):
+        try:  # returns once the runner exited (or the grace passed and it was killed)
+            graceful(row.provider_instance_id, eng.limits.stop_grace_s)
+        except Exception as exc:  # noqa: BLE001 - already exited, or gone: the terminate below settles it
+            log.info("graceful stop of %s/%s: %s", row.provider, row.provider_instance_id, exc)
+    terminate_instance(eng, row, reason="preempted", actor="monitor")
+
+
+def _read_last_words(eng: EngineContext, job_id: str) -> None:
+    """Read the job's progress object once more, its run still current: the runner's words on its way out."""
+    from bot.engine.watching import progress
+
+    try:
+        with eng.session() as s:
+            job = s.get(Job, job_id)
+        if job is not None and job.state == S.RUNNING:
+            progress.pull(eng, job)
+    except Exception:  # noqa: BLE001 - an unreadable object must not keep the job from its relaunch
+        log.exception("job %s: reading the runner's last words failed", job_id)
+
+
+@dataclass(frozen=True)
+class LostWork:
+    """What a preemption costs the job: the checkpoint it resumes from, the steps trained again, about how
+    much."""
+
+    checkpoint_step: int | None
+    steps: int
+    cost: float | None
+
+    def sentence(self) -> str:
+        """What the job's thread reads after "was preempted (why); ". Pure."""
+        again = ""
+        if self.steps > 0:
+            cost = f", about {money(self.cost)}" if self.cost is not None else ""
+            again = f"the {self.steps} step(s) since are trained and billed again{cost}"
+        if self.checkpoint_step is not None:
+            return f"relaunching from its checkpoint at step {self.checkpoint_step}" + (
+                f": {again}." if again else "."
+            )
+        if self.steps > 0:
+            return f"it has no checkpoint yet, so it restarts from the beginning: {again}."
+        return "it has no checkpoint yet, so it restarts from the beginning (nothing was trained yet)."
+
+
+def _lost_work(eng: EngineContext, job: Job, row: InstanceRow | None) -> LostWork:
+    """The checkpoint the relaunch resumes from (the newest acknowledged one still in storage), the steps
+    trained since (the runner's last step by its events or its heartbeat) and their share of the lost
+    instance's cost."""
+    from bot.engine.record import runs
+    from bot.engine.record.spend import instance_cost
+    from bot.engine.watching import liveness
+
+    newest = runs.newest_acknowledged(eng, job.id)
+    beat = liveness.heard(eng, job.id, job.run_id)
+    step = max(job.last_step or 0, beat.step if beat is not None else 0)
+    start = _run_start_step(eng, job.run_id)
+    resumes = newest.step if newest is not None else 0
+    steps = max(0, step - resumes)
+    cost = None
+    if row is not None and step > start:
+        with eng.session() as s:
+            fresh = s.get(InstanceRow, row.id) or row
+            billed = instance_cost(fresh, eng.now())
+        cost = billed * min(1.0, steps / (step - start))
+    return LostWork(newest.step if newest is not None else None, steps, cost)
+
+
+def _run_start_step(eng: EngineContext, run_id: str | None) -> int:
+    """The step the job's current run started from (its first resume point; 0 without one)."""
+    if not run_id:
+        return 0
+    with eng.session() as s:
+        run = s.get(JobRun, run_id)
+    points = [p for p in (run.resume if run is not None else []) or [] if isinstance(p, dict)]
+    step = points[0].get("step") if points else 0
+    return step if isinstance(step, int) else 0
 
 
 def relaunch(eng: EngineContext, job_id: str, *, actor: str = "recovery") -> bool:
@@ -73,7 +178,7 @@ def relaunch(eng: EngineContext, job_id: str, *, actor: str = "recovery") -> boo
     claim_id = claim(eng, job_id, actor=actor)
     if claim_id is None:
         return False
-    return launch_job(eng, job_id, claim_id, actor=actor)
+    return launch_claimed(eng, job_id, claim_id, actor=actor)
 
 
 def recovering_since(eng: EngineContext, job_id: str) -> float | None:

@@ -20,13 +20,13 @@ from sqlalchemy import select
 
 from bot.engine.context import EngineContext
 from bot.engine.control import jobs
-from bot.engine.launching.launch import launch_job, reclaim_stale
+from bot.engine.launching.launch import take_over
 from bot.engine.outcome import finish as finish_mod
 from bot.engine.pace import cap_due
 from bot.engine.record import states as S
 from bot.engine.record.spend import cost, ended_spend
 from bot.engine.record.states import JobState
-from bot.engine.watching import observe, progress, slow, startup
+from bot.engine.watching import liveness, observe, progress, slow, startup
 from bot.engine.watching.recovery import mark_preempted, relaunch
 from runner.contract.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
@@ -106,6 +106,13 @@ class Observation(NamedTuple):
     launched_at: float | None = None  # of the newest open instance; None = no instance
     spent: float = 0.0
     burn_per_hour: float = 0.0  # all open instances together
+    # The runner's heartbeat (bot/engine/watching/liveness.py), on the bot's clock: when its newest beat was
+    # heard, and when it last made progress by that beat. None: no beat heard from this run yet.
+    heard_at: float | None = None
+    active_at: float | None = None
+    # The provider sees the runner's own process, and it lives (the local provider: a process on this
+    # machine). A silent runner its provider sees alive is not dead: it is stopped as idle, or not at all.
+    alive: bool = False
 
 
 class Do(StrEnum):
@@ -223,9 +230,13 @@ def _provider_unanswered(obs: Observation) -> Action | None:
 
 
 def _instance_silent(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
-    """Too long without a word: a runner that never started, an idle or silent one, a host never up."""
+    """Too long without a word: a runner that never started, an idle or silent one, a host never up.
+
+    Liveness is the runner's heartbeat or any event (``heard``), never the report cadence alone: a runner that
+    reports once an hour beats every few seconds (issue 38). Idleness is no progress: no step by its beats and
+    no event. A runner whose provider sees its process alive is never declared dead for silence."""
     assert obs.launched_at is not None
-    heard = max(job.last_event_at or 0.0, obs.launched_at)
+    heard = max(job.last_event_at or 0.0, obs.heard_at or 0.0, obs.launched_at)
     starting = job.last_event_at is None or job.last_event_at < obs.launched_at  # not a word from this host
     if starting and job.start_deadline_s is not None:
         # The image pull and the model download take what they take (a 70B model: over an hour): neither the
@@ -234,10 +245,10 @@ def _instance_silent(job: JobFacts, obs: Observation, now: float, limits: Superv
             minutes = job.start_deadline_s / 60
             return Action(Do.start_failed, reason=f"the runner did not start within {minutes:.0f} min")
     elif obs.verdict == "running":
-        last_activity = job.last_event_at or job.started_at or obs.launched_at
+        last_activity = max(job.last_event_at or job.started_at or obs.launched_at, obs.active_at or 0.0)
         if now - last_activity > limits.idle_stop_s:
             return Action(Do.stop_now, reason="idle")
-        if now - heard > limits.heartbeat_timeout_s:
+        if now - heard > limits.heartbeat_timeout_s and not obs.alive:
             return Action(Do.preempt, reason=f"no heartbeat for {limits.heartbeat_timeout_s:.0f} s")
     elif now - heard > 2 * limits.heartbeat_timeout_s:  # provisioning | unknown: never came up
         return Action(Do.preempt, reason=f"instance stuck in {obs.verdict}")
@@ -261,9 +272,7 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
     elif action.do is Do.relaunch:
         relaunch(ctx, job.id)
     elif action.do is Do.take_over:
-        claim_id = reclaim_stale(ctx, job.id, actor="engine", force=False)
-        if claim_id:
-            launch_job(ctx, job.id, claim_id)
+        take_over(ctx, job.id, actor="engine", force=False)
     elif action.do is Do.finish:
         assert action.final is not None
         message = action.message
@@ -283,6 +292,9 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
         grow(ctx, job.id, said=action.message)
     elif action.do is Do.stop_now:
         jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine")
+        # The graceful stop lets the runner save and report on its way out: read that while its run is still
+        # current, so the stopped job's result (and a later resume) is that checkpoint (issue 38).
+        progress.pull_many(ctx, [job])
         finish_mod.finish(ctx, job.id, JobState.STOPPED, reason=action.reason)
     elif action.do is Do.start_failed:
         startup.start_failed(ctx, job.id, row, why=action.reason or "the runner did not start")
@@ -352,6 +364,7 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
     now = ctx.now()  # one time for the tick's decisions: a job's deadline is at most a tick late
     spent = _spent(ctx, [jid for jid, f in facts.items() if f.max_cost], rows, now)
     gone, newest, older_rows = Observation(), rows.newest, rows.older
+    sees = {name for name, p in ctx.supervisable.items() if getattr(p, "sees_runner_process", False)}
     for job_id, f in facts.items():
         row = newest.get(job_id)
         if row is None:
@@ -360,7 +373,17 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
         verdict, code = verdicts.get(row.id, _UNASKED)
         older = older_rows.get(job_id)
         burn = row.price_per_hour + (sum(r.price_per_hour for r in older) if older else 0.0)
-        obs = Observation(verdict, code, row.launched_at, spent.get(job_id, 0.0), burn)
+        beat = liveness.heard(ctx, job_id, f.run_id)
+        obs = Observation(
+            verdict,
+            code,
+            row.launched_at,
+            spent.get(job_id, 0.0),
+            burn,
+            beat.heard_at if beat is not None else None,
+            beat.active_at if beat is not None else None,
+            verdict == "running" and row.provider in sees,
+        )
         _safely(ctx, f, obs, limits, now, row)
         slow.tell_safely(ctx, f, obs.spent, burn)  # a job well over its quoted time says so, once
 
