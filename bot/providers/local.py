@@ -164,6 +164,9 @@ class LocalProvider:
     capabilities = Capabilities(
         interruptible=False, volumes=False, kind="process", stop=False, burn_rate=True
     )
+    # An instance here is the runner's own process: "running" means the runner lives (a cloud's "running" is
+    # only its machine). The supervisor never declares such a runner dead for silence (issue 38).
+    sees_runner_process = True
 
     def __init__(
         self,
