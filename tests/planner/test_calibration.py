@@ -181,7 +181,8 @@ def test_the_planner_never_reads_the_store() -> None:
     """Calibration comes in as an argument: importing and running the planner loads no database code.
 
     (The dated snapshot prices come from each cloud's module, bot/providers/<cloud>.py: bot.providers may
-    load; the store, the engine and the chat layer may not.)"""
+    load, and bot.money, the layer below the planner that writes amounts; the store, the engine and the chat
+    layer may not.)"""
     code = (
         "import sys, json\n"
         "from bot.planner import EstimateRequest, plan_request\n"
@@ -191,7 +192,7 @@ def test_the_planner_never_reads_the_store() -> None:
         "plan_request(request, offers=snapshot_offers())\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('store', 'sqlalchemy', 'sqlmodel', 'bot') and not m.startswith(('bot.planner', 'bot.providers')) "
-        "and m != 'bot')))\n"
+        "and m not in ('bot', 'bot.money'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
