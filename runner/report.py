@@ -151,6 +151,11 @@ class Reporter:
                 log.warning("report queue full: event %d not sent (the progress object has it)", event.seq)
         return events[-1]
 
+    def touch(self) -> None:
+        """Progress that is neither a step nor an event (a batch of a long eval): the next beat says so."""
+        with self._lock:
+            self._active_at = time.monotonic()
+
     def events(self) -> list[RunnerEvent]:
         """The events the progress object holds (the last 200)."""
         with self._lock:

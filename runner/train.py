@@ -1084,6 +1084,8 @@ class Trainer:
             with self._precision():
                 total = total + self.head_loss(self.ddp_model, inputs, labels, where).detach().double()
             count += batch.num_label_tokens
+            if self.reporter is not None:  # a long eval is progress: its heartbeat says so (not idle)
+                self.reporter.touch()
         self.ddp_model.train()
         return float(total) / max(count, 1)  # one read-back per pass
 

@@ -314,3 +314,30 @@ def test_the_heartbeat_goes_on_without_reports_and_while_training_is_busy(tmp_pa
         reporter.close()
     obj = read_progress(tmp_path)
     assert next(iter(obj)) == heartbeat.FIELD and [e["kind"] for e in obj["events"]] == ["started"]
+
+
+def test_a_long_eval_is_progress_for_the_heartbeat(tmp_path, monkeypatch):
+    """A batch of an eval is neither a step nor an event: ``touch`` makes the next beat say the runner just
+    made progress, so a long eval is not idleness (the trainer touches once per eval batch)."""
+    import runner.report as report
+    from runner.contract import heartbeat
+
+    key = b"k" * 32
+    monkeypatch.setenv("TUNEBOT_JOB_KEY", key.hex())
+    beats: list[heartbeat.Beat] = []
+    real_write = report.write_atomically
+
+    def write(uri: str, data: bytes) -> None:
+        real_write(uri, data)
+        beats.append(heartbeat.parse(heartbeat.head(data), key, "job-7"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(report, "write_atomically", write)
+    reporter = Reporter(make_spec(tmp_path, None, heartbeat_seconds=0.1), activity=lambda: 7)
+    try:
+        assert wait_for(lambda: len(beats) >= 3 and beats[-1].stalled_s > beats[0].stalled_s)
+        stalled = beats[-1].stalled_s
+        reporter.touch()
+        assert wait_for(lambda: beats[-1].stalled_s < stalled)
+        assert beats[-1].step == 7
+    finally:
+        reporter.close()
