@@ -113,7 +113,12 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
     )
     try:
         trainer.setup()
-        status = trainer.train()
+        if spec.verify is not None:  # a sweep winner measured again, nothing trained (runner/verify.py)
+            from runner.verify import verify
+
+            status = verify(trainer)
+        else:
+            status = trainer.train()
         code = {"preempted": EXIT_PREEMPTED, "budget": EXIT_BUDGET}.get(status, EXIT_OK)
         if status == "preempted" and preemption.why != "SIGTERM":
             code = EXIT_CREDENTIALS  # the bot relaunches it with fresh credentials

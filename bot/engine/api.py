@@ -113,6 +113,7 @@ class SweepEstimate(BaseModel):
     feasible: bool
     scale: float = 1.0  # max_cost (less its margin) over what the worst case needs: the caps' headroom
     notes: list[str] = Field(default_factory=list)
+    verify_cost: float = 0.0  # measuring the winner's output again on another host (control/verify.py)
     # What creating it needs and a person never sees: each run's planner estimate, its money model.
     _estimates: list[Any] = PrivateAttr(default_factory=list)
     _costs: list[Any] = PrivateAttr(default_factory=list)
@@ -122,7 +123,7 @@ class SweepRunView(BaseModel):
     index: int
     settings: dict[str, str]  # option key -> value
     job: JobView | None = None
-    status: str = "pending"  # pending | running | lost | failed | won | stopped
+    status: str = "pending"  # pending | running | lost | failed | won | stopped | excluded
     stage_evals: dict[int, float] = Field(default_factory=dict)  # rung step -> eval loss there
     cap: float = 0.0  # what this run may spend now (reserved out of max_cost)
     note: str | None = None  # why it stopped

@@ -208,6 +208,15 @@ class StageSpec(_Strict):
     poll_seconds: float = Field(2.0, gt=0, le=60)  # how often a paused run looks for the decision
 
 
+class VerifySpec(_Strict):
+    """Another run's output to measure on this job's held-out split instead of training (runner/verify.py):
+    a sweep's winner, measured again on a host its own does not control (bot/engine/control/verify.py)."""
+
+    job_id: str = Field(min_length=1, max_length=64)  # whose output it is (its manifest names that job)
+    uri: str = Field(min_length=1, max_length=1024)  # the output folder
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # the digest its run reported, signed
+
+
 class HubSpec(_Strict):
     """Where the output goes on the Hugging Face Hub. The bot pushes it, with its own token, from the output
     its run signed (bot/engine/outcome/hub_push.py); a host never holds a token that can write to the Hub. The
@@ -317,6 +326,7 @@ class JobSpec(_Strict):
     keep: Literal["best", "last"] | None = None
     samples: SamplesSpec = Field(default_factory=SamplesSpec)
     stages: StageSpec | None = None  # a sweep's run: where it pauses for the sweep's decision
+    verify: VerifySpec | None = None  # a verification run: measure that output, train nothing
 
     @model_validator(mode="after")
     def _known_version(self) -> JobSpec:

@@ -105,7 +105,7 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     assert max(reserved) <= max_cost * 0.9 + 1e-6  # the caps as reserved: never more than max_cost
     statuses = sorted(r.status for r in view.runs)
     assert statuses == ["lost", "lost", "lost", "won"], statuses
-    stage_events = [e for e in world.events if e.kind is EngineEventKind.sweep_stage]
+    stage_events = [e for e in world.events if e.kind is EngineEventKind.sweep_stage and "kept" in e.data]
     assert [len(e.data["stopped"]) for e in stage_events] == [2, 1]  # the losing half, then the next
     first_stopped = stage_events[0].data["stopped"]
     for stage, event in enumerate(stage_events):  # each stopped at its stage's last step, not one past it
@@ -120,18 +120,23 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     from store.models import Sweep
 
     with world.engine.session() as s:
-        costs = [RunCost(**c) for c in s.get(Sweep, sweep_id).plan["costs"]]
+        plan = s.get(Sweep, sweep_id).plan
+    costs = [RunCost(**c) for c in plan["costs"]]
+    (checker,) = [j for j in world.engine.list_jobs() if j.sweep_id == sweep_id and not j.step]
     quoted = [costs[r.index].fixed + costs[r.index].per_step * r.job.step for r in view.runs]
     spent = [r.job.spend for r in view.runs]
+    quoted.append(plan["verify_cost"])  # the winner measured again on another host (verify.py)
+    spent.append(checker.spend)
     assert 1 / (1 + SLACK) <= sum(spent) / sum(quoted) <= 1 + SLACK, (spent, quoted)
     # It never spent more than max_cost, and says so with the winner and its adapter.
-    total = sum(r.job.spend for r in view.runs if r.job)
+    total = sum(spent)
     assert 0 < total <= max_cost and view.spend == pytest.approx(total, abs=1e-6)
     winner = world.engine.get_job(view.winner or "")
     assert winner.state == "succeeded" and winner.step == 32 and winner.output_uri
     assert Path(winner.output_uri, "adapter_model.safetensors").is_file()
     done = next(e for e in world.events if e.kind is EngineEventKind.sweep_done)
     assert f"Winner: job {winner.job_id}" in done.message and winner.output_uri in done.message
+    assert f"measured again on another host (job {checker.job_id})" in done.message  # its figure, checked
     # The winner had the lowest eval loss at every stage it went through.
     for e in stage_events:
         kept = e.data["kept"]
@@ -142,3 +147,46 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     assert table.columns[:3] == ["job", "r", "lr"] and len(table.rows) == 4, text(compared)
     assert f"lowest eval loss: {winner.job_id}" in text(compared), text(compared)
     assert any(isinstance(p, Image) and p.path and p.path.is_file() for p in compared.parts)
+
+
+@pytest.mark.slow
+def test_a_host_reporting_0_01_at_every_stage_does_not_pick_the_sweeps_model(world: ConsoleWorld) -> None:
+    """Issue 38, item 2: one host decided a sweep. The runs at lr=0.001 run on a hostile host
+    (tests/fakes/hostile_runner.py: the real runner reporting an eval loss of 0.01 after the base model's,
+    every report signed with its run's key). Their claims win both stages - the stages are ranked on what
+    hosts report - but before a winner is named its output is measured again by another runner process on
+    the held-out split; the claim does not hold, the run is excluded with both figures in the sweep's thread,
+    and the sweep names no winner and adopts no adapter (on 9a0c9c1: "Winner: ... -> 0.0100 (-100%)")."""
+    import sys
+
+    world.local.runner_command = [
+        sys.executable,
+        str(Path(__file__).parents[1] / "fakes" / "hostile_runner.py"),
+    ]
+    world.local.extra_env["TUNEBOT_TEST_HOSTILE_LR"] = "0.001"
+    reply = world.say(
+        f"sweep {world.model} dataset={world.data} {SWEEP} steps=32 eval=10% samples=1 "
+        "lr=1e-3,2e-2 r=4,8 max_cost=$40"
+    )
+    said = text(reply)
+    assert "measured again on the held-out split on another host" in said, said
+    launch = [b for b in reply.buttons if b.action == "launch_sweep"]
+    assert world.chat.launch(launch[0].value, "sweep", world.alice).kind == "success"
+    sweep_id = world.engine.list_jobs(user="alice")[0].sweep_id or ""
+    world.until(lambda: world.engine.get_sweep(sweep_id).state not in ("running",), "the sweep's end", 900)
+    view = world.engine.get_sweep(sweep_id)
+    liars = {r.job.job_id for r in view.runs if r.job and r.settings["lr"] == "0.001"}
+    stage_events = [e for e in world.events if e.kind is EngineEventKind.sweep_stage and "kept" in e.data]
+    assert set(stage_events[0].data["kept"]) == liars  # the claims did move the stages: the attack is real
+    assert view.state == "failed" and view.winner is None, view.message
+    (excluded,) = [r for r in view.runs if r.status == "excluded"]
+    assert excluded.job and excluded.job.job_id in liars
+    checker = next(j for j in world.engine.list_jobs() if j.sweep_id == sweep_id and j.results and not j.step)
+    measured = checker.results.eval_after
+    assert measured is not None and measured > 1.0  # what the lying run's output really scores
+    said = f"its host reported eval loss 0.0100; measured again on another host (job {checker.job_id}): "
+    assert excluded.note == f"{said}{measured:.4f}", excluded.note
+    done = next(e for e in world.events if e.kind is EngineEventKind.sweep_done)
+    assert said in done.message and "no winner" in done.message and "Winner:" not in done.message
+    assert "-100%" not in done.message and "Adapter:" not in done.message
+    assert view.spend <= 40.0

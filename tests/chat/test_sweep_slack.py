@@ -15,7 +15,18 @@ from bot.chat.blockkit import violations
 from runner.contract.spec import EventKind, RunnerEvent, RunResults
 
 
-def _feed(engine: Any, job_id: str, seq: int, step: int, loss: float, *, last: bool = False) -> None:
+def _feed(
+    engine: Any,
+    job_id: str,
+    seq: int,
+    step: int,
+    loss: float,
+    *,
+    last: bool = False,
+    output: str | None = None,
+) -> None:
+    """The job's runner's reports: its eval at ``step``; ``last``: its results and the end (``output``: the
+    output folder its run signed)."""
     from bot.engine.watching.runner_events import ingest
 
     events = [RunnerEvent(job_id=job_id, seq=seq, kind=EventKind.progress, step=step, evals=[(step, loss)])]
@@ -24,8 +35,16 @@ def _feed(engine: Any, job_id: str, seq: int, step: int, loss: float, *, last: b
         events.append(
             RunnerEvent(job_id=job_id, seq=seq + 1, kind=EventKind.results, step=step, results=results)
         )
-        events.append(RunnerEvent(job_id=job_id, seq=seq + 2, kind=EventKind.finished, step=step))
+        signed = {"output_uri": output, "manifest_sha256": "cd" * 32} if output else {}
+        events.append(RunnerEvent(job_id=job_id, seq=seq + 2, kind=EventKind.finished, step=step, **signed))
     ingest(engine.ctx, job_id, events)
+
+
+def _spec(cloud: Any, job_id: str) -> Any:
+    from runner.contract.spec import JobSpec
+
+    specs = [JobSpec.model_validate_json(r.env["TUNEBOT_JOB_SPEC"]) for r in cloud.launch_requests]
+    return [s for s in specs if s.job_id == job_id][-1]
 
 
 def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) -> None:
@@ -52,7 +71,13 @@ def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) ->
     _feed(engine, runs[1], 2, 8, 0.9)
     _feed(engine, runs[3], 2, 8, 1.2)
     engine.tick()
-    _feed(engine, runs[1], 3, 16, 0.8, last=True)
+    _feed(engine, runs[1], 3, 16, 0.8, last=True, output=_spec(cloud, runs[1]).output_uri)
+    engine.tick()
+    engine.tick()
+    # Before it is named, the winner's output is measured again by a job that trains nothing.
+    (checker,) = [j.job_id for j in engine.list_jobs() if j.job_id not in runs]
+    assert _spec(cloud, checker).verify.job_id == runs[1]
+    _feed(engine, checker, 1, 0, 0.81, last=True)
     engine.tick()
     engine.tick()
     assert engine.get_sweep(sweep_id).state == "done"
@@ -66,7 +91,8 @@ def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) ->
     replies = [p["text"] for p in posts if p.get("thread_ts") == sweep.thread_ts]
     assert sum("stage 1 of 3" in t for t in replies) == 1 and sum("stage 2 of 3" in t for t in replies) == 1
     assert any(f"Winner: job {runs[1]}" in t for t in replies), replies
-    assert len(posts) <= 6  # the card, the two stages, the end: not a line per step of every run
+    assert any("measured again on the held-out split" in t and checker in t for t in replies), replies
+    assert len(posts) <= 7  # the card, the two stages, the check, the end: not a line per step of every run
     card = stack.slack.of("chat.update")[-1].body
     assert card["ts"] == sweep.thread_ts and "done" in card["text"]
     assert all(job_id in json.dumps(card["blocks"]) for job_id in runs)  # each run a line of the card

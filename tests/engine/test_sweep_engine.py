@@ -20,27 +20,56 @@ GRID = {"learning_rate": [1e-4, 2e-4], "lora_r": [8, 16]}
 _seq = itertools.count(1)
 
 
-def _priced(engine: Any, fake: Any, **kw: Any) -> Any:
-    """The sweep estimate, each run priced by the fake cloud's offer (10 steps, 1 h at $1/h)."""
+def _priced(engine: Any, fake: Any, *others: Any, **kw: Any) -> Any:
+    """The sweep estimate, each run priced by the fake cloud's offer (10 steps, 1 h at $1/h; ``others``:
+    dearer clouds' offers too)."""
     from bot.engine.control import sweeps
 
-    engine.estimate = lambda req: estimate_for(fake, hours=1.0)
+    engine.estimate = lambda req: estimate_for(fake, *others, hours=1.0)
     return sweeps.estimate_sweep(engine.ctx, engine.estimate, request(**kw), GRID)
 
 
-def _eval(engine: Any, job_id: str, step: int, loss: float, kind: EventKind = EventKind.progress) -> None:
+def _eval(
+    engine: Any,
+    job_id: str,
+    step: int,
+    loss: float,
+    kind: EventKind = EventKind.progress,
+    fake: Any = None,
+    before: float = 3.0,
+) -> None:
+    """What the job's runner reports: its eval at ``step``; finished, its results and its signed output's
+    manifest digest too (``fake``: the cloud whose launch gave it its output folder)."""
     from bot.engine.watching.runner_events import ingest
 
     events = [
         RunnerEvent(job_id=job_id, seq=next(_seq), kind=EventKind.progress, step=step, evals=[(step, loss)])
     ]
     if kind is EventKind.finished:  # the runner's results event comes right before its last one
-        results = RunResults(eval_before=3.0, eval_after=loss, result_step=step, last_step=step)
+        results = RunResults(eval_before=before, eval_after=loss, result_step=step, last_step=step)
         events.append(
             RunnerEvent(job_id=job_id, seq=next(_seq), kind=EventKind.results, step=step, results=results)
         )
-        events.append(RunnerEvent(job_id=job_id, seq=next(_seq), kind=kind, step=step, max_steps=10))
+        output = _launched(fake, job_id).output_uri if fake is not None else None
+        done = {"output_uri": output, "manifest_sha256": "ab" * 32} if output else {}
+        events.append(RunnerEvent(job_id=job_id, seq=next(_seq), kind=kind, step=step, max_steps=10, **done))
     ingest(engine.ctx, job_id, events)
+
+
+def _launched(fake: Any, job_id: str) -> Any:
+    """The spec of the job's newest launch on ``fake``."""
+    from runner.contract.spec import JobSpec
+
+    specs = [JobSpec.model_validate_json(r.env["TUNEBOT_JOB_SPEC"]) for r in fake.launch_requests]
+    return [s for s in specs if s.job_id == job_id][-1]
+
+
+def _verification(engine: Any, sweep_id: str) -> str:
+    """The job that measures the sweep's winner again (bot/engine/control/verify.py)."""
+    view = engine.get_sweep(sweep_id)
+    runs = {r.job.job_id for r in view.runs if r.job}
+    (job,) = [j for j in engine.list_jobs() if j.sweep_id == sweep_id and j.job_id not in runs]
+    return job.job_id
 
 
 def _reserved(view: Any) -> float:
@@ -48,8 +77,11 @@ def _reserved(view: Any) -> float:
 
 
 def test_each_stage_keeps_the_better_half_within_max_cost(make_engine: Any, fake: Any, clock: Any) -> None:
-    engine = make_engine()
-    est = _priced(engine, fake, max_cost=20.0)
+    from .fakes import FakeProvider
+
+    other = FakeProvider("other", price=1.5)  # another cloud: where the winner is measured again
+    engine = make_engine(providers={fake.name: fake, other.name: other})
+    est = _priced(engine, fake, other, max_cost=20.0)
     assert est.feasible and est.survivors == [4, 2, 1] and est.steps[0] == [2, 4, 10]
     assert est.estimated_cost < est.needed_cost <= 20.0 and est.request.eval_split == 0.1
     view = engine.create_sweep(est, user="alice")
@@ -77,14 +109,28 @@ def test_each_stage_keeps_the_better_half_within_max_cost(make_engine: Any, fake
     view = engine.get_sweep(view.sweep_id)
     assert view.stage == 2 and [r.status for r in view.runs] == ["lost", "lost", "lost", "running"]
     clock.advance(60)
-    _eval(engine, jobs[3], 10, 0.5, EventKind.finished)
+    _eval(engine, jobs[3], 10, 0.5, EventKind.finished, fake=fake)
+    engine.tick()
+    engine.tick()
+    # Its host's figure alone does not name it: its output is measured again by a verification job, which
+    # trains nothing and measures the winner's signed output (bot/engine/control/verify.py).
+    view = engine.get_sweep(view.sweep_id)
+    assert view.state == "running" and view.winner is None, view.message
+    checker = _verification(engine, view.sweep_id)
+    verify = _launched(other, checker).verify  # on the other cloud: not a host any run of the winner had
+    assert verify and verify.job_id == jobs[3] and verify.uri == _launched(fake, jobs[3]).output_uri
+    assert verify.manifest_sha256 == "ab" * 32 and _launched(other, checker).stages is None
+    _eval(engine, checker, 0, 0.51, EventKind.finished, before=3.0)
     engine.tick()
     engine.tick()
     view = engine.get_sweep(view.sweep_id)
     assert view.state == "done" and view.winner == jobs[3], view.message
     assert [r.status for r in view.runs] == ["lost", "lost", "lost", "won"]
     assert view.spend <= 20.0 and f"Winner: job {jobs[3]}" in (view.message or "")
-    assert "eval loss 3.0000 -> 0.5000 (-83%)" in (view.message or "")
+    assert f"eval loss 3.0000 -> 0.5100 (-83%), measured again on another host (job {checker})" in (
+        view.message or ""
+    )
+    assert view.spend == pytest.approx(sum(r.job.spend for r in view.runs) + engine.get_job(checker).spend)
 
 
 def test_a_sweep_that_max_cost_cannot_cover_is_refused_before_anything_runs(
@@ -225,3 +271,39 @@ def test_the_kept_runs_are_let_past_their_boundary_by_a_decision_only_their_run_
     specs = [JobSpec.model_validate_json(req.env["TUNEBOT_JOB_SPEC"]) for req in fake.launch_requests]
     engine.tick()
     assert word(jobs[3]) is not None and word(jobs[3]).through == 2
+
+
+def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
+    make_engine: Any, fake: Any, clock: Any
+) -> None:
+    """Issue 38, item 2, played on 9a0c9c1: the host of run 2 reports an eval loss of 0.01 at every stage and
+    at the end; the honest runs were stopped and the thread announced "3.0 -> 0.01 (-100%)" with that host's
+    output as the sweep's adapter. Now the winner's output is measured again on another host before it is
+    named: the claim does not hold, the run is excluded with both figures, and no winner is named."""
+    from .fakes import FakeProvider
+
+    other = FakeProvider("other", price=1.5)
+    engine = make_engine(providers={fake.name: fake, other.name: other})
+    view = engine.create_sweep(_priced(engine, fake, other, max_cost=20.0), user="alice")
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    _eval(engine, jobs[1], 4, 0.9)
+    _eval(engine, jobs[2], 4, 0.01)
+    engine.tick()
+    _eval(engine, jobs[2], 10, 0.01, EventKind.finished, fake=fake)
+    engine.tick()
+    checker = _verification(engine, view.sweep_id)
+    assert _launched(other, checker).verify.job_id == jobs[2]
+    assert engine.get_sweep(view.sweep_id).state == "running"  # nothing is announced meanwhile
+    _eval(engine, checker, 0, 2.95, EventKind.finished, before=3.0)  # what another host measures
+    engine.tick()
+    engine.tick()
+    view = engine.get_sweep(view.sweep_id)
+    assert view.state == "failed" and view.winner is None, view.message
+    assert [r.status for r in view.runs] == ["lost", "lost", "excluded", "lost"]
+    said = f"its host reported eval loss 0.0100; measured again on another host (job {checker}): 2.9500"
+    assert view.runs[2].note == said and said in (view.message or "")
+    assert "no winner" in (view.message or "") and "Adapter" not in (view.message or "")
+    assert "-100%" not in (view.message or "")

@@ -47,7 +47,7 @@ from bot.engine.api import (
     SweepView,
 )
 from bot.engine.context import EngineContext
-from bot.engine.control import jobs, stages
+from bot.engine.control import jobs, stages, verify
 from bot.engine.events import EngineEvent, EngineEventKind
 from bot.engine.launching import admission, approval
 from bot.engine.launching import offers as offers_mod
@@ -214,6 +214,9 @@ def estimate_sweep(
     not change the price), plan the stages and the worst case, and say whether max_cost covers it."""
     check_grid(request, grid)
     configs = configurations(grid)
+    # Its runs train at once: where they share a machine (the local provider's CPU), each is priced for its
+    # share of it (bot/planner/plan.cpu_share).
+    request = request.model_copy(update={"runs_at_once": len(configs)})
     max_cost = float(request.max_cost or 0.0)
     approval.checked_cap(max_cost, ctx.settings.max_cost_limit_usd)
     estimates = _priced_runs(estimate, [run_request(request, c) for c in configs])
@@ -249,10 +252,17 @@ def estimate_sweep(
         steps = stages(est)
         costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps))
         where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
-    worst = worst_case(costs, alive)
+    # The winner's output is measured again on another host before it is named (verify.py): a run that
+    # trains one step and evaluates before and after, priced as such, reserved with the rest.
+    verify_cost = _verify_cost(ctx, estimate, run_request(request, configs[0]), costs)
+    worst = worst_case(costs, alive) + verify_cost * (1.0 + SLACK)
     budget = max_cost * (1.0 - MARGIN)
     needed = worst / (1.0 - MARGIN)
     feasible = worst <= budget
+    notes.append(
+        f"before the winner is named, its output is measured again on the held-out split on another host "
+        f"(about {money(verify_cost)}): a host's own figures never pick the model alone"
+    )
     if eval_added:
         notes.append(
             f"ranked on a {SWEEP_EVAL_SPLIT:.0%} held-out split: the data is too small for the automatic one "
@@ -271,16 +281,30 @@ def estimate_sweep(
         steps=[c.steps for c in costs],
         run_costs=[round(_chosen(ctx, e).total_cost, 6) for e in estimates],  # type: ignore[union-attr]
         where=where,
-        estimated_cost=round(expected_cost(costs, alive), 6),
+        estimated_cost=round(expected_cost(costs, alive) + verify_cost, 6),
         needed_cost=round(needed, 6),
         max_cost=max_cost,
         feasible=feasible,
         scale=round(budget / worst, 6) if worst > 0 else 1.0,
         notes=notes,
+        verify_cost=round(verify_cost, 6),
     )
     out._estimates = estimates
     out._costs = costs
     return out
+
+
+def _verify_cost(ctx: EngineContext, estimate: Any, request: EstimateRequest, costs: list[RunCost]) -> float:
+    """What measuring the winner again costs: a run of one step that evaluates before and after, no answers
+    (its offer's total); a run's start-up twice where it cannot be priced."""
+    probe = request.model_copy(update={"max_steps": 1, "samples": 0, "eval_every": None, "max_cost": None})
+    try:
+        offer = _chosen(ctx, estimate(probe))
+    except Exception:  # noqa: BLE001 - a shape the planner refuses: the fallback below is dearer, not cheaper
+        offer = None
+    if offer is not None:
+        return float(offer.total_cost)
+    return 2.0 * max(c.fixed for c in costs)
 
 
 def _priced_runs(estimate: Any, requests: list[EstimateRequest]) -> list[Estimate]:
@@ -361,6 +385,7 @@ def create(
             "scale": est.scale,
             "costs": [c.__dict__ for c in est._costs],
             "spec_overrides": spec_overrides or {},
+            "verify_cost": est.verify_cost,
         },
         runs=[
             {"index": i, "config": c, "job_id": None, "status": "pending", "cap": 0.0, "evals": {}}
@@ -548,7 +573,7 @@ def advance(ctx: EngineContext, policy: Permissions, sweep_id: str) -> bool:
     stage = row.stage
     last = len(alive_plan) - 1
     views = {r["job_id"]: jobs.view(ctx, r["job_id"]) for r in runs if r.get("job_id")}
-    spend = sum(v.spend for v in views.values())
+    spend = _spend(ctx, row, views)
     if spend >= GUARD * row.max_cost:
         _end(
             ctx,
@@ -697,15 +722,58 @@ def _finish_if_done(
         return res.eval_after if res is not None and res.eval_after is not None else math.inf
 
     best = min(good, key=score)
+    winner = views[best["job_id"]]
+    # Its host's figure alone never names it: its output is measured again on another host (verify.py).
+    claimed = winner.results.eval_after if winner.results is not None else None
+    cap = round(
+        float(row.plan.get("scale") or 1.0) * float(row.plan.get("verify_cost") or 0.0) * (1 + SLACK), 6
+    )
+    verdict = verify.step(ctx, row, winner.job_id, claimed, max(cap, 0.01))
+    if verdict.state == "waiting":
+        note = f"its output is measured again {verdict.where} (job {verdict.job_id})"
+        if best.get("note") != note:
+            best["note"] = note
+            _save_runs(ctx, row.id, runs)
+            _publish(
+                ctx,
+                load(ctx, row.id),
+                EngineEventKind.sweep_stage,
+                f"Sweep {row.id}: job {winner.job_id} ({settings_text(best['config'])}) reports the lowest "
+                f"eval loss{f' ({claimed:.4f})' if claimed is not None else ''}; before it is named the "
+                f"winner, its output is measured again on the held-out split {verdict.where} (job "
+                f"{verdict.job_id}).",
+                verifying=verdict.job_id,
+            )
+            return True
+        return False
+    spend = _spend(ctx, load(ctx, row.id), views)
+    if verdict.state != "holds":
+        best.update(status="excluded", note=verdict.note)
+        for r in ended:
+            if r is not best:
+                r["status"] = "lost"
+        _save_runs(ctx, row.id, runs)
+        _end(
+            ctx,
+            load(ctx, row.id),
+            FAILED,
+            f"Sweep {row.id}: no winner. Job {winner.job_id} ({settings_text(best['config'])}) is excluded: "
+            f"{verdict.note}. The stages were decided on the figures its host reported, so no other run is "
+            f"named in its place (`compare {row.id}` shows them all). Spent {money(spend)} of "
+            f"{money(row.max_cost)}.",
+            reason="unverified",
+        )
+        return True
     for r in ended:
         r["status"] = "won" if r is best else "lost"
-    winner = views[best["job_id"]]
-    res = winner.results
-    spend = sum(v.spend for v in views.values())
+    res = verdict.measured
     bought = ""
     if res is not None and res.eval_before is not None and res.eval_after is not None:
         change = (res.eval_after / res.eval_before - 1.0) * 100 if res.eval_before > 0 else 0.0
-        bought = f": eval loss {res.eval_before:.4f} -> {res.eval_after:.4f} ({change:+.0f}%)"
+        bought = (
+            f": eval loss {res.eval_before:.4f} -> {res.eval_after:.4f} ({change:+.0f}%), measured again "
+            f"{verdict.where} (job {verdict.job_id})"
+        )
     with ctx.session() as s:
         res_ = s.execute(
             update(Sweep)
@@ -725,6 +793,16 @@ def _finish_if_done(
         s.commit()
     _publish(ctx, load(ctx, row.id), EngineEventKind.sweep_done, message, state=DONE, winner=winner.job_id)
     return True
+
+
+def _verifiers(row: Sweep) -> list[str]:
+    """The sweep's verification jobs (verify.py): its jobs too, their spend the sweep's."""
+    return [v["job"] for v in ((row.plan or {}).get("verification") or {}).values() if v.get("job")]
+
+
+def _spend(ctx: EngineContext, row: Sweep, views: dict[str, Any]) -> float:
+    """What the sweep has spent: its runs' and its verification jobs'."""
+    return sum(v.spend for v in views.values()) + sum(jobs.view(ctx, j).spend for j in _verifiers(row))
 
 
 def _notes(runs: list[dict[str, Any]]) -> str:
@@ -798,6 +876,10 @@ def view(ctx: EngineContext, sweep_id: str) -> SweepView:
                 note=r.get("note"),
             )
         )
+    for job_id in _verifiers(row):  # measuring the winner again: the sweep's money too
+        checker = jobs.view(ctx, job_id)
+        spend += checker.spend
+        reserved += checker.spend if checker.state in FINAL else max(checker.spend, checker.max_cost or 0.0)
     return SweepView(
         sweep_id=row.id,
         owner=row.owner,

@@ -206,9 +206,8 @@ def storage_credentials(eng: EngineContext, spec: JobSpec) -> Issued | None:
     root = spec_root(eng, spec)
     if not root.startswith("s3://"):
         return None
-    scope = scope_for(
-        root, dataset=spec.dataset.uri, base_model=spec.base_model, resume=[p.uri for p in spec.resume]
-    )
+    reads = [p.uri for p in spec.resume] + ([spec.verify.uri] if spec.verify else [])  # a sweep's check
+    scope = scope_for(root, dataset=spec.dataset.uri, base_model=spec.base_model, resume=reads)
     return credentials.issue(eng.settings, scope, name=spec.run_id or spec.job_id, now=eng.now())
 
 
