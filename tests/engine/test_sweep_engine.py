@@ -307,3 +307,29 @@ def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
     assert view.runs[2].note == said and said in (view.message or "")
     assert "no winner" in (view.message or "") and "Adapter" not in (view.message or "")
     assert "-100%" not in (view.message or "")
+
+
+def test_stopping_a_sweep_stops_the_verification_measuring_its_winner(
+    make_engine: Any, fake: Any, clock: Any
+) -> None:
+    from .fakes import FakeProvider
+
+    other = FakeProvider("other", price=1.5)
+    engine = make_engine(providers={fake.name: fake, other.name: other})
+    view = engine.create_sweep(_priced(engine, fake, other, max_cost=20.0), user="alice")
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    for index, loss in {0: 3.0, 1: 1.0, 2: 4.0, 3: 2.0}.items():
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    _eval(engine, jobs[1], 4, 0.9)
+    _eval(engine, jobs[3], 4, 0.7)
+    engine.tick()
+    _eval(engine, jobs[3], 10, 0.5, EventKind.finished, fake=fake)
+    engine.tick()
+    checker = _verification(engine, view.sweep_id)
+    assert engine.get_job(checker).state == "running"
+    engine.stop_sweep(view.sweep_id, user="alice")
+    for _ in range(3):
+        engine.tick()
+    assert engine.get_sweep(view.sweep_id).state == "stopped"
+    assert engine.get_job(checker).state in ("stopped", "stopping") and not other.live()

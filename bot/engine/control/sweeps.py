@@ -835,6 +835,9 @@ def _end(ctx: EngineContext, row: Sweep, state: str, message: str, *, reason: st
             if job.state not in FINAL:
                 jobs.request_stop(ctx, r["job_id"], reason="sweep", actor="sweep")
             r.update(status="stopped", note=f"sweep {state}")
+    for job_id in _verifiers(row):  # a verification still measuring is the sweep's too
+        if jobs.view(ctx, job_id).state not in FINAL:
+            jobs.request_stop(ctx, job_id, reason="sweep", actor="sweep")
     _save_runs(ctx, row.id, runs)
     _publish(ctx, load(ctx, row.id), EngineEventKind.sweep_done, message, state=state, reason=reason)
 
