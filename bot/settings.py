@@ -84,8 +84,8 @@ ENV_FILE = ".env"  # read after the environment (bot/providers/registry.py reads
 
 
 class Settings(BaseSettings):
-    """Every knob, with its environment variable and a description: the README's settings table is generated
-    from these (scripts/settings_doc.py; tests/test_settings_doc.py keeps them equal)."""
+    """Every knob, with its environment variable and a description: docs/configuration.md's settings table is
+    generated from these (scripts/settings_doc.py; tests/test_settings_doc.py keeps them equal)."""
 
     model_config = SettingsConfigDict(env_file=ENV_FILE, env_file_encoding="utf-8", extra="ignore")
 
