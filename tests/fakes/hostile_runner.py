@@ -20,7 +20,7 @@ def main() -> None:
 
     spec = JobSpec.model_validate_json(os.environ.get("TUNEBOT_JOB_SPEC", "{}"))
     target = os.environ.get("TUNEBOT_TEST_HOSTILE_LR")
-    if spec.verify is None and target and abs(spec.learning_rate - float(target)) < 1e-12:
+    if getattr(spec, "verify", None) is None and target and abs(spec.learning_rate - float(target)) < 1e-12:
         from runner import train
 
         measured = train.Trainer.evaluate
