@@ -25,6 +25,7 @@ COPY bot ./bot
 COPY store ./store
 RUN python -c "import torch; print('torch==' + torch.__version__)" > /tmp/torch-constraint.txt \
  && pip install -c /tmp/torch-constraint.txt ".[runner]" \
+ && (pip install -c /tmp/torch-constraint.txt ".[cuda]" || echo "liger-kernel not installed: the runner trains with torch") \
  && if [ "$FLASH_ATTN" = "1" ]; then pip install -c /tmp/torch-constraint.txt --no-build-isolation flash-attn; fi \
  && useradd --create-home --uid 1000 --shell /usr/sbin/nologin tunebot
 

@@ -9,7 +9,9 @@ TUNEBOT_RUNNER_BUNDLE: where to fetch both (presigned URLs), their sizes and SHA
    call (whoever can write the job's storage prefix, an earlier run's host included, cannot swap the code);
 2. pip-installs the wheel next to the image's torch: the constraints pin the libraries, and torch is pinned
    to the version the image already has, so pip never downloads another torch (or another CUDA build);
-3. replaces itself with `tunebot-runner` (the spec and secrets are already in the environment).
+3. pip-installs the optional speed-ups the bundle names (liger-kernel), each on its own: one that does not
+   install leaves a line and the run goes on without it;
+4. replaces itself with `tunebot-runner` (the spec and secrets are already in the environment).
 
 Standard library only: it runs before anything of ours is installed. A failure prints one line starting with
 "tunebot: cannot start the runner:" and exits EXIT_INSTALL (78): the bot retries once on another host, then
@@ -114,7 +116,36 @@ def install(bundle: dict, work: Path) -> str:
     if done.returncode != 0:
         code = done.returncode
         raise InstallError(f"pip install of {wheel.name} failed (exit {code}; its output is above)")
+    if has_cuda_device():
+        install_optional(bundle.get("optional") or [], pins)
+    else:
+        print("tunebot: no CUDA device here: optional GPU speed-ups not installed", flush=True)
     return wheel.name
+
+
+def has_cuda_device() -> bool:
+    """An NVIDIA device is visible to this container (no torch import: that is the runner's)."""
+    return Path("/proc/driver/nvidia").exists() or Path("/dev/nvidia0").exists()
+
+
+PIP = [sys.executable, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check"]
+
+
+def install_optional(names: list, pins: Path, *, pip: list[str] | None = None) -> list[str]:
+    """The optional speed-ups (liger-kernel), each on its own, pinned as the rest: one that does not install
+    is a line here and the runner trains without it (runner/kernels.py says so again in the job's log).
+    Returns those installed."""
+    installed = []
+    for name in names:
+        if not isinstance(name, str) or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            continue  # a package name only, never an option or a path
+        done = subprocess.run([*(pip or PIP), "--constraint", str(pins), name], check=False)
+        if done.returncode == 0:
+            installed.append(name)
+        else:
+            code = done.returncode
+            print(f"tunebot: {name} did not install (exit {code}): training without it", flush=True)
+    return installed
 
 
 def main() -> int:

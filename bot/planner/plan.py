@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from bot.money import cap_covering, money
 from bot.planner.architectures import Architecture
+from bot.planner.batch_choice import BatchChoice, as_asked, choose
 from bot.planner.calibration import Calibration, Correction, Predicted, within_roofline
 from bot.planner.disk import DiskNeed, disk_need
 from bot.planner.errors import BadRequestError, PlanningError
@@ -392,11 +394,19 @@ def estimate(
     correction = _correction_lookup(calibration or Calibration(), req, arch)
     mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
     disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
-    job = _job_shape(arch, req, mem, run, disk, correction)
+    splits = _Splits(arch, req, inputs, run, mem, correction)
+    job = _job_shape(arch, req, mem, run, disk, correction, splits)
     ranked, n_fit, _ = rank_offers(
         offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
     )
-    head = _headline(arch, req, mem, run, [o for o in ranked if o.fits], correction)
+    fitting = [o for o in ranked if o.fits]
+    # The card's GPU trains the micro-batch, accumulation, checkpointing and loss chosen for it
+    # (bot/planner/batch_choice.py); everything below is priced as that configuration.
+    choice = splits.choice(_headline_gpu(req, mem, fitting), req.gpus)
+    others = splits.others(fitting, choice)
+    req = choice.apply(req) if choice.chosen else req
+    mem, run = splits.memory(req, req.gpus), splits.run(req)
+    head = _headline(arch, req, mem, run, fitting, correction)
     mem = head.mem
     timing, speed = head.timing, head.timing.speed
     assumptions = _assumptions(arch, source, req, inputs, run, disk, head)
@@ -459,7 +469,7 @@ def estimate(
         suggestions=sugg,
         prices_as_of=prices_as_of,
         prices_source=prices_source,
-        training=_training_plan(arch, req, mem, inputs, run),
+        training=_training_plan(arch, req, mem, inputs, run, choice, others),
         warnings=risk_warnings(req),
         disk=DiskEstimate(gb=disk.gb, breakdown_gb=disk.breakdown()),
     )
@@ -484,6 +494,91 @@ def _correction_lookup(
     return correction
 
 
+class _Splits:
+    """The batch choice on each (GPU, count) (bot/planner/batch_choice.py), and each chosen configuration's
+    memory per GPU count and run length, worked out once. On the CPU, and where nothing is left to choose,
+    the request's own configuration."""
+
+    def __init__(
+        self,
+        arch: Architecture,
+        req: EstimateRequest,
+        inputs: PlanInputs,
+        run: RunTime,
+        mem: MemoryResult,
+        correction: Callable[[str], Correction | None],
+    ) -> None:
+        self.arch, self.req, self.inputs, self.correction = arch, req, inputs, correction
+        self._choices: dict[tuple[str, int], BatchChoice] = {}
+        self._memory: dict[tuple[tuple, int], MemoryResult] = {(_split_key(req), req.gpus): mem}
+        self._runs: dict[tuple, RunTime] = {_split_key(req): run}
+        self._seconds: dict[tuple[tuple, str, int], float] = {}
+
+    def memory(self, r: EstimateRequest, n: int) -> MemoryResult:
+        key = (_split_key(r), n)
+        if key not in self._memory:
+            self._memory[key] = estimate_memory(self.arch, r, n)
+        return self._memory[key]
+
+    def run(self, r: EstimateRequest) -> RunTime:
+        key = _split_key(r)
+        if key not in self._runs:
+            self._runs[key] = _run_time(self.arch, r, self.inputs)
+        return self._runs[key]
+
+    def choice(self, g: str, n: int) -> BatchChoice:
+        key = (g, n)
+        if key not in self._choices:
+            self._choices[key] = self._choose(g, n)
+        return self._choices[key]
+
+    def others(self, offers: list[RankedOffer], main: BatchChoice) -> dict[str, list[Any]]:
+        """Each offer's (GPU, count) choice where it differs from ``main`` (TrainingPlan.batch_by_gpu)."""
+        out: dict[str, list[Any]] = {}
+        for o in offers:
+            c = self.choice(o.gpu, o.gpu_count)
+            fields = [c.micro_batch_size, c.grad_accum, c.gradient_checkpointing, c.loss]
+            mine = [main.micro_batch_size, main.grad_accum, main.gradient_checkpointing, main.loss]
+            if c.chosen and fields != mine:
+                out[f"{o.gpu}x{o.gpu_count}"] = fields
+        return out
+
+    def request(self, g: str, n: int) -> EstimateRequest:
+        choice = self.choice(g, n)
+        return choice.apply(self.req) if choice.chosen else self.req
+
+    def _choose(self, g: str, n: int) -> BatchChoice:
+        req = self.req
+        if g == CPU.name or g not in GPUS:  # the local provider trains what was asked
+            return as_asked(req)
+        device, corr = GPUS[g], self.correction(g)
+
+        def need(r: EstimateRequest) -> float:  # what ranking judges a fit by: the range's top, the margin
+            return _corrected_memory(self.memory(r, n), corr) * memory_ratio(r, n)[1] * (1 + SAFETY_MARGIN)
+
+        def seconds(r: EstimateRequest) -> float:
+            key = (_split_key(r), g, n)
+            if key not in self._seconds:
+                self._seconds[key] = estimate_speed(self.arch, r, device, n).step_seconds
+            return self._seconds[key]
+
+        return choose(req, card=g, need_gb=need, capacity_gb=device.memory_gb, step_seconds=seconds)
+
+
+def _split_key(r: EstimateRequest) -> tuple:
+    return (r.batch_size, r.grad_accum, r.gradient_checkpointing, r.loss)
+
+
+def _headline_gpu(req: EstimateRequest, mem: MemoryResult, fitting: list[RankedOffer]) -> str:
+    """The GPU the card shows (as ``_headline`` picks it): the one asked for, the best fitting offer's, else
+    the smallest that holds the job (h200 when none does)."""
+    if req.gpu:
+        return req.gpu
+    if fitting:
+        return fitting[0].gpu
+    return _fits_anywhere(mem.per_gpu_gb, list(GPUS), memory_ratio(req)[1]) or "h200"
+
+
 def _job_shape(
     arch: Architecture,
     req: EstimateRequest,
@@ -491,10 +586,12 @@ def _job_shape(
     run: RunTime,
     disk: DiskNeed,
     correction: Callable[[str], Correction | None],
+    splits: _Splits | None = None,
 ) -> JobShape:
     """What ranking needs of the job on any GPU and count: memory (calibrated, on a CPU the runner's own),
     hours (calibrated speed), the ranges and the sizes to store and move; each count's memory and each
-    (GPU, count)'s hours worked out once."""
+    (GPU, count)'s hours worked out once. ``splits``: each (GPU, count) priced with the micro-batch,
+    accumulation, checkpointing and loss chosen for it (the request's own without)."""
     memo: dict[int, MemoryResult] = {req.gpus: mem}
 
     def memory_result(n: int) -> MemoryResult:
@@ -508,6 +605,8 @@ def _job_shape(
     def memory_on(g: str, n: int) -> float:
         if g == CPU.name:
             return on_cpu(arch, req, n).per_gpu_gb
+        if splits is not None:
+            return _corrected_memory(splits.memory(splits.request(g, n), n), correction(g))
         return _corrected_memory(memory_result(n), correction(g))
 
     speed_memo: dict[tuple[str, int], float] = {}
@@ -516,7 +615,8 @@ def _job_shape(
         key = (g, n)
         if key not in speed_memo:
             corr_g = correction(g)
-            speed_memo[key] = run.timing(known_device(g), n, lambda s: _corrected_speed(s, corr_g)).hours
+            runs = splits.run(splits.request(g, n)) if splits is not None and g != CPU.name else run
+            speed_memo[key] = runs.timing(known_device(g), n, lambda s: _corrected_speed(s, corr_g)).hours
         return speed_memo[key]
 
     full = req.method == "full"
@@ -670,11 +770,19 @@ def _job_notes(req: EstimateRequest, run: RunTime, head: _Headline) -> list[str]
 
 
 def _training_plan(
-    arch: Architecture, req: EstimateRequest, mem: MemoryResult, inputs: PlanInputs, run: RunTime
+    arch: Architecture,
+    req: EstimateRequest,
+    mem: MemoryResult,
+    inputs: PlanInputs,
+    run: RunTime,
+    choice: BatchChoice | None = None,
+    others: dict[str, list[Any]] | None = None,
 ) -> TrainingPlan:
     """How the runner will train, with the held-out examples as counted (the automatic split decided by the
-    data)."""
+    data) and what the batch choice decided for the card's GPU, and why (and on the other offers' cards)."""
     plan = training_plan(arch, req, sharding=mem.sharding, dataset_format=inputs.dataset_format)
+    if choice is not None and choice.chosen:
+        plan = plan.model_copy(update={"batch_choice": choice.why, "batch_by_gpu": others or None})
     if run.data is not None:
         held = len(run.data.eval_lengths)
         plan = plan.model_copy(

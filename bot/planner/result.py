@@ -12,6 +12,7 @@ memory_need_gb [low, high], memory_capacity_gb and memory_tight (issue 21).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -152,6 +153,13 @@ class TrainingPlan(BaseModel):
     packing: bool
     gpus: int
     sharding: str  # "none" | "fsdp": what the memory estimate assumed
+    # Why this micro-batch, accumulation, checkpointing and loss (bot/planner/batch_choice.py): the fastest
+    # that fits the card the estimate shows; None when nothing was left to choose.
+    batch_choice: str | None = None
+    # The same choice on the other fitting offers' cards, where it differs: "<gpu>x<count>" -> [micro-batch,
+    # accumulation, checkpointing, loss]. A job launched on one of them trains what its offer was priced with
+    # (bot/engine/launching/jobspec.py spec_fields(..., gpu=, gpu_count=)).
+    batch_by_gpu: dict[str, list[Any]] | None = None
     eval_split: float | None  # None: the automatic split (runner/contract/fitting.eval_size)
     eval_examples: int | None = None  # held out, as counted from the data (None: not counted)
     keep: str | None = None  # best | last | None (best with an eval split)

@@ -84,9 +84,11 @@ def describe(plan: TrainingPlan) -> list[tuple[str, str]]:
         impl = f" ({plan.optimizer_impl})" if plan.optimizer == "adamw" else ""
         pairs.append(("optimizer", f"{plan.optimizer}{impl}"))
     gpus = f" x {plan.gpus} GPUs ({plan.sharding})" if plan.gpus > 1 else ""
-    pairs.append(
-        ("batch", f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum {plan.grad_accum}{gpus}")
-    )
+    batch = f"seq {plan.seq_len} x micro-batch {plan.micro_batch_size} x accum {plan.grad_accum}{gpus}"
+    if plan.batch_choice:  # what the planner chose for the card, and why (bot/planner/batch_choice.py)
+        ckpt = "checkpointing" if plan.gradient_checkpointing else "no checkpointing"
+        batch += f", {ckpt}, {plan.loss} loss (chosen: {plan.batch_choice})"
+    pairs.append(("batch", batch))
     split = _split_text(plan)
     pairs.append(("data", (plan.dataset_format or "none yet") + split))
     plateau = f"on ({plan.plateau_on}, patience {plan.plateau_patience})" if plan.plateau else "off"

@@ -36,8 +36,9 @@ def test_every_offer_row_says_what_the_job_needs_of_its_card() -> None:
     need = next(o.memory_need_gb for o in est.offers if o.gpu == "rtx-4090")
     assert cells["rtx-4090 x1"] == f"needs {need[0]:.1f}-{need[1]:.1f} GB of 25.8"
     assert cells["a100-80gb x1"].endswith("GB of 85.9") and "tight" not in cells["a100-80gb x1"]
-    for o in est.offers:
-        assert o.memory_need_gb == [round(point * low, 2), round(point * high, 2)]
+    for o in est.offers:  # each card is priced with its own micro-batch and checkpointing (batch_choice.py)
+        if o.gpu == est.speed.gpu:
+            assert o.memory_need_gb == [round(point * low, 2), round(point * high, 2)]
 
 
 def test_a_recommended_offer_near_its_memory_is_flagged_and_warned_about() -> None:

@@ -300,7 +300,8 @@ def test_the_default_launch_needs_no_published_image(
         assert program == (ROOT / "runner" / "bootstrap.py").read_text()
         bundle = json.loads(body["env"][runner_bundle.BUNDLE_ENV])
         run_id = json.loads(body["env"]["TUNEBOT_JOB_SPEC"])["run_id"]
-        for item in bundle.values():  # staged in the run's own folder (its credentials reach only that)
+        assert bundle["optional"] == ["liger-kernel"]  # installed after the runner where it installs
+        for item in (bundle["wheel"], bundle["constraints"]):  # in the run's folder (its credentials only)
             folder = f"{s3_bucket}/tunebot/{job.job_id}/runs/{run_id}/runner"
             fs, path = fsspec.core.url_to_fs(f"{folder}/{item['name']}")
             data_ = fs.cat_file(path)
@@ -326,3 +327,24 @@ def test_every_install_carries_the_contract() -> None:
     packages = find_packages(str(ROOT), include=include)
     assert {"runner", "runner.contract", "runner.data"} <= set(packages)
     assert "COPY runner ./runner" in (ROOT / "Dockerfile").read_text()
+
+
+def test_an_optional_speed_up_that_does_not_install_leaves_a_line_and_the_start_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """liger-kernel is in the runner's install as an optional speed-up: pinned in the constraints, installed
+    on its own after the runner; where it does not install the host says so and starts the runner anyway
+    (runner/kernels.py then trains with torch and says why in the job's log)."""
+    import runner.bootstrap as bootstrap
+
+    text = runner_bundle.constraints()
+    assert f"liger-kernel=={runner_bundle.optional_pins()['liger-kernel']}" in text
+    pins = tmp_path / "pins.txt"
+    pins.write_text(text)
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]  # a pip that cannot install it
+    assert bootstrap.install_optional(["liger-kernel", "--index-url=x", "../evil"], pins, pip=failing) == []
+    out = capfd.readouterr().out
+    assert "liger-kernel did not install (exit 3): training without it" in out
+    assert "index-url" not in out and "evil" not in out  # only package names are ever passed to pip
+    working = [sys.executable, "-c", "import sys; sys.exit(0)"]
+    assert bootstrap.install_optional(["liger-kernel"], pins, pip=working) == ["liger-kernel"]

@@ -35,14 +35,59 @@ def test_without_cuda_it_says_so_and_writes_nothing(tmp_path: Path) -> None:
         pytest.skip("a CUDA device is present: run bench/gpu_check/run.sh itself")
     out = tmp_path / "cal.csv"
     proc = subprocess.run(
-        [str(ROOT / "bench" / "gpu_check" / "run.sh"), "--out", str(out)],
+        [
+            str(ROOT / "bench" / "gpu_check" / "run.sh"),
+            "--out",
+            str(tmp_path / "t.md"),
+            "--calibration",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert proc.returncode == 0, proc.stderr
-    assert "no CUDA device" in proc.stdout and not out.exists()
+    assert "no CUDA device" in proc.stdout and not out.exists() and not (tmp_path / "t.md").exists()
+
+
+def test_the_runner_against_the_trainer_plumbing_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/gpu_check/versus_trainer.py's whole path on the CPU (--cpu-plumbing): a model built from a config
+    with random weights and a word-level tokenizer, the planner's choice and quote for the card, the runner
+    (runner.train.run) and the Hugging Face Trainer (bf16=True, PEFT; QLoRA through bitsandbytes and
+    prepare_model_for_kbit_training) each in its own process on the same data and effective batch, and the
+    table with both rows and their ratio. The GPU figures need a GPU (bench/gpu_check/README.md)."""
+    out = tmp_path / "table.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check" / "versus_trainer.py"),
+            "--cpu-plumbing",
+            "--step-tokens",
+            "512",
+            "--out",
+            str(out),
+            "--calibration",
+            str(tmp_path / "cal.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| tiny")]
+    assert [(r[1].strip(), r[3].strip()) for r in rows] == [
+        ("lora", "runner"),
+        ("lora", "trainer"),
+        ("qlora", "runner"),
+        ("qlora", "trainer"),
+    ]
+    for cells in rows:  # measured tokens/s on both stacks, the quote beside them, the ratio
+        assert float(cells[5].replace(",", "")) > 0, cells
+        assert float(cells[7].replace(",", "")) > 0 and float(cells[9]) > 0, cells
+    assert not (tmp_path / "cal.csv").exists()  # a tiny model's rows teach the planner nothing
 
 
 def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:

@@ -155,3 +155,31 @@ def test_the_launcher_walks_the_levels_then_exits_with_the_code_and_the_event(
     last_restart = "restarting the 2 processes at micro-batch 1 x grad_accum 8, activation checkpointing on"
     assert last_restart in said[2][1]
     assert '"status":"out_of_memory"' in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_back_off_grows_back_to_the_planned_micro_batch(
+    runner_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Issue 37: one out-of-memory error (a long batch, a fragmented cache) no longer halves the micro-batch
+    for the rest of the run. After GrowBack.after good steps the runner tries the planned level again; the
+    run ends at the spec's micro-batch, as the planner chose it."""
+    monkeypatch.setenv(oom.TEST_OOM_ENV, "200")  # two 128-token rows are over it, one is not
+    monkeypatch.setenv(oom.TEST_OOM_TIMES_ENV, "1")  # a passing shortage: once
+    monkeypatch.setattr(oom, "_injected", [0])  # (counted per process)
+    monkeypatch.setenv(oom.GROW_BACK_ENV, "2")
+    spec = _job(runner_job, tmp_path, "grows", micro_batch_size=2, grad_accum=1)
+    summary, code = run(spec)
+    assert code == EXIT_OK and summary.steps == 6, summary
+    assert (summary.metrics["micro_batch_size"], summary.metrics["grad_accum"]) == (2.0, 1.0)
+    out = capsys.readouterr().out
+    assert "retrying the step at micro-batch 1 x grad_accum 2" in out
+    assert "2 steps ran at micro-batch 1 x grad_accum 2; trying micro-batch 2 x grad_accum 1 again" in out
+
+
+def test_grow_back_waits_twice_as_long_after_the_level_above_failed_again() -> None:
+    grow = oom.GrowBack(after=2)
+    grow.backed_off()
+    assert [grow.step_ok(1, 0) for _ in range(2)] == [False, True]  # tried again after 2 good steps
+    grow.backed_off()  # ... and it ran out of memory again
+    assert grow.after == 4 and [grow.step_ok(1, 0) for _ in range(4)] == [False, False, False, True]
+    assert not grow.step_ok(0, 0)  # at the planned level there is nothing to grow back to

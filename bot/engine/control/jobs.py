@@ -137,8 +137,10 @@ def create(
 
     prepared = staging.prepare(ctx.settings, ctx.providers, request, plan, chosen, fitting, checks)
     fitting = prepared.offers
-    fields = spec_fields(
+    fields = spec_fields(  # the micro-batch and checkpointing the chosen offer was priced with
         plan,
+        gpu=chosen.gpu,
+        gpu_count=chosen.gpu_count,
         base_model=prepared.base_model,
         dataset_uri=prepared.dataset_uri,
         dataset_format=prepared.dataset_format,

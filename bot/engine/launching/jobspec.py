@@ -29,10 +29,14 @@ def spec_fields(
     dataset_uri: str | None = None,
     dataset_format: str | None = None,
     prompts: list[dict[str, Any]] | None = None,
+    gpu: str | None = None,
+    gpu_count: int | None = None,
 ) -> dict[str, Any]:
     """JobSpec fields of the training itself. ``base_model`` / ``dataset_uri`` override where the runner
     reads them (staged copies); the plan's names stay for the model card. ``prompts``: the lines of the plan's
-    prompts file as read on the bot's side (bot/engine/launching/staging.py), sent inline."""
+    prompts file as read on the bot's side (bot/engine/launching/staging.py), sent inline. ``gpu`` /
+    ``gpu_count``: the offer the job was created for, whose micro-batch, accumulation, checkpointing and loss
+    the planner chose on its card (TrainingPlan.batch_by_gpu; the plan's own fields otherwise)."""
     dataset: dict[str, Any] = {
         "uri": dataset_uri or plan.dataset or "",
         "name": display_name(plan.dataset) if plan.dataset else None,
@@ -75,6 +79,10 @@ def spec_fields(
         "keep": plan.keep,
         "samples": {"count": plan.samples, "max_new_tokens": plan.sample_tokens, "prompts": prompts},
     }
+    on_card = (plan.batch_by_gpu or {}).get(f"{gpu}x{gpu_count or 1}") if gpu else None
+    if on_card:  # the configuration this offer was priced with (bot/planner/batch_choice.py)
+        keys = ("micro_batch_size", "grad_accum", "gradient_checkpointing", "loss")
+        fields.update(dict(zip(keys, on_card, strict=True)))
     if plan.eval_every is not None:  # the cadence the estimate priced (None: the runner's automatic one)
         fields["plateau"]["every_steps"] = plan.eval_every
     if plan.optimizer_impl != "fused":  # the runner's default; a spec without it also suits older runners

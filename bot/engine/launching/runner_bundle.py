@@ -10,7 +10,8 @@ cloud job. For each launch the bot
   builds it as well as a checkout;
 - writes the constraints file (``constraints``): pinned versions of the libraries the runner trains with, the
   versions this machine's own runner uses where it has them all (the [runner] extra), else those this release
-  was tested with (TESTED_PINS);
+  was tested with (TESTED_PINS), and the optional speed-ups' (OPTIONAL: liger-kernel, installed after the
+  runner where it installs; the run goes on without it otherwise);
 - uploads both under ``<run folder>/runner/`` and hands the host, in the create call, presigned URLs made
   with the very credentials the host gets, their sizes and SHA-256 (TUNEBOT_RUNNER_BUNDLE) and the start
   program runner/bootstrap.py (TUNEBOT_BOOTSTRAP, base64): the host fetches both, checks them against the
@@ -92,6 +93,11 @@ TESTED_PINS = {
     "httpx": "0.29.0",
     "cryptography": "50.0.2",
 }
+# Installed after the runner where they install, each on its own (runner/bootstrap.py): a speed-up that does
+# not install leaves a line in the job's log and the run trains without it (runner/kernels.py). Pinned in the
+# constraints as the rest: this machine's version where it has it (a CUDA host's bot), else the tested one.
+OPTIONAL = ("liger-kernel",)
+OPTIONAL_PINS = {"liger-kernel": "0.8.5"}
 INSTALL_MINUTES = 1.5  # fetch + pip on a fresh host (docs: "on the order of a minute"); priced as start-up
 PACKAGE_DATA = (".py", ".json", ".ini", ".mako", ".yml", ".yaml")  # pyproject.toml's package data, and code
 WHEEL_FILE = b"Wheel-Version: 1.0\nGenerator: tunebot\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
@@ -259,10 +265,25 @@ def pins() -> tuple[dict[str, str], str]:
     return here, "the versions this bot's own runner uses"
 
 
+def optional_pins() -> dict[str, str]:
+    """The optional speed-ups' pins: this machine's versions where it has them, else the tested ones."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name, tested in OPTIONAL_PINS.items():
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = tested
+    return out
+
+
 def constraints() -> str:
     pinned, source = pins()
     head = f"# tunebot runner constraints: {source}; torch stays the image's own (pinned on the host)\n"
-    return head + "".join(f"{name}=={v}\n" for name, v in sorted(pinned.items()))
+    lines = "".join(f"{name}=={v}\n" for name, v in sorted(pinned.items()))
+    optional = "".join(f"{name}=={v}\n" for name, v in sorted(optional_pins().items()))
+    return head + lines + "# optional speed-ups (installed where they install)\n" + optional
 
 
 # --- staging ------------------------------------------------------------------------------------------------
@@ -332,6 +353,7 @@ def stage(settings: Settings, root: str, env: Mapping[str, str]) -> dict[str, st
     except Exception as exc:  # noqa: BLE001 - storage trouble of any kind: say where and why
         why = f"{type(exc).__name__}: {exc}"
         raise StagingError(f"could not stage the runner under {folder}/: {why}") from None
+    items["optional"] = list(OPTIONAL)  # pip-installed after the runner where they install
     return {BUNDLE_ENV: json.dumps(items, sort_keys=True), BOOTSTRAP_ENV: bootstrap_b64()}
 
 
