@@ -728,7 +728,8 @@ class Trainer:
                     last_report, window_tokens, window_start = now, 0, now
 
                 plateau_stop = self._plateau_says_stop(state.step)
-                due = now - last_save >= spec.checkpoint.every_minutes * 60
+                # a timed save waits while the last one still uploads (never a queue of them)
+                due = now - last_save >= spec.checkpoint.every_minutes * 60 and not self.saving.busy
                 capped = state.step < self.max_steps and self._at_cap(ahead_s=step_seconds)
                 preempted, due, plateau_stop, capped = (
                     bool(v)
