@@ -192,3 +192,23 @@ def test_the_counter_sees_the_boolean_mask_that_synced() -> None:
     with _SyncCounter() as counted:
         h[:, :-1][labels[:, 1:] != -100].sum()
     assert "masked_select" in counted.syncs
+
+
+def test_without_liger_the_run_says_why_and_trains_with_the_plans_loss(
+    runner_job: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Liger's kernels are the default on CUDA (JobSpec.kernels "liger"); on a host where they cannot run
+    (this CPU, no liger-kernel) the run goes on with torch and says why in its log. loss=liger, refused on
+    9a0c9c1 where Liger was missing (an invalid job), trains with the chunked loss and says so."""
+    from runner.contract.spec import EXIT_OK, Defaults
+    from runner.kernels import liger_problem
+    from runner.train import run
+
+    assert Defaults.kernels == "liger" and liger_problem() is not None
+    for loss, trained in (("chunked", "chunked"), ("liger", "chunked"), ("plain", "plain")):
+        summary, code = run(runner_job(max_steps=2, seq_len=128, loss=loss, samples={"count": 0}))
+        out = capsys.readouterr().out
+        assert code == EXIT_OK and summary.status == "finished", (loss, summary)
+        assert f"kernels: torch, not Liger: {liger_problem()}; loss: {trained} cross-entropy" in out
+        assert f"loss: {trained} cross-entropy" in out
+        assert ("loss=liger needs Liger's kernels" in out) == (loss == "liger")
