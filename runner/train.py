@@ -100,6 +100,7 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
 
     # From the instance's start: every second of the run in one phase (runner/contract/phases.py).
     clock = PhaseClock.for_run(spec.cost.billed_from, spec.cost.max_start_s)
+    _cpu_threads(spec)
     preemption = Preemption(sigterm_seen)
     trainer = Trainer(spec, preemption, clock=clock)
     from runner.credentials import Watcher
@@ -1418,6 +1419,14 @@ _WITH_PHASES = frozenset(
         EventKind.finished,
     }
 )
+
+
+def _cpu_threads(spec: JobSpec) -> None:
+    """On the CPU, the threads the local provider gives this run as its share of the cores
+    (bot/providers/local.py thread_share): fewer threads than cores when other runs use them."""
+    threads = os.environ.get("TUNEBOT_CPU_THREADS", "")
+    if spec.gpus == 0 and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 def _import_libraries() -> None:

@@ -46,6 +46,8 @@ from bot.planner.offer import Offer
 from bot.planner.ranges import top_coverage
 from bot.planner.result import Estimate, RankedOffer, SpeedEstimate
 from bot.planner.training import describe as describe_plan
+from runner.contract.phases import LABELS as PHASE_LABELS
+from runner.contract.phases import PHASES
 from runner.contract.spec import RunResults
 
 MAX_OFFER_ROWS = 15
@@ -476,6 +478,49 @@ def result_hints(job: JobView) -> list[str]:
     return [f"{first} · {go_on} · `clone {job_id} key=value ...` relaunches it with changes"]
 
 
+def seconds_text(seconds: float) -> str:
+    """A phase's time: '0.4 s', '38 s', '4.2 min', '1.3 h'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def phases_table(job: JobView) -> Table | None:
+    """Quote against run, phase by phase (runner/contract/phases.py): what the job's offer was quoted for each
+    phase and what its runner reported, with the billed total; a finished job's rows also say run/quote. None
+    when neither is known."""
+    quoted, ran = job.quoted_phases or {}, job.run_phases or {}
+    if not quoted and not ran:
+        return None
+    final = job.state not in OPEN
+    rows = []
+    for name in (*PHASES, "preemption"):
+        q, r = quoted.get(name), ran.get(name)
+        if max(q or 0.0, r or 0.0) < 0.05:
+            continue
+        ratio = f"x{r / q:.2f}" if final and q and r is not None and q >= 0.05 else ""
+        label = PHASE_LABELS.get(name, "lost to preemption (expected)")
+        rows.append([label, seconds_text(q) if q else "-", seconds_text(r) if r is not None else "-", ratio])
+    reported = sum(ran.values())
+    billed = job.billed_seconds
+    if billed is not None and ran and billed - reported >= 0.5:
+        rows.append(["not reported (exit, lost work)", "-", seconds_text(billed - reported), ""])
+    total_q = sum(quoted.values())
+    total_r = billed if billed is not None else (reported if ran else None)
+    ratio = f"x{total_r / total_q:.2f}" if final and total_q and total_r else ""
+    rows.append(
+        [
+            "total (billed)" if billed is not None else "total",
+            seconds_text(total_q) if total_q else "-",
+            seconds_text(total_r) if total_r is not None else "-",
+            ratio,
+        ]
+    )
+    return Table(["phase", "quoted", "ran", "ran/quoted"], rows, title="Time by phase: quoted against run")
+
+
 def job_card(job: JobView, *, with_buttons: bool = True, with_samples: bool = False) -> Reply:
     """The status card: edited in place in the job's thread, shown by `status JOB` (``with_samples``: and the
     side-by-side answers under it)."""
@@ -486,6 +531,9 @@ def job_card(job: JobView, *, with_buttons: bool = True, with_samples: bool = Fa
     emoji = STATE_EMOJI.get(job.state, "")
     reply.add(Text(f"{emoji} *{esc(job.state)}* · owner {mention(job.owner)}".strip()))
     reply.add(Fields(job_fields(job)))
+    phases = phases_table(job)
+    if phases is not None:
+        reply.add(phases)
     if job.pace is not None:  # slower than quoted: said before its cap cuts it (issue 36)
         reply.add(Context([f":warning: {esc(job.pace.line)}"]))
     if job.message:

@@ -74,6 +74,12 @@ class JobView(BaseModel):
     # why, the side-by-side answers. None: not finished, or nothing measured.
     results: RunResults | None = None
     sweep_id: str | None = None  # the sweep this job is one configuration of
+    # Where the time went, by phase (runner/contract/phases.py), seconds: as quoted on the job's offer
+    # (RankedOffer.phases), as its runner reported them (the newest report; earlier runs' included), and the
+    # seconds its instances were billed. None: not known (a job from before, or not started).
+    quoted_phases: dict[str, float] | None = None
+    run_phases: dict[str, float] | None = None
+    billed_seconds: float | None = None
     pace: PaceView | None = None  # a running job well over its quoted time or past its cap (issue 36)
 
 

@@ -15,7 +15,12 @@ def ts(value: float | None) -> datetime | None:
 
 
 def job_view(
-    job: Job, *, spend: float | None = None, losses: list[tuple[int, float]] | None = None
+    job: Job,
+    *,
+    spend: float | None = None,
+    losses: list[tuple[int, float]] | None = None,
+    run_phases: dict[str, float] | None = None,
+    billed_seconds: float | None = None,
 ) -> JobView:
     req = job.request or {}
     spent = job.spend if spend is None else spend
@@ -51,7 +56,19 @@ def job_view(
         results=_results(job.results),
         sweep_id=job.sweep_id,
         pace=_pace(job, spent),
+        quoted_phases=_quoted_phases(job.offer),
+        run_phases=run_phases,
+        billed_seconds=billed_seconds,
     )
+
+
+def _quoted_phases(offer: object) -> dict[str, float] | None:
+    """The quote by phase stored with a job's offer (RankedOffer.phases: names and seconds), or None."""
+    data = offer.get("phases") if isinstance(offer, dict) else None
+    if not isinstance(data, dict):
+        return None
+    out = {k: float(v) for k, v in data.items() if isinstance(k, str) and isinstance(v, int | float)}
+    return out or None
 
 
 def _pace(job: Job, spent: float) -> PaceView | None:

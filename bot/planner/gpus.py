@@ -35,6 +35,13 @@ class GPU:
     interconnect_gbs: float  # per-GPU bandwidth to its peers for FSDP's collectives: NVLink, else PCIe
     host_link_gbs: float = PCIE_GBS[4]  # PCIe to the host (paged optimizer states, offload)
     link: str = ""  # what the peers talk over, for the estimate's assumptions
+    # fp32 matmuls off the tensor cores (the CUDA cores' dense fp32 rate, datasheet): where a step computes in
+    # fp32 without TF32 (QLoRA's upcast lm_head and attention without autocast); TF32 is half the bf16 rate.
+    fp32_tflops: float = 0.0
+    # The share of one core the runner's Python thread gets (the CPU shared by several runs): its dispatch
+    # takes 1/host_share as long.
+    host_share: float = 1.0
+    cores: int = 0  # the CPU's cores this run computes on (a share of the machine's; 0 for a GPU)
 
 
 def _gpu(
@@ -49,6 +56,7 @@ def _gpu(
     pcie: int,
     nvlink: float = 0.0,
     p2p: bool = True,
+    fp32: float = 0.0,
 ) -> GPU:
     """A card from its spec sheet: ``nvlink`` GB/s per GPU (0: none, the peers talk over PCIe gen ``pcie``,
     directly or, without ``p2p``, through host memory)."""
@@ -59,7 +67,7 @@ def _gpu(
         peers = host * (1.0 if p2p else NO_P2P)
         via = "" if p2p else ", no peer-to-peer: via host memory"
         link = f"PCIe {pcie}.0 x16 ({peers:g} GB/s per GPU{via})"
-    return GPU(name, label, mib * MIB / 1e9, bw, dense, matmul, kind, peers, host, link)
+    return GPU(name, label, mib * MIB / 1e9, bw, dense, matmul, kind, peers, host, link, fp32_tflops=fp32)
 
 
 # Consumer cards (RTX 3090/4090) in cloud boxes have no NVLink (the 3090's two-card bridge is rarely fitted)
@@ -68,21 +76,57 @@ def _gpu(
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        _gpu("rtx-3090", "RTX 3090", 24576, 936, 71, 71, "consumer", pcie=4, p2p=False),
-        _gpu("rtx-4090", "RTX 4090", 24564, 1008, 165, 165, "consumer", pcie=4, p2p=False),
-        _gpu("rtx-a6000", "RTX A6000", 49140, 768, 155, 123, "workstation", pcie=4),
-        _gpu("rtx-6000-ada", "RTX 6000 Ada", 49140, 960, 364, 270, "workstation", pcie=4),
-        _gpu("l40s", "L40S", 46068, 864, 362, 269, "workstation", pcie=4),
-        _gpu("a100-40gb", "A100 40GB", 40960, 1555, 312, 246, "datacenter", pcie=4, nvlink=300),
-        _gpu("a100-80gb", "A100 80GB", 81920, 2039, 312, 265, "datacenter", pcie=4, nvlink=300),
-        _gpu("h100-80gb", "H100 80GB SXM", 81559, 3350, 989, 790, "datacenter", pcie=5, nvlink=450),
-        _gpu("h200", "H200", 143771, 4800, 989, 790, "datacenter", pcie=5, nvlink=450),
+        _gpu("rtx-3090", "RTX 3090", 24576, 936, 71, 71, "consumer", pcie=4, p2p=False, fp32=35.6),
+        _gpu("rtx-4090", "RTX 4090", 24564, 1008, 165, 165, "consumer", pcie=4, p2p=False, fp32=82.6),
+        _gpu("rtx-a6000", "RTX A6000", 49140, 768, 155, 123, "workstation", pcie=4, fp32=38.7),
+        _gpu("rtx-6000-ada", "RTX 6000 Ada", 49140, 960, 364, 270, "workstation", pcie=4, fp32=91.1),
+        _gpu("l40s", "L40S", 46068, 864, 362, 269, "workstation", pcie=4, fp32=91.6),
+        _gpu("a100-40gb", "A100 40GB", 40960, 1555, 312, 246, "datacenter", pcie=4, nvlink=300, fp32=19.5),
+        _gpu("a100-80gb", "A100 80GB", 81920, 2039, 312, 265, "datacenter", pcie=4, nvlink=300, fp32=19.5),
+        _gpu("h100-80gb", "H100 80GB SXM", 81559, 3350, 989, 790, "datacenter", pcie=5, nvlink=450, fp32=67),
+        _gpu("h200", "H200", 143771, 4800, 989, 790, "datacenter", pcie=5, nvlink=450, fp32=67),
     )
 }
 
-# The local provider runs the runner on this machine's CPU (demos, tests): memory comes from the offer
-# (host RAM), speed from a modest bf16 rate. Not in GPUS, which lists the cards clouds sell.
-CPU = GPU("cpu", "CPU (this machine)", 0.0, 20, 1.0, 0.5, "cpu", 10, 10, "gloo over host memory")
+# The local provider runs the runner on this machine's CPU (demos, tests), in fp32: memory comes from the
+# offer (host RAM), speed from its cores. What one core does for the runner's shapes, measured on the
+# development machine (a cloud VM's cores, one thread, CPU time: bench/quote_vs_run.py): PyTorch's fp32 GEMMs
+# at the widths of small models 60-97 GFLOPS (2048 x 64 x 64 .. 512), elementwise ops on activations that
+# stay in cache ~20 GB/s (50 GB/s on 256 KB, 5 GB/s from DRAM); SDPA is speed.CPU_ATTN_EFF of the GEMM rate,
+# the per-op dispatch speed.OP_SECONDS["cpu"]. A second thread adds CPU_PARALLEL_EFF of a core to the big
+# ops (its spinning threads cost more than they give on a busy machine: the local provider then gives a run
+# fewer threads). Not in GPUS, which lists the cards clouds sell.
+CPU_CORE_GFLOPS = 90.0
+CPU_CORE_GBS = 50.0
+CPU_PARALLEL_EFF = 0.6
+DEFAULT_CPU_CORES = 2  # a CPU offer that does not say how many cores it has
+
+
+def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0) -> GPU:
+    """This machine's CPU as ``runs`` runs (or other work) share its ``cores``: each run's threads get
+    cores/runs of them, and its Python thread a whole core while runs <= cores, else cores/runs of one."""
+    cores = max(1, int(cores))
+    mine = cores / max(runs, 1.0)  # the cores this run's threads get
+    effective = mine if mine <= 1.0 else 1.0 + (mine - 1.0) * CPU_PARALLEL_EFF
+    rate = effective * CPU_CORE_GFLOPS / 1000.0
+    return GPU(
+        "cpu",
+        "CPU (this machine)",
+        0.0,
+        effective * CPU_CORE_GBS,
+        rate,
+        rate,
+        "cpu",
+        10,
+        10,
+        "gloo over host memory",
+        fp32_tflops=rate,
+        host_share=min(1.0, mine),
+        cores=cores,
+    )
+
+
+CPU = cpu_device()
 
 ALIASES = {
     "3090": "rtx-3090",

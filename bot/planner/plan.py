@@ -18,13 +18,14 @@ from bot.planner.batch_choice import BatchChoice, as_asked, choose
 from bot.planner.calibration import Calibration, Correction, Predicted, within_roofline
 from bot.planner.disk import DiskNeed, disk_need
 from bot.planner.errors import BadRequestError, PlanningError
-from bot.planner.gpus import CPU, GPU, GPUS
+from bot.planner.gpus import CPU, DEFAULT_CPU_CORES, GPU, GPUS, cpu_device
 from bot.planner.gpus import gpu as lookup_gpu
 from bot.planner.gpus import known as known_device
 from bot.planner.length import RunTime, Timing
 from bot.planner.memory import GB, MemoryResult, estimate_memory, qlora_upcast
 from bot.planner.offer import Offer
 from bot.planner.options import suggest
+from bot.planner.phases import import_seconds, save_seconds
 from bot.planner.ranges import (
     hours_range,
     memory_classes,
@@ -91,6 +92,23 @@ def _disk(
         tokens=tokens,
         dataset_bytes=size,
     )
+
+
+def cpu_share(offers: list[Offer], req: EstimateRequest) -> GPU:
+    """This machine's CPU (the local provider's offer) for one run of ``req``: its cores shared with what
+    already runs there and with the request's other runs at once (a sweep's)."""
+    local = next((o for o in offers if o.gpu == CPU.name), None)
+    if local is None:
+        return CPU
+    return cpu_device(local.cpu_cores or DEFAULT_CPU_CORES, local.runs_here + req.runs_at_once)
+
+
+def _headline_phases(ranked: list[RankedOffer], gpu: str, gpus: int) -> dict[str, float] | None:
+    """The quote by phase on the card's offer: the best fitting offer of the card's GPU."""
+    for o in ranked:
+        if o.fits and o.gpu == gpu and o.gpu_count == gpus:
+            return o.phases
+    return None
 
 
 def _fits_anywhere(mem_gb: float, gpus: list[str], upper: float) -> str | None:
@@ -391,6 +409,7 @@ def estimate(
     mem = estimate_memory(arch, req)
     run = _run_time(arch, req, inputs)
     run.check(req.gpus)
+    run.cpu = cpu_share(offers, req)  # this machine's CPU as much of it as a run started now gets
     correction = _correction_lookup(calibration or Calibration(), req, arch)
     mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
     disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
@@ -463,6 +482,7 @@ def estimate(
             sample_tokens=timing.sample_tokens,
             sample_hours=round(timing.sample_seconds / 3600.0, 6),
             length=timing.describe,
+            phases=_headline_phases(ranked, head.gpu, req.gpus),
         ),
         offers=ranked,
         assumptions=assumptions,
@@ -609,15 +629,18 @@ def _job_shape(
             return _corrected_memory(splits.memory(splits.request(g, n), n), correction(g))
         return _corrected_memory(memory_result(n), correction(g))
 
-    speed_memo: dict[tuple[str, int], float] = {}
+    speed_memo: dict[tuple[str, int], Timing] = {}
 
-    def hours(g: str, n: int) -> float:
+    def timing(g: str, n: int) -> Timing:
         key = (g, n)
         if key not in speed_memo:
             corr_g = correction(g)
             runs = splits.run(splits.request(g, n)) if splits is not None and g != CPU.name else run
-            speed_memo[key] = runs.timing(known_device(g), n, lambda s: _corrected_speed(s, corr_g)).hours
+            speed_memo[key] = runs.timing(known_device(g), n, lambda s: _corrected_speed(s, corr_g))
         return speed_memo[key]
+
+    def hours(g: str, n: int) -> float:
+        return timing(g, n).hours
 
     full = req.method == "full"
     output_gb = (arch.parameters * 2.0 if full else mem.trainable * 4.0) / GB
@@ -633,7 +656,40 @@ def _job_shape(
         download_gb=mem.download_bytes / GB,
         output_gb=output_gb,
         disk_gb=disk.gb,
+        **_by_phase(mem, timing, run.cpu),
     )
+
+
+def _by_phase(
+    mem: MemoryResult, timing: Callable[[str, int], Timing], cpu: GPU | None
+) -> dict[str, Callable]:
+    """What ranking needs to price a whole run by phase (bot/planner/phases.py): the runner's phases and its
+    training loop on each (GPU, count), the runner process's start and one checkpoint save on each GPU
+    (``cpu``: this machine's CPU as a run gets it)."""
+
+    def device_of(g: str) -> GPU | None:
+        return cpu if g == CPU.name and cpu is not None else known_device(g)
+
+    def phases(g: str, n: int) -> dict[str, float]:
+        return dict(timing(g, n).phases or {})
+
+    def loop_hours(g: str, n: int) -> float:
+        return timing(g, n).loop_hours
+
+    def import_hours(g: str, warm: bool) -> float:
+        device = device_of(g)
+        return import_seconds(device, warm=warm) / 3600.0 if device is not None else 0.0
+
+    def save_hours(g: str) -> float:
+        device = device_of(g)
+        return save_seconds(mem.checkpoint_bytes, device) / 3600.0 if device is not None else 0.0
+
+    return {
+        "phases": phases,
+        "loop_hours": loop_hours,
+        "import_hours": import_hours,
+        "save_hours": save_hours,
+    }
 
 
 def _headline(

@@ -20,6 +20,7 @@ class ScalarMath:
     """The few numpy functions the cost formulas use, for plain floats (no numpy import needed)."""
 
     sqrt = staticmethod(math.sqrt)
+    floor = staticmethod(math.floor)
     exp = staticmethod(math.exp)
     expm1 = staticmethod(math.expm1)
     isfinite = staticmethod(math.isfinite)

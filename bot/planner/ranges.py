@@ -51,10 +51,10 @@ MEMORY_RANGES: dict[str, tuple[float, float]] = {
 }
 # measured / predicted, (5%, 95%) prediction bounds
 SPEED_RANGES: dict[str, tuple[float, float]] = {
-    "all": (0.656, 1.403),
-    "multi-gpu": (0.664, 1.639),
-    "quantized": (0.695, 1.629),
-    "short": (0.481, 1.188),
+    "all": (0.663, 1.389),
+    "multi-gpu": (0.665, 1.602),
+    "quantized": (0.698, 1.598),
+    "short": (0.493, 1.188),
 }
 
 

@@ -1,12 +1,14 @@
 """Cost and ranking of offers: does the job fit, what does it cost in total, which offer to pick.
 
 For every offer: the per-GPU peak memory for its GPU count (plus SAFETY_MARGIN) against the card's
-memory; the compute hours at the speed of its GPU type and count; storage for the model download and
-two checkpoints while the job runs (the disk a launch asks for, where the job says: bot/planner/disk.py);
-whether the offer's disk can hold it; egress of the result; and for interruptible offers the expected
-preemption overhead with the Young/Daly checkpoint interval (checkpoint cost from the checkpoint size
-and DISK_GBS, restart from boot (the offer's own boot time where it has one) + model download at the
-host's downlink + checkpoint load).
+memory; the whole run's hours by phase (bot/planner/phases.py): the runner's work at the speed of its GPU
+type and count, the offer's start (its boot, or the planner's default, with the runner's imports, or a
+fork where the local provider keeps a prewarmed process), the model's download at the host's downlink and
+the runner's timed checkpoint saves (one each interval of the training loop, none in a shorter run);
+storage for the model download and two checkpoints while the job runs (the disk a launch asks for, where
+the job says: bot/planner/disk.py); whether the offer's disk can hold it; egress of the result; and for
+interruptible offers the expected preemption overhead with the Young/Daly checkpoint interval (checkpoint
+cost from the checkpoint size, restart from boot + model download + checkpoint load).
 Memory and hours depend only on (GPU type, count), so they are computed once per pair. The per-offer
 formulas run once over numpy arrays for large lists (10,000 offers in a few milliseconds) and on
 plain floats for small ones (no numpy import on the CLI path). RankedOffer objects are built only for
@@ -22,6 +24,7 @@ from typing import Any
 from bot.money import money
 from bot.planner.gpus import known as known_device
 from bot.planner.offer import Offer
+from bot.planner.phases import offer_phases
 from bot.planner.preemption import ScalarMath, expected_wall_hours
 from bot.planner.result import RankedOffer
 
@@ -75,25 +78,36 @@ class JobShape:
     memory_lower: float = 1.0  # the lower end, shown with it ("needs 18-22 GB of 24")
     hours_low_high: tuple[float, float] = (1.0, 1.0)  # the compute-time range as ratios (cost ranges)
     disk_gb: float = 0.0  # the disk a launch asks for (0: not sized: storage on download + checkpoints)
+    # By phase (bot/planner/phases.py): the runner's phases on (gpu, count) in seconds, its training loop's
+    # hours (what the timed saves run on), the runner process's start on a GPU type (warm: forked from a
+    # prewarmed process) and one checkpoint save there, in hours. None: hand-made shapes (tests), priced
+    # by ``hours`` and the fixed checkpoint cost alone.
+    phases: Callable[[str, int], dict[str, float]] | None = None
+    loop_hours: Callable[[str, int], float] | None = None
+    import_hours: Callable[[str, bool], float] | None = None
+    save_hours: Callable[[str], float] | None = None
 
     @property
     def checkpoint_hours(self) -> float:
         return (self.checkpoint_gb / DISK_GBS + CHECKPOINT_FIXED_S) / 3600.0
 
+    def download_hours(self, down_mbps: Any) -> Any:
+        return self.download_gb * 8000.0 / down_mbps / 3600.0
+
     def restart_hours(self, down_mbps: Any, boot_hours: Any = BOOT_HOURS) -> Any:
-        return (
-            boot_hours
-            + self.download_gb * 8000.0 / down_mbps / 3600.0
-            + self.checkpoint_gb / DISK_GBS / 3600.0
-        )
+        return boot_hours + self.download_hours(down_mbps) + self.checkpoint_gb / DISK_GBS / 3600.0
 
 
 def offer_costs(
-    xp: Any, job: JobShape, work, price, spot, rate, storage, egress, down, rel, boot
+    xp: Any, job: JobShape, work, price, spot, rate, storage, egress, down, rel, boot, ckpt=None, loop=None
 ) -> dict[str, Any]:
-    """The cost formulas for one offer (floats, xp=ScalarMath) or many (numpy arrays, xp=numpy)."""
-    ckpt_h = job.checkpoint_hours
+    """The cost formulas for one offer (floats, xp=ScalarMath) or many (numpy arrays, xp=numpy). ``boot``:
+    the hours until the runner's first phase (the runner's imports included where the job prices them);
+    ``ckpt``: one checkpoint save's hours there; ``loop``: the training loop's hours (the timed saves)."""
+    ckpt_h = job.checkpoint_hours if ckpt is None else ckpt
+    loop_h = work if loop is None else loop
     restart_h = job.restart_hours(down, boot)
+    start_h = boot + job.download_hours(down)  # the first start loads no checkpoint
     preemptible = spot * (rate > 0)
     mtbf = xp.where(preemptible, 1.0 / xp.maximum(rate, 1e-12), float("inf"))
     od_mtbf = 24.0 / xp.maximum(1.0 - rel, 1e-6)  # a host failure per (1 - reliability) days
@@ -101,8 +115,13 @@ def offer_costs(
     interval = xp.maximum(
         xp.where(preemptible, interval, xp.minimum(interval, ON_DEMAND_MAX_INTERVAL_H)), MIN_INTERVAL_H
     )
-    wall = expected_wall_hours(work, interval, ckpt_h, restart_h, mtbf, xp) + restart_h
-    plain = work * (1.0 + ckpt_h / xp.maximum(xp.minimum(interval, work), 1e-9)) + restart_h
+    # The runner saves every interval of its training loop, not at its end (the output is saved then): none in
+    # a loop shorter than the interval.
+    saves = xp.floor(loop_h / xp.maximum(interval, 1e-9))
+    plain = work + saves * ckpt_h + start_h
+    wall = xp.where(
+        preemptible, expected_wall_hours(work, interval, ckpt_h, restart_h, mtbf, xp) + start_h, plain
+    )
     compute = plain * price
     preempt = xp.maximum(wall - plain, 0.0) * price
     stored_gb = max(job.disk_gb, job.download_gb + 2.0 * job.checkpoint_gb)  # billed on the disk asked for
@@ -110,9 +129,13 @@ def offer_costs(
     egress_cost = job.output_gb * egress
     return {
         "interval": interval,
+        "saves": saves,
+        "ckpt": ckpt_h,
+        "start": start_h,
         "wall": wall,
         "compute": compute,
         "preempt": preempt,
+        "plain": plain,
         "storage": storage_cost,
         "egress": egress_cost,
         "total": compute + preempt + storage_cost + egress_cost,
@@ -131,6 +154,7 @@ _FIELDS = (
     "gpu_count",
     "boot_minutes",
     "max_disk_gb",
+    "warm_start",
 )
 
 
@@ -147,6 +171,7 @@ def _columns(offers: Sequence[Offer]) -> dict[str, list]:
         "down": [d or DEFAULT_DOWN_MBPS for d in col["inet_down_mbps"]],
         "rel": [DEFAULT_RELIABILITY if r is None else r for r in col["reliability"]],
         "boot": [BOOT_HOURS if b is None else b / 60.0 for b in col["boot_minutes"]],
+        "warm": col["warm_start"],
         "gpu": col["gpu"],
         "count": col["gpu_count"],
         "disk": col["max_disk_gb"],
@@ -182,9 +207,11 @@ def rank_offers(
         return [], 0, 0
     cols = _columns(offers)
     gpu_col, count_col, disk_col = cols.pop("gpu"), cols.pop("count"), cols.pop("disk")
+    warm_col = cols.pop("warm")
     keys = list(zip(gpu_col, count_col, strict=True))
     pairs = _pair_figures(offers, keys, job)
     per = [pairs[k] for k in keys]
+    _by_phase(job, cols, keys, gpu_col, warm_col, per)
     costs = _costs(job, cols, [p[2] if p[2] is not None else 0.0 for p in per])
     pair_cat = {key: _pair_category(pair, key, job, gpus=gpus, gpu=gpu) for key, pair in pairs.items()}
     category = _offer_categories(
@@ -203,6 +230,31 @@ def rank_offers(
     rejected = _rejections_shown(offers, category, per, keep_rejected)
     table = _Table(offers, job, per, category, labels, costs, disk_col, gpus=gpus, gpu=gpu, max_cost=max_cost)
     return [table.ranked(i) for i in keep + rejected], len(fit_idx), n - len(fit_idx)
+
+
+def _by_phase(
+    job: JobShape,
+    cols: dict[str, list],
+    keys: list[PairKey],
+    gpu_col: list[str],
+    warm_col: list[bool],
+    per: list[Pair],
+) -> None:
+    """The offer columns the phases add (bot/planner/phases.py): the runner's imports on each offer's start,
+    one checkpoint save's hours there, and the training loop's hours of its (GPU, count)."""
+    if job.import_hours is not None:
+        cols["boot"] = [
+            b + job.import_hours(g, w) for b, g, w in zip(cols["boot"], gpu_col, warm_col, strict=True)
+        ]
+    if job.save_hours is not None:
+        save_hours = job.save_hours
+        cols["ckpt"] = [save_hours(g) for g in gpu_col]
+    if job.loop_hours is not None:
+        loops: dict[PairKey, float] = {}
+        for key, pair in zip(keys, per, strict=True):
+            if key not in loops:
+                loops[key] = job.loop_hours(*key) if pair[2] is not None else 0.0
+        cols["loop"] = [loops[k] for k in keys]
 
 
 def _pair_figures(offers: Sequence[Offer], keys: list[PairKey], job: JobShape) -> dict[PairKey, Pair]:
@@ -237,6 +289,7 @@ class _Costs:
 def _costs(job: JobShape, cols: dict[str, list], work: list[float]) -> _Costs:
     """The cost formulas over all offers: on numpy arrays from VECTOR_MIN offers on, else on floats."""
     n = len(work)
+    cols = {**cols, "loop": cols.get("loop") or work}
     if n >= VECTOR_MIN:
         import numpy as np
 
@@ -359,6 +412,7 @@ class _Table:
             memory_capacity_gb=round(cap, 2),
             memory_tight=fits and need * job.memory_upper > TIGHT_SHARE * cap,
             checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
+            phases=self.phases(i),
             max_disk_gb=self.disk[i],
             fits=fits,
             rejected_by=REJECTED_BY.get(self.category[i]),
@@ -366,6 +420,24 @@ class _Table:
             labels=self.labels.get(i, []) if fits else [],
             reliability=o.reliability,
             source=o.source,
+        )
+
+    def phases(self, i: int) -> dict[str, float] | None:
+        """Offer ``i``'s quote by phase, seconds (the runner's phases, its start, download and saves, and on
+        interruptible capacity the work expected to be lost): they add up to its hours."""
+        job, res = self.job, self.costs.parts
+        if job.phases is None or self.per[i][2] is None:
+            return None
+        o = self.offers[i]
+        lost = max(0.0, self.costs.wall[i] - float(res["plain"][i]))
+        return offer_phases(
+            job.phases(o.gpu, o.gpu_count),
+            start_s=float(res["start"][i]) * 3600.0
+            - job.download_hours(o.inet_down_mbps or DEFAULT_DOWN_MBPS) * 3600.0,
+            download_s=job.download_hours(o.inet_down_mbps or DEFAULT_DOWN_MBPS) * 3600.0,
+            saves=float(res["saves"][i]),
+            save_s=float(res["ckpt"][i]) * 3600.0,
+            lost_s=lost * 3600.0,
         )
 
     def reason(self, i: int) -> str:

@@ -72,6 +72,9 @@ class EstimateRequest(BaseModel):
     # cadence. Not an option: a sweep sets it to its first stage's step, so its estimate prices the passes its
     # runs make.
     eval_every: int | None = Field(None, ge=1, le=10**9)
+    # Runs of this request that train at once (a sweep's first stage): where they share one machine (the
+    # local provider's CPU) each is priced for its share of it. Not an option: a sweep sets it.
+    runs_at_once: int = Field(1, ge=1, le=64)
     # Outputs.
     push_to_hub: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
     hub_public: bool = not Defaults.hub_private

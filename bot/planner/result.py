@@ -77,6 +77,9 @@ class TimeEstimate(BaseModel):
     sample_tokens: int = 0
     sample_hours: float = 0.0
     length: str | None = None
+    # The whole run by phase (runner/contract/phases.py; bot/planner/phases.py), seconds, on the card's offer
+    # (its start, download and checkpoint saves included): what `status JOB` sets the run's phases against.
+    phases: dict[str, float] | None = None
 
 
 class DiskEstimate(BaseModel):
@@ -102,6 +105,9 @@ class RankedOffer(BaseModel):
     preemption_cost: float = 0.0
     total_cost_range: list[float] | None = None  # [low, high]: the compute-time range priced the same way
     checkpoint_minutes: float | None = None  # Young/Daly interval for interruptible offers
+    # The quote by phase on this offer (runner/contract/phases.py, and "preemption": the work an interruptible
+    # offer is expected to lose and redo), seconds: they add up to ``hours``. A job keeps its offer's.
+    phases: dict[str, float] | None = None
     # [low, high] GB per GPU the job needs on this offer's GPU (the memory range; "fits" is judged on the high
     # end plus the safety margin), and whether that high end is within TIGHT_SHARE of the card's memory.
     memory_need_gb: list[float] | None = None

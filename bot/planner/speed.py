@@ -48,18 +48,19 @@ from bot.planner.memory import (
     trainable_parameters,
 )
 from bot.planner.request import EstimateRequest
+from runner.contract.spec import chunk_tokens
 
 
 @dataclass(frozen=True)
 class SpeedCoefficients:
     """What the roofline cannot count: fitted on the published tokens/s rows (checked leaving one out)."""
 
-    matmul_eff: float = 0.880  # real-shape GEMMs vs the measured big-square matmul rate
+    matmul_eff: float = 0.876  # real-shape GEMMs vs the measured big-square matmul rate
     # SDPA (torch's kernels; masked batches run the memory-efficient one) vs the matmul rate
-    attn_eff: float = 0.399
-    ew_scale: float = 1.593  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
+    attn_eff: float = 0.425
+    ew_scale: float = 1.512  # counted eager elementwise bytes -> real (ops not counted: masks, copies, casts)
     compiled_ew: float = 0.05  # fraction of the eager elementwise traffic left after torch.compile
-    torchao_dequant_bytes: float = 11.04  # torchao NF4 -> bf16 bytes moved per parameter per pass
+    torchao_dequant_bytes: float = 10.23  # torchao NF4 -> bf16 bytes moved per parameter per pass
 
 
 FITTED = SpeedCoefficients()
@@ -69,24 +70,68 @@ FITTED = SpeedCoefficients()
 # about 0.72 of the measured dense matmul rate. Not fitted: no published row here runs flash attention at a
 # long sequence.
 FLASH_ATTN_EFF = 0.72
+# SDPA on the CPU (its flash kernel for CPUs, the block mask of packed rows, no causal skipping) against the
+# CPU's GEMM rate: 48 GFLOPS a core forward and backward at head dimension 16, 512-2,048 tokens, against 70
+# for the GEMMs (one thread, bench/quote_vs_run.py's machine).
+CPU_ATTN_EFF = 0.6
 
 # bitsandbytes' dequantization: 28 ms per billion 4-bit parameters per checkpointed micro-step (three passes)
 # on an A100 (2,039 GB/s), docs/estimation.md: 28e-3 / 3e9 x 2.039e12 = 19 bytes of traffic per parameter and
 # pass - the kernel reads 0.5 B and writes 2 B but runs at a fraction of the bandwidth.
 BNB_DEQUANT_BYTES = 19.0
 
-# Eager PyTorch dispatches every op from Python, a fixed cost per op that FLOPs do not show. Op counts: a
-# decoder block's forward (norms, projections, rotary, attention, MLP, residuals), a LoRA adapter (dropout, A,
-# B, scale, add, cast), embedding + final norm + lm_head + loss; the backward about twice the forward. The
-# per-op costs are a CUDA launch with Python dispatch (~10 us) and, on the CPU, the runner's measured ~100 us
-# per op for the tiny model on 2 cores (17k tokens/s: bench/README.md, `tunebot-runner make-tiny`). A compiled
-# stack launches fused kernels: about a third as many.
-OPS_PER_LAYER = 40
-OPS_PER_ADAPTER = 6
-OPS_OUTSIDE_LAYERS = 30
-BACKWARD_OPS = 2.0
-OP_SECONDS = {"cpu": 100e-6}
-OP_SECONDS_GPU = 10e-6
+# The host side of a step: eager PyTorch dispatches every aten op from Python (its module's code, the
+# dispatcher, autograd's record, the kernel launch), a cost per op that FLOPs do not show and that rules small
+# models, micro-batch 1 on fast GPUs, and the CPU. The ops are counted from the libraries the runner trains
+# with, component by component, as memory.py counts tensors: transformers' LlamaDecoderLayer with SDPA
+# (input and post-attention RMSNorm, q/k/v/o projections, rotary embedding, attention, SwiGLU MLP, two
+# residual adds), peft's lora.Linear (the frozen layer, then A and B with the scaling added to its output),
+# torch.utils.checkpoint without reentrance (the block's forward again in backward, with its saved-tensor
+# hooks), torch.optim.AdamW's for-loop step on the CPU (9 ops a tensor with clipping and zero_grad), the
+# runner's chunked loss. tests/planner/test_host_ops.py counts them again with a TorchDispatchMode on the
+# runner's own step of tiny models (1-3 layers; LoRA on one, two or all Linears; a full fine-tune; with and
+# without checkpointing): the formulas below must give what it counts.
+BLOCK_FORWARD_OPS = 84  # one decoder block's forward, recorded for backward
+BLOCK_FORWARD_CKPT_OPS = 81  # ... under non-reentrant checkpointing (its first forward keeps nothing)
+BLOCK_EVAL_OPS = 81  # ... under no_grad (evals, samples)
+# A block's backward: a frozen base computes its input's gradient only; a full fine-tune also every weight's.
+# Under checkpointing the backward recomputes the block's forward first, with its hooks.
+BLOCK_BACKWARD_OPS = {"frozen": 102, "full": 145}
+BLOCK_BACKWARD_CKPT_OPS = {"frozen": 207, "full": 286}
+ADAPTER_FORWARD_OPS = 10  # peft's lora.Linear beside its frozen layer: dropout, A, B, scale, add
+ADAPTER_BACKWARD_OPS = 20
+ADAPTER_BACKWARD_CKPT_OPS = 38  # the adapter's forward again, then its backward
+NORM_FORWARD_OPS = 6  # RMSNorm in fp32: pow, mean, add, rsqrt, mul, mul by its weight
+NORM_BACKWARD_OPS = 10
+# Outside the blocks: the embedding, the rotary tables, the packed rows' mask transformers derives from their
+# position ids, the final norm, the lm_head and the loss.
+OUTSIDE_FORWARD_OPS = 75
+OUTSIDE_EVAL_OPS = 72
+OUTSIDE_BACKWARD_OPS = {"full": 58, "frozen_ckpt": 39}
+# A LoRA step without checkpointing: the first block's frozen input needs no gradient, which saves these.
+FIRST_BLOCK_SAVED_OPS = 18
+CHUNK_OPS = 21  # the chunked loss's ops per chunk of chunk_tokens(vocab) tokens past the first: its
+# logits, log-softmax and gather forward (7), recomputed and differentiated in backward
+OPTIMIZER_OPS_PER_TENSOR = 9  # AdamW's for-loop (torch's default on the CPU), clipping, zero_grad: per tensor
+OPTIMIZER_OPS_FIXED = 12  # the norm's total, the scheduler
+# Under bf16 autocast on CUDA (the runner's LoRA and QLoRA since issue 37, a mixed-precision full fine-tune):
+# each RMSNorm upcasts and casts back, each fp32 adapter's weights and input are cast for its matmuls. A
+# bitsandbytes 4-bit Linear is a Python autograd.Function (bitsandbytes/autograd/_functions.py MatMul4Bit)
+# that dequantizes its weight through bitsandbytes' Python functional API before each of its matmuls
+# (forward, input gradient, recompute): about ten ops' worth of host time a pass.
+AUTOCAST_OPS_PER_NORM = 4
+AUTOCAST_OPS_PER_ADAPTER = 6
+DEQUANT_OPS_PER_LINEAR = 10
+
+# Host seconds per dispatched op. The CPU: the development machine's runner step (torch 2.11, the tiny model
+# at 64 tokens, where compute is nothing: ~1,400 ops in 6.2-6.4 ms of CPU time, bench/quote_vs_run.py), whose
+# compute shares the same core. A GPU host: the Python module code, the dispatcher, autograd's node and
+# cudaLaunchKernel, ~15 us an op; the launches run ahead of the kernels, so a step takes the longer of the
+# two. Checked on the only GPU measurements of the runner's step (bench/gpu_check/README.md, H200,
+# Llama-3.2-1B LoRA at micro-batch 1: ~200 ms a step at both 1,024 and 4,096 tokens for ~11,000 ops:
+# tests/planner/test_host_ops.py). A compiled stack launches fused kernels: about a third as many.
+OP_SECONDS = {"cpu": 3.6e-6}
+OP_SECONDS_GPU = 15e-6
 COMPILED_OPS = 1 / 3
 # Every kernel holds the GPU for at least its launch-to-launch latency, however little it computes: ~4 us for
 # back-to-back kernels on one stream (CUDA's launch overhead; the figure NVIDIA's Nsight timelines show
@@ -96,14 +141,19 @@ COMPILED_OPS = 1 / 3
 KERNEL_FLOOR_S = 4e-6
 # clip_grad_norm_: read every gradient for the norm, then read + write it to scale (per gradient byte)
 GRAD_CLIP_BYTES = 3.0
-# Host work per trainable tensor in every optimizer step, whatever its size: torch.optim.AdamW's
+# Host work per trainable tensor in every optimizer step on a GPU, whatever its size: torch.optim.AdamW's
 # _init_group walks the parameters in Python and gathers each one's gradient, two states and step counter
 # into lists (torch/optim/adam.py), clip_grad_norm_ groups the gradients by device and dtype before its
 # foreach norm (torch/nn/utils/clip_grad.py, _group_tensors_by_device_and_dtype), and
 # zero_grad(set_to_none=True) walks them again (torch/optim/optimizer.py): ~1-2 us of Python each, plus the
 # kernels multi_tensor_apply launches per few dozen tensors (ATen/native/cuda/MultiTensorApply.cuh,
 # depth_to_max_tensors). LoRA has two tensors per adapted Linear per layer: 448 for all-linear on 32 layers.
+# On the CPU the for-loop step dispatches every tensor's ops instead (OPTIMIZER_OPS_PER_TENSOR).
 OPTIMIZER_SECONDS_PER_TENSOR = 5e-6
+# The runner's work between two steps (runner/train.py, the logging phase): the chart's point, the
+# scheduler's rate, W&B when on, the cap check, the step's line every report; on a GPU the loss read back.
+LOGGING_SECONDS_PER_STEP = {"cpu": 1e-4}
+LOGGING_SECONDS_PER_STEP_GPU = 5e-4
 
 
 def _adapted_linears(arch: Architecture, req: EstimateRequest) -> int:
@@ -114,15 +164,67 @@ def _adapted_linears(arch: Architecture, req: EstimateRequest) -> int:
     return sum(g.layers * sum(id(lin) in chosen for lin in g.linears) for g in arch.groups)
 
 
-def forward_ops(arch: Architecture, req: EstimateRequest) -> float:
-    """Ops one forward launches: every block's, every adapter's, and those outside the blocks."""
-    return arch.layers * OPS_PER_LAYER + OPS_PER_ADAPTER * _adapted_linears(arch, req) + OPS_OUTSIDE_LAYERS
+def _extra_norms(arch: Architecture) -> int:
+    """RMSNorms a block has beyond Llama's two: Gemma 2/3's pre- and post-norms, q/k norms."""
+    extra = 2 if arch.model_type.startswith(("gemma2", "gemma3")) else 0
+    return extra + (2 if arch.model_type in QK_NORM_MODELS else 0)
 
 
-def ops_per_micro_step(arch: Architecture, req: EstimateRequest) -> float:
-    forward = forward_ops(arch, req)
-    recompute = forward if req.gradient_checkpointing else 0.0
-    return forward * (1.0 + BACKWARD_OPS) + recompute
+def _chunks(arch: Architecture, req: EstimateRequest) -> int:
+    """The chunked loss's chunks per micro-step past the first (runner/loss.py)."""
+    if req.loss != "chunked":
+        return 0
+    return max(0, math.ceil(req.batch_size * req.seq_len / chunk_tokens(arch.vocab)) - 1)
+
+
+def _autocast_ops(arch: Architecture, req: EstimateRequest, adapters: int, passes: float) -> float:
+    """Casts and dequantizations a CUDA step adds: under autocast every norm's and adapter's, and a 4-bit
+    Linear's dequantization on each pass that uses its weight."""
+    extra = 0.0
+    if req.autocast:
+        extra += passes * (2 + _extra_norms(arch)) * arch.layers * AUTOCAST_OPS_PER_NORM / 2
+        extra += passes * adapters * AUTOCAST_OPS_PER_ADAPTER / 2
+    if req.method == "qlora":
+        linears = sum(g.layers * len(g.linears) for g in arch.groups)
+        extra += (passes - 1) * linears * DEQUANT_OPS_PER_LINEAR
+    return extra
+
+
+def forward_ops(arch: Architecture, req: EstimateRequest, *, device: str = "cuda") -> float:
+    """Ops one forward without autograd dispatches (an eval pass, a sample's token): every block's, every
+    adapter's, the norms beyond Llama's, those outside the blocks."""
+    adapters = _adapted_linears(arch, req)
+    ops = arch.layers * (BLOCK_EVAL_OPS + _extra_norms(arch) * NORM_FORWARD_OPS) + OUTSIDE_EVAL_OPS
+    ops += ADAPTER_FORWARD_OPS * adapters + CHUNK_OPS / 3 * _chunks(arch, req)
+    return ops + (_autocast_ops(arch, req, adapters, 1.0) if device != "cpu" else 0.0)
+
+
+def ops_per_micro_step(arch: Architecture, req: EstimateRequest, *, device: str = "cuda") -> float:
+    """Ops one training micro-step dispatches: forward, backward (and the recomputed forward under
+    checkpointing), as counted from the libraries (see BLOCK_FORWARD_OPS)."""
+    adapters = _adapted_linears(arch, req)
+    ckpt = req.gradient_checkpointing
+    kind = "full" if req.method == "full" else "frozen"
+    norms = _extra_norms(arch) * (NORM_FORWARD_OPS * (2 if ckpt else 1) + NORM_BACKWARD_OPS)
+    block = (BLOCK_FORWARD_CKPT_OPS if ckpt else BLOCK_FORWARD_OPS) + norms
+    block += (BLOCK_BACKWARD_CKPT_OPS if ckpt else BLOCK_BACKWARD_OPS)[kind]
+    adapter = ADAPTER_FORWARD_OPS + (ADAPTER_BACKWARD_CKPT_OPS if ckpt else ADAPTER_BACKWARD_OPS)
+    ops = arch.layers * block + adapters * adapter + OUTSIDE_FORWARD_OPS + (1 if ckpt else 0)
+    if kind == "full":
+        ops += OUTSIDE_BACKWARD_OPS["full"]
+    elif ckpt:
+        ops += OUTSIDE_BACKWARD_OPS["frozen_ckpt"]
+    else:
+        ops += 2 * adapters / max(arch.layers, 1) - FIRST_BLOCK_SAVED_OPS
+    ops += CHUNK_OPS * _chunks(arch, req)
+    if device != "cpu":
+        ops += _autocast_ops(arch, req, adapters, 4.0 if ckpt else 3.0)
+    return ops
+
+
+def optimizer_ops(arch: Architecture, req: EstimateRequest) -> float:
+    """Ops the CPU's for-loop AdamW step dispatches (clipping and zero_grad included)."""
+    return OPTIMIZER_OPS_PER_TENSOR * trainable_tensors(arch, req) + OPTIMIZER_OPS_FIXED
 
 
 def trainable_tensors(arch: Architecture, req: EstimateRequest) -> int:
@@ -154,9 +256,26 @@ def _linear_flops_per_token(arch: Architecture, req: EstimateRequest) -> float:
     return passes * arch.matmul_parameters + adapters + recompute
 
 
-def _attention_flops_per_token(arch: Architecture, req: EstimateRequest) -> float:
-    attn_fwd = (2.0 if req.attn != "eager" else 4.0) * req.seq_len * arch.q_dim * arch.layers
+def _attention_flops_per_token(arch: Architecture, req: EstimateRequest, *, cpu: bool = False) -> float:
+    """Attention's FLOPs per token: half of the s x s work under a causal kernel (FlashAttention, SDPA's
+    causal path, the runner's variable-length kernel for packed rows on CUDA); all of it where a mask takes
+    the kernel off causal skipping (eager; the CPU, where transformers hands SDPA the packed rows' block
+    mask)."""
+    full = req.attn == "eager" or cpu
+    attn_fwd = (4.0 if full else 2.0) * req.seq_len * arch.q_dim * arch.layers
     return attn_fwd * (4.0 if req.gradient_checkpointing else 3.0)
+
+
+def _lm_head_passes(req: EstimateRequest) -> float:
+    """Matmuls over the lm_head per token: forward, the input's gradient (and its weight's in a full
+    fine-tune), the chunked loss's recompute."""
+    return 2.0 * ((3.0 if req.method == "full" else 2.0) + (1.0 if req.loss == "chunked" else 0.0))
+
+
+def fp32_stream(req: EstimateRequest, gpus: int, gpu: GPU) -> bool:
+    """QLoRA computing its residual stream, attention and lm_head in fp32 on a GPU: the upcast without
+    autocast."""
+    return gpu.kind != "cpu" and fp32_residual(req, gpus) and not req.autocast
 
 
 def flops_per_token(arch: Architecture, req: EstimateRequest) -> float:
@@ -237,17 +356,34 @@ def estimate_speed(
 ) -> SpeedResult:
     n_gpus = gpus or req.gpus
     tokens_micro = req.batch_size * req.seq_len
-    rate = gpu.matmul_tflops * 1e12
-    bandwidth = gpu.bandwidth_gbs * 1e9
     cpu = gpu.kind == "cpu"
+    # Each op at the dtype it runs in: bf16 on a GPU's tensor cores (the runner's LoRA and QLoRA under
+    # autocast since issue 37, a mixed full fine-tune), TF32 where the request computes in fp32 (the runner
+    # turns TF32 on), fp32 on the CPU (its matmul rate is fp32's).
+    rate = gpu.matmul_tflops * 1e12
+    if not cpu and req.precision == "fp32":
+        rate /= 2.0  # TF32: half the bf16 tensor rate
+    bandwidth = gpu.bandwidth_gbs * 1e9
 
     linear_flops = _linear_flops_per_token(arch, req) * tokens_micro
-    attn_flops = _attention_flops_per_token(arch, req) * tokens_micro
+    attn_flops = _attention_flops_per_token(arch, req, cpu=cpu) * tokens_micro
     passes = 3.0 + (1.0 if req.gradient_checkpointing else 0.0)
     weight_bytes = (0.5625 if req.method == "qlora" else 2.0) * arch.matmul_parameters * passes
+    if cpu:
+        weight_bytes *= 2.0  # fp32 weights
     t_matmul = max(linear_flops / (rate * coef.matmul_eff), weight_bytes / bandwidth)
     attn_eff = {"eager": coef.matmul_eff, "flash": FLASH_ATTN_EFF}.get(req.attn, coef.attn_eff)
-    t_attn = attn_flops / (rate * attn_eff)
+    if cpu:
+        attn_eff = CPU_ATTN_EFF
+    attn_rate = rate
+    if fp32_stream(req, n_gpus, gpu):
+        # QLoRA on the upcast residual stream without autocast (peft's prepare_model_for_kbit_training, the
+        # runner before issue 37): fp32 queries reach attention (SDPA's math kernel) and fp32 hidden states
+        # the lm_head, both off the tensor cores.
+        attn_rate = (gpu.fp32_tflops or gpu.matmul_tflops / 12) * 1e12
+        head = _lm_head_passes(req) * arch.vocab * arch.hidden * tokens_micro
+        t_matmul += head / (attn_rate * coef.matmul_eff) - head / (rate * coef.matmul_eff)
+    t_attn = attn_flops / (attn_rate * attn_eff)
     if (
         req.attn == "eager"
     ):  # the s x s scores: bf16 written, fp32 softmax read + written, read back; x3 training
@@ -261,11 +397,16 @@ def estimate_speed(
         if req.stack == "unsloth":
             per_param = 2.5  # Unsloth's fused kernel: read 0.5 B, write 2 B into its reused buffer
         t_dequant = arch.block_linear_params * per_param * (passes - 1.0) / bandwidth
-    ops = ops_per_micro_step(arch, req) * (COMPILED_OPS if req.compile else 1.0)
+    if cpu and req.packing:
+        # transformers builds the packed rows' block mask from their position ids on the host: s x s booleans
+        # a row, written and read by the attention of every layer
+        t_elementwise += req.batch_size * req.seq_len**2 * (1.0 + arch.layers * passes) / bandwidth
+    ops = ops_per_micro_step(arch, req, device=gpu.kind) * (COMPILED_OPS if req.compile else 1.0)
     t_kernels = 0.0 if cpu else ops * KERNEL_FLOOR_S
     gpu_seconds = t_matmul + t_attn + t_elementwise + t_dequant + t_kernels
 
-    dispatch = ops * OP_SECONDS.get(gpu.kind, OP_SECONDS_GPU)
+    op_seconds = OP_SECONDS.get(gpu.kind, OP_SECONDS_GPU) / max(gpu.host_share, 1e-3)
+    dispatch = ops * op_seconds
     compute = gpu_seconds + dispatch if cpu else max(gpu_seconds, dispatch)
     comm = 0.0
     if n_gpus > 1:
@@ -283,6 +424,8 @@ def estimate_speed(
     if req.optimizer_in_backward:
         optimizer = trainable_local * opt_bytes / bandwidth  # fused into backward, no clipping pass
     per_tensor = trainable_tensors(arch, req) * OPTIMIZER_SECONDS_PER_TENSOR
+    if cpu:  # torch's for-loop AdamW on the CPU: every tensor's ops dispatched one by one
+        per_tensor = optimizer_ops(arch, req) * op_seconds
     if req.optimizer_in_backward:
         per_tensor = 0.0  # each parameter's step runs in its own backward hook, among the backward's ops
     optimizer += per_tensor
@@ -293,7 +436,8 @@ def estimate_speed(
         paged = mem.offloaded.get("optimizer (paged, may spill to CPU)", 0.0)
         room = max(0.0, gpu.memory_gb * 1e9 - mem.per_gpu_bytes)
         optimizer += 2.0 * max(0.0, paged - room) / (gpu.host_link_gbs * 1e9)
-    step = req.grad_accum * compute + optimizer
+    logging = LOGGING_SECONDS_PER_STEP.get(gpu.kind, LOGGING_SECONDS_PER_STEP_GPU) / max(gpu.host_share, 1e-3)
+    step = req.grad_accum * compute + optimizer + logging
     tps = req.grad_accum * tokens_micro * n_gpus / step
     fpt = (linear_flops + attn_flops) / tokens_micro
     mfu = fpt * tps / n_gpus / rate
@@ -306,6 +450,8 @@ def estimate_speed(
         "dispatch": dispatch,
         "communication": comm,
         "optimizer (per step)": optimizer,
+        "logging (per step)": logging,
+        "step": step,  # the whole optimizer step, before any calibration scales it
     }
     return SpeedResult(tps, step, compute, mfu, fpt, parts)
 

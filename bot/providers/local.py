@@ -121,6 +121,49 @@ def runner_missing(modules: Sequence[str] = RUNNER_IMPORTS) -> str | None:
     return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed ({RUNNER_EXTRA_HINT})"
 
 
+class BusyCores:
+    """How many of this machine's cores were busy lately: the CPU time /proc/stat counts (user, nice, system,
+    irq, softirq, steal; not idle, not iowait) over the wall time since the last look (0.2-60 s ago; a first
+    look, or a stale one, samples 0.2 s). The load average is no measure of it: it counts tasks waiting on
+    I/O, and a busy test run's short-lived processes, that take no core from a run (measured: a one-thread
+    run kept ~0.8 of a core at load 4 on 2 cores). 0 where /proc/stat cannot be read."""
+
+    MIN_S, MAX_S = 0.2, 60.0
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float, float] | None = None  # (monotonic, busy, total) jiffies
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                fields = [float(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+        return time.monotonic(), sum(fields[:8]) - idle, sum(fields[:8])
+
+    def cores(self) -> float:
+        now = self._sample()
+        if now is None:
+            return 0.0
+        last = self._last
+        if last is None or not (self.MIN_S <= now[0] - last[0] <= self.MAX_S):
+            time.sleep(self.MIN_S)
+            last, now = now, self._sample() or now
+        self._last = now
+        total = now[2] - last[2]
+        return machine_cores() * (now[1] - last[1]) / total if total > 0 else 0.0
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity), which its runners share."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 FORGET_TERMINATED_AFTER_S = 7 * 24 * 3600.0  # terminated records kept a week (status answers "terminated")
 KILLED_EXIT_CODE = 137  # recorded when the grace period ran out and we had to SIGKILL
 
@@ -193,6 +236,7 @@ class LocalProvider:
         self._lock_path = self.workdir / "instances.lock"
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
         self._hidden: dict[str, list[str]] = {}  # instance id -> the values it got, scrubbed from its words
+        self._busy = BusyCores()
 
     # -- state file (shared by every LocalProvider on this workdir, across processes) ---------------
     @contextlib.contextmanager
@@ -228,6 +272,8 @@ class LocalProvider:
 
     # -- offers ------------------------------------------------------------------------------------
     def offer(self) -> Offer:
+        """This machine's CPU, priced for what a run started now gets of it: its cores, what already runs on
+        them (``runs_here``), and whether the runner starts as a fork of a process that has its libraries."""
         return Offer(
             provider=self.name,
             offer_id="local-cpu",
@@ -237,10 +283,34 @@ class LocalProvider:
             price_per_hour=self.price_per_hour,
             reliability=None,
             location="this machine",
-            boot_minutes=0.1,  # a process on this machine: no instance to boot, no image to pull
+            boot_minutes=0.0,  # a process on this machine: no instance to boot, no image to pull
+            cpu_cores=machine_cores(),
+            runs_here=round(self.runs_here(), 2),
+            warm_start=self._warm_start(),
             source="live",
             as_of=datetime.now(UTC),
         )
+
+    def runs_here(self) -> float:
+        """What already keeps this machine's cores busy, in cores: this provider's live runners, or the cores
+        the machine was busy on lately (other work, other bots' runners) when that says more."""
+        mine = len(self.list_instances())
+        return max(float(mine), self._busy.cores())
+
+    def thread_share(self) -> dict[str, str]:
+        """The runner's threads as its share of the cores (runner/train.py reads TUNEBOT_CPU_THREADS): on a
+        busy machine a run's spinning OpenMP threads would fight the others' for cores that are not there
+        (several-fold slower steps, tests/conftest.py). Nothing when OMP_NUM_THREADS is set: that wins."""
+        if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in self.extra_env:
+            return {}
+        cores = machine_cores()
+        return {"TUNEBOT_CPU_THREADS": str(max(1, cores // max(1, round(self.runs_here()) + 1)))}
+
+    def _warm_start(self) -> bool:
+        """Whether a runner launched now forks from a prewarmed process (bot/providers/prewarm.py)."""
+        if not self._prewarm_on() or list(self.runner_command) != list(DEFAULT_RUNNER_COMMAND):
+            return False
+        return prewarm.shared(sys.executable).ready({**inherited_env(os.environ), **self.extra_env})
 
     def search_offers(self, query: OfferQuery) -> list[Offer]:
         if query.gpu not in (None, "cpu"):
@@ -309,6 +379,7 @@ class LocalProvider:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Instance:
+        share = self.thread_share()  # before the state's lock: it lists the live runners
         with self._state(write=True) as state:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):
@@ -330,6 +401,7 @@ class LocalProvider:
                 "TUNEBOT_PID_FILE": str(self.pid_path(instance_id)),
                 "TUNEBOT_INSTANCE_ID": instance_id,
                 "TUNEBOT_JOB_ID": request.job_id,
+                **share,
             }
             pid = self._start(instance_id, command, env, folder)
             self._hidden[instance_id] = [v for k, v in request.env.items() if k not in _PUBLIC_ENV and v]

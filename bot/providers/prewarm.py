@@ -146,6 +146,14 @@ class Prewarmed:
                 self._plain[key] = self._plain.get(key, 0) + 1
             return None
 
+    def ready(self, env: Mapping[str, str]) -> bool:
+        """Whether a runner started now in this environment forks from a ready process (never starts one:
+        the local provider's offer asks, and prices the start it will get)."""
+        key = tuple(sorted(import_env(env).items()))
+        with self._lock:
+            warm = self._warm.get(key)
+            return warm is not None and warm.is_ready() and warm.alive()
+
     def warm(self, env: Mapping[str, str]) -> None:
         """Start this environment's process now (a process that knows it will start several runners)."""
         self._ready(import_env(env), warm_up=True)

@@ -170,9 +170,11 @@ def _mfu(model: str, method: str, seq: int, gpus: int = 1) -> float:
 
 
 def test_utilization_rises_with_tokens_per_micro_step_and_model_size() -> None:
-    """The issue's evidence: ~0.1 at 256 tokens on a ~2B model, 0.6-0.8 at 8-32k tokens on 7-70B (flash)."""
+    """A few percent at 256 tokens on a ~2B model at micro-batch 1 (the host's dispatch rules it: the runner's
+    1B LoRA step on an H200 measured MFU 0.04 at 1,024 tokens, bench/gpu_check/README.md), 0.6-0.8 at 8-32k
+    tokens on 7-70B (flash)."""
     small_short = _mfu("Qwen/Qwen2.5-1.5B", "lora", 256)
-    assert 0.05 <= small_short <= 0.2
+    assert 0.02 <= small_short <= 0.2
     for method in ("lora", "qlora", "full"):
         curve = [_mfu("meta-llama/Llama-3.1-8B", method, s) for s in (256, 1024, 4096, 32768)]
         assert curve == sorted(curve), (method, curve)

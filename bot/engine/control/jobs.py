@@ -26,7 +26,8 @@ from bot.engine.money import budgets as budgets_mod
 from bot.engine.outcome import finish as finish_mod
 from bot.engine.permissions import Permissions
 from bot.engine.record import states as S
-from bot.engine.record.spend import job_spend
+from bot.engine.record.phases import run_phases
+from bot.engine.record.spend import billed_seconds, job_instances, job_spend
 from bot.engine.views import job_view
 from bot.money import money
 from bot.planner.request import EstimateRequest
@@ -61,11 +62,13 @@ def view(ctx: EngineContext, job_id: str) -> JobView:
             .order_by(RunnerEventRecord.seq)
         ).all()
         spend = job.spend if job.state in S.FINAL else job_spend(s, job_id, ctx.now())
+        phases = run_phases(s, job_id)  # where the time went, as the runner reported it
+        billed = sum(billed_seconds(i, ctx.now()) for i in job_instances(s, job_id))
     losses = [(int(a), float(b)) for a, b in rows]
     if len(losses) > 400:
         stride = len(losses) // 400 + 1
         losses = losses[::stride] + [losses[-1]]
-    return job_view(job, spend=spend, losses=losses)
+    return job_view(job, spend=spend, losses=losses, run_phases=phases, billed_seconds=billed or None)
 
 
 def create(
