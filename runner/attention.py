@@ -97,6 +97,8 @@ def varlen_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: [b, h, s, d] in, [b, s, h, d] out."""
     cu = kwargs.get("cu_seq_lens_q")
+    if kwargs.get("sliding_window") or kwargs.get("softcap"):  # plain_causal keeps such models off this path
+        raise ValueError("tunebot_varlen computes plain causal attention: no sliding window, no soft-capping")
     if cu is None or attention_mask is not None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -115,6 +117,21 @@ def varlen_attention(
     else:  # the bounds are needed on the host: a CPU tensor already, or one sync (a rare path on a GPU)
         out = per_segment(q, k, v, [int(x) for x in cu.tolist()], scale)
     return out.reshape(b, s, h, d), None
+
+
+def plain_causal(config: Any) -> bool:
+    """Whether a model's attention is what the varlen kernels compute: causal over the whole segment, nothing
+    else (no sliding window - Mistral's, Gemma's local layers - and no soft-capped logits - Gemma 2's). Those
+    keep transformers' own attention with its mask."""
+    if config is None:
+        return False
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    layers = getattr(config, "layer_types", None) or []
+    if any("sliding" in str(kind) for kind in layers):
+        return False
+    window = getattr(config, "sliding_window", None)
+    return not (window and getattr(config, "use_sliding_window", True))
 
 
 def register() -> str:

@@ -147,11 +147,14 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
-def attn_implementation(spec: JobSpec, device: torch.device, precision: Precision | None = None) -> str:
+def attn_implementation(
+    spec: JobSpec, device: torch.device, precision: Precision | None = None, config: Any = None
+) -> str:
     """The attention kernel transformers is asked for. ``flash``: FlashAttention 2 (CUDA). ``sdpa`` on CUDA
     with 16-bit compute: runner/attention.py's varlen attention (each packed example attends only to itself
     through a variable-length kernel, flash-attn's or torch's, with no mask at all), where such a kernel
-    exists here; else, and on the CPU, transformers' SDPA (packed rows: the block mask transformers makes on
+    exists here and the model's attention is plain causal (``config``: no sliding window, no logit
+    soft-capping); else, and on the CPU, transformers' SDPA (packed rows: the block mask transformers makes on
     the device from the position ids, never one built on the host)."""
     if spec.attn == "flash":
         if device.type == "cuda":
@@ -162,7 +165,7 @@ def attn_implementation(spec: JobSpec, device: torch.device, precision: Precisio
     if spec.attn == "sdpa" and device.type == "cuda" and plan.compute != torch.float32:
         from runner import attention
 
-        if attention.varlen_kernel() is not None:
+        if attention.varlen_kernel() is not None and attention.plain_causal(config):
             return attention.register()
     return spec.attn
 
@@ -234,12 +237,13 @@ def load_model(
     """The model ready to train: weights on `device`, adapters attached for LoRA/QLoRA (on
     ``target_modules``, default the spec's). ``precision``: ``precision_for(spec, device.type)`` unless given
     (a test gives the CUDA one on the CPU)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     plan = precision or precision_for(spec, device.type)
+    config = AutoConfig.from_pretrained(str(model_dir))
     kwargs: dict[str, Any] = {
         "dtype": plan.weights,
-        "attn_implementation": attn_implementation(spec, device, plan),
+        "attn_implementation": attn_implementation(spec, device, plan, config),
     }
     if spec.method is Method.qlora:
         from transformers import BitsAndBytesConfig

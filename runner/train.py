@@ -785,6 +785,8 @@ class Trainer:
         self._read_losses()
         with clock.phase("checkpoints"):
             self._announce_saves(wait=True)  # the timed save in flight, complete before the output
+            if group.main and self.store is not None:  # a killed save's leftover past the last timed save
+                self.store.prune(spec.checkpoint.keep, upto=state.step)
         every = self.eval_every or 0
         if self.data.eval and (self.state.eval_loss is None or not every or state.step % every):
             with clock.phase("evals"):

@@ -238,3 +238,18 @@ def test_packed_rows_work_whatever_dtype_the_query_has(data_tiny_llama):
         loss = model(**inputs, labels=labels, use_cache=False).loss
         loss.backward()
         assert torch.isfinite(loss)
+
+
+def test_only_plain_causal_models_take_the_varlen_kernels():
+    """Sliding windows (Mistral's, Gemma's local layers) and soft-capped logits (Gemma 2) are not what the
+    varlen kernels compute: such models keep transformers' own attention and its mask."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    from runner.attention import plain_causal, varlen_attention
+
+    assert plain_causal(LlamaConfig()) and plain_causal(Qwen2Config())  # Qwen2: use_sliding_window off
+    assert not plain_causal(MistralConfig()) and not plain_causal(Gemma2Config()) and not plain_causal(None)
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="plain causal"):
+        bounds = torch.tensor([0, 4])
+        varlen_attention(torch.nn.Module(), q, q, q, None, sliding_window=2, cu_seq_lens_q=bounds)
