@@ -10,9 +10,10 @@ machine's cores, what already runs on them, the sweep's other runs) and then run
 shape, the quoted and the reported seconds of every phase, the quoted time and cost (with their range)
 against the billed ones (the ledger: the instances' billed seconds at the locked price), and at the end the
 ratios billed/quoted: their median, the worst, and how many shapes were billed within the quoted range. The
-load average is printed beside every shape: on a busy machine every figure moves, the quote with it (the
-local offer counts the load as runs already there). --quick: fewer steps (about 2 minutes on 2 quiet
-cores); the full bench takes about 10.
+load average is printed beside every shape, and what the local offer said when it was quoted (its runs
+already there, the threads a new run gets, a prewarmed start): on a busy machine every figure moves, the quote
+with it (fewer threads). --quick: a quarter of the steps (about a minute on 2 quiet cores); the full bench
+takes about 3 minutes.
 
 The goal on a quiet 2-core machine: every shape billed within its quoted range, the median billed/quoted
 between 0.9 and 1.1.
@@ -33,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bot.planner.ranges import speed_ratio  # noqa: E402
 from bot.planner.request import EstimateRequest  # noqa: E402
 from runner.contract.phases import LABELS, PHASES  # noqa: E402
 
@@ -51,6 +53,7 @@ class Row:
     load: tuple[float, float]
     phases: list[list[str]]
     state: str
+    share: str = ""  # what the local offer said of the machine when the shape was quoted
 
     @property
     def ratio(self) -> float:
@@ -107,11 +110,12 @@ def phase_rows(quoted: dict[str, float] | None, ran: dict[str, float] | None) ->
 
 def one_job(eng: Any, name: str, req: EstimateRequest) -> Row:
     load0 = loadavg()
+    share = _share(eng)
     est = eng.estimate(req)
     (offer,) = [o for o in est.offers if o.provider == "local"]
     quoted = offer.hours * 3600
-    lo, hi = est.time.hours_range or [est.time.hours, est.time.hours]
-    low, high = quoted * lo / est.time.hours, quoted * hi / est.time.hours  # the range's ratios
+    slow, fast = speed_ratio(req)  # the quote's range: the speed's, as every estimate's hours_range
+    low, high = quoted / fast, quoted / slow
     # The resume: reports (and checkpoints) often enough for the stop to land half-way, as a person's would.
     fast = (
         {"report": {"every_seconds": 0.5}, "checkpoint": {"every_minutes": 0.02}}
@@ -140,7 +144,14 @@ def one_job(eng: Any, name: str, req: EstimateRequest) -> Row:
         load=(load0, loadavg()),
         phases=phase_rows(view.quoted_phases, view.run_phases),
         state=view.state,
+        share=share,
     )
+
+
+def _share(eng: Any) -> str:
+    """What the local offer says of this machine now: its runs already there, a new run's threads."""
+    offer = eng.providers["local"].offer()
+    return f"runs here {offer.runs_here:g}, threads {offer.cpu_threads}, warm {offer.warm_start}"
 
 
 def sweep(eng: Any, req: EstimateRequest) -> Row:
@@ -162,8 +173,8 @@ def sweep(eng: Any, req: EstimateRequest) -> Row:
     # The quote: each run's hours over the stages it was expected to run (the sweep's own expected cost).
     ratio = est.estimated_cost / sum(est.run_costs) if sum(est.run_costs) else 1.0
     quoted = sum(hours) * 3600 * ratio
-    lo, hi = runs[0].time.hours_range or [runs[0].time.hours] * 2
-    low, high = quoted * lo / runs[0].time.hours, quoted * hi / runs[0].time.hours
+    slow, fast = speed_ratio(req)
+    low, high = quoted / fast, quoted / slow
     price = (jobs[0].price_per_hour or 0.0) / 3600 if jobs else 0.0
     return Row(
         name="sweep-4",
@@ -217,7 +228,8 @@ def main() -> None:
             f"\n{name}: {row.state}; quoted {row.quoted_s:.1f} s ({row.quoted_range_s[0]:.1f}-"
             f"{row.quoted_range_s[1]:.1f}) ${row.quoted_cost:.5f}; billed {row.billed_s:.1f} s "
             f"${row.billed_cost:.5f}; billed/quoted x{row.ratio:.2f} "
-            f"{'within' if row.within else 'OUTSIDE'} the range; load {row.load[0]:.2f} -> {row.load[1]:.2f}"
+            f"{'within' if row.within else 'OUTSIDE'} the range; load {row.load[0]:.2f} -> "
+            f"{row.load[1]:.2f}; quoted with {row.share}"
         )
         print(f"  {'phase':28s} {'quoted s':>9s} {'ran s':>9s}")
         for label, q, r in row.phases:

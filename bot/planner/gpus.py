@@ -102,11 +102,14 @@ CPU_PARALLEL_EFF = 0.6
 DEFAULT_CPU_CORES = 2  # a CPU offer that does not say how many cores it has
 
 
-def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0) -> GPU:
-    """This machine's CPU as ``runs`` runs (or other work) share its ``cores``: each run's threads get
-    cores/runs of them, and its Python thread a whole core while runs <= cores, else cores/runs of one."""
+def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int | None = None) -> GPU:
+    """This machine's CPU as ``runs`` runs share its ``cores``: each run's threads get cores/runs of them (at
+    most ``threads``: what the local provider gives a run while other work keeps cores busy), and its Python
+    thread a whole core while runs <= cores, else cores/runs of one."""
     cores = max(1, int(cores))
     mine = cores / max(runs, 1.0)  # the cores this run's threads get
+    if threads:
+        mine = min(mine, float(threads))
     effective = mine if mine <= 1.0 else 1.0 + (mine - 1.0) * CPU_PARALLEL_EFF
     rate = effective * CPU_CORE_GFLOPS / 1000.0
     return GPU(

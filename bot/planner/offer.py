@@ -45,11 +45,13 @@ class Offer(BaseModel):
     # Minutes from "launch" to the runner starting (boot + image pull); None = the planner's default for a
     # cloud instance. The local provider starts a process in seconds.
     boot_minutes: float | None = Field(default=None, ge=0)
-    # This machine's CPU (the local provider): the cores its runs share, how many runs (or other work: the
-    # load average) already use them, and whether a runner starts as a fork of a process that has imported
-    # its libraries (bot/providers/prewarm.py). A run is priced for the share of the cores it gets.
+    # This machine's CPU (the local provider): the cores its runs share, how many of its runs already use
+    # them, the threads a runner started now gets (fewer than the cores while other work keeps them busy),
+    # and whether it starts as a fork of a process that has imported its libraries (bot/providers/prewarm.py).
+    # A run is priced for the share of the cores it gets.
     cpu_cores: int | None = Field(default=None, ge=1)
     runs_here: float = Field(default=0.0, ge=0)
+    cpu_threads: int | None = Field(default=None, ge=1)
     warm_start: bool = False
     # The most disk a launch on this offer can ask for (GB): Vast's disk_space, Lambda's fixed storage,
     # TensorDock's max_storage_gb; None where the provider states no limit (RunPod) or in the snapshot.

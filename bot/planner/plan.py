@@ -100,7 +100,9 @@ def cpu_share(offers: list[Offer], req: EstimateRequest) -> GPU:
     local = next((o for o in offers if o.gpu == CPU.name), None)
     if local is None:
         return CPU
-    return cpu_device(local.cpu_cores or DEFAULT_CPU_CORES, local.runs_here + req.runs_at_once)
+    return cpu_device(
+        local.cpu_cores or DEFAULT_CPU_CORES, local.runs_here + req.runs_at_once, threads=local.cpu_threads
+    )
 
 
 def _headline_phases(ranked: list[RankedOffer], gpu: str, gpus: int) -> dict[str, float] | None:

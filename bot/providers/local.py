@@ -285,26 +285,31 @@ class LocalProvider:
             location="this machine",
             boot_minutes=0.0,  # a process on this machine: no instance to boot, no image to pull
             cpu_cores=machine_cores(),
-            runs_here=round(self.runs_here(), 2),
+            runs_here=float(len(self.list_instances())),
+            cpu_threads=self.threads(),
             warm_start=self._warm_start(),
             source="live",
             as_of=datetime.now(UTC),
         )
 
-    def runs_here(self) -> float:
-        """What already keeps this machine's cores busy, in cores: this provider's live runners, or the cores
-        the machine was busy on lately (other work, other bots' runners) when that says more."""
-        mine = len(self.list_instances())
-        return max(float(mine), self._busy.cores())
+    def threads(self) -> int:
+        """The threads a runner started now gets: its share of the cores that are not busy (this provider's
+        runners, or what the machine was busy on lately when that says more). On a busy machine a run's
+        spinning OpenMP threads would fight the others' for cores that are not there (several-fold slower
+        steps, tests/conftest.py); one thread keeps about a core (measured: ~0.8 of one at load 4 on 2
+        cores). OMP_NUM_THREADS, when set, wins."""
+        for env in (self.extra_env, os.environ):
+            if str(env.get("OMP_NUM_THREADS", "")).isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+                return int(env["OMP_NUM_THREADS"])
+        busy = max(float(len(self.list_instances())), self._busy.cores())
+        return max(1, machine_cores() // max(1, round(busy) + 1))
 
     def thread_share(self) -> dict[str, str]:
-        """The runner's threads as its share of the cores (runner/train.py reads TUNEBOT_CPU_THREADS): on a
-        busy machine a run's spinning OpenMP threads would fight the others' for cores that are not there
-        (several-fold slower steps, tests/conftest.py). Nothing when OMP_NUM_THREADS is set: that wins."""
+        """The runner's threads (runner/train.py reads TUNEBOT_CPU_THREADS; nothing when OMP_NUM_THREADS is
+        set: the runner's torch reads that itself)."""
         if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in self.extra_env:
             return {}
-        cores = machine_cores()
-        return {"TUNEBOT_CPU_THREADS": str(max(1, cores // max(1, round(self.runs_here()) + 1)))}
+        return {"TUNEBOT_CPU_THREADS": str(self.threads())}
 
     def _warm_start(self) -> bool:
         """Whether a runner launched now forks from a prewarmed process (bot/providers/prewarm.py)."""

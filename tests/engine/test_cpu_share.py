@@ -1,0 +1,100 @@
+"""Runs that share this machine are priced for the share of it each gets (issue 36 item 2): on 9a0c9c1 a
+four-configuration sweep on the local provider was quoted $0.0025 and spent $0.0082, its runs sharing the two
+cores, each priced as if alone."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.planner.request import EstimateRequest
+from bot.providers.base import InstanceStatus, LaunchRequest
+from bot.settings import Settings
+
+
+def _tiny(tmp_path: Path) -> Path:
+    from runner.tiny import make_tiny
+
+    return make_tiny(tmp_path / "tiny").parent
+
+
+def test_a_sweeps_runs_are_priced_for_their_share_of_the_cores(tmp_path: Path) -> None:
+    from bot.engine.service import Engine
+    from bot.providers.local import LocalProvider
+
+    tiny = _tiny(tmp_path)
+    local = LocalProvider(workdir=tmp_path / "local", price_per_hour=1.0, prewarm=False)
+    eng = Engine(
+        Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data")),
+        db_url=f"sqlite:///{tmp_path / 'share.db'}",
+        providers={"local": local},
+    )
+    req = EstimateRequest(
+        model=str(tiny / "model"), dataset=str(tiny / "data.jsonl"), gpu="cpu", seq_len=256, max_steps=40
+    )
+    alone = eng.estimate(req)
+    (one,) = [o for o in alone.offers if o.provider == "local"]
+    sweep = eng.estimate_sweep(
+        req.model_copy(update={"max_cost": 5.0, "eval_split": 0.1}), {"lora_r": [4, 8, 16, 32]}
+    )
+    eng.close()
+    runs = sweep._estimates  # noqa: SLF001 - each run's planner estimate
+    assert len(runs) == 4
+    (shared,) = [o for o in runs[0].offers if o.provider == "local"]
+    assert one.phases is not None and shared.phases is not None
+    # Four runs on this machine's cores: each run's steps take at least twice as long as one run's alone
+    # (machine_cores() cores; tests run one OpenMP thread a process).
+    assert shared.phases["steps"] >= 1.8 * one.phases["steps"], (shared.phases, one.phases)
+
+
+def test_the_local_offer_says_what_runs_here(tmp_path: Path) -> None:
+    from bot.providers.local import LocalProvider, machine_cores
+
+    local = LocalProvider(workdir=tmp_path / "local", prewarm=False)
+    idle = local.offer()
+    assert idle.cpu_cores == machine_cores() and idle.runs_here == 0 and idle.cpu_threads is not None
+    inst = local.launch(
+        LaunchRequest(
+            job_id="busy",
+            offer=idle,
+            image="unused",
+            command=[sys.executable, "-c", "import time; time.sleep(30)"],
+            env={},
+        )
+    )
+    try:
+        deadline = time.time() + 10
+        while local.status(inst.instance_id).status != InstanceStatus.running and time.time() < deadline:
+            time.sleep(0.05)
+        assert local.offer().runs_here == 1  # a run started now shares the cores with it
+    finally:
+        local.terminate(inst.instance_id)
+
+
+@pytest.mark.parametrize(("runs", "threads", "slower"), [(1, 1, 1.0), (4, 1, 2.0)])
+def test_a_run_on_a_shared_cpu_is_quoted_for_its_share(runs: int, threads: int, slower: float) -> None:
+    """Two cores, one thread a run (what the local provider hands out on a busy machine): four runs at once
+    each get half a core, so every step (its compute and its Python thread alike) takes twice as long."""
+    from bot.planner.architectures import from_config
+    from bot.planner.gpus import cpu_device
+    from bot.planner.speed import estimate_speed
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+    }
+    arch = from_config(config).adapt("all-linear")
+    req = EstimateRequest(model="tiny", seq_len=256)
+    base = estimate_speed(arch, req, cpu_device(2, 1, threads=1)).step_seconds
+    step = estimate_speed(arch, req, cpu_device(2, runs, threads=threads)).step_seconds
+    assert step == pytest.approx(slower * base, rel=0.05)
