@@ -2,10 +2,13 @@
 (issue 36 item 7), so a GPU run sets the planner's quote against the runner's own figures as the local
 provider's bench does on the CPU (bench/quote_vs_run.py).
 
-    from bot.planner.quote import quote_by_phase
-    q = quote_by_phase(EstimateRequest(model="meta-llama/Llama-3.2-1B", method="qlora", seq_len=4096,
-                                       max_steps=23, tokens=100_000, gpu="h100-80gb"))
-    q.tokens_per_second, q.tokens_per_second_range, q.step_seconds, q.phases["steps"], q.hours
+    from bot.planner.quote import phase_quote
+    q = phase_quote(EstimateRequest(model="meta-llama/Llama-3.2-1B", method="qlora", seq_len=4096,
+                                    max_steps=23, tokens=100_000, gpu="h100-80gb"))
+    q.tokens_per_second, q.tokens_per_second_range, q.step_seconds, q.phases["steps"], q.hours, q.memory_gb
+
+bench/gpu_check/versus_trainer.py calls it through ``bot.planner.phases.quote_by_phase(request, card)`` (a
+dict of the same figures).
 
 The model is resolved as every estimate resolves it (the built-in table, a config file or the Hub:
 bot/planner/inputs.py); the GPU is priced on one on-demand offer of it at ``price_per_hour`` (the time does
@@ -36,10 +39,11 @@ class PhaseQuote:
     step_seconds: float
     hours: float
     phases: dict[str, float]
+    memory_gb: float  # the memory range's top per GPU: what a card must hold
     estimate: Estimate
 
 
-def quote_by_phase(
+def phase_quote(
     request: EstimateRequest, *, price_per_hour: float = 1.0, install_minutes: float = 0.0
 ) -> PhaseQuote:
     """The planner's quote for ``request`` on ``request.gpu`` x ``request.gpus`` by phase (BadRequestError
@@ -47,7 +51,7 @@ def quote_by_phase(
     from bot.planner.inputs import plan_request
 
     if not request.gpu or request.gpu == "cpu":
-        raise BadRequestError("quote_by_phase needs gpu=<a GPU the planner knows>")
+        raise BadRequestError("phase_quote needs gpu=<a GPU the planner knows>")
     card = lookup_gpu(request.gpu)
     if card.name not in GPUS:
         raise BadRequestError(f"unknown GPU {request.gpu!r}")
@@ -70,5 +74,6 @@ def quote_by_phase(
         step_seconds=est.speed.step_seconds,
         hours=ranked.hours if ranked is not None else est.time.hours,
         phases=dict((ranked.phases if ranked is not None else None) or est.time.phases or {}),
+        memory_gb=(est.memory.per_gpu_gb_range or [est.memory.per_gpu_gb] * 2)[1],
         estimate=est,
     )
