@@ -123,6 +123,8 @@ def build_model(model: str, folder: Path, device: str) -> Path:
         net = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     net.save_pretrained(str(folder))
     del net
+    if device == "cuda":  # the rows run in processes of their own: give them the whole card
+        torch.cuda.empty_cache()
     vocab = {f"t{i}": i for i in range(config.vocab_size - 3)}
     vocab.update(
         {"<unk>": config.vocab_size - 3, "<s>": config.vocab_size - 2, "</s>": config.vocab_size - 1}
@@ -477,6 +479,7 @@ def compare(args: argparse.Namespace, cuda: bool) -> int:
                 line = f"| {model} | {method} | {seq_len:,} | both | - | skipped: the time budget | | | | |"
                 print(line, flush=True)
                 lines.append(line)
+                _save(args.out, lines)  # as it fills: a run cut short still leaves its rows
                 continue
             if model not in folders:
                 folders[model] = build_model(model, Path(tmp) / model / "model", "cuda" if cuda else "cpu")
@@ -495,7 +498,10 @@ def compare(args: argparse.Namespace, cuda: bool) -> int:
             for stack in STACKS:
                 one_row = Row(**{**asdict(row), "stack": stack})
                 left = args.budget - (time.monotonic() - started)
-                figures[stack] = _in_process(one_row, folders[model], data, timeout=max(30.0, left))
+                if left < 10:
+                    figures[stack] = {"status": "skipped: the time budget"}
+                    continue
+                figures[stack] = _in_process(one_row, folders[model], data, timeout=left)
             runner_tps = figures["runner"].get("tokens_per_second")
             trainer_tps = figures["trainer"].get("tokens_per_second")
             ratio = runner_tps / trainer_tps if runner_tps and trainer_tps else None
@@ -503,11 +509,12 @@ def compare(args: argparse.Namespace, cuda: bool) -> int:
                 line = table_line(Row(**{**asdict(row), "stack": stack}), figures[stack], quoted, ratio)
                 print(line, flush=True)
                 lines.append(line)
+                _save(args.out, lines)  # as it fills: a run cut short still leaves its rows
             measured = {k: v for k, v in figures["runner"].items() if k != "status"}
             if figures["runner"].get("tokens_per_second") and model != "tiny":
                 calibration.append(calibration_row(card, row, name, measured))
     lines.append(f"\n{device}; {time.monotonic() - started:.0f} s in all.")
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _save(args.out, lines)
     print(f"wrote {args.out}")
     if calibration:
         write_calibration(calibration, args.calibration)
@@ -524,6 +531,10 @@ def planner_gpu(device_name: str, total_memory_gb: float) -> str | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.planner_gpu(device_name, total_memory_gb)
+
+
+def _save(path: Path, lines: list[str]) -> None:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _in_process(row: Row, model_dir: Path, data: Path, *, timeout: float) -> dict[str, Any]:
