@@ -22,8 +22,8 @@ def test_sub_cent_amounts_keep_what_they_are() -> None:
 
 
 def test_a_sub_cent_cap_reads_right_in_the_estimate_and_in_the_refusal(tmp_path: Path) -> None:
-    """Issue 38: `max_cost='$0.0002'` was told "expected $0.01 is above the cost limit $0.00", and the launch's
-    refusal suggested max_cost=0.01 for a job whose expected cost was $0.0008."""
+    """Issue 38: `max_cost='$0.0002'` was told "expected $0.01 is above the cost limit $0.00", and the
+    launch's refusal suggested max_cost=0.01 for a job whose expected cost was $0.0008."""
     from bot.cli import app
     from runner.tiny import make_tiny
 
