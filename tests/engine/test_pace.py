@@ -156,3 +156,24 @@ def test_a_small_cap_is_spent_before_the_stop_not_half_of_it(make_engine, clock)
     assert asked is not None and started is not None
     spent_when_asked = (asked - started) * 36.0 / 3600
     assert 0.9 <= spent_when_asked <= 1.0 + 1e-9, spent_when_asked
+
+
+def test_a_sweeps_run_paused_at_its_stage_boundary_is_not_called_slow(make_engine, clock) -> None:  # type: ignore[no-untyped-def]
+    """A sweep's run waits at each stage boundary (billed, its step still) and its cap covers its stage: the
+    same figures that make a lone job slow say nothing in a sweep run's thread nor on its card."""
+    cloud = FakeProvider("vast", price=1.0)
+    eng = make_engine(providers={"vast": cloud})
+    rec = Recorder(eng.bus)
+    job_id = eng.create_job(
+        request(), user="alice", estimate=estimate_for(cloud, hours=1.0), max_cost=2.0
+    ).job_id
+    with eng.session() as s:
+        row = s.get(Job, job_id)
+        assert row is not None
+        row.sweep_id = "sw-paused"
+        s.commit()
+    clock.advance(0.24 * 3600)
+    _progress(eng, job_id, 1, 100, 900 * 8.64)
+    eng.tick()
+    assert not [e for e in rec.events if e.kind == "warning" and e.job_id == job_id]
+    assert eng.get_job(job_id).pace is None

@@ -43,6 +43,11 @@ def tell(ctx: EngineContext, job: Any, spent: float, burn_per_hour: float) -> bo
     got materially worse since); True when it was said now."""
     if job.outcome is not None or job.stop_requested_at is not None:
         return False
+    if getattr(job, "sweep_id", None) is not None:
+        # A sweep's run pauses at its stage boundaries (billed, its step still) and its cap covers its stage,
+        # not its last step: its own projection would cry slow at every boundary. The sweep keeps its runs
+        # within the sweep's max_cost and says what it spent (bot/engine/control/sweeps.py).
+        return False
     now = projection(job, spent, burn_per_hour)
     if now is None or not now.slow:
         return False

@@ -91,6 +91,7 @@ class JobFacts(NamedTuple):
     eta_seconds: float | None = None
     estimated_hours: float | None = None
     price_per_hour: float | None = None
+    sweep_id: str | None = None  # a sweep's run: its pace is the sweep's (slow.tell)
 
 
 class Observation(NamedTuple):
