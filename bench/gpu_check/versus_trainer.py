@@ -191,17 +191,10 @@ def planned(row: Row, model_name: str, card: str, step_tokens: int = STEP_TOKENS
     )
 
 
-def quote(row: Row, model_name: str, card: str, step_tokens: int = STEP_TOKENS) -> dict[str, float | None]:
-    """The planner's figures for this row's configuration on ``card``: tokens/s and the memory range's top.
-
-    The hook for issue 36's quote by phase: where bot/planner/phases.py offers ``quote_by_phase(request,
-    card)``, its steady tokens/s and its phases are printed instead of the roofline's alone."""
-    from bot.planner import phases as phase_model
-    from bot.planner.gpus import gpu as lookup
-    from bot.planner.memory import estimate_memory
-    from bot.planner.models import resolve
-    from bot.planner.ranges import memory_ratio
-    from bot.planner.speed import estimate_speed
+def quote(row: Row, model_name: str, card: str, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:
+    """The planner's quote for this row's configuration on ``card``, by phase (bot/planner/quote.py
+    ``quote_by_phase``): steady tokens/s and its range, one step, the memory range's top, the phases."""
+    from bot.planner.quote import quote_by_phase
 
     req = request_for(row, model_name, step_tokens).model_copy(
         update={
@@ -211,15 +204,7 @@ def quote(row: Row, model_name: str, card: str, step_tokens: int = STEP_TOKENS) 
             "loss": row.loss,
         }
     )
-    arch, _ = resolve(model_name)
-    if row.method != "full":
-        arch = arch.adapt(req.lora_targets)
-    by_phase = getattr(phase_model, "quote_by_phase", None)
-    if by_phase is not None:  # issue 36's planner function, when it lands
-        return dict(by_phase(req, card))
-    speed = estimate_speed(arch, req, lookup(card))
-    mem = estimate_memory(arch, req)
-    return {"tokens_per_second": speed.tokens_per_second, "memory_gb": mem.per_gpu_gb * memory_ratio(req)[1]}
+    return quote_by_phase(req, card)
 
 
 # --- one (row, stack), in its own process -----------------------------------------------------------

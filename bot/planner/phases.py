@@ -26,7 +26,6 @@ capacity the work expected to be lost and redone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from bot.planner.architectures import Architecture
 from bot.planner.gpus import GPU
@@ -178,20 +177,3 @@ def offer_phases(
     if lost_s > 0:
         out["preemption"] = lost_s
     return {k: round(v, 3) for k, v in out.items()}
-
-
-def quote_by_phase(request: EstimateRequest, card: str) -> dict[str, Any]:
-    """bench/gpu_check's quote beside each row it measures (issue 36 item 7): the planner's figures for
-    ``request`` on ``card`` (bot/planner/quote.py ``phase_quote``): steady tokens/s and its range, one step's
-    seconds, the memory range's top, the whole run's hours and its seconds by phase."""
-    from bot.planner.quote import phase_quote
-
-    q = phase_quote(request.model_copy(update={"gpu": card}))
-    return {
-        "tokens_per_second": q.tokens_per_second,
-        "tokens_per_second_range": q.tokens_per_second_range,
-        "step_seconds": q.step_seconds,
-        "memory_gb": q.memory_gb,
-        "hours": q.hours,
-        "phases": q.phases,
-    }

@@ -7,8 +7,9 @@ provider's bench does on the CPU (bench/quote_vs_run.py).
                                     max_steps=23, tokens=100_000, gpu="h100-80gb"))
     q.tokens_per_second, q.tokens_per_second_range, q.step_seconds, q.phases["steps"], q.hours, q.memory_gb
 
-bench/gpu_check/versus_trainer.py calls it through ``bot.planner.phases.quote_by_phase(request, card)`` (a
-dict of the same figures).
+bench/gpu_check/versus_trainer.py calls it through ``quote_by_phase(request, card)`` (a dict of the same
+figures). It lives here, not in bot/planner/phases.py: pricing a request resolves its inputs, which price the
+phases (an import circle).
 
 The model is resolved as every estimate resolves it (the built-in table, a config file or the Hub:
 bot/planner/inputs.py); the GPU is priced on one on-demand offer of it at ``price_per_hour`` (the time does
@@ -19,6 +20,7 @@ image when ``install_minutes`` says so, the imports).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bot.planner.errors import BadRequestError
 from bot.planner.gpus import GPUS
@@ -77,3 +79,18 @@ def phase_quote(
         memory_gb=(est.memory.per_gpu_gb_range or [est.memory.per_gpu_gb] * 2)[1],
         estimate=est,
     )
+
+
+def quote_by_phase(request: EstimateRequest, card: str) -> dict[str, Any]:
+    """bench/gpu_check's quote beside each row it measures (issue 36 item 7): the planner's figures for
+    ``request`` on ``card`` (``phase_quote``): steady tokens/s and its range, one step's
+    seconds, the memory range's top, the whole run's hours and its seconds by phase."""
+    q = phase_quote(request.model_copy(update={"gpu": card}))
+    return {
+        "tokens_per_second": q.tokens_per_second,
+        "tokens_per_second_range": q.tokens_per_second_range,
+        "step_seconds": q.step_seconds,
+        "memory_gb": q.memory_gb,
+        "hours": q.hours,
+        "phases": q.phases,
+    }

@@ -1,11 +1,11 @@
 """The quote by phase a GPU check prints beside each row it measures (issue 36 item 7): bench/gpu_check calls
-bot.planner.phases.quote_by_phase(request, card); its phases are the whole run and add up to its hours."""
+bot.planner.quote.quote_by_phase(request, card); its phases are the whole run and add up to its hours."""
 
 from __future__ import annotations
 
 import pytest
 
-from bot.planner.phases import quote_by_phase
+from bot.planner.quote import quote_by_phase
 from bot.planner.request import EstimateRequest
 from runner.contract.phases import PHASES
 
