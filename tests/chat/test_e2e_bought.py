@@ -58,7 +58,7 @@ def test_before_and_after_on_the_same_data_with_answers_side_by_side(world: Cons
     # Both models answered the same two held-out prompts: shown side by side by `status JOB`.
     assert len(r.samples) == 2 and all(s.prompt for s in r.samples)
     card = world.say(f"status {job_id}")
-    tables = [p for p in card.parts if isinstance(p, Table)]
+    tables = [p for p in card.parts if isinstance(p, Table) and (p.title or "").startswith("Side by side")]
     assert tables and tables[0].columns == ["prompt", "held-out answer", "base model", "tuned"]
     assert len(tables[0].rows) == 2 and "Eval loss" in text(card)
     readme = Path(job.output_uri or "", "README.md").read_text()
