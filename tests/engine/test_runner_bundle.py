@@ -249,9 +249,10 @@ def test_install_time_is_priced_as_start_up_of_every_cloud_offer() -> None:
     assert pairs
     for a, b in pairs:  # at least one start of the install, priced at the offer's rate
         assert a.total_cost > b.total_cost
-        if not a.interruptible:
-            extra = (a.total_cost - b.total_cost) / a.price_per_hour * 60
+        if not a.interruptible:  # the compute billed for it (the disk is billed through it too)
+            extra = (a.compute_cost - b.compute_cost) / a.price_per_hour * 60
             assert extra == pytest.approx(runner_bundle.INSTALL_MINUTES, rel=0.05), (a, b)
+            assert (a.hours - b.hours) * 60 == pytest.approx(runner_bundle.INSTALL_MINUTES, rel=0.01)
     said = " ".join(stock.assumptions)
     assert STOCK_IMAGE in said and "install the runner" in said
     assert "install the runner" not in " ".join(prebuilt.assumptions)
