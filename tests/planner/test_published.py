@@ -173,6 +173,7 @@ def _max_context(capacity_gb: float) -> int:
             attn="flash",
             legacy_logits=True,
             loss="plain",
+            qlora_upcast=True,  # plain HF: prepare_model_for_kbit_training's fp32 residual stream
         )
         if estimate_memory(arch, req).per_gpu_gb <= capacity_gb:
             lo = mid
