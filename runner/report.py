@@ -15,6 +15,11 @@ The writer also rewrites the object every ``report.heartbeat_seconds``, whether 
 report, with a fresh signed heartbeat at its head (runner/contract/heartbeat.py): the bot tells a live runner
 from a dead one by that, never by the report cadence (TUNEBOT_REPORT_EVERY may be an hour), and the beat goes
 on from this thread while the training thread is in a long eval or a checkpoint upload.
+
+At each beat the writer also looks for the bot's stop request beside the checkpoints (runner/contract/stop.py:
+one small read, signed with this run's key): a cloud has no signal path to the runner, so that request is how
+the bot asks it to save, report and exit before it terminates the instance. A request this run's key did not
+sign, or one for another job or run, is ignored.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import fsspec
 import httpx
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.contract import heartbeat
+from runner.contract import heartbeat, stop
 from runner.contract.integrity import EVENT, key_from_env, sign, verify
 from runner.contract.spec import (
     MAX_PROGRESS_BYTES,
@@ -67,10 +72,13 @@ class Reporter:
         progress_every_seconds: float | None = None,
         transport: httpx.BaseTransport | None = None,
         activity: Callable[[], object] | None = None,
+        on_stop: Callable[[str], object] | None = None,
     ) -> None:
         """``activity``: what the runner is at (the trainer passes its step); a beat after it changed says
-        the runner made progress. Every event counts as progress too."""
+        the runner made progress. Every event counts as progress too. ``on_stop``: called once, with the
+        reason, when the bot's signed stop request for this run is found (runner/contract/stop.py)."""
         self.job_id = spec.job_id
+        self.run_id = spec.run_id
         self.progress_uri = progress_uri(spec.checkpoint.uri)
         self.delivered = 0  # events the receiver accepted
         self.dropped = 0  # events given up on (receiver down, refused, or queue full)
@@ -98,6 +106,12 @@ class Reporter:
         self._activity = activity
         self._last_activity: object = None
         self._active_at = time.monotonic()
+        # The bot's stop request: looked for once a beat (a cloud has no other way to ask the runner to stop).
+        self._on_stop = on_stop
+        self._stop_uri = stop.request_uri(spec.checkpoint.uri)
+        self._next_stop_look = 0.0
+        self.stop_reason: str | None = None
+        self.stops_ignored = 0  # looks that found a request this run must not obey (forged, another run's)
         self._closing = threading.Event()
         self._deadline = float("inf")
         self._outbox: queue.Queue[RunnerEvent] = queue.Queue(maxsize=max_queue)
@@ -258,6 +272,34 @@ class Reporter:
             self._write(snapshot, last_seq)
             self._last_write = time.monotonic()
             self._next_beat = self._last_write + self._beat_every
+            if self._on_stop is not None and self._last_write >= self._next_stop_look:
+                self._next_stop_look = self._last_write + self._beat_every
+                self._look_for_stop()
+
+    def _look_for_stop(self) -> None:
+        """Read the bot's stop request (one small GET; absent almost always) and, when it is this run's and
+        signed with its key, tell the trainer once (it saves, reports and exits as on SIGTERM)."""
+        if self.stop_reason is not None or self._on_stop is None:
+            return
+        try:
+            fs, path = fsspec.core.url_to_fs(self._stop_uri)
+            raw = fs.cat_file(path, start=0, end=stop.MAX_REQUEST_BYTES + 1)
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # noqa: BLE001 - storage trouble: looked for again at the next beat
+            log.debug("could not read the stop request: %s", type(exc).__name__)
+            return
+        reason = stop.asked(raw, self._key, self.job_id, self.run_id)
+        if reason is None:
+            if not self.stops_ignored:
+                log.warning("a stop request this run's key did not sign, or not for this run: ignored")
+            self.stops_ignored += 1
+            return
+        self.stop_reason = reason
+        try:
+            self._on_stop(reason)
+        except Exception:  # noqa: BLE001 - the trainer's flag; never stops the beat
+            log.exception("the stop request's handler failed")
 
     def _beat(self) -> dict[str, Any]:
         """The next heartbeat, signed: this process, its beat number, the step, the seconds idle."""

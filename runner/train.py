@@ -63,11 +63,13 @@ class InvalidJob(Exception):
 
 
 class Preemption:
-    """SIGTERM sets a flag; the loop finishes the current optimizer step, saves and exits 75."""
+    """SIGTERM, or the bot's signed stop request (runner/contract/stop.py: how a cloud's runner is told),
+    sets a flag; the loop finishes the current optimizer step, saves, reports the checkpoint and exits 75."""
 
     def __init__(self, already: Callable[[], bool] | None = None) -> None:
         self.requested = False
         self.why = "SIGTERM"
+        self.credentials = False  # the storage credentials expire: exit 77 instead (a relaunch renews them)
         self._previous: Any = None
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -79,9 +81,17 @@ class Preemption:
             print("SIGTERM: finishing the current step, then saving a checkpoint", flush=True)
         self.requested = True
 
+    def asked(self, reason: str) -> None:
+        """The bot asked this run to stop (its signed request, read by the reporter's thread): as SIGTERM."""
+        if not self.requested:
+            self.why = f"stop requested by the bot ({reason})"
+            print(f"{self.why}: finishing the current step, then saving a checkpoint", flush=True)
+        self.requested = True
+
     def credentials_expiring(self) -> None:
         """The storage credentials were not renewed in time (runner/credentials.py): save, exit 77."""
         self.why = "storage credentials expiring"
+        self.credentials = True
         self.requested = True
 
     def restore(self) -> None:
@@ -121,7 +131,7 @@ def run(spec: JobSpec, *, sigterm_seen: Callable[[], bool] | None = None) -> tup
         else:
             status = trainer.train()
         code = {"preempted": EXIT_PREEMPTED, "budget": EXIT_BUDGET}.get(status, EXIT_OK)
-        if status == "preempted" and preemption.why != "SIGTERM":
+        if status == "preempted" and preemption.credentials:
             code = EXIT_CREDENTIALS  # the bot relaunches it with fresh credentials
         summary = trainer.summary(status, started)
         if status == "budget":  # the summary line says why, as the `budget` event did
@@ -253,8 +263,12 @@ class Trainer:
             from runner.report import Reporter
 
             # The step is the progress its heartbeat reports (runner/contract/heartbeat.py), on its own clock.
+            # The bot's stop request (a cloud's only way to tell it to stop) sets the flag SIGTERM sets.
             self.reporter = Reporter(
-                self.spec, start_seq=_next_seq_in_progress(self.spec), activity=lambda: self.state.step
+                self.spec,
+                start_seq=_next_seq_in_progress(self.spec),
+                activity=lambda: self.state.step,
+                on_stop=self.preemption.asked,
             )
 
     def _read_dataset(self) -> list[Any]:
