@@ -347,6 +347,14 @@ class Settings(BaseSettings):
         alias="TUNEBOT_IDLE_STOP_MINUTES",
         description="a running instance whose runner reports nothing for this long is stopped (reason idle)",
     )
+    stop_grace_s: float = Field(
+        300.0,
+        gt=0,
+        alias="TUNEBOT_STOP_GRACE",
+        description="the most seconds a stopped cloud job waits for its runner to save and report a "
+        "checkpoint before its instance is terminated (each job waits a heartbeat, a step and a save by its "
+        "quote, up to this; billed)",
+    )
     retry_budget: int = Field(
         5,
         alias="TUNEBOT_RETRY_BUDGET",

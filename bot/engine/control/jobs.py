@@ -24,6 +24,7 @@ from bot.engine.launching.jobspec import deep_merge, plan_of, spec_fields
 from bot.engine.launching.launch import claim, launch_job, storage_root
 from bot.engine.money import budgets as budgets_mod
 from bot.engine.outcome import finish as finish_mod
+from bot.engine.outcome import stop_request
 from bot.engine.permissions import Permissions
 from bot.engine.record import states as S
 from bot.engine.record.phases import run_phases
@@ -353,9 +354,13 @@ def stop(ctx: EngineContext, policy: Permissions, job_id: str, *, user: str, rea
     return view(ctx, job_id)
 
 
-def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) -> None:
-    """Cancel a job that has not launched; ask a running one to stop gracefully (SIGTERM: it checkpoints
-    and exits, and the exit ends the job); end it at once where nothing runs or nothing can be asked."""
+def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str, graceful: bool = True) -> None:
+    """Cancel a job that has not launched; ask a running one to stop gracefully, so that it checkpoints and
+    reports it on its way out: SIGTERM where its provider runs its process (the exit ends the job), else the
+    run's signed stop request beside its checkpoints (bot/engine/outcome/stop_request.py: the supervisor
+    ends the job at the runner's report, or past its grace). End it at once where nothing runs, nothing can
+    be asked (no live runner: no heartbeat of its run), or ``graceful`` is False (an idle runner makes no
+    step that could see the request)."""
     now = ctx.now()
     with ctx.session() as s:
         for src in (S.PENDING_APPROVAL, S.APPROVED):
@@ -393,17 +398,18 @@ def request_stop(ctx: EngineContext, job_id: str, *, reason: str, actor: str) ->
         if job.state in (S.RECOVERING, S.RUNNING):
             finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
         return
+    signalled = False
     for row in rows:  # graceful: SIGTERM lets the runner checkpoint; the exit then ends the job
-        provider = ctx.supervisable.get(row.provider)
-        graceful = getattr(provider, "preempt", None)
-        if callable(graceful):
+        sigterm = getattr(ctx.supervisable.get(row.provider), "preempt", None)
+        if callable(sigterm):
+            signalled = True
             try:
-                graceful(row.provider_instance_id, 30.0)
-                continue
+                sigterm(row.provider_instance_id, 30.0)
             except Exception as exc:  # noqa: BLE001
                 log.warning("graceful stop of %s failed: %s", row.provider_instance_id, exc)
-    if not any(callable(getattr(ctx.supervisable.get(r.provider), "preempt", None)) for r in rows):
-        finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
+    if signalled or (graceful and stop_request.ask(ctx, job_id, reason=reason)):
+        return  # the runner saves, reports and exits; the supervisor ends the job (its grace bounds the wait)
+    finish_mod.finish(ctx, job_id, S.STOPPED, reason=reason, actor=actor)
 
 
 def stop_covered_by_spent_budgets(ctx: EngineContext) -> list[str]:

@@ -49,7 +49,7 @@ TICK_EVERY_S = 10.0  # the scheduler's tick at most this far apart (bot/schedule
 class SupervisionLimits:
     """The settings a decision reads, in seconds."""
 
-    stop_grace_s: float
+    stop_grace_s: float  # the most a stop waits for the runner's report (a job's own grace is shorter)
     idle_stop_s: float
     heartbeat_timeout_s: float
     cap_horizon_s: float  # the soonest the bot looks again (its tick): the cap's stop is due this far ahead
@@ -58,7 +58,7 @@ class SupervisionLimits:
     def of(cls, ctx: EngineContext) -> SupervisionLimits:
         st = ctx.settings
         return cls(
-            stop_grace_s=ctx.limits.stop_grace_s,
+            stop_grace_s=st.stop_grace_s,
             idle_stop_s=st.idle_stop_minutes * 60,
             heartbeat_timeout_s=st.heartbeat_timeout_s,
             cap_horizon_s=min(st.reconcile_every_s, TICK_EVERY_S),
@@ -114,6 +114,11 @@ class Observation(NamedTuple):
     # The provider sees the runner's own process, and it lives (the local provider: a process on this
     # machine). A silent runner its provider sees alive is not dead: it is stopped as idle, or not at all.
     alive: bool = False
+    # A stop asked of a live runner (bot/engine/outcome/stop_request.py): how long this job waits for the
+    # runner's checkpoint (its grace; None: the limit's), and whether the runner has reported it (its
+    # ``preempted`` event, since the stop was asked).
+    stop_grace_s: float | None = None
+    said_stopped: bool = False
 
 
 class Do(StrEnum):
@@ -215,13 +220,26 @@ def _exit_action(code: int | None) -> Action:
 
 
 def _stop_requested(job: JobFacts, obs: Observation, now: float, limits: SupervisionLimits) -> Action | None:
-    """A stop was asked for and the instance still runs: end the job past the grace period, or when the
-    instance was launched after the stop was asked for (nothing to save); else wait (NOTHING)."""
+    """A stop was asked for and the instance still runs: wait (NOTHING) for the runner to save and report its
+    checkpoint, then end the job (its report acknowledged the checkpoint; the finish terminates). End it
+    without waiting when there is nothing to wait for: the runner reported, it has said nothing from this
+    instance (nothing to save, or it was launched after the stop), it is silent past the heartbeat timeout
+    (dead), the job's spend has reached its cap (the grace never bills past it), or the grace is over."""
     if job.stop_requested_at is None:
         return None
-    launched_after = obs.launched_at is not None and obs.launched_at >= job.stop_requested_at
-    if launched_after or now - job.stop_requested_at > limits.stop_grace_s:
-        return Action(Do.finish, JobState.STOPPED, job.stop_reason)
+    finish = Action(Do.finish, JobState.STOPPED, job.stop_reason)
+    if obs.launched_at is None:
+        return finish
+    launched_after = obs.launched_at >= job.stop_requested_at
+    starting = job.last_event_at is None or job.last_event_at < obs.launched_at
+    heard = max(job.last_event_at or 0.0, obs.heard_at or 0.0, obs.launched_at)
+    dead = not obs.alive and now - heard > limits.heartbeat_timeout_s
+    capped = bool(job.max_cost) and obs.spent >= (job.max_cost or 0.0)
+    grace = limits.stop_grace_s if obs.stop_grace_s is None else min(obs.stop_grace_s, limits.stop_grace_s)
+    if launched_after or starting or obs.said_stopped or dead or capped:
+        return finish
+    if now - job.stop_requested_at > grace:
+        return finish
     return NOTHING
 
 
@@ -291,8 +309,8 @@ def apply(ctx: EngineContext, job: JobFacts, action: Action, row: InstanceRow | 
         from bot.engine.watching.grow import grow
 
         grow(ctx, job.id, said=action.message)
-    elif action.do is Do.stop_now:
-        jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine")
+    elif action.do is Do.stop_now:  # an idle runner makes no step that could see a stop request: no grace
+        jobs.request_stop(ctx, job.id, reason=action.reason or "idle", actor="engine", graceful=False)
         # The graceful stop lets the runner save and report on its way out: read that while its run is still
         # current, so the stopped job's result (and a later resume) is that checkpoint (issue 38).
         progress.pull_many(ctx, [job])
@@ -364,6 +382,7 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
     _pull_ended(ctx, running, facts, rows.newest, verdicts)
     now = ctx.now()  # one time for the tick's decisions: a job's deadline is at most a tick late
     spent = _spent(ctx, [jid for jid, f in facts.items() if f.max_cost], rows, now)
+    stopping = _stopping(ctx, [f for f in facts.values() if f.stop_requested_at is not None], limits)
     gone, newest, older_rows = Observation(), rows.newest, rows.older
     sees = {name for name, p in ctx.supervisable.items() if getattr(p, "sees_runner_process", False)}
     for job_id, f in facts.items():
@@ -384,12 +403,50 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
             beat.heard_at if beat is not None else None,
             beat.active_at if beat is not None else None,
             verdict == "running" and row.provider in sees,
+            *stopping.get(job_id, (None, False)),
         )
         _safely(ctx, f, obs, limits, now, row)
         slow.tell_safely(ctx, f, obs.spent, burn)  # a job well over its quoted time says so, once
 
 
 _UNASKED = ("error", None)  # no verdict: the provider was not asked (its outcome decides) or could not be
+
+
+def _stopping(
+    ctx: EngineContext, jobs_: list[JobFacts], limits: SupervisionLimits
+) -> dict[str, tuple[float, bool]]:
+    """For the jobs a stop was asked of (few at any time): each one's grace (from its quote by phase:
+    bot/engine/outcome/stop_request.py) and whether its runner has reported its checkpoint since the stop (its
+    ``preempted`` event, stored on or after the stop). Two queries, only when there are such jobs."""
+    if not jobs_:
+        return {}
+    from sqlalchemy import func
+
+    from bot.engine.outcome.stop_request import grace_s
+    from runner.contract.heartbeat import every
+    from store.models import RunnerEventRecord
+
+    ids = [j.id for j in jobs_]
+    with ctx.db.connect() as conn:
+        offers = dict(conn.execute(select(Job.id, Job.offer).where(Job.id.in_(ids))).all())
+        said = dict(
+            conn.execute(
+                select(RunnerEventRecord.job_id, func.max(RunnerEventRecord.at))
+                .where(RunnerEventRecord.job_id.in_(ids), RunnerEventRecord.kind == EventKind.preempted.value)
+                .group_by(RunnerEventRecord.job_id)
+            ).all()
+        )
+    beat = every(limits.heartbeat_timeout_s)
+    out: dict[str, tuple[float, bool]] = {}
+    for j in jobs_:
+        offer = offers.get(j.id)
+        phases = offer.get("phases") if isinstance(offer, dict) else None
+        grace = grace_s(
+            phases, j.max_steps, beat_s=beat, tick_s=limits.cap_horizon_s, most_s=limits.stop_grace_s
+        )
+        at = said.get(j.id)
+        out[j.id] = (grace, at is not None and at >= (j.stop_requested_at or 0.0))
+    return out
 
 
 def _pull_ended(
