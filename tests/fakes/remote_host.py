@@ -156,11 +156,16 @@ class HostPool:
         images: dict[str, list[str] | StockImage],
         bot_roots: list[Path],
         grace_s: float = 60.0,
+        destroy_grace_s: float = 2.0,
     ) -> None:
+        """``grace_s``: a spot reclaim's notice (SIGTERM, then SIGKILL); ``destroy_grace_s``: a destroy's
+        (0: it kills at once, as a real cloud's destroy does: nothing the runner does on its way out
+        survives)."""
         self.root = Path(root)
         self.images = images
         self.bot_roots = [str(Path(p).resolve()) for p in bot_roots]
         self.grace_s = grace_s
+        self.destroy_grace_s = destroy_grace_s
         self.hosts: dict[str, Host] = {}
         self.lock = threading.Lock()
 
@@ -218,12 +223,16 @@ class HostPool:
     def destroy(self, instance_id: str) -> None:
         host = self.hosts.get(instance_id)
         if host is not None:
-            self._stop(host, 2.0)
+            self._stop(host, self.destroy_grace_s)
 
     def _stop(self, host: Host, grace_s: float) -> None:
         if not host.running:
             return
         assert host.proc is not None
+        if grace_s <= 0:
+            os.killpg(host.proc.pid, signal.SIGKILL)
+            host.proc.wait(10)
+            return
         host.proc.send_signal(signal.SIGTERM)
         try:
             host.proc.wait(grace_s)
