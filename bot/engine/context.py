@@ -70,7 +70,7 @@ class ProcessMemory:
     # the cache holds no decision; which run is current is read from the database every time.
     run_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
     pushing: set[str] = field(default_factory=set)  # jobs whose Hub push runs in this process now
-    # job id -> (how much slower than quoted, whether its cap cut it) as last said (engine/watching/slow.py)
+    # job id -> (how much slower than quoted, whether its cap cut it) as last said (engine/money/slow_jobs.py)
     pace_said: dict[str, tuple[float, bool]] = field(default_factory=dict)
 
 

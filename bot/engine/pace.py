@@ -9,7 +9,7 @@ the two: a job is said to run slow only when even the kinder reading says so, an
 slow cannot make it look slower than the bot's own clock does. What it says decides no money: the cap's stop
 does (``cap_due``), on the spend the bot bills.
 
-Said once in the job's thread after the first few percent of steps (bot/engine/watching/slow.py), again only
+Said once in the job's thread after the first few percent of steps (bot/engine/money/slow_jobs.py), again only
 when it gets materially worse (``worse``); `status JOB` and `tunebot jobs` show it while it holds.
 """
 

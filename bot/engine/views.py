@@ -74,7 +74,7 @@ def _quoted_phases(offer: object) -> dict[str, float] | None:
 def _pace(job: Job, spent: float) -> PaceView | None:
     """A running job's pace against its quote, when it is worth saying (bot/engine/pace.py)."""
     if job.state != "running" or job.stop_requested_at is not None or job.sweep_id is not None:
-        return None  # a sweep's run: the sweep's pace (engine/watching/slow.py says why)
+        return None  # a sweep's run: the sweep's pace (engine/money/slow_jobs.py says why)
     p = pace(
         step=job.last_step,
         max_steps=job.max_steps,

@@ -9,7 +9,7 @@ object (``progress.json``: the first key, so the bot reads it without parsing th
 
 A beat says which runner process wrote it (its start, on the host's clock), its number within that process,
 the step, and how long the runner has gone without progress (a step or an event) as it measured it. The bot
-(bot/engine/watching/liveness.py) counts a beat only when this run's key signed it and it is newer than the
+(bot/engine/watching/progress.py) counts a beat only when this run's key signed it and it is newer than the
 last one it counted (a beat written again, or an older one put back, proves nothing), and then only as a
 bounded claim: a silent runner is declared dead by the provider's view or the heartbeat timeout, never kept
 alive past its spend cap by what its host says.

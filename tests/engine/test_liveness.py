@@ -236,7 +236,7 @@ def test_a_relaunch_says_what_it_resumes_from_or_that_it_restarts_and_what_that_
 def test_a_beat_alone_rewrites_no_progress_window(engine, fake, clock):
     """The beat rides at the head of the progress object: rewriting it every few seconds changes no recorded
     read of the events (no database write per beat), and is still heard."""
-    from bot.engine.watching import liveness
+    from bot.engine.watching import progress
 
     job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
     started(engine, fake, job, clock)
@@ -248,7 +248,7 @@ def test_a_beat_alone_rewrites_no_progress_window(engine, fake, clock):
         clock.advance(10)
         write_beat(engine, job, beat(job, n, step=1 + n))
         engine.tick()
-        heard = liveness.heard(engine.ctx, job, _run(engine, job))
+        heard = progress.heard(engine.ctx, job, _run(engine, job))
         assert heard is not None and heard.step == 1 + n and heard.heard_at == clock.t
     with engine.session() as s:
         assert s.get(Job, job).progress_window == window

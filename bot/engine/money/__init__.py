@@ -1,4 +1,4 @@
-"""Money as people read it: budgets and their alerts, volumes, summaries, reports, the dashboard.
+"""Money as people read it: budgets, volumes, summaries, reports, the dashboard, a slow job's warning.
 
 May import record/ and the ground (bot/engine/*.py but service.py).
 """

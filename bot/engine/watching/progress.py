@@ -4,9 +4,8 @@ A bot in Socket Mode has no public URL, so it reads every event the runner wrote
 remembered as a window (digest, first and last seq, newest timestamp, stored in ``jobs.progress_window``): an
 unchanged object is not parsed again, a grown one only from its tail. What is new goes to
 bot/engine/watching/runner_events.py like a pushed event. The object's head is the runner's heartbeat
-(rewritten every few seconds, whether or not there are events): every read hands it to
-bot/engine/watching/liveness.py, and the digest covers only what follows it, so a beat alone changes no
-window."""
+(rewritten every few seconds, whether or not there are events): every read counts it (``note_beat``,
+below: liveness), and the digest covers only what follows it, so a beat alone changes no window."""
 
 from __future__ import annotations
 
@@ -16,13 +15,13 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import func, select
 
 from bot.engine.launching import integrity
-from bot.engine.watching import liveness
 from bot.engine.watching.runner_events import ingest, ingest_many, valid_events
+from runner.contract import heartbeat
 from runner.contract.spec import (
     RunnerEvent,
     parse_progress,
@@ -87,7 +86,7 @@ def pull_raw(eng: EngineContext, job_id: str, raw: bytes | None, *, run_id: str 
     current = integrity.current_key(eng, job_id, run_id)
     if current is None:
         return 0  # no current run: nothing is accepted from anyone
-    liveness.note(eng, job_id, current[0], current[1], raw)
+    note_beat(eng, job_id, current[0], current[1], raw)
     refused: Counter[str] = Counter()
     parsed = _new_events(eng, job_id, raw, refused=refused, key=current[1])
     integrity.report_refused(eng, job_id, refused)
@@ -377,7 +376,7 @@ def pull_many(eng: EngineContext, jobs: list[Followed]) -> set[str]:
         current = integrity.current_key(eng, jid, run_ids.get(jid))
         if current is None:
             continue  # no current run (it just ended): nothing is accepted from anyone
-        liveness.note(eng, jid, current[0], current[1], raw)
+        note_beat(eng, jid, current[0], current[1], raw)
         verified_by[jid] = current[0]
         refused: Counter[str] = Counter()
         parsed = _new_events(
@@ -428,3 +427,63 @@ def _store_windows(eng: EngineContext, texts: dict[str, str]) -> None:
             s.commit()
     except Exception as exc:  # noqa: BLE001 - only a restart's shortcut is lost: it re-reads these objects
         log.warning("recording %d progress windows failed: %s", len(texts), exc)
+
+
+# -- liveness: the heartbeat at the head of the object ---------------------------------------------------
+#
+# Liveness: whether a running job's runner lives, from its heartbeat, whatever its report cadence.
+#
+# A runner writes a signed beat at the head of its progress object every few seconds
+# (runner/contract/heartbeat.py), from its own thread, through long evals and uploads, and whether or not it
+# has anything to report; its progress reports may come once an hour (TUNEBOT_REPORT_EVERY). Issue 38: with
+# reports hourly, a runner at step 647 was declared dead by the heartbeat timeout and relaunched from step 0.
+#
+# Each progress read hands the object's head to note_beat. A beat counts when the key of the job's current run
+# signed it and it is newer than the last one counted (a later runner process, else a later beat: a beat
+# written again, or an older one put back, proves nothing). The runner is then *heard* now, on the bot's clock
+# (the host's clock is never compared with ours), and its last progress is ``stalled_s`` (the beat's own
+# claim, bounded by now) before that. This process keeps what it heard in its memory: after a restart the
+# first read hears each runner again (benefit of the doubt: the newest beat is in the object).
+#
+# supervise.decide reads it through the Observation: the heartbeat timeout runs from the last word heard (a
+# beat or an event), the idle rule from the last progress (a step or an event). A host's beats are a bounded
+# claim: they keep a silent-but-beating runner from being relaunched, never a job past its spend cap, and the
+# provider's own verdict (gone, exited, preempted) ends it whatever the beats say.
+
+
+class Heard(NamedTuple):
+    """The newest beat this process counted for a job's run, and when (the bot's clock)."""
+
+    run_id: str
+    order: tuple[float, int]  # heartbeat.Beat.order of the beat
+    step: int
+    heard_at: float  # when this process first read it
+    active_at: float  # when the runner last made progress, by that beat (heard_at - its stalled_s)
+
+
+def newer(known: Heard | None, run_id: str, beat: heartbeat.Beat, now: float) -> Heard | None:
+    """What is heard after reading ``beat`` of run ``run_id`` at ``now``, None when it is not news (the same
+    beat again, or an older one). Pure."""
+    if known is not None and known.run_id == run_id and beat.order <= known.order:
+        return None
+    return Heard(run_id, beat.order, beat.step, now, now - min(beat.stalled_s, now))
+
+
+def note_beat(ctx: EngineContext, job_id: str, run_id: str, key: bytes, raw: bytes | None) -> bool:
+    """Count the beat at the head of a progress object read for the job's current run (``run_id``, whose key
+    is ``key``); True when it was news."""
+    obj = heartbeat.head(raw) if raw else None
+    beat = heartbeat.parse(obj, key, job_id) if obj is not None else None
+    if beat is None:
+        return False
+    fresh = newer(ctx.memory.heartbeats.get(job_id), run_id, beat, ctx.now())
+    if fresh is None:
+        return False
+    ctx.memory.heartbeats[job_id] = fresh
+    return True
+
+
+def heard(ctx: EngineContext, job_id: str, run_id: str | None) -> Heard | None:
+    """The newest beat heard from the job's current run, None before its first one (or without a run)."""
+    known = ctx.memory.heartbeats.get(job_id)
+    return known if known is not None and run_id is not None and known.run_id == run_id else None

@@ -140,10 +140,10 @@ def _lost_work(eng: EngineContext, job: Job, row: InstanceRow | None) -> LostWor
     instance's cost."""
     from bot.engine.record import runs
     from bot.engine.record.spend import instance_cost
-    from bot.engine.watching import liveness
+    from bot.engine.watching import progress
 
     newest = runs.newest_acknowledged(eng, job.id)
-    beat = liveness.heard(eng, job.id, job.run_id)
+    beat = progress.heard(eng, job.id, job.run_id)
     step = max(job.last_step or 0, beat.step if beat is not None else 0)
     start = _run_start_step(eng, job.run_id)
     resumes = newest.step if newest is not None else 0

@@ -21,12 +21,13 @@ from sqlalchemy import select
 from bot.engine.context import EngineContext
 from bot.engine.control import jobs
 from bot.engine.launching.launch import take_over
+from bot.engine.money import slow_jobs
 from bot.engine.outcome import finish as finish_mod
 from bot.engine.pace import cap_due
 from bot.engine.record import states as S
 from bot.engine.record.spend import cost, ended_spend
 from bot.engine.record.states import JobState
-from bot.engine.watching import liveness, observe, progress, slow, startup
+from bot.engine.watching import observe, progress, startup
 from bot.engine.watching.recovery import mark_preempted, relaunch
 from runner.contract.spec import EXIT_BUDGET, EXIT_INSTALL, EXIT_OUT_OF_MEMORY, EventKind
 from store.models import Instance as InstanceRow
@@ -85,13 +86,13 @@ class JobFacts(NamedTuple):
     checkpoint_uri: str | None = None  # where the runner writes its progress object (progress.pull_many)
     progress_window: str | None = None  # the last read of it recorded (progress.py)
     run_id: str | None = None  # the current run, whose key signs its events
-    # Its pace against its quote (engine/watching/slow.py): progress, the runner's time left, the quote.
+    # Its pace against its quote (engine/money/slow_jobs.py): progress, the runner's time left, the quote.
     last_step: int = 0
     max_steps: int | None = None
     eta_seconds: float | None = None
     estimated_hours: float | None = None
     price_per_hour: float | None = None
-    sweep_id: str | None = None  # a sweep's run: its pace is the sweep's (slow.tell)
+    sweep_id: str | None = None  # a sweep's run: its pace is the sweep's (slow_jobs.tell)
 
 
 class Observation(NamedTuple):
@@ -107,7 +108,7 @@ class Observation(NamedTuple):
     launched_at: float | None = None  # of the newest open instance; None = no instance
     spent: float = 0.0
     burn_per_hour: float = 0.0  # all open instances together
-    # The runner's heartbeat (bot/engine/watching/liveness.py), on the bot's clock: when its newest beat was
+    # The runner's heartbeat (progress.py's liveness), on the bot's clock: when its newest beat was
     # heard, and when it last made progress by that beat. None: no beat heard from this run yet.
     heard_at: float | None = None
     active_at: float | None = None
@@ -393,7 +394,7 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
         verdict, code = verdicts.get(row.id, _UNASKED)
         older = older_rows.get(job_id)
         burn = row.price_per_hour + (sum(r.price_per_hour for r in older) if older else 0.0)
-        beat = liveness.heard(ctx, job_id, f.run_id)
+        beat = progress.heard(ctx, job_id, f.run_id)
         obs = Observation(
             verdict,
             code,
@@ -406,7 +407,7 @@ def _supervise_running(ctx: EngineContext, running: list[JobFacts], limits: Supe
             *stopping.get(job_id, (None, False)),
         )
         _safely(ctx, f, obs, limits, now, row)
-        slow.tell_safely(ctx, f, obs.spent, burn)  # a job well over its quoted time says so, once
+        slow_jobs.tell_safely(ctx, f, obs.spent, burn)  # a job well over its quoted time says so, once
 
 
 _UNASKED = ("error", None)  # no verdict: the provider was not asked (its outcome decides) or could not be

@@ -4,7 +4,7 @@ time or past its cap (bot/engine/pace.py), and again only when it gets materiall
 
 What was said is kept in the audit log (action ``pace``, with the projection), read before anything is said:
 a restarted bot, or a second process on the same database, says nothing twice. The projection decides no
-money; the cap's stop is the tick's (supervise.py, pace.cap_due).
+money; the cap's stop is the tick's (watching/supervise.py, pace.cap_due), which asks this module.
 """
 
 from __future__ import annotations
