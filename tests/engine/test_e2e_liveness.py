@@ -15,6 +15,7 @@ The timeouts are shrunk (a 1 s tick, a 3 s heartbeat timeout) rather than the jo
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -43,14 +44,24 @@ class Unseen(LocalProvider):
 
 class Reclaiming(LocalProvider):
     """The local provider with a spot reclaim notice: once ``notice`` is given, its instance reads "preempted"
-    while its runner is still training (the provider, not the runner, says so first)."""
+    while its runner is still mid-training (the provider, not the runner, says so first).
+
+    The runner is held (SIGSTOP) from the notice until the bot ends the instance (its SIGTERM, then SIGCONT):
+    the step it saves on its way out is the step it had at the notice, whatever the machine's speed (a tiny
+    model trains hundreds of steps while a notice, a tick and a SIGTERM go by: the job could end first)."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.noticed: set[str] = set()
 
     def notice(self, instance_id: str) -> None:
+        self._signal(self._record(instance_id), signal.SIGSTOP)
         self.noticed.add(instance_id)
+
+    def _signal(self, rec: dict[str, Any], sig: int) -> None:
+        super()._signal(rec, sig)
+        if sig == signal.SIGTERM:
+            super()._signal(rec, signal.SIGCONT)  # the SIGTERM pending, the held runner goes on to handle it
 
     def _instance(self, rec: dict[str, Any]) -> Instance:
         inst = super()._instance(rec)
@@ -59,13 +70,13 @@ class Reclaiming(LocalProvider):
         return inst
 
 
-def _job(eng: Any, local: LocalProvider, tiny: Path, steps: int) -> str:
+def _job(eng: Any, local: LocalProvider, tiny: Path, steps: int, seq_len: int = 64) -> str:
     req = EstimateRequest(
         model=str(tiny / "model"),
         dataset=str(tiny / "data.jsonl"),
         method="lora",
         lora_r=4,
-        seq_len=64,
+        seq_len=seq_len,
         batch_size=1,
         grad_accum=1,
         gradient_checkpointing=False,
@@ -146,7 +157,7 @@ def test_a_runner_stopped_and_relaunched_resumes_from_the_checkpoint_it_saved_on
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bot.engine.service import Engine
-    from bot.engine.watching import liveness
+    from bot.engine.watching import progress
     from runner.tiny import make_tiny
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -161,7 +172,7 @@ def test_a_runner_stopped_and_relaunched_resumes_from_the_checkpoint_it_saved_on
     try:
         # Training, between two hourly reports: its beats say how far (the reports would not).
         def trained(_view: Any) -> bool:
-            beat = liveness.heard(eng.ctx, job, _run_id(eng, job))
+            beat = progress.heard(eng.ctx, job, _run_id(eng, job))
             return beat is not None and beat.step >= 20
 
         assert _wait(eng, job, trained).state == "running"
@@ -173,7 +184,7 @@ def test_a_runner_stopped_and_relaunched_resumes_from_the_checkpoint_it_saved_on
         said = [e.message for e in rec.events if str(e.kind) == "preempted"]
         assert len(said) == 1 and "relaunching from its checkpoint at step" in said[0], said
         saved = int(said[0].split("checkpoint at step ")[1].split(":")[0].split(".")[0])
-        assert saved >= 20  # the checkpoint saved on the way out (none was saved before)
+        assert 20 <= saved < steps  # the checkpoint saved on the way out (none was saved before), mid-run
         runs = _instances(eng, job)
         assert len(runs) == 2
         out = local.log_path(runs[0].provider_instance_id).read_text()
