@@ -339,13 +339,15 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         600.0,
         alias="TUNEBOT_HEARTBEAT_TIMEOUT",
-        description="seconds without a word from a running job before it counts as preempted and is "
-        "relaunched",
+        description="seconds without a heartbeat or event from a running job's runner before it counts as "
+        "preempted and is relaunched; runners beat every quarter of it (at most 30 s) whatever "
+        "TUNEBOT_REPORT_EVERY says; under three supervisor ticks it is refused at start",
     )
     idle_stop_minutes: float = Field(
         30.0,
         alias="TUNEBOT_IDLE_STOP_MINUTES",
-        description="a running instance whose runner reports nothing for this long is stopped (reason idle)",
+        description="a running instance whose runner makes no progress (no step in its heartbeat, no event) "
+        "for this long is stopped (reason idle)",
     )
     stop_grace_s: float = Field(
         300.0,
@@ -392,7 +394,10 @@ class Settings(BaseSettings):
         "and `tunebot serve` listens on 127.0.0.1 only (Socket Mode too; --host overrides)",
     )
     report_every_s: float = Field(
-        30.0, gt=0, alias="TUNEBOT_REPORT_EVERY", description="seconds between a runner's progress reports"
+        30.0,
+        gt=0,
+        alias="TUNEBOT_REPORT_EVERY",
+        description="seconds between a runner's progress reports (any value: liveness comes from its heartbeat)",
     )
 
     # Slack.
