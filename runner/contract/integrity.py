@@ -80,3 +80,22 @@ def verify(key: bytes, purpose: str, obj: Any, body: bytes | None = None) -> boo
     except (TypeError, ValueError):
         return False
     return hmac.compare_digest(expected, given)
+
+
+def read_signed(
+    raw: bytes, key: bytes | None, purpose: str, job_id: str, run_id: str | None, *, max_bytes: int
+) -> dict[str, Any] | None:
+    """The JSON object the bot left for one run (a sweep's decision, a stop request): within ``max_bytes``,
+    naming this job and run, signed with the run's key for ``purpose`` (a runner started by hand, without a
+    key, takes it unsigned); None otherwise."""
+    if len(raw) > max_bytes:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("job_id") != job_id or obj.get("run_id") != run_id:
+        return None
+    if key is not None and not verify(key, purpose, obj):
+        return None
+    return obj

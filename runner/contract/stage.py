@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runner.contract.integrity import sign, verify
+from runner.contract.integrity import read_signed, sign
 
 STAGE = "stage"  # the MAC's purpose: a decision can never pass for an event, a manifest or credentials
 STAGE_FILE = "stage.json"
@@ -55,15 +55,8 @@ def decision(
 def released(raw: bytes, key: bytes | None, job_id: str, run_id: str | None) -> Released | None:
     """What a decision object says, when it is for this run and signed with its key (a runner started by
     hand, without a key, takes it unsigned); None otherwise."""
-    if len(raw) > MAX_DECISION_BYTES:
-        return None
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("job_id") != job_id or obj.get("run_id") != run_id:
-        return None
-    if key is not None and not verify(key, STAGE, obj):
+    obj = read_signed(raw, key, STAGE, job_id, run_id, max_bytes=MAX_DECISION_BYTES)
+    if obj is None:
         return None
     through, cap = obj.get("through"), obj.get("max_cost")
     if not isinstance(through, int) or isinstance(through, bool):

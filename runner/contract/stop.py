@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from runner.contract.integrity import sign, verify
+from runner.contract.integrity import read_signed, sign
 
 STOP = "stop"  # the MAC's purpose: a stop request can never pass for an event, a manifest or a decision
 STOP_FILE = "stop.json"
@@ -46,15 +46,8 @@ def request(key: bytes | None, job_id: str, run_id: str | None, *, reason: str) 
 def asked(raw: bytes, key: bytes | None, job_id: str, run_id: str | None) -> str | None:
     """Why the bot asks this run to stop, when ``raw`` is a request for this job and run signed with its key
     (a runner started by hand, without a key, takes it unsigned); None otherwise."""
-    if len(raw) > MAX_REQUEST_BYTES:
-        return None
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("job_id") != job_id or obj.get("run_id") != run_id:
-        return None
-    if key is not None and not verify(key, STOP, obj):
+    obj = read_signed(raw, key, STOP, job_id, run_id, max_bytes=MAX_REQUEST_BYTES)
+    if obj is None:
         return None
     reason = obj.get("reason")
     return reason if isinstance(reason, str) and REASON.match(reason) else None
