@@ -8,13 +8,16 @@ for one launch, and the job ends in the right state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,39 +148,14 @@ def test_an_adopted_instance_is_billed_from_the_providers_clock(
     to destroy) at the locked price, to the cent. At $36/h a cent is a second: billing from the adoption
     would miss 3+ cents."""
     from fakes.clouds.fixtures import client_for
-    from fakes.clouds.vast import FakeVast
     from sqlalchemy import select
 
     from bot.engine.record.spend import job_spend
     from bot.engine.service import Engine
     from store.models import Instance
 
-    vast = FakeVast(n_offers=8, seed=13).start()
-    try:
-        ask = vast.offers[0]
-        ask.update(dph_total=36.0, reliability2=0.99, rentable=True)
-        data_dir = tmp_path / "data"
-        checkpoints = f"{s3_bucket}/tunebot"
-        env = {
-            **os.environ,
-            "TUNEBOT_CRASH_AT": "launch.after_provider_create",
-            "TUNEBOT_CHECKPOINT_URI": checkpoints,
-            "TUNEBOT_TEST_VAST_URL": vast.url,
-            "TUNEBOT_TEST_VAST_KEY": vast.api_key,
-            "TUNEBOT_TEST_VAST_ASK": str(ask["id"]),
-        }
-        args = ["vast", db_url, str(tmp_path / "w"), str(data_dir), "[]"]
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "crash_scenario.py"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        assert proc.returncode == -signal.SIGKILL, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
-        (created,) = list(vast.instances)  # it exists at Vast; the database has no row for it
-        time.sleep(3.0)  # the bot is down; Vast bills on
-        settings = Settings(TUNEBOT_DATA_DIR=str(data_dir), TUNEBOT_CHECKPOINT_URI=checkpoints)
+    with _crashed_on_vast(db_url, tmp_path, s3_bucket, "launch.after_provider_create") as (vast, settings):
+        (created,) = list(vast.instances)  # it exists at Vast; the database has no row for it (Vast bills on)
         eng = Engine(settings, db_url=db_url, providers={"vast": client_for(vast)})
         eng.terminate_deadline_s = 10.0
         try:
@@ -208,8 +186,6 @@ def test_an_adopted_instance_is_billed_from_the_providers_clock(
             assert abs(spent - seconds * price / 3600) < 0.01, (spent, seconds * price / 3600)
         finally:
             eng.close()
-    finally:
-        vast.stop()
 
 
 @pytest.mark.slow
@@ -220,39 +196,14 @@ def test_a_finish_taken_over_after_a_crash_bills_until_the_provider_stopped(
     3 s. The restarted bot finishes the job: its ledger ends where Vast's billing ended (the destroy call),
     not when the restarted bot found the instance gone. At $36/h a cent is a second."""
     from fakes.clouds.fixtures import client_for
-    from fakes.clouds.vast import FakeVast
     from sqlalchemy import select
 
     from bot.engine.record.spend import job_spend
     from bot.engine.service import Engine
     from store.models import Instance
 
-    vast = FakeVast(n_offers=8, seed=13).start()
-    try:
-        ask = vast.offers[0]
-        ask.update(dph_total=36.0, reliability2=0.99, rentable=True)
-        data_dir = tmp_path / "data"
-        checkpoints = f"{s3_bucket}/tunebot"
-        env = {
-            **os.environ,
-            "TUNEBOT_CRASH_AT": "finish.after_terminate",
-            "TUNEBOT_CHECKPOINT_URI": checkpoints,
-            "TUNEBOT_TEST_VAST_URL": vast.url,
-            "TUNEBOT_TEST_VAST_KEY": vast.api_key,
-            "TUNEBOT_TEST_VAST_ASK": str(ask["id"]),
-        }
-        args = ["vast", db_url, str(tmp_path / "w"), str(data_dir), "[]"]
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "crash_scenario.py"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        assert proc.returncode == -signal.SIGKILL, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
+    with _crashed_on_vast(db_url, tmp_path, s3_bucket, "finish.after_terminate") as (vast, settings):
         ((destroyed, (seconds, price)),) = vast.billed.items()  # Vast stopped billing at the destroy
-        time.sleep(3.0)  # the bot is down
-        settings = Settings(TUNEBOT_DATA_DIR=str(data_dir), TUNEBOT_CHECKPOINT_URI=checkpoints)
         eng = Engine(settings, db_url=db_url, providers={"vast": client_for(vast)})
         eng.terminate_deadline_s = 10.0
         try:
@@ -272,5 +223,40 @@ def test_a_finish_taken_over_after_a_crash_bills_until_the_provider_stopped(
             assert abs(eng.get_job(job.job_id).spend - spent) < 1e-6
         finally:
             eng.close()
+
+
+@contextlib.contextmanager
+def _crashed_on_vast(
+    db_url: str, tmp_path: Path, s3_bucket: str, crash_at: str
+) -> Iterator[tuple[Any, Settings]]:
+    """A bot on a fake Vast ($36/h: a cent a second) SIGKILLed at ``crash_at`` and then down 3 s while Vast
+    bills; yields the fake Vast and the settings a restarted bot takes."""
+    from fakes.clouds.vast import FakeVast
+
+    vast = FakeVast(n_offers=8, seed=13).start()
+    try:
+        ask = vast.offers[0]
+        ask.update(dph_total=36.0, reliability2=0.99, rentable=True)
+        data_dir = tmp_path / "data"
+        checkpoints = f"{s3_bucket}/tunebot"
+        env = {
+            **os.environ,
+            "TUNEBOT_CRASH_AT": crash_at,
+            "TUNEBOT_CHECKPOINT_URI": checkpoints,
+            "TUNEBOT_TEST_VAST_URL": vast.url,
+            "TUNEBOT_TEST_VAST_KEY": vast.api_key,
+            "TUNEBOT_TEST_VAST_ASK": str(ask["id"]),
+        }
+        args = ["vast", db_url, str(tmp_path / "w"), str(data_dir), "[]"]
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "crash_scenario.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert proc.returncode == -signal.SIGKILL, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        time.sleep(3.0)  # the bot is down; Vast bills on (or stopped billing at a destroy)
+        yield vast, Settings(TUNEBOT_DATA_DIR=str(data_dir), TUNEBOT_CHECKPOINT_URI=checkpoints)
     finally:
         vast.stop()
