@@ -47,7 +47,7 @@ def bot_push(spec: Any, hub: Any, tmp_path: Path, *, token: str | None = None) -
 
     event = _last_event(spec)
     assert event.kind is EventKind.finished and event.manifest_sha256, event
-    folder = Path(tempfile.mkdtemp(prefix="bot-push-"))
+    folder = Path(tempfile.mkdtemp(prefix="bot-push-", dir=tmp_path))  # under the test's folder: nothing left
     verified_output(spec.output_uri, spec.job_id, event.manifest_sha256, KEY, folder)
     assert spec.push_to_hub is not None
     return push_folder(
