@@ -397,7 +397,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         alias="TUNEBOT_REPORT_EVERY",
-        description="seconds between a runner's progress reports (any value: liveness comes from its heartbeat)",
+        description="seconds between a runner's progress reports "
+        "(any value: liveness comes from its heartbeat)",
     )
 
     # Slack.
