@@ -116,6 +116,16 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
+    # End as the runner's own workers do (runner/cli.main): flushed, then os._exit, without the interpreter's
+    # finalization. The group outlives destroy_process_group (torch.distributed.nn.functional, first imported
+    # once the group exists, keeps it as its functions' default group), so gloo's worker threads run on; one
+    # that drops a finished collective after the main thread went on frees a Python object (the thread state
+    # the collective captured) and takes the GIL: once the interpreter is finalizing, CPython 3.11 ends that
+    # thread with pthread_exit, whose unwinding through torch's noexcept frames calls std::terminate
+    # ("terminate called without an active exception", SIGABRT, on a loaded machine; on 9a0c9c1 too).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _spawn(out: Path) -> dict:
