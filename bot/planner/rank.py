@@ -178,11 +178,17 @@ def _columns(offers: Sequence[Offer]) -> dict[str, list]:
     }
 
 
+def _dollars(amount: float) -> float:
+    """To a millionth of a dollar: a tiny CPU job's $0.00004 stays what it is (bot/money.py writes it), where
+    four decimals made it $0.00 on one door and $0.0001 on another."""
+    return round(amount, 6)
+
+
 def _cost_range(total: float, egress: float, low_high: tuple[float, float]) -> list[float] | None:
     """Everything but egress scales with the hours the job runs (compute, preemption overhead, storage)."""
     if low_high == (1.0, 1.0):
         return None
-    return [round(egress + (total - egress) * r, 4) for r in low_high]
+    return [_dollars(egress + (total - egress) * r) for r in low_high]
 
 
 PairKey = tuple[str, int]  # (GPU type, GPU count)
@@ -402,11 +408,11 @@ class _Table:
             interruptible=o.interruptible,
             price_per_hour=o.price_per_hour,
             hours=round(self.costs.wall[i], 4),
-            total_cost=round(total, 4),
-            compute_cost=round(float(res["compute"][i]), 4),
-            storage_cost=round(float(res["storage"][i]), 4),
-            egress_cost=round(float(res["egress"][i]), 4),
-            preemption_cost=round(float(res["preempt"][i]), 4),
+            total_cost=_dollars(total),
+            compute_cost=_dollars(float(res["compute"][i])),
+            storage_cost=_dollars(float(res["storage"][i])),
+            egress_cost=_dollars(float(res["egress"][i])),
+            preemption_cost=_dollars(float(res["preempt"][i])),
             total_cost_range=_cost_range(total, float(res["egress"][i]), job.hours_low_high),
             memory_need_gb=[round(need * r, 2) for r in (job.memory_lower, job.memory_upper)],
             memory_capacity_gb=round(cap, 2),

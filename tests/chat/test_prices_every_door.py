@@ -123,6 +123,9 @@ def _slack_estimate(env: dict, text: str) -> str:
     saved = dict(os.environ)
     names = ("TUNEBOT_DATA_DIR", "TUNEBOT_LOCAL_PROVIDER", "TUNEBOT_CHAT_DATA_DIR")
     os.environ.update({k: env[k] for k in names})
+    # As a fresh `tunebot serve` quotes before its first launch: no prewarmed runner yet (another test in this
+    # process may have left one ready, which quotes a start-up seconds shorter than the CLI's)
+    os.environ["TUNEBOT_LOCAL_PREWARM"] = "0"
     get_settings.cache_clear()
     try:
         _, engine, chat = _runtime(serving=True)

@@ -201,3 +201,23 @@ def test_each_offer_carries_its_memory_need_range_and_a_tight_flag_near_the_card
     assert by_gpu["rtx-4090"].memory_need_gb == [19.35, 23.65] and by_gpu["rtx-4090"].memory_tight
     assert by_gpu["rtx-4090"].memory_capacity_gb == 25.76
     assert by_gpu["l40s"].memory_need_gb == [19.35, 23.65] and not by_gpu["l40s"].memory_tight
+
+
+def test_a_tiny_jobs_cost_is_kept_below_the_hundredth_of_a_cent() -> None:
+    """A short job at a tiny price is $0.0000x: the ranked cost keeps it (money() writes "$0.00002"), where
+    four decimals made it $0.00 on a card and "$0.0001" in the CLI's JSON for the same job."""
+    tiny_price = 2e-4
+    cpu = Offer(
+        provider="local",
+        offer_id="local-cpu",
+        gpu="cpu",
+        gpu_count=1,
+        gpu_memory_gb=16.0,
+        price_per_hour=tiny_price,
+    )
+    est = plan_request(
+        EstimateRequest(model="Qwen/Qwen2.5-0.5B", method="lora", gpu="cpu", tokens=100), offers=[cpu]
+    )
+    (o,) = est.offers
+    assert 0 < o.total_cost < 0.00005 and o.total_cost == pytest.approx(o.hours * tiny_price, rel=0.05), o
+    assert o.total_cost_range and 0 < o.total_cost_range[0] <= o.total_cost <= o.total_cost_range[1]
