@@ -42,6 +42,15 @@ class GPU:
     # takes 1/host_share as long.
     host_share: float = 1.0
     cores: int = 0  # the CPU's cores this run computes on (a share of the machine's; 0 for a GPU)
+    # This CPU's Python speed against the development machine's, where the host-side constants were measured
+    # (bot/providers/host_speed.py; 1 for a GPU host, whose host costs come from the published rows).
+    host_speed: float = 1.0
+
+    @property
+    def host_factor(self) -> float:
+        """How many times longer the host's own work (imports, dispatch, bookkeeping) takes than the
+        constants say: a share of a core, on a slower or faster CPU."""
+        return 1.0 / max(self.host_share * self.host_speed, 1e-3)
 
 
 def _gpu(
@@ -102,10 +111,13 @@ CPU_PARALLEL_EFF = 0.6
 DEFAULT_CPU_CORES = 2  # a CPU offer that does not say how many cores it has
 
 
-def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int | None = None) -> GPU:
+def cpu_device(
+    cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int | None = None, speed: float = 1.0
+) -> GPU:
     """This machine's CPU as ``runs`` runs share its ``cores``: each run's threads get cores/runs of them (at
     most ``threads``: what the local provider gives a run while other work keeps cores busy), and its Python
-    thread a whole core while runs <= cores, else cores/runs of one."""
+    thread a whole core while runs <= cores, else cores/runs of one; its Python at ``speed`` times the
+    development machine's."""
     cores = max(1, int(cores))
     mine = cores / max(runs, 1.0)  # the cores this run's threads get
     if threads:
@@ -116,7 +128,7 @@ def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int |
         "cpu",
         "CPU (this machine)",
         0.0,
-        effective * CPU_CORE_GBS,
+        effective * CPU_CORE_GBS * speed,  # activations in cache: the core's clock, as its Python
         rate,
         rate,
         "cpu",
@@ -126,6 +138,7 @@ def cpu_device(cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int |
         fp32_tflops=rate,
         host_share=min(1.0, mine),
         cores=cores,
+        host_speed=speed,
     )
 
 

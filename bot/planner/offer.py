@@ -53,6 +53,9 @@ class Offer(BaseModel):
     runs_here: float = Field(default=0.0, ge=0)
     cpu_threads: int | None = Field(default=None, ge=1)
     warm_start: bool = False
+    # Its Python speed against the development machine's (bot/providers/host_speed.py): start-up and a small
+    # model's dispatch scale with it.
+    cpu_speed: float | None = Field(default=None, gt=0)
     # The most disk a launch on this offer can ask for (GB): Vast's disk_space, Lambda's fixed storage,
     # TensorDock's max_storage_gb; None where the provider states no limit (RunPod) or in the snapshot.
     max_disk_gb: float | None = Field(default=None, ge=0)

@@ -84,8 +84,9 @@ def _on(table: dict[str, float], gpu_value: float, device: GPU) -> float:
 
 
 def _host(device: GPU) -> float:
-    """How much longer the host's own work takes on a CPU shared with other work (1 with a core to itself)."""
-    return 1.0 / max(device.host_share, 1e-3)
+    """How much longer the host's own work takes on a CPU shared with other work, or slower than the
+    development machine's (1 with a core of that machine to itself)."""
+    return device.host_factor
 
 
 def import_seconds(device: GPU, *, warm: bool = False) -> float:

@@ -101,7 +101,10 @@ def cpu_share(offers: list[Offer], req: EstimateRequest) -> GPU:
     if local is None:
         return CPU
     return cpu_device(
-        local.cpu_cores or DEFAULT_CPU_CORES, local.runs_here + req.runs_at_once, threads=local.cpu_threads
+        local.cpu_cores or DEFAULT_CPU_CORES,
+        local.runs_here + req.runs_at_once,
+        threads=local.cpu_threads,
+        speed=local.cpu_speed or 1.0,
     )
 
 

@@ -374,7 +374,9 @@ def estimate_speed(
     t_matmul = max(linear_flops / (rate * coef.matmul_eff), weight_bytes / bandwidth)
     attn_eff = {"eager": coef.matmul_eff, "flash": FLASH_ATTN_EFF}.get(req.attn, coef.attn_eff)
     if cpu:
-        attn_eff = CPU_ATTN_EFF
+        # SDPA on a CPU runs in cache at the core's clock, as its Python does (bot/providers/host_speed.py:
+        # a CPU 1.5x slower at the tiny model's ops than the development machine matched its 384-wide GEMMs)
+        attn_eff = CPU_ATTN_EFF * gpu.host_speed
     attn_rate = rate
     if fp32_stream(req, n_gpus, gpu):
         # QLoRA on the upcast residual stream without autocast (peft's prepare_model_for_kbit_training, the
@@ -405,7 +407,7 @@ def estimate_speed(
     t_kernels = 0.0 if cpu else ops * KERNEL_FLOOR_S
     gpu_seconds = t_matmul + t_attn + t_elementwise + t_dequant + t_kernels
 
-    op_seconds = OP_SECONDS.get(gpu.kind, OP_SECONDS_GPU) / max(gpu.host_share, 1e-3)
+    op_seconds = OP_SECONDS.get(gpu.kind, OP_SECONDS_GPU) * gpu.host_factor
     dispatch = ops * op_seconds
     compute = gpu_seconds + dispatch if cpu else max(gpu_seconds, dispatch)
     comm = 0.0
@@ -436,7 +438,7 @@ def estimate_speed(
         paged = mem.offloaded.get("optimizer (paged, may spill to CPU)", 0.0)
         room = max(0.0, gpu.memory_gb * 1e9 - mem.per_gpu_bytes)
         optimizer += 2.0 * max(0.0, paged - room) / (gpu.host_link_gbs * 1e9)
-    logging = LOGGING_SECONDS_PER_STEP.get(gpu.kind, LOGGING_SECONDS_PER_STEP_GPU) / max(gpu.host_share, 1e-3)
+    logging = LOGGING_SECONDS_PER_STEP.get(gpu.kind, LOGGING_SECONDS_PER_STEP_GPU) * gpu.host_factor
     step = req.grad_accum * compute + optimizer + logging
     tps = req.grad_accum * tokens_micro * n_gpus / step
     fpt = (linear_flops + attn_flops) / tokens_micro

@@ -41,6 +41,7 @@ from bot.providers.base import (
     redact,
 )
 from bot.providers.common import finish_search
+from bot.providers.host_speed import python_speed
 
 # The runner as a module, in its instance's own folder and with -P (no current directory on sys.path): a file
 # in the bot's working directory named like a module (runner.py, torch.py) never shadows the real one.
@@ -288,6 +289,7 @@ class LocalProvider:
             runs_here=float(len(self.list_instances())),
             cpu_threads=self.threads(),
             warm_start=self._warm_start(),
+            cpu_speed=python_speed(),
             source="live",
             as_of=datetime.now(UTC),
         )
