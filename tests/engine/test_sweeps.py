@@ -88,6 +88,19 @@ def test_a_run_cost_splits_start_up_from_steps() -> None:
     assert small.fixed == pytest.approx(0.1)  # never more than a quarter of the run
 
 
+def test_a_run_cost_takes_its_fixed_part_from_the_quotes_phases() -> None:
+    """Four cold runs on a 2-core CPU spend most of a short run starting up: a run stopped at its first stage
+    is quoted that start-up, not a quarter of the whole (on 9a0c9c1's split the sweep test's losers spent
+    3-4x what they were quoted)."""
+    phases = {"start": 14.0, "load": 0.4, "data": 0.2, "warmup": 0.6, "steps": 10.0, "evals": 0.5}
+    phases["output"] = 0.3
+    cost = RunCost.of(total_cost=0.26, price_per_hour=36.0, steps=[8, 16, 32], phases=phases)
+    assert cost.fixed == pytest.approx(0.26 * 15.5 / 26.0)
+    assert cost.fixed + cost.per_step * 32 == pytest.approx(0.26)
+    loser = cost.fixed + cost.per_step * 8
+    assert loser == pytest.approx(0.26 * (15.5 + 10.5 / 4) / 26.0)
+
+
 def test_a_results_event_with_eight_long_answers_passes_the_bots_event_cap() -> None:
     """The runner shortens the answers until the event fits (runner.contract.spec.fit_results): signed, it is
     accepted whole by the bot's checks (under integrity.MAX_EVENT_BYTES beside the usual fields)."""

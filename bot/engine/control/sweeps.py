@@ -72,6 +72,9 @@ MARGIN = 0.10  # of max_cost never reserved: a stopped run bills until its host 
 GUARD = 0.95  # the sweep's spend at this share of max_cost stops every run, whatever the caps say
 BOOT_HOURS = 4.0 / 60  # a run's fixed start-up (bot/planner/rank.BOOT_HOURS), at most BOOT_SHARE of it
 BOOT_SHARE = 0.25
+# The phases of a run's quote that grow with the steps it trains (runner/contract/phases.py); the rest it
+# spends once (on the local CPU, four cold runs starting at once: most of a short run's cost).
+PER_STEP_PHASES = frozenset({"steps", "optimizer", "logging", "evals", "checkpoints"})
 SWEEP_ID_PREFIX = "sw-"
 
 RUNNING, DONE, STOPPED, FAILED, PENDING, CANCELLED = (
@@ -126,8 +129,22 @@ class RunCost:
         return self.fixed + self.per_step * self.steps[stage] * (1.0 + SLACK)
 
     @classmethod
-    def of(cls, total_cost: float, price_per_hour: float, steps: list[int]) -> RunCost:
-        fixed = min(total_cost * BOOT_SHARE, price_per_hour * BOOT_HOURS)
+    def of(
+        cls,
+        total_cost: float,
+        price_per_hour: float,
+        steps: list[int],
+        phases: dict[str, float] | None = None,
+    ) -> RunCost:
+        """Split the offer's total by its quote's phases: what a run spends whatever step it stops at
+        (start-up, load, data, the base model's eval, the first step; the samples and output a finished run
+        adds) and what grows with its steps. Without phases, a cloud's boot is the fixed part (at most
+        BOOT_SHARE)."""
+        whole = sum((phases or {}).values())
+        if whole > 0:
+            fixed = total_cost * sum(v for k, v in (phases or {}).items() if k not in PER_STEP_PHASES) / whole
+        else:
+            fixed = min(total_cost * BOOT_SHARE, price_per_hour * BOOT_HOURS)
         return cls(fixed, max(0.0, total_cost - fixed) / max(steps[-1], 1), steps)
 
 
@@ -250,7 +267,7 @@ def estimate_sweep(
                 f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
             )
         steps = stages(est)
-        costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps))
+        costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps, offer.phases))
         where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
     # The winner's output is measured again on another host before it is named (verify.py): a run that
     # trains one step and evaluates before and after, priced as such, reserved with the rest.
