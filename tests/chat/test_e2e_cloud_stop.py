@@ -75,7 +75,9 @@ def test_a_user_stop_on_a_cloud_keeps_the_step_reached_and_resume_continues_from
     # The runner heard the bot's request (no signal reached it), saved where it was, said so and exited.
     log = world.hosts.log(first)
     assert "stop requested by the bot (user): finishing the current step" in log, log[-3000:]
-    assert '"status":"preempted"' in log and "SIGTERM" not in log, log[-3000:]
+    # (Its last summary line may not be in the log: the bot ends the instance once the report is in, while
+    # the runner may still be closing W&B.)
+    assert "SIGTERM" not in log, log[-3000:]
     with world.engine.session() as s:
         (said,) = s.execute(
             select(RunnerEventRecord).where(
