@@ -51,6 +51,7 @@ class Offer(BaseModel):
     # A run is priced for the share of the cores it gets.
     cpu_cores: int | None = Field(default=None, ge=1)
     runs_here: float = Field(default=0.0, ge=0)
+    cpu_busy: float = Field(default=0.0, ge=0)  # cores' worth busy lately, other programs' work included
     cpu_threads: int | None = Field(default=None, ge=1)
     warm_start: bool = False
     # Its Python speed against the development machine's (bot/providers/host_speed.py): start-up and a small

@@ -96,13 +96,15 @@ def _disk(
 
 def cpu_share(offers: list[Offer], req: EstimateRequest) -> GPU:
     """This machine's CPU (the local provider's offer) for one run of ``req``: its cores shared with what
-    already runs there and with the request's other runs at once (a sweep's)."""
+    already runs there (tunebot's runs, or the cores' worth other work kept busy lately when that is more: on
+    9a0c9c1 every local quote was 1.5-8x low with other work on the cores) and with the request's other runs
+    at once (a sweep's)."""
     local = next((o for o in offers if o.gpu == CPU.name), None)
     if local is None:
         return CPU
     return cpu_device(
         local.cpu_cores or DEFAULT_CPU_CORES,
-        local.runs_here + req.runs_at_once,
+        max(local.runs_here, local.cpu_busy) + req.runs_at_once,
         threads=local.cpu_threads,
         speed=local.cpu_speed or 1.0,
     )

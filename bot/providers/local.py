@@ -274,7 +274,10 @@ class LocalProvider:
     # -- offers ------------------------------------------------------------------------------------
     def offer(self) -> Offer:
         """This machine's CPU, priced for what a run started now gets of it: its cores, what already runs on
-        them (``runs_here``), and whether the runner starts as a fork of a process that has its libraries."""
+        them (``runs_here``; ``cpu_busy``: the cores' worth the machine was busy on lately, other programs'
+        work included), and whether the runner starts as a fork of a process that has its libraries."""
+        runs = float(len(self.list_instances()))
+        busy = self._busy.cores()
         return Offer(
             provider=self.name,
             offer_id="local-cpu",
@@ -286,15 +289,16 @@ class LocalProvider:
             location="this machine",
             boot_minutes=0.0,  # a process on this machine: no instance to boot, no image to pull
             cpu_cores=machine_cores(),
-            runs_here=float(len(self.list_instances())),
-            cpu_threads=self.threads(),
+            runs_here=runs,
+            cpu_busy=round(busy, 2),
+            cpu_threads=self.threads(max(runs, busy)),
             warm_start=self._warm_start(),
             cpu_speed=python_speed(),
             source="live",
             as_of=datetime.now(UTC),
         )
 
-    def threads(self) -> int:
+    def threads(self, busy: float | None = None) -> int:
         """The threads a runner started now gets: its share of the cores that are not busy (this provider's
         runners, or what the machine was busy on lately when that says more). On a busy machine a run's
         spinning OpenMP threads would fight the others' for cores that are not there (several-fold slower
@@ -303,7 +307,8 @@ class LocalProvider:
         for env in (self.extra_env, os.environ):
             if str(env.get("OMP_NUM_THREADS", "")).isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
                 return int(env["OMP_NUM_THREADS"])
-        busy = max(float(len(self.list_instances())), self._busy.cores())
+        if busy is None:
+            busy = max(float(len(self.list_instances())), self._busy.cores())
         return max(1, machine_cores() // max(1, round(busy) + 1))
 
     def thread_share(self) -> dict[str, str]:

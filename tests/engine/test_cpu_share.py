@@ -21,12 +21,47 @@ def _tiny(tmp_path: Path) -> Path:
     return make_tiny(tmp_path / "tiny").parent
 
 
+class Idle:
+    """BusyCores on a machine with nothing else on it."""
+
+    def cores(self) -> float:
+        return 0.0
+
+
+def test_other_work_on_the_cores_is_priced(tmp_path: Path) -> None:
+    """With other programs keeping both cores busy, a run started now gets a third of the machine (on 9a0c9c1
+    the quote assumed the machine was its own: every quote was 1.5-8x low with other work on the cores)."""
+    from bot.planner.plan import cpu_share
+    from bot.providers.local import LocalProvider
+
+    tiny = _tiny(tmp_path)
+    local = LocalProvider(workdir=tmp_path / "local", prewarm=False)
+    req = EstimateRequest(model=str(tiny / "model"), gpu="cpu", seq_len=256, max_steps=40)
+    quiet = local.offer().model_copy(
+        update={"cpu_cores": 2, "runs_here": 0.0, "cpu_busy": 0.0, "cpu_threads": None}
+    )
+    busy = quiet.model_copy(update={"cpu_busy": 2.0})
+    assert cpu_share([busy], req).host_share < cpu_share([quiet], req).host_share
+    # two thirds of a core against both cores (1 + CPU_PARALLEL_EFF of one)
+    assert cpu_share([busy], req).matmul_tflops < cpu_share([quiet], req).matmul_tflops / 2
+
+    class Busy:
+        def cores(self) -> float:
+            return 1.9
+
+    local._busy = Busy()  # noqa: SLF001
+    offer = local.offer()
+    assert offer.cpu_busy == 1.9 and offer.runs_here == 0
+    assert offer.cpu_threads == max(1, offer.cpu_cores // 3) or "OMP_NUM_THREADS" in __import__("os").environ
+
+
 def test_a_sweeps_runs_are_priced_for_their_share_of_the_cores(tmp_path: Path) -> None:
     from bot.engine.service import Engine
     from bot.providers.local import LocalProvider
 
     tiny = _tiny(tmp_path)
     local = LocalProvider(workdir=tmp_path / "local", price_per_hour=1.0, prewarm=False)
+    local._busy = Idle()  # noqa: SLF001 - other work on the cores is priced too (below): not under test here
     eng = Engine(
         Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data")),
         db_url=f"sqlite:///{tmp_path / 'share.db'}",
