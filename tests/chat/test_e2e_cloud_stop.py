@@ -103,7 +103,10 @@ def test_a_user_stop_on_a_cloud_keeps_the_step_reached_and_resume_continues_from
     world.stack.command(f"resume {job}", user="U_ALICE")
     listeners_settled()
     world.tick_until(lambda: len(world.instances(job)) == 2, "the resume's launch")
-    world.tick_until(lambda: world.state(job) in ("succeeded", "failed", "stopped"), "the resumed run")
+    # (1,500 steps: ~30 s alone on a 2-core machine, minutes beside another test's runners)
+    world.tick_until(
+        lambda: world.state(job) in ("succeeded", "failed", "stopped"), "the resumed run", timeout=900
+    )
     second = world.instances(job)[1].provider_instance_id
     log = world.hosts.log(second)
     assert f"resumed from {said.payload['checkpoint_uri']} at step {reached}" in log, log[-3000:]
