@@ -374,9 +374,7 @@ def estimate_speed(
     t_matmul = max(linear_flops / (rate * coef.matmul_eff), weight_bytes / bandwidth)
     attn_eff = {"eager": coef.matmul_eff, "flash": FLASH_ATTN_EFF}.get(req.attn, coef.attn_eff)
     if cpu:
-        # SDPA on a CPU runs in cache at the core's clock, as its Python does (bot/providers/host_speed.py:
-        # a CPU 1.5x slower at the tiny model's ops than the development machine matched its 384-wide GEMMs)
-        attn_eff = CPU_ATTN_EFF * gpu.host_speed
+        attn_eff = CPU_ATTN_EFF
     attn_rate = rate
     if fp32_stream(req, n_gpus, gpu):
         # QLoRA on the upcast residual stream without autocast (peft's prepare_model_for_kbit_training, the

@@ -123,13 +123,15 @@ def runner_missing(modules: Sequence[str] = RUNNER_IMPORTS) -> str | None:
 
 
 class BusyCores:
-    """How many of this machine's cores were busy lately: the CPU time /proc/stat counts (user, nice, system,
-    irq, softirq, steal; not idle, not iowait) over the wall time since the last look (0.2-60 s ago; a first
-    look, or a stale one, samples 0.2 s). The load average is no measure of it: it counts tasks waiting on
-    I/O, and a busy test run's short-lived processes, that take no core from a run (measured: a one-thread
-    run kept ~0.8 of a core at load 4 on 2 cores). 0 where /proc/stat cannot be read."""
+    """How many of this machine's cores are busy now: the CPU time /proc/stat counts (user, nice, system,
+    irq, softirq, steal; not idle, not iowait) over the wall time since the last look (0.2-2 s ago; a first
+    look, or an older one, samples 0.2 s: a window reaching back further still held the run that just ended,
+    and a run quoted right after it got half the threads and a quote twice its run). The load average is no
+    measure of it: it counts tasks waiting on I/O, and a busy test run's short-lived processes, that take no
+    core from a run (measured: a one-thread run kept ~0.8 of a core at load 4 on 2 cores). 0 where
+    /proc/stat cannot be read."""
 
-    MIN_S, MAX_S = 0.2, 60.0
+    MIN_S, MAX_S = 0.2, 2.0
 
     def __init__(self) -> None:
         self._last: tuple[float, float, float] | None = None  # (monotonic, busy, total) jiffies

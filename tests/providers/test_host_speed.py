@@ -38,7 +38,7 @@ def test_one_slow_probe_does_not_set_the_quotes(monkeypatch: pytest.MonkeyPatch)
     """The best of the last three probes: a probe slowed by a moment's contention is outvoted by the next."""
     monkeypatch.setattr(host_speed, "_probes", host_speed.deque(maxlen=3))
     readings = iter([host_speed.REFERENCE_PROBE_S / 0.3, host_speed.REFERENCE_PROBE_S / 0.55])
-    monkeypatch.setattr(host_speed, "probe_seconds", lambda: next(readings))
+    monkeypatch.setattr(host_speed, "cores_probe_seconds", lambda: next(readings))
     clock = iter([0.0, 10.0, 10.0 + host_speed.REPROBE_S + 1])
     monkeypatch.setattr(host_speed.time, "monotonic", lambda: next(clock))
     assert host_speed.python_speed() == 0.3  # the first probe, contended
