@@ -123,7 +123,7 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
         plan = s.get(Sweep, sweep_id).plan
     costs = [RunCost(**c) for c in plan["costs"]]
     (checker,) = [j for j in world.engine.list_jobs() if j.sweep_id == sweep_id and not j.step]
-    quoted = [costs[r.index].fixed + costs[r.index].per_step * r.job.step for r in view.runs]
+    quoted = [costs[r.index].at_step(r.job.step) for r in view.runs]
     spent = [r.job.spend for r in view.runs]
     quoted.append(plan["verify_cost"])  # the winner measured again on another host (verify.py)
     spent.append(checker.spend)

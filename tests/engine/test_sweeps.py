@@ -131,3 +131,18 @@ def test_a_results_event_with_eight_long_answers_passes_the_bots_event_cap() -> 
     accepted, refused = signed_events(key, "j1", [payload])
     assert not refused and accepted[0].results is not None and accepted[0].results.eval_after == 1.5
     assert len(accepted[0].results.samples) >= 1
+
+
+def test_on_a_shared_cpu_later_stages_cost_less_a_step() -> None:
+    """Four runs share 2 cores in the first stage, two in the second, one in the last: the quote prices each
+    stage's steps at its own share (bench/quote_vs_run.py's sweep spent 0.56 of a quote that priced every
+    stage at four runs sharing)."""
+    cost = RunCost(fixed=1.0, per_step=0.1, steps=[8, 16, 32], scale=[1.0, 0.5, 0.3])
+    assert cost.steps_cost(0) == pytest.approx(0.8)
+    assert cost.steps_cost(1) == pytest.approx(0.8 + 0.4)
+    assert cost.steps_cost(2) == pytest.approx(0.8 + 0.4 + 16 * 0.03)
+    assert cost.at_step(8) == pytest.approx(1.8) and cost.at_step(12) == pytest.approx(1.0 + 0.8 + 0.2)
+    assert cost.need(2) == pytest.approx(1.0 + cost.steps_cost(2) * 1.5)
+    assert expected_cost([cost] * 4, [4, 2, 1]) == pytest.approx(4 * 1.8 + 2 * 0.4 + 1 * 0.48)
+    flat = RunCost(fixed=1.0, per_step=0.1, steps=[8, 16, 32])
+    assert flat.at_step(32) == pytest.approx(1.0 + 3.2) and flat.need(1) == pytest.approx(1.0 + 1.6 * 1.5)

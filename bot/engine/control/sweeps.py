@@ -29,6 +29,7 @@ the other options are shared) as one job each, all at once, and ranks them on th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -123,10 +124,30 @@ class RunCost:
     fixed: float
     per_step: float
     steps: list[int]
+    # Per stage, a step's cost against the first stage's: on a shared CPU (the local provider) fewer runs
+    # share the cores once the losers stop, and each step costs less. None: the same at every stage (a GPU
+    # each).
+    scale: list[float] | None = None
+
+    def steps_cost(self, stage: int) -> float:
+        """The steps' cost from the start to the end of ``stage``."""
+        total, done = 0.0, 0
+        for k in range(stage + 1):
+            factor = self.scale[k] if self.scale and k < len(self.scale) else 1.0
+            total += self.per_step * factor * (self.steps[k] - done)
+            done = self.steps[k]
+        return total
+
+    def at_step(self, step: int) -> float:
+        """What the run is quoted to have spent once it stands at ``step``."""
+        stage = next((k for k, end in enumerate(self.steps) if step <= end), len(self.steps) - 1)
+        before = self.steps_cost(stage - 1) if stage else 0.0
+        factor = self.scale[stage] if self.scale and stage < len(self.scale) else 1.0
+        return self.fixed + before + self.per_step * factor * (step - (self.steps[stage - 1] if stage else 0))
 
     def need(self, stage: int) -> float:
         """What the run may need to reach the end of ``stage`` (SLACK included)."""
-        return self.fixed + self.per_step * self.steps[stage] * (1.0 + SLACK)
+        return self.fixed + self.steps_cost(stage) * (1.0 + SLACK)
 
     @classmethod
     def of(
@@ -161,9 +182,9 @@ def worst_case(costs: list[RunCost], alive: list[int]) -> float:
 def expected_cost(costs: list[RunCost], alive: list[int]) -> float:
     """What the sweep is expected to cost (no slack): every run's first stage, then the average run's
     further steps for as many runs as go on."""
-    total = sum(c.fixed + c.per_step * c.steps[0] for c in costs)
+    total = sum(c.fixed + c.steps_cost(0) for c in costs)
     for k in range(1, len(alive)):
-        mean = sum(c.per_step * (c.steps[k] - c.steps[k - 1]) for c in costs) / len(costs)
+        mean = sum(c.steps_cost(k) - c.steps_cost(k - 1) for c in costs) / len(costs)
         total += mean * alive[k]
     return total
 
@@ -260,6 +281,7 @@ def estimate_sweep(
     costs: list[RunCost] = []
     where: list[str] = []
     notes: list[str] = []
+    stage_scale: list[float] | None = None
     for i, est in enumerate(estimates):
         offer = _chosen(ctx, est)
         if offer is None:
@@ -267,7 +289,10 @@ def estimate_sweep(
                 f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
             )
         steps = stages(est)
-        costs.append(RunCost.of(offer.total_cost, offer.price_per_hour, steps, offer.phases))
+        cost = RunCost.of(offer.total_cost, offer.price_per_hour, steps, offer.phases)
+        if i == 0:  # the configurations share a shape class: the first's stages serve all
+            stage_scale = _stage_scale(ctx, estimate, request, configs[0], steps[0], alive, offer)
+        costs.append(dataclasses.replace(cost, scale=stage_scale))
         where.append(f"{offer.provider} {offer.gpu} x{offer.gpu_count} at {money(offer.price_per_hour)}/h")
     # The winner's output is measured again on another host before it is named (verify.py): a run that
     # trains one step and evaluates before and after, priced as such, reserved with the rest.
@@ -322,6 +347,34 @@ def _verify_cost(ctx: EngineContext, estimate: Any, request: EstimateRequest, co
     if offer is not None:
         return float(offer.total_cost)
     return 2.0 * max(c.fixed for c in costs)
+
+
+def _step_seconds(offer: Any) -> float:
+    return sum(v for k, v in (offer.phases or {}).items() if k in PER_STEP_PHASES)
+
+
+def _stage_scale(
+    ctx: EngineContext,
+    estimate: Any,
+    request: EstimateRequest,
+    config: dict[str, Any],
+    eval_every: int,
+    alive: list[int],
+    offer: Any,
+) -> list[float] | None:
+    """On this machine's CPU, a step's cost at each stage against the first: priced again with the runs that
+    are left sharing the cores (on 2 cores a sweep of 4 quoted every stage at 4 runs sharing and spent 0.56 of
+    its quote). None on a GPU, where each run has its own."""
+    base = _step_seconds(offer)
+    if offer.gpu != "cpu" or len(alive) < 2 or base <= 0:
+        return None
+    scale = [1.0]
+    for runs in alive[1:]:
+        shared = request.model_copy(update={"runs_at_once": runs})
+        (est,) = _priced_runs(estimate, [run_request(shared, config, eval_every)])
+        later = _chosen(ctx, est)
+        scale.append(round(min(1.0, _step_seconds(later) / base), 4) if later is not None else 1.0)
+    return scale
 
 
 def _priced_runs(estimate: Any, requests: list[EstimateRequest]) -> list[Estimate]:
