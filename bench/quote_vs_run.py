@@ -168,7 +168,9 @@ def sweep(eng: Any, req: EstimateRequest) -> Row:
         if view.state not in ("running", "pending_approval"):
             break
         time.sleep(0.3)
-    jobs = [eng.get_job(r.job.job_id) for r in view.runs if r.job is not None]
+    # Its runs and the job that measures the winner again on another host (control/verify.py): the sweep's
+    # expected cost includes that check.
+    jobs = [eng.get_job(j.job_id) for j in eng.list_jobs() if j.sweep_id == view.sweep_id]
     billed = sum(j.billed_seconds or 0.0 for j in jobs)
     # The quote: each run's hours over the stages it was expected to run (the sweep's own expected cost).
     ratio = est.estimated_cost / sum(est.run_costs) if sum(est.run_costs) else 1.0
