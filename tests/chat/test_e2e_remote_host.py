@@ -56,6 +56,7 @@ HOST_BASE = {
     "PYTHONPATH",
     "PYTHONUNBUFFERED",
     "TUNEBOT_SANDBOX_DENY",
+    "OMP_NUM_THREADS",  # the fake host's cores (shared with the tests: tests/fakes/remote_host.py)
     "PIP_NO_INDEX",  # the stock image's own (tests/fakes/remote_host.StockImage)
 }
 
