@@ -160,13 +160,7 @@ def test_an_adopted_instance_is_billed_from_the_providers_clock(
         eng.terminate_deadline_s = 10.0
         try:
             (job,) = eng.list_jobs()
-            eng.resume_all()
-            deadline = time.time() + 30
-            while time.time() < deadline and eng.get_job(job.job_id).state != "running":
-                eng.reconcile()
-                eng.tick()
-                time.sleep(0.1)
-            assert eng.get_job(job.job_id).state == "running"
+            _recover_until(eng, job.job_id, "running")
             with eng.session() as s:
                 (row,) = s.execute(select(Instance)).scalars().all()
             assert row.provider_instance_id == created and row.adopted
@@ -208,13 +202,7 @@ def test_a_finish_taken_over_after_a_crash_bills_until_the_provider_stopped(
         eng.terminate_deadline_s = 10.0
         try:
             (job,) = eng.list_jobs()
-            eng.resume_all()
-            deadline = time.time() + 30
-            while time.time() < deadline and eng.get_job(job.job_id).state != "stopped":
-                eng.reconcile()
-                eng.tick()
-                time.sleep(0.1)
-            assert eng.get_job(job.job_id).state == "stopped"
+            _recover_until(eng, job.job_id, "stopped")
             with eng.session() as s:
                 (row,) = s.execute(select(Instance)).scalars().all()
                 spent = job_spend(s, job.job_id, eng.now())
@@ -223,6 +211,17 @@ def test_a_finish_taken_over_after_a_crash_bills_until_the_provider_stopped(
             assert abs(eng.get_job(job.job_id).spend - spent) < 1e-6
         finally:
             eng.close()
+
+
+def _recover_until(eng: Any, job_id: str, state: str) -> None:
+    """What a restarted bot does (resume, then reconcile and tick) until the job reaches ``state``."""
+    eng.resume_all()
+    deadline = time.time() + 30
+    while time.time() < deadline and eng.get_job(job_id).state != state:
+        eng.reconcile()
+        eng.tick()
+        time.sleep(0.1)
+    assert eng.get_job(job_id).state == state
 
 
 @contextlib.contextmanager
