@@ -17,9 +17,11 @@ cores' sharing is priced apart (bot/planner/plan.cpu_share).
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
-from collections import deque
+from pathlib import Path
 
 # The probe's fastest repeat on the development machine (seconds). Measured here as 2.20 ms on the machine
 # 1.85x slower (its imports and steps above), so 2.20 / 1.85.
@@ -36,8 +38,6 @@ def cores_probe_seconds(repeats: int = REPEATS) -> float:
     speed: one core of a cloud VM can run at half the other's pace for seconds at a time (seen here: 2.2 ms
     on one, 3.6-4.0 ms on the other, then both 2.2 ms), and a core busy with another process's imports does
     too."""
-    import os
-
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux: the core the scheduler gives
@@ -65,18 +65,46 @@ def probe_seconds(repeats: int = REPEATS) -> float:
     return best
 
 
-REPROBE_S = 600.0  # a serving bot probes again every ten minutes and keeps the best of its last three
+REPROBE_S = 600.0  # a probe is taken again after ten minutes; the best of the last three is kept
+KEPT = 3
 _lock = threading.Lock()
-_probes: deque[tuple[float, float]] = deque(maxlen=3)  # (monotonic time, speed)
+_probes: list[tuple[float, float]] = []  # (wall time, speed): this process's, where no file keeps them
 
 
-def python_speed() -> float:
+def python_speed(history: Path | None = None) -> float:
     """This machine's Python speed as a multiple of the development machine's (0.54 is 1.85x slower): the
     best of the last three probes (~60 ms each), one every REPROBE_S at most. A whole probe slowed by a
-    moment's contention (seen: 1 in 8 at 0.30 where the others read 0.52-0.57) does not set the quotes."""
+    moment's contention (seen: 1 in 8 at 0.30 where the others read 0.52-0.57) does not set the quotes.
+
+    ``history``: a file the probes are kept in, shared by every process on it (the local provider's
+    workdir). Each process probing for itself quoted the same request differently at two doors a minute
+    apart under load (the CLI $0.0003, the console $0.0002)."""
     with _lock:
-        now = time.monotonic()
-        if not _probes or now - _probes[-1][0] > REPROBE_S:
+        probes = _load(history) if history is not None else list(_probes)
+        now = time.time()
+        if not probes or not 0 <= now - probes[-1][0] <= REPROBE_S:
             low, high = BOUNDS
-            _probes.append((now, min(high, max(low, REFERENCE_PROBE_S / cores_probe_seconds()))))
-        return round(max(speed for _, speed in _probes), 3)
+            probes = [*probes, (now, min(high, max(low, REFERENCE_PROBE_S / cores_probe_seconds())))][-KEPT:]
+            if history is None:
+                _probes[:] = probes
+            else:
+                _save(history, probes)
+        return round(max(speed for _, speed in probes), 3)
+
+
+def _load(path: Path) -> list[tuple[float, float]]:
+    try:
+        saved = json.loads(path.read_text())
+        low, high = BOUNDS
+        return [(float(t), float(v)) for t, v in saved[-KEPT:] if low <= float(v) <= high]
+    except (OSError, ValueError, TypeError):  # none yet, or unreadable: probe again
+        return []
+
+
+def _save(path: Path, probes: list[tuple[float, float]]) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(probes))
+        os.replace(tmp, path)  # atomic: a reader sees the old probes or the new, never half
+    except OSError:  # a read-only workdir: this process's probe still answers
+        tmp.unlink(missing_ok=True)

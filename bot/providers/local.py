@@ -279,7 +279,7 @@ class LocalProvider:
         them (``runs_here``; ``cpu_busy``: the cores' worth the machine was busy on lately, other programs'
         work included), and whether the runner starts as a fork of a process that has its libraries."""
         runs = float(len(self.list_instances()))
-        busy = self._busy.cores()
+        busy = self._cores_busy(runs)
         return Offer(
             provider=self.name,
             offer_id="local-cpu",
@@ -295,7 +295,7 @@ class LocalProvider:
             cpu_busy=round(busy, 2),
             cpu_threads=self.threads(max(runs, busy)),
             warm_start=self._warm_start(),
-            cpu_speed=python_speed(),
+            cpu_speed=python_speed(self.workdir / "python-speed.json"),
             source="live",
             as_of=datetime.now(UTC),
         )
@@ -310,8 +310,42 @@ class LocalProvider:
             if str(env.get("OMP_NUM_THREADS", "")).isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
                 return int(env["OMP_NUM_THREADS"])
         if busy is None:
-            busy = max(float(len(self.list_instances())), self._busy.cores())
+            runs = float(len(self.list_instances()))
+            busy = max(runs, self._cores_busy(runs))
         return max(1, machine_cores() // max(1, round(busy) + 1))
+
+    BUSY_READING_S = 300.0
+
+    def _cores_busy(self, runs: float) -> float:
+        """The cores' worth the machine is busy on, read once and kept BUSY_READING_S for every process on
+        this workdir, one reading for each count of tunebot's own runs here (a run started or ended is a
+        change the next quote prices; the reading from before it began holds again once it ends). Each door
+        reading it for itself quoted one request differently a minute apart (the CLI $0.0003, the console
+        $0.0002), a run's quote after its calibrating run differed from the one before it by the moment's
+        load, and a launch could start with other threads than its quote priced."""
+        path, key, now = self.workdir / "cores-busy.json", f"{runs:g}", time.time()
+        try:
+            saved = {
+                k: v
+                for k, v in json.loads(path.read_text()).items()
+                if 0 <= now - float(v["at"]) <= self.BUSY_READING_S
+            }
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none yet, or unreadable
+            saved = {}
+        if key in saved:
+            try:
+                return max(0.0, min(float(saved[key]["cores"]), float(machine_cores())))
+            except (ValueError, TypeError, KeyError):
+                pass
+        busy = round(self._busy.cores(), 2)
+        saved[key] = {"at": now, "cores": busy}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(saved))
+            os.replace(tmp, path)  # atomic: another process reads the old readings or the new
+        except OSError:  # a read-only workdir: this reading still answers
+            tmp.unlink(missing_ok=True)
+        return busy
 
     def thread_share(self) -> dict[str, str]:
         """The runner's threads (runner/train.py reads TUNEBOT_CPU_THREADS; nothing when OMP_NUM_THREADS is

@@ -49,6 +49,7 @@ def test_other_work_on_the_cores_is_priced(tmp_path: Path) -> None:
         def cores(self) -> float:
             return 1.9
 
+    local = LocalProvider(workdir=tmp_path / "busy", prewarm=False)
     local._busy = Busy()  # noqa: SLF001
     offer = local.offer()
     assert offer.cpu_busy == 1.9 and offer.runs_here == 0
