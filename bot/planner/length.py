@@ -100,6 +100,7 @@ class RunTime:
         # This machine's CPU as a run of this request gets it (plan.cpu_share: its cores, what else runs
         # there); None: the CPU's defaults.
         self.cpu: GPU | None = None
+        self.cpu_start: GPU | None = None  # the CPU as the run's start-up gets it (plan.cpu_share)
 
     def length(self, gpus: int) -> Any:
         """runner.contract.steps.RunLength on ``gpus`` processes (None without a counted dataset)."""

@@ -54,6 +54,9 @@ class Offer(BaseModel):
     cpu_busy: float = Field(default=0.0, ge=0)  # cores' worth busy lately, other programs' work included
     cpu_threads: int | None = Field(default=None, ge=1)
     warm_start: bool = False
+    # The local provider: how many launches from now start before one also starts its prewarmed process, an
+    # import of the runner's libraries beside theirs (bot/providers/prewarm.py; 0: the next; None: none will).
+    prewarm_after: int | None = Field(default=None, ge=0)
     # Its Python speed against the development machine's (bot/providers/host_speed.py): start-up and a small
     # model's dispatch scale with it.
     cpu_speed: float | None = Field(default=None, gt=0)

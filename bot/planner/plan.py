@@ -94,17 +94,20 @@ def _disk(
     )
 
 
-def cpu_share(offers: list[Offer], req: EstimateRequest) -> GPU:
+def cpu_share(offers: list[Offer], req: EstimateRequest, *, starting: bool = False) -> GPU:
     """This machine's CPU (the local provider's offer) for one run of ``req``: its cores shared with what
     already runs there (tunebot's runs, or the cores' worth other work kept busy lately when that is more: on
     9a0c9c1 every local quote was 1.5-8x low with other work on the cores) and with the request's other runs
-    at once (a sweep's)."""
+    at once (a sweep's). ``starting``: as the runs' start-up gets it, shared also with the prewarmed process
+    one of their launches starts (its imports beside theirs: a sweep of four on 2 cores started in 18.8 s
+    where its four imports alone take 14)."""
     local = next((o for o in offers if o.gpu == CPU.name), None)
     if local is None:
         return CPU
+    importer = starting and local.prewarm_after is not None and local.prewarm_after < req.runs_at_once
     return cpu_device(
         local.cpu_cores or DEFAULT_CPU_CORES,
-        max(local.runs_here, local.cpu_busy) + req.runs_at_once,
+        max(local.runs_here, local.cpu_busy) + req.runs_at_once + (1.0 if importer else 0.0),
         threads=local.cpu_threads,
         speed=local.cpu_speed or 1.0,
     )
@@ -417,6 +420,7 @@ def estimate(
     run = _run_time(arch, req, inputs)
     run.check(req.gpus)
     run.cpu = cpu_share(offers, req)  # this machine's CPU as much of it as a run started now gets
+    run.cpu_start = cpu_share(offers, req, starting=True)  # ... and as its start-up gets it
     correction = _correction_lookup(calibration or Calibration(), req, arch)
     mem_ratio, speed_ratios = memory_ratio(req), speed_ratio(req)
     disk = _disk(arch, req, mem, run.tokens, inputs.dataset_bytes)
@@ -663,16 +667,16 @@ def _job_shape(
         download_gb=mem.download_bytes / GB,
         output_gb=output_gb,
         disk_gb=disk.gb,
-        **_by_phase(mem, timing, run.cpu),
+        **_by_phase(mem, timing, run.cpu, run.cpu_start),
     )
 
 
 def _by_phase(
-    mem: MemoryResult, timing: Callable[[str, int], Timing], cpu: GPU | None
+    mem: MemoryResult, timing: Callable[[str, int], Timing], cpu: GPU | None, cpu_start: GPU | None = None
 ) -> dict[str, Callable]:
     """What ranking needs to price a whole run by phase (bot/planner/phases.py): the runner's phases and its
     training loop on each (GPU, count), the runner process's start and one checkpoint save on each GPU
-    (``cpu``: this machine's CPU as a run gets it)."""
+    (``cpu``: this machine's CPU as a run gets it; ``cpu_start``: as its start-up gets it)."""
 
     def device_of(g: str) -> GPU | None:
         return cpu if g == CPU.name and cpu is not None else known_device(g)
@@ -684,7 +688,7 @@ def _by_phase(
         return timing(g, n).loop_hours
 
     def import_hours(g: str, warm: bool) -> float:
-        device = device_of(g)
+        device = cpu_start if g == CPU.name and cpu_start is not None else device_of(g)
         return import_seconds(device, warm=warm) / 3600.0 if device is not None else 0.0
 
     def save_hours(g: str) -> float:

@@ -418,6 +418,7 @@ class _Table:
             memory_capacity_gb=round(cap, 2),
             memory_tight=fits and need * job.memory_upper > TIGHT_SHARE * cap,
             checkpoint_minutes=round(float(res["interval"][i]) * 60, 1),
+            checkpoint_save_seconds=round(float(res["ckpt"][i]) * 3600.0, 3),
             phases=self.phases(i),
             max_disk_gb=self.disk[i],
             fits=fits,

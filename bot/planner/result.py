@@ -105,6 +105,7 @@ class RankedOffer(BaseModel):
     preemption_cost: float = 0.0
     total_cost_range: list[float] | None = None  # [low, high]: the compute-time range priced the same way
     checkpoint_minutes: float | None = None  # Young/Daly interval for interruptible offers
+    checkpoint_save_seconds: float | None = None  # one checkpoint save there (written, signed, uploaded)
     # The quote by phase on this offer (runner/contract/phases.py, and "preemption": the work an interruptible
     # offer is expected to lose and redo), seconds: they add up to ``hours``. A job keeps its offer's.
     phases: dict[str, float] | None = None

@@ -295,6 +295,7 @@ class LocalProvider:
             cpu_busy=round(busy, 2),
             cpu_threads=self.threads(max(runs, busy)),
             warm_start=self._warm_start(),
+            prewarm_after=self._prewarm_after(),
             cpu_speed=python_speed(self.workdir / "python-speed.json"),
             source="live",
             as_of=datetime.now(UTC),
@@ -359,6 +360,14 @@ class LocalProvider:
         if not self._prewarm_on() or list(self.runner_command) != list(DEFAULT_RUNNER_COMMAND):
             return False
         return prewarm.shared(sys.executable).ready({**inherited_env(os.environ), **self.extra_env})
+
+    def _prewarm_after(self) -> int | None:
+        """Launches from now until one starts the prewarmed process beside its runner (None: none will)."""
+        if not self._prewarm_on() or list(self.runner_command) != list(DEFAULT_RUNNER_COMMAND):
+            return None
+        return prewarm.shared(sys.executable).launches_until_warming(
+            {**inherited_env(os.environ), **self.extra_env}
+        )
 
     def search_offers(self, query: OfferQuery) -> list[Offer]:
         if query.gpu not in (None, "cpu"):

@@ -154,6 +154,17 @@ class Prewarmed:
             warm = self._warm.get(key)
             return warm is not None and warm.is_ready() and warm.alive()
 
+    def launches_until_warming(self, env: Mapping[str, str]) -> int | None:
+        """How many launches from now start the plain way before one also starts this environment's prewarmed
+        process, which imports the libraries beside those runners' own imports (0: the next launch does; the
+        local provider's quote prices that importer). None where none will be started: one is there
+        (ready or importing already), or one failed here."""
+        key = tuple(sorted(import_env(env).items()))
+        with self._lock:
+            if key in self._failed or key in self._warm:
+                return None
+            return 0 if self._plain.get(key, 0) >= 1 else 1
+
     def warm(self, env: Mapping[str, str]) -> None:
         """Start this environment's process now (a process that knows it will start several runners)."""
         self._ready(import_env(env), warm_up=True)

@@ -134,3 +134,57 @@ def test_a_run_on_a_shared_cpu_is_quoted_for_its_share(runs: int, threads: int, 
     base = estimate_speed(arch, req, cpu_device(2, 1, threads=1)).step_seconds
     step = estimate_speed(arch, req, cpu_device(2, runs, threads=threads)).step_seconds
     assert step == pytest.approx(slower * base, rel=0.05)
+
+
+def test_a_sweeps_start_up_shares_the_cores_with_the_prewarmed_process_its_launches_start() -> None:
+    """The second plain launch in a bot process starts the prewarmed process (bot/providers/prewarm.py),
+    which imports torch beside the runs' own imports: four cold runs on 2 cores started in 18.8 s against a
+    quote of 13.8 s for their four imports. The start-up is priced with that fifth importer; the steps are
+    not (it is idle once ready), and a launch that starts none is priced as before."""
+    from bot.planner.offer import Offer
+    from bot.planner.phases import import_seconds
+    from bot.planner.plan import cpu_share
+
+    local = Offer(
+        provider="local",
+        offer_id="local-cpu",
+        gpu="cpu",
+        gpu_count=1,
+        gpu_memory_gb=16,
+        price_per_hour=0.1,
+        cpu_cores=2,
+        cpu_speed=1.0,
+        prewarm_after=1,
+    )
+    sweep = EstimateRequest(model="m", gpu="cpu", runs_at_once=4)
+    alone = EstimateRequest(model="m", gpu="cpu")
+    starting, training = cpu_share([local], sweep, starting=True), cpu_share([local], sweep)
+    assert import_seconds(starting) == pytest.approx(1.25 * import_seconds(training))
+    # one launch, the first in this process: no prewarmed process is started beside it
+    assert import_seconds(cpu_share([local], alone, starting=True)) == import_seconds(
+        cpu_share([local], alone)
+    )
+    ready = local.model_copy(update={"prewarm_after": None})
+    assert import_seconds(cpu_share([ready], sweep, starting=True)) == import_seconds(
+        cpu_share([ready], sweep)
+    )
+
+
+def test_the_local_offer_says_when_a_launch_starts_the_prewarmed_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import sys
+
+    from bot.providers import prewarm
+    from bot.providers.local import LocalProvider, inherited_env
+
+    fresh = prewarm.Prewarmed(sys.executable)  # this bot process's prewarmed processes: none started yet
+    monkeypatch.setattr(prewarm, "shared", lambda python: fresh)
+    local = LocalProvider(workdir=tmp_path / "local", prewarm=True)
+    local._busy = Idle()  # noqa: SLF001
+    assert local.offer().prewarm_after == 1  # a first launch starts none; the second does
+    env = prewarm.import_env(inherited_env(os.environ))
+    fresh._plain[tuple(sorted(env.items()))] = 1  # noqa: SLF001 - one plain launch done
+    assert local.offer().prewarm_after == 0
+    assert LocalProvider(workdir=tmp_path / "off", prewarm=False).offer().prewarm_after is None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from bot.engine.control.sweeps import (
     MARGIN,
     RunCost,
+    boundary_seconds,
     configurations,
     expected_cost,
     ranked,
@@ -146,3 +148,19 @@ def test_on_a_shared_cpu_later_stages_cost_less_a_step() -> None:
     assert expected_cost([cost] * 4, [4, 2, 1]) == pytest.approx(4 * 1.8 + 2 * 0.4 + 1 * 0.48)
     flat = RunCost(fixed=1.0, per_step=0.1, steps=[8, 16, 32])
     assert flat.at_step(32) == pytest.approx(1.0 + 3.2) and flat.need(1) == pytest.approx(1.0 + 1.6 * 1.5)
+
+
+def test_each_stage_boundary_a_run_pauses_at_is_quoted() -> None:
+    """A run saves a checkpoint at each boundary before the last stage and waits there for the decision: on
+    0368a4c four tiny runs spent 1.4 s at each, a quarter of a stage's steps, and the quote priced none."""
+    cost = RunCost(fixed=1.0, per_step=0.1, steps=[8, 16, 32], boundary=0.05)
+    assert [cost.boundaries(s) for s in (7, 8, 15, 16, 32)] == [0, 1, 1, 2, 2]
+    assert cost.at_step(8) == pytest.approx(1.0 + 0.8 + 0.05)  # stopped at the first boundary: one pause
+    assert cost.at_step(32) == pytest.approx(1.0 + 3.2 + 0.1)  # the winner: two pauses, none at its end
+    assert cost.need(0) == pytest.approx(1.0 + (0.8 + 0.05) * 1.5)
+    assert cost.need(2) == pytest.approx(1.0 + (3.2 + 0.1) * 1.5)
+    assert expected_cost([cost] * 4, [4, 2, 1]) == pytest.approx(4 * 1.85 + 2 * 0.85 + 1 * 1.6)
+    run = RunCost.of(1.0, 36.0, [8, 16, 32], {"start": 1.0, "steps": 1.0}, boundary_s=2.0)
+    assert run.boundary == pytest.approx(0.02) and run.fixed == pytest.approx(0.5)
+    offer = SimpleNamespace(checkpoint_save_seconds=0.6)
+    assert boundary_seconds(offer, poll_seconds=2.0) == pytest.approx(0.6 + 1.0)

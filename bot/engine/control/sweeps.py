@@ -60,6 +60,7 @@ from bot.money import money
 from bot.planner.options import MAX_SWEEP_RUNS, SWEEPABLE
 from bot.planner.request import EstimateRequest
 from bot.planner.result import Estimate
+from runner.contract.spec import StageSpec
 from store.models import Sweep
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ BOOT_SHARE = 0.25
 # spends once (on the local CPU, four cold runs starting at once: most of a short run's cost).
 PER_STEP_PHASES = frozenset({"steps", "optimizer", "logging", "evals", "checkpoints"})
 SWEEP_ID_PREFIX = "sw-"
+STAGE_POLL_S = StageSpec.model_fields[
+    "poll_seconds"
+].default  # how often a paused run looks (runner/stage.py)
 
 RUNNING, DONE, STOPPED, FAILED, PENDING, CANCELLED = (
     "running",
@@ -119,7 +123,8 @@ def stage_steps(total: int, stages: int) -> list[int]:
 
 @dataclass(frozen=True)
 class RunCost:
-    """One configuration's estimated money: a fixed start-up, a cost per step, and its stages' steps."""
+    """One configuration's estimated money: a fixed start-up, a cost per step, its stages' steps, and what
+    each stage boundary it pauses at costs."""
 
     fixed: float
     per_step: float
@@ -128,6 +133,13 @@ class RunCost:
     # share the cores once the losers stop, and each step costs less. None: the same at every stage (a GPU
     # each).
     scale: list[float] | None = None
+    # A boundary before the last stage: the checkpoint the run saves there and the wait until it reads the
+    # sweep's decision (runner/stage.py; on 0368a4c four tiny runs spent 1.4 s at each, quoted nothing).
+    boundary: float = 0.0
+
+    def boundaries(self, step: int) -> int:
+        """The stage boundaries a run standing at ``step`` has paused at (the last stage's end is none)."""
+        return sum(1 for end in self.steps[:-1] if end <= step)
 
     def steps_cost(self, stage: int) -> float:
         """The steps' cost from the start to the end of ``stage``."""
@@ -143,11 +155,13 @@ class RunCost:
         stage = next((k for k, end in enumerate(self.steps) if step <= end), len(self.steps) - 1)
         before = self.steps_cost(stage - 1) if stage else 0.0
         factor = self.scale[stage] if self.scale and stage < len(self.scale) else 1.0
-        return self.fixed + before + self.per_step * factor * (step - (self.steps[stage - 1] if stage else 0))
+        steps = self.per_step * factor * (step - (self.steps[stage - 1] if stage else 0))
+        return self.fixed + before + steps + self.boundary * self.boundaries(step)
 
     def need(self, stage: int) -> float:
-        """What the run may need to reach the end of ``stage`` (SLACK included)."""
-        return self.fixed + self.steps_cost(stage) * (1.0 + SLACK)
+        """What the run may need to reach the end of ``stage`` and pause there (SLACK included)."""
+        paused = self.boundary * self.boundaries(self.steps[min(stage, len(self.steps) - 1)])
+        return self.fixed + (self.steps_cost(stage) + paused) * (1.0 + SLACK)
 
     @classmethod
     def of(
@@ -156,17 +170,25 @@ class RunCost:
         price_per_hour: float,
         steps: list[int],
         phases: dict[str, float] | None = None,
+        boundary_s: float = 0.0,
     ) -> RunCost:
         """Split the offer's total by its quote's phases: what a run spends whatever step it stops at
         (start-up, load, data, the base model's eval, the first step; the samples and output a finished run
         adds) and what grows with its steps. Without phases, a cloud's boot is the fixed part (at most
-        BOOT_SHARE)."""
+        BOOT_SHARE). ``boundary_s``: the seconds a run spends at each stage boundary."""
         whole = sum((phases or {}).values())
         if whole > 0:
             fixed = total_cost * sum(v for k, v in (phases or {}).items() if k not in PER_STEP_PHASES) / whole
         else:
             fixed = min(total_cost * BOOT_SHARE, price_per_hour * BOOT_HOURS)
-        return cls(fixed, max(0.0, total_cost - fixed) / max(steps[-1], 1), steps)
+        boundary = boundary_s * price_per_hour / 3600.0
+        return cls(fixed, max(0.0, total_cost - fixed) / max(steps[-1], 1), steps, boundary=boundary)
+
+
+def boundary_seconds(offer: Any, poll_seconds: float = STAGE_POLL_S) -> float:
+    """A run's time at a stage boundary: one checkpoint save on its offer, and on average half the interval
+    at which it looks for the sweep's decision."""
+    return float(getattr(offer, "checkpoint_save_seconds", None) or 0.0) + poll_seconds / 2.0
 
 
 def worst_case(costs: list[RunCost], alive: list[int]) -> float:
@@ -182,9 +204,9 @@ def worst_case(costs: list[RunCost], alive: list[int]) -> float:
 def expected_cost(costs: list[RunCost], alive: list[int]) -> float:
     """What the sweep is expected to cost (no slack): every run's first stage, then the average run's
     further steps for as many runs as go on."""
-    total = sum(c.fixed + c.steps_cost(0) for c in costs)
+    total = sum(c.at_step(c.steps[0]) for c in costs)
     for k in range(1, len(alive)):
-        mean = sum(c.steps_cost(k) - c.steps_cost(k - 1) for c in costs) / len(costs)
+        mean = sum(c.at_step(c.steps[k]) - c.at_step(c.steps[k - 1]) for c in costs) / len(costs)
         total += mean * alive[k]
     return total
 
@@ -289,7 +311,9 @@ def estimate_sweep(
                 f"configuration {settings_text(configs[i])}: no offer this bot can launch fits it"
             )
         steps = stages(est)
-        cost = RunCost.of(offer.total_cost, offer.price_per_hour, steps, offer.phases)
+        cost = RunCost.of(
+            offer.total_cost, offer.price_per_hour, steps, offer.phases, boundary_s=boundary_seconds(offer)
+        )
         if i == 0:  # the configurations share a shape class: the first's stages serve all
             stage_scale = _stage_scale(ctx, estimate, request, configs[0], steps[0], alive, offer)
         costs.append(dataclasses.replace(cost, scale=stage_scale))
