@@ -20,6 +20,13 @@ class FakeHub:
     # streamed; ``sent`` counts what the client took before it hung up
     huge: dict[str, tuple[int, bool]] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)
+    hung_up: dict[str, threading.Event] = field(default_factory=dict)  # set once the stream to it ended
+
+    def sent_before_hang_up(self, repo: str, timeout: float = 60.0) -> int:
+        """What the server had sent of ``repo``'s config when the stream ended: the client may refuse it on
+        its headers and return before the server's thread has noticed (the count is read after that)."""
+        assert self.hung_up.setdefault(repo, threading.Event()).wait(timeout), f"{repo}: still streaming"
+        return self.sent[repo]
 
 
 @pytest.fixture
@@ -62,6 +69,8 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
                 self.wfile.write(b"{}")
             except (BrokenPipeError, ConnectionResetError):
                 pass
+            finally:
+                hub.hung_up.setdefault(repo, threading.Event()).set()
             self.close_connection = True
 
         def log_message(self, *args: object) -> None:
