@@ -5,6 +5,9 @@ cd "$(dirname "$0")/.."
 ./scripts/install.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# Bytecode caches written (some machines set PYTHONDONTWRITEBYTECODE): the suite starts some 300 Python
+# processes (CLI commands, serve, runners, fake hosts), and each would compile the project's modules again.
+unset PYTHONDONTWRITEBYTECODE
 # One worker per core, a test file per worker at a time (a file's module fixtures and its order stay whole),
 # in collection order: files with slow tests first (tests/conftest.py), not the most numerous first.
 # Then the tests marked `alone`, one at a time with nothing else of the suite on the cores: they hold a quote
