@@ -113,7 +113,8 @@ def test_a_huge_hub_config_is_refused_without_reading_or_caching_it(fake_hub: Fa
     fake_hub.huge["acme/huge"] = (300 << 20, declare)  # 300 MB of JSON whitespace, then {}
     with pytest.raises(PlanningError, match="larger than 2 MiB, which no model config is"):
         resolve("acme/huge")
-    assert fake_hub.sent_before_hang_up("acme/huge") < 32 << 20  # the rest was never taken (before: all 300 MB, held)
+    # the rest was never taken (before: all 300 MB, held)
+    assert fake_hub.sent_before_hang_up("acme/huge") < 32 << 20
     assert not (_cache_dir() / "acme--huge.json").exists()
     assert MAX_CONFIG_BYTES == 2 << 20
 
