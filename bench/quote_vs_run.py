@@ -187,9 +187,41 @@ def sweep(eng: Any, req: EstimateRequest) -> Row:
         quoted_cost_range=(low * price, high * price),
         billed_cost=view.spend,
         load=(load0, loadavg()),
-        phases=[[f"run {j.job_id}", "-", f"{(j.billed_seconds or 0):.1f}"] for j in jobs],
+        phases=_sweep_phases(eng, view, jobs, price * 3600),
         state=view.state,
     )
+
+
+def _sweep_phases(eng: Any, view: Any, jobs: list[Any], price_per_hour: float) -> list[list[str]]:
+    """Each run's quote at the step it stopped at (RunCost.at_step: its fixed part, its stages' steps, the
+    boundaries it paused at) against its billed seconds, then the runs' reported phases summed."""
+    from bot.engine.control.sweeps import RunCost
+    from store.models import Sweep
+
+    with eng.session() as s:
+        plan = s.get(Sweep, view.sweep_id).plan
+    costs = [RunCost(**c) for c in plan["costs"]]
+    per_s = price_per_hour / 3600 if price_per_hour else 1.0
+    rows = []
+    for r in view.runs:
+        job = eng.get_job(r.job.job_id)
+        quoted = costs[r.index].at_step(job.step or 0) / per_s
+        rows.append([f"run {r.index} to step {job.step}", f"{quoted:.1f}", f"{job.billed_seconds or 0:.1f}"])
+    checks = [j for j in jobs if j.job_id not in {r.job.job_id for r in view.runs}]
+    for j in checks:
+        rows.append(
+            [
+                f"verify {j.job_id}",
+                f"{plan.get('verify_cost', 0) / per_s:.1f}",
+                f"{j.billed_seconds or 0:.1f}",
+            ]
+        )
+    summed: dict[str, float] = {}
+    for j in jobs:
+        for k, v in (eng.get_job(j.job_id).run_phases or {}).items():
+            summed[k] = summed.get(k, 0.0) + v
+    rows += [[f"  all runs: {LABELS.get(k, k)}", "-", f"{v:.1f}"] for k, v in summed.items() if v >= 0.05]
+    return rows
 
 
 def main() -> None:
