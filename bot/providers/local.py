@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -123,28 +123,31 @@ def runner_missing(modules: Sequence[str] = RUNNER_IMPORTS) -> str | None:
 
 
 class BusyCores:
-    """How many of this machine's cores are busy now: the CPU time /proc/stat counts (user, nice, system,
-    irq, softirq, steal; not idle, not iowait) over the wall time since the last look (0.2-2 s ago; a first
-    look, or an older one, samples 0.2 s: a window reaching back further still held the run that just ended,
-    and a run quoted right after it got half the threads and a quote twice its run). The load average is no
-    measure of it: it counts tasks waiting on I/O, and a busy test run's short-lived processes, that take no
-    core from a run (measured: a one-thread run kept ~0.8 of a core at load 4 on 2 cores). 0 where
-    /proc/stat cannot be read."""
+    """How many of this machine's cores other work keeps busy now: the CPU time /proc/stat counts (user,
+    nice, system, irq, softirq, steal; not idle, not iowait) over the wall time since the last look (0.2-2 s
+    ago; a first look, or an older one, samples 0.2 s: a window reaching back further still held the run that
+    just ended, and a run quoted right after it got half the threads and a quote twice its run), less what
+    tunebot's own passing work took meanwhile (``own_pids``: this process and its prewarmed processes; the
+    prewarmed process importing torch read as a busy core, and a sweep quoted then was priced for five runs
+    sharing the cores where four did, x0.57). The load average is no measure of it: it counts tasks waiting
+    on I/O, and a busy test run's short-lived processes, that take no core from a run (measured: a one-thread
+    run kept ~0.8 of a core at load 4 on 2 cores). 0 where /proc/stat cannot be read."""
 
     MIN_S, MAX_S = 0.2, 2.0
 
-    def __init__(self) -> None:
+    def __init__(self, own_pids: Callable[[], list[int]] | None = None) -> None:
         self._last: tuple[float, float, float] | None = None  # (monotonic, busy, total) jiffies
+        self._own_pids = own_pids or (lambda: [])
 
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
+    def _sample(self) -> tuple[float, float, float] | None:
         try:
             with open("/proc/stat", encoding="ascii") as f:
                 fields = [float(v) for v in f.readline().split()[1:]]
         except (OSError, ValueError):
             return None
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-        return time.monotonic(), sum(fields[:8]) - idle, sum(fields[:8])
+        own = sum(_cpu_jiffies(pid) for pid in {os.getpid(), *self._own_pids()})
+        return time.monotonic(), sum(fields[:8]) - idle - own, sum(fields[:8])
 
     def cores(self) -> float:
         now = self._sample()
@@ -156,7 +159,22 @@ class BusyCores:
             last, now = now, self._sample() or now
         self._last = now
         total = now[2] - last[2]
-        return machine_cores() * (now[1] - last[1]) / total if total > 0 else 0.0
+        return max(0.0, machine_cores() * (now[1] - last[1]) / total) if total > 0 else 0.0
+
+
+def _prewarm_pids() -> list[int]:
+    return prewarm.shared(sys.executable).pids()
+
+
+def _cpu_jiffies(pid: int) -> float:
+    """A process's CPU time so far (user + system, all its threads), in /proc/stat's clock ticks; 0 when it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return float(fields[11]) + float(fields[12])
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def machine_cores() -> int:
@@ -239,7 +257,7 @@ class LocalProvider:
         self._lock_path = self.workdir / "instances.lock"
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
         self._hidden: dict[str, list[str]] = {}  # instance id -> the values it got, scrubbed from its words
-        self._busy = BusyCores()
+        self._busy = BusyCores(own_pids=_prewarm_pids)
 
     # -- state file (shared by every LocalProvider on this workdir, across processes) ---------------
     @contextlib.contextmanager

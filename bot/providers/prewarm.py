@@ -154,6 +154,12 @@ class Prewarmed:
             warm = self._warm.get(key)
             return warm is not None and warm.is_ready() and warm.alive()
 
+    def pids(self) -> list[int]:
+        """The prewarmed processes' pids (not the runners forked from them): tunebot's own work, which the
+        local offer does not count as other programs' load on the cores."""
+        with self._lock:
+            return [w.proc.pid for w in self._warm.values()]
+
     def launches_until_warming(self, env: Mapping[str, str]) -> int | None:
         """How many launches from now start the plain way before one also starts this environment's prewarmed
         process, which imports the libraries beside those runners' own imports (0: the next launch does; the

@@ -188,3 +188,27 @@ def test_the_local_offer_says_when_a_launch_starts_the_prewarmed_process(
     fresh._plain[tuple(sorted(env.items()))] = 1  # noqa: SLF001 - one plain launch done
     assert local.offer().prewarm_after == 0
     assert LocalProvider(workdir=tmp_path / "off", prewarm=False).offer().prewarm_after is None
+
+
+def test_tunebots_own_passing_work_is_not_read_as_other_programs_load() -> None:
+    """The prewarmed process importing torch (and this process's own threads) read as a busy core, and a
+    sweep quoted then was priced for five runs on the cores where four ran (x0.57 of its quote): the local
+    offer's reading leaves out the processes it is told are tunebot's own."""
+    import subprocess
+
+    from bot.providers.local import BusyCores, machine_cores
+
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        mine, anyone = BusyCores(own_pids=lambda: [burner.pid]), BusyCores()
+        time.sleep(0.3)  # the burner is running
+        a0, b0 = mine._sample(), anyone._sample()  # noqa: SLF001 - one window for both readings
+        time.sleep(1.0)
+        a1, b1 = mine._sample(), anyone._sample()  # noqa: SLF001
+        assert a0 and b0 and a1 and b1
+        cores = machine_cores()
+        left_out = cores * ((b1[1] - b0[1]) - (a1[1] - a0[1])) / (b1[2] - b0[2])
+        assert left_out > 0.2, left_out  # the burner's share of the window (about a core on a quiet machine)
+    finally:
+        burner.kill()
+        burner.wait()
