@@ -97,10 +97,9 @@ def test_a_run_cost_takes_its_fixed_part_from_the_quotes_phases() -> None:
     phases = {"start": 14.0, "load": 0.4, "data": 0.2, "warmup": 0.6, "steps": 10.0, "evals": 0.5}
     phases["output"] = 0.3
     cost = RunCost.of(total_cost=0.26, price_per_hour=36.0, steps=[8, 16, 32], phases=phases)
-    assert cost.fixed == pytest.approx(0.26 * 15.5 / 26.0)
-    assert cost.fixed + cost.per_step * 32 == pytest.approx(0.26)
-    loser = cost.fixed + cost.per_step * 8
-    assert loser == pytest.approx(0.26 * (15.5 + 10.5 / 4) / 26.0)
+    assert cost.fixed == pytest.approx(0.26 * 15.2 / 26.0) and cost.final == pytest.approx(0.26 * 0.3 / 26.0)
+    assert cost.at_step(32) == pytest.approx(0.26)
+    assert cost.at_step(8) == pytest.approx(0.26 * (15.2 + 10.5 / 4) / 26.0)
 
 
 def test_a_results_event_with_eight_long_answers_passes_the_bots_event_cap() -> None:
@@ -164,3 +163,15 @@ def test_each_stage_boundary_a_run_pauses_at_is_quoted() -> None:
     assert run.boundary == pytest.approx(0.02) and run.fixed == pytest.approx(0.5)
     offer = SimpleNamespace(checkpoint_save_seconds=0.6)
     assert boundary_seconds(offer, poll_seconds=2.0) == pytest.approx(0.6 + 1.0)
+
+
+def test_a_run_stopped_at_a_stage_is_not_quoted_the_samples_and_output_it_never_writes() -> None:
+    """On 38da01b each stopped run of a four-run sweep was quoted its samples and output (1.6 s of the 5 s it
+    billed): only the run that reaches its last step writes them."""
+    run = RunCost.of(1.0, 3600.0, [8, 16, 32], {"start": 1.0, "samples": 0.5, "output": 0.5, "steps": 2.0})
+    assert (run.fixed, run.final) == (pytest.approx(0.25), pytest.approx(0.25))
+    assert run.per_step == pytest.approx(0.5 / 32)
+    assert run.at_step(8) == pytest.approx(0.25 + 8 * 0.5 / 32)  # stopped at the first stage: no samples
+    assert run.at_step(32) == pytest.approx(1.0)  # the winner: the whole quote
+    assert run.need(0) == pytest.approx(0.25 + 8 * 0.5 / 32 * 1.5)
+    assert run.need(2) == pytest.approx(0.25 + (0.5 + 0.25) * 1.5)

@@ -77,6 +77,9 @@ BOOT_SHARE = 0.25
 # The phases of a run's quote that grow with the steps it trains (runner/contract/phases.py); the rest it
 # spends once (on the local CPU, four cold runs starting at once: most of a short run's cost).
 PER_STEP_PHASES = frozenset({"steps", "optimizer", "logging", "evals", "checkpoints"})
+# The phases only a run that reaches its last step spends: a run stopped at a stage writes no samples and no
+# output (on 38da01b each stopped run was quoted them: 1.6 s of its 5-s bill).
+END_PHASES = frozenset({"samples", "output"})
 SWEEP_ID_PREFIX = "sw-"
 STAGE_POLL_S = StageSpec.model_fields[
     "poll_seconds"
@@ -136,6 +139,7 @@ class RunCost:
     # A boundary before the last stage: the checkpoint the run saves there and the wait until it reads the
     # sweep's decision (runner/stage.py; on 0368a4c four tiny runs spent 1.4 s at each, quoted nothing).
     boundary: float = 0.0
+    final: float = 0.0  # what only a run that reaches its last step spends (END_PHASES)
 
     def boundaries(self, step: int) -> int:
         """The stage boundaries a run standing at ``step`` has paused at (the last stage's end is none)."""
@@ -156,12 +160,15 @@ class RunCost:
         before = self.steps_cost(stage - 1) if stage else 0.0
         factor = self.scale[stage] if self.scale and stage < len(self.scale) else 1.0
         steps = self.per_step * factor * (step - (self.steps[stage - 1] if stage else 0))
-        return self.fixed + before + steps + self.boundary * self.boundaries(step)
+        end = self.final if step >= self.steps[-1] else 0.0
+        return self.fixed + before + steps + self.boundary * self.boundaries(step) + end
 
     def need(self, stage: int) -> float:
-        """What the run may need to reach the end of ``stage`` and pause there (SLACK included)."""
-        paused = self.boundary * self.boundaries(self.steps[min(stage, len(self.steps) - 1)])
-        return self.fixed + (self.steps_cost(stage) + paused) * (1.0 + SLACK)
+        """What the run may need to reach the end of ``stage`` and pause there, or finish (SLACK included)."""
+        last = min(stage, len(self.steps) - 1)
+        paused = self.boundary * self.boundaries(self.steps[last])
+        end = self.final if last == len(self.steps) - 1 else 0.0
+        return self.fixed + (self.steps_cost(stage) + paused + end) * (1.0 + SLACK)
 
     @classmethod
     def of(
@@ -173,16 +180,20 @@ class RunCost:
         boundary_s: float = 0.0,
     ) -> RunCost:
         """Split the offer's total by its quote's phases: what a run spends whatever step it stops at
-        (start-up, load, data, the base model's eval, the first step; the samples and output a finished run
-        adds) and what grows with its steps. Without phases, a cloud's boot is the fixed part (at most
-        BOOT_SHARE). ``boundary_s``: the seconds a run spends at each stage boundary."""
+        (start-up, load, data, the base model's eval, the first step), what only a finished run adds (its
+        samples and output) and what grows with its steps. Without phases, a cloud's boot is the fixed part
+        (at most BOOT_SHARE). ``boundary_s``: the seconds a run spends at each stage boundary."""
         whole = sum((phases or {}).values())
+        final = 0.0
         if whole > 0:
-            fixed = total_cost * sum(v for k, v in (phases or {}).items() if k not in PER_STEP_PHASES) / whole
+            once = {k: v for k, v in (phases or {}).items() if k not in PER_STEP_PHASES}
+            final = total_cost * sum(v for k, v in once.items() if k in END_PHASES) / whole
+            fixed = total_cost * sum(once.values()) / whole - final
         else:
             fixed = min(total_cost * BOOT_SHARE, price_per_hour * BOOT_HOURS)
         boundary = boundary_s * price_per_hour / 3600.0
-        return cls(fixed, max(0.0, total_cost - fixed) / max(steps[-1], 1), steps, boundary=boundary)
+        per_step = max(0.0, total_cost - fixed - final) / max(steps[-1], 1)
+        return cls(fixed, per_step, steps, boundary=boundary, final=final)
 
 
 def boundary_seconds(offer: Any, poll_seconds: float = STAGE_POLL_S) -> float:
