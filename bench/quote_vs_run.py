@@ -151,12 +151,16 @@ def one_job(eng: Any, name: str, req: EstimateRequest) -> Row:
 def _share(eng: Any) -> str:
     """What the local offer says of this machine now: its runs already there, a new run's threads."""
     offer = eng.providers["local"].offer()
-    return f"runs here {offer.runs_here:g}, threads {offer.cpu_threads}, warm {offer.warm_start}"
+    return (
+        f"runs here {offer.runs_here:g}, busy {offer.cpu_busy:g} cores, speed {offer.cpu_speed}, threads "
+        f"{offer.cpu_threads}, warm {offer.warm_start}"
+    )
 
 
 def sweep(eng: Any, req: EstimateRequest) -> Row:
     load0 = loadavg()
     grid = {"learning_rate": [1e-4, 2e-4], "lora_r": [8, 16]}
+    share = _share(eng)
     est = eng.estimate_sweep(req.model_copy(update={"max_cost": 1.0}), grid)
     runs = est._estimates  # noqa: SLF001 - each run's planner estimate: its offer's hours and phases
     hours = [next(o for o in e.offers if o.provider == "local").hours for e in runs]
@@ -189,6 +193,7 @@ def sweep(eng: Any, req: EstimateRequest) -> Row:
         load=(load0, loadavg()),
         phases=_sweep_phases(eng, view, jobs, price * 3600),
         state=view.state,
+        share=share,
     )
 
 
