@@ -88,7 +88,7 @@ def python_speed(history: Path | None = None) -> float:
             if history is None:
                 _probes[:] = probes
             else:
-                _save(history, probes)
+                save_reading(history, probes)
         return round(max(speed for _, speed in probes), 3)
 
 
@@ -101,10 +101,13 @@ def _load(path: Path) -> list[tuple[float, float]]:
         return []
 
 
-def _save(path: Path, probes: list[tuple[float, float]]) -> None:
+def save_reading(path: Path, data: object) -> None:
+    """Write a reading of this machine shared by the processes on its folder (the probes here, the local
+    provider's busy cores): atomically, so a reader sees the old reading or the new, never half; on a
+    read-only folder not at all (the process's own reading still answers)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(probes))
-        os.replace(tmp, path)  # atomic: a reader sees the old probes or the new, never half
-    except OSError:  # a read-only workdir: this process's probe still answers
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
         tmp.unlink(missing_ok=True)

@@ -41,7 +41,7 @@ from bot.providers.base import (
     redact,
 )
 from bot.providers.common import finish_search
-from bot.providers.host_speed import python_speed
+from bot.providers.host_speed import python_speed, save_reading
 
 # The runner as a module, in its instance's own folder and with -P (no current directory on sys.path): a file
 # in the bot's working directory named like a module (runner.py, torch.py) never shadows the real one.
@@ -169,11 +169,10 @@ def _prewarm_pids() -> list[int]:
 def _cpu_jiffies(pid: int) -> float:
     """A process's CPU time so far (user + system, all its threads), in /proc/stat's clock ticks; 0 when it
     is gone."""
+    fields = _proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return float(fields[11]) + float(fields[12])
-    except (OSError, ValueError, IndexError):
+        return float(fields[11]) + float(fields[12]) if fields else 0.0  # fields 14 and 15 overall
+    except (IndexError, ValueError):
         return 0.0
 
 
@@ -200,25 +199,28 @@ echo "$rc" > "$TUNEBOT_EXIT_FILE.tmp" && mv "$TUNEBOT_EXIT_FILE.tmp" "$TUNEBOT_E
 """
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    """The kernel's start time of a pid (guards against pid reuse); None where /proc is missing."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """A pid's /proc/<pid>/stat fields after its command name (fields[0] is field 3, its state); None where
+    the process is gone or /proc is missing."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of a pid (guards against pid reuse); None where /proc is missing."""
+    fields = _proc_stat(pid)
     try:
-        return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+        return int(fields[19]) if fields else None  # field 22 overall
     except (IndexError, ValueError):
         return None
 
 
 def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[0]
+    fields = _proc_stat(pid)
+    return fields[0] if fields else None
 
 
 class LocalProvider:
@@ -358,12 +360,7 @@ class LocalProvider:
                 pass
         busy = round(self._busy.cores(), 2)
         saved[key] = {"at": now, "cores": busy}
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(saved))
-            os.replace(tmp, path)  # atomic: another process reads the old readings or the new
-        except OSError:  # a read-only workdir: this reading still answers
-            tmp.unlink(missing_ok=True)
+        save_reading(path, saved)
         return busy
 
     def thread_share(self) -> dict[str, str]:

@@ -81,9 +81,8 @@ PER_STEP_PHASES = frozenset({"steps", "optimizer", "logging", "evals", "checkpoi
 # output (on 38da01b each stopped run was quoted them: 1.6 s of its 5-s bill).
 END_PHASES = frozenset({"samples", "output"})
 SWEEP_ID_PREFIX = "sw-"
-STAGE_POLL_S = StageSpec.model_fields[
-    "poll_seconds"
-].default  # how often a paused run looks (runner/stage.py)
+# How often a run paused at a stage boundary looks for the sweep's decision (runner/stage.py).
+STAGE_POLL_S = StageSpec.model_fields["poll_seconds"].default
 
 RUNNING, DONE, STOPPED, FAILED, PENDING, CANCELLED = (
     "running",
