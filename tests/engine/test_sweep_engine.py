@@ -309,6 +309,33 @@ def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
     assert "-100%" not in (view.message or "")
 
 
+def test_a_winner_whose_host_has_the_only_offer_is_not_measured_by_that_host_and_names_no_winner(
+    make_engine: Any, fake: Any, clock: Any
+) -> None:
+    """A marketplace offer is one machine: a "new instance" of the winner's own offer is its host measuring
+    its own claim. With no other host's offer among the sweep's, nothing is launched to check it and the
+    sweep names no winner, saying why (before: the check ran on the winner's offer and its claim held)."""
+    engine = make_engine()
+    view = engine.create_sweep(_priced(engine, fake, max_cost=20.0), user="alice")
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    _eval(engine, jobs[1], 4, 0.9)
+    _eval(engine, jobs[2], 4, 0.01)
+    engine.tick()
+    launches = len(fake.launch_requests)
+    _eval(engine, jobs[2], 10, 0.01, EventKind.finished, fake=fake)
+    for _ in range(3):
+        engine.tick()
+    assert len(fake.launch_requests) == launches  # no verification on the claimant's own machine
+    view = engine.get_sweep(view.sweep_id)
+    assert view.state == "failed" and view.winner is None, view.message
+    assert view.runs[2].status == "excluded"
+    assert "no offer on another host" in (view.runs[2].note or ""), view.runs[2].note
+    assert "no winner" in (view.message or "") and "Adapter" not in (view.message or "")
+
+
 def test_stopping_a_sweep_stops_the_verification_measuring_its_winner(
     make_engine: Any, fake: Any, clock: Any
 ) -> None:

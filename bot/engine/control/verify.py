@@ -7,8 +7,11 @@ Before the winner is announced, ``step`` starts a verification job: a copy of th
 model, data, held-out split and LoRA shape: its plan) that trains nothing and measures the base model and the
 winner's output as its run signed it (``JobSpec.verify``, runner/verify.py: pinned by the manifest's digest
 the bot recorded from the winner's signed event) on the held-out split. It runs on another host: not on an
-offer any of the winner's instances ran on (the local provider is this machine: the bot's own). Its cost was
-priced and reserved with the sweep (``verify_cost``), and it is one of the sweep's jobs (its spend counts).
+offer any of the winner's instances ran on (the local provider is this machine: the bot's own), taken from the
+offers of every run of the sweep; where there is none, the winner is not measured by its own host again (a
+marketplace offer is one machine, its operator the claimant) and the sweep names no winner, saying why. Its
+cost was priced and reserved with the sweep (``verify_cost``), and it is one of the sweep's jobs (its spend
+counts).
 
 The winner stands when the measured eval loss is within the tolerance of its claim (``holds``, pure), and
 the sweep then says the measured figures; otherwise the run is excluded with both figures in the sweep's
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 TOLERANCE_REL = 0.10
 TOLERANCE_ABS = 0.02
 LOCAL = "local"  # the local provider's "hosts" are this machine: a verification there is the bot's own
+ELSEWHERE = "on another host"
 
 
 def holds(claimed: float | None, measured: float | None) -> bool:
@@ -50,18 +54,19 @@ def holds(claimed: float | None, measured: float | None) -> bool:
     return measured <= claimed * (1.0 + TOLERANCE_REL) + TOLERANCE_ABS
 
 
-def other_hosts(
-    offers: list[dict[str, Any]], used: set[tuple[str, str]]
-) -> tuple[list[dict[str, Any]], bool]:
-    """The offers a verification runs on, and whether they are another host's: the offers none of the
-    winner's instances ran on (a marketplace offer is one machine; the local provider is the bot's own),
-    else, where the winner's job had no other, its own offers on a new instance (pure)."""
-    other = [
-        o
-        for o in offers
-        if o.get("provider") == LOCAL or (str(o.get("provider")), str(o.get("offer_id"))) not in used
-    ]
-    return (other, True) if other else (list(offers), False)
+def other_hosts(offers: list[dict[str, Any]], used: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The offers a verification may run on: those none of the winner's instances ran on (a marketplace offer
+    is one machine; the local provider is the bot's own), each once, in the order given (pure). Never the
+    winner's own: a new instance there is the claiming host measuring itself."""
+    seen: set[tuple[str, str]] = set()
+    other = []
+    for o in offers:
+        key = (str(o.get("provider")), str(o.get("offer_id")))
+        if key in seen or (o.get("provider") != LOCAL and key in used):
+            continue
+        seen.add(key)
+        other.append(o)
+    return other
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class Verdict:
     measured: RunResults | None = None
     note: str = ""
     job_id: str | None = None
-    where: str = "on another host"  # or on a new instance of the winner's own offer, when no other fits
+    where: str = ELSEWHERE
 
 
 def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap: float) -> Verdict:
@@ -85,11 +90,11 @@ def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap
     entry = started.get(job_id)
     if entry is None:
         try:
-            verifier, elsewhere = _create(ctx, row, job_id, cap)
+            verifier = _create(ctx, row, job_id, cap)
         except Exception as exc:  # noqa: BLE001 - said in the thread; the sweep names no unchecked winner
             log.warning("sweep %s: verification of %s not started: %s", row.id, job_id, exc)
             return Verdict("failed", note=f"the verification could not start ({exc})"[:300])
-        started[job_id] = {"job": verifier, "claimed": claimed, "elsewhere": elsewhere}
+        started[job_id] = {"job": verifier, "claimed": claimed}
         with ctx.session() as s:
             s.execute(
                 update(type(row))
@@ -97,8 +102,8 @@ def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap
                 .values(plan={**(row.plan or {}), "verification": started}, updated_at=ctx.now())
             )
             s.commit()
-        return Verdict("waiting", job_id=verifier, where=_where(elsewhere))
-    verifier, where = entry["job"], _where(entry.get("elsewhere", True))
+        return Verdict("waiting", job_id=verifier)
+    verifier, where = entry["job"], ELSEWHERE
     view = jobs.view(ctx, verifier)
     if view.state not in FINAL:
         return Verdict("waiting", job_id=verifier, where=where)
@@ -119,14 +124,11 @@ def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap
     )
 
 
-def _where(elsewhere: bool) -> str:
-    return "on another host" if elsewhere else "on a new instance of its own offer (no other fits)"
-
-
-def _create(ctx: EngineContext, row: Sweep, job_id: str, cap: float) -> tuple[str, bool]:
+def _create(ctx: EngineContext, row: Sweep, job_id: str, cap: float) -> str:
     """The verification job of finalist ``job_id``: its plan with the output to measure and nothing to
-    train, answer or push, on an offer none of its instances ran on where there is one (``other_hosts``);
-    approved by the sweep, launched now. Its id, and whether it runs on another host's offer."""
+    train, answer or push, on an offer none of its instances ran on (``other_hosts``: the finalist's offers,
+    then the sweep's other runs'); approved by the sweep, launched now. Its id; ValueError when no other host
+    has an offer."""
     from bot.engine.control import jobs
     from bot.engine.launching.launch import storage_root
     from bot.engine.record import runs
@@ -142,11 +144,16 @@ def _create(ctx: EngineContext, row: Sweep, job_id: str, cap: float) -> tuple[st
             (i.provider, str(i.offer_id))
             for i in s.execute(select(Instance).where(Instance.job_id == job_id)).scalars()
         }
-    offers, elsewhere = other_hosts(list(finalist.offers or [finalist.offer]), used)
+        siblings = s.execute(
+            select(Job.offers).where(Job.sweep_id == row.id, Job.id != job_id).order_by(Job.created_at)
+        ).scalars()
+        known = list(finalist.offers or [finalist.offer]) + [o for offers in siblings for o in offers or []]
+    offers = other_hosts(known, used)
     if not offers:
-        raise ValueError("no offer to run it on")
-    if not elsewhere:
-        log.warning("sweep %s: no other offer than the winner's: measured on a new instance of it", row.id)
+        raise ValueError(
+            "no offer on another host: every offer the sweep had is the one the winner's host ran on, and "
+            "that host measuring itself proves nothing"
+        )
     chosen = offers[0]
     plan = {k: v for k, v in (finalist.plan or {}).items() if k not in ("stages", "push_to_hub", "resume")}
     plan["merge"] = False
@@ -195,4 +202,4 @@ def _create(ctx: EngineContext, row: Sweep, job_id: str, cap: float) -> tuple[st
         S.audit(s, actor="sweep", action="create", job_id=new_id, at=now, verifies=job_id, max_cost=cap)
         s.commit()
     jobs.launch(ctx, new_id, user="sweep")
-    return new_id, elsewhere
+    return new_id
