@@ -59,7 +59,7 @@ def test_launch_on_an_unreachable_cloud_says_so_once_and_waits_with_a_next_step(
     assert job["state"] == "recovering", job
     message = job["message"] or ""
     assert message.startswith("cloud unreachable:") and message.count("connection failed") == 1, message
-    assert "Next:" in message and f"tunebot stop {job['job_id']}" in message
+    assert "Next:" in message and f"`stop {job['job_id']}`" in message
     assert launched.stdout.count("connection failed") == 1, launched.stdout[-3000:]
     stopped = cli("stop", job["job_id"])
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

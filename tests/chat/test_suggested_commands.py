@@ -181,3 +181,24 @@ def test_each_suggested_command_exists_at_every_door(where: str, suggestion: str
         assert re.search(rf"\bno {kind} {re.escape(named)}", out.output), (
             f"{where}: `tunebot {' '.join(cli_words)}`: {out.output[-800:]}"
         )
+
+
+# The engine's messages go to a job's Slack thread as well as to the CLI and serve's log: they suggest a
+# command in the chat's words (`resume JOB`, which every door takes), never as `tunebot resume JOB`, which a
+# Slack member cannot type. Only the operator's own commands on the bot's machine are said as CLI commands,
+# and the message that only the CLI prints when no supervisor runs.
+OPERATOR_ONLY = {"approve", "budget"}
+CLI_ONLY_TEXTS = {"bot/engine/watching/watch.py"}
+
+
+def test_the_engines_messages_suggest_commands_a_slack_member_can_type() -> None:
+    wrong = [
+        f"{where}: `{suggestion}`"
+        for where, suggestion, words in SUGGESTED
+        if where.startswith("bot/engine/")
+        and where.split(":")[0] not in CLI_ONLY_TEXTS
+        and words[0] == "tunebot"
+        and len(words) > 1
+        and words[1] not in OPERATOR_ONLY
+    ]
+    assert not wrong, wrong

@@ -83,14 +83,14 @@ def test_a_launch_asks_a_silent_cloud_once_says_so_once_and_fails_with_a_next_st
     assert down.calls == 1  # six offers of one cloud: its API was asked once, not once per offer
     message = view.message or ""
     assert message.startswith("cloud unreachable:") and message.count("connection failed") == 1, message
-    assert "Next:" in message and f"tunebot stop {job.job_id}" in message
+    assert "Next:" in message and f"`stop {job.job_id}`" in message
     for _ in range(6):  # each tick tries again, within the retry budget (3 in these tests)
         engine.tick()
     view = engine.get_job(job.job_id)
     assert view.state == "failed" and view.stop_reason in (None, "cloud unreachable"), view
     message = view.message or ""
     assert message.startswith("cloud unreachable:") and "gave up after" in message, message
-    assert f"tunebot resume {job.job_id}" in message and message.count("connection failed") == 1
+    assert f"`resume {job.job_id}`" in message and message.count("connection failed") == 1
     assert down.creates == 0  # nothing rented
 
 
@@ -113,7 +113,7 @@ def test_a_lost_instance_its_cloud_cannot_confirm_gone_ends_the_job_in_time(make
     view = engine.get_job(job.job_id)
     assert view.state == "failed", view
     message = view.message or ""
-    assert "may still be running and billing" in message and f"tunebot resume {job.job_id}" in message
+    assert "may still be running and billing" in message and f"`resume {job.job_id}`" in message
     assert down.creates == 1  # never two instances for one job
     with engine.session() as s:  # still on the books: the reaper keeps terminating it
         (row,) = s.query(InstanceRow).filter(InstanceRow.job_id == job.job_id).all()

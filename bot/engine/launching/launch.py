@@ -259,7 +259,7 @@ def claim(eng: EngineContext, job_id: str, *, actor: str) -> str | None:
                 said = (job.message or "").split(". Nothing is rented", 1)[0]
                 why = (
                     f"{said}; gave up after {job.retry_count} tries. Nothing is rented. Next: once the cloud "
-                    f"answers again, `tunebot resume {job_id}`"
+                    f"answers again, `resume {job_id}`"
                 )[:1000]
             if S.transition(
                 s,
@@ -834,7 +834,7 @@ def unreachable_message(eng: EngineContext, job: Job, down: dict[str, str]) -> s
     return (
         f"{CLOUD_UNREACHABLE}: {said}. Nothing is rented; the bot tries {names} again on each tick "
         f"({left} more time(s)), then the job fails. Next: check that {names} answers (its status page, "
-        f"its API URL and key), or `tunebot stop {job.id}`."
+        f"its API URL and key), or `stop {job.id}`."
     )[:1000]
 
 

@@ -215,7 +215,7 @@ def not_confirmed(eng: EngineContext, job_id: str, row: InstanceRow, *, actor: s
             message = (
                 f"{CLOUD_UNREACHABLE}: {row.provider} has not confirmed that {where} is gone since {at}; the "
                 f"job relaunches once it does, and fails at {until} if it does not. Next: {console}, or "
-                f"`tunebot stop {job_id}`."
+                f"`stop {job_id}`."
             )
             if job.message != message:  # the message only: the time it entered recovering stays its own
                 waiting = (Job.id == job_id, Job.state == S.RECOVERING)
@@ -225,7 +225,7 @@ def not_confirmed(eng: EngineContext, job_id: str, row: InstanceRow, *, actor: s
         message = (
             f"{CLOUD_UNREACHABLE}: {row.provider} did not confirm that {where} is gone for "
             f"{(now - since) / 60:.0f} min (since {at}). It may still be running and billing: {console}; the "
-            f"bot keeps trying to terminate it. Next: once {row.provider} answers, `tunebot resume {job_id}`."
+            f"bot keeps trying to terminate it. Next: once {row.provider} answers, `resume {job_id}`."
         )[:1000]
         done = S.transition(
             s,
