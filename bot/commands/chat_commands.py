@@ -307,6 +307,10 @@ def _slack(settings, engine, chat, socket_mode: bool, stops: list):  # type: ign
     admins = sorted(chat.permissions.admins)
     chat.names = People.slack(make_sync_client(settings))  # users.info, cached: names where mentions fail
     home = HomePublisher(chat, make_sync_client(settings), admins=admins).start()
+    from bot.chat.charts import charts_folder
+
+    uploads = charts_folder(settings.data_dir) / "slack"  # the threads' charts before upload: with the rest
+    uploads.mkdir(mode=0o700, exist_ok=True)
     notifier = SlackNotifier(
         engine,
         make_sync_client(settings),
@@ -315,6 +319,7 @@ def _slack(settings, engine, chat, socket_mode: bool, stops: list):  # type: ign
         approval_above=settings.approval_above_usd,
         names=chat.names,
         home=home,
+        chart_dir=uploads,
     )
     notifier.attach(engine.bus).start()
     stops.extend([notifier.stop, home.stop])

@@ -120,10 +120,13 @@ def test_the_slack_notifier_removes_the_chart_folder_it_made() -> None:
 
 
 @pytest.mark.slow
-def test_serve_leaves_no_chart_folder_in_the_temp_directory(tmp_path: Path) -> None:
+def test_serve_keeps_the_threads_charts_in_the_data_dir_not_the_temp_directory(tmp_path: Path) -> None:
+    """Issue 27: every `tunebot serve` left a tunebot-charts-* folder in the temp directory; issue 38: the
+    charts belong with the rest of tunebot's files (TUNEBOT_DATA_DIR), which the operator chose."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     with FakeSlack() as slack:
-        with ServeProcess(tmp_path, slack_api=slack.api_url, env={"TMPDIR": str(tmp)}):
-            assert [p.name for p in tmp.glob("tunebot-charts-*")] != []  # made while it serves
+        with ServeProcess(tmp_path, slack_api=slack.api_url, env={"TMPDIR": str(tmp)}):  # /healthz answers
+            assert (tmp_path / "data" / "charts" / "slack").is_dir()
+            assert list(tmp.glob("tunebot-charts-*")) == []
     assert list(tmp.glob("tunebot-charts-*")) == []
