@@ -233,6 +233,37 @@ def test_a_relaunch_says_what_it_resumes_from_or_that_it_restarts_and_what_that_
     assert "resumed from its checkpoint at step 30 on" in back[-1], back
 
 
+def test_a_restart_says_what_it_costs_when_a_reconcile_closed_the_lost_instance_first(engine, fake, clock):
+    """The instance's row may be closed before the preemption is marked (a reconcile saw it gone first): the
+    lost steps' cost is then read from the job's newest row, not dropped from the sentence."""
+    from bot.engine.outcome.finish import close_instance
+    from bot.engine.watching.recovery import mark_preempted
+    from store.models import Instance as InstanceRow
+
+    from .conftest import Recorder
+
+    rec = Recorder(engine.bus)
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
+    _push(
+        engine, fake, {"version": 1, "job_id": job, "seq": 0, "kind": "started", "step": 0, "timestamp": 1.0}
+    )
+    clock.advance(1800)  # half an hour at $1/h: $0.50 for 22 steps
+    _push(
+        engine,
+        fake,
+        {"version": 1, "job_id": job, "seq": 1, "kind": "progress", "step": 22, "timestamp": 2.0},
+    )
+    with engine.session() as s:
+        (row,) = s.execute(select(InstanceRow).where(InstanceRow.job_id == job)).scalars()
+    close_instance(engine.ctx, row, reason="gone", actor="reconcile")
+    assert mark_preempted(engine.ctx, job, None, why="instance gone", gone=True)
+    said = [e.message for e in rec.events if str(e.kind) == "preempted"]
+    assert said == [
+        f"Job {job} was preempted (instance gone); it has no checkpoint yet, so it restarts from the "
+        "beginning: the 22 step(s) since are trained and billed again, about $0.50."
+    ], said
+
+
 def test_a_beat_alone_rewrites_no_progress_window(engine, fake, clock):
     """The beat rides at the head of the progress object: rewriting it every few seconds changes no recorded
     read of the events (no database write per beat), and is still heard."""

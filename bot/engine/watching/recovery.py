@@ -131,13 +131,13 @@ class LostWork:
             )
         if self.steps > 0:
             return f"it has no checkpoint yet, so it restarts from the beginning: {again}."
-        return "it has no checkpoint yet, so it restarts from the beginning (nothing was trained yet)."
+        return "it has no checkpoint yet, so it restarts from the beginning (no step was reported before)."
 
 
 def _lost_work(eng: EngineContext, job: Job, row: InstanceRow | None) -> LostWork:
     """The checkpoint the relaunch resumes from (the newest acknowledged one still in storage), the steps
     trained since (the runner's last step by its events or its heartbeat) and their share of the lost
-    instance's cost."""
+    instance's cost (its row, or, where a reconcile already closed it, the job's newest)."""
     from bot.engine.record import runs
     from bot.engine.record.spend import instance_cost
     from bot.engine.watching import progress
@@ -149,6 +149,10 @@ def _lost_work(eng: EngineContext, job: Job, row: InstanceRow | None) -> LostWor
     resumes = newest.step if newest is not None else 0
     steps = max(0, step - resumes)
     cost = None
+    if row is None:
+        with eng.session() as s:
+            last = select(InstanceRow).where(InstanceRow.job_id == job.id).order_by(InstanceRow.id.desc())
+            row = s.execute(last.limit(1)).scalars().first()
     if row is not None and step > start:
         with eng.session() as s:
             fresh = s.get(InstanceRow, row.id) or row
