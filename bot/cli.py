@@ -58,6 +58,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+@app.callback()
+def _each_command(ctx: typer.Context) -> None:
+    """Every command but `serve` (it configures its own log): warnings and errors as one line on stderr, their
+    tracebacks in the data folder's log (bot/commands/cli_log.py)."""
+    if ctx.invoked_subcommand != "serve":
+        from bot.commands import cli_log
+
+        ctx.call_on_close(cli_log.configure())
+
+
 estimate_commands.register(app)
 engine_commands.register(app)
 chat_commands.register(app)

@@ -394,12 +394,20 @@ def reconcile_command(
 ) -> None:
     """Compare every provider's labelled instances with the database and fix both sides."""
     engine = _engine()
+    launches: list[str] = []  # a launch taken over (or relaunched) that raised: the job is back in recovering
+
+    def note(event: Any) -> None:
+        if event.data.get("launch_failed"):
+            launches.append(f"job {event.job_id}: {event.data['launch_failed']}; back in recovering")
+
+    engine.bus.subscribe(note)
     try:
         report = engine.reconcile()
         if resume:
             engine.resume_all()
     finally:
         engine.close()
+    report.errors.extend(dict.fromkeys(launches))  # each once: a take-over and the next tick's relaunch alike
     data = {k: v for k, v in vars(report).items()}
     if as_json:
         typer.echo(json.dumps(data, indent=1))
@@ -413,7 +421,7 @@ def reconcile_command(
             else ""
         )
     )
-    for problem in report.errors:  # one job's failure never stops the pass: each is named here
+    for problem in report.errors:  # one job's failure never stops the pass or the take-overs: each is named
         typer.echo(f"  not done: {problem}")
 
 

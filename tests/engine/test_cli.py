@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from typer.testing import CliRunner
 
@@ -72,3 +74,49 @@ def test_compare_and_sweep_refuse_bad_input_with_exit_2(tmp_path, monkeypatch) -
     assert capless.exit_code == 2 and "a sweep needs max_cost=$X" in capless.output
     unknown = runner.invoke(app, ["compare", "nope1", "nope2", "--user", "alice"])
     assert unknown.exit_code == 2 and "no job nope1" in unknown.output and "Traceback" not in unknown.output
+
+
+class _BrokenClient(FakeProvider):
+    """A cloud client with a bug: its quote raises what no provider error maps (issue 38's
+    DetachedInstanceError was such an error), so a launch taken over after a crash raises."""
+
+    def quote(self, offer):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the client broke")
+
+
+def test_reconcile_says_a_take_over_that_raised_in_one_line_and_names_it(cli_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 38: `tunebot reconcile` takes over a launch whose process died; the launch raises. The terminal
+    gets one line per failure and no traceback (that goes to the data folder's log), the summary names the job
+    and its reason, the exit status is 0 (the pass completed) and the job is back in recovering."""
+    from bot.commands import engine_commands
+    from bot.engine.launching.launch import claim
+    from bot.engine.service import Engine
+    from bot.settings import get_settings
+
+    broken = _BrokenClient("fake")
+    before = Engine(get_settings(), providers={"fake": broken})
+    before.auto_launch = False
+    job = before.create_job(request(), user="alice", estimate=estimate_for(broken)).job_id
+    assert claim(before, job, actor="test")  # launching; then the bot died before it rented anything
+    before.close()
+    monkeypatch.setattr(
+        engine_commands, "_engine", lambda: Engine(get_settings(), providers={"fake": broken})
+    )
+    # as in a real process: no handler on the root logger but what the CLI sets up (pytest adds its own)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+
+    out = CliRunner().invoke(app, ["reconcile"])
+
+    assert out.exit_code == 0, out.output
+    assert "Traceback" not in out.output, out.output
+    log = cli_env / "supervisor.log"
+    warning = f"warning: launch of job {job} failed: RuntimeError: the client broke (traceback in {log})"
+    assert warning in out.output.splitlines(), out.output
+    reason = "launch failed: RuntimeError: the client broke"
+    assert f"  not done: job {job}: {reason}; back in recovering" in out.output.splitlines(), out.output
+    assert "Traceback" in log.read_text() and "RuntimeError: the client broke" in log.read_text()
+    after = Engine(get_settings(), providers={"fake": broken})
+    view = after.get_job(job)
+    after.close()
+    assert (view.state, view.message) == ("recovering", reason)
+    assert broken.creates == 0

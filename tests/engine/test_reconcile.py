@@ -9,7 +9,7 @@ from bot.engine.launching.launch import claim
 from bot.providers.base import LaunchRequest, OfferQuery, job_label
 from bot.providers.registry import CLOUDS
 from bot.settings import Settings
-from store.models import Instance
+from store.models import Instance, Job
 
 from .conftest import estimate_for, request
 from .fakes import make_estimate
@@ -166,3 +166,30 @@ def test_duplicate_rows_for_one_job_keep_the_newest(engine, fake):
     engine.tick()
     assert [i.instance_id for i in fake.live()] == [extra.instance_id]
     assert engine.get_job(job.job_id).state == "running"
+
+
+def test_a_claimed_launch_that_raises_goes_back_to_recovering_with_its_reason(engine, fake, monkeypatch):
+    """launch_claimed: a launch that raises (here the cloud client's quote, with an error no provider error
+    maps) never leaves its job launching: launching -> recovering, the claim released, the reason said."""
+    from bot.engine.launching.launch import launch_claimed
+
+    from .conftest import Recorder
+
+    engine.auto_launch = False
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake))
+    claim_id = claim(engine, job.job_id, actor="test")
+    assert claim_id and engine.get_job(job.job_id).state == "launching"
+
+    def broken_quote(offer):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the client broke")
+
+    monkeypatch.setattr(fake, "quote", broken_quote)
+    events = Recorder(engine.bus)
+    assert launch_claimed(engine.ctx, job.job_id, claim_id, actor="test") is False
+    view = engine.get_job(job.job_id)
+    assert (view.state, view.message) == ("recovering", "launch failed: RuntimeError: the client broke")
+    with engine.session() as s:
+        assert s.get(Job, job.job_id).claim_id is None
+    said = [e for e in events.events if e.kind == "warning" and e.job_id == job.job_id]
+    assert [e.data["launch_failed"] for e in said] == [view.message]
+    assert fake.creates == 0

@@ -366,7 +366,7 @@ def launch_claimed(eng: EngineContext, job_id: str, claim_id: str, *, actor: str
     try:
         return launch_job(eng, job_id, claim_id, actor=actor)
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the job must not stay claimed
-        log.exception("launch of job %s raised", job_id)
+        log.warning("launch of job %s failed", job_id, exc_info=True)  # its traceback: for the log only
         said = redact(f"{type(exc).__name__}: {exc}", all_secrets(eng.settings))[:500]
         _launch_raised(eng, job_id, claim_id, actor, f"launch failed: {said}")
         return False
@@ -390,7 +390,12 @@ def _launch_raised(eng: EngineContext, job_id: str, claim_id: str, actor: str, m
             message=message,
             claim_id=None,
         )
-    eng.publish(EngineEventKind.warning, job_id, f"Job {job_id}: {message}; the bot tries again.")
+    eng.publish(
+        EngineEventKind.warning,
+        job_id,
+        f"Job {job_id}: {message}; the bot tries again.",
+        launch_failed=message,
+    )
 
 
 def record_instance(
