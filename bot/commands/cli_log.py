@@ -20,6 +20,18 @@ from bot.commands.supervisor import LOG_NAME
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the format `tunebot serve` logs in
 
 
+def _redacted(text: str) -> str:
+    """``text`` without the configured keys and tokens (an exception's text may carry a request's URL)."""
+    from bot.providers.base import redact
+    from bot.providers.registry import secrets
+    from bot.settings import get_settings
+
+    try:
+        return redact(text, secrets(get_settings()))
+    except Exception:  # noqa: BLE001 - settings that cannot load hold no secret to hide
+        return text
+
+
 def _log_path() -> Path | None:
     """The data folder's log; None when the settings cannot work (the command itself says why)."""
     from bot.settings import get_settings
@@ -43,7 +55,7 @@ class _LogFile(logging.Handler):
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as out:
-            out.write(self.format(record) + "\n")
+            out.write(_redacted(self.format(record)) + "\n")
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         """A log that cannot be written is no reason to print a traceback either."""
@@ -63,7 +75,7 @@ class _OneLine(logging.Handler):
             text += f": {type(exc).__name__}" + (f": {why}" if why else "")
             if path := _log_path():
                 text += f" (traceback in {path})"
-        click.echo(f"{record.levelname.lower()}: {text}", err=True)
+        click.echo(f"{record.levelname.lower()}: {_redacted(text)}", err=True)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         """Never a traceback from the handler that exists to keep them off the terminal."""

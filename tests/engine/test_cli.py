@@ -81,7 +81,7 @@ class _BrokenClient(FakeProvider):
     DetachedInstanceError was such an error), so a launch taken over after a crash raises."""
 
     def quote(self, offer):  # type: ignore[no-untyped-def]
-        raise RuntimeError("the client broke")
+        raise RuntimeError("the client broke at https://cloud.example/v1?api_key=vast-secret-key-123")
 
 
 def test_reconcile_says_a_take_over_that_raised_in_one_line_and_names_it(cli_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -93,6 +93,7 @@ def test_reconcile_says_a_take_over_that_raised_in_one_line_and_names_it(cli_env
     from bot.engine.service import Engine
     from bot.settings import get_settings
 
+    monkeypatch.setenv("VAST_API_KEY", "vast-secret-key-123")  # what the client's error text carries
     broken = _BrokenClient("fake")
     before = Engine(get_settings(), providers={"fake": broken})
     before.auto_launch = False
@@ -110,11 +111,13 @@ def test_reconcile_says_a_take_over_that_raised_in_one_line_and_names_it(cli_env
     assert out.exit_code == 0, out.output
     assert "Traceback" not in out.output, out.output
     log = cli_env / "supervisor.log"
-    warning = f"warning: launch of job {job} failed: RuntimeError: the client broke (traceback in {log})"
+    broke = "the client broke at https://cloud.example/v1?api_key=***"
+    warning = f"warning: launch of job {job} failed: RuntimeError: {broke} (traceback in {log})"
     assert warning in out.output.splitlines(), out.output
-    reason = "launch failed: RuntimeError: the client broke"
+    reason = f"launch failed: RuntimeError: {broke}"
     assert f"  not done: job {job}: {reason}; back in recovering" in out.output.splitlines(), out.output
-    assert "Traceback" in log.read_text() and "RuntimeError: the client broke" in log.read_text()
+    assert "Traceback" in log.read_text() and f"RuntimeError: {broke}" in log.read_text()
+    assert "vast-secret-key-123" not in out.output + log.read_text()
     after = Engine(get_settings(), providers={"fake": broken})
     view = after.get_job(job)
     after.close()
