@@ -168,15 +168,20 @@ class ConsoleNotifier:
 
 # The events by which this process announces a change of a job's state (ElsewhereWatcher tells the others').
 ANNOUNCED = MILESTONES | {K.job_created, K.approval_needed, K.resumed}
-MAX_ENDED = 10_000  # ended jobs remembered (a resume of one is told as a resume)
+# Those that tell a job's creation: a job this process made (a sweep's verify run is announced by its start).
+CREATION = {K.job_created, K.approval_needed, K.job_started}
+MAX_ENDED = 10_000  # ended jobs remembered (a resume of one is told as a resume); jobs this process created
 
 
 class ElsewhereWatcher:
     """What other processes did to the jobs (a CLI launch, its start, an approval, a stop, a resume; an end a
     `launch --wait` saw), told where this process tells its own (`tunebot serve`'s log): their events never
-    reach this process's bus, their states do reach the store. Every ``every_s`` the jobs' states are read
-    back; a change this process did not announce on its own bus within ``settle_s`` of being seen is told
-    once, as "by another process"."""
+    reach this process's bus, their changes do reach the store. Every ``every_s`` the store's record of what
+    happened to jobs (the audit log: creates, resumes, state changes) is read on from where the last read
+    ended, by its primary key, and each job it names is read back: a change this process did not announce
+    on its own bus within ``settle_s`` of being seen is told once, as "by another process", also when the
+    job already ended by then (its launch and its end in one line) and when it came back to the state it
+    had (a resume that ended)."""
 
     def __init__(
         self,
@@ -195,6 +200,12 @@ class ElsewhereWatcher:
         self._known: dict[str, str] | None = None  # active job id -> the state last told (None: not read yet)
         self._ended: dict[str, str] = {}  # job id -> the final state told (a resume makes it active again)
         self._seen: dict[str, tuple[str, float]] = {}  # job id -> a state not told yet, and since when
+        self._news: dict[str, list[str]] = {}  # job id -> "created", "resumed" read, not told yet
+        self._own_created: dict[str, None] = {}  # jobs this process announced (their creation is told)
+        self._own_resumes: dict[str, int] = {}  # job id -> resumes this process announced, not read yet
+        self._after = 0  # the next read's start: the cursor before the last read's (each row is read twice:
+        self._cursor = 0  # on PostgreSQL a row may commit after a newer one was read), and the last cursor
+        self._read: set[int] = set()  # rows handled, after ``_after``
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -212,33 +223,82 @@ class ElsewhereWatcher:
         except Exception:  # noqa: BLE001 - telling never fails the engine
             return
         with self._lock:
-            if self._known is not None:
-                self._known[event.job_id] = state
-                self._ended.pop(event.job_id, None)
-            self._seen.pop(event.job_id, None)
+            if self._known is None:
+                return
+            self._known[event.job_id] = state
+            self._ended.pop(event.job_id, None)
+            if event.kind in CREATION:
+                self._own_created[event.job_id] = None
+                while len(self._own_created) > MAX_ENDED:
+                    self._own_created.pop(next(iter(self._own_created)))
+            if event.kind == K.resumed:
+                self._own_resumes[event.job_id] = self._own_resumes.get(event.job_id, 0) + 1
+
+    def _read_changes(self) -> set[str]:
+        """The jobs the store says changed since the last read (their news noted): one indexed read."""
+        changes = self.engine.job_changes(after=self._after)
+        touched: set[str] = set()
+        with self._lock:
+            for change in changes.changes:
+                if change.id in self._read:
+                    continue
+                self._read.add(change.id)
+                touched.add(change.job_id)
+                if change.what in ("created", "resumed"):
+                    self._news.setdefault(change.job_id, []).append(change.what)
+            cursor = max(self._cursor, changes.cursor)
+            self._after = cursor if changes.more else self._cursor  # a flood: read on, no overlap
+            self._cursor = cursor
+            self._read = {i for i in self._read if i > self._after}
+        return touched
+
+    def _unexplained(self, job_id: str) -> list[str]:
+        """The job's news this process did not announce itself (its creation, its resumes)."""
+        kept: list[str] = []
+        for what in self._news.pop(job_id, []):
+            if what == "created" and job_id in self._own_created:
+                del self._own_created[job_id]
+            elif what == "resumed" and self._own_resumes.get(job_id, 0) > 0:
+                self._own_resumes[job_id] -= 1
+                if not self._own_resumes[job_id]:
+                    del self._own_resumes[job_id]
+            else:
+                kept.append(what)
+        if kept:
+            self._news[job_id] = kept
+        return kept
 
     def poll(self) -> list[str]:
-        """Read the jobs' states once; tell (and return) the changes made elsewhere that have settled."""
+        """Read what happened to the jobs once; tell (and return) the changes made elsewhere that settled."""
         now = self.clock()
-        views = {v.job_id: v for v in self.engine.list_jobs(active_only=True)}
         with self._lock:
-            if self._known is None:  # the first read: what was there before this process is not news
-                self._known = {job_id: str(v.state) for job_id, v in views.items()}
-                return []
-            ended = [job_id for job_id in self._known if job_id not in views]
-        for job_id in ended:  # no longer active: ended (or stopped) by whichever process saw it
+            first = self._known is None
+        if first:  # the first read: what was there before this process is not news
+            cursor = self.engine.job_changes().cursor  # before the listing: a change between is read again
+            views = self.engine.list_jobs(active_only=True)
+            with self._lock:
+                self._known = {v.job_id: str(v.state) for v in views}
+                self._after = self._cursor = cursor
+            return []
+        touched = self._read_changes()
+        with self._lock:
+            ids = touched | set(self._seen) | set(self._news)
+        views: dict[str, Any] = {}
+        for job_id in sorted(ids):
             try:
                 views[job_id] = self.engine.get_job(job_id)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - gone or unreadable: nothing to tell
                 continue
-        told: list[tuple[str | None, Any]] = []
+        told: list[tuple[str | None, Any, list[str]]] = []
         with self._lock:
             known = self._known
+            assert known is not None
             for job_id, view in views.items():
                 state = str(view.state)
                 if job_id not in known and job_id in self._ended:
-                    known[job_id] = self._ended.pop(job_id)  # ended before, active again: a resume
-                if known.get(job_id) == state:
+                    known[job_id] = self._ended.pop(job_id)  # ended before, changed again (a resume)
+                news = self._unexplained(job_id)
+                if known.get(job_id) == state and not news:
                     self._seen.pop(job_id, None)
                     continue
                 since = self._seen.get(job_id)
@@ -246,40 +306,49 @@ class ElsewhereWatcher:
                     self._seen[job_id] = (state, now)  # told once it has settled: this process may say it
                     continue
                 if now - since[1] >= self.settle_s:
-                    told.append((known.get(job_id), view))
+                    told.append((known.get(job_id), view, news))
                     known[job_id] = state
                     self._seen.pop(job_id, None)
+                    self._news.pop(job_id, None)
             for job_id in [j for j, s in known.items() if s in FINAL]:
                 self._ended[job_id] = known.pop(job_id)  # ended and told: no longer read every time
             while len(self._ended) > MAX_ENDED:
                 self._ended.pop(next(iter(self._ended)))
-        lines = [self._line(before, view) for before, view in told]
-        for (_, view), line in zip(told, lines, strict=True):
+        lines = [self._line(before, view, news) for before, view, news in told]
+        for (_, view, _), line in zip(told, lines, strict=True):
             self.console.print(f"[dim]\\[{view.job_id}][/dim] " + markup(line), highlight=False)
         return lines
 
     @staticmethod
-    def _line(before: str | None, view: Any) -> str:
+    def _line(before: str | None, view: Any, news: list[str] | tuple[str, ...] = ()) -> str:
         state = str(view.state)
-        if before is None:
+        ended = state in FINAL
+        began = "resumed" if "resumed" in news else "launched" if "created" in news else None
+        if began == "launched" and state == "pending_approval":
+            what = "waits for approval"
+        elif began is not None:
+            what = began  # and, where it ended since, "and ended" below
+        elif before is None:
             what = "waits for approval" if state == "pending_approval" else "launched"
-        elif before in ("stopped", "failed") and state not in FINAL:
+        elif before in ("stopped", "failed") and not ended:
             what = "resumed"
-        elif before == "pending_approval" and state not in FINAL:
+        elif before == "pending_approval" and not ended:
             what = "approved"
         elif state == "running" and before in ("approved", "launching"):
             what = "started"
-        elif state in FINAL:
+        elif ended:
             what = "ended"
         else:
             what = f"{before} -> {state}"
         running = state == "running" and view.provider
-        where = f" on {view.provider} {view.gpu or ''} x{view.gpu_count or 1}" if running else ""
+        shown = view.provider and (running or (ended and what in ("launched", "resumed")))
+        where = f" on {view.provider} {view.gpu or ''} x{view.gpu_count or 1}" if shown else ""
         price = f" at {cards.money(view.price_per_hour)}/h" if running and view.price_per_hour else ""
+        then = " and ended" if ended and what in ("launched", "resumed") else ""
         steps = f"step {view.step}" + (f"/{view.max_steps}" if view.max_steps else "")
         return (
-            f":arrow_forward: Job {view.job_id} of {view.owner} {what} by another process{where}{price}: "
-            f"{state} · {steps} · {cards.money(view.spend)}"
+            f":arrow_forward: Job {view.job_id} of {view.owner} {what} by another process{where}{price}"
+            f"{then}: {state} · {steps} · {cards.money(view.spend)}"
         )
 
     def start(self) -> ElsewhereWatcher:

@@ -83,6 +83,23 @@ class JobView(BaseModel):
     pace: PaceView | None = None  # a running job well over its quoted time or past its cap (issue 36)
 
 
+class JobChange(BaseModel):
+    """One thing that happened to a job, as the store recorded it (its audit row)."""
+
+    id: int  # the audit row's id: rows are read in this order
+    job_id: str
+    what: Literal["created", "resumed", "state"]
+    state: str | None = None  # "state": the state it moved to
+
+
+class JobChanges(BaseModel):
+    """What happened to jobs after a point of the store's record (``EngineAPI.job_changes``)."""
+
+    cursor: int  # the newest row read: the next read's ``after``
+    changes: list[JobChange] = Field(default_factory=list)
+    more: bool = False  # the read stopped at its limit: there are newer rows
+
+
 class CompareRun(BaseModel):
     """One run of a comparison: the job, its differing settings as option values, the billed hours and its
     eval curve (step 0: the base model)."""
@@ -441,6 +458,9 @@ class EngineAPI(Protocol):
     ) -> list[JobView]: ...
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None: ...
+
+    # Any process's creates, resumes and state changes after ``after`` (None: none, only where to start).
+    def job_changes(self, after: int | None = None) -> JobChanges: ...
 
     def spend(
         self,

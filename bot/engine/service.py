@@ -31,6 +31,8 @@ from bot.engine.api import (
     DailySummary,
     Dashboard,
     EngineError,
+    JobChange,
+    JobChanges,
     JobSeries,
     JobView,
     PriceList,
@@ -341,6 +343,14 @@ class Engine:
         """Jobs, newest first (``user``: only theirs); ``viewer`` sees only what the policy lets them."""
         reports.check_read_user(self.permissions, viewer, user)
         return reports.list_jobs(self.ctx, user=user, active_only=active_only)
+
+    def job_changes(self, after: int | None = None, *, limit: int = 1000) -> JobChanges:
+        """What any process did to jobs after audit row ``after`` (created, resumed, moved to a state), oldest
+        first, by the audit log's primary key; ``after`` None: nothing yet, only the cursor to start from."""
+        with self.session() as s:
+            cursor, rows, more = S.changes_since(s, after, limit=limit)
+        changes = [JobChange(id=i, job_id=j, what=w, state=st) for i, j, w, st in rows]
+        return JobChanges(cursor=cursor, changes=changes, more=more)
 
     def set_thread(self, job_id: str, *, channel: str, thread_ts: str) -> None:
         check_job_id(job_id)

@@ -58,6 +58,98 @@ def test_changes_made_by_another_process_are_told_once_and_its_own_not_twice(tmp
         cli.close()
 
 
+def _two_processes(tmp_path: Path):  # noqa: ANN202
+    """`tunebot serve` and a CLI as two engines on one database, the watcher on serve's bus; ``told()``: two
+    reads a settle apart, what they told."""
+    from engine.fakes import FakeProvider
+
+    from bot.engine.service import Engine
+    from bot.settings import Settings
+
+    fake = FakeProvider("fake")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
+    serve, cli = (Engine(settings, db_url=url, providers={"fake": fake}) for _ in range(2))
+    now = [0.0]
+    out = io.StringIO()
+    watcher = ElsewhereWatcher(serve, Console(file=out, width=300, color_system=None), clock=lambda: now[0])
+
+    def told() -> list[str]:
+        first = watcher.poll()
+        now[0] += 3.0
+        return first + watcher.poll()
+
+    return fake, serve, cli, watcher.attach(serve.bus), told, out
+
+
+def _finish(engine, fake, job_id: str) -> None:  # noqa: ANN001
+    """The job's runner says it finished (signed, as a run sends it); the engine ends the job."""
+    from engine.test_monitor import _sev, _token
+    from fakes.worlds import join_finisher
+
+    from runner.contract.spec import JobSpec
+
+    spec = JobSpec.model_validate_json(fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"])
+    event = _sev(engine, job_id, 1, "finished", output_uri=spec.output_uri + "/adapter")
+    assert engine.record_runner_event(job_id, _token(fake), event)
+    engine.tick()
+    join_finisher(job_id)
+    assert engine.get_job(job_id).state == "succeeded"
+
+
+def test_a_job_launched_and_finished_elsewhere_between_two_reads_is_told(tmp_path: Path) -> None:
+    """Issue 38: the active jobs were read, so a CLI job that launched and ended between two reads was never
+    in them, and its launch and its end were never told."""
+    from engine.conftest import estimate_for, request
+
+    fake, serve, cli, watcher, told, out = _two_processes(tmp_path)
+    try:
+        assert told() == []
+        job = cli.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=5.0)
+        _finish(cli, fake, job.job_id)
+        (line,) = told()
+        assert f"Job {job.job_id} of alice launched by another process on fake" in line, line
+        assert "and ended: succeeded" in line, line
+        assert told() == []  # told once
+        mine = serve.create_job(request(), user="bob", estimate=estimate_for(fake), max_cost=5.0)
+        _finish(serve, fake, mine.job_id)  # this process's own: its bus said it
+        assert told() == []
+        assert f"[{mine.job_id}]" not in out.getvalue(), out.getvalue()
+    finally:
+        serve.close()
+        cli.close()
+
+
+def test_a_resume_of_a_job_that_ended_before_serve_started_is_told_as_a_resume(tmp_path: Path) -> None:
+    """Issue 38: a job that ended before the watcher's first read was not known to it, so its resume read as
+    a new active job: "launched"."""
+    from engine.conftest import estimate_for, request
+
+    fake, serve, cli, watcher, told, out = _two_processes(tmp_path)
+    try:
+        job = cli.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=5.0)
+        cli.stop(job.job_id, user="alice")
+        assert told() == []  # serve starts: what was there before is not news
+        cli.resume(job.job_id, user="alice")
+        (line,) = told()
+        assert f"Job {job.job_id} of alice resumed by another process" in line, line
+        cli.stop(job.job_id, user="alice")
+        (line,) = told()
+        assert f"Job {job.job_id} of alice ended by another process: stopped" in line, line
+        cli.resume(job.job_id, user="alice")  # resumed and stopped again between two reads
+        cli.stop(job.job_id, user="alice")
+        (line,) = told()
+        assert f"Job {job.job_id} of alice resumed by another process on fake" in line, line
+        assert "and ended: stopped" in line, line
+        serve.resume(job.job_id, user="alice")  # this process's own resume and stop: its bus said them
+        serve.stop(job.job_id, user="alice")
+        assert told() == []
+        assert out.getvalue().count(f"[{job.job_id}]") == 3, out.getvalue()
+    finally:
+        serve.close()
+        cli.close()
+
+
 @pytest.mark.slow
 def test_the_serve_log_tells_a_cli_launch_and_its_start(tmp_path: Path, serving) -> None:  # noqa: ANN001, F811
     from engine.test_supervisor_everywhere import _cli, _lease, _tiny_launch, _wait, _wait_logged

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlmodel import Session
 
 from bot.engine.record.jobstate import ACTIVE, FINAL, OPEN, JobState
@@ -31,7 +31,18 @@ CANCELLED = JobState.CANCELLED
 STOPPED = JobState.STOPPED
 
 ALL_STATES = frozenset(JobState)
-__all__ = ["ACTIVE", "ALL_STATES", "FINAL", "OPEN", "JobState", "allowed", "audit", "lock_job", "transition"]
+__all__ = [
+    "ACTIVE",
+    "ALL_STATES",
+    "FINAL",
+    "OPEN",
+    "JobState",
+    "allowed",
+    "audit",
+    "changes_since",
+    "lock_job",
+    "transition",
+]
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     PENDING_APPROVAL: frozenset({APPROVED, CANCELLED}),
@@ -153,3 +164,32 @@ def lock_job(session: Session, job_id: str) -> Job | None:
         .scalars()
         .first()
     )
+
+
+def changes_since(
+    session: Session, after: int | None, *, limit: int = 1000
+) -> tuple[int, list[tuple[int, str, str, str | None]], bool]:
+    """What happened to jobs after audit row ``after``, read back from the audit log by its primary key (no
+    scan): ``(id, job_id, what, state)`` oldest first, ``what`` "created" (a create row), "resumed" (a resume
+    row) or "state" (a transition, ``state`` its destination); with the newest row id read, the next call's
+    ``after``, and whether the read stopped at ``limit`` rows (of every action: the cursor passes the others
+    too). ``after`` None: no rows, only the newest id (where a reader starts)."""
+    if after is None:
+        return int(session.execute(select(func.max(AuditLog.id))).scalar() or 0), [], False
+    rows = session.execute(
+        select(AuditLog.id, AuditLog.job_id, AuditLog.action)
+        .where(AuditLog.id > after)
+        .order_by(AuditLog.id)
+        .limit(limit)
+    ).all()
+    out: list[tuple[int, str, str, str | None]] = []
+    for row_id, job_id, action in rows:
+        if not job_id:
+            continue
+        if action == "create":
+            out.append((row_id, job_id, "created", None))
+        elif action == "resume":
+            out.append((row_id, job_id, "resumed", None))
+        elif action.startswith("transition:") and "->" in action:
+            out.append((row_id, job_id, "state", action.rsplit("->", 1)[1]))
+    return (rows[-1][0] if rows else after), out, len(rows) >= limit
