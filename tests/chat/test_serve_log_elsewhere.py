@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 import pytest
+from engine.conftest import db_url, pg_database  # noqa: F401  (the fixtures: SQLite and PostgreSQL)
 from engine.test_supervisor_everywhere import serving  # noqa: F401  (the fixture: `tunebot serve`, no Slack)
 from rich.console import Console
 
@@ -58,16 +59,15 @@ def test_changes_made_by_another_process_are_told_once_and_its_own_not_twice(tmp
         cli.close()
 
 
-def _two_processes(tmp_path: Path):  # noqa: ANN202
-    """`tunebot serve` and a CLI as two engines on one database, the watcher on serve's bus; ``told()``: two
-    reads a settle apart, what they told."""
+def _two_processes(tmp_path: Path, url: str):  # noqa: ANN202
+    """`tunebot serve` and a CLI as two engines on one database (``url``), the watcher on serve's bus;
+    ``told()``: two reads a settle apart, what they told."""
     from engine.fakes import FakeProvider
 
     from bot.engine.service import Engine
     from bot.settings import Settings
 
     fake = FakeProvider("fake")
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     settings = Settings(TUNEBOT_DATA_DIR=str(tmp_path / "data"))
     serve, cli = (Engine(settings, db_url=url, providers={"fake": fake}) for _ in range(2))
     now = [0.0]
@@ -97,12 +97,12 @@ def _finish(engine, fake, job_id: str) -> None:  # noqa: ANN001
     assert engine.get_job(job_id).state == "succeeded"
 
 
-def test_a_job_launched_and_finished_elsewhere_between_two_reads_is_told(tmp_path: Path) -> None:
+def test_a_job_launched_and_finished_elsewhere_between_two_reads_is_told(tmp_path: Path, db_url: str) -> None:  # noqa: F811
     """Issue 38: the active jobs were read, so a CLI job that launched and ended between two reads was never
     in them, and its launch and its end were never told."""
     from engine.conftest import estimate_for, request
 
-    fake, serve, cli, watcher, told, out = _two_processes(tmp_path)
+    fake, serve, cli, watcher, told, out = _two_processes(tmp_path, db_url)
     try:
         assert told() == []
         job = cli.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=5.0)
@@ -120,12 +120,15 @@ def test_a_job_launched_and_finished_elsewhere_between_two_reads_is_told(tmp_pat
         cli.close()
 
 
-def test_a_resume_of_a_job_that_ended_before_serve_started_is_told_as_a_resume(tmp_path: Path) -> None:
+def test_a_resume_of_a_job_that_ended_before_serve_started_is_told_as_a_resume(
+    tmp_path: Path,
+    db_url: str,  # noqa: F811
+) -> None:
     """Issue 38: a job that ended before the watcher's first read was not known to it, so its resume read as
     a new active job: "launched"."""
     from engine.conftest import estimate_for, request
 
-    fake, serve, cli, watcher, told, out = _two_processes(tmp_path)
+    fake, serve, cli, watcher, told, out = _two_processes(tmp_path, db_url)
     try:
         job = cli.create_job(request(), user="alice", estimate=estimate_for(fake), max_cost=5.0)
         cli.stop(job.job_id, user="alice")
