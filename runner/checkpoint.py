@@ -19,7 +19,9 @@ Layout under the checkpoint URI (a folder, s3://bucket/prefix, memory://..., any
 A checkpoint is written to a local staging folder first, then uploaded file by file with COMPLETE last. The
 timed saves of a run write and upload in the background (``BackgroundSave``: what they hold is copied to host
 memory first, so training goes on while the files are written, hashed and uploaded); a save that must be
-complete before the runner exits (preemption, the spend cap, a plateau stop) waits for it.
+complete before the runner exits (preemption, the spend cap, a plateau stop) waits for it. While the
+loop waits on a save, the save's bytes moving (``Moved``) are progress for the runner's heartbeat
+(``BackgroundSave.wait``): a long upload is not idleness, a hung one is.
 The previous complete checkpoint stays until the new one has its marker; then the oldest are pruned to
 `keep`, and incomplete leftovers of killed saves are removed.
 
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import fsspec.callbacks
 import numpy as np
 import torch
 
@@ -209,6 +212,67 @@ def to_host(value: Any) -> Any:
     return value
 
 
+# How often a wait on a save looks whether the save moved bytes (and then touches the heartbeat's progress).
+WAIT_ROUND_S = 1.0
+
+
+class Moved:
+    """How far a save has got, in bytes moved: the sizes of the files in the local folders it writes
+    (``watch``: a safetensors file grows as it is written) plus what its uploads sent (``put_file``: per
+    block or part where the filesystem reports them, as the generic fsspec one and s3fs do; else per file).
+    Read from the waiting thread while the save's thread writes: ``reading`` changes only while the save gets
+    somewhere (hashing the files for the manifest moves nothing: at disk speed, minutes for the largest
+    model)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._folders: list[Path] = []
+
+    def watch(self, folder: Path) -> None:
+        with self._lock:
+            self._folders.append(folder)
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._sent += max(0, int(count))
+
+    def put_file(self, fs: Any, local: str, remote: str) -> None:
+        """``fs.put_file`` counted: per block when the filesystem reports them, else the whole file after."""
+        callback = _Counted(self)
+        fs.put_file(local, remote, callback=callback)
+        self.add(os.path.getsize(local) - callback.counted)
+
+    def reading(self) -> int:
+        """The bytes moved so far (a few stat calls: the watched folders hold a handful of files)."""
+        with self._lock:
+            total, folders = self._sent, list(self._folders)
+        for folder in folders:
+            for parent, _dirs, names in os.walk(folder):
+                for name in names:
+                    try:
+                        total += os.stat(os.path.join(parent, name)).st_size
+                    except OSError:  # removed meanwhile (the staging folder once uploaded)
+                        continue
+        return total
+
+
+class _Counted(fsspec.callbacks.Callback):
+    """An fsspec transfer callback: what the transfer reports (relative or absolute) added to a ``Moved``."""
+
+    def __init__(self, moved: Moved) -> None:
+        super().__init__()
+        self._moved = moved
+        self.counted = 0
+
+    def call(self, hook_name: str | None = None, **kwargs: Any) -> None:
+        gained = int(self.value or 0) - self.counted
+        if gained > 0:
+            self.counted += gained
+            self._moved.add(gained)
+        super().call(hook_name, **kwargs)
+
+
 class BackgroundSave:
     """Checkpoint writes and uploads off the training loop, one at a time.
 
@@ -222,14 +286,17 @@ class BackgroundSave:
         self._thread: threading.Thread | None = None
         self._result: Any = None
         self._error: BaseException | None = None
+        self._moved: Moved | None = None
 
     @property
     def busy(self) -> bool:
         return self._thread is not None
 
-    def start(self, work: Callable[[], Any]) -> None:
-        """Run ``work`` in the background once the save in flight (if any) is done."""
+    def start(self, work: Callable[[], Any], *, moved: Moved | None = None) -> None:
+        """Run ``work`` in the background once the save in flight (if any) is done. ``moved``: what the work
+        reports of its bytes moved (``wait`` counts them as progress)."""
         self.wait()
+        self._moved = moved
 
         def run() -> None:
             try:
@@ -247,16 +314,40 @@ class BackgroundSave:
             return False, None
         return True, self.wait()
 
-    def wait(self) -> Any:
-        """Wait for the save in flight; its result (None when there was none), its error raised."""
+    def wait(self, touch: Callable[[], object] | None = None, *, every: float | None = None) -> Any:
+        """Wait for the save in flight; its result (None when there was none), its error raised.
+
+        ``touch`` (the reporter's): called every ``every`` seconds of the wait in which the save's thread is
+        alive AND moved bytes since the last look (``Moved``), so the heartbeat says the runner made progress
+        and a long checkpoint upload is not stopped as idle (issue 38). Not merely while the thread lives: a
+        save hung on a dead connection moves nothing, and its runner must still look idle to the bot, which
+        stops it (a save without ``moved`` never touches)."""
         thread, self._thread = self._thread, None
         if thread is None:
             return None
-        thread.join()
+        moved, self._moved = self._moved, None
+        last = moved.reading() if moved is not None else 0
+        every = WAIT_ROUND_S if every is None else every
+        while thread.is_alive():
+            thread.join(every)
+            if touch is not None and moved is not None and thread.is_alive():
+                now = moved.reading()
+                if now != last:
+                    last = now
+                    touch()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
         return self._result
+
+
+def wait_on(work: Callable[[], Any], *, moved: Moved, touch: Callable[[], object] | None) -> Any:
+    """Do ``work`` (a save the run waits for: on the way out, the output) in a thread and wait for it as for a
+    background save (``BackgroundSave.wait``): its bytes moving are the runner's progress; its result, or its
+    error raised here."""
+    saving = BackgroundSave()
+    saving.start(work, moved=moved)
+    return saving.wait(touch)
 
 
 def weights_name(ckpt_dir: Path) -> str | None:
@@ -440,8 +531,9 @@ class CheckpointStore:
         pinned.skipped = own.skipped + pinned.skipped
         return pinned
 
-    def upload(self, local_dir: Path, step: int) -> str:
-        """Upload a staged checkpoint, COMPLETE last; return its URI."""
+    def upload(self, local_dir: Path, step: int, *, moved: Moved | None = None) -> str:
+        """Upload a staged checkpoint, COMPLETE last; return its URI. ``moved`` counts the bytes sent."""
+        moved = moved or Moved()
         self._uploads += 1
         kill_at = os.environ.get(KILL_DURING_SAVE_ENV)
         remote = self._path(step)
@@ -449,7 +541,7 @@ class CheckpointStore:
             self.fs.rm(remote, recursive=True)
         self.fs.makedirs(remote, exist_ok=True)
         for index, path in enumerate(sorted(p for p in local_dir.iterdir() if p.name != MARKER)):
-            self.fs.put_file(str(path), f"{remote}/{path.name}")
+            moved.put_file(self.fs, str(path), f"{remote}/{path.name}")
             if index == 0 and kill_at and int(kill_at) == self._uploads:
                 os.kill(os.getpid(), signal.SIGKILL)
         with tempfile.NamedTemporaryFile("w", suffix=".marker", delete=False) as fh:

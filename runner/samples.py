@@ -95,8 +95,10 @@ def answer(
     device: torch.device,
     max_new_tokens: int,
     precision: Callable[[], AbstractContextManager[Any]],
+    progress: Callable[[], object] | None = None,
 ) -> list[str]:
-    """Greedy answers of ``model`` to each prompt (decoded, special tokens skipped)."""
+    """Greedy answers of ``model`` to each prompt (decoded, special tokens skipped). ``progress``: called
+    after each token generated (the runner's heartbeat: a long generation is progress, not idleness)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     was_training = model.training
     model.eval()
@@ -111,6 +113,8 @@ def answer(
                     out = model(input_ids=ids, use_cache=True, **past)
                 past = _cache_of(out)
                 token = int(out.logits[0, -1].float().argmax())
+                if progress is not None:
+                    progress()
                 if eos is not None and token == eos:
                     break
                 new.append(token)

@@ -845,6 +845,7 @@ class Trainer:
             device=self._group().device,
             max_new_tokens=self.spec.samples.max_new_tokens,
             precision=self._precision,
+            progress=self._touch,  # each token generated: long generation is not idleness
         )
 
     def _results(self) -> RunResults | None:
@@ -1107,12 +1108,17 @@ class Trainer:
             with self._precision():
                 total = total + self.head_loss(self.ddp_model, inputs, labels, where).detach().double()
             count += batch.num_label_tokens
-            if self.reporter is not None:  # a long eval is progress: its heartbeat says so (not idle)
-                self.reporter.touch()
+            self._touch()  # a long eval is progress: its heartbeat says so (not idle)
         self.ddp_model.train()
         return float(total) / max(count, 1)  # one read-back per pass
 
     # ---- saving -----------------------------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        """Progress that is neither a step nor an event (an eval batch, a token of a sample, bytes of a save
+        moving): the next heartbeat says the runner just made progress (runner/report.Reporter.touch)."""
+        if self.reporter is not None:
+            self.reporter.touch()
 
     def save(self, *, background: bool = False) -> str:
         """Write a checkpoint (rank 0 writes, every rank takes part) and prune old ones; return its URI.
@@ -1154,6 +1160,8 @@ class Trainer:
                 trainable=weights[1] if self.fsdp else None,
                 base_name=self.spec.base_model_name,
             )
+            moved = ckpt.Moved()  # the save's bytes moving: progress for the heartbeat while it is waited on
+            moved.watch(staged)
             keep = ckpt.to_host if background else (lambda value: value)
             files = dict(
                 weights=keep(weights),
@@ -1168,17 +1176,22 @@ class Trainer:
                 best = self.best_weights[1]
 
             def write() -> tuple[str, str, int]:
-                return self._write_checkpoint(staged, step, files, best)
+                return self._write_checkpoint(staged, step, files, best, moved)
 
             if background:
-                self.saving.start(write)
-            else:
-                uri, self.manifest_sha256, _ = write()
+                self.saving.start(write, moved=moved)
+            else:  # by a thread too, so that the wait for it (a long upload on the way out) is progress
+                uri, self.manifest_sha256, _ = ckpt.wait_on(write, moved=moved, touch=self._touch)
         group.barrier()
         return uri
 
     def _write_checkpoint(
-        self, staged: Path, step: int, files: dict[str, Any], best: dict[str, torch.Tensor] | None
+        self,
+        staged: Path,
+        step: int,
+        files: dict[str, Any],
+        best: dict[str, torch.Tensor] | None,
+        moved: ckpt.Moved | None = None,
     ) -> tuple[str, str, int]:
         """Write, sign, upload and prune one staged checkpoint: (its URI, its manifest's digest, its step)."""
         try:
@@ -1192,7 +1205,7 @@ class Trainer:
             # run's resume (runner/contract/manifest.py fetch_pinned).
             digest = manifest.sha256_of(written.read_bytes())
             assert self.store is not None
-            uri = self.store.upload(staged, step)
+            uri = self.store.upload(staged, step, moved=moved)
             self.store.prune(self.spec.checkpoint.keep, upto=step)
         finally:
             shutil.rmtree(staged.parent, ignore_errors=True)
@@ -1205,7 +1218,7 @@ class Trainer:
         if self.saving is None or not self.saving.busy:
             return
         if wait:
-            done, result = True, self.saving.wait()
+            done, result = True, self.saving.wait(self._touch)
         else:
             done, result = self.saving.done()
         if done and result is not None:  # the event names the checkpoint's own step, not the loop's
@@ -1223,84 +1236,94 @@ class Trainer:
 
             full_state = get_model_state_dict(self.ddp_model, options=ckpt.full_state_options())
         if self.group.main:
-            import fsspec
-
-            from runner import outputs
-            from runner.contract.publish import as_ran
-            from runner.model import save_final
-
-            with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
-                local = Path(tmp)
-                save_final(
-                    self.model,
-                    self.tokenizer,
-                    local,
-                    state_dict=full_state,
-                    dtype=torch.bfloat16 if self.autocast and self.spec.method is Method.full else None,
-                )
-                loadable.point_adapter_at(local, self.spec.base_model_name)
-                cost = self._cost()
-                summary = {
-                    "status": status,
-                    "steps": self.state.step,
-                    "max_steps": self.max_steps,
-                    "tokens": self.state.tokens_seen,
-                    "final_loss": self.state.last_loss,
-                    "eval_loss": self.state.eval_loss,
-                    "train_seconds": self.state.train_seconds,
-                    "resumed_from": self.resumed_from,
-                    "cost": cost,
-                    "data": self.stats.as_dict() if self.stats is not None else None,
-                    "method": self.spec.method.value,
-                    "job_id": self.spec.job_id,
-                    "results": self.results.model_dump(mode="json") if self.results is not None else None,
-                }
-                (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-                # no report token in outputs; the precision and sharding that ran, not only those asked for
-                ran = as_ran(json.loads(self.spec.redacted().model_dump_json()), self._ran())
-                (local / "job.json").write_text(json.dumps(ran, indent=2), encoding="utf-8")
-                card = outputs.model_card(
-                    self.spec,
-                    status=status,
-                    steps=self.state.step,
-                    max_steps=self.max_steps,
-                    final_loss=self.state.last_loss,
-                    eval_loss=self.state.eval_loss,
-                    tokens=self.state.tokens_seen,
-                    train_seconds=self.state.train_seconds,
-                    data=summary["data"],
-                    cost=cost,
-                    model_dir=self.model_dir,
-                    ran=self._ran(),
-                    results=self.results,
-                )
-                (local / "README.md").write_text(card, encoding="utf-8")
-                if self.spec.merge and self.spec.method is not Method.full:
-                    try:
-                        outputs.merge_adapter(local, self.model_dir, local / "merged", dtype=self.dtype)
-                        print(f"merged model saved: {uri}/merged", flush=True)
-                    except Exception as exc:  # the adapter is saved either way
-                        self.publish_problem = f"merge failed ({type(exc).__name__}: {exc})"[:500]
-                        print(f"note: {self.publish_problem}", flush=True)
-                # No push from here: the host holds no Hub token that can write. The bot pushes this folder
-                # with its own token once it has checked every file against the manifest below, signed with
-                # this run's key and written last (bot/engine/outcome/hub_push.py).
-                signed = manifest.build_output(
-                    local, job_id=self.spec.job_id, run_id=self.spec.run_id, key=self.key
-                )
-                body = json.dumps(signed, indent=1).encode()
-                self.output_manifest_sha256 = manifest.sha256_of(body)
-                fs, root = fsspec.core.url_to_fs(uri)
-                fs.makedirs(root, exist_ok=True)
-                for path in sorted(local.rglob("*")):
-                    if path.is_file():
-                        target = f"{root}/{path.relative_to(local).as_posix()}"
-                        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-                        fs.put_file(str(path), target)
-                fs.pipe_file(f"{root}/{manifest.OUTPUT_MANIFEST}", body)
+            # Written and uploaded by a thread that this one waits for: its bytes moving (the weights written,
+            # a merged model, each file uploaded) are progress for the heartbeat, not idleness (issue 38).
+            moved = ckpt.Moved()
+            ckpt.wait_on(
+                lambda: self._write_output(uri, status, full_state, moved), moved=moved, touch=self._touch
+            )
             print(f"output saved: {uri}", flush=True)
         self.group.barrier()
         return uri
+
+    def _write_output(self, uri: str, status: str, full_state: Any, moved: ckpt.Moved) -> None:
+        """The output folder built locally (``moved`` watches it) and uploaded file by file, manifest last."""
+        import fsspec
+
+        from runner import outputs
+        from runner.contract.publish import as_ran
+        from runner.model import save_final
+
+        with tempfile.TemporaryDirectory(prefix="tunebot-output-") as tmp:
+            local = Path(tmp)
+            moved.watch(local)
+            save_final(
+                self.model,
+                self.tokenizer,
+                local,
+                state_dict=full_state,
+                dtype=torch.bfloat16 if self.autocast and self.spec.method is Method.full else None,
+            )
+            loadable.point_adapter_at(local, self.spec.base_model_name)
+            cost = self._cost()
+            summary = {
+                "status": status,
+                "steps": self.state.step,
+                "max_steps": self.max_steps,
+                "tokens": self.state.tokens_seen,
+                "final_loss": self.state.last_loss,
+                "eval_loss": self.state.eval_loss,
+                "train_seconds": self.state.train_seconds,
+                "resumed_from": self.resumed_from,
+                "cost": cost,
+                "data": self.stats.as_dict() if self.stats is not None else None,
+                "method": self.spec.method.value,
+                "job_id": self.spec.job_id,
+                "results": self.results.model_dump(mode="json") if self.results is not None else None,
+            }
+            (local / "training_summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            # no report token in outputs; the precision and sharding that ran, not only those asked for
+            ran = as_ran(json.loads(self.spec.redacted().model_dump_json()), self._ran())
+            (local / "job.json").write_text(json.dumps(ran, indent=2), encoding="utf-8")
+            card = outputs.model_card(
+                self.spec,
+                status=status,
+                steps=self.state.step,
+                max_steps=self.max_steps,
+                final_loss=self.state.last_loss,
+                eval_loss=self.state.eval_loss,
+                tokens=self.state.tokens_seen,
+                train_seconds=self.state.train_seconds,
+                data=summary["data"],
+                cost=cost,
+                model_dir=self.model_dir,
+                ran=self._ran(),
+                results=self.results,
+            )
+            (local / "README.md").write_text(card, encoding="utf-8")
+            if self.spec.merge and self.spec.method is not Method.full:
+                try:
+                    outputs.merge_adapter(local, self.model_dir, local / "merged", dtype=self.dtype)
+                    print(f"merged model saved: {uri}/merged", flush=True)
+                except Exception as exc:  # the adapter is saved either way
+                    self.publish_problem = f"merge failed ({type(exc).__name__}: {exc})"[:500]
+                    print(f"note: {self.publish_problem}", flush=True)
+            # No push from here: the host holds no Hub token that can write. The bot pushes this folder
+            # with its own token once it has checked every file against the manifest below, signed with
+            # this run's key and written last (bot/engine/outcome/hub_push.py).
+            signed = manifest.build_output(
+                local, job_id=self.spec.job_id, run_id=self.spec.run_id, key=self.key
+            )
+            body = json.dumps(signed, indent=1).encode()
+            self.output_manifest_sha256 = manifest.sha256_of(body)
+            fs, root = fsspec.core.url_to_fs(uri)
+            fs.makedirs(root, exist_ok=True)
+            for path in sorted(local.rglob("*")):
+                if path.is_file():
+                    target = f"{root}/{path.relative_to(local).as_posix()}"
+                    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                    moved.put_file(fs, str(path), target)
+            fs.pipe_file(f"{root}/{manifest.OUTPUT_MANIFEST}", body)
 
     def _ran(self) -> dict[str, Any]:
         """What this run really trained with (a CPU run is fp32 in one process or gloo DDP, whatever the
@@ -1410,7 +1433,7 @@ class Trainer:
     def close(self) -> None:
         if self.saving is not None and self.saving.busy:  # a run ending early: its save still completes
             try:
-                self.saving.wait()
+                self.saving.wait(self._touch)
             except Exception as exc:  # noqa: BLE001 - the run's own end says what went wrong
                 print(f"note: the checkpoint being saved failed ({type(exc).__name__}: {exc})", flush=True)
         if self.wandb is not None:

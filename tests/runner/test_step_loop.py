@@ -33,13 +33,13 @@ def _held_upload(trainer: Trainer, release: threading.Event, released: list[bool
     real = trainer.store.upload
     asked: list[int] = []
 
-    def upload(local: Path, step: int) -> str:
+    def upload(local: Path, step: int, **kwargs: Any) -> str:
         asked.append(step)
         if len(asked) == 1:
             came = release.wait(timeout=30)
             if released is not None:
                 released.append(came)
-        return real(local, step)
+        return real(local, step, **kwargs)
 
     trainer.store.upload = upload  # type: ignore[method-assign]
     return asked
