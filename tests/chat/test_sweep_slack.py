@@ -49,6 +49,7 @@ def _spec(cloud: Any, job_id: str) -> Any:
 
 def test_one_thread_for_the_sweep_each_run_a_line(real_stack, tmp_path: Path) -> None:
     stack, engine, cloud = real_stack
+    cloud.machines = 2  # the winner's output is measured again on another machine than its own
     data = tmp_path / "train.jsonl"
     record = {"instruction": "Say hi.", "input": "", "output": "Hi there! " * 20}
     data.write_text("\n".join(json.dumps(record) for _ in range(200)) + "\n")

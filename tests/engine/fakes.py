@@ -47,6 +47,7 @@ class FakeProvider:
         self.interruptible = interruptible
         self.instances: dict[str, Instance] = {}
         self.creates = 0
+        self.machines = 1  # the hosts it sells (a marketplace: an offer a machine, <name>-1, <name>-2)
         self.terminates: list[str] = []
         self.capacity = True
         self.launch_requests: list[LaunchRequest] = []
@@ -55,10 +56,10 @@ class FakeProvider:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def offer(self) -> Offer:
+    def offer(self, offer_id: str | None = None) -> Offer:
         return Offer(
             provider=self.name,
-            offer_id=f"{self.name}-1",
+            offer_id=offer_id or f"{self.name}-1",
             gpu=self.gpu,
             gpu_count=self.gpu_count,
             gpu_memory_gb=self.memory_gb,
@@ -69,12 +70,12 @@ class FakeProvider:
         )
 
     def search_offers(self, query: OfferQuery) -> list[Offer]:
-        return [self.offer()]
+        return [self.offer(f"{self.name}-{i}") for i in range(1, self.machines + 1)]
 
     def quote(self, offer: Offer) -> Offer:
         if not self.capacity:
             raise CapacityError("gone", provider=self.name)
-        return self.offer()
+        return self.offer(offer.offer_id)
 
     def launch(self, request: LaunchRequest) -> Instance:
         with self._lock:
