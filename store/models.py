@@ -369,6 +369,9 @@ class CalibrationRun(SQLModel, table=True):
     owner: str | None = Field(default=None, max_length=200)
     excluded_at: float | None = None
     excluded_by: str | None = Field(default=None, max_length=200)
+    # The CPU a local run had (bot/planner/plan.cpu_conditions: cores, runs sharing them, threads, Python
+    # speed): its physics is the quote's, on that CPU. None for a GPU's row, an import, an older row.
+    device: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class BotSecret(SQLModel, table=True):

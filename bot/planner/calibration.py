@@ -61,6 +61,11 @@ class Measurement(BaseModel):
     # a measurement that came from no host, a bench or a test) and the job's owner.
     host: str | None = None
     owner: str | None = None
+    # The CPU a run on this machine had: gpus.cpu_device's arguments (cores, runs, threads, speed) as its
+    # quote priced them (plan.cpu_conditions). Predicted on the nominal CPU instead, a run that went as quoted
+    # read as half the physics' speed (one thread of two, a machine slower than the development one), and
+    # every later local quote was doubled. None: a GPU, an import.
+    device: dict[str, float] | None = None
 
     @property
     def trusted(self) -> bool:

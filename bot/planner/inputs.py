@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from bot.planner.errors import BadRequestError, PlanningError
 from bot.planner.gpus import known as known_device
 from bot.planner.models import resolve, table_lookup
-from bot.planner.plan import check_request, estimate, predicted
+from bot.planner.plan import check_request, conditioned_cpu, estimate, predicted
 from bot.planner.request import EstimateRequest
 from bot.planner.resolved import DEFAULT_TOKENS, DataPlan, PlanInputs
 
@@ -149,6 +149,10 @@ def predict_measurement(m: Measurement) -> Predicted | None:
         device = known_device(m.gpu)
         if device is None:
             return None
+        if device.kind == "cpu":
+            if not m.device:  # recorded before the CPU's conditions were kept: no physics to hold it to
+                return None
+            device = conditioned_cpu(m.device)  # the CPU as the run had it (its quote's: plan.cpu_share)
         arch, _ = resolve(req.model)
     except (PlanningError, ValueError, TypeError):
         return None

@@ -94,6 +94,28 @@ def _disk(
     )
 
 
+def cpu_conditions(local: Offer, req: EstimateRequest, *, starting: bool = False) -> dict[str, float]:
+    """gpus.cpu_device's arguments for one run of ``req`` on the local offer ``local`` (``cpu_share``); kept
+    with a finished run's measurement, so that the physics it is compared with is the quote's."""
+    importer = starting and local.prewarm_after is not None and local.prewarm_after < req.runs_at_once
+    return {
+        "cores": float(local.cpu_cores or DEFAULT_CPU_CORES),
+        "runs": max(local.runs_here, local.cpu_busy) + req.runs_at_once + (1.0 if importer else 0.0),
+        "threads": float(local.cpu_threads or 0),
+        "speed": local.cpu_speed or 1.0,
+    }
+
+
+def conditioned_cpu(conditions: dict[str, float]) -> GPU:
+    """The CPU ``cpu_conditions`` describe."""
+    return cpu_device(
+        int(conditions.get("cores") or DEFAULT_CPU_CORES),
+        float(conditions.get("runs") or 1.0),
+        threads=int(conditions.get("threads") or 0) or None,
+        speed=float(conditions.get("speed") or 1.0),
+    )
+
+
 def cpu_share(offers: list[Offer], req: EstimateRequest, *, starting: bool = False) -> GPU:
     """This machine's CPU (the local provider's offer) for one run of ``req``: its cores shared with what
     already runs there (tunebot's runs, or the cores' worth other work kept busy lately when that is more: on
@@ -104,13 +126,7 @@ def cpu_share(offers: list[Offer], req: EstimateRequest, *, starting: bool = Fal
     local = next((o for o in offers if o.gpu == CPU.name), None)
     if local is None:
         return CPU
-    importer = starting and local.prewarm_after is not None and local.prewarm_after < req.runs_at_once
-    return cpu_device(
-        local.cpu_cores or DEFAULT_CPU_CORES,
-        max(local.runs_here, local.cpu_busy) + req.runs_at_once + (1.0 if importer else 0.0),
-        threads=local.cpu_threads,
-        speed=local.cpu_speed or 1.0,
-    )
+    return conditioned_cpu(cpu_conditions(local, req, starting=starting))
 
 
 def _headline_phases(ranked: list[RankedOffer], gpu: str, gpus: int) -> dict[str, float] | None:
@@ -429,6 +445,10 @@ def estimate(
     ranked, n_fit, _ = rank_offers(
         offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
     )
+    local = next((o for o in offers if o.gpu == CPU.name), None)
+    if local is not None:  # the CPU the local quote priced: a finished run is held to the same physics
+        conditions = cpu_conditions(local, req)
+        ranked = [o.model_copy(update={"cpu": conditions}) if o.gpu == CPU.name else o for o in ranked]
     fitting = [o for o in ranked if o.fits]
     # The card's GPU trains the micro-batch, accumulation, checkpointing and loss chosen for it
     # (bot/planner/batch_choice.py); everything below is priced as that configuration.

@@ -123,6 +123,9 @@ class RankedOffer(BaseModel):
     max_disk_gb: float | None = None  # the most disk this host offers (None: not stated)
     reliability: float | None = None
     source: str = "snapshot"
+    # The local offer's: the CPU its quote priced the run on (plan.cpu_conditions: cores, runs sharing them,
+    # threads, Python speed); kept with the finished run's measurement (bot/engine/outcome/calibration.py).
+    cpu: dict[str, float] | None = None
 
 
 class TrainingPlan(BaseModel):

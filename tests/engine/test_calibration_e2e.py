@@ -75,6 +75,13 @@ def test_a_finished_run_calibrates_the_next_estimate_for_its_gpu_class(tmp_path:
         assert rows[0].tokens_per_second > 0 and rows[0].mfu is not None and rows[0].mfu > 0
         assert rows[0].max_memory_reserved_gb is None  # no CUDA device: nothing to read, nothing invented
         assert rows[0].request["lora_r"] == 8
+        # held to the physics of the CPU its quote priced (its share of the cores, its threads, the machine's
+        # Python speed), not the nominal CPU's: a run that went as quoted reads as such (issue 36)
+        from store.models import Job
+
+        with eng.session() as s:
+            quoted_on = s.get(Job, job.job_id).offer["cpu"]
+        assert rows[0].device == quoted_on and quoted_on["threads"] >= 1 and 0 < quoted_on["speed"], quoted_on
 
         after = eng.estimate(req)
         assert after.speed.calibrated_runs == 1

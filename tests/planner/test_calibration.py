@@ -93,6 +93,42 @@ def test_a_run_far_slower_than_quoted_moves_the_next_quote_most_of_the_way() -> 
     assert "speed x0.04 from 1 run" in corr.describe()
 
 
+def test_a_local_cpu_run_is_held_to_the_physics_of_the_cpu_its_quote_priced() -> None:
+    """Issue 36: a local run is quoted on its share of this machine (one thread of two here, Python at 0.6 of
+    the development machine's: plan.cpu_share), but its measurement was predicted on the nominal CPU (two
+    cores to itself, speed 1): a run that went exactly as quoted read as half the physics' speed, and every
+    later local quote was doubled (the bench's quotes after its first shapes: x0.48 from 4 runs, each shape
+    then billed 0.6-0.8 of its quote). Held to its own CPU, a run that went as quoted moves nothing, one
+    slower than quoted moves the quote its way, and a CPU row without the CPU it had is not used."""
+    from bot.planner.gpus import CPU
+    from bot.planner.models import resolve
+    from bot.planner.plan import conditioned_cpu, predicted
+
+    request = dict(model="meta-llama/Llama-3.2-1B", method="lora", seq_len=512, batch_size=1)
+    conditions = {"cores": 2.0, "runs": 1.0, "threads": 1.0, "speed": 0.6}
+    arch, _ = resolve(request["model"])
+    req = EstimateRequest(**request)
+    as_quoted = predicted(arch, req, conditioned_cpu(conditions), 1).tokens_per_second
+    nominal = predicted(arch, req, CPU, 1).tokens_per_second
+    assert as_quoted < 0.7 * nominal  # what the nominal CPU made of a run that went as quoted
+
+    def run(speed_x: float, device: dict | None = conditions) -> Measurement:
+        return Measurement(
+            gpu="cpu",
+            request=request,
+            job_id="j",
+            host=LOCAL_HOST,
+            tokens_per_second=as_quoted * speed_x,
+            device=device,
+        )
+
+    key = ("cpu", "hf", "lora", "<3B")
+    assert abs(calibrate([run(1.0)]).corrections[key].speed_factor - 1.0) < 0.01
+    slower = calibrate([run(0.8)]).corrections[key].speed_factor
+    assert 0.8 <= slower < 0.9  # most of the way to what it measured, never past it
+    assert key not in calibrate([run(1.0, device=None)]).corrections
+
+
 def test_one_host_claiming_to_be_very_slow_moves_its_class_a_bounded_step() -> None:
     """A rented host's slow claim raises the quotes of everyone's jobs of its class: alone it moves them most
     of the way to ONE_HOST_SAFE (2x), no further; a second host of another owner saying the same carries it

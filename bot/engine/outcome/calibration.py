@@ -93,6 +93,7 @@ def record_run(eng: EngineContext, job: Job, event: RunnerEvent) -> bool:
             job_id=job.id,
             host=reporting_host(eng, job),
             owner=job.owner,
+            device=(job.offer or {}).get("cpu") if job.gpu == "cpu" else None,
         )
     except ValidationError as exc:
         log.warning("job %s: measurements not recorded: %s", job.id, exc)
@@ -149,6 +150,7 @@ def add(eng: EngineContext, measurements: list[Measurement]) -> int:
             mfu=m.mfu,
             host=m.host,
             owner=m.owner,
+            device=m.device,
         )
         with eng.session() as s:
             s.add(row)
@@ -193,6 +195,7 @@ def rows(eng: EngineContext, limit: int = KEEP, *, excluded: bool = False) -> li
                 recorded_at=r.recorded_at,
                 host=r.host,
                 owner=r.owner,
+                device=r.device,
             ),
             r,
         )
