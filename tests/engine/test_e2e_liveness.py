@@ -134,9 +134,6 @@ def test_a_1200_step_job_reporting_hourly_ends_succeeded_with_no_preemption(
         assert view.state == "succeeded", f"{view.state}: {view.message}"
         assert view.preemptions == 0 and view.step == 1200
         assert "preempted" not in rec.kinds()
-        # The hourly report comes at the end, cut into several bounded events: only its newest step is told
-        # (the log said "step 192/1200" right before "Finished at step 1200").
-        assert [e.data.get("step") for e in rec.events if str(e.kind) == "progress"] == [1200]
         with eng.session() as s:
             reports = s.execute(
                 select(RunnerEventRecord.kind, RunnerEventRecord.payload).where(

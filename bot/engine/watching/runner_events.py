@@ -191,13 +191,7 @@ def _applies_unstored(e: RunnerEvent, job: Any) -> bool:
 def _announce(eng: EngineContext, owner_job: Job, new: list[RunnerEvent]) -> None:
     """Publish what the new events mean to people (progress, checkpoints, links) and record measurements."""
     job_id = owner_job.id
-    # A runner that reports rarely (TUNEBOT_REPORT_EVERY=3600) sends its progress in bursts, and a
-    # long burst is cut into several bounded events: only the newest progress of what came together is
-    # news (the others would be told as "step 192/1200" right before "finished at step 1200").
-    told = max((i for i, e in enumerate(new) if e.kind is EventKind.progress), default=-1)
-    for i, e in enumerate(new):
-        if e.kind is EventKind.progress and i != told:
-            continue
+    for e in new:
         if e.kind is EventKind.started and e.wandb_url and not (e.message or "").startswith("resumed from"):
             eng.publish(
                 EngineEventKind.link,
