@@ -72,6 +72,13 @@ class ConsoleNotifier:
         except Exception:  # noqa: BLE001 - printing never fails the engine
             return None
 
+    def _stale(self, event: EngineEvent, step: Any) -> bool:
+        """Whether the job has already recorded a later step than this progress event's (the events of one
+        read are announced after all of them are stored): "step 192/1200" right before "Finished at step
+        1200" said nothing true. Read only for a line that would be printed (the throttle passed)."""
+        job = self._job(event)
+        return isinstance(step, int) and job is not None and isinstance(job.step, int) and job.step > step
+
     def _in_sweep(self, event: EngineEvent) -> str | None:
         """The sweep the event's job is a run of (looked up once per job)."""
         job_id = event.job_id
@@ -126,8 +133,10 @@ class ConsoleNotifier:
             now = self.clock()
             if now - self._last_progress.get(event.job_id or "", -1e9) < self.progress_every_s:
                 return
-            self._last_progress[event.job_id or ""] = now
             d = event.data
+            if self._stale(event, d.get("step")):
+                return  # a burst (an hourly report, cut into bounded events): its newest step is the news
+            self._last_progress[event.job_id or ""] = now
             total = f"/{d['max_steps']}" if d.get("max_steps") else ""
             loss = f"  loss [bold]{d['loss']:.4f}[/bold]" if isinstance(d.get("loss"), int | float) else ""
             eta = (

@@ -79,6 +79,24 @@ def test_each_event_is_stored_and_announced_once_across_reads_and_restarts(engin
     assert [e for e in rec2.events if e.kind == "progress"] == []
 
 
+def test_the_log_tells_a_burst_of_progress_by_its_newest_step(engine, fake):
+    """A runner that reports hourly writes its steps in one burst, cut into bounded events; each is announced,
+    and `tunebot serve`'s log printed the first ("step 192/1200" right before "Finished at step 1200"). It
+    prints the newest: a line older than the step the job has recorded is not news."""
+    import io
+
+    from bot.chat.console import ConsoleNotifier
+    from bot.chat.terminal import cli_console
+
+    out = io.StringIO()
+    ConsoleNotifier(engine, cli_console(out), progress_every_s=30.0).attach(engine.bus)
+    job_id, _ = two_running_jobs(engine, fake)
+    write(engine, progress_path(engine, job_id), job_id, [ev(job_id, q) for q in range(1, 5)])
+    engine.tick()
+    printed = [line for line in out.getvalue().splitlines() if f"[{job_id}] step" in line]
+    assert len(printed) == 1 and "step 40" in printed[0], out.getvalue()
+
+
 def test_a_resumed_run_renumbering_in_its_object_is_not_lost(engine, fake):
     job_id, _ = two_running_jobs(engine, fake)
     path = progress_path(engine, job_id)
