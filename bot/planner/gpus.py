@@ -45,6 +45,10 @@ class GPU:
     # This CPU's Python speed against the development machine's, where the host-side constants were measured
     # (bot/providers/host_speed.py; 1 for a GPU host, whose host costs come from the published rows).
     host_speed: float = 1.0
+    # A runner's start measured on this machine at a whole core, plain and forked (the local provider's
+    # finished runners: bot/providers/start_readings.py); None where nothing was measured (and on a GPU).
+    start_seconds: float | None = None
+    fork_seconds: float | None = None
 
     @property
     def host_factor(self) -> float:
@@ -112,12 +116,18 @@ DEFAULT_CPU_CORES = 2  # a CPU offer that does not say how many cores it has
 
 
 def cpu_device(
-    cores: int = DEFAULT_CPU_CORES, runs: float = 1.0, threads: int | None = None, speed: float = 1.0
+    cores: int = DEFAULT_CPU_CORES,
+    runs: float = 1.0,
+    threads: int | None = None,
+    speed: float = 1.0,
+    *,
+    start_s: float | None = None,
+    fork_s: float | None = None,
 ) -> GPU:
     """This machine's CPU as ``runs`` runs share its ``cores``: each run's threads get cores/runs of them (at
     most ``threads``: what the local provider gives a run while other work keeps cores busy), and its Python
     thread a whole core while runs <= cores, else cores/runs of one; its Python at ``speed`` times the
-    development machine's."""
+    development machine's; a runner's start measured here at a whole core (``start_s``, ``fork_s``)."""
     cores = max(1, int(cores))
     mine = cores / max(runs, 1.0)  # the cores this run's threads get
     if threads:
@@ -139,6 +149,8 @@ def cpu_device(
         host_share=min(1.0, mine),
         cores=cores,
         host_speed=speed,
+        start_seconds=start_s,
+        fork_seconds=fork_s,
     )
 
 

@@ -60,6 +60,10 @@ class Offer(BaseModel):
     # Its Python speed against the development machine's (bot/providers/host_speed.py): start-up and a small
     # model's dispatch scale with it.
     cpu_speed: float | None = Field(default=None, gt=0)
+    # How long a runner's start took on this machine at a whole core (the local provider's own finished
+    # runners: bot/providers/start_readings.py), plain and forked from the prewarmed process; None: not yet.
+    start_seconds: float | None = Field(default=None, gt=0)
+    fork_seconds: float | None = Field(default=None, gt=0)
     # The most disk a launch on this offer can ask for (GB): Vast's disk_space, Lambda's fixed storage,
     # TensorDock's max_storage_gb; None where the provider states no limit (RunPod) or in the snapshot.
     max_disk_gb: float | None = Field(default=None, ge=0)

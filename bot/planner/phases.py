@@ -90,7 +90,14 @@ def _host(device: GPU) -> float:
 
 
 def import_seconds(device: GPU, *, warm: bool = False) -> float:
-    """The runner process's start: its imports, or a fork of a process that has them."""
+    """The runner process's start: its imports, or a fork of a process that has them. On this machine's CPU,
+    once a runner of the kind has started here, what its start took at a whole core (the local provider's
+    readings: bot/providers/start_readings.py) over the share of a core a start now gets: an import is only
+    partly Python, so the development machine's figure scaled by the Python speed over-quoted it (6.2 s
+    quoted, 4.4-4.7 s taken at a Python speed of 0.63)."""
+    measured = device.fork_seconds if warm else device.start_seconds
+    if measured:
+        return measured / max(device.host_share, 1e-3)
     if warm:
         return FORK_SECONDS * _host(device)
     return _on(IMPORT_SECONDS, IMPORT_SECONDS_GPU, device) * _host(device)

@@ -98,12 +98,14 @@ def cpu_conditions(local: Offer, req: EstimateRequest, *, starting: bool = False
     """gpus.cpu_device's arguments for one run of ``req`` on the local offer ``local`` (``cpu_share``); kept
     with a finished run's measurement, so that the physics it is compared with is the quote's."""
     importer = starting and local.prewarm_after is not None and local.prewarm_after < req.runs_at_once
-    return {
+    conditions = {
         "cores": float(local.cpu_cores or DEFAULT_CPU_CORES),
         "runs": max(local.runs_here, local.cpu_busy) + req.runs_at_once + (1.0 if importer else 0.0),
         "threads": float(local.cpu_threads or 0),
         "speed": local.cpu_speed or 1.0,
     }
+    measured = {"start_s": local.start_seconds, "fork_s": local.fork_seconds}
+    return {**conditions, **{k: v for k, v in measured.items() if v}}
 
 
 def conditioned_cpu(conditions: dict[str, float]) -> GPU:
@@ -113,6 +115,8 @@ def conditioned_cpu(conditions: dict[str, float]) -> GPU:
         float(conditions.get("runs") or 1.0),
         threads=int(conditions.get("threads") or 0) or None,
         speed=float(conditions.get("speed") or 1.0),
+        start_s=conditions.get("start_s") or None,
+        fork_s=conditions.get("fork_s") or None,
     )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.planner.offer import Offer
-from bot.providers import prewarm
+from bot.providers import prewarm, start_readings
 from bot.providers.base import (
     Capabilities,
     Instance,
@@ -300,6 +300,7 @@ class LocalProvider:
         work included), and whether the runner starts as a fork of a process that has its libraries."""
         runs = float(len(self.list_instances()))
         busy = self._cores_busy(runs)
+        starts = self._start_readings()
         return Offer(
             provider=self.name,
             offer_id="local-cpu",
@@ -317,6 +318,8 @@ class LocalProvider:
             warm_start=self._warm_start(),
             prewarm_after=self._prewarm_after(),
             cpu_speed=python_speed(self.workdir / "python-speed.json"),
+            start_seconds=start_readings.typical(starts, forked=False),
+            fork_seconds=start_readings.typical(starts, forked=True),
             source="live",
             as_of=datetime.now(UTC),
         )
@@ -334,6 +337,23 @@ class LocalProvider:
             runs = float(len(self.list_instances()))
             busy = max(runs, self._cores_busy(runs))
         return max(1, machine_cores() // max(1, round(busy) + 1))
+
+    def _start_readings(self) -> list[dict[str, Any]]:
+        """The starts of this machine's runners that have exited (bot/providers/start_readings.py), read once
+        each from the summary that ends their logs, at a whole core."""
+        with self._state() as state:
+            records = list(state.values())
+        finished = [
+            {
+                "id": rec["instance_id"],
+                "log": rec.get("log") or str(self.log_path(rec["instance_id"])),
+                "forked": bool(rec.get("forked")),
+                "share": rec.get("host_share", 1.0),
+            }
+            for rec in records
+            if "forked" in rec and self.exit_code_path(rec["instance_id"]).exists()
+        ]
+        return start_readings.record(self.workdir, finished)
 
     BUSY_READING_S = 300.0
 
@@ -452,6 +472,10 @@ class LocalProvider:
     # -- lifecycle ---------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Instance:
         share = self.thread_share()  # before the state's lock: it lists the live runners
+        runs = float(len(self.list_instances()))
+        # the share of a core this runner's start gets (as plan.cpu_share prices it): its start is read back
+        # at a whole core (start_readings)
+        host_share = min(1.0, machine_cores() / (max(runs, self._cores_busy(runs)) + 1.0))
         with self._state(write=True) as state:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):
@@ -475,7 +499,7 @@ class LocalProvider:
                 "TUNEBOT_JOB_ID": request.job_id,
                 **share,
             }
-            pid = self._start(instance_id, command, env, folder)
+            pid, forked = self._start(instance_id, command, env, folder)
             self._hidden[instance_id] = [v for k, v in request.env.items() if k not in _PUBLIC_ENV and v]
             rec = {
                 "instance_id": instance_id,
@@ -492,14 +516,18 @@ class LocalProvider:
                 "exit_file": str(self.exit_code_path(instance_id)),
                 "terminated": False,
                 "exit_code": None,
+                "forked": forked,
+                "host_share": round(host_share, 3),
             }
             state[instance_id] = rec
             return self._instance(rec)
 
-    def _start(self, instance_id: str, command: list[str], env: dict[str, str], folder: Path) -> int:
-        """The pid of the session leader that waits for the runner and records its exit code: forked from
-        a prewarmed process when the command is the runner's own (bot/providers/prewarm.py), else the
-        shell wrapper."""
+    def _start(
+        self, instance_id: str, command: list[str], env: dict[str, str], folder: Path
+    ) -> tuple[int, bool]:
+        """The pid of the session leader that waits for the runner and records its exit code, and whether it
+        was forked from a prewarmed process (when the command is the runner's own: bot/providers/prewarm.py),
+        else started by the shell wrapper."""
         default = list(DEFAULT_RUNNER_COMMAND)
         if self._prewarm_on() and command[: len(default)] == default:
             self.log_path(instance_id).touch()
@@ -512,7 +540,7 @@ class LocalProvider:
                 exit_file=self.exit_code_path(instance_id),
             )
             if pid is not None:
-                return pid
+                return pid, True
         with open(self.log_path(instance_id), "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -530,7 +558,7 @@ class LocalProvider:
                     f"local: cannot start the runner: {exc.strerror}", provider=self.name
                 ) from exc
         self._children[proc.pid] = proc
-        return proc.pid
+        return proc.pid, False
 
     def warm(self) -> None:
         """Start the prewarmed process for this provider's runners now (a process that will launch several:
