@@ -173,6 +173,21 @@ def _push(engine, fake, item: dict) -> None:  # type: ignore[no-untyped-def]
     assert engine.record_runner_event(item["job_id"], token, signed(engine, item))
 
 
+def _trained_22_steps_in_half_an_hour(engine, fake, clock) -> str:  # type: ignore[no-untyped-def]
+    """A job whose runner started and reported step 22 half an hour later, at $1/h: $0.50 for 22 steps."""
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
+    _push(
+        engine, fake, {"version": 1, "job_id": job, "seq": 0, "kind": "started", "step": 0, "timestamp": 1.0}
+    )
+    clock.advance(1800)
+    _push(
+        engine,
+        fake,
+        {"version": 1, "job_id": job, "seq": 1, "kind": "progress", "step": 22, "timestamp": 2.0},
+    )
+    return job
+
+
 def test_a_relaunch_says_what_it_resumes_from_or_that_it_restarts_and_what_that_costs(engine, fake, clock):
     """Item 1: with no checkpoint yet, the thread said "relaunching from its last checkpoint" while 22 steps
     were trained and billed again. Now it says the job restarts from the beginning and about what the lost
@@ -182,16 +197,7 @@ def test_a_relaunch_says_what_it_resumes_from_or_that_it_restarts_and_what_that_
     from .conftest import Recorder
 
     rec = Recorder(engine.bus)
-    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
-    _push(
-        engine, fake, {"version": 1, "job_id": job, "seq": 0, "kind": "started", "step": 0, "timestamp": 1.0}
-    )
-    clock.advance(1800)  # half an hour at $1/h: $0.50 for 22 steps
-    _push(
-        engine,
-        fake,
-        {"version": 1, "job_id": job, "seq": 1, "kind": "progress", "step": 22, "timestamp": 2.0},
-    )
+    job = _trained_22_steps_in_half_an_hour(engine, fake, clock)
     fake.set_status(next(iter(fake.instances)), InstanceStatus.preempted)
     engine.tick()
     said = [e.message for e in rec.events if str(e.kind) == "preempted"]
@@ -243,16 +249,7 @@ def test_a_restart_says_what_it_costs_when_a_reconcile_closed_the_lost_instance_
     from .conftest import Recorder
 
     rec = Recorder(engine.bus)
-    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
-    _push(
-        engine, fake, {"version": 1, "job_id": job, "seq": 0, "kind": "started", "step": 0, "timestamp": 1.0}
-    )
-    clock.advance(1800)  # half an hour at $1/h: $0.50 for 22 steps
-    _push(
-        engine,
-        fake,
-        {"version": 1, "job_id": job, "seq": 1, "kind": "progress", "step": 22, "timestamp": 2.0},
-    )
+    job = _trained_22_steps_in_half_an_hour(engine, fake, clock)
     with engine.session() as s:
         (row,) = s.execute(select(InstanceRow).where(InstanceRow.job_id == job)).scalars()
     close_instance(engine.ctx, row, reason="gone", actor="reconcile")

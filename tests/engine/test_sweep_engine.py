@@ -273,6 +273,19 @@ def test_the_kept_runs_are_let_past_their_boundary_by_a_decision_only_their_run_
     assert word(jobs[3]) is not None and word(jobs[3]).through == 2
 
 
+def _run_2_claims_0_01_through_its_stages(engine: Any, view: Any) -> dict[int, str]:
+    """The runs' jobs by index, after both stages: run 2's host claimed an eval loss of 0.01 at each, the
+    honest runs were ranked below it (run 1 kept to the second stage, then stopped)."""
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
+        _eval(engine, jobs[index], 2, loss)
+    engine.tick()
+    _eval(engine, jobs[1], 4, 0.9)
+    _eval(engine, jobs[2], 4, 0.01)
+    engine.tick()
+    return jobs
+
+
 def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
     make_engine: Any, fake: Any, clock: Any
 ) -> None:
@@ -285,13 +298,7 @@ def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
     other = FakeProvider("other", price=1.5)
     engine = make_engine(providers={fake.name: fake, other.name: other})
     view = engine.create_sweep(_priced(engine, fake, other, max_cost=20.0), user="alice")
-    jobs = {r.index: r.job.job_id for r in view.runs}
-    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
-        _eval(engine, jobs[index], 2, loss)
-    engine.tick()
-    _eval(engine, jobs[1], 4, 0.9)
-    _eval(engine, jobs[2], 4, 0.01)
-    engine.tick()
+    jobs = _run_2_claims_0_01_through_its_stages(engine, view)
     _eval(engine, jobs[2], 10, 0.01, EventKind.finished, fake=fake)
     engine.tick()
     checker = _verification(engine, view.sweep_id)
@@ -317,13 +324,7 @@ def test_a_winner_whose_host_has_the_only_offer_is_not_measured_by_that_host_and
     sweep names no winner, saying why (before: the check ran on the winner's offer and its claim held)."""
     engine = make_engine()
     view = engine.create_sweep(_priced(engine, fake, max_cost=20.0), user="alice")
-    jobs = {r.index: r.job.job_id for r in view.runs}
-    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
-        _eval(engine, jobs[index], 2, loss)
-    engine.tick()
-    _eval(engine, jobs[1], 4, 0.9)
-    _eval(engine, jobs[2], 4, 0.01)
-    engine.tick()
+    jobs = _run_2_claims_0_01_through_its_stages(engine, view)
     launches = len(fake.launch_requests)
     _eval(engine, jobs[2], 10, 0.01, EventKind.finished, fake=fake)
     for _ in range(3):
