@@ -383,12 +383,12 @@ class LocalProvider:
         save_reading(path, saved)
         return busy
 
-    def thread_share(self) -> dict[str, str]:
+    def thread_share(self, busy: float | None = None) -> dict[str, str]:
         """The runner's threads (runner/train.py reads TUNEBOT_CPU_THREADS; nothing when OMP_NUM_THREADS is
-        set: the runner's torch reads that itself)."""
+        set: the runner's torch reads that itself). ``busy``: as ``threads`` takes it."""
         if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in self.extra_env:
             return {}
-        return {"TUNEBOT_CPU_THREADS": str(self.threads())}
+        return {"TUNEBOT_CPU_THREADS": str(self.threads(busy))}
 
     def _warm_start(self) -> bool:
         """Whether a runner launched now forks from a prewarmed process (bot/providers/prewarm.py)."""
@@ -471,11 +471,12 @@ class LocalProvider:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Instance:
-        share = self.thread_share()  # before the state's lock: it lists the live runners
-        runs = float(len(self.list_instances()))
+        runs = float(len(self.list_instances()))  # before the state's lock: it lists the live runners
+        busy = max(runs, self._cores_busy(runs))
+        share = self.thread_share(busy)
         # the share of a core this runner's start gets (as plan.cpu_share prices it): its start is read back
         # at a whole core (start_readings)
-        host_share = min(1.0, machine_cores() / (max(runs, self._cores_busy(runs)) + 1.0))
+        host_share = min(1.0, machine_cores() / (busy + 1.0))
         with self._state(write=True) as state:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):

@@ -834,7 +834,7 @@ def _finish_if_done(
     )
     verdict = verify.step(ctx, row, winner.job_id, claimed, max(cap, 0.01))
     if verdict.state == "waiting":
-        note = f"its output is measured again {verdict.where} (job {verdict.job_id})"
+        note = f"its output is measured again {verify.ELSEWHERE} (job {verdict.job_id})"
         if best.get("note") != note:
             best["note"] = note
             _save_runs(ctx, row.id, runs)
@@ -844,7 +844,7 @@ def _finish_if_done(
                 EngineEventKind.sweep_stage,
                 f"Sweep {row.id}: job {winner.job_id} ({settings_text(best['config'])}) reports the lowest "
                 f"eval loss{f' ({claimed:.4f})' if claimed is not None else ''}; before it is named the "
-                f"winner, its output is measured again on the held-out split {verdict.where} (job "
+                f"winner, its output is measured again on the held-out split {verify.ELSEWHERE} (job "
                 f"{verdict.job_id}).",
                 verifying=verdict.job_id,
             )
@@ -876,7 +876,7 @@ def _finish_if_done(
         change = (res.eval_after / res.eval_before - 1.0) * 100 if res.eval_before > 0 else 0.0
         bought = (
             f": eval loss {res.eval_before:.4f} -> {res.eval_after:.4f} ({change:+.0f}%), measured again "
-            f"{verdict.where} (job {verdict.job_id})"
+            f"{verify.ELSEWHERE} (job {verdict.job_id})"
         )
     with ctx.session() as s:
         res_ = s.execute(

@@ -78,7 +78,6 @@ class Verdict:
     measured: RunResults | None = None
     note: str = ""
     job_id: str | None = None
-    where: str = ELSEWHERE
 
 
 def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap: float) -> Verdict:
@@ -103,24 +102,23 @@ def step(ctx: EngineContext, row: Sweep, job_id: str, claimed: float | None, cap
             )
             s.commit()
         return Verdict("waiting", job_id=verifier)
-    verifier, where = entry["job"], ELSEWHERE
+    verifier = entry["job"]
     view = jobs.view(ctx, verifier)
     if view.state not in FINAL:
-        return Verdict("waiting", job_id=verifier, where=where)
+        return Verdict("waiting", job_id=verifier)
     measured = view.results
     if view.state != JobState.SUCCEEDED or measured is None or measured.eval_after is None:
         why = view.message or view.state
         note = f"its verification (job {verifier}) ended {why}"[:300]
-        return Verdict("failed", note=note, job_id=verifier, where=where)
+        return Verdict("failed", note=note, job_id=verifier)
     if holds(claimed, measured.eval_after):
-        return Verdict("holds", measured, job_id=verifier, where=where)
+        return Verdict("holds", measured, job_id=verifier)
     reported = f"its host reported eval loss {claimed:.4f}" if claimed is not None else "it reported none"
     return Verdict(
         "refused",
         measured,
-        note=f"{reported}; measured again {where} (job {verifier}): {measured.eval_after:.4f}",
+        note=f"{reported}; measured again {ELSEWHERE} (job {verifier}): {measured.eval_after:.4f}",
         job_id=verifier,
-        where=where,
     )
 
 
