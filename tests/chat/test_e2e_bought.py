@@ -119,6 +119,8 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     # its second launch starts, its stages' steps and the pauses at their boundaries: RunCost), within the
     # room its caps leave for estimate error and the waits for the slower runs (SLACK). On 0368a4c, x1.31
     # alone and x2.1 beside the other test worker's runners; now x1.01 alone (it runs alone: scripts/test.sh).
+    # On ebab0c5 its verification was priced as a run of one step beside the four and spent x0.09-x0.21 of
+    # that: the whole sweep at x0.65 in a CI run; now x0.97-x1.38 in six runs.
     from bot.engine.control.sweeps import SLACK, RunCost
     from store.models import Sweep
 
@@ -130,6 +132,9 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     spent = [r.job.spend for r in view.runs]
     quoted.append(plan["verify_cost"])  # the winner measured again on another host (verify.py)
     spent.append(checker.spend)
+    # The verification was quoted as what it does (verify.phases_of): no step, save or answer.
+    verifies = set(world.engine.get_job(checker.job_id).quoted_phases or {})
+    assert verifies == {"start", "load", "data", "base_eval", "evals"}, verifies
     assert 1 / (1 + SLACK) <= sum(spent) / sum(quoted) <= 1 + SLACK, (spent, quoted)
     # It never spent more than max_cost, and says so with the winner and its adapter.
     total = sum(spent)

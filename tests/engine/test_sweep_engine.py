@@ -361,3 +361,23 @@ def test_stopping_a_sweep_stops_the_verification_measuring_its_winner(
         engine.tick()
     assert engine.get_sweep(view.sweep_id).state == "stopped"
     assert engine.get_job(checker).state in ("stopped", "stopping") and not other.live()
+
+
+def test_a_verification_is_priced_as_what_it_does_not_as_a_run() -> None:
+    """The winner's check starts, loads, reads the data and evaluates twice; it trains, answers and saves
+    nothing. On ebab0c5 a sweep priced it as a run of one step beside all of its runs and it spent x0.09 of
+    that: the sweep's spend fell below the range its quote promises (a CI run failed on it)."""
+    from bot.engine.control import verify
+
+    run = {
+        "start": 4.0,
+        "load": 1.0,
+        "data": 0.5,
+        "base_eval": 2.0,
+        "warmup": 1.0,
+        "steps": 30.0,
+        "output": 1.5,
+    }
+    assert verify.phases_of(run) == {"start": 4.0, "load": 1.0, "data": 0.5, "base_eval": 2.0, "evals": 2.0}
+    assert verify.share(run) == pytest.approx(9.5 / 40.0)
+    assert verify.share({}) is None and verify.share(None) is None  # no phases: priced whole (the safe side)

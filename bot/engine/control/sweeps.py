@@ -371,15 +371,20 @@ def estimate_sweep(
 
 
 def _verify_cost(ctx: EngineContext, estimate: Any, request: EstimateRequest, costs: list[RunCost]) -> float:
-    """What measuring the winner again costs: a run of one step that evaluates before and after, no answers
-    (its offer's total); a run's start-up twice where it cannot be priced."""
-    probe = request.model_copy(update={"max_steps": 1, "samples": 0, "eval_every": None, "max_cost": None})
+    """What measuring the winner again costs: its start, load, data and two evals (verify.phases_of) on the
+    offer a run of one step is priced on, alone (the sweep's runs have ended when it starts: on ebab0c5,
+    priced beside all four on this machine's two cores, it spent x0.09-x0.21 of its quote); a run's start-up
+    twice where it cannot be priced."""
+    probe = request.model_copy(
+        update={"max_steps": 1, "samples": 0, "eval_every": None, "max_cost": None, "runs_at_once": 1}
+    )
     try:
         offer = _chosen(ctx, estimate(probe))
     except Exception:  # noqa: BLE001 - a shape the planner refuses: the fallback below is dearer, not cheaper
         offer = None
     if offer is not None:
-        return float(offer.total_cost)
+        part = verify.share(offer.phases)
+        return float(offer.total_cost) * (part if part is not None else 1.0)
     return 2.0 * max(c.fixed for c in costs)
 
 

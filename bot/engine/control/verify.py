@@ -46,6 +46,28 @@ LOCAL = "local"  # the local provider's "hosts" are this machine: a verification
 ELSEWHERE = "on another host"
 
 
+# What a verification run spends (runner/verify.py), by the phases a run is quoted in: its start, the model's
+# load (the output's fetch beside it), the data, the base model's eval and then the output's, the same pass
+# over the same held-out split (so priced as the base model's). It trains, answers and saves nothing.
+SPENDS = ("start", "load", "data", "base_eval")
+
+
+def phases_of(run: dict[str, float] | None) -> dict[str, float]:
+    """A verification's quote by phase from a run's quote (pure): what it does of that run, nothing else
+    (on ebab0c5 a sweep priced it as a run of one step beside all of its runs: x0.09 of what it spent)."""
+    run = run or {}
+    out = {k: float(run[k]) for k in SPENDS if k in run}
+    if "base_eval" in out:
+        out["evals"] = out["base_eval"]
+    return out
+
+
+def share(run: dict[str, float] | None) -> float | None:
+    """The part of a run's quote its verification spends (pure); None without phases to tell."""
+    whole = sum((run or {}).values())
+    return sum(phases_of(run).values()) / whole if whole > 0 else None
+
+
 def holds(claimed: float | None, measured: float | None) -> bool:
     """Whether a host's claimed eval loss survives the one measured elsewhere (pure): not more than
     TOLERANCE_REL + TOLERANCE_ABS below it. A run claiming worse than it is harms only itself."""
@@ -152,7 +174,11 @@ def _create(ctx: EngineContext, row: Sweep, job_id: str, cap: float) -> str:
             "no offer on another host: every offer the sweep had is the one the winner's host ran on, and "
             "that host measuring itself proves nothing"
         )
-    chosen = offers[0]
+    chosen = dict(offers[0])
+    part = share(chosen.get("phases"))
+    if part is not None:  # its quote is the verification's, not the run's it copies
+        chosen["total_cost"] = round(float(chosen.get("total_cost") or 0.0) * part, 6)
+        chosen["phases"] = phases_of(chosen["phases"])
     plan = {k: v for k, v in (finalist.plan or {}).items() if k not in ("stages", "push_to_hub", "resume")}
     plan["merge"] = False
     plan["samples"] = {**(plan.get("samples") or {}), "count": 0, "prompts": None}
