@@ -343,17 +343,40 @@ class LocalProvider:
         each from the summary that ends their logs, at a whole core."""
         with self._state() as state:
             records = list(state.values())
+        now = time.time()
+        ran = {r["instance_id"]: (float(r.get("started_at") or now), self._ended_at(r, now)) for r in records}
         finished = [
-            {
-                "id": rec["instance_id"],
-                "log": rec.get("log") or str(self.log_path(rec["instance_id"])),
-                "forked": bool(rec.get("forked")),
-                "share": rec.get("host_share", 1.0),
-            }
+            self._finished_runner(rec, [span for iid, span in ran.items() if iid != rec["instance_id"]])
             for rec in records
             if "forked" in rec and self.exit_code_path(rec["instance_id"]).exists()
         ]
         return start_readings.record(self.workdir, finished)
+
+    def _finished_runner(self, rec: dict[str, Any], others: list[tuple[float, float]]) -> dict[str, Any]:
+        """What start_readings.record reads of a finished runner: its start's share of a core over its own
+        seconds, from the runners that ran beside it (``others``) and the other work at its launch (older
+        records: the share at its launch)."""
+        runner = {
+            "id": rec["instance_id"],
+            "log": rec.get("log") or str(self.log_path(rec["instance_id"])),
+            "forked": bool(rec.get("forked")),
+            "share": rec.get("host_share", 1.0),
+        }
+        if "other_work" in rec and "started_at" in rec:
+            runner.update(
+                started_at=rec["started_at"],
+                others=others,
+                cores=machine_cores(),
+                other_work=rec["other_work"],
+            )
+        return runner
+
+    def _ended_at(self, rec: dict[str, Any], now: float) -> float:
+        """When a runner's process ended (its exit file written, or its termination); ``now`` if it runs."""
+        try:
+            return self.exit_code_path(rec["instance_id"]).stat().st_mtime
+        except OSError:
+            return float(rec.get("terminated_at") or now) if rec.get("terminated") else now
 
     BUSY_READING_S = 300.0
 
@@ -477,6 +500,7 @@ class LocalProvider:
         # the share of a core this runner's start gets (as plan.cpu_share prices it): its start is read back
         # at a whole core (start_readings)
         host_share = min(1.0, machine_cores() / (busy + 1.0))
+        other_work = max(0.0, busy - runs)  # the cores' worth busy on work that is not tunebot's runners
         with self._state(write=True) as state:
             for rec in state.values():
                 if rec.get("label") == request.label and not rec.get("terminated"):
@@ -519,6 +543,7 @@ class LocalProvider:
                 "exit_code": None,
                 "forked": forked,
                 "host_share": round(host_share, 3),
+                "other_work": round(other_work, 3),
             }
             state[instance_id] = rec
             return self._instance(rec)

@@ -70,10 +70,26 @@ def _load(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return [r for r in readings if isinstance(r, dict)], [str(i) for i in read]
 
 
+def share_over(
+    started: float, seconds: float, others: Iterable[tuple[float, float]], cores: float, other_work: float
+) -> float:
+    """The share of a core a start got over its own ``seconds`` from ``started`` (pure): the ``cores`` over
+    itself, the runners that overlapped it (each ``(start, end)`` counted for the part of the start it
+    overlapped) and the cores' worth of other work at its launch. The share at its launch alone read a
+    sweep's first run as alone on the machine while three more and a prewarmed process started beside it: its
+    20 s start was kept as 20 s at a whole core, and the next single run was quoted 2-3x its start."""
+    if seconds <= 0:
+        return 1.0
+    end = started + seconds
+    overlap = sum(max(0.0, min(end, b) - max(started, a)) for a, b in others) / seconds
+    return min(1.0, max(cores, 1.0) / (1.0 + overlap + max(0.0, other_work)))
+
+
 def record(folder: Path, finished: Iterable[dict[str, Any]], *, now: float | None = None) -> list[dict]:
-    """Add the starts of ``finished`` runners not read yet (each: ``id``, ``log``, ``forked``, ``share``: its
-    host share at launch) to the folder's readings; returns the readings kept. Each runner is read once (its
-    id kept, whether or not its log had a summary)."""
+    """Add the starts of ``finished`` runners not read yet (each: ``id``, ``log``, ``forked``, and ``share``,
+    its host share at launch, or what ``share_over`` needs: ``started_at``, ``others``, ``cores``,
+    ``other_work``) to the folder's readings; returns the readings kept. Each runner is read once (its id
+    kept, whether or not its log had a summary)."""
     from bot.providers.host_speed import save_reading
 
     path = folder / FILE
@@ -91,7 +107,17 @@ def record(folder: Path, finished: Iterable[dict[str, Any]], *, now: float | Non
         seconds = summary_start(Path(runner["log"]))  # None: killed before its summary
         if seconds is None:
             continue
-        share = min(1.0, max(float(runner.get("share") or 1.0), 0.05))
+        if runner.get("started_at") is not None and runner.get("cores"):
+            share = share_over(
+                float(runner["started_at"]),
+                seconds,
+                runner.get("others") or [],
+                float(runner["cores"]),
+                float(runner.get("other_work") or 0.0),
+            )
+        else:
+            share = float(runner.get("share") or 1.0)
+        share = min(1.0, max(share, 0.05))
         kept.append({"at": now, "forked": bool(runner["forked"]), "seconds": round(seconds * share, 4)})
     kept = kept[-KEEP:]
     if changed:

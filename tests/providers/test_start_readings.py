@@ -53,6 +53,27 @@ def test_the_median_of_the_newest_readings_of_a_kind(tmp_path: Path) -> None:
     assert start_readings.typical(kept, forked=True) is None
 
 
+def test_a_start_is_brought_to_a_whole_core_by_the_runners_beside_it_over_its_own_seconds(
+    tmp_path: Path,
+) -> None:
+    """A sweep launches its runs one after the other: its first run's launch saw the machine empty, yet three
+    more (and their imports) started beside it. Read at the share its launch saw, its 20 s start was kept as
+    20 s at a whole core and the next single run's start quoted 2-3x what it took; read over its own seconds,
+    it is 20 s at half a core (four on two cores)."""
+    assert start_readings.share_over(0.0, 20.0, [], cores=2, other_work=0.0) == 1.0  # alone
+    beside = [(0.5, 30.0), (1.0, 30.0), (1.5, 30.0)]  # three launched just after it, all through its start
+    assert start_readings.share_over(0.0, 20.0, beside, cores=2, other_work=0.0) == pytest.approx(2 / 3.85)
+    assert (
+        start_readings.share_over(0.0, 20.0, [(-100.0, -1.0), (25.0, 40.0)], cores=1, other_work=0.0) == 1.0
+    )
+    assert start_readings.share_over(0.0, 10.0, [(5.0, 30.0)], cores=1, other_work=0.5) == pytest.approx(0.5)
+    first = {"id": "r1", "log": str(_log(tmp_path / "r1.log", 20.0)), "forked": False, "share": 1.0}
+    kept = start_readings.record(
+        tmp_path, [{**first, "started_at": 0.0, "others": beside, "cores": 2, "other_work": 0.0}], now=100.0
+    )
+    assert kept[-1]["seconds"] == pytest.approx(20.0 * 2 / 3.85, abs=1e-3)
+
+
 def test_a_summary_that_is_not_a_start_is_not_kept(tmp_path: Path) -> None:
     for bad in ('{"phases": {"start": -1}}', '{"phases": {"start": true}}', '{"phases": "x"}', "{not json"):
         (tmp_path / "x.log").write_text(f"line\n{bad}\n")
