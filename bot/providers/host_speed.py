@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -66,21 +65,16 @@ def probe_seconds(repeats: int = REPEATS) -> float:
     return best
 
 
-REPROBE_S = 600.0  # a probe is taken again after ten minutes; the median of the last three is kept
+REPROBE_S = 600.0  # a probe is taken again after ten minutes; the best of the last three is kept
 KEPT = 3
-READINGS = 3  # a probe's readings, back to back: its figure is their median
 _lock = threading.Lock()
 _probes: list[tuple[float, float]] = []  # (wall time, speed): this process's, where no file keeps them
 
 
 def python_speed(history: Path | None = None) -> float:
     """This machine's Python speed as a multiple of the development machine's (0.54 is 1.85x slower): the
-    median of the last three probes, one every REPROBE_S at most, each the median of READINGS readings
-    (~60 ms each). One reading slowed by a moment's contention (seen: 1 in 8 at 0.30 where the others read
-    0.52-0.57) does not set the quotes, nor does one taken in a fast moment: on a cloud VM's cores the
-    readings alternate (seen on 2026-12-07: 0.43-0.48 in ten of twelve, 0.62-0.64 in two, its imports taking
-    what 0.47-0.57 says), and the best of three priced a fresh sweep's four starts at 15 s where they took
-    20-25 (a run's start lasts through both moments: the typical one prices it).
+    best of the last three probes (~60 ms each), one every REPROBE_S at most. A whole probe slowed by a
+    moment's contention (seen: 1 in 8 at 0.30 where the others read 0.52-0.57) does not set the quotes.
 
     ``history``: a file the probes are kept in, shared by every process on it (the local provider's
     workdir). Each process probing for itself quoted the same request differently at two doors a minute
@@ -90,13 +84,12 @@ def python_speed(history: Path | None = None) -> float:
         now = time.time()
         if not probes or not 0 <= now - probes[-1][0] <= REPROBE_S:
             low, high = BOUNDS
-            reading = statistics.median(REFERENCE_PROBE_S / cores_probe_seconds() for _ in range(READINGS))
-            probes = [*probes, (now, min(high, max(low, reading)))][-KEPT:]
+            probes = [*probes, (now, min(high, max(low, REFERENCE_PROBE_S / cores_probe_seconds())))][-KEPT:]
             if history is None:
                 _probes[:] = probes
             else:
                 save_reading(history, probes)
-        return round(statistics.median(speed for _, speed in probes), 3)
+        return round(max(speed for _, speed in probes), 3)
 
 
 def _load(path: Path) -> list[tuple[float, float]]:
