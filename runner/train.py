@@ -583,9 +583,10 @@ class Trainer:
         spec = self.spec
         self.reporter.advance_to(self.state.reporter_seq)
         self.wandb = WandbLog()
-        self.state.wandb_run_id = self.wandb.start(
-            spec, self.state.wandb_run_id, spec.redacted().model_dump(mode="json")
-        )
+        with self.clock.phase("wandb"):  # priced apart (bot/planner/phases.wandb_seconds), not a start-up
+            self.state.wandb_run_id = self.wandb.start(
+                spec, self.state.wandb_run_id, spec.redacted().model_dump(mode="json")
+            )
 
     def _group(self) -> Group:
         assert self.group is not None, "setup() joins the process group first"

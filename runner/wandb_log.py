@@ -22,10 +22,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runner.contract.spec import JobSpec
+from runner.contract.spec import WANDB_INIT_TIMEOUT_S, JobSpec
 
 INIT_TIMEOUT_ENV = "TUNEBOT_WANDB_INIT_TIMEOUT"
-INIT_TIMEOUT_S = 3.0
+INIT_TIMEOUT_S = WANDB_INIT_TIMEOUT_S
 PROBE_TIMEOUT_S = 2.0  # a TCP connection to W&B's server, tried first
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 WANDB_MODES = ("online", "offline", "dryrun", "disabled", "shared", "run")

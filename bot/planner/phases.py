@@ -31,6 +31,7 @@ from bot.planner.architectures import Architecture
 from bot.planner.gpus import GPU
 from bot.planner.request import EstimateRequest
 from runner.contract.phases import PHASES
+from runner.contract.spec import WANDB_INIT_TIMEOUT_S
 
 # Seconds from the runner process's start to its first phase: Python, the spec, and the training libraries'
 # imports (torch, transformers, peft, accelerate, safetensors; bitsandbytes on a GPU host; runner/prewarm.py's
@@ -40,6 +41,12 @@ from runner.contract.phases import PHASES
 IMPORT_SECONDS = {"cpu": 3.9}
 IMPORT_SECONDS_GPU = 15.0
 FORK_SECONDS = 0.5
+# W&B's start (runner/wandb_log.py, its own phase): `import wandb` and wandb.init offline took 1.07-1.13 s on
+# a core of a machine whose Python ran at 0.70 of the development machine's (2026-12-07), so 0.77 s there.
+# Online, init waits on W&B's server; the runner gives up after WANDB_INIT_TIMEOUT_S and logs offline:
+# priced at that bound (no W&B server is reachable from here to measure a typical one).
+WANDB_START_SECONDS = 0.77
+WANDB_ONLINE_SECONDS = WANDB_INIT_TIMEOUT_S
 # Building the model around its weights: from_pretrained's modules, peft's adapters, the loss's check, the
 # optimizer (the CPU's tiny model: 0.1 s); on a GPU the CUDA context and the copy to the device too.
 LOAD_FIXED_SECONDS = {"cpu": 0.1}
@@ -103,6 +110,14 @@ def import_seconds(device: GPU, *, warm: bool = False) -> float:
     return _on(IMPORT_SECONDS, IMPORT_SECONDS_GPU, device) * _host(device)
 
 
+def wandb_seconds(mode: str, device: GPU) -> float:
+    """W&B's start where the run logs to it: wandb imported, its service process and run started (host
+    work, as the imports); online, the wait on W&B's server at the most the runner lets it take."""
+    if mode == "disabled":
+        return 0.0
+    return WANDB_START_SECONDS * _host(device) + (WANDB_ONLINE_SECONDS if mode == "online" else 0.0)
+
+
 def save_seconds(data_bytes: float, device: GPU) -> float:
     """One save (a checkpoint, the output): written, hashed, uploaded, with the fixed files around it."""
     upload = _on(UPLOAD_GBS, UPLOAD_GBS_GPU, device)
@@ -147,6 +162,7 @@ def runner_phases(
     phases.update(
         load=load,
         data=(records * DATA_SECONDS_PER_RECORD + tokens * DATA_SECONDS_PER_TOKEN) * _host(device),
+        wandb=wandb_seconds(req.wandb, device),
         base_eval=eval_pass_seconds if evaluations else 0.0,
         warmup=(step.seconds + _on(WARMUP_SECONDS, WARMUP_SECONDS_GPU, device) * _host(device))
         if steps

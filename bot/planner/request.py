@@ -75,6 +75,9 @@ class EstimateRequest(BaseModel):
     # Runs of this request that train at once (a sweep's first stage): where they share one machine (the
     # local provider's CPU) each is priced for its share of it. Not an option: a sweep sets it.
     runs_at_once: int = Field(1, ge=1, le=64)
+    # How the run logs to W&B (runner/wandb_log.py): its start is priced where it does. Not an option: the
+    # bot's own setting (a WANDB_API_KEY: online; WANDB_MODE), set by the engine for every door.
+    wandb: Literal["disabled", "offline", "online"] = "disabled"
     # Outputs.
     push_to_hub: str | None = Field(None, max_length=200, pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
     hub_public: bool = not Defaults.hub_private

@@ -18,6 +18,7 @@ PHASES: tuple[str, ...] = (
     "start",  # the host's boot, the install on a stock image, the process and its imports
     "load",  # the model's download, load, quantization and adapters; a resumed checkpoint read
     "data",  # the dataset read, checked, tokenized, fitted and split; the length planned
+    "wandb",  # W&B's start where the run logs to it: wandb imported, its service process and run started
     "base_eval",  # the base model's eval loss before the first step
     "warmup",  # the first optimizer step of a run (lazy initialization, allocator and kernel warm-up)
     "steps",  # every later step's forward and backward, its batch built and moved to the device
@@ -34,6 +35,7 @@ LABELS: dict[str, str] = {
     "start": "start-up",
     "load": "model load",
     "data": "data",
+    "wandb": "W&B start",
     "base_eval": "base model eval",
     "warmup": "first step",
     "steps": "steps",

@@ -174,6 +174,11 @@ class ReportSpec(_Strict):
     heartbeat_seconds: float = Field(30.0, gt=0)
 
 
+# The most an online W&B start may hold a run before it logs offline instead (runner/wandb_log.py; the
+# TUNEBOT_WANDB_INIT_TIMEOUT setting overrides it): the planner prices an online start at it.
+WANDB_INIT_TIMEOUT_S = 3.0
+
+
 class WandbSpec(_Strict):
     project: str | None = None
     entity: str | None = None  # team or user; None = the API key's default entity

@@ -39,8 +39,8 @@ def world(tmp_path: Path, tiny_model: Path) -> Iterator[ConsoleWorld]:
 def default_world(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[ConsoleWorld]:
-    """The world with W&B as a user without a W&B key has it: off (the suite's runners log to W&B offline,
-    whose start the quote does not price: docs/limits.md; a sweep's four runs spent 1-3 s each on it)."""
+    """The world with W&B as a user without a W&B key has it: off, the default path (the suite's other
+    runners log to W&B offline, tests/conftest.py)."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     with console_world(tmp_path, tiny_model, CADENCE) as w:
         yield w
@@ -146,7 +146,7 @@ def test_a_sweep_of_four_stops_the_losing_half_within_max_cost_and_reports_the_w
     spent.append(checker.spend)
     # The verification was quoted as what it does (verify.phases_of): no step, save or answer.
     verifies = set(world.engine.get_job(checker.job_id).quoted_phases or {})
-    assert verifies == {"start", "load", "data", "base_eval", "evals"}, verifies
+    assert verifies == {"start", "load", "data", "wandb", "base_eval", "evals"}, verifies
     assert 1 / (1 + SLACK) <= sum(spent) / sum(quoted) <= 1 + SLACK, (spent, quoted)
     # It never spent more than max_cost, and says so with the winner and its adapter.
     total = sum(spent)

@@ -373,11 +373,12 @@ def test_a_verification_is_priced_as_what_it_does_not_as_a_run() -> None:
         "start": 4.0,
         "load": 1.0,
         "data": 0.5,
+        "wandb": 1.0,
         "base_eval": 2.0,
-        "warmup": 1.0,
         "steps": 30.0,
         "output": 1.5,
     }
-    assert verify.phases_of(run) == {"start": 4.0, "load": 1.0, "data": 0.5, "base_eval": 2.0, "evals": 2.0}
-    assert verify.share(run) == pytest.approx(9.5 / 40.0)
+    done = {"start": 4.0, "load": 1.0, "data": 0.5, "wandb": 1.0, "base_eval": 2.0, "evals": 2.0}
+    assert verify.phases_of(run) == done
+    assert verify.share(run) == pytest.approx(10.5 / 40.0)
     assert verify.share({}) is None and verify.share(None) is None  # no phases: priced whole (the safe side)

@@ -46,10 +46,11 @@ LOCAL = "local"  # the local provider's "hosts" are this machine: a verification
 ELSEWHERE = "on another host"
 
 
-# What a verification run spends (runner/verify.py), by the phases a run is quoted in: its start, the model's
-# load (the output's fetch beside it), the data, the base model's eval and then the output's, the same pass
-# over the same held-out split (so priced as the base model's). It trains, answers and saves nothing.
-SPENDS = ("start", "load", "data", "base_eval")
+# What a verification run spends (runner/verify.py), by the phases a run is quoted in: its start, the
+# model's load (the output's fetch beside it), the data, W&B's start, the base model's eval and then the
+# output's, the same pass over the same held-out split (so priced as the base model's). It trains, answers
+# and saves nothing.
+SPENDS = ("start", "load", "data", "wandb", "base_eval")
 
 
 def phases_of(run: dict[str, float] | None) -> dict[str, float]:

@@ -136,6 +136,7 @@ def priced_estimate(
     from bot.providers.catalog import live_catalog
 
     checked_cap(request.max_cost, settings.max_cost_limit_usd)  # refused now, not after a Launch button
+    request = with_wandb(request, settings)
     inputs = resolve_inputs(request)  # the model and the dataset, read once; before any cloud is asked
     clouds = {n: p for n, p in providers.items() if n != "local"}
     if offline:
@@ -175,6 +176,14 @@ def priced_estimate(
     return for_this_engine(est, providers, notes, local_max_hours=settings.local_max_hours)
 
 
+def with_wandb(request: EstimateRequest, settings: Settings) -> EstimateRequest:
+    """The request as this bot's runners will log it to W&B (its start is priced: planner/phases.py)."""
+    from bot.engine.launching.launch import wandb_mode
+
+    mode = wandb_mode(settings)
+    return request if request.wandb == mode else request.model_copy(update={"wandb": mode})
+
+
 def snapshot_estimate(
     request: EstimateRequest, *, calibration: Calibration | None = None, settings: Settings | None = None
 ) -> Estimate:
@@ -190,6 +199,7 @@ def snapshot_estimate(
     if settings is not None:
         offers = with_install(offers, install_minutes(settings))
         note = install_note(settings)
+        request = with_wandb(request, settings)
     est = plan_request(request, offers=offers, prices_as_of=snapshot_as_of(), calibration=calibration)
     if note:
         est.assumptions.append(f"prices: {note}")
