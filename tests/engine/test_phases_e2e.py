@@ -99,3 +99,17 @@ def test_the_finished_card_sets_the_quote_against_the_run_phase_by_phase(tmp_pat
     # The status card shows it (`status JOB`, the card edited in the thread at the end).
     card = cards.job_card(view)
     assert table in card.parts
+
+
+def test_every_door_prices_w_and_b_as_this_bots_setting_logs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate's request carries how the bot's runners will log to W&B (launch.wandb_mode: a key logs
+    online, WANDB_MODE asks for less), so its start is priced where it runs and nowhere else."""
+    from bot.engine.launching.offers import with_wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    req = EstimateRequest(model="m")
+    assert with_wandb(req, Settings()).wandb == "disabled"  # no key: W&B is off, nothing priced
+    assert with_wandb(req, Settings(WANDB_API_KEY="k")).wandb == "online"
+    assert with_wandb(req, Settings(WANDB_API_KEY="k", WANDB_MODE="offline")).wandb == "offline"
+    assert with_wandb(req, Settings(WANDB_MODE="disabled", WANDB_API_KEY="k")).wandb == "disabled"
