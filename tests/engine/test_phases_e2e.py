@@ -73,19 +73,7 @@ def test_the_finished_card_sets_the_quote_against_the_run_phase_by_phase(tmp_pat
     assert set(ran) == set(PHASES)
     # Every billed second is in a phase the runner reported, bar the process's spawn and its exit.
     assert billed - 1.5 <= sum(ran.values()) <= billed + 0.5, (sum(ran.values()), billed, ran)
-    for name in (
-        "start",
-        "load",
-        "data",
-        "wandb",
-        "base_eval",
-        "warmup",
-        "steps",
-        "optimizer",
-        "evals",
-        "samples",
-        "output",
-    ):
+    for name in ("load", *names):
         assert ran[name] > 0, (name, ran)  # every phase the run went through, reported
     table = cards.phases_table(view)
     assert table is not None
