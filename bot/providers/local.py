@@ -343,19 +343,24 @@ class LocalProvider:
         each from the summary that ends their logs, at a whole core."""
         with self._state() as state:
             records = list(state.values())
-        now = time.time()
-        ran = {r["instance_id"]: (float(r.get("started_at") or now), self._ended_at(r, now)) for r in records}
         finished = [
-            self._finished_runner(rec, [span for iid, span in ran.items() if iid != rec["instance_id"]])
+            self._finished_runner(rec)
             for rec in records
             if "forked" in rec and self.exit_code_path(rec["instance_id"]).exists()
         ]
-        return start_readings.record(self.workdir, finished)
 
-    def _finished_runner(self, rec: dict[str, Any], others: list[tuple[float, float]]) -> dict[str, Any]:
+        def spans() -> dict[str, tuple[float, float]]:  # asked only when a runner not read yet is read
+            now = time.time()
+            return {
+                r["instance_id"]: (float(r.get("started_at") or now), self._ended_at(r, now)) for r in records
+            }
+
+        return start_readings.record(self.workdir, finished, spans=spans)
+
+    def _finished_runner(self, rec: dict[str, Any]) -> dict[str, Any]:
         """What start_readings.record reads of a finished runner: its start's share of a core over its own
-        seconds, from the runners that ran beside it (``others``) and the other work at its launch (older
-        records: the share at its launch)."""
+        seconds, from the runners that ran beside it and the other work at its launch (older records: the
+        share at its launch)."""
         runner = {
             "id": rec["instance_id"],
             "log": rec.get("log") or str(self.log_path(rec["instance_id"])),
@@ -363,12 +368,7 @@ class LocalProvider:
             "share": rec.get("host_share", 1.0),
         }
         if "other_work" in rec and "started_at" in rec:
-            runner.update(
-                started_at=rec["started_at"],
-                others=others,
-                cores=machine_cores(),
-                other_work=rec["other_work"],
-            )
+            runner.update(started_at=rec["started_at"], cores=machine_cores(), other_work=rec["other_work"])
         return runner
 
     def _ended_at(self, rec: dict[str, Any], now: float) -> float:

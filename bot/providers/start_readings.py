@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +85,18 @@ def share_over(
     return min(1.0, max(cores, 1.0) / (1.0 + overlap + max(0.0, other_work)))
 
 
-def record(folder: Path, finished: Iterable[dict[str, Any]], *, now: float | None = None) -> list[dict]:
+def record(
+    folder: Path,
+    finished: Iterable[dict[str, Any]],
+    *,
+    now: float | None = None,
+    spans: Callable[[], dict[str, tuple[float, float]]] | None = None,
+) -> list[dict]:
     """Add the starts of ``finished`` runners not read yet (each: ``id``, ``log``, ``forked``, and ``share``,
-    its host share at launch, or what ``share_over`` needs: ``started_at``, ``others``, ``cores``,
-    ``other_work``) to the folder's readings; returns the readings kept. Each runner is read once (its id
-    kept, whether or not its log had a summary)."""
+    its host share at launch, or what ``share_over`` needs: ``started_at``, ``cores``, ``other_work``) to the
+    folder's readings; returns the readings kept. ``spans``: every runner's (start, end) by id, the runners
+    beside a start (asked once, and only when a runner is read). Each runner is read once (its id kept,
+    whether or not its log had a summary)."""
     from bot.providers.host_speed import save_reading
 
     path = folder / FILE
@@ -98,6 +105,7 @@ def record(folder: Path, finished: Iterable[dict[str, Any]], *, now: float | Non
     kept = [r for r in readings if 0 <= now - float(r.get("at", 0)) <= MAX_AGE_S]
     known = set(read)
     changed = len(kept) != len(readings)
+    ran: dict[str, tuple[float, float]] | None = None
     for runner in finished:
         if runner["id"] in known:
             continue
@@ -108,10 +116,12 @@ def record(folder: Path, finished: Iterable[dict[str, Any]], *, now: float | Non
         if seconds is None:
             continue
         if runner.get("started_at") is not None and runner.get("cores"):
+            if ran is None:
+                ran = spans() if spans is not None else {}
             share = share_over(
                 float(runner["started_at"]),
                 seconds,
-                runner.get("others") or [],
+                [span for other, span in ran.items() if other != runner["id"]],
                 float(runner["cores"]),
                 float(runner.get("other_work") or 0.0),
             )

@@ -68,8 +68,12 @@ def test_a_start_is_brought_to_a_whole_core_by_the_runners_beside_it_over_its_ow
     )
     assert start_readings.share_over(0.0, 10.0, [(5.0, 30.0)], cores=1, other_work=0.5) == pytest.approx(0.5)
     first = {"id": "r1", "log": str(_log(tmp_path / "r1.log", 20.0)), "forked": False, "share": 1.0}
+    ran = {"r1": (0.0, 30.0), **{f"r{i + 2}": span for i, span in enumerate(beside)}}  # its own span left out
     kept = start_readings.record(
-        tmp_path, [{**first, "started_at": 0.0, "others": beside, "cores": 2, "other_work": 0.0}], now=100.0
+        tmp_path,
+        [{**first, "started_at": 0.0, "cores": 2, "other_work": 0.0}],
+        now=100.0,
+        spans=lambda: ran,
     )
     assert kept[-1]["seconds"] == pytest.approx(20.0 * 2 / 3.85, abs=1e-3)
 
