@@ -94,6 +94,11 @@ def _disk(
     )
 
 
+def local_offer(offers: list[Offer]) -> Offer | None:
+    """This machine's CPU among the offers (the local provider's), None when it is not offered."""
+    return next((o for o in offers if o.gpu == CPU.name), None)
+
+
 def cpu_conditions(local: Offer, req: EstimateRequest, *, starting: bool = False) -> dict[str, float]:
     """gpus.cpu_device's arguments for one run of ``req`` on the local offer ``local`` (``cpu_share``); kept
     with a finished run's measurement, so that the physics it is compared with is the quote's."""
@@ -127,7 +132,7 @@ def cpu_share(offers: list[Offer], req: EstimateRequest, *, starting: bool = Fal
     at once (a sweep's). ``starting``: as the runs' start-up gets it, shared also with the prewarmed process
     one of their launches starts (its imports beside theirs: a sweep of four on 2 cores started in 18.8 s
     where its four imports alone take 14)."""
-    local = next((o for o in offers if o.gpu == CPU.name), None)
+    local = local_offer(offers)
     if local is None:
         return CPU
     return conditioned_cpu(cpu_conditions(local, req, starting=starting))
@@ -449,7 +454,7 @@ def estimate(
     ranked, n_fit, _ = rank_offers(
         offers, job, gpus=req.gpus, gpu=req.gpu, interruptible=req.interruptible, max_cost=req.max_cost
     )
-    local = next((o for o in offers if o.gpu == CPU.name), None)
+    local = local_offer(offers)
     if local is not None:  # the CPU the local quote priced: a finished run is held to the same physics
         conditions = cpu_conditions(local, req)
         ranked = [o.model_copy(update={"cpu": conditions}) if o.gpu == CPU.name else o for o in ranked]

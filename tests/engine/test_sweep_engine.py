@@ -273,17 +273,23 @@ def test_the_kept_runs_are_let_past_their_boundary_by_a_decision_only_their_run_
     assert word(jobs[3]) is not None and word(jobs[3]).through == 2
 
 
+def _through_two_stages(
+    engine: Any, view: Any, first: dict[int, float], second: dict[int, float]
+) -> dict[int, str]:
+    """The runs' jobs by index, after their hosts reported ``first`` (run index: eval loss) at step 2 and
+    the kept runs ``second`` at step 4, each stage decided."""
+    jobs = {r.index: r.job.job_id for r in view.runs}
+    for step, losses in ((2, first), (4, second)):
+        for index, loss in losses.items():
+            _eval(engine, jobs[index], step, loss)
+        engine.tick()
+    return jobs
+
+
 def _run_2_claims_0_01_through_its_stages(engine: Any, view: Any) -> dict[int, str]:
     """The runs' jobs by index, after both stages: run 2's host claimed an eval loss of 0.01 at each, the
     honest runs were ranked below it (run 1 kept to the second stage, then stopped)."""
-    jobs = {r.index: r.job.job_id for r in view.runs}
-    for index, loss in {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}.items():
-        _eval(engine, jobs[index], 2, loss)
-    engine.tick()
-    _eval(engine, jobs[1], 4, 0.9)
-    _eval(engine, jobs[2], 4, 0.01)
-    engine.tick()
-    return jobs
+    return _through_two_stages(engine, view, {0: 3.0, 1: 1.0, 2: 0.01, 3: 2.0}, {1: 0.9, 2: 0.01})
 
 
 def test_a_host_claiming_0_01_at_every_stage_is_measured_again_and_excluded(
@@ -345,13 +351,7 @@ def test_stopping_a_sweep_stops_the_verification_measuring_its_winner(
     other = FakeProvider("other", price=1.5)
     engine = make_engine(providers={fake.name: fake, other.name: other})
     view = engine.create_sweep(_priced(engine, fake, other, max_cost=20.0), user="alice")
-    jobs = {r.index: r.job.job_id for r in view.runs}
-    for index, loss in {0: 3.0, 1: 1.0, 2: 4.0, 3: 2.0}.items():
-        _eval(engine, jobs[index], 2, loss)
-    engine.tick()
-    _eval(engine, jobs[1], 4, 0.9)
-    _eval(engine, jobs[3], 4, 0.7)
-    engine.tick()
+    jobs = _through_two_stages(engine, view, {0: 3.0, 1: 1.0, 2: 4.0, 3: 2.0}, {1: 0.9, 3: 0.7})
     _eval(engine, jobs[3], 10, 0.5, EventKind.finished, fake=fake)
     engine.tick()
     checker = _verification(engine, view.sweep_id)
