@@ -8,7 +8,8 @@
 # The base image's torch is pinned while the extras install (accelerate and transformers need torch >= 2.6),
 # so pip never swaps the image's CUDA build for another one. The planner's assumptions hold in this image:
 # AdamW is torch's fused CUDA kernel (no extra package); flash-attention 2 is NOT in it unless built with
-# --build-arg FLASH_ATTN=1 (then set TUNEBOT_RUNNER_FLASH_ATTN=1 for the bot; attn=flash is refused otherwise).
+# --build-arg FLASH_ATTN=1 (then set TUNEBOT_RUNNER_FLASH_ATTN=1 for the bot; attn=flash is refused otherwise);
+# without it packed rows attend through torch's own FlashAttention kernel (runner/attention.py).
 FROM pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
 
 ARG FLASH_ATTN=0

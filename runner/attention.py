@@ -9,13 +9,20 @@ transformers passes from the model's call to every attention layer) and, on CUDA
 the model runs ``tunebot_varlen``: this module's attention function, registered with transformers'
 AttentionInterface (and on purpose not with its mask interface: transformers then builds no mask at all).
 
-It calls, in order of preference:
+It calls the first of these that this host has and that passes ``probe`` on the device before the first step
+(a few packed segments of the model's head shape, forward and backward, against causal SDPA per segment: none
+of these kernels has run on a GPU of this project's yet, so one that raises or computes something else is
+passed over with its reason in the job's log, never the run's first step failing):
 
 - flash-attn's ``flash_attn_varlen_func`` (the flash-attn package, where a wheel matches the image's torch and
   CUDA): what TRL's padding-free collator uses;
-- torch's own ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.9, CUDA: the same FlashAttention kernels
-  inside torch);
-- else per-segment causal SDPA (a loop over the examples: correct anywhere, the CPU tests run it).
+- torch's own ``torch.nn.attention.varlen.varlen_attn`` (recent torch): the same FlashAttention kernels inside
+  torch, called as the signature of the torch present takes it (``adapt_varlen_attn``);
+- ``torch.ops.aten._flash_attention_forward``, the kernel ``varlen_attn`` wraps, in CUDA builds of older torch
+  (the stock image's 2.8);
+- else no varlen kernel: transformers' SDPA with the block mask it derives from the position ids on the device
+  (the memory-efficient kernel, no causal skipping). ``per_segment`` (a loop over the examples) is what this
+  function runs off CUDA: the CPU tests run it.
 
 Without ``cu_seq_lens_q`` (generation with its KV cache, a plain call) it is transformers' own SDPA function.
 On the CPU the runner keeps transformers' SDPA: packed rows there get the block mask transformers derives from
@@ -26,29 +33,43 @@ carried by the batch anywhere.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 NAME = "tunebot_varlen"
-_KERNEL: list[Callable[..., torch.Tensor] | None] = []  # resolved once: the varlen kernel of this host
+
+# kernel(q, k, v, cu, max_len, scale) on [t, h, d] tensors (k, v may have fewer heads), causal within segments
+KernelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
-def varlen_kernel() -> Callable[..., torch.Tensor] | None:
-    """The variable-length kernel this host has, as ``kernel(q, k, v, cu, max_len, scale)`` on [t, h, d]
-    tensors (causal), or None (no CUDA, or neither flash-attn nor torch's varlen_attn)."""
-    if _KERNEL:
-        return _KERNEL[0]
-    kernel: Callable[..., torch.Tensor] | None = None
-    if torch.cuda.is_available():
-        if importlib.util.find_spec("flash_attn") is not None:
-            kernel = _flash_attn
-        elif importlib.util.find_spec("torch.nn.attention.varlen") is not None:
-            kernel = _torch_varlen
-    _KERNEL.append(kernel)
-    return kernel
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # as the job's log says it
+    call: KernelFn
+
+
+@dataclass
+class Choice:
+    """What packed rows attend through on this host (``resolve``): a kernel, and why the ones before it were
+    passed over."""
+
+    kernel: Kernel | None = None
+    passed_over: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The job log's line."""
+        skipped = f" (not {'; not '.join(self.passed_over)})" if self.passed_over else ""
+        if self.kernel is not None:
+            return f"attention: packed rows through {self.kernel.name}, no mask{skipped}"
+        return f"attention: transformers' sdpa with the packed rows' mask made on the device{skipped}"
+
+
+_CHOICE: list[Choice] = []  # resolved once per process: the kernel every layer's call uses
 
 
 def _flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, scale: float):
@@ -57,11 +78,133 @@ def _flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
     return flash_attn_varlen_func(q, k, v, cu, cu, n, n, softmax_scale=scale, causal=True)
 
 
-def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, scale: float):
-    from torch.nn.attention.varlen import varlen_attn
+def adapt_varlen_attn(fn: Callable[..., Any]) -> KernelFn | None:
+    """torch's ``varlen_attn`` called as its signature on this host takes it: causal as
+    ``window_size=(-1, 0)`` (newer) or ``is_causal=True`` (its first releases); ``scale`` and ``enable_gqa``
+    where it has them, else the queries scaled and grouped-query K/V repeated here. None when it cannot be
+    made causal."""
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        causal: dict[str, Any] = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        return None
 
-    gqa = q.shape[1] != k.shape[1]
-    return varlen_attn(q, k, v, cu, cu, n, n, scale=scale, window_size=(-1, 0), enable_gqa=gqa)
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, scale: float):
+        kwargs = dict(causal)
+        if "scale" in params:
+            kwargs["scale"] = scale
+        else:  # its default is 1/sqrt(d): fold the difference into the queries
+            q = q * (scale * q.shape[-1] ** 0.5)
+        if q.shape[1] != k.shape[1]:
+            if "enable_gqa" in params:
+                kwargs["enable_gqa"] = True
+            else:
+                group = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return fn(q, k, v, cu, cu, n, n, **kwargs)
+
+    return call
+
+
+def _aten_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, scale: float):
+    """torch's own FlashAttention-2 kernel, variable-length form (in every CUDA build since torch 2.2, the one
+    ``varlen_attn`` wraps): what a stock image's torch without ``torch.nn.attention.varlen`` still has."""
+    out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, n, n, 0.0, True, False, scale=scale)
+    return out[0]
+
+
+def candidates() -> list[Kernel | str]:
+    """This host's varlen kernels in order of preference, or why one is absent (a line for the log)."""
+    found: list[Kernel | str] = []
+    if importlib.util.find_spec("flash_attn") is not None:
+        found.append(Kernel("flash-attn's flash_attn_varlen_func", _flash_attn))
+    else:
+        found.append("flash-attn (not installed)")
+    if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+        from torch.nn.attention.varlen import varlen_attn
+
+        adapted = adapt_varlen_attn(varlen_attn)
+        if adapted is not None:
+            found.append(Kernel("torch's varlen_attn (FlashAttention)", adapted))
+        else:
+            found.append("torch's varlen_attn (no causal form in this torch)")
+    if hasattr(torch.ops.aten, "_flash_attention_forward"):
+        found.append(Kernel("torch's FlashAttention kernel (aten._flash_attention_forward)", _aten_flash))
+    return found
+
+
+def probe(
+    kernel: KernelFn, device: torch.device | str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> str | None:
+    """Why ``kernel`` cannot train here (it raised, or its output or gradients differ from causal SDPA run per
+    segment), None when it can: a few packed segments of the model's own head shape, forward and backward,
+    on the device, before the first step - a kernel no GPU of this project's has run fails here, not there."""
+    lengths = [5, 11, 8]
+    total, longest = sum(lengths), max(lengths)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(total, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+    scale = head_dim**-0.5
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+
+    def run(fn: Callable[..., torch.Tensor], on: torch.dtype) -> list[torch.Tensor | None]:
+        q, k, v = (t.to(device=device, dtype=on).clone().requires_grad_() for t in base)
+        out = fn(q, k, v)
+        out.float().sum().backward()
+        return [None if t is None else t.detach().float().cpu() for t in (out, q.grad, k.grad, v.grad)]
+
+    try:
+        got = run(lambda q, k, v: kernel(q, k, v, cu, longest, scale), dtype)
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is passed over, not fatal
+        said = str(exc).strip().splitlines()[0][:160].rstrip() if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    want = run(lambda q, k, v: per_segment(q, k, v, starts, scale), torch.float32)
+    names = ("output", "dq", "dk", "dv")
+    for name, a in zip(names, got, strict=True):
+        if a is None:
+            return f"no gradient reaches its {name[1:]}"
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a is not None and b is not None
+        if a.shape != b.shape or not torch.isfinite(a).all():
+            return f"its {name} is not causal attention's (shape {tuple(a.shape)})"
+        tolerance = 0.03 * float(b.abs().max()) + 1e-3  # bf16 carries 8 bits of mantissa
+        if float((a - b).abs().max()) > tolerance:
+            return f"its {name} differs from causal attention's"
+    return None
+
+
+def resolve(
+    device: torch.device,
+    dtype: torch.dtype,
+    config: Any,
+    found: list[Kernel | str] | None = None,
+) -> Choice:
+    """The first of this host's varlen kernels (``candidates``) that trains correctly on ``device`` in
+    ``dtype`` with the model's head shape (``probe``), kept for every attention call of this process."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    choice = Choice()
+    for entry in candidates() if found is None else found:
+        if isinstance(entry, str):
+            choice.passed_over.append(entry)
+            continue
+        problem = probe(entry.call, device, dtype, heads, kv_heads, head_dim)
+        if problem is None:
+            choice.kernel = entry
+            break
+        choice.passed_over.append(f"{entry.name}: {problem}")
+    _CHOICE[:] = [choice]
+    return choice
+
+
+def chosen() -> Choice | None:
+    """What ``resolve`` chose in this process, None when nothing was resolved (the CPU)."""
+    return _CHOICE[0] if _CHOICE else None
 
 
 def per_segment(
@@ -110,7 +253,9 @@ def varlen_attention(
         dtype = torch.get_autocast_dtype(query.device.type)
         query, key, value = (t.to(dtype) for t in (query, key, value))
     q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (query, key, value))
-    kernel = varlen_kernel() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+    choice = chosen()
+    sixteen = q.dtype in (torch.float16, torch.bfloat16)
+    kernel = choice.kernel.call if choice and choice.kernel and q.is_cuda and sixteen else None
     scale = scaling if scaling is not None else d**-0.5
     if kernel is not None:
         out = kernel(q, k, v, cu, int(kwargs["max_length_q"]), scale)

@@ -153,9 +153,10 @@ def attn_implementation(
     """The attention kernel transformers is asked for. ``flash``: FlashAttention 2 (CUDA). ``sdpa`` on CUDA
     with 16-bit compute: runner/attention.py's varlen attention (each packed example attends only to itself
     through a variable-length kernel, flash-attn's or torch's, with no mask at all), where such a kernel
-    exists here and the model's attention is plain causal (``config``: no sliding window, no logit
-    soft-capping); else, and on the CPU, transformers' SDPA (packed rows: the block mask transformers makes on
-    the device from the position ids, never one built on the host)."""
+    exists here and trains correctly on ``device`` (``attention.resolve``) and the model's attention is plain
+    causal (``config``: no sliding window, no logit soft-capping); else, and on the CPU, transformers' SDPA
+    (packed rows: the block mask transformers makes on the device from the position ids, never one built on
+    the host)."""
     if spec.attn == "flash":
         if device.type == "cuda":
             return "flash_attention_2"
@@ -165,7 +166,7 @@ def attn_implementation(
     if spec.attn == "sdpa" and device.type == "cuda" and plan.compute != torch.float32:
         from runner import attention
 
-        if attention.varlen_kernel() is not None and attention.plain_causal(config):
+        if attention.plain_causal(config) and attention.resolve(device, plan.compute, config).kernel:
             return attention.register()
     return spec.attn
 

@@ -482,6 +482,10 @@ class Trainer:
             target_modules=self.target_modules,
             precision=self.precision,
         )
+        from runner.attention import chosen
+
+        if group.main and (choice := chosen()) is not None:
+            print(choice.line(), flush=True)
         if spec.kernels == "liger":  # RMSNorm, RoPE, SwiGLU; the loss follows in _loss_for
             from runner.kernels import apply_liger
 
