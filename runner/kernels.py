@@ -13,6 +13,7 @@ chose, and ``describe`` says why in the log. The model's own logits are compared
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 
@@ -29,8 +30,11 @@ def liger_problem() -> str | None:
 
 
 def apply_liger(model: Any, device_type: str) -> str | None:
-    """Liger's RMSNorm, RoPE and SwiGLU patched into ``model`` (its base model under peft); the reason when
-    not (then the model is unchanged)."""
+    """Liger's RMSNorm, RoPE and SwiGLU patched into ``model`` (its base model under peft), once each kernel
+    (and the fused loss) has trained correctly on the device (``probe``); the reason when not (then the model
+    is unchanged)."""
+    import torch
+
     if device_type != "cuda":
         return "no CUDA device (Liger's kernels are Triton kernels for GPUs)"
     problem = liger_problem()
@@ -44,6 +48,10 @@ def apply_liger(model: Any, device_type: str) -> str | None:
 
         if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
             return f"Liger has no kernels for model type {model_type!r}"
+        device = next(base.parameters()).device
+        problem = probe(liger_kernels(), device, torch.bfloat16)
+        if problem:
+            return problem
         # the loss is runner/loss.py's (Liger's fused linear cross-entropy inside the lm_head's call)
         _apply_liger_kernel_to_instance(
             model=base,
@@ -55,6 +63,117 @@ def apply_liger(model: Any, device_type: str) -> str | None:
         )
     except Exception as exc:  # noqa: BLE001 - an optional speed-up never stops a run
         return f"Liger's kernels failed to apply ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
+
+
+Fn = Callable[..., Any]
+Inputs = Callable[[Any, Any], list[Any]]  # (device, dtype) -> the call's arguments
+# name: (the kernel, torch's reference, its inputs, the positions of the inputs a step trains through)
+Checks = dict[str, tuple[Fn, Fn, Inputs, tuple[int, ...]]]
+
+
+def torch_references() -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
+    """What each Liger kernel the runner uses computes, in plain torch as a Llama block computes it, with
+    small inputs of the kind the block feeds it and the inputs whose gradients a step needs (RoPE's cos and
+    sin are constants, a loss's labels are integers)."""
+    import torch
+    import torch.nn.functional as F
+
+    from runner.loss import IGNORE_INDEX
+
+    def rms_norm(x, w):
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * y.to(x.dtype)
+
+    def rope(q, k, cos, sin):
+        def rotate(t):
+            half = t.shape[-1] // 2
+            return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * c + rotate(q) * s, k * c + rotate(k) * s
+
+    def rope_inputs(device, dtype):
+        gen = torch.Generator().manual_seed(0)
+        angle = torch.rand(1, 8, 8, generator=gen) * 3
+        cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+        q, k = torch.randn(2, 4, 8, 16, generator=gen), torch.randn(2, 2, 8, 16, generator=gen)
+        return [q.to(device, dtype), k.to(device, dtype), cos.to(device, dtype), sin.to(device, dtype)]
+
+    def loss(hidden, weight, labels):
+        logits = hidden[:, :-1].float() @ weight.float().T
+        return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), reduction="sum")
+
+    def loss_inputs(device, dtype):
+        gen = torch.Generator().manual_seed(0)
+        labels = torch.randint(0, 96, (2, 9), generator=gen)
+        labels[0, :3] = IGNORE_INDEX
+        hidden, weight = torch.randn(2, 9, 32, generator=gen), torch.randn(96, 32, generator=gen) / 6
+        return [hidden.to(device, dtype), weight.to(device, dtype), labels.to(device)]
+
+    def plain_inputs(*shapes):
+        def make(device, dtype):
+            gen = torch.Generator().manual_seed(0)
+            return [torch.randn(*shape, generator=gen).to(device, dtype) for shape in shapes]
+
+        return make
+
+    return {
+        "RMSNorm": (rms_norm, plain_inputs((2, 8, 64), (64,)), (0, 1)),
+        "RoPE": (rope, rope_inputs, (0, 1)),
+        "SwiGLU": (lambda a, b: F.silu(a) * b, plain_inputs((2, 8, 64), (2, 8, 64)), (0, 1)),
+        "fused linear cross-entropy": (loss, loss_inputs, (0, 1)),
+    }
+
+
+def liger_kernels() -> Checks:
+    """Each Liger kernel the runner uses beside torch's reference and its inputs (``torch_references``)."""
+    from liger_kernel.transformers.functional import liger_rms_norm, liger_rope, liger_swiglu
+
+    from runner.loss import liger_loss
+
+    kernels: dict[str, Fn] = {
+        "RMSNorm": lambda x, w: liger_rms_norm(x, w, 1e-6),
+        "RoPE": liger_rope,
+        "SwiGLU": liger_swiglu,
+        "fused linear cross-entropy": lambda hidden, weight, labels: liger_loss(hidden, weight, None, labels),
+    }
+    return {name: (kernels[name], *check) for name, check in torch_references().items()}
+
+
+def probe(kernels: Checks, device: Any, dtype: Any) -> str | None:
+    """Why one of ``kernels`` cannot train here (it raised - a Triton that cannot compile for this driver or
+    card -, or its outputs or input gradients are not torch's), None when all can: each forward and backward
+    once on small inputs on the device, before the model is patched, so a kernel no GPU of this project's has
+    run fails here and the run trains with torch, not at its first step."""
+    import torch
+
+    def run(fn: Fn, inputs: list[Any], trained: tuple[int, ...]) -> list[Any]:
+        leaves = [t.clone().requires_grad_() if i in trained else t for i, t in enumerate(inputs)]
+        out = fn(*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        sum(o.float().sum() for o in outs).backward()
+        grads = [leaves[i].grad for i in trained]
+        return [o.detach().float().cpu() for o in outs] + [
+            None if g is None else g.detach().float().cpu() for g in grads
+        ]
+
+    for name, (kernel, reference, inputs_on, trained) in kernels.items():
+        try:
+            got = run(kernel, inputs_on(device, dtype), trained)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is passed over, not fatal
+            said = str(exc).strip().splitlines()[0][:160].rstrip() if str(exc).strip() else ""
+            return f"Liger's {name} failed on this device ({type(exc).__name__}{': ' + said if said else ''})"
+        want = run(reference, inputs_on(device, torch.float32), trained)
+        for a, b in zip(got, want, strict=True):
+            if a is None or b is None:
+                if (a is None) != (b is None):
+                    return f"Liger's {name} gives no gradient where torch's does"
+                continue
+            if a.shape != b.shape or not torch.isfinite(a).all():
+                return f"Liger's {name} computes something else than torch's (shape {tuple(a.shape)})"
+            if float((a - b).abs().max()) > 0.05 * float(b.abs().max()) + 1e-2:  # bf16's rounding
+                return f"Liger's {name} computes something else than torch's"
     return None
 
 

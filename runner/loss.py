@@ -147,14 +147,6 @@ def liger_loss(
     return fn(weight, picked, wanted, bias)
 
 
-def liger_available() -> bool:
-    """Liger's kernels can run here: liger-kernel installed and a CUDA device (runner/kernels.py says why
-    not in the job's log)."""
-    from runner.kernels import liger_problem
-
-    return liger_problem() is None
-
-
 def output_head(model: Any) -> torch.nn.Module:
     """The model's lm_head (through peft's and FSDP's wrappers)."""
     inner = model

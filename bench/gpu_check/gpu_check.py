@@ -222,9 +222,9 @@ def main() -> int:
         )
         model.save_pretrained(str(model_dir))
         del model
-        from runner.loss import liger_available
+        from runner.kernels import liger_problem
 
-        losses = [k for k in args.losses.split(",") if k != "liger" or liger_available()]
+        losses = [k for k in args.losses.split(",") if k != "liger" or liger_problem() is None]
         if "liger" in args.losses.split(",") and "liger" not in losses:
             print("loss=liger skipped: liger-kernel (and Triton) not installed here")
         for method, seq_len, loss_kind in (
