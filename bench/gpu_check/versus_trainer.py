@@ -454,7 +454,7 @@ def compare(args: argparse.Namespace, cuda: bool) -> int:
         f"device: {device}; planner GPU {card}; {args.step_tokens:,} tokens per step, {steps} steps measured"
     )
     print(HEADER, flush=True)
-    lines, calibration = [HEADER], []
+    lines, calibration, ran_on = [HEADER], [], []
     with tempfile.TemporaryDirectory(prefix="tunebot-versus-models-") as tmp:
         folders: dict[str, Path] = {}
         for model, method, seq_len in plan_rows:
@@ -495,9 +495,13 @@ def compare(args: argparse.Namespace, cuda: bool) -> int:
                 print(line, flush=True)
                 lines.append(line)
                 _save(args.out, lines)  # as it fills: a run cut short still leaves its rows
-            measured = {k: v for k, v in figures["runner"].items() if k != "status"}
+            if figures["runner"].get("ran_on"):
+                ran_on.append(f"- {model} {method} {seq_len:,}: " + "; ".join(figures["runner"]["ran_on"]))
+            measured = {k: v for k, v in figures["runner"].items() if k not in ("status", "ran_on")}
             if figures["runner"].get("tokens_per_second") and model != "tiny":
                 calibration.append(calibration_row(card, row, name, measured))
+    if ran_on:
+        lines += ["", "What the runner's rows ran on (their logs' lines):", *ran_on]
     lines.append(f"\n{device}; {time.monotonic() - started:.0f} s in all.")
     _save(args.out, lines)
     print(f"wrote {args.out}")
@@ -516,6 +520,10 @@ def planner_gpu(device_name: str, total_memory_gb: float) -> str | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.planner_gpu(device_name, total_memory_gb)
+
+
+# The runner's log lines that say which kernels a row ran on (runner/attention.py, runner/kernels.py)
+RAN_ON = ("attention:", "kernels:", "loss:")
 
 
 def _save(path: Path, lines: list[str]) -> None:
@@ -543,10 +551,11 @@ def _in_process(row: Row, model_dir: Path, data: Path, *, timeout: float) -> dic
         )
     except subprocess.TimeoutExpired:
         return {"status": f"stopped after {timeout:.0f} s (the time budget)"}
+    said = [line for line in done.stdout.splitlines() if line.startswith(RAN_ON)]
     for line in reversed(done.stdout.strip().splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                return {**json.loads(line), "ran_on": said}
             except json.JSONDecodeError:
                 break
     tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

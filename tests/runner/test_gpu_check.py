@@ -88,6 +88,10 @@ def test_the_runner_against_the_trainer_plumbing_on_a_tiny_model(tmp_path: Path)
         assert float(cells[5].replace(",", "")) > 0, cells
         assert float(cells[7].replace(",", "")) > 0 and float(cells[9]) > 0, cells
     assert not (tmp_path / "cal.csv").exists()  # a tiny model's rows teach the planner nothing
+    # what each runner row ran on, from its log: on this CPU torch's kernels, and why not Liger's
+    table = out.read_text()
+    for row in ("tiny lora 64", "tiny qlora 128"):
+        assert f"- {row}: kernels: torch, not Liger: no CUDA device" in table, table
 
 
 def test_rows_it_writes_are_a_valid_import_file(tmp_path: Path) -> None:
