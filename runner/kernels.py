@@ -29,6 +29,14 @@ def liger_problem() -> str | None:
     return None
 
 
+def probe_device(device_type: str) -> Any:
+    """Where the kernels are tried: the run's device (this process's current CUDA device), wherever the
+    weights sit before FSDP wraps them."""
+    import torch
+
+    return torch.device(device_type)
+
+
 def apply_liger(model: Any, device_type: str) -> str | None:
     """Liger's RMSNorm, RoPE and SwiGLU patched into ``model`` (its base model under peft), once each kernel
     (and the fused loss) has trained correctly on the device (``probe``); the reason when not (then the model
@@ -48,8 +56,7 @@ def apply_liger(model: Any, device_type: str) -> str | None:
 
         if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
             return f"Liger has no kernels for model type {model_type!r}"
-        device = next(base.parameters()).device
-        problem = probe(liger_kernels(), device, torch.bfloat16)
+        problem = probe(liger_kernels(), probe_device(device_type), torch.bfloat16)
         if problem:
             return problem
         # the loss is runner/loss.py's (Liger's fused linear cross-entropy inside the lm_head's call)

@@ -74,7 +74,8 @@ def test_the_probe_passes_kernels_that_compute_as_torch_and_names_the_first_that
 
 @pytest.fixture
 def fake_liger(monkeypatch):
-    """A liger-kernel whose patching is recorded, on a host that passes liger_problem (as a CUDA host)."""
+    """A liger-kernel whose patching is recorded, on a host that passes liger_problem (as a CUDA host; its
+    kernels are tried on this CPU)."""
     patched: list[object] = []
     root = types.ModuleType("liger_kernel")
     transformers_mod = types.ModuleType("liger_kernel.transformers")
@@ -88,6 +89,7 @@ def fake_liger(monkeypatch):
     ):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(kernels, "liger_problem", lambda: None)
+    monkeypatch.setattr(kernels, "probe_device", lambda device_type: torch.device("cpu"))
     return patched
 
 
