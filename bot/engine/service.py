@@ -56,7 +56,7 @@ from bot.engine.outcome import series
 from bot.engine.permissions import Permissions
 from bot.engine.record import states as S
 from bot.engine.record.spend import roll_up_recent
-from bot.engine.watching import runner_events, supervise
+from bot.engine.watching import progress, runner_events, supervise
 from bot.engine.watching.pruning import prune_superseded
 from bot.engine.watching.reconcile import ReconcileReport
 from bot.engine.watching.reconcile import reconcile as reconcile_pass
@@ -263,9 +263,9 @@ class Engine:
 
     def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView:
         """A job; ``viewer``: who asks, refused another member's job unless the policy lets them read it."""
-        view = jobs.view(self.ctx, job_id)
-        reports.check_read(self.permissions, viewer, view.owner)
-        return view
+        if viewer is not None:  # who may see it before anything of it is read (its progress object)
+            reports.check_read(self.permissions, viewer, jobs.load(self.ctx, job_id).owner)
+        return jobs.view(self.ctx, job_id, heard=progress.step_heard)
 
     def dashboard(self, user: str) -> Dashboard:
         """App Home's figures for ``user`` (admins: the whole team), from the store only."""
@@ -342,7 +342,7 @@ class Engine:
     ) -> list[JobView]:
         """Jobs, newest first (``user``: only theirs); ``viewer`` sees only what the policy lets them."""
         reports.check_read_user(self.permissions, viewer, user)
-        return reports.list_jobs(self.ctx, user=user, active_only=active_only)
+        return reports.list_jobs(self.ctx, user=user, active_only=active_only, heard=progress.step_heard)
 
     def job_changes(self, after: int | None = None, *, limit: int = 1000) -> JobChanges:
         """What any process did to jobs after audit row ``after`` (created, resumed, moved to a state), oldest

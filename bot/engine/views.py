@@ -21,9 +21,14 @@ def job_view(
     losses: list[tuple[int, float]] | None = None,
     run_phases: dict[str, float] | None = None,
     billed_seconds: float | None = None,
+    heard_step: int | None = None,
 ) -> JobView:
+    """``heard_step``: the step the current run's newest heartbeat claims (bot/engine/watching/progress.py
+    ``step_heard``), shown where it is ahead of the last report's: a runner that reports hourly is not shown
+    at step 0 for an hour."""
     req = job.request or {}
     spent = job.spend if spend is None else spend
+    step = max(job.last_step, heard_step) if heard_step is not None else job.last_step
     return JobView(
         job_id=job.id,
         owner=job.owner,
@@ -39,7 +44,7 @@ def job_view(
         estimated_cost=job.estimated_cost,
         max_cost=job.max_cost,
         spend=round(spent, 6),
-        step=job.last_step,
+        step=step,
         max_steps=job.max_steps,
         loss=job.last_loss,
         eta_seconds=job.eta_seconds,
@@ -55,7 +60,7 @@ def job_view(
         losses=losses or [],
         results=_results(job.results),
         sweep_id=job.sweep_id,
-        pace=_pace(job, spent),
+        pace=_pace(job, spent, step),
         quoted_phases=_quoted_phases(job.offer),
         run_phases=run_phases,
         billed_seconds=billed_seconds,
@@ -71,12 +76,12 @@ def _quoted_phases(offer: object) -> dict[str, float] | None:
     return out or None
 
 
-def _pace(job: Job, spent: float) -> PaceView | None:
+def _pace(job: Job, spent: float, step: int) -> PaceView | None:
     """A running job's pace against its quote, when it is worth saying (bot/engine/pace.py)."""
     if job.state != "running" or job.stop_requested_at is not None or job.sweep_id is not None:
         return None  # a sweep's run: the sweep's pace (engine/money/slow_jobs.py says why)
     p = pace(
-        step=job.last_step,
+        step=step,
         max_steps=job.max_steps,
         spent=spent,
         price_per_hour=job.price_per_hour,

@@ -12,9 +12,11 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from fakes.runner_events import job_key, signed
 from sqlalchemy import select
 
+from bot.engine.watching import progress
 from runner.contract import heartbeat
 from runner.contract.spec import progress_uri
 from store.models import Job
@@ -40,9 +42,11 @@ def write_beat(engine, job_id: str, beat: heartbeat.Beat, *, key: bytes | None =
     tmp.replace(path)
 
 
-def started(engine, fake, job_id: str, clock) -> None:  # type: ignore[no-untyped-def]
+def started(engine, fake, job_id: str, clock, max_steps: int | None = None) -> None:  # type: ignore[no-untyped-def]
     """The runner's first event (before it, the start deadline applies, not the heartbeat)."""
     item = {"version": 1, "job_id": job_id, "seq": 0, "kind": "started", "step": 0, "timestamp": clock.t}
+    if max_steps is not None:
+        item["max_steps"] = max_steps
     token = fake.launch_requests[-1].env["TUNEBOT_JOB_SPEC"]
     assert engine.record_runner_event(job_id, json.loads(token)["report"]["token"], signed(engine, item))
 
@@ -285,3 +289,41 @@ def test_a_beat_alone_rewrites_no_progress_window(engine, fake, clock):
 def _run(engine, job_id: str) -> str | None:  # type: ignore[no-untyped-def]
     with engine.session() as s:
         return s.get(Job, job_id).run_id
+
+
+def test_a_rare_reporter_shows_the_step_its_heartbeat_claims_in_every_process(
+    engine, make_engine, fake, clock, monkeypatch
+):
+    """Between hourly reports a job is shown at the step its current run's newest signed beat claims, not at
+    the last report's: in the supervising process (what it heard) and in another one on the same database
+    (`tunebot jobs` beside `tunebot serve`: it reads the beat). A beat its run did not sign is not shown; a
+    claim past the job's last step is held to it; a member who may not see the job reads nothing of it."""
+    job = engine.create_job(request(), user="alice", estimate=estimate_for(fake)).job_id
+    started(engine, fake, job, clock, max_steps=1200)
+    other = make_engine()  # another process: nothing heard in its memory
+    assert engine.get_job(job).step == 0 and other.get_job(job).step == 0
+
+    clock.advance(30)
+    write_beat(engine, job, beat(job, 0, step=647))
+    engine.tick()
+    assert engine.get_job(job).step == 647
+    assert other.get_job(job).step == 647  # read from the object's head
+    assert [v.step for v in other.list_jobs() if v.job_id == job] == [647]
+
+    write_beat(engine, job, beat(job, 1, step=700), key=b"k" * 32)  # not this run's key
+    fresh = make_engine()
+    assert fresh.get_job(job).step == 0 and engine.get_job(job).step == 647
+
+    last = 1200
+    write_beat(engine, job, beat(job, 2, step=10**9))
+    assert make_engine().get_job(job).step == last
+
+    from bot.engine.api import PermissionDenied
+
+    reads: list[str] = []
+    real = progress.read_raw
+    monkeypatch.setattr(progress, "read_raw", lambda uri: reads.append(uri) or real(uri))
+    with pytest.raises(PermissionDenied):
+        make_engine().get_job(job, viewer="mallory")
+    assert reads == []
+    assert make_engine().get_job(job, viewer="alice").step == last and len(reads) == 1

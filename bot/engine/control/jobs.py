@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -54,7 +55,12 @@ def by_key(ctx: EngineContext, key: str) -> Job | None:
         return s.execute(select(Job).where(Job.idempotency_key == key)).scalars().first()
 
 
-def view(ctx: EngineContext, job_id: str) -> JobView:
+# the step a running job's newest heartbeat claims (bot/engine/watching/progress.py ``step_heard``, handed
+# down by the service: watching is above this room)
+HeardStep = Callable[[EngineContext, Job], int | None]
+
+
+def view(ctx: EngineContext, job_id: str, *, heard: HeardStep | None = None) -> JobView:
     job = load(ctx, job_id)
     with ctx.session() as s:
         rows = s.execute(
@@ -69,7 +75,14 @@ def view(ctx: EngineContext, job_id: str) -> JobView:
     if len(losses) > 400:
         stride = len(losses) // 400 + 1
         losses = losses[::stride] + [losses[-1]]
-    return job_view(job, spend=spend, losses=losses, run_phases=phases, billed_seconds=billed or None)
+    return job_view(
+        job,
+        spend=spend,
+        losses=losses,
+        run_phases=phases,
+        billed_seconds=billed or None,
+        heard_step=heard(ctx, job) if heard is not None else None,
+    )
 
 
 def create(

@@ -6,6 +6,7 @@ instances (a view rolls spend up first, so it is current to the second).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from sqlalchemy import func, select
@@ -47,7 +48,15 @@ def check_read_user(policy: Permissions, viewer: str | None, whose: str | None) 
         raise PermissionDenied(decision.reason)
 
 
-def list_jobs(ctx: EngineContext, *, user: str | None = None, active_only: bool = False) -> list[JobView]:
+def list_jobs(
+    ctx: EngineContext,
+    *,
+    user: str | None = None,
+    active_only: bool = False,
+    heard: Callable[[EngineContext, Job], int | None] | None = None,
+) -> list[JobView]:
+    """``heard``: the step a running job's newest heartbeat claims (the service hands down
+    bot/engine/watching/progress.py ``step_heard``)."""
     with ctx.session() as s:
         q = select(Job)
         if user:
@@ -56,7 +65,14 @@ def list_jobs(ctx: EngineContext, *, user: str | None = None, active_only: bool 
             q = q.where(Job.state.in_(sorted(S.OPEN)))
         jobs = list(s.execute(q.order_by(Job.created_at.desc()).limit(200)).scalars())
         now = ctx.now()
-        return [job_view(j, spend=j.spend if j.state in S.FINAL else job_spend(s, j.id, now)) for j in jobs]
+        return [
+            job_view(
+                j,
+                spend=j.spend if j.state in S.FINAL else job_spend(s, j.id, now),
+                heard_step=heard(ctx, j) if heard is not None else None,
+            )
+            for j in jobs
+        ]
 
 
 def spend(

@@ -483,6 +483,27 @@ def note_beat(ctx: EngineContext, job_id: str, run_id: str, key: bytes, raw: byt
     return True
 
 
+def step_heard(ctx: EngineContext, job: Job) -> int | None:
+    """The step the newest beat of a running job's current run claims: what this process heard, else the
+    beat at the head of its progress object read now, counted only when the run's key signed it. Bounded by
+    the job's max_steps (None before the runner said it). For display only (``views.job_view``): between a
+    rare runner's reports, the step it is at, in any process, not only in the supervising one."""
+    if job.state != "running" or not job.checkpoint_uri or job.run_id is None or not job.max_steps:
+        return None  # max_steps: from the runner's own first event; a claim is never shown unbounded
+    known = heard(ctx, job.id, job.run_id)
+    if known is not None:
+        step = known.step
+    else:
+        current = integrity.current_key(ctx, job.id, job.run_id)
+        raw = read_raw(progress_uri(job.checkpoint_uri)) if current is not None else None
+        obj = heartbeat.head(raw) if raw else None
+        beat = heartbeat.parse(obj, current[1], job.id) if obj is not None and current is not None else None
+        if beat is None:
+            return None
+        step = beat.step
+    return max(0, min(step, job.max_steps))
+
+
 def heard(ctx: EngineContext, job_id: str, run_id: str | None) -> Heard | None:
     """The newest beat heard from the job's current run, None before its first one (or without a run)."""
     known = ctx.memory.heartbeats.get(job_id)
