@@ -148,13 +148,14 @@ def probe(
         starts.append(starts[-1] + n)
     gen = torch.Generator().manual_seed(0)
     base = [torch.randn(total, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+    upstream = torch.randn(total, heads, head_dim, generator=gen)  # the output's gradient, both runs
     scale = head_dim**-0.5
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
 
     def run(fn: Callable[..., torch.Tensor], on: torch.dtype) -> list[torch.Tensor | None]:
         q, k, v = (t.to(device=device, dtype=on).clone().requires_grad_() for t in base)
         out = fn(q, k, v)
-        out.float().sum().backward()
+        out.backward(upstream.to(device=device, dtype=out.dtype))  # dense, as in training
         return [None if t is None else t.detach().float().cpu() for t in (out, q.grad, k.grad, v.grad)]
 
     try:

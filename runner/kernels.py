@@ -159,7 +159,11 @@ def probe(kernels: Checks, device: Any, dtype: Any) -> str | None:
         leaves = [t.clone().requires_grad_() if i in trained else t for i, t in enumerate(inputs)]
         out = fn(*leaves)
         outs = out if isinstance(out, tuple) else (out,)
-        sum(o.float().sum() for o in outs).backward()
+        gen = torch.Generator().manual_seed(1)  # the same upstream gradients for the kernel and the reference
+        upstream = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+        torch.autograd.backward(
+            outs, upstream
+        )  # dense, as in training (an expanded one hides in-place writes)
         grads = [leaves[i].grad for i in trained]
         return [o.detach().float().cpu() for o in outs] + [
             None if g is None else g.detach().float().cpu() for g in grads
