@@ -135,6 +135,13 @@ def candidates() -> list[Kernel | str]:
     return found
 
 
+def said(exc: BaseException) -> str:
+    """An exception as one short line of the job's log."""
+    text = str(exc).strip()
+    first = text.splitlines()[0][:160].rstrip() if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def probe(
     kernel: KernelFn, device: torch.device | str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
 ) -> str | None:
@@ -150,7 +157,6 @@ def probe(
     base = [torch.randn(total, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
     upstream = torch.randn(total, heads, head_dim, generator=gen)  # the output's gradient, both runs
     scale = head_dim**-0.5
-    cu = torch.tensor(starts, dtype=torch.int32, device=device)
 
     def run(fn: Callable[..., torch.Tensor], on: torch.dtype) -> list[torch.Tensor | None]:
         q, k, v = (t.to(device=device, dtype=on).clone().requires_grad_() for t in base)
@@ -158,12 +164,12 @@ def probe(
         out.backward(upstream.to(device=device, dtype=out.dtype))  # dense, as in training
         return [None if t is None else t.detach().float().cpu() for t in (out, q.grad, k.grad, v.grad)]
 
-    try:
+    try:  # nothing of a kernel that cannot run here, or of a device that cannot, raises out of the check
+        cu = torch.tensor(starts, dtype=torch.int32, device=device)
         got = run(lambda q, k, v: kernel(q, k, v, cu, longest, scale), dtype)
-    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is passed over, not fatal
-        said = str(exc).strip().splitlines()[0][:160].rstrip() if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
-    want = run(lambda q, k, v: per_segment(q, k, v, starts, scale), torch.float32)
+        want = run(lambda q, k, v: per_segment(q, k, v, starts, scale), torch.float32)
+    except Exception as exc:  # noqa: BLE001 - passed over with its reason, not fatal
+        return said(exc)
     names = ("output", "dq", "dk", "dv")
     for name, a in zip(names, got, strict=True):
         if a is None:

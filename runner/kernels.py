@@ -169,13 +169,14 @@ def probe(kernels: Checks, device: Any, dtype: Any) -> str | None:
             None if g is None else g.detach().float().cpu() for g in grads
         ]
 
+    from runner.attention import said
+
     for name, (kernel, reference, inputs_on, trained) in kernels.items():
-        try:
+        try:  # nothing of a kernel that cannot run here, or of a device that cannot, raises out of the check
             got = run(kernel, inputs_on(device, dtype), trained)
-        except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is passed over, not fatal
-            said = str(exc).strip().splitlines()[0][:160].rstrip() if str(exc).strip() else ""
-            return f"Liger's {name} failed on this device ({type(exc).__name__}{': ' + said if said else ''})"
-        want = run(reference, inputs_on(device, torch.float32), trained)
+            want = run(reference, inputs_on(device, torch.float32), trained)
+        except Exception as exc:  # noqa: BLE001 - passed over with its reason, not fatal
+            return f"Liger's {name} failed on this device ({said(exc)})"
         for a, b in zip(got, want, strict=True):
             if a is None or b is None:
                 if (a is None) != (b is None):

@@ -158,3 +158,28 @@ def test_where_no_kernel_runs_packed_rows_keep_sdpa_with_its_mask_and_the_log_sa
         assert len(choice.passed_over) == len(candidates())
     finally:
         attention._CHOICE.clear()
+
+
+def test_the_model_is_loaded_with_the_varlen_attention_only_where_a_kernel_passed(runner_job, monkeypatch):
+    """runner/model.attn_implementation on a CUDA device, as the runner asks for it: with no kernel that
+    trains here (this CPU build: every probe on "cuda" raises) transformers' sdpa, and the log's line says
+    why; with one that passes, the varlen attention registered with transformers."""
+    from runner.model import attn_implementation, precision_for
+
+    spec = runner_job()  # the defaults: LoRA, sdpa
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    cuda = torch.device("cuda")
+    plan = precision_for(spec, "cuda")
+    try:
+        assert attn_implementation(spec, cuda, plan, config) == "sdpa"
+        choice = attention.chosen()
+        assert choice is not None and choice.kernel is None and choice.passed_over
+        monkeypatch.setattr(attention, "candidates", lambda: [Kernel("the right kernel", reference)])
+        monkeypatch.setattr(attention, "probe", lambda *args: None)
+        assert attn_implementation(spec, cuda, plan, config) == attention.NAME
+        assert attention.chosen().line() == "attention: packed rows through the right kernel, no mask"
+        from transformers import AttentionInterface
+
+        assert AttentionInterface()[attention.NAME] is attention.varlen_attention
+    finally:
+        attention._CHOICE.clear()
