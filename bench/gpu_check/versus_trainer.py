@@ -551,7 +551,10 @@ def _in_process(row: Row, model_dir: Path, data: Path, *, timeout: float) -> dic
         )
     except subprocess.TimeoutExpired:
         return {"status": f"stopped after {timeout:.0f} s (the time budget)"}
-    said = [line for line in done.stdout.splitlines() if line.startswith(RAN_ON)]
+    said: list[str] = []  # each part once ("kernels: ...; loss: ..." and "loss: ..." say the loss twice)
+    for line in done.stdout.splitlines():
+        if line.startswith(RAN_ON):
+            said += [part for part in line.split("; ") if part not in said]
     for line in reversed(done.stdout.strip().splitlines()):
         if line.startswith("{"):
             try:
