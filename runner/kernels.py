@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -56,7 +57,8 @@ def apply_liger(model: Any, device_type: str) -> str | None:
 
         if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
             return f"Liger has no kernels for model type {model_type!r}"
-        problem = probe(liger_kernels(), probe_device(device_type), torch.bfloat16)
+        widths = Widths.of(getattr(base, "config", None))
+        problem = probe(liger_kernels(widths), probe_device(device_type), torch.bfloat16)
         if problem:
             return problem
         # the loss is runner/loss.py's (Liger's fused linear cross-entropy inside the lm_head's call)
@@ -79,11 +81,38 @@ Inputs = Callable[[Any, Any], list[Any]]  # (device, dtype) -> the call's argume
 Checks = dict[str, tuple[Fn, Fn, Inputs, tuple[int, ...]]]
 
 
-def torch_references() -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
+@dataclass(frozen=True)
+class Widths:
+    """The model's widths the kernels are tried at: Triton compiles a kernel per width (and caches it), so a
+    check at the model's own widths compiles what the first step would have and costs it nothing more."""
+
+    hidden: int = 64
+    intermediate: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+
+    @classmethod
+    def of(cls, config: Any) -> Widths:
+        heads = int(getattr(config, "num_attention_heads", 0) or cls.heads)
+        hidden = int(getattr(config, "hidden_size", 0) or cls.hidden)
+        return cls(
+            hidden=hidden,
+            intermediate=int(getattr(config, "intermediate_size", 0) or hidden),
+            heads=heads,
+            kv_heads=int(getattr(config, "num_key_value_heads", 0) or heads),
+            head_dim=int(getattr(config, "head_dim", 0) or hidden // heads),
+        )
+
+
+def torch_references(widths: Widths | None = None) -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
     """What each Liger kernel the runner uses computes, in plain torch as a Llama block computes it, with
-    small inputs of the kind the block feeds it and the inputs whose gradients a step needs (RoPE's cos and
-    sin are constants, a loss's labels are integers)."""
+    inputs of the model's widths (a few rows of each) and the inputs whose gradients a step needs (RoPE's cos
+    and sin are constants, a loss's labels are integers). The loss is tried on a small vocabulary: the lm_head
+    of a large one is a gigabyte."""
     import torch
+
+    w = widths or Widths()
     import torch.nn.functional as F
 
     from runner.loss import IGNORE_INDEX
@@ -102,9 +131,10 @@ def torch_references() -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
 
     def rope_inputs(device, dtype):
         gen = torch.Generator().manual_seed(0)
-        angle = torch.rand(1, 8, 8, generator=gen) * 3
+        angle = torch.rand(1, 8, w.head_dim // 2, generator=gen) * 3
         cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
-        q, k = torch.randn(2, 4, 8, 16, generator=gen), torch.randn(2, 2, 8, 16, generator=gen)
+        q = torch.randn(2, w.heads, 8, w.head_dim, generator=gen)
+        k = torch.randn(2, w.kv_heads, 8, w.head_dim, generator=gen)
         return [q.to(device, dtype), k.to(device, dtype), cos.to(device, dtype), sin.to(device, dtype)]
 
     def loss(hidden, weight, labels):
@@ -115,7 +145,8 @@ def torch_references() -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
         gen = torch.Generator().manual_seed(0)
         labels = torch.randint(0, 96, (2, 9), generator=gen)
         labels[0, :3] = IGNORE_INDEX
-        hidden, weight = torch.randn(2, 9, 32, generator=gen), torch.randn(96, 32, generator=gen) / 6
+        hidden = torch.randn(2, 9, w.hidden, generator=gen)
+        weight = torch.randn(96, w.hidden, generator=gen) / w.hidden**0.5
         return [hidden.to(device, dtype), weight.to(device, dtype), labels.to(device)]
 
     def plain_inputs(*shapes):
@@ -126,14 +157,18 @@ def torch_references() -> dict[str, tuple[Fn, Inputs, tuple[int, ...]]]:
         return make
 
     return {
-        "RMSNorm": (rms_norm, plain_inputs((2, 8, 64), (64,)), (0, 1)),
+        "RMSNorm": (rms_norm, plain_inputs((2, 8, w.hidden), (w.hidden,)), (0, 1)),
         "RoPE": (rope, rope_inputs, (0, 1)),
-        "SwiGLU": (lambda a, b: F.silu(a) * b, plain_inputs((2, 8, 64), (2, 8, 64)), (0, 1)),
+        "SwiGLU": (
+            lambda a, b: F.silu(a) * b,
+            plain_inputs((2, 8, w.intermediate), (2, 8, w.intermediate)),
+            (0, 1),
+        ),
         "fused linear cross-entropy": (loss, loss_inputs, (0, 1)),
     }
 
 
-def liger_kernels() -> Checks:
+def liger_kernels(widths: Widths | None = None) -> Checks:
     """Each Liger kernel the runner uses beside torch's reference and its inputs (``torch_references``)."""
     from liger_kernel.transformers.functional import liger_rms_norm, liger_rope, liger_swiglu
 
@@ -145,7 +180,7 @@ def liger_kernels() -> Checks:
         "SwiGLU": liger_swiglu,
         "fused linear cross-entropy": lambda hidden, weight, labels: liger_loss(hidden, weight, None, labels),
     }
-    return {name: (kernels[name], *check) for name, check in torch_references().items()}
+    return {name: (kernels[name], *check) for name, check in torch_references(widths).items()}
 
 
 def probe(kernels: Checks, device: Any, dtype: Any) -> str | None:

@@ -17,8 +17,8 @@ from runner.kernels import probe, torch_references
 from runner.loss import IGNORE_INDEX, plain_loss
 
 
-def references_as_kernels() -> kernels.Checks:
-    return {name: (check[0], *check) for name, check in torch_references().items()}
+def references_as_kernels(widths: kernels.Widths | None = None) -> kernels.Checks:
+    return {name: (check[0], *check) for name, check in torch_references(widths).items()}
 
 
 def test_torchs_references_compute_what_a_llama_block_computes():
@@ -106,7 +106,7 @@ def test_a_kernel_that_fails_its_probe_leaves_the_model_unpatched_and_says_why(f
 
     checks = references_as_kernels()
     checks["RMSNorm"] = (no_compile, *checks["RMSNorm"][1:])
-    monkeypatch.setattr(kernels, "liger_kernels", lambda: checks)
+    monkeypatch.setattr(kernels, "liger_kernels", lambda widths: checks)
     model = tiny_llama()
     problem = kernels.apply_liger(model, "cuda")
     assert problem == (
@@ -121,7 +121,16 @@ def test_a_kernel_that_fails_its_probe_leaves_the_model_unpatched_and_says_why(f
 
 
 def test_kernels_that_pass_their_probe_are_patched_in(fake_liger, monkeypatch):
-    monkeypatch.setattr(kernels, "liger_kernels", references_as_kernels)
+    """...tried at the model's own widths (Triton compiles a kernel per width: the first step then finds the
+    kernels the check compiled)."""
+    tried: list[kernels.Widths] = []
+    monkeypatch.setattr(
+        kernels, "liger_kernels", lambda widths: tried.append(widths) or references_as_kernels(widths)
+    )
     model = tiny_llama()
     assert kernels.apply_liger(model, "cuda") is None
     assert fake_liger == [model]
+    assert tried == [kernels.Widths(hidden=32, intermediate=64, heads=2, kv_heads=2, head_dim=16)]
+    x, w = torch_references(tried[0])["RMSNorm"][1]("cpu", torch.float32)
+    q, k, cos, _ = torch_references(tried[0])["RoPE"][1]("cpu", torch.float32)
+    assert x.shape[-1] == 32 and q.shape[1:] == (2, 8, 16) and cos.shape[-1] == 16
