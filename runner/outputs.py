@@ -121,7 +121,8 @@ def model_card(
         ("optimizer", spec.optimizer),
         ("packing", "yes" if spec.packing else "no"),
         ("activation checkpointing", "yes" if spec.gradient_checkpointing else "no"),
-        ("attention", spec.attn),
+        ("attention", str((ran or {}).get("attention") or spec.attn)),
+        *([("kernels", str(ran["kernels"]))] if ran and ran.get("kernels") else []),
         ("eval split", _eval_split(spec, data or {})),
         (
             "plateau stop",

@@ -1338,11 +1338,22 @@ class Trainer:
         sharding = "none"
         if self.group.distributed:
             sharding = "fsdp" if self.fsdp else "ddp"
+        from runner.attention import NAME, chosen
+
+        attention = (
+            getattr(getattr(self.model, "config", None), "_attn_implementation", None) or self.spec.attn
+        )
+        choice = chosen()
+        if attention == NAME and choice is not None and choice.kernel is not None:
+            attention = f"packed rows through {choice.kernel.name}"
+        liger = self.kernels_problem is None
         return {
             "device": self.group.device.type if self.group.device is not None else "cpu",
             "processes": self.group.world,
             "precision": precision,
             "sharding": sharding,
+            "attention": attention,
+            "kernels": "Liger" if liger else f"torch ({self.kernels_problem})",
         }
 
     def _at_cap(self, ahead_s: float = 0.0) -> bool:

@@ -69,6 +69,10 @@ def test_the_card_and_job_json_of_a_cpu_job_say_what_ran_and_what_it_cost(tmp_pa
     eval_line = next(line for line in card.splitlines() if "(base model) ->" in line)
     assert eval_line.endswith(f") for {money(billed)}"), (eval_line, money(billed))
     assert "| trained on | cpu, 1 process(es), fp32, sharding none |" in card
+    # the attention and kernels that ran, not only those asked for (on a GPU: the varlen kernel that passed
+    # its check on the device, or Liger's; here the CPU's)
+    assert "| attention | sdpa |" in card, card
+    assert "| kernels | torch (no CUDA device (Liger's kernels are Triton kernels for GPUs)) |" in card, card
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["cost"] == pytest.approx(billed, abs=1e-6) and summary["cost_source"] == "ledger"
     ran = json.loads((out / "job.json").read_text())
@@ -76,4 +80,5 @@ def test_the_card_and_job_json_of_a_cpu_job_say_what_ran_and_what_it_cost(tmp_pa
         k: ran[k] for k in ("precision", "sharding")
     }
     assert ran["ran"]["device"] == "cpu" and ran["ran"]["processes"] == 1
+    assert ran["ran"]["attention"] == "sdpa" and ran["ran"]["kernels"].startswith("torch (no CUDA device")
     assert ran["ran"]["asked"]["precision"] in ("bf16", None) and ran["ran"]["asked"]["gpus"] == 0
