@@ -76,8 +76,8 @@ class ConsoleNotifier:
         """Whether the job has already recorded a later step than this progress event's (the events of one
         read are announced after all of them are stored): "step 192/1200" right before "Finished at step
         1200" said nothing true. Read only for a line that would be printed (the throttle passed)."""
-        job = self._job(event)
-        return isinstance(step, int) and job is not None and isinstance(job.step, int) and job.step > step
+        job = self._job(event)  # the reported step: a heartbeat ahead of the reports is not a later report
+        return isinstance(step, int) and job is not None and job.reported_step > step
 
     def _in_sweep(self, event: EngineEvent) -> str | None:
         """The sweep the event's job is a run of (looked up once per job)."""

@@ -54,7 +54,8 @@ class JobView(BaseModel):
     estimated_cost: float | None = None
     max_cost: float | None = None
     spend: float = 0.0
-    step: int = 0
+    step: int = 0  # where the run is: its newest heartbeat's step where that is ahead of the last report
+    reported_step: int = 0  # the step of the last report the bot stored (what progress events are held to)
     max_steps: int | None = None
     loss: float | None = None
     eta_seconds: float | None = None

@@ -45,6 +45,7 @@ def job_view(
         max_cost=job.max_cost,
         spend=round(spent, 6),
         step=step,
+        reported_step=job.last_step,
         max_steps=job.max_steps,
         loss=job.last_loss,
         eta_seconds=job.eta_seconds,

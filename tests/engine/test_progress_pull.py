@@ -347,3 +347,39 @@ def test_a_tick_with_no_object_changed_reads_none_and_asks_the_store_nothing_for
     engine.tick()
     assert reads == [str(path)]
     assert [q for q, _ in stored(engine, job_id)] == [0, 1, 2, 3, 4]
+
+
+def test_the_log_tells_each_report_while_the_heartbeat_runs_ahead_of_it(engine, fake):
+    """`status` shows the step a runner's heartbeat claims where it is ahead of the reports; the serve log
+    still tells each report as it comes (a report at step 40 is news though the beat says 500)."""
+    import io
+
+    from fakes.runner_events import job_key
+
+    from bot.chat.console import ConsoleNotifier
+    from bot.chat.terminal import cli_console
+    from runner.contract import heartbeat
+
+    out = io.StringIO()
+    ConsoleNotifier(engine, cli_console(out), progress_every_s=0.0).attach(engine.bus)
+    job_id, _ = two_running_jobs(engine, fake)
+    path = progress_path(engine, job_id)
+    for seq, beat_step in ((1, 100), (4, 500)):
+        events = [{**ev(job_id, q), "max_steps": 1200} for q in range(1, seq + 1)]
+        payload = {
+            heartbeat.FIELD: heartbeat.Beat(job_id, 1000.0, seq, beat_step, 0.0).signed(
+                job_key(engine, job_id)
+            ),
+            "job_id": job_id,
+            "updated": time.time(),
+            "last_seq": events[-1]["seq"],
+            "events": signed_all(engine, events),
+        }
+        path.write_text(json.dumps(payload))
+        engine.tick()
+        assert engine.get_job(job_id).step == beat_step  # the beat, ahead of the report
+        assert engine.get_job(job_id).reported_step == seq * 10
+    printed = [line for line in out.getvalue().splitlines() if f"[{job_id}] step" in line]
+    assert any("step 10/" in line for line in printed) and any("step 40/" in line for line in printed), (
+        printed
+    )
