@@ -135,53 +135,48 @@ def candidates() -> list[Kernel | str]:
     return found
 
 
-def said(exc: BaseException) -> str:
-    """An exception as one short line of the job's log."""
-    text = str(exc).strip()
-    first = text.splitlines()[0][:160].rstrip() if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
 def probe(
     kernel: KernelFn, device: torch.device | str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
 ) -> str | None:
     """Why ``kernel`` cannot train here (it raised, or its output or gradients differ from causal SDPA run per
     segment), None when it can: a few packed segments of the model's own head shape, forward and backward,
-    on the device, before the first step - a kernel no GPU of this project's has run fails here, not there."""
+    on the device, before the first step (runner/kernel_check.py) - a kernel no GPU of this project's has
+    run fails here, not there."""
+    from runner.kernel_check import compare
+
     lengths = [5, 11, 8]
-    total, longest = sum(lengths), max(lengths)
+    longest = max(lengths)
     starts = [0]
     for n in lengths:
         starts.append(starts[-1] + n)
-    gen = torch.Generator().manual_seed(0)
-    base = [torch.randn(total, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
-    upstream = torch.randn(total, heads, head_dim, generator=gen)  # the output's gradient, both runs
     scale = head_dim**-0.5
 
-    def run(fn: Callable[..., torch.Tensor], on: torch.dtype) -> list[torch.Tensor | None]:
-        q, k, v = (t.to(device=device, dtype=on).clone().requires_grad_() for t in base)
-        out = fn(q, k, v)
-        out.backward(upstream.to(device=device, dtype=out.dtype))  # dense, as in training
-        return [None if t is None else t.detach().float().cpu() for t in (out, q.grad, k.grad, v.grad)]
+    def inputs_on(on_device: Any, on: torch.dtype) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        qkv = [torch.randn(starts[-1], h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+        cu = torch.tensor(starts, dtype=torch.int32)
+        return [t.to(device=on_device, dtype=on) for t in qkv] + [cu.to(on_device)]
 
-    try:  # nothing of a kernel that cannot run here, or of a device that cannot, raises out of the check
-        cu = torch.tensor(starts, dtype=torch.int32, device=device)
-        got = run(lambda q, k, v: kernel(q, k, v, cu, longest, scale), dtype)
-        want = run(lambda q, k, v: per_segment(q, k, v, starts, scale), torch.float32)
-    except Exception as exc:  # noqa: BLE001 - passed over with its reason, not fatal
-        return said(exc)
-    names = ("output", "dq", "dk", "dv")
-    for name, a in zip(names, got, strict=True):
-        if a is None:
-            return f"no gradient reaches its {name[1:]}"
-    for name, a, b in zip(names, got, want, strict=True):
-        assert a is not None and b is not None
-        if a.shape != b.shape or not torch.isfinite(a).all():
-            return f"its {name} is not causal attention's (shape {tuple(a.shape)})"
-        tolerance = 0.03 * float(b.abs().max()) + 1e-3  # bf16 carries 8 bits of mantissa
-        if float((a - b).abs().max()) > tolerance:
-            return f"its {name} differs from causal attention's"
-    return None
+    found = compare(
+        lambda q, k, v, cu: kernel(q, k, v, cu, longest, scale),
+        lambda q, k, v, cu: per_segment(q, k, v, starts, scale),
+        inputs_on,
+        (0, 1, 2),
+        device,
+        dtype,
+        rtol=0.03,  # bf16 carries 8 bits of mantissa
+        atol=1e-3,
+    )
+    if found is None:
+        return None
+    name = ("output", "dq", "dk", "dv")[found.index] if found.index >= 0 else ""
+    if found.what == "raised":
+        return found.error
+    if found.what == "missing":
+        return f"no gradient reaches its {name[1:]}"
+    if found.what == "shape":
+        return f"its {name} is not causal attention's (shape {found.shape})"
+    return f"its {name} differs from causal attention's"
 
 
 def resolve(

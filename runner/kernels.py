@@ -13,9 +13,10 @@ chose, and ``describe`` says why in the log. The model's own logits are compared
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from runner.kernel_check import Fn, Inputs
 
 
 def liger_problem() -> str | None:
@@ -75,8 +76,6 @@ def apply_liger(model: Any, device_type: str) -> str | None:
     return None
 
 
-Fn = Callable[..., Any]
-Inputs = Callable[[Any, Any], list[Any]]  # (device, dtype) -> the call's arguments
 # name: (the kernel, torch's reference, its inputs, the positions of the inputs a step trains through)
 Checks = dict[str, tuple[Fn, Fn, Inputs, tuple[int, ...]]]
 
@@ -186,41 +185,21 @@ def liger_kernels(widths: Widths | None = None) -> Checks:
 def probe(kernels: Checks, device: Any, dtype: Any) -> str | None:
     """Why one of ``kernels`` cannot train here (it raised - a Triton that cannot compile for this driver or
     card -, or its outputs or input gradients are not torch's), None when all can: each forward and backward
-    once on small inputs on the device, before the model is patched, so a kernel no GPU of this project's has
-    run fails here and the run trains with torch, not at its first step."""
-    import torch
-
-    def run(fn: Fn, inputs: list[Any], trained: tuple[int, ...]) -> list[Any]:
-        leaves = [t.clone().requires_grad_() if i in trained else t for i, t in enumerate(inputs)]
-        out = fn(*leaves)
-        outs = out if isinstance(out, tuple) else (out,)
-        gen = torch.Generator().manual_seed(1)  # the same upstream gradients for the kernel and the reference
-        upstream = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
-        torch.autograd.backward(
-            outs, upstream
-        )  # dense, as in training (an expanded one hides in-place writes)
-        grads = [leaves[i].grad for i in trained]
-        return [o.detach().float().cpu() for o in outs] + [
-            None if g is None else g.detach().float().cpu() for g in grads
-        ]
-
-    from runner.attention import said
+    once on small inputs on the device (runner/kernel_check.py), before the model is patched, so a kernel no
+    GPU of this project's has run fails here and the run trains with torch, not at its first step."""
+    from runner.kernel_check import compare
 
     for name, (kernel, reference, inputs_on, trained) in kernels.items():
-        try:  # nothing of a kernel that cannot run here, or of a device that cannot, raises out of the check
-            got = run(kernel, inputs_on(device, dtype), trained)
-            want = run(reference, inputs_on(device, torch.float32), trained)
-        except Exception as exc:  # noqa: BLE001 - passed over with its reason, not fatal
-            return f"Liger's {name} failed on this device ({said(exc)})"
-        for a, b in zip(got, want, strict=True):
-            if a is None or b is None:
-                if (a is None) != (b is None):
-                    return f"Liger's {name} gives no gradient where torch's does"
-                continue
-            if a.shape != b.shape or not torch.isfinite(a).all():
-                return f"Liger's {name} computes something else than torch's (shape {tuple(a.shape)})"
-            if float((a - b).abs().max()) > 0.05 * float(b.abs().max()) + 1e-2:  # bf16's rounding
-                return f"Liger's {name} computes something else than torch's"
+        found = compare(kernel, reference, inputs_on, trained, device, dtype, rtol=0.05, atol=1e-2)
+        if found is None:
+            continue
+        if found.what == "raised":
+            return f"Liger's {name} failed on this device ({found.error})"
+        if found.what == "missing":
+            return f"Liger's {name} gives no gradient where torch's does"
+        if found.what == "shape":
+            return f"Liger's {name} computes something else than torch's (shape {found.shape})"
+        return f"Liger's {name} computes something else than torch's"
     return None
 
 
