@@ -263,9 +263,10 @@ class Engine:
 
     def get_job(self, job_id: str, *, viewer: str | None = None) -> JobView:
         """A job; ``viewer``: who asks, refused another member's job unless the policy lets them read it."""
-        if viewer is not None:  # who may see it before anything of it is read (its progress object)
-            reports.check_read(self.permissions, viewer, jobs.load(self.ctx, job_id).owner)
-        return jobs.view(self.ctx, job_id, heard=progress.step_heard)
+        row = jobs.load(self.ctx, job_id)
+        # who may see it before anything more of it is read (its events, its progress object)
+        reports.check_read(self.permissions, viewer, row.owner)
+        return jobs.view(self.ctx, job_id, heard=progress.step_heard, job=row)
 
     def dashboard(self, user: str) -> Dashboard:
         """App Home's figures for ``user`` (admins: the whole team), from the store only."""

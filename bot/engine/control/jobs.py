@@ -60,8 +60,11 @@ def by_key(ctx: EngineContext, key: str) -> Job | None:
 HeardStep = Callable[[EngineContext, Job], int | None]
 
 
-def view(ctx: EngineContext, job_id: str, *, heard: HeardStep | None = None) -> JobView:
-    job = load(ctx, job_id)
+def view(
+    ctx: EngineContext, job_id: str, *, heard: HeardStep | None = None, job: Job | None = None
+) -> JobView:
+    """``job``: its row when the caller has just read it (to check who may see it), else read here."""
+    job = job if job is not None and job.id == job_id else load(ctx, job_id)
     with ctx.session() as s:
         rows = s.execute(
             select(RunnerEventRecord.step, RunnerEventRecord.loss)
